@@ -1,0 +1,278 @@
+"""Validated, frozen configuration models.
+
+Every key here is documented with its default in ``config/defaults.yaml``; a test checks that the
+two list the same keys. Unknown keys are rejected (``extra="forbid"``) so a typo fails at start.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_zone(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin") from exc
+    return value
+
+
+class GatewaySettings(Model):
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    tokens: tuple[str, ...] = ()
+    max_body_bytes: int = Field(1048576, ge=1024)
+    shutdown_timeout_s: float = Field(10, gt=0)
+
+
+class StorageSettings(Model):
+    fsync: Literal["batch", "always", "never"] = "batch"
+    group_commit_ms: float = Field(2, ge=0, le=1000)
+    sessions_flush_ms: int = Field(1000, ge=0)
+
+
+class ModelSettings(Model):
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    name: str = "gpt-4o-mini"
+    context_window: int = Field(128000, ge=256)
+    max_output_tokens: int = Field(4096, ge=1)
+    timeout_s: float = Field(120, gt=0)
+    max_retries: int = Field(2, ge=0)
+
+
+class AgentSettings(Model):
+    workspace: str | None = None
+    timezone: str | None = None
+    system_prompt: str = "You are a helpful assistant."
+    max_tool_rounds: int = Field(8, ge=1)
+    max_queued_turns: int = Field(16, ge=1)
+    model: ModelSettings = ModelSettings()
+
+    _zone = field_validator("timezone")(_check_zone)
+
+
+class Binding(Model):
+    channel: str
+    chat_id: str
+    agent: str
+
+    @field_validator("chat_id", mode="before")
+    @classmethod
+    def _chat_id_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) else value
+
+
+ResetMode = Literal["daily", "idle", "both", "none"]
+
+
+class ResetSettings(Model):
+    mode: ResetMode = "daily"
+    at_hour: int = Field(4, ge=0, le=23)
+    timezone: str | None = None
+    idle_minutes: float = Field(240, gt=0)
+    defer_if_active_minutes: float = Field(30, ge=0)
+
+    _zone = field_validator("timezone")(_check_zone)
+
+
+class ResetOverride(Model):
+    mode: ResetMode | None = None
+    at_hour: int | None = Field(None, ge=0, le=23)
+    timezone: str | None = None
+    idle_minutes: float | None = Field(None, gt=0)
+    defer_if_active_minutes: float | None = Field(None, ge=0)
+
+    _zone = field_validator("timezone")(_check_zone)
+
+
+ChatType = Literal["direct", "group", "channel", "cron", "hook"]
+
+
+class SessionSettings(Model):
+    dm_scope: Literal["main", "per-peer", "per-channel-peer"] = "main"
+    reset: ResetSettings = ResetSettings()
+    reset_by_type: dict[ChatType, ResetOverride] = {}
+    reset_by_channel: dict[str, ResetOverride] = {}
+
+
+class SchedulerSettings(Model):
+    sweep_seconds: float = Field(60, gt=0)
+
+
+class MemoryFlushSettings(Model):
+    enabled: bool = True
+    timeout_s: float = Field(60, gt=0)
+
+
+class CompactionSettings(Model):
+    enabled: bool = True
+    threshold_ratio: float = Field(0.8, gt=0, le=1)
+    token_threshold: int | None = Field(None, ge=1)
+    keep_recent: int = Field(10, ge=0)
+    min_to_compress: int = Field(5, ge=1)
+    model: str | None = None
+    memory_flush: MemoryFlushSettings = MemoryFlushSettings()
+
+
+class InheritanceSettings(Model):
+    enabled: bool = True
+    expiry_days: float = Field(30, ge=0)
+    max_summary_tokens: int = Field(4000, ge=50)
+
+
+class EmbeddingSettings(Model):
+    provider: Literal["sentence-transformers", "openai"] = "sentence-transformers"
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    dimensions: int | None = Field(None, ge=1)
+    batch_size: int = Field(64, ge=1)
+
+
+class WatchSettings(Model):
+    debounce_ms: int = Field(1500, ge=0)
+    poll_seconds: float = Field(5, gt=0)
+
+
+class SearchSettings(Model):
+    top_k: int = Field(6, ge=1)
+    candidates: int = Field(100, ge=1)
+    vector_weight: float = Field(0.6, ge=0)
+    text_weight: float = Field(0.4, ge=0)
+    min_score: float = Field(0.35, ge=0, le=1)
+    min_text_score: float = Field(0.5, ge=0, le=1)
+    recency_half_life_days: float | None = Field(None, gt=0)
+
+
+class RecallSettings(Model):
+    enabled: bool = True
+    on: Literal["session_start", "every_turn"] = "session_start"
+    chat_types: tuple[ChatType, ...] = ("direct",)
+    top_k: int = Field(3, ge=1)
+    max_tokens: int = Field(1000, ge=1)
+    daily_logs: bool = True
+
+
+class MemorySettings(Model):
+    uri: str | None = None
+    embedding: EmbeddingSettings = EmbeddingSettings()
+    chunk_tokens: int = Field(200, ge=16)
+    overlap_tokens: int = Field(40, ge=0)
+    extra_paths: tuple[str, ...] = ()
+    watch: WatchSettings = WatchSettings()
+    search: SearchSettings = SearchSettings()
+    recall: RecallSettings = RecallSettings()
+
+    @model_validator(mode="after")
+    def _overlap_below_chunk(self) -> MemorySettings:
+        if self.overlap_tokens >= self.chunk_tokens:
+            raise ValueError("memory.overlap_tokens must be smaller than memory.chunk_tokens")
+        return self
+
+
+class CleanupSettings(Model):
+    at_hour: int = Field(3, ge=0, le=23)
+    retention_days: float = Field(30, ge=0)
+    retention_by_type: dict[ChatType, float] = {}
+    archive_retention_days: float | None = Field(None, ge=0)
+
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9_.@+\-/#]+$")
+
+
+class CronJob(Model):
+    id: str
+    schedule: str
+    timezone: str | None = None
+    agent: str = "main"
+    message: str
+    isolated: bool = False
+    deliver_to: str | None = None
+
+    _zone = field_validator("timezone")(_check_zone)
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_a_segment(cls, value: str) -> str:
+        if not _JOB_ID.match(value):
+            raise ValueError(f"cron job id {value!r} must match [A-Za-z0-9_.@+-/#]+")
+        return value
+
+    @model_validator(mode="after")
+    def _schedule_parses(self) -> CronJob:
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            CronTrigger.from_crontab(self.schedule, timezone=self.timezone or "UTC")
+        except ValueError as exc:
+            raise ValueError(f"cron job {self.id!r}: bad schedule {self.schedule!r}: {exc}") from exc
+        return self
+
+
+class CronSettings(Model):
+    jobs: tuple[CronJob, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> CronSettings:
+        ids = [job.id for job in self.jobs]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"cron job ids must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+
+class HookMapping(Model):
+    secret_env: str | None = None
+    key_template: str | None = None
+    message_template: str | None = None
+    agent: str = "main"
+    task_type: str | None = None
+    task_identifier: str | None = None
+    repository: str | None = None
+    user: str | None = None
+    deliver_to: str | None = None
+
+
+class Settings(Model):
+    gateway: GatewaySettings = GatewaySettings()
+    storage: StorageSettings = StorageSettings()
+    agents: dict[str, AgentSettings] = {"main": AgentSettings()}
+    bindings: tuple[Binding, ...] = ()
+    session: SessionSettings = SessionSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    compaction: CompactionSettings = CompactionSettings()
+    inheritance: InheritanceSettings = InheritanceSettings()
+    memory: MemorySettings = MemorySettings()
+    cleanup: CleanupSettings = CleanupSettings()
+    cron: CronSettings = CronSettings()
+    hooks: dict[str, HookMapping] = {}
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> Settings:
+        for agent_id in self.agents:
+            if not _JOB_ID.match(agent_id) or ":" in agent_id:
+                raise ValueError(f"agents.{agent_id}: an agent id must match [A-Za-z0-9_.@+-/#]+")
+        for i, binding in enumerate(self.bindings):
+            if binding.agent not in self.agents:
+                raise ValueError(f"bindings[{i}].agent {binding.agent!r} is not a configured agent")
+        for job in self.cron.jobs:
+            if job.agent not in self.agents:
+                raise ValueError(f"cron.jobs[{job.id}].agent {job.agent!r} is not a configured agent")
+        for name, hook in self.hooks.items():
+            if hook.agent not in self.agents:
+                raise ValueError(f"hooks.{name}.agent {hook.agent!r} is not a configured agent")
+        return self
+
+    def agent(self, agent_id: str) -> AgentSettings:
+        return self.agents[agent_id]
