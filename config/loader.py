@@ -44,7 +44,7 @@ _YamlLoader.add_implicit_resolver(
 
 
 def parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_YamlLoader)
 
 
 @dataclass(frozen=True)

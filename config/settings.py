@@ -37,7 +37,6 @@ class GatewaySettings(Model):
 
 class StorageSettings(Model):
     fsync: Literal["batch", "always", "never"] = "batch"
-    group_commit_ms: float = Field(2, ge=0, le=1000)
     sessions_flush_ms: int = Field(1000, ge=0)
 
 

@@ -1,0 +1,135 @@
+"""Start-up recovery of active runs (blocking; runs once, off the event loop).
+
+For every run folder in running/ and paused/: cut torn tails, find the next ids, and bring the
+derived current.jsonl level with messages.jsonl by seq. Works from the files alone, so it is also
+what rebuilds sessions.json when that is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sessions import layout
+from sessions.jsonl import encode, iter_records, repair_tail
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecoveredRun:
+    run_id: str
+    status: str
+    dir: Path
+    metadata: dict[str, Any]
+    next_seq: int = 1
+    last_message_at: str | None = None
+    context_tokens: int = 0
+    context_lines: int = 0
+    last_context_seq: int = 0
+    next_summary_id: int = 1
+    compaction_count: int = 0
+    next_tool_seq: int = 1
+    next_plan_id: int = 1
+    torn: list[str] = field(default_factory=list)
+    levelled: int = 0
+
+
+def in_context(record: dict[str, Any]) -> bool:
+    """Whether a messages.jsonl line belongs in what the model sees."""
+    return not record.get("command")
+
+
+def context_line(record: dict[str, Any]) -> dict[str, Any]:
+    """The current.jsonl line for a messages.jsonl line (OpenAI-compatible, plus seq/tokens)."""
+    line = {k: v for k, v in record.items() if k not in ("timestamp", "client_message_id", "usage", "sender_id")}
+    if line.get("tool_name") is None:
+        line.pop("tool_name", None)
+    return line
+
+
+def recover_run(folder: Path, status: str) -> RecoveredRun | None:
+    try:
+        names = set(os.listdir(folder))
+    except FileNotFoundError:
+        return None
+    try:
+        metadata = json.loads((folder / layout.METADATA).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        log.error("run folder %s has no readable metadata.json; left for `neotask doctor`", folder)
+        return None
+    run = RecoveredRun(run_id=folder.name, status=status, dir=folder, metadata=metadata)
+
+    last_message: dict[str, Any] | None = None
+    if layout.MESSAGES in names:
+        cut, last_message = repair_tail(folder / layout.MESSAGES)
+        if cut:
+            run.torn.append(layout.MESSAGES)
+    if last_message:
+        run.next_seq = int(last_message.get("seq", 0)) + 1
+        run.last_message_at = last_message.get("timestamp")
+
+    if layout.CURRENT in names:
+        cut, _ = repair_tail(folder / layout.CURRENT)
+        if cut:
+            run.torn.append(layout.CURRENT)
+        for line in iter_records(folder / layout.CURRENT):
+            run.context_tokens += int(line.get("tokens", 0))
+            run.context_lines += 1
+            seq = line.get("seq") if line.get("seq") is not None else line.get("end_seq")
+            if isinstance(seq, int) and seq > run.last_context_seq:
+                run.last_context_seq = seq
+    if run.last_context_seq < run.next_seq - 1:
+        _bring_level(run)
+
+    if layout.SUMMARIES in names:
+        cut, last = repair_tail(folder / layout.SUMMARIES)
+        if cut:
+            run.torn.append(layout.SUMMARIES)
+        if last:
+            run.next_summary_id = int(last.get("id", 0)) + 1
+            run.compaction_count = int(last.get("compaction_count", 0))
+    for name, attr, id_field in ((layout.TOOLS, "next_tool_seq", "seq"), (layout.PLANNING, "next_plan_id", "id")):
+        if name in names:
+            cut, last = repair_tail(folder / name)
+            if cut:
+                run.torn.append(name)
+            if last:
+                setattr(run, attr, int(last.get(id_field, 0)) + 1)
+    return run
+
+
+def _bring_level(run: RecoveredRun) -> None:
+    """Append to current.jsonl the in-context messages it lacks (seq above its last)."""
+    missing = [
+        context_line(r)
+        for r in iter_records(run.dir / layout.MESSAGES)
+        if int(r.get("seq", 0)) > run.last_context_seq and in_context(r)
+    ]
+    if missing:
+        with open(run.dir / layout.CURRENT, "ab") as handle:
+            handle.write(b"".join(encode(line) for line in missing))
+        run.context_tokens += sum(int(line.get("tokens", 0)) for line in missing)
+        run.context_lines += len(missing)
+        run.levelled = len(missing)
+        log.info("run %s: brought current.jsonl level with %d message(s)", run.run_id, len(missing))
+    run.last_context_seq = run.next_seq - 1
+
+
+def recover_all(contexts: Path) -> list[RecoveredRun]:
+    runs = []
+    for status in ("running", "paused"):
+        base = contexts / status
+        try:
+            children = sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
+        except FileNotFoundError:
+            continue
+        for name in children:
+            run = recover_run(base / name, status)
+            if run is not None:
+                runs.append(run)
+    return runs

@@ -1,0 +1,219 @@
+"""The append writer: one thread owns every run file handle and does all appends, rewrites and
+folder moves in arrival order, with group commit.
+
+Appends arrive from the event loop already in seq order (the seq is assigned on the loop just
+before the append is queued), so the file order is the seq order. Under ``fsync: batch`` the thread
+takes every queued operation, writes them, then syncs each touched file once and resolves all
+their futures together: one sync covers every append that arrived meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+FsyncPolicy = Literal["batch", "always", "never"]
+
+
+@dataclass
+class _Append:
+    path: Path
+    data: bytes
+    durable: bool
+    future: asyncio.Future[Any] | None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any] | None
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass
+class WriterStats:
+    appends: int = 0
+    syncs: int = 0
+    batches: int = 0
+    calls: int = 0
+
+
+_STOP = object()
+
+
+class AppendWriter:
+    def __init__(self, fsync: FsyncPolicy = "batch", *, max_open: int = 256) -> None:
+        self.fsync = fsync
+        self.max_open = max_open
+        self.stats = WriterStats()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._handles: OrderedDict[Path, int] = OrderedDict()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="neotask-writer", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        """Finish every queued operation, close the handles, stop the thread."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+
+    # -- called on the event loop ---------------------------------------------------------------
+
+    def append(self, path: Path, data: bytes, *, durable: bool) -> asyncio.Future[None]:
+        """Queue an append; the future resolves once it is written (and synced, if durable under
+        ``batch`` or ``always``)."""
+        future = self._new_future()
+        self._queue.put(_Append(path, data, durable, future))
+        return future
+
+    def append_nowait(self, path: Path, data: bytes) -> None:
+        """Queue a derived, non-durable append nobody waits for."""
+        self._queue.put(_Append(path, data, False, None))
+
+    def call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Run ``fn`` on the writer thread after everything queued before it is written and synced."""
+        future = self._new_future()
+        self._queue.put(_Call(fn, future))
+        return future
+
+    def _new_future(self) -> asyncio.Future[Any]:
+        if self._loop is None or self._thread is None:
+            raise RuntimeError("the append writer is not running")
+        return self._loop.create_future()
+
+    # -- called on the writer thread only -------------------------------------------------------
+
+    def close_handles_under(self, folder: Path) -> None:
+        """Drop cached handles of files inside ``folder`` (before it is moved or removed)."""
+        for path in [p for p in self._handles if p.is_relative_to(folder)]:
+            os.close(self._handles.pop(path))
+
+    def close_handle(self, path: Path) -> None:
+        fd = self._handles.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _fd(self, path: Path) -> int:
+        fd = self._handles.get(path)
+        if fd is not None:
+            self._handles.move_to_end(path)
+            return fd
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except FileNotFoundError:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if self.fsync != "never":
+                _fsync_dir(path.parent)
+        self._handles[path] = fd
+        while len(self._handles) > self.max_open:
+            _, old = self._handles.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            dirty: dict[int, list[_Append]] = {}
+            done: list[_Append | _Call] = []
+            for op in batch:
+                if op is _STOP:
+                    stopping = True
+                elif isinstance(op, _Append):
+                    self._write(op, dirty)
+                    done.append(op)
+                else:
+                    self._sync(dirty)
+                    self._invoke(op)
+                    done.append(op)
+            self._sync(dirty)
+            self.stats.batches += 1
+            self._resolve(done)
+        for fd in self._handles.values():
+            os.close(fd)
+        self._handles.clear()
+
+    def _write(self, op: _Append, dirty: dict[int, list[_Append]]) -> None:
+        try:
+            fd = self._fd(op.path)
+            view = memoryview(op.data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            self.stats.appends += 1
+            if op.durable and self.fsync == "always":
+                os.fsync(fd)
+                self.stats.syncs += 1
+            elif op.durable and self.fsync == "batch":
+                dirty.setdefault(fd, []).append(op)
+        except OSError as exc:
+            log.error("append to %s failed: %s", op.path, exc)
+            op.error = exc
+
+    def _sync(self, dirty: dict[int, list[_Append]]) -> None:
+        for fd, ops in dirty.items():
+            try:
+                os.fsync(fd)
+                self.stats.syncs += 1
+            except OSError as exc:
+                for op in ops:
+                    op.error = exc
+        dirty.clear()
+
+    def _invoke(self, op: _Call) -> None:
+        self.stats.calls += 1
+        try:
+            op.result = op.fn()
+        except Exception as exc:  # handed to the awaiting coroutine, which decides
+            op.error = exc
+
+    def _resolve(self, done: list[_Append | _Call]) -> None:
+        waiting = [op for op in done if op.future is not None]
+        if waiting and self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed under us during shutdown
+                self._loop.call_soon_threadsafe(_settle, waiting)
+
+
+def _settle(ops: list[_Append | _Call]) -> None:
+    for op in ops:
+        future = op.future
+        if future is None or future.done():
+            continue
+        if op.error is not None:
+            future.set_exception(op.error)
+        else:
+            future.set_result(op.result if isinstance(op, _Call) else None)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

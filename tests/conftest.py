@@ -1,0 +1,71 @@
+"""Suite-wide fixtures: a fake clock, and a guard that fails any async test blocking its loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+pytest_plugins = ["tests.support.fixtures"]
+
+# A callback that holds the loop longer than this fails the test (fsync and SQLite belong on their
+# threads; on this 2-core machine real blocking work shows up far above this).
+BLOCKING_LIMIT_S = 0.5
+
+
+class FakeClock:
+    """An aware-UTC clock the test moves by hand."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **kwargs: float) -> datetime:
+        self.now += timedelta(**kwargs)
+        return self.now
+
+    def set(self, when: datetime) -> None:
+        self.now = when
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+class _SlowCallbacks(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Executing") and " took " in message:
+            self.seen.append(message)
+
+
+@pytest.fixture(autouse=True)
+async def _loop_must_not_block(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    if request.node.get_closest_marker("allow_blocking"):
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    handler = _SlowCallbacks()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    previous = loop.get_debug(), loop.slow_callback_duration
+    loop.set_debug(True)
+    loop.slow_callback_duration = BLOCKING_LIMIT_S
+    try:
+        yield
+    finally:
+        loop.set_debug(previous[0])
+        loop.slow_callback_duration = previous[1]
+        logger.removeHandler(handler)
+    if handler.seen:
+        pytest.fail("the event loop was blocked:\n" + "\n".join(handler.seen[:5]))

@@ -1,0 +1,30 @@
+"""Helpers for session-engine tests: settings from defaults plus overrides, and runs to play with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from config.clock import Clock
+from config.loader import build_settings, deep_merge, load_defaults
+from config.settings import Settings
+from sessions.records import RunState, TaskKey
+from sessions.store import SessionStore
+
+
+def settings_with(overrides: dict[str, Any] | None = None) -> Settings:
+    return build_settings(deep_merge(load_defaults(), overrides or {}))
+
+
+async def open_store(home: Path, clock: Clock, overrides: dict[str, Any] | None = None) -> SessionStore:
+    return await SessionStore.open(home, settings_with(overrides), clock=clock)
+
+
+async def start(store: SessionStore, key: str = "agent:main:main", *, user: str | None = "u1") -> RunState:
+    return await store.start_run(
+        key,
+        agent_id="main",
+        chat_type="direct",
+        channel=None,
+        task_key=TaskKey(task_type="agent", task_identifier=key, user=user),
+    )
