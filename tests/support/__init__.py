@@ -1,0 +1,1 @@
+"""Test support: a real local OpenAI-compatible server and the fixtures that start it."""
