@@ -135,7 +135,7 @@ def env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     for name in sorted(env):
         if not name.startswith(ENV_PREFIX) or name in SPECIAL_ENV:
             continue
-        path = [part.lower() for part in name[len(ENV_PREFIX):].split("__")]
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
         if not all(path) or not _is_key_path(path):
             warnings.append(f"ignoring {name}: it names no configuration key")
             continue
@@ -157,8 +157,7 @@ def _with_agent_defaults(merged: dict[str, Any], defaults: dict[str, Any]) -> di
         return merged
     base = defaults["agents"]["main"]
     merged["agents"] = {
-        agent_id: deep_merge(base, block) if isinstance(block, dict) else block
-        for agent_id, block in agents.items()
+        agent_id: deep_merge(base, block) if isinstance(block, dict) else block for agent_id, block in agents.items()
     }
     return merged
 

@@ -45,6 +45,7 @@ class SessionEntry:
     label: str | None = None
     last_run_id: str | None = None
     last_reset_boundary: str | None = None
+    inherit_next: bool = True  # False after /new: the next run starts without inheritance
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

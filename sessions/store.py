@@ -34,7 +34,7 @@ from sessions.writer import AppendWriter
 log = logging.getLogger(__name__)
 
 METADATA_FORMAT_VERSION = 1
-Listener = Callable[[dict[str, Any]], None]
+Listener = Callable[[dict[str, Any]], object]
 RunHook = Callable[[RunState], Awaitable[None]]
 FinalSummarizer = Callable[[RunState, str], Awaitable[str | None]]
 
@@ -663,4 +663,3 @@ async def _run_hook(kind: str, name: str, hook: RunHook, run: RunState) -> None:
         await hook(run)
     except Exception:  # a broken hook must not stop the lifecycle change; it is logged
         log.exception("%s hook %r failed for run %s", kind, name, run.run_id)
-

@@ -1,0 +1,314 @@
+"""Sessions: channel ingress, messages to a key, listing, detail, settings, lifecycle, commands."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from config.errors import BadRequest, NotFound
+from gateway import keys as K
+from gateway.commands import dispatch, parse_command
+from gateway.http import json_response, parse_body, query_int, read_json, validate
+from gateway.streaming import answer
+from gateway.turns import Post
+from sessions.keys import Ingress, SessionKey, parse_key, route
+from sessions.records import TaskKey
+from sessions.thresholds import compaction_threshold
+
+routes = web.RouteTableDef()
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+
+class IngressBody(Strict):
+    channel: str = Field(min_length=1, max_length=64)
+    chat_type: Literal["direct", "group", "channel"]
+    chat_id: str = Field(min_length=1, max_length=200)
+    sender_id: str = Field(min_length=1, max_length=200)
+    sender_name: str | None = Field(None, max_length=200)
+    text: str
+    thread_id: str | None = Field(None, min_length=1, max_length=200)
+    agent_id: str | None = None
+    reply: bool = True
+    stream: bool = False
+    client_message_id: str | None = Field(None, min_length=1, max_length=200)
+
+
+class MessageBody(Strict):
+    role: Literal["user", "assistant", "tool", "system"] = "user"
+    content: str
+    name: str | None = Field(None, max_length=200)
+    tool_name: str | None = Field(None, max_length=200)
+    tool_call_id: str | None = Field(None, max_length=200)
+    reply: bool = True
+    stream: bool = False
+    client_message_id: str | None = Field(None, min_length=1, max_length=200)
+
+
+class CommandBody(Strict):
+    command: str = Field(min_length=2)
+    stream: bool = False
+
+
+class PatchBody(Strict):
+    pinned: bool | None = None
+    label: str | None = Field(None, max_length=200)
+    settings: dict[str, Any] | None = None
+
+
+class FailBody(Strict):
+    error: str = Field("failed by request", min_length=1, max_length=2000)
+
+
+SETTINGS_KEYS = {"model"}
+
+
+def session_key(request: web.Request) -> SessionKey:
+    config = request.app[K.CONFIG]
+    return parse_key(request.match_info["key"], agents=config.settings.agents)
+
+
+def client_message_id(request: web.Request, body_value: str | None) -> str | None:
+    return body_value or request.headers.get("Idempotency-Key") or None
+
+
+@routes.post("/v1/messages")
+async def ingress(request: web.Request) -> web.StreamResponse:
+    config = request.app[K.CONFIG]
+    body = await parse_body(request, IngressBody, config.settings.gateway.max_body_bytes)
+    settings = config.settings
+    key = route(
+        Ingress(body.channel, body.chat_type, body.chat_id, body.sender_id, body.thread_id, body.agent_id),
+        dm_scope=settings.session.dm_scope,
+        bindings=settings.bindings,
+        agents=settings.agents,
+    )
+    post = Post(
+        key=key,
+        role="user",
+        content=body.text,
+        name=body.sender_name or body.sender_id,
+        sender_id=body.sender_id,
+        reply=body.reply,
+        client_message_id=client_message_id(request, body.client_message_id),
+    )
+    return await answer(request, post, stream=body.stream)
+
+
+@routes.post("/v1/sessions/{key}/messages")
+async def post_message(request: web.Request) -> web.StreamResponse:
+    config = request.app[K.CONFIG]
+    key = session_key(request)
+    body = await parse_body(request, MessageBody, config.settings.gateway.max_body_bytes)
+    if body.role == "tool" and not body.tool_call_id:
+        raise BadRequest("a tool message needs 'tool_call_id'", field="tool_call_id")
+    post = Post(
+        key=key,
+        role=body.role,
+        content=body.content,
+        name=body.name,
+        tool_name=body.tool_name,
+        tool_call_id=body.tool_call_id,
+        reply=body.reply,
+        client_message_id=client_message_id(request, body.client_message_id),
+        task_key=TaskKey(task_type=key.family, task_identifier=key.raw),
+    )
+    return await answer(request, post, stream=body.stream)
+
+
+@routes.post("/v1/sessions/{key}/commands")
+async def post_command(request: web.Request) -> web.StreamResponse:
+    config = request.app[K.CONFIG]
+    key = session_key(request)
+    body = await parse_body(request, CommandBody, config.settings.gateway.max_body_bytes)
+    if parse_command(body.command) is None:
+        raise BadRequest("'command' must start with '/' and a command name, e.g. /status", field="command")
+    post = Post(key=key, role="user", content=body.command)
+    commands = request.app[K.COMMANDS]
+    outcome = await dispatch(commands, post)
+    return json_response(outcome.body())
+
+
+def _sort_key(entry: Any) -> tuple[str, str]:
+    return (entry.last_interaction_at or entry.created_at, entry.key)
+
+
+def _encode_cursor(position: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        at, key = json.loads(base64.urlsafe_b64decode(padded))
+        return str(at), str(key)
+    except (ValueError, TypeError):
+        raise BadRequest("'cursor' is not one this API returned; start again without it", field="cursor") from None
+
+
+@routes.get("/v1/sessions")
+async def list_sessions(request: web.Request) -> web.Response:
+    store = request.app[K.STORE]
+    limit = query_int(request, "limit", 50, low=1, high=500)
+    agent = request.query.get("agent")
+    chat_type = request.query.get("type")
+    status = request.query.get("status")
+    if status is not None and status not in ("running", "paused", "idle"):
+        raise BadRequest("'status' must be running, paused or idle", field="status")
+    if chat_type is not None and chat_type not in ("direct", "group", "channel", "cron", "hook"):
+        raise BadRequest("'type' must be direct, group, channel, cron or hook", field="type")
+    entries = [
+        e
+        for e in store.entries()
+        if (agent is None or e.agent_id == agent)
+        and (chat_type is None or e.chat_type == chat_type)
+        and (status is None or e.status == status)
+    ]
+    entries.sort(key=_sort_key, reverse=True)
+    cursor = request.query.get("cursor")
+    if cursor:
+        position = _decode_cursor(cursor)
+        entries = [e for e in entries if _sort_key(e) < position]
+    page = entries[:limit]
+    next_cursor = _encode_cursor(_sort_key(page[-1])) if len(entries) > limit else None
+    return json_response({"sessions": [describe(request, e.key) for e in page], "next_cursor": next_cursor})
+
+
+def describe(request: web.Request, key: str) -> dict[str, Any]:
+    store = request.app[K.STORE]
+    conv = request.app[K.CONVERSATIONS]
+    commands = request.app[K.COMMANDS]
+    entry = store.require_entry(key)
+    agent = conv.agent(entry.agent_id)
+    body = entry.to_dict()
+    run = store.active_run(key)
+    threshold = compaction_threshold(conv.settings.compaction, agent.model)
+    body["tokens"] = {
+        "context": (run.context_tokens if run else 0) + conv.context_overhead(entry.agent_id),
+        "threshold": threshold,
+        "input": entry.input_tokens,
+        "output": entry.output_tokens,
+        "cache_read": entry.cache_read_tokens,
+        "cache_write": entry.cache_write_tokens,
+    }
+    body["threshold"] = threshold
+    body["compactions"] = run.compaction_count if run else entry.compaction_count
+    nxt = commands.next_reset(key) if commands.next_reset else None
+    body["next_reset"] = nxt.isoformat() if nxt else None
+    body["model"] = conv.model_name(key, entry.agent_id) if conv.provider(entry.agent_id) else None
+    return body
+
+
+@routes.get("/v1/sessions/{key}")
+async def get_session(request: web.Request) -> web.Response:
+    key = session_key(request)
+    return json_response(describe(request, key.raw))
+
+
+@routes.patch("/v1/sessions/{key}")
+async def patch_session(request: web.Request) -> web.Response:
+    config = request.app[K.CONFIG]
+    key = session_key(request)
+    data = await read_json(request, config.settings.gateway.max_body_bytes)
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object", code="invalid_body")
+    body = validate(PatchBody, data)
+    if body.settings is not None:
+        unknown = set(body.settings) - SETTINGS_KEYS
+        if unknown:
+            raise BadRequest(
+                f"unknown setting(s) {sorted(unknown)}; allowed: {sorted(SETTINGS_KEYS)}", field="settings"
+            )
+        model = body.settings.get("model")
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise BadRequest("settings.model must be a non-empty string or null", field="settings.model")
+    store = request.app[K.STORE]
+    store.require_entry(key.raw)
+    await store.update_entry(
+        key.raw, pinned=body.pinned, label=body.label, clear_label="label" in data and body.label is None,
+        settings=body.settings,
+    )  # fmt: skip
+    return json_response(describe(request, key.raw))
+
+
+@routes.delete("/v1/sessions/{key}")
+async def delete_session(request: web.Request) -> web.Response:
+    key = session_key(request)
+    store = request.app[K.STORE]
+    conv = request.app[K.CONVERSATIONS]
+    store.require_entry(key.raw)
+    conv.stop_turn(key.raw)
+    async with conv.exclusive(key.raw):
+        completed = await store.delete(key.raw)
+    return json_response({"session_key": key.raw, "deleted": True, "completed_run_id": completed})
+
+
+@routes.get("/v1/sessions/{key}/context")
+async def get_context(request: web.Request) -> web.Response:
+    key = session_key(request)
+    store = request.app[K.STORE]
+    conv = request.app[K.CONVERSATIONS]
+    entry = store.require_entry(key.raw)
+    run = store.active_run(key.raw)
+    agent = conv.agent(entry.agent_id)
+    lines = await store.read_context(run) if run else []
+    system = {"role": "system", "content": agent.system_prompt, "kind": "system_prompt"}
+    overhead = conv.context_overhead(entry.agent_id)
+    return json_response(
+        {
+            "session_key": key.raw,
+            "run_id": run.run_id if run else None,
+            "messages": [system, *lines],
+            "tokens": (run.context_tokens if run else 0) + overhead,
+            "threshold": compaction_threshold(conv.settings.compaction, agent.model),
+        }
+    )
+
+
+async def _lifecycle(request: web.Request, action: str) -> web.Response:
+    key = session_key(request)
+    store = request.app[K.STORE]
+    conv = request.app[K.CONVERSATIONS]
+    store.require_entry(key.raw)
+    if action == "stop":
+        return json_response({"session_key": key.raw, "stopped": conv.stop_turn(key.raw)})
+    error = None
+    if action == "fail":
+        config = request.app[K.CONFIG]
+        body = await parse_body(request, FailBody, config.settings.gateway.max_body_bytes)
+        error = body.error
+    if action in ("complete", "fail"):
+        conv.stop_turn(key.raw)
+    async with conv.exclusive(key.raw):
+        conv.ensure_active(key.raw)
+        if action == "pause":
+            run = await store.pause(key.raw)
+        elif action == "resume":
+            run = await store.resume(key.raw)
+        else:
+            run = await store.complete(key.raw, error=error, reason=action)
+    return json_response({"session_key": key.raw, "run_id": run.run_id, "status": run.status})
+
+
+def _lifecycle_route(action: str) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return await _lifecycle(request, action)
+
+    handler.__name__ = f"{action}_session"
+    routes.post(f"/v1/sessions/{{key}}/{action}")(handler)
+
+
+for _action in ("pause", "resume", "complete", "fail", "stop"):
+    _lifecycle_route(_action)
+
+
+def require_run_folder(found: Any, run_id: str) -> Any:
+    if found is None:
+        raise NotFound(f"run {run_id} has no readable folder", code="run_not_found")
+    return found

@@ -1,0 +1,59 @@
+"""Health, readiness, metrics and the event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp import web
+
+from config.errors import BadRequest
+from gateway import keys as K
+from gateway.http import json_response
+from gateway.metrics import CONTENT_TYPE
+
+routes = web.RouteTableDef()
+HEARTBEAT_S = 15.0
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+@routes.get("/readyz")
+async def readyz(request: web.Request) -> web.Response:
+    checks: dict[str, bool] = request.app[K.READY].copy()
+    ready = all(checks.values())
+    return json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    registry = request.app[K.METRICS]
+    store = request.app[K.STORE]
+    registry.active_sessions.set(sum(1 for _ in store.active_runs()))
+    return web.Response(body=registry.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+@routes.get("/v1/events")
+async def events(request: web.Request) -> web.StreamResponse:
+    hub = request.app[K.HUB]
+    key = request.query.get("key") or None
+    raw_last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+    last_id = None
+    if raw_last:
+        try:
+            last_id = int(raw_last)
+        except ValueError:
+            raise BadRequest("Last-Event-ID must be an event id this stream sent", field="Last-Event-ID") from None
+    heartbeat = float(request.app[K.EXTRAS].get("heartbeat_s", HEARTBEAT_S))
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    await response.prepare(request)
+    await response.write(b": connected\n\n")
+    with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+        async for event in hub.subscribe(key=key, last_event_id=last_id, heartbeat_s=heartbeat):
+            await response.write(b": heartbeat\n\n" if event is None else event.encode())
+    return response

@@ -1,0 +1,198 @@
+"""HTTP plumbing shared by every route: request ids, the one error middleware, bearer auth, and
+JSON body reading with the size limit. Domain code raises ``NeotaskError``; only this module
+turns errors into responses."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from pydantic import BaseModel, ValidationError
+
+from config.errors import BadRequest, NeotaskError, PayloadTooLarge
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+M = TypeVar("M", bound=BaseModel)
+
+REQUEST_ID = web.RequestKey("request_id", str)
+_DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to this, then the connection closes
+
+
+def error_body(code: str, message: str, request_id: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "request_id": request_id, **extra}}
+
+
+def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        text=json.dumps(data, ensure_ascii=False),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+_FRAMEWORK_CODES = {
+    400: ("invalid_body", "the request could not be parsed"),
+    401: ("unauthorized", "send Authorization: Bearer <token>"),
+    404: ("not_found", "no such route; see GET /openapi.json for the API"),
+    405: ("method_not_allowed", "this route does not take that method; see GET /openapi.json"),
+    413: ("payload_too_large", "the body is larger than gateway.max_body_bytes"),
+}
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    try:
+        response = await handler(request)
+    except NeotaskError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s -> %s %s: %s", request.method, request.path, exc.status, exc.code, exc.message)
+        return json_response(error_body(exc.code, exc.message, request_id, **exc.extra), status=exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code, hint = _FRAMEWORK_CODES.get(exc.status, ("http_error", exc.reason))
+        message = hint if exc.status in (404, 405) else f"{exc.reason}: {hint}"
+        headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow",)}
+        return json_response(error_body(code, message, request_id), status=exc.status, headers=headers)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_response(
+            error_body("internal_error", "the gateway failed on this request; see its log", request_id), status=500
+        )
+    response.headers.setdefault("X-Request-Id", request_id)
+    return response
+
+
+def auth_middleware(tokens: tuple[str, ...]) -> Middleware:
+    encoded = [t.encode() for t in tokens]
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if encoded and _needs_token(request.path):
+            offered = _offered_token(request)
+            if offered is None or not any(hmac.compare_digest(offered.encode(), t) for t in encoded):
+                raise Unauthorized(
+                    "missing or wrong bearer token: send 'Authorization: Bearer <token>' with one of gateway.tokens"
+                )
+        return await handler(request)
+
+    return middleware
+
+
+class Unauthorized(NeotaskError):
+    status = 401
+    default_code = "unauthorized"
+
+
+def _needs_token(path: str) -> bool:
+    return path.startswith("/v1/") or path == "/metrics"
+
+
+def _offered_token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    if request.path == "/v1/events":
+        return request.query.get("access_token")
+    return None
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The raw body, at most ``limit`` bytes; a larger one is drained (so the client reads our
+    answer) and refused with 413."""
+    if request.content_length is not None and request.content_length > limit:
+        await _drain(request)
+        raise PayloadTooLarge(
+            f"the body is {request.content_length} bytes; the limit is {limit} (gateway.max_body_bytes)"
+        )
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            await _drain(request)
+            raise PayloadTooLarge(f"the body is over the limit of {limit} bytes (gateway.max_body_bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _drain(request: web.Request) -> None:
+    drained = 0
+    async for chunk in request.content.iter_chunked(65536):
+        drained += len(chunk)
+        if drained > _DRAIN_LIMIT:
+            break
+
+
+async def read_json(request: web.Request, limit: int) -> Any:
+    body = await read_body(request, limit)
+    content_type = request.content_type
+    if content_type != "application/json":
+        raise BadRequest(f"content type must be application/json, not {content_type or 'missing'}", code="invalid_body")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the body is not valid UTF-8 (byte {exc.start})", code="invalid_body") from None
+    if not text.strip():
+        raise BadRequest("the body is empty; send a JSON object", code="invalid_body")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                         code="invalid_body") from None  # fmt: skip
+
+
+async def parse_body(request: web.Request, model: type[M], limit: int) -> M:
+    data = await read_json(request, limit)
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object", code="invalid_body")
+    return validate(model, data)
+
+
+def validate(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise BadRequest(describe_validation(exc), field=_first_field(exc)) from None
+
+
+def _first_field(exc: ValidationError) -> str | None:
+    for err in exc.errors():
+        return ".".join(str(p) for p in err["loc"]) or None
+    return None
+
+
+def describe_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field '{where}'")
+        elif err["type"] == "missing":
+            parts.append(f"missing field '{where}'")
+        else:
+            parts.append(f"field '{where}': {err['msg']}")
+    return "; ".join(parts) + " (see GET /openapi.json for the accepted fields)"
+
+
+def query_int(request: web.Request, name: str, default: int, *, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter '{name}' must be an integer", field=name) from None
+    if not low <= value <= high:
+        raise BadRequest(f"query parameter '{name}' must be between {low} and {high}", field=name)
+    return value

@@ -1,0 +1,35 @@
+"""Prometheus metrics, one registry per app (no process globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.messages = Counter("neotask_messages_total", "Messages stored", ["role"], registry=self.registry)
+        self.turns = Counter("neotask_turns_total", "Model turns", ["outcome"], registry=self.registry)
+        self.compactions = Counter(
+            "neotask_compactions_total", "Context compactions", ["trigger"], registry=self.registry
+        )
+        self.resets = Counter("neotask_resets_total", "Session resets", ["reason"], registry=self.registry)
+        self.tokens = Counter("neotask_tokens_total", "Provider token usage", ["kind"], registry=self.registry)
+        self.turn_seconds = Histogram(
+            "neotask_turn_seconds",
+            "Model turn latency",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=self.registry,
+        )
+        self.append_seconds = Histogram(
+            "neotask_append_seconds",
+            "Time to make a posted message durable",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=self.registry,
+        )
+        self.active_sessions = Gauge("neotask_active_runs", "Runs running or paused", registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

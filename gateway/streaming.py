@@ -1,0 +1,52 @@
+"""Answering a posted message: a JSON body, or (``stream: true``) server-sent events — text
+deltas, then one ``final`` event carrying the same body as the JSON answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from config.errors import NeotaskError
+from gateway import keys as K
+from gateway.commands import dispatch
+from gateway.http import REQUEST_ID, error_body, json_response
+from gateway.turns import Post
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+async def answer(request: web.Request, post: Post, *, stream: bool) -> web.StreamResponse:
+    commands = request.app[K.COMMANDS]
+    if not stream:
+        outcome = await dispatch(commands, post)
+        return json_response(outcome.body())
+
+    response: web.StreamResponse | None = None
+
+    async def start() -> web.StreamResponse:
+        nonlocal response
+        if response is None:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+        return response
+
+    async def on_delta(text: str) -> None:
+        await (await start()).write(sse("delta", {"content": text}))
+
+    try:
+        outcome = await dispatch(commands, post, on_delta=on_delta)
+    except NeotaskError as exc:
+        if response is None:
+            raise
+        body = error_body(exc.code, exc.message, request[REQUEST_ID], **exc.extra)
+        await response.write(sse("error", body))
+        await response.write_eof()
+        return response
+    stream_response = await start()
+    await stream_response.write(sse("final", outcome.body()))
+    await stream_response.write_eof()
+    return stream_response

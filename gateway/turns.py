@@ -1,0 +1,422 @@
+"""Conversations: posting messages to keys, model turns, per-key order, idempotent redelivery.
+
+Two locks per key keep the rules of SPEC section 8: the *lifecycle* lock (short: start a run and
+append) and the *turn* lock (held for a model turn). A message that arrives during a turn is
+appended at once under the lifecycle lock and then waits for the turn lock, so its seq is its
+arrival order and turns run one at a time in that order. Lifecycle changes take the turn lock
+first, then the lifecycle lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from config.clock import Clock, iso
+from config.errors import Busy, Conflict, ProviderFailure
+from config.settings import AgentSettings, Settings
+from gateway.events import EventHub
+from gateway.metrics import Metrics
+from gateway.provider import ChatProvider, Completion, ProviderError, Usage
+from gateway.tools import ToolBox
+from sessions.keys import SessionKey
+from sessions.records import NewMessage, Role, RunState, TaskKey
+from sessions.store import SessionStore
+from sessions.tokens import estimate_message, estimate_text
+
+log = logging.getLogger(__name__)
+
+DeltaFn = Callable[[str], Awaitable[None]]
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+IDEMPOTENCY_WINDOW = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Post:
+    """A message to post to a key, as the routes build it."""
+
+    key: SessionKey
+    role: Role
+    content: str
+    name: str | None = None
+    sender_id: str | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    reply: bool = True
+    client_message_id: str | None = None
+    user_activity: bool | None = None
+    task_key: TaskKey | None = None
+
+
+@dataclass
+class Outcome:
+    """What a message or command call answers (SPEC section 8)."""
+
+    session_key: str
+    run_id: str | None
+    message_seq: int | None
+    reply: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=lambda: Usage().as_dict())
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "session_key": self.session_key,
+            "run_id": self.run_id,
+            "message_seq": self.message_seq,
+            "reply": self.reply,
+            "events": self.events,
+            "usage": self.usage,
+        }
+
+
+def speaker_name(name: str | None) -> str | None:
+    """OpenAI's ``name`` allows ``[A-Za-z0-9_-]{1,64}``."""
+    if not name:
+        return None
+    cleaned = _NAME_UNSAFE.sub("_", name.strip())[:64].strip("_")
+    return cleaned or None
+
+
+def to_openai(line: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": line["role"], "content": line.get("content") or ""}
+    if line["role"] == "user" and line.get("name"):
+        message["name"] = line["name"]
+    if line.get("tool_calls"):
+        message["tool_calls"] = line["tool_calls"]
+        if not message["content"]:
+            message["content"] = None
+    if line["role"] == "tool":
+        message["tool_call_id"] = line.get("tool_call_id") or ""
+    return message
+
+
+class Conversations:
+    def __init__(
+        self,
+        store: SessionStore,
+        settings: Settings,
+        *,
+        providers: Mapping[str, ChatProvider],
+        hub: EventHub,
+        metrics: Metrics,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.providers = providers
+        self.hub = hub
+        self.metrics = metrics
+        self.clock = clock
+        self.tools = ToolBox(store)
+        self._turn_locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
+        self._running: dict[str, asyncio.Task[Any]] = {}
+        self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
+        self.run_starters: list[Callable[[RunState, Post], Awaitable[list[dict[str, Any]]]]] = []
+
+    # -- configuration --------------------------------------------------------------------------
+
+    def agent(self, agent_id: str | None) -> AgentSettings:
+        return self.settings.agents[agent_id or "main"]
+
+    def provider(self, agent_id: str | None) -> ChatProvider | None:
+        return self.providers.get(agent_id or "main")
+
+    def model_name(self, key: str, agent_id: str | None) -> str:
+        entry = self.store.entry(key)
+        override = entry.settings.get("model") if entry else None
+        return str(override or self.agent(agent_id).model.name)
+
+    def needs_turn(self, post: Post) -> bool:
+        return post.role == "user" and post.reply and self.provider(post.key.agent_id) is not None
+
+    # -- locks ----------------------------------------------------------------------------------
+
+    def turn_lock(self, key: str) -> asyncio.Lock:
+        lock = self._turn_locks.get(key)
+        if lock is None:
+            lock = self._turn_locks[key] = asyncio.Lock()
+        return lock
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        """Both locks: no turn runs and nothing is appended while a lifecycle change happens."""
+        async with self.turn_lock(key), self.store.lock_for(key):
+            yield
+
+    # -- posting --------------------------------------------------------------------------------
+
+    async def post(self, post: Post, *, on_delta: DeltaFn | None = None) -> Outcome:
+        cmid = post.client_message_id
+        if cmid is None:
+            return await self._post(post, on_delta)
+        marker = (post.key.raw, cmid)
+        if marker in self._inflight:  # the same delivery is being handled right now
+            return _outcome_from(await asyncio.shield(self._inflight[marker]))
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._inflight[marker] = future
+        try:
+            outcome = await self._post_once(post, on_delta)
+            future.set_result(outcome.body())
+            return outcome
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it, nobody logs it as lost
+            raise
+        finally:
+            del self._inflight[marker]
+
+    async def _post_once(self, post: Post, on_delta: DeltaFn | None) -> Outcome:
+        assert post.client_message_id is not None
+        previous = await self._idempotency_lookup(post.key.raw, post.client_message_id)
+        if previous is None:
+            outcome = await self._post(post, on_delta)
+        elif previous["response"] is not None:
+            return _outcome_from(json.loads(previous["response"]))
+        else:  # stored before, but its turn failed: run the turn again, store nothing new
+            run = self.store.run_state(previous["run_id"]) if previous["run_id"] else None
+            if run is None or run.status != "running" or not self.needs_turn(post):
+                outcome = Outcome(post.key.raw, previous["run_id"], previous["message_seq"])
+            else:
+                outcome = Outcome(post.key.raw, run.run_id, previous["message_seq"])
+                await self._queued_turn(post, run, outcome, on_delta)
+        await self._idempotency_save(post.key.raw, post.client_message_id, outcome)
+        return outcome
+
+    async def _post(self, post: Post, on_delta: DeltaFn | None) -> Outcome:
+        key = post.key.raw
+        turn = self.needs_turn(post)
+        if turn and self._waiting.get(key, 0) >= self.agent(post.key.agent_id).max_queued_turns:
+            raise Busy(
+                f"session {key!r} already has {self._waiting[key]} turns waiting; retry later",
+                retry_after_s=1,
+            )
+        outcome = Outcome(key, None, None)
+        async with self.store.lock_for(key):
+            run = self.store.active_run(key)
+            if run is not None:
+                self.store.check_writable(run, NewMessage(role=post.role, content=""))
+            else:
+                run = await self._start_run(post, outcome)
+            started = time.perf_counter()
+            record = await self.store.append(run, self._new_message(post))
+            self.metrics.append_seconds.observe(time.perf_counter() - started)
+            self.metrics.messages.labels(post.role).inc()
+        outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
+        if post.client_message_id is not None:
+            await self._idempotency_save(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
+        if turn:
+            await self._queued_turn(post, run, outcome, on_delta)
+        return outcome
+
+    async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
+        key = post.key
+        task_key = post.task_key or TaskKey(
+            task_type=key.family, task_identifier=key.raw, repository=None, user=post.sender_id
+        )
+        run = await self.store.start_run(
+            key.raw, agent_id=key.agent_id, chat_type=key.chat_type, channel=key.channel, task_key=task_key
+        )
+        for starter in self.run_starters:
+            outcome.events.extend(await starter(run, post))
+        return run
+
+    def _new_message(self, post: Post) -> NewMessage:
+        return NewMessage(
+            role=post.role,
+            content=post.content,
+            name=speaker_name(post.name) if post.role == "user" else post.name,
+            sender_id=post.sender_id,
+            tool_name=post.tool_name,
+            tool_call_id=post.tool_call_id,
+            client_message_id=post.client_message_id,
+            user_activity=post.user_activity,
+        )
+
+    async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
+        key = post.key.raw
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        waiting = True
+        try:
+            async with self.turn_lock(key):
+                self._waiting[key] -= 1
+                waiting = False
+                if self.store.run_state(run.run_id) is None:  # reset while this call waited
+                    outcome.events.append({"type": "turn_skipped", "reason": "the run ended before its turn"})
+                    return
+                task = asyncio.current_task()
+                assert task is not None
+                self._running[key] = task
+                try:
+                    await self._turn(run, outcome, on_delta)
+                finally:
+                    self._running.pop(key, None)
+        finally:
+            if waiting:
+                self._waiting[key] -= 1
+            if self._waiting.get(key) == 0:
+                del self._waiting[key]
+
+    def stop_turn(self, key: str) -> bool:
+        """Cancel the key's running turn (``/stop``); False when none runs."""
+        task = self._running.get(key)
+        if task is None or task.done():
+            return False
+        task.cancel()
+        return True
+
+    # -- the model turn -------------------------------------------------------------------------
+
+    async def _turn(self, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
+        agent = self.agent(run.agent_id)
+        provider = self.provider(run.agent_id)
+        assert provider is not None
+        model = self.model_name(run.key, run.agent_id)
+        tools = self.tools.schemas()
+        overhead = estimate_text(agent.system_prompt) + estimate_text(json.dumps(tools))
+        total = Usage()
+        started = time.perf_counter()
+        rounds = 0
+        try:
+            while True:
+                context = await self.store.read_context(run)
+                messages = [{"role": "system", "content": agent.system_prompt}, *map(to_openai, context)]
+                offered = tools if rounds < agent.max_tool_rounds else None
+                completion = await self._complete(provider, messages, offered, model, on_delta, outcome)
+                total = total + completion.usage
+                await self._account(run, completion, overhead)
+                if completion.tool_calls and offered:
+                    rounds += 1
+                    await self._run_tools(run, completion)
+                    continue
+                record = await self.store.append(
+                    run,
+                    NewMessage(role="assistant", content=completion.content, usage=completion.usage.as_dict()),
+                )
+                self.metrics.messages.labels("assistant").inc()
+                outcome.reply = {"content": completion.content, "seq": record["seq"]}
+                self.store.emit("reply", run, seq=record["seq"], content=completion.content, model=completion.model)
+                break
+        except asyncio.CancelledError:
+            self.metrics.turns.labels("stopped").inc()
+            outcome.events.append({"type": "stopped"})
+            raise
+        except ProviderError as exc:
+            self.metrics.turns.labels("provider_error").inc()
+            raise ProviderFailure(
+                f"the model call failed: {exc.message}; the message is stored (seq {outcome.message_seq})"
+                " and the session stays usable",
+                message_seq=outcome.message_seq,
+                stored=True,
+                kind=exc.kind,
+            ) from exc
+        finally:
+            outcome.usage = total.as_dict()
+            self.metrics.turn_seconds.observe(time.perf_counter() - started)
+        self.metrics.turns.labels("ok").inc()
+
+    async def _complete(
+        self,
+        provider: ChatProvider,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        model: str,
+        on_delta: DeltaFn | None,
+        outcome: Outcome,
+    ) -> Completion:
+        return await provider.complete(messages, tools=tools, model=model, on_delta=on_delta)
+
+    async def _account(self, run: RunState, completion: Completion, overhead: int) -> None:
+        usage = completion.usage.as_dict()
+        await self.store.add_usage(run, usage)
+        for kind, value in usage.items():
+            if value:
+                self.metrics.tokens.labels(kind).inc(value)
+        if completion.usage.input_tokens:
+            self.store.calibrate_context(run, completion.usage.input_tokens, overhead)
+
+    async def _run_tools(self, run: RunState, completion: Completion) -> None:
+        calls = tuple(
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in completion.tool_calls
+        )
+        await self.store.append(
+            run,
+            NewMessage(
+                role="assistant", content=completion.content, tool_calls=calls, usage=completion.usage.as_dict()
+            ),
+        )
+        for call in completion.tool_calls:
+            result = await self.tools.execute(run, call)
+            await self.store.append(
+                run, NewMessage(role="tool", content=result, tool_name=call.name, tool_call_id=call.id)
+            )
+
+    # -- idempotency ----------------------------------------------------------------------------
+
+    async def _idempotency_lookup(self, key: str, cmid: str) -> dict[str, Any] | None:
+        since = iso(self.clock() - IDEMPOTENCY_WINDOW)
+
+        def _find(conn: Any) -> dict[str, Any] | None:
+            row = conn.execute(
+                "SELECT run_id, message_seq, response FROM idempotency"
+                " WHERE session_key = ? AND client_message_id = ? AND created_at >= ?",
+                (key, cmid, since),
+            ).fetchone()
+            return dict(row) if row else None
+
+        return await self.store.ledger.execute(_find)
+
+    async def _idempotency_save(
+        self, key: str, cmid: str, outcome: Outcome | None, *, run_id: str | None = None, seq: int | None = None
+    ) -> None:
+        now = iso(self.clock())
+        response = json.dumps(outcome.body(), ensure_ascii=False) if outcome is not None else None
+        run_id = outcome.run_id if outcome is not None else run_id
+        seq = outcome.message_seq if outcome is not None else seq
+
+        def _save(conn: Any) -> None:
+            conn.execute(
+                "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
+                " run_id = excluded.run_id, message_seq = excluded.message_seq,"
+                " response = COALESCE(excluded.response, idempotency.response)",
+                (key, cmid, now, run_id, seq, response),
+            )
+
+        await self.store.ledger.execute(_save)
+
+    def context_overhead(self, agent_id: str | None) -> int:
+        """Tokens of the system prompt and tool schemas (counted toward the threshold)."""
+        agent = self.agent(agent_id)
+        return estimate_text(agent.system_prompt) + estimate_message({"content": json.dumps(self.tools.schemas())})
+
+    async def command_line(self, run: RunState, role: Role, text: str) -> dict[str, Any]:
+        """Store a chat command or its answer (``command: true``: never sent to the model)."""
+        return await self.store.append(run, NewMessage(role=role, content=text, command=True, user_activity=False))
+
+    def ensure_active(self, key: str) -> RunState:
+        run = self.store.active_run(key)
+        if run is None:
+            raise Conflict(f"session {key!r} has no active run", code="no_active_run")
+        return run
+
+
+def _outcome_from(body: dict[str, Any]) -> Outcome:
+    return Outcome(
+        session_key=body["session_key"],
+        run_id=body.get("run_id"),
+        message_seq=body.get("message_seq"),
+        reply=body.get("reply"),
+        events=list(body.get("events") or []),
+        usage=dict(body.get("usage") or {}),
+    )

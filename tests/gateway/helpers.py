@@ -1,0 +1,51 @@
+"""Build a gateway app over a tmp home, with or without the local OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from config.clock import Clock
+from config.loader import LoadedConfig, build_settings, deep_merge, load_defaults
+from gateway.app import create_app
+
+
+def gateway_config(home: Path, overrides: dict[str, Any] | None = None, *, base_url: str | None = None) -> LoadedConfig:
+    data = deep_merge(load_defaults(), overrides or {})
+    if base_url is not None:
+        data = deep_merge(
+            data,
+            {
+                "agents": {
+                    "main": {"model": {"base_url": base_url, "name": "test-model", "timeout_s": 5, "max_retries": 0}}
+                }
+            },
+        )
+    return LoadedConfig(settings=build_settings(data), home=home, config_path=None)
+
+
+def make_app(
+    home: Path,
+    clock: Clock,
+    overrides: dict[str, Any] | None = None,
+    *,
+    base_url: str | None = None,
+    env: dict[str, str] | None = None,
+) -> web.Application:
+    return create_app(gateway_config(home, overrides, base_url=base_url), clock=clock, env=env or {})
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under a home with a hash of its bytes (for "nothing changed on disk")."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder) / name
+            if name.endswith(("-wal", "-shm")):
+                continue
+            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
