@@ -1,0 +1,375 @@
+"""The scheduler: APScheduler 3.x ``AsyncIOScheduler`` driving callbacks it is given.
+
+It knows nothing of sessions or HTTP: the gateway hands it async callables for the daily reset,
+the sweep, the cleanup and cron firings, and the settings that say when to call them (SPEC section
+7). Every job runs under a guard: a firing that comes while the previous one still runs is skipped
+and logged (daily reset jobs for several boundaries share one guard, since they share a callback).
+
+Job ids: ``daily_reset`` (and ``daily_reset:<zone>:<HH>`` for further boundaries), ``sweep``,
+``cleanup``, ``cron:<id>`` for each cron job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+from zoneinfo import ZoneInfo
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.combining import OrTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from config.clock import Clock, iso
+from config.errors import Conflict, NotFound
+from config.settings import CronJob
+
+logger = logging.getLogger(__name__)
+
+JobKind = Literal["daily_reset", "sweep", "cleanup", "cron"]
+Callback = Callable[[], Awaitable[None]]
+
+CRON_PREFIX = "cron:"
+_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _weekday(token: str) -> int:
+    """A crontab weekday as 0 (Sunday) to 7 (Sunday again)."""
+    text = token.strip().lower()
+    if text.isdigit() and 0 <= int(text) <= 7:
+        return int(text)
+    if text in _WEEKDAYS:
+        return _WEEKDAYS.index(text)
+    raise ValueError(f"bad day of week {token!r}: use 0-7 (0 and 7 are Sunday) or sun-sat")
+
+
+def _weekday_field(field_text: str) -> str:
+    """A crontab day-of-week field as APScheduler weekday names.
+
+    APScheduler 3 numbers weekdays from Monday = 0, crontab from Sunday = 0 (7 too); names mean
+    the same in both, so numbers are expanded to names."""
+    if field_text == "*":
+        return "*"
+    days: set[int] = set()
+    for part in field_text.split(","):
+        body, slash, step_text = part.partition("/")
+        step = int(step_text) if slash else 1
+        if step < 1:
+            raise ValueError(f"bad step in day of week {part!r}")
+        if body == "*":
+            first, last = 0, 6
+        elif "-" in body:
+            low, high = body.split("-", 1)
+            first, last = _weekday(low), _weekday(high)
+        else:
+            first = _weekday(body)
+            last = 6 if slash else first
+        if last < first:
+            raise ValueError(f"bad day-of-week range {part!r}")
+        days.update(day % 7 for day in range(first, last + 1, step))
+    return ",".join(_WEEKDAYS[day] for day in sorted(days))
+
+
+def crontab_trigger(schedule: str, zone: ZoneInfo) -> BaseTrigger:
+    """A standard five-field crontab expression as an APScheduler 3 trigger in ``zone``.
+
+    Unlike ``CronTrigger.from_crontab``, weekday numbers mean what they mean in crontab (0 and 7
+    are Sunday), and when both day of month and day of week are restricted (neither starts with
+    ``*``) the job fires on either, as cron does."""
+    fields = schedule.split()
+    if len(fields) != 5:
+        raise ValueError(f"cron schedule {schedule!r} must have 5 fields, not {len(fields)}")
+    minute, hour, day, month, weekday_text = fields
+    weekday = _weekday_field(weekday_text)
+    if not day.startswith("*") and not weekday_text.startswith("*"):
+        return OrTrigger(
+            [
+                CronTrigger(minute=minute, hour=hour, day=day, month=month, timezone=zone),
+                CronTrigger(minute=minute, hour=hour, month=month, day_of_week=weekday, timezone=zone),
+            ]
+        )
+    return CronTrigger(minute=minute, hour=hour, day=day, month=month, day_of_week=weekday, timezone=zone)
+
+
+def next_cron(schedule: str, zone: ZoneInfo, after: datetime) -> datetime | None:
+    """The first firing of a crontab ``schedule`` in ``zone`` at or after ``after``, aware UTC."""
+    when: datetime | None = crontab_trigger(schedule, zone).get_next_fire_time(None, after)
+    return None if when is None else when.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class DailyJob:
+    """The daily reset: ``callback`` at ``at_hour:00`` in the service's zone, and at each further
+    ``(zone, at_hour)`` in ``boundaries`` (from per-type and per-channel overrides; duplicates are
+    dropped)."""
+
+    at_hour: int
+    callback: Callback
+    boundaries: Sequence[tuple[ZoneInfo, int]] = ()
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One scheduled job as ``GET /v1/scheduler/jobs`` and ``neotask cron list`` show it."""
+
+    id: str
+    kind: JobKind
+    trigger: str
+    next_run_at: datetime | None
+    running: bool = False
+    last_run_at: datetime | None = None
+    skipped: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "trigger": self.trigger,
+            "next_run_at": None if self.next_run_at is None else iso(self.next_run_at),
+            "running": self.running,
+            "last_run_at": None if self.last_run_at is None else iso(self.last_run_at),
+            "skipped": self.skipped,
+        }
+
+
+@dataclass
+class _Job:
+    id: str
+    kind: JobKind
+    guard: str
+    trigger: BaseTrigger | None  # None: an interval job, anchored when the scheduler starts
+    text: str
+    call: Callback
+    misfire_grace_s: float
+    interval_s: float | None = None
+    last_run_at: datetime | None = None
+    skipped: int = 0
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+def _daily_trigger(at_hour: int, zone: ZoneInfo) -> CronTrigger:
+    return CronTrigger(hour=at_hour, minute=0, second=0, timezone=zone)
+
+
+class SchedulerService:
+    """Owns one ``AsyncIOScheduler``; ``start`` and ``stop`` belong in a gateway cleanup context.
+
+    Cron-style jobs use ``CronTrigger`` in their zone with ``coalesce`` and a misfire grace of
+    ``misfire_grace_s`` (so a loop that was held up, or a machine that slept, runs a missed firing
+    once, late); the sweep is an ``IntervalTrigger`` every ``sweep_seconds``. ``timezone`` is the
+    reset zone: it places the main daily boundary, the cleanup, and cron jobs that name no zone.
+    ``jobs()`` and ``run_now()`` also work before ``start`` (the CLI without a daemon)."""
+
+    def __init__(
+        self,
+        *,
+        timezone: ZoneInfo,
+        daily_reset: DailyJob | None,
+        sweep_seconds: float,
+        sweep: Callback,
+        cleanup_at_hour: int,
+        cleanup: Callback,
+        cron_jobs: Sequence[CronJob],
+        run_cron: Callable[[CronJob], Awaitable[None]],
+        clock: Clock,
+        misfire_grace_s: float = 3600,
+        stop_timeout_s: float = 5,
+    ) -> None:
+        if sweep_seconds <= 0:
+            raise ValueError(f"sweep_seconds must be positive, not {sweep_seconds}")
+        self._zone = timezone
+        self._clock = clock
+        self._stop_timeout_s = stop_timeout_s
+        self._scheduler: AsyncIOScheduler | None = None
+        self._running: set[str] = set()
+        self.ready = False
+        jobs: list[_Job] = []
+        if daily_reset is not None:
+            jobs.extend(self._daily_jobs(daily_reset, misfire_grace_s))
+        jobs.append(
+            _Job(
+                id="sweep",
+                kind="sweep",
+                guard="sweep",
+                trigger=None,
+                text=f"every {sweep_seconds:g}s",
+                call=sweep,
+                misfire_grace_s=sweep_seconds,
+                interval_s=sweep_seconds,
+            )
+        )
+        jobs.append(
+            _Job(
+                id="cleanup",
+                kind="cleanup",
+                guard="cleanup",
+                trigger=_daily_trigger(cleanup_at_hour, timezone),
+                text=f"daily at {cleanup_at_hour:02d}:00 {timezone.key}",
+                call=cleanup,
+                misfire_grace_s=misfire_grace_s,
+            )
+        )
+        for job in cron_jobs:
+            zone = ZoneInfo(job.timezone) if job.timezone else timezone
+            job_id = CRON_PREFIX + job.id
+            jobs.append(
+                _Job(
+                    id=job_id,
+                    kind="cron",
+                    guard=job_id,
+                    trigger=crontab_trigger(job.schedule, zone),
+                    text=f"cron {job.schedule} {zone.key}",
+                    call=_bind(run_cron, job),
+                    misfire_grace_s=misfire_grace_s,
+                )
+            )
+        self._jobs: dict[str, _Job] = {}
+        for spec in jobs:
+            if spec.id in self._jobs:
+                raise ValueError(f"duplicate scheduler job id {spec.id!r}")
+            self._jobs[spec.id] = spec
+
+    def _daily_jobs(self, daily: DailyJob, misfire_grace_s: float) -> list[_Job]:
+        seen: set[tuple[str, int]] = set()
+        jobs: list[_Job] = []
+        for zone, hour in [(self._zone, daily.at_hour), *daily.boundaries]:
+            if (zone.key, hour) in seen:
+                continue
+            seen.add((zone.key, hour))
+            job_id = "daily_reset" if not jobs else f"daily_reset:{zone.key}:{hour:02d}"
+            jobs.append(
+                _Job(
+                    id=job_id,
+                    kind="daily_reset",
+                    guard="daily_reset",
+                    trigger=_daily_trigger(hour, zone),
+                    text=f"daily at {hour:02d}:00 {zone.key}",
+                    call=daily.callback,
+                    misfire_grace_s=misfire_grace_s,
+                )
+            )
+        return jobs
+
+    async def start(self) -> None:
+        """Schedule every job on the running loop; ``ready`` becomes true."""
+        if self._scheduler is not None:
+            raise RuntimeError("the scheduler is already started")
+        scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop(), timezone=self._zone)
+        for job in self._jobs.values():
+            trigger = job.trigger or IntervalTrigger(seconds=job.interval_s, timezone=self._zone)
+            scheduler.add_job(
+                self._fire,
+                trigger=trigger,
+                args=(job.id,),
+                id=job.id,
+                name=job.id,
+                misfire_grace_time=max(1, round(job.misfire_grace_s)),
+                coalesce=True,
+                max_instances=1,
+            )
+        scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
+        scheduler.start()
+        self._scheduler = scheduler
+        self.ready = True
+        logger.info("scheduler started with %d jobs", len(self._jobs))
+
+    async def stop(self) -> None:
+        """Stop firing; give running firings ``stop_timeout_s`` to finish, then cancel them."""
+        scheduler, self._scheduler = self._scheduler, None
+        self.ready = False
+        if scheduler is None:
+            return
+        scheduler.pause()
+        current = asyncio.current_task()
+        pending = {task for job in self._jobs.values() for task in job.tasks if task is not current}
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=self._stop_timeout_s)
+            for task in late:
+                logger.warning("cancelling a scheduler job still running at shutdown")
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        scheduler.shutdown(wait=False)
+        # AsyncIOScheduler.shutdown only queues the work on the loop; let it run.
+        await asyncio.sleep(0)
+        logger.info("scheduler stopped")
+
+    def jobs(self) -> list[JobInfo]:
+        """Every job with its next run time (aware UTC). Before ``start`` a cron-style job's next
+        time is computed from the clock and the sweep's is ``None``. ``running`` is true while a
+        firing holds the job's guard (shared by every ``daily_reset`` job)."""
+        return [
+            JobInfo(
+                id=job.id,
+                kind=job.kind,
+                trigger=job.text,
+                next_run_at=self._next_run_at(job),
+                running=job.guard in self._running,
+                last_run_at=job.last_run_at,
+                skipped=job.skipped,
+            )
+            for job in self._jobs.values()
+        ]
+
+    def _next_run_at(self, job: _Job) -> datetime | None:
+        when: datetime | None
+        if self._scheduler is not None:
+            scheduled = self._scheduler.get_job(job.id)
+            when = None if scheduled is None else scheduled.next_run_time
+        elif job.trigger is not None:
+            when = job.trigger.get_next_fire_time(None, self._clock())
+        else:
+            when = None
+        return None if when is None else when.astimezone(UTC)
+
+    def resolve(self, job_id: str) -> str:
+        """The job id ``job_id`` names: an exact id, or a cron job's bare id."""
+        for candidate in (job_id, CRON_PREFIX + job_id):
+            if candidate in self._jobs:
+                return candidate
+        known = ", ".join(self._jobs)
+        raise NotFound(f"no scheduler job {job_id!r}; jobs: {known}", code="job_not_found")
+
+    async def run_now(self, job_id: str) -> None:
+        """Run a job at once, in the caller's task (``neotask cron run ID``). A cron job may be
+        named by its bare id. Unknown → ``NotFound``; already running → ``Conflict``."""
+        job = self._jobs[self.resolve(job_id)]
+        if job.guard in self._running:
+            raise Conflict(f"job {job.id!r} is already running", code="job_running")
+        await self._fire(job.id)
+
+    async def _fire(self, job_id: str) -> None:
+        job = self._jobs[job_id]
+        if job.guard in self._running:
+            job.skipped += 1
+            logger.warning("job %s skipped: its previous firing is still running", job.id)
+            return
+        self._running.add(job.guard)
+        job.last_run_at = self._clock()
+        task = asyncio.current_task()
+        if task is not None:
+            job.tasks.add(task)
+        try:
+            await job.call()
+        finally:
+            self._running.discard(job.guard)
+            if task is not None:
+                job.tasks.discard(task)
+
+    def _on_max_instances(self, event: JobSubmissionEvent) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is not None:
+            job.skipped += 1
+
+
+def _bind(run_cron: Callable[[CronJob], Awaitable[None]], job: CronJob) -> Callback:
+    async def call() -> None:
+        await run_cron(job)
+
+    return call

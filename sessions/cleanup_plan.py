@@ -1,0 +1,119 @@
+"""What a cleanup would do: a pure plan from run and archive facts, settings and ``now``.
+
+SPEC section 7. Completed (or failed) runs whose ``completed_at`` is ``retention_days`` old (per
+chat type through ``retention_by_type``; 0 = at the next cleanup) are archived. Active runs whose
+``last_interaction_at`` is that old are completed first, then archived in the same plan. Archives
+``archive_retention_days`` old are deleted (null = kept forever). The runs of a pinned key are
+never touched. The caller carries the plan out in order (and runs ``VACUUM`` only when it did
+something); a dry run just shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from config.clock import iso
+from config.settings import CleanupSettings
+
+CleanupKind = Literal["complete", "archive", "delete_archive"]
+
+ACTIVE_STATUSES = frozenset({"running", "paused"})
+FINISHED_STATUSES = frozenset({"completed", "failed"})
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One run as tasks.db and sessions.json know it."""
+
+    run_id: str
+    session_key: str
+    chat_type: str
+    status: str
+    completed_at: datetime | None = None
+    last_interaction_at: datetime | None = None
+    pinned: bool = False
+    archived_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ArchiveFacts:
+    """One ``archive/{uuid}.tar.gz``; ``pinned`` when its key has been pinned since."""
+
+    run_id: str
+    archived_at: datetime
+    session_key: str | None = None
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class CleanupAction:
+    kind: CleanupKind
+    run_id: str
+    session_key: str | None
+    reason: str
+
+
+def retention_days(settings: CleanupSettings, chat_type: str) -> float:
+    """``retention_by_type[chat_type]`` when set, else ``retention_days``."""
+    return next(
+        (days for name, days in settings.retention_by_type.items() if name == chat_type),
+        settings.retention_days,
+    )
+
+
+def _older_than(moment: datetime, days: float, now: datetime) -> bool:
+    return now - moment >= timedelta(days=days)
+
+
+def _days(days: float) -> str:
+    return f"{days:g} day" + ("" if days == 1 else "s")
+
+
+def _run_actions(run: RunFacts, settings: CleanupSettings, now: datetime) -> list[CleanupAction]:
+    if run.pinned or run.archived_at is not None:
+        return []
+    days = retention_days(settings, run.chat_type)
+    window = f"{_days(days)} ({run.chat_type} retention)"
+    if run.status in FINISHED_STATUSES:
+        if run.completed_at is None or not _older_than(run.completed_at, days, now):
+            return []
+        reason = f"{run.status} at {iso(run.completed_at)}, retention {window}"
+        return [CleanupAction("archive", run.run_id, run.session_key, reason)]
+    if run.status in ACTIVE_STATUSES:
+        last = run.last_interaction_at
+        if last is None or not _older_than(last, days, now):
+            return []
+        reason = f"{run.status}, last interaction {iso(last)}, retention {window}"
+        return [
+            CleanupAction("complete", run.run_id, run.session_key, reason),
+            CleanupAction("archive", run.run_id, run.session_key, reason),
+        ]
+    return []
+
+
+def _archive_action(archive: ArchiveFacts, settings: CleanupSettings, now: datetime) -> CleanupAction | None:
+    keep = settings.archive_retention_days
+    if keep is None or archive.pinned or not _older_than(archive.archived_at, keep, now):
+        return None
+    reason = f"archived at {iso(archive.archived_at)}, archive retention {_days(keep)}"
+    return CleanupAction("delete_archive", archive.run_id, archive.session_key, reason)
+
+
+def plan_cleanup(
+    runs: Iterable[RunFacts],
+    archives: Iterable[ArchiveFacts],
+    settings: CleanupSettings,
+    now: datetime,
+) -> list[CleanupAction]:
+    """The actions of one cleanup, in the order to carry them out: each stale run's ``complete``
+    (if active) right before its ``archive``, in input order; then the ``delete_archive`` actions.
+    Archives made by this plan are not deleted by it, even with ``archive_retention_days`` 0."""
+    actions = [action for run in runs for action in _run_actions(run, settings, now)]
+    for archive in archives:
+        action = _archive_action(archive, settings, now)
+        if action is not None:
+            actions.append(action)
+    return actions
