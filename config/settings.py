@@ -210,10 +210,10 @@ class CronJob(Model):
 
     @model_validator(mode="after")
     def _schedule_parses(self) -> CronJob:
-        from apscheduler.triggers.cron import CronTrigger
+        from scheduler.service import crontab_trigger  # crontab semantics (Sunday = 0 or 7)
 
         try:
-            CronTrigger.from_crontab(self.schedule, timezone=self.timezone or "UTC")
+            crontab_trigger(self.schedule, ZoneInfo(self.timezone or "UTC"))
         except ValueError as exc:
             raise ValueError(f"cron job {self.id!r}: bad schedule {self.schedule!r}: {exc}") from exc
         return self

@@ -25,7 +25,7 @@ class Event:
         return f"id: {self.id}\nevent: {self.data.get('type', 'message')}\ndata: {payload}\n\n".encode()
 
 
-@dataclass
+@dataclass(eq=False)
 class _Subscriber:
     key: str | None
     queue: asyncio.Queue[Event | None] = field(default_factory=lambda: asyncio.Queue(SUBSCRIBER_QUEUE))

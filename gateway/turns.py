@@ -35,7 +35,7 @@ from sessions.tokens import estimate_message, estimate_text
 log = logging.getLogger(__name__)
 
 DeltaFn = Callable[[str], Awaitable[None]]
-_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 IDEMPOTENCY_WINDOW = timedelta(days=1)
 
 
@@ -118,7 +118,7 @@ class Conversations:
         self.clock = clock
         self.tools = ToolBox(store)
         self._turn_locks: dict[str, asyncio.Lock] = {}
-        self._waiting: dict[str, int] = {}
+        self._pending: dict[str, int] = {}
         self._running: dict[str, asyncio.Task[Any]] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self.run_starters: list[Callable[[RunState, Post], Awaitable[list[dict[str, Any]]]]] = []
@@ -155,17 +155,22 @@ class Conversations:
 
     # -- posting --------------------------------------------------------------------------------
 
-    async def post(self, post: Post, *, on_delta: DeltaFn | None = None) -> Outcome:
+    async def post(
+        self, post: Post, *, on_delta: DeltaFn | None = None, on_stored: Callable[[Outcome], None] | None = None
+    ) -> Outcome:
+        """Store ``post`` and run its model turn. ``on_stored`` is called with the outcome as soon as
+        this call has made the message durable, before the turn (webhooks answer 202 then); it is
+        not called when nothing new is stored (an idempotent repeat)."""
         cmid = post.client_message_id
         if cmid is None:
-            return await self._post(post, on_delta)
+            return await self._post(post, on_delta, on_stored)
         marker = (post.key.raw, cmid)
         if marker in self._inflight:  # the same delivery is being handled right now
             return _outcome_from(await asyncio.shield(self._inflight[marker]))
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._inflight[marker] = future
         try:
-            outcome = await self._post_once(post, on_delta)
+            outcome = await self._post_once(post, on_delta, on_stored)
             future.set_result(outcome.body())
             return outcome
         except BaseException as exc:
@@ -175,11 +180,13 @@ class Conversations:
         finally:
             del self._inflight[marker]
 
-    async def _post_once(self, post: Post, on_delta: DeltaFn | None) -> Outcome:
+    async def _post_once(
+        self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None
+    ) -> Outcome:
         assert post.client_message_id is not None
         previous = await self._idempotency_lookup(post.key.raw, post.client_message_id)
         if previous is None:
-            outcome = await self._post(post, on_delta)
+            outcome = await self._post(post, on_delta, on_stored)
         elif previous["response"] is not None:
             return _outcome_from(json.loads(previous["response"]))
         else:  # stored before, but its turn failed: run the turn again, store nothing new
@@ -192,12 +199,14 @@ class Conversations:
         await self._idempotency_save(post.key.raw, post.client_message_id, outcome)
         return outcome
 
-    async def _post(self, post: Post, on_delta: DeltaFn | None) -> Outcome:
+    async def _post(
+        self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None = None
+    ) -> Outcome:
         key = post.key.raw
         turn = self.needs_turn(post)
-        if turn and self._waiting.get(key, 0) >= self.agent(post.key.agent_id).max_queued_turns:
+        if turn and self._pending.get(key, 0) >= self.agent(post.key.agent_id).max_queued_turns:
             raise Busy(
-                f"session {key!r} already has {self._waiting[key]} turns waiting; retry later",
+                f"session {key!r} already has {self._pending[key]} turns queued (max_queued_turns); retry later",
                 retry_after_s=1,
             )
         outcome = Outcome(key, None, None)
@@ -214,6 +223,8 @@ class Conversations:
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         if post.client_message_id is not None:
             await self._idempotency_save(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
+        if on_stored is not None:
+            on_stored(outcome)
         if turn:
             await self._queued_turn(post, run, outcome, on_delta)
         return outcome
@@ -243,28 +254,30 @@ class Conversations:
         )
 
     async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
+        """Wait for the key's turn lock (FIFO), then run the turn. ``_pending`` counts the calls
+        queued or running, for the ``max_queued_turns`` limit."""
         key = post.key.raw
-        self._waiting[key] = self._waiting.get(key, 0) + 1
-        waiting = True
+        self._pending[key] = self._pending.get(key, 0) + 1
         try:
             async with self.turn_lock(key):
-                self._waiting[key] -= 1
-                waiting = False
                 if self.store.run_state(run.run_id) is None:  # reset while this call waited
                     outcome.events.append({"type": "turn_skipped", "reason": "the run ended before its turn"})
                     return
-                task = asyncio.current_task()
-                assert task is not None
-                self._running[key] = task
+                turn = asyncio.create_task(self._turn(run, outcome, on_delta))
+                self._running[key] = turn
                 try:
-                    await self._turn(run, outcome, on_delta)
+                    await turn
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if not turn.cancelled() or (current is not None and current.cancelling()):
+                        raise
+                    outcome.events.append({"type": "stopped", "reason": "/stop cancelled the turn"})
                 finally:
                     self._running.pop(key, None)
         finally:
-            if waiting:
-                self._waiting[key] -= 1
-            if self._waiting.get(key) == 0:
-                del self._waiting[key]
+            self._pending[key] -= 1
+            if self._pending[key] == 0:
+                del self._pending[key]
 
     def stop_turn(self, key: str) -> bool:
         """Cancel the key's running turn (``/stop``); False when none runs."""
@@ -308,7 +321,6 @@ class Conversations:
                 break
         except asyncio.CancelledError:
             self.metrics.turns.labels("stopped").inc()
-            outcome.events.append({"type": "stopped"})
             raise
         except ProviderError as exc:
             self.metrics.turns.labels("provider_error").inc()

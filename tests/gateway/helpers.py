@@ -15,16 +15,11 @@ from gateway.app import create_app
 
 
 def gateway_config(home: Path, overrides: dict[str, Any] | None = None, *, base_url: str | None = None) -> LoadedConfig:
-    data = deep_merge(load_defaults(), overrides or {})
+    data = load_defaults()
     if base_url is not None:
-        data = deep_merge(
-            data,
-            {
-                "agents": {
-                    "main": {"model": {"base_url": base_url, "name": "test-model", "timeout_s": 5, "max_retries": 0}}
-                }
-            },
-        )
+        model = {"base_url": base_url, "name": "test-model", "timeout_s": 5, "max_retries": 0}
+        data = deep_merge(data, {"agents": {"main": {"model": model}}})
+    data = deep_merge(data, overrides or {})
     return LoadedConfig(settings=build_settings(data), home=home, config_path=None)
 
 
