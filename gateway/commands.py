@@ -66,10 +66,10 @@ class Commands:
             "stop": self._stop,
             "new": self._new,
             "reset": self._reset,
-            "compact": self._not_yet,
-            "uncompact": self._not_yet,
+            "compact": self._compact,
+            "uncompact": self._uncompact,
         }
-        self.before_reset: list[Callable[[RunState], Awaitable[None]]] = []
+        self.before_reset: list[Callable[[RunState], Awaitable[None]]] = [conversations.memory_flush]
 
     async def run(self, post: Post, name: str, args: str) -> Outcome:
         handler = self.handlers.get(name, self._unknown)
@@ -99,8 +99,44 @@ class Commands:
         text = f"Unknown command /{call.name}. " + "Commands:\n" + "\n".join(HELP.values())
         return await self.answer(call, text)
 
-    async def _not_yet(self, call: CommandCall) -> Outcome:
-        return await self.answer(call, f"/{call.name} is not available yet in this gateway.")
+    async def _compact(self, call: CommandCall) -> Outcome:
+        async with self.conv.turn_lock(call.key):
+            run = self.store.active_run(call.key)
+            if run is None:
+                return await self.answer(call, "Nothing to compact: this session has no active run.")
+            result = await self.conv.compact(run, None, trigger="manual", instructions=call.args or None)
+            if result is None:
+                minimum = self.conv.settings.compaction.min_to_compress
+                keep = self.conv.settings.compaction.keep_recent
+                text = (
+                    f"Nothing to compact yet: fewer than {minimum} messages come before the {keep} most recent"
+                    " ones (or a summary would not be shorter)."
+                )
+                return await self.answer(call, text)
+            text = (
+                f"Compacted messages {result.start_seq}-{result.end_seq} into a summary"
+                f" ({result.tokens_before} -> {result.tokens_after} tokens, {result.summarizer})."
+                " Send /uncompact to undo."
+            )
+            outcome = await self.answer(call, text)
+            outcome.events.append(result.event())
+            return outcome
+
+    async def _uncompact(self, call: CommandCall) -> Outcome:
+        async with self.conv.turn_lock(call.key):
+            run = self.store.active_run(call.key)
+            reverted = None
+            if run is not None:
+                reverted = await self.conv.compactors[run.agent_id or "main"].uncompact(run)
+            if reverted is None:
+                return await self.answer(call, "Nothing to undo: no compaction to revert in this session.")
+            outcome = await self.answer(
+                call,
+                f"Restored the context from before compaction {reverted}."
+                " Automatic compaction waits until the next model call.",
+            )
+            outcome.events.append({"type": "uncompact", "reverts": reverted})
+            return outcome
 
     async def _status(self, call: CommandCall) -> Outcome:
         return await self.answer(call, self.status_text(call.key, call.post.key.agent_id))

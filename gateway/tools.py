@@ -61,10 +61,13 @@ class ToolBox:
     def register(self, tool: Tool) -> None:
         self._tools[tool.name] = tool
 
+    def has(self, name: str) -> bool:
+        return name in self._tools
+
     def schemas(self, names: set[str] | None = None) -> list[dict[str, Any]]:
         return [t.schema() for t in self._tools.values() if names is None or t.name in names]
 
-    async def execute(self, run: RunState, call: ToolCall) -> str:
+    async def execute(self, run: RunState, call: ToolCall, *, extra: dict[str, Any] | None = None) -> str:
         """Run one call and record it; failures become an ``error: ...`` text for the model."""
         started = time.perf_counter()
         arguments: Any = call.arguments
@@ -90,7 +93,7 @@ class ToolBox:
             result=result,
             error=error,
             duration_ms=duration_ms,
-            extra={"tool_call_id": call.id},
+            extra={"tool_call_id": call.id, **(extra or {})},
         )
         return f"error: {error}" if error is not None else result or ""
 

@@ -26,10 +26,15 @@ from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
 from gateway.metrics import Metrics
 from gateway.provider import ChatProvider, Completion, ProviderError, Usage
+from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
+from sessions.compaction import compaction_due
+from sessions.compactor import CompactionResult, Compactor, Trigger
+from sessions.inheritance import find_inheritance
 from sessions.keys import SessionKey
 from sessions.records import NewMessage, Role, RunState, TaskKey
 from sessions.store import SessionStore
+from sessions.thresholds import compaction_threshold
 from sessions.tokens import estimate_message, estimate_text
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,13 @@ log = logging.getLogger(__name__)
 DeltaFn = Callable[[str], Awaitable[None]]
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 IDEMPOTENCY_WINDOW = timedelta(days=1)
+MAX_OVERFLOW_CYCLES = 2
+FLUSH_PROMPT = (
+    "The conversation context is about to be compacted: older messages will be replaced by a summary."
+    " Save any durable facts worth remembering later (preferences, decisions, names, ids, open tasks)"
+    " with memory_append, one fact per call; check memory_search first to avoid duplicates. If there is"
+    " nothing worth saving, answer with an empty message."
+)
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,22 @@ class Conversations:
         self._running: dict[str, asyncio.Task[Any]] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self.run_starters: list[Callable[[RunState, Post], Awaitable[list[dict[str, Any]]]]] = []
+        self.archive_text: Callable[[str, str], Awaitable[str | None]] | None = None
+        self.compactors = {agent_id: self._compactor(agent_id) for agent_id in settings.agents}
+        store.final_summarizer = self._final_summary
+
+    def _compactor(self, agent_id: str) -> Compactor:
+        agent = self.settings.agents[agent_id]
+        summarizer = ModelSummarizer(
+            self.providers.get(agent_id),
+            model=self.settings.compaction.model or agent.model.name,
+            context_window=agent.model.context_window,
+            max_output_tokens=agent.model.max_output_tokens,
+        )
+        return Compactor(self.store, summarizer, self.settings.compaction)
+
+    def threshold(self, agent_id: str | None) -> int:
+        return compaction_threshold(self.settings.compaction, self.agent(agent_id).model)
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -227,6 +255,10 @@ class Conversations:
             on_stored(outcome)
         if turn:
             await self._queued_turn(post, run, outcome, on_delta)
+        elif self.settings.compaction.enabled and not run.hold_compaction and self._due(run):
+            async with self.turn_lock(key):
+                if self.store.run_state(run.run_id) is not None:
+                    await self.compact_if_due(run, outcome)
         return outcome
 
     async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
@@ -234,9 +266,35 @@ class Conversations:
         task_key = post.task_key or TaskKey(
             task_type=key.family, task_identifier=key.raw, repository=None, user=post.sender_id
         )
+        entry = self.store.entry(key.raw)
+        inherit = self.settings.inheritance.enabled and (entry is None or entry.inherit_next)
+        found = None
+        if inherit:
+            found = await find_inheritance(
+                self.store,
+                key=key.raw,
+                task_key=task_key if key.family == "hook" else None,
+                settings=self.settings.inheritance,
+                archive_text=self.archive_text,
+            )
         run = await self.store.start_run(
-            key.raw, agent_id=key.agent_id, chat_type=key.chat_type, channel=key.channel, task_key=task_key
+            key.raw,
+            agent_id=key.agent_id,
+            chat_type=key.chat_type,
+            channel=key.channel,
+            task_key=task_key,
+            parent_uuid=found.run_id if found else None,
         )
+        entry = self.store.entry(key.raw)
+        if entry is not None and not entry.inherit_next:
+            entry.inherit_next = True
+            self.store.registry.touch(key.raw)
+        if found is not None:
+            await self.store.append(
+                run, NewMessage(role="system", content=found.message, kind="inheritance", user_activity=False)
+            )
+            outcome.events.append(found.event())
+            self.store.emit("inheritance", run, **{k: v for k, v in found.event().items() if k != "type"})
         for starter in self.run_starters:
             outcome.events.extend(await starter(run, post))
         return run
@@ -299,12 +357,23 @@ class Conversations:
         total = Usage()
         started = time.perf_counter()
         rounds = 0
+        overflow_cycles = 0
+        run.hold_compaction = False  # a model call releases the hold set by /uncompact
         try:
             while True:
+                await self.compact_if_due(run, outcome)
                 context = await self.store.read_context(run)
                 messages = [{"role": "system", "content": agent.system_prompt}, *map(to_openai, context)]
                 offered = tools if rounds < agent.max_tool_rounds else None
-                completion = await self._complete(provider, messages, offered, model, on_delta, outcome)
+                try:
+                    completion = await provider.complete(messages, tools=offered, model=model, on_delta=on_delta)
+                except ProviderError as exc:
+                    if exc.kind != "overflow" or overflow_cycles >= MAX_OVERFLOW_CYCLES:
+                        raise
+                    overflow_cycles += 1
+                    if not await self._compact_for_overflow(run, outcome):
+                        raise
+                    continue
                 total = total + completion.usage
                 await self._account(run, completion, overhead)
                 if completion.tool_calls and offered:
@@ -336,17 +405,6 @@ class Conversations:
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
         self.metrics.turns.labels("ok").inc()
 
-    async def _complete(
-        self,
-        provider: ChatProvider,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        model: str,
-        on_delta: DeltaFn | None,
-        outcome: Outcome,
-    ) -> Completion:
-        return await provider.complete(messages, tools=tools, model=model, on_delta=on_delta)
-
     async def _account(self, run: RunState, completion: Completion, overhead: int) -> None:
         usage = completion.usage.as_dict()
         await self.store.add_usage(run, usage)
@@ -372,6 +430,85 @@ class Conversations:
             await self.store.append(
                 run, NewMessage(role="tool", content=result, tool_name=call.name, tool_call_id=call.id)
             )
+
+    # -- compaction, memory flush, final summary -------------------------------------------------
+
+    def _due(self, run: RunState) -> bool:
+        return compaction_due(run.context_tokens, self.context_overhead(run.agent_id), self.threshold(run.agent_id))
+
+    async def compact_if_due(self, run: RunState, outcome: Outcome) -> CompactionResult | None:
+        """Automatic compaction when the context reaches the threshold (caller holds the turn lock)."""
+        if not self.settings.compaction.enabled or run.hold_compaction or not self._due(run):
+            return None
+        return await self.compact(run, outcome, trigger="auto")
+
+    async def compact(
+        self, run: RunState, outcome: Outcome | None, *, trigger: Trigger, instructions: str | None = None
+    ) -> CompactionResult | None:
+        if trigger in ("auto", "manual"):
+            await self.memory_flush(run)
+        result = await self.compactors[run.agent_id or "main"].compact(
+            run, trigger=trigger, threshold=self.threshold(run.agent_id), instructions=instructions
+        )
+        if result is not None:
+            self.metrics.compactions.labels(trigger).inc()
+            if outcome is not None:
+                outcome.events.append(result.event())
+        return result
+
+    async def _compact_for_overflow(self, run: RunState, outcome: Outcome) -> bool:
+        """The provider said the prompt is too long: compact, harder if the usual cut frees
+        nothing; False when nothing can be freed (the caller gives up instead of looping)."""
+        compactor = self.compactors[run.agent_id or "main"]
+        threshold = self.threshold(run.agent_id)
+        result = await compactor.compact(run, trigger="overflow", threshold=threshold)
+        if result is None:
+            result = await compactor.compact(
+                run, trigger="overflow", threshold=threshold, keep_recent=2, min_to_compress=1
+            )
+        if result is None:
+            return False
+        self.metrics.compactions.labels("overflow").inc()
+        outcome.events.append(result.event())
+        return True
+
+    async def memory_flush(self, run: RunState) -> None:
+        """One silent turn that may save durable facts with memory_append before the context is
+        compacted or the run reset; at most once per compaction count, never blocking."""
+        provider = self.provider(run.agent_id)
+        flush = self.settings.compaction.memory_flush
+        names = {"memory_append", "memory_search"}
+        if provider is None or not flush.enabled or not self.tools.has("memory_append"):
+            return
+        if run.flushed_at_count == run.compaction_count:
+            return
+        run.flushed_at_count = run.compaction_count
+        agent = self.agent(run.agent_id)
+
+        async def flush_turn() -> None:
+            context = await self.store.read_context(run)
+            messages = [
+                {"role": "system", "content": agent.system_prompt},
+                *map(to_openai, context),
+                {"role": "user", "content": FLUSH_PROMPT},
+            ]
+            completion = await provider.complete(
+                messages, tools=self.tools.schemas(names), model=self.model_name(run.key, run.agent_id)
+            )
+            await self._account(run, completion, 0)
+            for call in completion.tool_calls:
+                if call.name in names:
+                    await self.tools.execute(run, call, extra={"memory_flush": True})
+
+        try:
+            await asyncio.wait_for(flush_turn(), timeout=flush.timeout_s)
+            self.store.emit("memory", run, action="flush", compaction=run.compaction_count)
+        except (ProviderError, TimeoutError) as exc:
+            log.warning("memory flush for run %s failed (%s); continuing", run.run_id, exc)
+
+    async def _final_summary(self, run: RunState, reason: str) -> str | None:
+        result = await self.compactors[run.agent_id or "main"].final_summary(run, self.threshold(run.agent_id))
+        return f"{result.text}\n\n(summarizer: {result.summarizer})\n"
 
     # -- idempotency ----------------------------------------------------------------------------
 

@@ -248,7 +248,7 @@ class Ledger:
             return []
         sql = (
             f"SELECT * FROM tasks WHERE ({' OR '.join(matchers)}) AND status IN ('completed', 'failed')"
-            " AND completed_at >= ? ORDER BY completed_at DESC, uuid DESC"
+            " AND completed_at >= ? ORDER BY completed_at DESC, created_at DESC, rowid DESC"
         )
         values.append(since)
         return await self._run(lambda c: [dict(r) for r in c.execute(sql, values)])

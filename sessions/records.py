@@ -78,6 +78,8 @@ class RunState:
     next_plan_id: int = 1
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
     closing: bool = False
+    hold_compaction: bool = False  # after /uncompact: no automatic compaction until the next model call
+    flushed_at_count: int | None = None  # the compaction count the last memory flush ran for
 
     @property
     def message_count(self) -> int:

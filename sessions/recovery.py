@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sessions import layout
-from sessions.jsonl import encode, iter_records, repair_tail
+from sessions.compaction import last_seq, rolled_forward
+from sessions.jsonl import encode, iter_records, read_records, repair_tail, write_records_atomic
 
 log = logging.getLogger(__name__)
 
@@ -73,26 +74,30 @@ def recover_run(folder: Path, status: str) -> RecoveredRun | None:
         run.next_seq = int(last_message.get("seq", 0)) + 1
         run.last_message_at = last_message.get("timestamp")
 
+    last_summary: dict[str, Any] | None = None
+    if layout.SUMMARIES in names:
+        cut, last_summary = repair_tail(folder / layout.SUMMARIES)
+        if cut:
+            run.torn.append(layout.SUMMARIES)
+        if last_summary:
+            run.next_summary_id = int(last_summary.get("id", 0)) + 1
+            run.compaction_count = int(last_summary.get("compaction_count", 0))
+
+    current: list[dict[str, Any]] = []
     if layout.CURRENT in names:
         cut, _ = repair_tail(folder / layout.CURRENT)
         if cut:
             run.torn.append(layout.CURRENT)
-        for line in iter_records(folder / layout.CURRENT):
-            run.context_tokens += int(line.get("tokens", 0))
-            run.context_lines += 1
-            seq = line.get("seq") if line.get("seq") is not None else line.get("end_seq")
-            if isinstance(seq, int) and seq > run.last_context_seq:
-                run.last_context_seq = seq
+        current = read_records(folder / layout.CURRENT)
+    if last_summary:
+        current = _finish_interrupted_compaction(folder, last_summary, current)
+    for line in current:
+        run.context_tokens += int(line.get("tokens", 0))
+        run.context_lines += 1
+    run.last_context_seq = last_seq(current)
     if run.last_context_seq < run.next_seq - 1:
         _bring_level(run)
 
-    if layout.SUMMARIES in names:
-        cut, last = repair_tail(folder / layout.SUMMARIES)
-        if cut:
-            run.torn.append(layout.SUMMARIES)
-        if last:
-            run.next_summary_id = int(last.get("id", 0)) + 1
-            run.compaction_count = int(last.get("compaction_count", 0))
     for name, attr, id_field in ((layout.TOOLS, "next_tool_seq", "seq"), (layout.PLANNING, "next_plan_id", "id")):
         if name in names:
             cut, last = repair_tail(folder / name)
@@ -101,6 +106,23 @@ def recover_run(folder: Path, status: str) -> RecoveredRun | None:
             if last:
                 setattr(run, attr, int(last.get(id_field, 0)) + 1)
     return run
+
+
+def _finish_interrupted_compaction(
+    folder: Path, last: dict[str, Any], current: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A compaction (or uncompact) whose summary record is durable but whose current.jsonl
+    rewrite did not happen: redo the rewrite (roll forward)."""
+    saved = None
+    if last.get("type") == "uncompact":
+        path = folder / layout.COMPACTIONS / f"{last.get('reverts')}.jsonl"
+        saved = read_records(path) if path.exists() else None
+    fixed = rolled_forward(last, current, saved)
+    if fixed is None:
+        return current
+    write_records_atomic(folder / layout.CURRENT, fixed)
+    log.warning("run %s: finished an interrupted %s (current.jsonl rewritten)", folder.name, last.get("type"))
+    return fixed
 
 
 def _bring_level(run: RecoveredRun) -> None:

@@ -1,0 +1,104 @@
+"""Compaction decisions (SPEC section 5, seed 000 ContextCompressor) as pure functions.
+
+``plan_compaction`` says where to cut the current context: everything before the last
+``keep_recent`` messages is summarized, unless fewer than ``min_to_compress`` would be; an assistant
+message with ``tool_calls`` is never separated from its tool results. The I/O that carries a plan
+out lives in ``sessions.compactor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sessions.tokens import estimate_text
+
+Line = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    previous_summary: Line | None  # the summary line at the head of the context, folded into the new one
+    summarize: tuple[Line, ...]  # the messages to summarize (oldest first)
+    keep: tuple[Line, ...]  # the recent messages kept verbatim
+    start_seq: int  # the first seq newly compacted (successive compactions cover disjoint ranges)
+    end_seq: int
+    covers_from: int  # the first seq the new summary covers, the previous summary's included
+
+    @property
+    def tokens_before(self) -> int:
+        head = int(self.previous_summary.get("tokens", 0)) if self.previous_summary else 0
+        return head + sum(int(x.get("tokens", 0)) for x in (*self.summarize, *self.keep))
+
+
+def is_summary(line: Line) -> bool:
+    return line.get("kind") == "summary"
+
+
+def compaction_due(context_tokens: int, overhead_tokens: int, threshold: int) -> bool:
+    """Due when system prompt + tool schemas + current context reach the threshold."""
+    return context_tokens + overhead_tokens >= threshold
+
+
+def plan_compaction(lines: Sequence[Line], *, keep_recent: int, min_to_compress: int) -> CompactionPlan | None:
+    """Where to cut, or None when fewer than ``min_to_compress`` messages would be summarized."""
+    previous = lines[0] if lines and is_summary(lines[0]) else None
+    body = list(lines[1:] if previous else lines)
+    cut = max(0, len(body) - keep_recent)
+    while 0 < cut < len(body) and body[cut].get("role") == "tool":
+        cut -= 1  # keep the assistant message whose tool_calls these results answer
+    if cut < min_to_compress:
+        return None
+    summarize, keep = body[:cut], body[cut:]
+    seqs = [int(x["seq"]) for x in summarize if x.get("seq") is not None]
+    start = min(seqs)
+    covers_from = int(previous.get("covers_from") or previous.get("start_seq") or start) if previous else start
+    return CompactionPlan(
+        previous, tuple(summarize), tuple(keep), start_seq=start, end_seq=max(seqs), covers_from=covers_from
+    )
+
+
+def summary_line(summary_id: int, text: str, *, covers_from: int, end_seq: int) -> Line:
+    """The system message that opens the context after a compaction."""
+    content = f"[Summary of the conversation so far (messages {covers_from}-{end_seq})]\n{text}"
+    return {
+        "seq": None,
+        "role": "system",
+        "kind": "summary",
+        "summary_id": summary_id,
+        "covers_from": covers_from,
+        "end_seq": end_seq,
+        "content": content,
+        "tokens": estimate_text(content),
+    }
+
+
+def last_seq(lines: Sequence[Line]) -> int:
+    """The highest messages.jsonl seq a context covers (a summary covers up to its end_seq)."""
+    best = 0
+    for line in lines:
+        seq = line.get("seq") if line.get("seq") is not None else line.get("end_seq")
+        if isinstance(seq, int) and seq > best:
+            best = seq
+    return best
+
+
+def restore_lines(restored: Sequence[Line], current: Sequence[Line]) -> list[Line]:
+    """A saved context plus the current lines whose seq is above the last seq it covers."""
+    upto = last_seq(restored)
+    return [*restored, *(x for x in current if x.get("seq") is not None and x["seq"] > upto)]
+
+
+def rolled_forward(last: Line, current: Sequence[Line], saved: Sequence[Line] | None) -> list[Line] | None:
+    """At recovery: the context the last summaries.jsonl record says is current, or None when
+    current.jsonl already agrees. ``saved`` is compactions/{reverts}.jsonl for an uncompact."""
+    head = current[0].get("summary_id") if current and is_summary(current[0]) else None
+    if last.get("type") == "compaction" and head != last.get("id"):
+        end = int(last["end_seq"])
+        covers = int(last.get("covers_from") or last["start_seq"])
+        line = summary_line(int(last["id"]), str(last["summary"]), covers_from=covers, end_seq=end)
+        return [line, *(x for x in current if x.get("seq") is not None and x["seq"] > end)]
+    if last.get("type") == "uncompact" and head != last.get("restored_head") and saved is not None:
+        return restore_lines(saved, current)
+    return None

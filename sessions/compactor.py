@@ -1,0 +1,243 @@
+"""Carrying out compactions (SPEC section 5): summarize, then commit on the writer thread.
+
+Commit order, chosen so a crash at any point leaves the old or the new context and recovery can
+roll forward: (1) the old context is saved to ``compactions/{n}.jsonl``; (2) the summary record is
+appended to summaries.jsonl and synced — this is the commit point; (3) current.jsonl is replaced
+atomically. Recovery (``sessions.recovery``) redoes (3) when (2) happened without it.
+messages.jsonl is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from config.clock import iso
+from config.settings import CompactionSettings
+from sessions import layout
+from sessions.compaction import Line, is_summary, plan_compaction, restore_lines, summary_line
+from sessions.jsonl import encode, read_records, write_records_atomic
+from sessions.records import RunState
+from sessions.store import SessionStore
+from sessions.summarize import extractive_summary
+
+log = logging.getLogger(__name__)
+
+Trigger = Literal["auto", "manual", "overflow", "reset"]
+
+
+@dataclass(frozen=True)
+class SummaryRequest:
+    lines: tuple[Line, ...]
+    previous: str | None
+    instructions: str | None
+    purpose: Literal["compaction", "final"]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class SummaryResult:
+    text: str
+    summarizer: str  # "llm:<model>" or "extractive"
+
+
+Summarizer = Callable[[SummaryRequest], Awaitable[SummaryResult]]
+
+
+async def extractive(request: SummaryRequest) -> SummaryResult:
+    text = extractive_summary(
+        request.lines, previous=request.previous, instructions=request.instructions, max_tokens=request.max_tokens
+    )
+    return SummaryResult(text, "extractive")
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    summary_id: int
+    compaction: int
+    start_seq: int
+    end_seq: int
+    compressed: int
+    tokens_before: int
+    tokens_after: int
+    summarizer: str
+    trigger: Trigger
+
+    def event(self) -> dict[str, Any]:
+        return {
+            "type": "compaction",
+            "compaction": self.compaction,
+            "summary_id": self.summary_id,
+            "start_seq": self.start_seq,
+            "end_seq": self.end_seq,
+            "compressed": self.compressed,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "summarizer": self.summarizer,
+            "trigger": self.trigger,
+        }
+
+
+def summary_budget(threshold: int) -> int:
+    """How long a summary may be: a quarter of the threshold, within [200, 4000] tokens."""
+    return max(200, min(4000, threshold // 4))
+
+
+class Compactor:
+    def __init__(self, store: SessionStore, summarizer: Summarizer, settings: CompactionSettings) -> None:
+        self.store = store
+        self.summarizer = summarizer
+        self.settings = settings
+
+    async def compact(
+        self,
+        run: RunState,
+        *,
+        trigger: Trigger,
+        threshold: int,
+        instructions: str | None = None,
+        keep_recent: int | None = None,
+        min_to_compress: int | None = None,
+    ) -> CompactionResult | None:
+        """Summarize the older part of the context; None when there is too little to summarize or
+        the summary would free nothing (never progress, so callers never loop on it)."""
+        snapshot = await self.store.read_context(run)
+        plan = plan_compaction(
+            snapshot,
+            keep_recent=self.settings.keep_recent if keep_recent is None else keep_recent,
+            min_to_compress=self.settings.min_to_compress if min_to_compress is None else min_to_compress,
+        )
+        if plan is None:
+            return None
+        previous = str(plan.previous_summary["content"]) if plan.previous_summary else None
+        result = await self.summarizer(
+            SummaryRequest(plan.summarize, previous, instructions, "compaction", summary_budget(threshold))
+        )
+        summary_id, number = run.next_summary_id, run.compaction_count + 1
+        head = summary_line(summary_id, result.text, covers_from=plan.covers_from, end_seq=plan.end_seq)
+        record = {
+            "id": summary_id,
+            "type": "compaction",
+            "summary": result.text,
+            "compressed_message_count": len(plan.summarize),
+            "tokens_saved": 0,
+            "created_at": iso(self.store.clock()),
+            "start_seq": plan.start_seq,
+            "end_seq": plan.end_seq,
+            "covers_from": plan.covers_from,
+            "trigger": trigger,
+            "summarizer": result.summarizer,
+            "tokens_before": 0,
+            "tokens_after": 0,
+            "compaction_count": number,
+        }
+        if instructions:
+            record["instructions"] = instructions
+        folder = run.dir
+        tokens_at_call = run.context_tokens
+
+        def commit() -> tuple[int, int, int] | None:
+            current = read_records(folder / layout.CURRENT)
+            before = sum(int(x.get("tokens", 0)) for x in current)
+            new_lines = [head, *(x for x in current if x.get("seq") is not None and x["seq"] > plan.end_seq)]
+            after = sum(int(x.get("tokens", 0)) for x in new_lines)
+            if after >= before:
+                return None
+            record.update(tokens_before=before, tokens_after=after, tokens_saved=before - after)
+            (folder / layout.COMPACTIONS).mkdir(exist_ok=True)
+            write_records_atomic(folder / layout.COMPACTIONS / f"{number}.jsonl", current)
+            _append_synced(folder / layout.SUMMARIES, record)
+            self.store.writer.close_handle(folder / layout.CURRENT)
+            write_records_atomic(folder / layout.CURRENT, new_lines)
+            return before, after, len(new_lines) - len(current)
+
+        done = await self.store.writer.call(commit)
+        if done is None:
+            log.info("compaction of run %s would free nothing; skipped", run.run_id)
+            return None
+        before, after, line_delta = done
+        run.context_tokens = after + (run.context_tokens - tokens_at_call)
+        run.context_lines += line_delta
+        run.compaction_count = number
+        run.next_summary_id = summary_id + 1
+        await self._settle(run)
+        outcome = CompactionResult(
+            summary_id, number, plan.start_seq, plan.end_seq, len(plan.summarize), before, after,
+            result.summarizer, trigger,
+        )  # fmt: skip
+        self.store.emit("compaction", run, **{k: v for k, v in outcome.event().items() if k != "type"})
+        return outcome
+
+    async def uncompact(self, run: RunState) -> int | None:
+        """Restore the context saved before the last compaction (plus what came after it);
+        None when there is nothing to undo."""
+        number = run.compaction_count
+        if number == 0:
+            return None
+        folder = run.dir
+        summary_id = run.next_summary_id
+        tokens_at_call = run.context_tokens
+        created = iso(self.store.clock())
+
+        def commit() -> tuple[int, int] | None:
+            saved = folder / layout.COMPACTIONS / f"{number}.jsonl"
+            if not saved.exists():
+                return None
+            restored = read_records(saved)
+            current = read_records(folder / layout.CURRENT)
+            new_lines = restore_lines(restored, current)
+            head = restored[0].get("summary_id") if restored and is_summary(restored[0]) else None
+            record = {
+                "id": summary_id,
+                "type": "uncompact",
+                "reverts": number,
+                "restored_head": head,
+                "created_at": created,
+                "compaction_count": number - 1,
+            }
+            _append_synced(folder / layout.SUMMARIES, record)
+            self.store.writer.close_handle(folder / layout.CURRENT)
+            write_records_atomic(folder / layout.CURRENT, new_lines)
+            tokens = sum(int(x.get("tokens", 0)) for x in new_lines)
+            return tokens, len(new_lines) - len(current)
+
+        done = await self.store.writer.call(commit)
+        if done is None:
+            return None
+        tokens, line_delta = done
+        run.context_tokens = tokens + (run.context_tokens - tokens_at_call)
+        run.context_lines += line_delta
+        run.compaction_count = number - 1
+        run.next_summary_id = summary_id + 1
+        run.hold_compaction = True
+        await self._settle(run)
+        self.store.emit("compaction", run, action="uncompact", reverts=number, compaction=number - 1)
+        return number
+
+    async def final_summary(self, run: RunState, threshold: int) -> SummaryResult:
+        """The run's final summary: the latest summary plus the current context."""
+        context = await self.store.read_context(run)
+        previous = str(context[0]["content"]) if context and is_summary(context[0]) else None
+        body = tuple(context[1:] if previous else context)
+        return await self.summarizer(SummaryRequest(body, previous, None, "final", summary_budget(threshold)))
+
+    async def _settle(self, run: RunState) -> None:
+        entry = self.store.entry(run.key)
+        if entry is not None:
+            entry.context_tokens = run.context_tokens
+            entry.compaction_count = run.compaction_count
+            self.store.registry.touch(run.key)
+        await self.store.ledger.update_run(run.run_id, compaction_count=run.compaction_count)
+
+
+def _append_synced(path: Path, record: dict[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, encode(record))
+        os.fsync(fd)
+    finally:
+        os.close(fd)

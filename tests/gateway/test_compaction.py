@@ -1,0 +1,188 @@
+"""Compaction, /compact, /uncompact, overflow recovery, final summaries and inheritance, through
+the HTTP API on real files (store-only and against the local OpenAI-compatible server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from tests.conftest import FakeClock
+from tests.gateway.helpers import make_app
+from tests.support.openai_server import OpenAIServer, RecordedRequest, reply
+
+Client = TestClient[Any, Any]
+MAIN = "/v1/sessions/agent%3Amain%3Amain"
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_dir(home: Path, run_id: str) -> Path:
+    for state in ("running", "paused", "completed"):
+        if (home / "contexts" / state / run_id).is_dir():
+            return home / "contexts" / state / run_id
+    raise AssertionError(f"no folder for {run_id}")
+
+
+async def post(client: Client, text: str, **extra: Any) -> dict[str, Any]:
+    resp = await client.post(f"{MAIN}/messages", json={"content": text, **extra})
+    assert resp.status == 200, await resp.text()
+    body: dict[str, Any] = await resp.json()
+    return body
+
+
+def summary_rule(request: RecordedRequest) -> Any:
+    if "compress a conversation" in request.system_text or "final summary" in request.system_text:
+        return reply(f"MODEL SUMMARY of {len(request.last_user_text)} chars")
+    return None
+
+
+async def test_store_only_compaction_at_the_threshold(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> None:
+    app = make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}})
+    client = await aiohttp_client(app)
+    bodies = [await post(client, f"message number {i} about ticket #{i} " + "x" * 100) for i in range(40)]
+    compacted = [b for b in bodies if any(e["type"] == "compaction" for e in b["events"])]
+    assert compacted, "the reply that follows a compaction says so"
+    folder = run_dir(tmp_path, bodies[0]["run_id"])
+    assert [m["seq"] for m in jsonl(folder / "messages.jsonl")] == list(range(1, 41))  # untouched
+    summaries = [s for s in jsonl(folder / "summaries.jsonl") if s["type"] == "compaction"]
+    first = summaries[0]
+    assert first["summarizer"] == "extractive" and first["trigger"] == "auto"
+    assert {"id", "summary", "compressed_message_count", "tokens_saved", "created_at", "start_seq", "end_seq",
+            "tokens_before", "tokens_after"} <= set(first)  # fmt: skip
+    assert first["tokens_after"] < first["tokens_before"] and "#0" in first["summary"]
+    assert (folder / "compactions" / "1.jsonl").exists()
+    current = jsonl(folder / "current.jsonl")
+    assert current[0]["kind"] == "summary" and current[0]["role"] == "system"
+    context = await (await client.get(f"{MAIN}/context")).json()
+    assert context["tokens"] < 1000 and context["messages"][1]["kind"] == "summary"
+    status = await post(client, "/status")
+    assert f"Compactions: {len(summaries)}" in status["reply"]["content"]
+
+
+async def test_compact_and_uncompact_walk_back(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    nothing = await post(client, "/uncompact")
+    assert nothing["reply"]["content"].startswith("Nothing to undo")
+    for i in range(16):
+        await post(client, f"first batch {i}: " + "we discussed the rollout plan at length " * 8)
+    first = await post(client, "/compact focus on decisions")
+    assert "Compacted messages 1-6" in first["reply"]["content"] and first["events"][-1]["type"] == "compaction"
+    for i in range(10):
+        await post(client, f"second batch {i}: " + "then we reviewed the metrics in detail " * 8)
+    second = await post(client, "/compact")
+    assert "Compacted messages 7-" in second["reply"]["content"]
+    folder = run_dir(tmp_path, first["run_id"])
+    records = jsonl(folder / "summaries.jsonl")
+    assert records[0]["instructions"] == "focus on decisions" and records[0]["trigger"] == "manual"
+    context_after_two = (await (await client.get(f"{MAIN}/context")).json())["messages"]
+    undo = await post(client, "/uncompact")
+    assert "before compaction 2" in undo["reply"]["content"]
+    restored = (await (await client.get(f"{MAIN}/context")).json())["messages"]
+    assert restored[1]["summary_id"] == records[0]["id"] and len(restored) > len(context_after_two)
+    await post(client, "/uncompact")
+    original = (await (await client.get(f"{MAIN}/context")).json())["messages"]
+    assert original[1]["seq"] == 1
+    assert all(m.get("kind") != "summary" for m in original[1:])
+    assert (await post(client, "/uncompact"))["reply"]["content"].startswith("Nothing to undo")
+    kinds = [r["type"] for r in jsonl(folder / "summaries.jsonl")]
+    assert kinds == ["compaction", "compaction", "uncompact", "uncompact"]
+    assert (await (await client.get(MAIN)).json())["compactions"] == 0
+
+
+async def test_model_summaries_long_conversation_never_exceeds_the_window(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    window = 3000
+    overrides = {"agents": {"main": {"model": {"context_window": window, "max_output_tokens": 500}}}}
+    openai_server.max_context_tokens = window - 500
+    openai_server.add_rule(summary_rule)
+    client = await aiohttp_client(make_app(tmp_path, clock, overrides, base_url=openai_server.base_url))
+    bodies = [await post(client, f"turn {i}: " + "lorem ipsum dolor sit amet " * 12) for i in range(60)]
+    assert all(b["reply"] is not None for b in bodies)
+    assert all(r.prompt_tokens <= window - 500 for r in openai_server.chat_requests)
+    folder = run_dir(tmp_path, bodies[0]["run_id"])
+    messages = jsonl(folder / "messages.jsonl")
+    assert len(messages) == 120 and [m["seq"] for m in messages] == list(range(1, 121))
+    compactions = [s for s in jsonl(folder / "summaries.jsonl") if s["type"] == "compaction"]
+    assert len(compactions) >= 2 and all(s["summarizer"] == "llm:test-model" for s in compactions)
+    covered: list[int] = []
+    for record in compactions:
+        covered += list(range(record["start_seq"], record["end_seq"] + 1))
+    assert covered == list(range(1, len(covered) + 1)), "each compacted seq range is covered exactly once"
+
+
+async def test_overflow_forces_a_compaction_and_a_retry(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    openai_server.add_rule(summary_rule)
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    for i in range(20):
+        await post(client, f"filler {i} " + "words " * 45, reply=False)
+    openai_server.max_context_tokens = 1200  # the model's real window is smaller than configured
+    body = await post(client, "now answer")
+    assert body["reply"]["content"] == "echo: now answer"
+    assert [e["trigger"] for e in body["events"] if e["type"] == "compaction"] == ["overflow"]
+
+
+async def test_overflow_that_compaction_cannot_fix_does_not_loop(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    openai_server.max_context_tokens = 10
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    resp = await client.post(f"{MAIN}/messages", json={"content": "x" * 400})
+    assert resp.status == 502 and (await resp.json())["error"]["kind"] == "overflow"
+    assert len(openai_server.chat_requests) <= 3
+
+
+async def test_reset_successor_inherits_and_new_starts_clean(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    openai_server.add_rule(summary_rule)
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    first = await post(client, "my project is called Bluebird, ticket NT-42")
+    await post(client, "/reset")
+    final = await (await client.get(f"/v1/runs/{first['run_id']}/final-summary")).json()
+    assert final["final_summary"].startswith("MODEL SUMMARY") and "llm:test-model" in final["final_summary"]
+    second = await post(client, "what was my project?")
+    inherited = [e for e in second["events"] if e["type"] == "inheritance"]
+    assert inherited and inherited[0]["run_id"] == first["run_id"] and first["run_id"] in inherited[0]["comment"]
+    sent = openai_server.chat_requests[-1].messages
+    assert sent[1]["role"] == "system" and "MODEL SUMMARY" in sent[1]["content"]
+    run = await (await client.get(f"/v1/runs/{second['run_id']}")).json()
+    assert run["parent_uuid"] == first["run_id"]
+    await post(client, "/new")
+    third = await post(client, "fresh start")
+    assert not [e for e in third["events"] if e["type"] == "inheritance"]
+    assert [m["role"] for m in openai_server.chat_requests[-1].messages] == ["system", "user"]
+    fourth_run = await post(client, "/reset")
+    assert fourth_run["run_id"] == third["run_id"]
+    fifth = await post(client, "after reset")
+    assert [e["run_id"] for e in fifth["events"] if e["type"] == "inheritance"] == [third["run_id"]]
+
+
+async def test_store_only_final_summary_is_extractive(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    first = await post(client, "remember the path /srv/data/2026 please")
+    await client.post(f"{MAIN}/complete")
+    final = await (await client.get(f"/v1/runs/{first['run_id']}/final-summary")).json()
+    assert "/srv/data/2026" in final["final_summary"] and "extractive" in final["final_summary"]
+    clock.advance(days=31)
+    later = await post(client, "hello again")
+    assert not [e for e in later["events"] if e["type"] == "inheritance"], "expired after inheritance.expiry_days"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_inheritance_can_be_turned_off(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, enabled: bool
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock, {"inheritance": {"enabled": enabled}}))
+    await post(client, "hello")
+    await post(client, "/reset")
+    again = await post(client, "hi")
+    assert bool([e for e in again["events"] if e["type"] == "inheritance"]) is enabled

@@ -1,0 +1,119 @@
+"""Pure compaction decisions, the extractive summarizer and inheritance text, as tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from config.settings import CompactionSettings, ModelSettings
+from sessions.compaction import compaction_due, plan_compaction, restore_lines, rolled_forward, summary_line
+from sessions.inheritance import build_message, truncate
+from sessions.summarize import extractive_summary
+from sessions.thresholds import compaction_threshold
+from sessions.tokens import estimate_text
+
+
+def msgs(*roles: str) -> list[dict[str, Any]]:
+    out = []
+    for i, role in enumerate(roles, start=1):
+        line: dict[str, Any] = {"seq": i, "role": role, "content": f"m{i}", "tokens": 10}
+        if role == "call":
+            line = {**line, "role": "assistant", "tool_calls": [{"id": f"c{i}", "function": {"name": "t"}}]}
+        out.append(line)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("window", "max_output", "ratio", "fixed", "expected"),
+    [
+        (128000, 4096, 0.8, None, 102400),
+        (8192, 4096, 0.8, None, 4096),  # window - max_output is smaller
+        (8192, 1024, 0.5, None, 4096),
+        (128000, 4096, 0.8, 8000, 8000),  # the seed's token_threshold replaces it
+    ],
+)
+def test_threshold(window: int, max_output: int, ratio: float, fixed: int | None, expected: int) -> None:
+    compaction = CompactionSettings(threshold_ratio=ratio, token_threshold=fixed)
+    model = ModelSettings(context_window=window, max_output_tokens=max_output)
+    assert compaction_threshold(compaction, model) == expected
+
+
+@pytest.mark.parametrize(
+    ("context", "overhead", "threshold", "due"),
+    [(99, 0, 100, False), (100, 0, 100, True), (90, 10, 100, True), (0, 0, 1, False)],
+)
+def test_due_at_or_above_the_threshold(context: int, overhead: int, threshold: int, due: bool) -> None:
+    assert compaction_due(context, overhead, threshold) is due
+
+
+@pytest.mark.parametrize(
+    ("roles", "keep", "minimum", "cut"),
+    [
+        (["user", "assistant"] * 10, 10, 5, 10),  # 20 messages: summarize 10, keep 10
+        (["user", "assistant"] * 7, 10, 5, None),  # only 4 before the recent 10: skip
+        (["user", "assistant"] * 8, 10, 5, 6),
+        (["user"] * 9 + ["call", "tool", "tool"] + ["assistant"] * 9, 10, 5, 9),  # never split a tool group
+        (["user"] * 6 + ["call", "tool"] + ["user"] * 9, 10, 5, 6),
+        (["user"] * 3, 0, 1, 3),
+        (["call", "tool", "tool", "tool"], 2, 1, None),  # the cut backs up to 0: nothing to summarize
+    ],
+)
+def test_where_to_cut(roles: list[str], keep: int, minimum: int, cut: int | None) -> None:
+    lines = msgs(*roles)
+    plan = plan_compaction(lines, keep_recent=keep, min_to_compress=minimum)
+    if cut is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert len(plan.summarize) == cut and list(plan.keep) == lines[cut:]
+    assert not plan.keep or plan.keep[0]["role"] != "tool"
+    assert (plan.start_seq, plan.end_seq) == (1, cut)
+
+
+def test_a_previous_summary_is_folded_not_nested() -> None:
+    head = summary_line(1, "earlier facts", covers_from=1, end_seq=20)
+    lines = [head, *[{**m, "seq": m["seq"] + 20} for m in msgs(*(["user", "assistant"] * 10))]]
+    plan = plan_compaction(lines, keep_recent=10, min_to_compress=5)
+    assert plan is not None and plan.previous_summary == head
+    assert (plan.start_seq, plan.end_seq, plan.covers_from) == (21, 30, 1)
+    assert all(m.get("kind") != "summary" for m in plan.summarize)
+    assert plan.tokens_before == head["tokens"] + 200
+
+
+def test_restore_and_roll_forward() -> None:
+    saved = msgs("user", "assistant", "user")
+    current = [summary_line(1, "s", covers_from=1, end_seq=2), saved[2], *msgs("x", "x", "x", "x")[3:]]
+    assert [x["seq"] for x in restore_lines(saved, current)] == [1, 2, 3, 4]
+    record = {"id": 2, "type": "compaction", "summary": "new", "start_seq": 3, "end_seq": 3, "covers_from": 1}
+    rolled = rolled_forward(record, current, None)
+    assert rolled is not None and rolled[0]["summary_id"] == 2 and [x["seq"] for x in rolled[1:]] == [4]
+    assert rolled_forward(record, rolled, None) is None  # already applied
+
+
+def test_extractive_summary_keeps_details_and_questions() -> None:
+    lines = [
+        {"seq": 1, "role": "user", "content": "Deploy build 4.2.1 of api/server.py to host web-03. Is JIRA-118 fixed?"},
+        {"seq": 2, "role": "assistant", "content": "I will check https://ci.example.com/runs/991 first."},
+        {"seq": 3, "role": "user", "content": "今日の会議は何時ですか？ 15時に始めます。"},
+    ]
+    text = extractive_summary(lines, previous="Earlier we agreed on the plan.", instructions="decisions")
+    for detail in ("4.2.1", "api/server.py", "JIRA-118", "https://ci.example.com/runs/991", "Earlier we agreed"):
+        assert detail in text
+    assert "Is JIRA-118 fixed?" in text and "今日の会議は何時ですか？" in text
+    assert "decisions" in text
+    assert extractive_summary(lines) == extractive_summary(lines)  # deterministic
+
+
+def test_extractive_summary_fits_its_budget() -> None:
+    lines = [{"seq": i, "role": "user", "content": "word " * 200} for i in range(1, 200)]
+    assert estimate_text(extractive_summary(lines, max_tokens=300)) <= 300
+
+
+def test_inheritance_text_is_cut_with_a_visible_marker() -> None:
+    long = "fact. " * 10000
+    message = build_message(run_id="r1", status="completed", ended_at="2026-11-30T04:00:00+00:00",
+                            final_summary=long, plans=[{"plan_type": "initial", "plan_content": "p"}],
+                            max_tokens=500)  # fmt: skip
+    assert estimate_text(message) <= 520 and "truncated" in message and message.startswith("Summary of the previous")
+    assert truncate("short", 100) == "short"
