@@ -12,7 +12,7 @@ from aiohttp import web
 from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
-from gateway.api import docs, runs, sessions, system
+from gateway.api import docs, hooks, runs, sessions, system
 from gateway.commands import Commands
 from gateway.events import EventHub
 from gateway.http import auth_middleware, errors_middleware
@@ -45,8 +45,9 @@ def create_app(
     app[K.EXTRAS] = {}
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_conversation_context)
+    app.cleanup_ctx.append(hooks.hooks_context)
     app.on_shutdown.append(_close_streams)
-    for table in (system.routes, sessions.routes, runs.routes, docs.routes):
+    for table in (system.routes, sessions.routes, runs.routes, docs.routes, hooks.routes):
         app.router.add_routes(table)
     return app
 

@@ -1,0 +1,220 @@
+"""Webhook mappings as pure functions (SPEC section 8): ``${dotted.path}`` templates over a JSON
+payload, the HMAC-SHA256 signature of the raw body, and the plan a mapping makes of a payload (the
+session key, the message and the seed's task key columns). The route in ``gateway/api/hooks.py``
+does the I/O.
+
+Template syntax: ``${a.b.0.c}`` is replaced by the value at that path (dict keys and list
+indices); ``$$`` writes a literal ``$`` (so ``$${`` is a literal ``${``); any other ``$`` is
+literal. A string value is inserted as is, null as the empty string, numbers and booleans as JSON,
+objects and lists as compact JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import re
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from config.errors import BadRequest
+from config.settings import HookMapping
+from sessions.keys import SessionKey, escape_segment, hook_key, parse_key
+from sessions.records import TaskKey
+
+SIGNATURE_PREFIX = "sha256="
+_PLACEHOLDER = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
+_PATH = re.compile(r"[^.\s{}$]+(?:\.[^.\s{}$]+)*")
+
+
+class TemplateError(ValueError):
+    """A template that cannot be rendered whatever the payload (a configuration mistake)."""
+
+
+class MissingPath(LookupError):
+    """The payload has nothing at ``path``; ``reason`` says where the walk stopped."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def lookup(payload: Any, path: str) -> Any:
+    """The value at a dotted ``path``: ``lookup({"a": [{"b": 1}]}, "a.0.b") == 1``."""
+    value = payload
+    walked: list[str] = []
+    for part in path.split("."):
+        where = ".".join(walked) or "the payload"
+        if isinstance(value, dict):
+            if part not in value:
+                raise MissingPath(path, f"{where} has no key {part!r}")
+            value = value[part]
+        elif isinstance(value, list):
+            if not part.isdigit():
+                raise MissingPath(path, f"{where} is a list; {part!r} is not an index")
+            if int(part) >= len(value):
+                raise MissingPath(path, f"{where} has {len(value)} items; index {part} is out of range")
+            value = value[int(part)]
+        else:
+            raise MissingPath(path, f"{where} is {_kind(value)}, not an object or a list")
+        walked.append(part)
+    return value
+
+
+def text_of(value: Any) -> str:
+    """How a looked-up value appears in rendered text."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def placeholders(template: str) -> list[str]:
+    """The paths a template refers to, in order; TemplateError when its syntax is wrong."""
+    paths = []
+    for match in _PLACEHOLDER.finditer(template):
+        if match.group(0) == "$$":
+            continue
+        path = match.group(1)
+        if path is None:
+            raise TemplateError(f"'${{' at position {match.start()} has no closing '}}' (write '$${{' for a literal)")
+        if not _PATH.fullmatch(path):
+            raise TemplateError(f"'${{{path}}}' is not a dotted path such as ${{issue.number}}")
+        paths.append(path)
+    return paths
+
+
+def render(template: str, payload: Any, *, escape: Callable[[str], str] | None = None) -> str:
+    """``template`` with every ``${path}`` replaced by the payload's value there (``escape``, if
+    given, is applied to each inserted value). MissingPath names the first path that is absent."""
+    placeholders(template)
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        text = text_of(lookup(payload, match.group(1)))
+        return escape(text) if escape is not None else text
+
+    return _PLACEHOLDER.sub(substitute, template)
+
+
+# -- signatures ---------------------------------------------------------------------------------
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """The ``X-Hub-Signature-256`` value GitHub sends for ``body``: ``sha256=<hex>``."""
+    return SIGNATURE_PREFIX + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: bytes, body: bytes, header: str | None) -> bool:
+    """Whether ``header`` is the signature of ``body`` (constant-time compare)."""
+    if not header or not header.startswith(SIGNATURE_PREFIX):
+        return False
+    offered = header[len(SIGNATURE_PREFIX) :].strip().lower().encode("utf-8", "replace")
+    return hmac.compare_digest(sign(secret, body)[len(SIGNATURE_PREFIX) :].encode(), offered)
+
+
+# -- payloads and plans -------------------------------------------------------------------------
+
+
+def parse_payload(body: bytes, content_type: str) -> Any:
+    """The JSON value of a hook body; BadRequest ``invalid_body`` otherwise."""
+    if content_type != "application/json":
+        raise BadRequest(
+            f"content type must be application/json, not {content_type or 'missing'}"
+            " (on GitHub, set the webhook's content type to application/json)",
+            code="invalid_body",
+        )
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the body is not valid UTF-8 (byte {exc.start})", code="invalid_body") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                         code="invalid_body") from None  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HookPlan:
+    """What one delivery becomes: a message on a key, with the run's task key if it starts one."""
+
+    key: SessionKey
+    message: str
+    task_key: TaskKey
+
+
+TEMPLATE_FIELDS = ("key_template", "message_template", "task_type", "task_identifier", "repository", "user")
+
+
+def check_mapping(name: str, mapping: HookMapping) -> None:
+    """TemplateError naming ``hooks.<name>.<field>`` for a template with wrong syntax."""
+    for field in TEMPLATE_FIELDS:
+        template = getattr(mapping, field)
+        if template is None:
+            continue
+        try:
+            placeholders(template)
+        except TemplateError as exc:
+            raise TemplateError(f"hooks.{name}.{field}: {exc}") from None
+
+
+def plan(
+    name: str,
+    mapping: HookMapping,
+    payload: Any,
+    *,
+    agents: Collection[str],
+    new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+) -> HookPlan:
+    """Apply hook ``name``'s mapping to a payload. A missing path is a 400 ``invalid_field`` naming
+    it; a key that does not parse is a 400 ``invalid_key``. Values inserted into the key template
+    are ids: a ``:`` in one is written ``%3A``."""
+
+    def field(field: str, *, escape: Callable[[str], str] | None = None) -> str | None:
+        template = getattr(mapping, field)
+        if template is None:
+            return None
+        try:
+            return render(template, payload, escape=escape)
+        except MissingPath as exc:
+            raise BadRequest(
+                f"hooks.{name}.{field} needs '{exc.path}' but {exc.reason}; send a payload that has it"
+                f" or change the template",
+                field=exc.path,
+            ) from None
+
+    raw_key = field("key_template", escape=escape_segment)
+    key = parse_key(raw_key if raw_key is not None else hook_key(new_id()), agents=agents)
+    if key.family != "hook":
+        raise BadRequest(
+            f"hooks.{name}.key_template made {key.raw!r}; a webhook key must start with 'hook:'", code="invalid_key"
+        )
+    message = field("message_template")
+    if message is None:
+        message = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    task_identifier = field("task_identifier")
+    task_key = TaskKey(
+        task_type=field("task_type") or "hook",
+        task_identifier=key.raw if mapping.task_identifier is None else task_identifier or None,
+        repository=field("repository") or None,
+        user=field("user") or None,
+    )
+    return HookPlan(key=dataclasses.replace(key, agent_id=mapping.agent), message=message, task_key=task_key)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "a string"
