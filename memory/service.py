@@ -1,0 +1,300 @@
+"""MemoryService: the one object the gateway, the CLI and the scheduler use (see ``memory``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from config.clock import Clock, iso
+from config.errors import BadRequest, NeotaskError, NotFound
+from config.settings import MemorySettings
+from memory import sources
+from memory.embedders import Embedder, build_embedder
+from memory.fusion import Candidate, FusionParams, fuse, query_terms, text_share
+from memory.indexer import Indexer, Progress
+from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
+from memory.store import ChunkStore
+from memory.watcher import sweep, watch
+
+log = logging.getLogger("neotask.memory")
+T = TypeVar("T")
+
+
+class MemoryService:
+    """Long-term memory of every agent: Markdown files indexed in LanceDB, hybrid search.
+
+    ``workspaces`` maps agent id → workspace folder (``MEMORY.md``, ``memory/**/*.md``).
+    ``uri`` is the LanceDB folder (``memory.uri``). ``embedder`` defaults to the one
+    ``settings.embedding`` describes; an embedder passed in is not closed by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        settings: MemorySettings,
+        workspaces: Mapping[str, Path],
+        uri: Path,
+        *,
+        clock: Clock,
+        embedder: Embedder | None = None,
+    ) -> None:
+        self.settings = settings
+        self._workspaces = {agent: Path(p) for agent, p in workspaces.items()}
+        self._uri = Path(uri)
+        self._clock = clock
+        self._own_embedder = embedder is None
+        self._embedder_arg = embedder
+        self._embedder: Embedder | None = None
+        self._embedder_ready = False
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-index")
+        self._store: ChunkStore | None = None
+        self._indexer: Indexer | None = None
+        self._run_lock = asyncio.Lock()
+        self._append_locks: dict[str, asyncio.Lock] = {}
+        self._queued: set[str] = set()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ready = False
+        self._last_run: dict[str, Any] | None = None
+        self._last_error: str | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the index; load the model, index and watch in the background (not awaited)."""
+        self._embedder = self._embedder_arg or build_embedder(self.settings.embedding)
+        self._store = await self._call(ChunkStore, self._uri)
+        self._indexer = Indexer(self.settings, self._workspaces, self._store, self._embedder, self._db)
+        await self._indexer.load_known()
+        self._tasks = [asyncio.create_task(self._worker(), name="memory-indexer")]
+        extra = {a: [self._extra_root(ws, p) for p in self.settings.extra_paths] for a, ws in self._workspaces.items()}
+        watch_settings = self.settings.watch
+        self._tasks.append(
+            asyncio.create_task(
+                watch(self._workspaces, extra, watch_settings, self._notify, self._stop), name="memory-watch"
+            )
+        )
+        self._tasks.append(
+            asyncio.create_task(
+                sweep(self._workspaces, watch_settings.poll_seconds, self._notify, self._stop), name="memory-sweep"
+            )
+        )
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._last_error = f"{task.get_name()} stopped: {exc!r}"
+            log.error("memory: %s stopped", task.get_name(), exc_info=exc)
+
+    @staticmethod
+    def _extra_root(workspace: Path, extra: str) -> Path:
+        p = Path(extra).expanduser()
+        return p if p.is_absolute() else workspace / p
+
+    async def close(self) -> None:
+        """Stop watching and indexing, wait for the index thread, release the model."""
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await asyncio.get_running_loop().run_in_executor(None, lambda: self._db.shutdown(wait=True))
+        if self._own_embedder and self._embedder is not None:
+            await self._embedder.close()
+
+    @property
+    def ready(self) -> bool:
+        """True once the initial index pass has finished."""
+        return self._ready
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+
+    def _notify(self, agents: set[str]) -> None:
+        self._queued |= agents & set(self._workspaces)
+        self._wake.set()
+
+    async def _ensure_embedder(self) -> Embedder:
+        assert self._embedder is not None, "MemoryService.start() was not awaited"
+        if not self._embedder_ready:
+            await self._embedder.start()
+            self._embedder_ready = True
+        return self._embedder
+
+    async def _worker(self) -> None:
+        try:
+            await self._ensure_embedder()
+            await self.reindex()
+            self._ready = True
+        except NeotaskError as exc:
+            self._last_error = exc.message
+            log.error("memory: initial index failed: %s", exc.message)
+        while not self._stop.is_set():
+            await self._wake.wait()
+            self._wake.clear()
+            agents, self._queued = sorted(self._queued), set()
+            if not agents:
+                continue
+            try:
+                await self._ensure_embedder()
+                await self._reindex(agents, force=False, progress=None)
+                self._ready = True
+            except (NeotaskError, OSError, ValueError, RuntimeError) as exc:
+                self._last_error = str(exc)
+                log.error("memory: indexing %s failed: %s", ", ".join(agents), exc)
+
+    # --- indexing ----------------------------------------------------------------------------
+
+    async def reindex(
+        self, agent: str | None = None, *, force: bool = False, progress: Progress | None = None
+    ) -> IndexReport:
+        """Bring the index level with the files now (of one agent, or all); ``force`` re-embeds
+        everything into a new table that replaces the old one. ``progress(done, total)`` is
+        called with embedded-chunk counts."""
+        agents = [self._agent(agent)] if agent is not None else sorted(self._workspaces)
+        await self._ensure_embedder()
+        return await self._reindex(agents, force=force, progress=progress)
+
+    async def _reindex(self, agents: list[str], *, force: bool, progress: Progress | None) -> IndexReport:
+        assert self._indexer is not None
+        async with self._run_lock:
+            report = await self._indexer.run(agents, force=force, progress=progress)
+        self._last_run = {**report.as_dict(), "finished_at": iso(self._clock())}
+        self._last_error = report.errors[-1] if report.errors else None
+        return report
+
+    def status(self) -> dict[str, Any]:
+        """Index state: ready, files, chunks, pending, identity, last run (JSON-ready)."""
+        indexer, store = self._indexer, self._store
+        known = indexer.known if indexer else {}
+        per_agent: dict[str, dict[str, int]] = {a: {"files": 0, "chunks": 0} for a in self._workspaces}
+        for (agent, _), state in known.items():
+            if agent in per_agent:
+                per_agent[agent]["files"] += 1
+                per_agent[agent]["chunks"] += state.chunks
+        identity = store.active_identity.as_dict() if store and store.active_identity else None
+        return {
+            "ready": self._ready,
+            "files": sum(a["files"] for a in per_agent.values()),
+            "chunks": sum(a["chunks"] for a in per_agent.values()),
+            "pending": indexer.pending if indexer else 0,
+            "rebuilding": bool(indexer and indexer.rebuilding),
+            "identity": identity,
+            "table": store.active.name if store and store.active is not None else None,
+            "agents": per_agent,
+            "last_run": self._last_run,
+            "last_error": self._last_error,
+        }
+
+    # --- search ------------------------------------------------------------------------------
+
+    async def search(
+        self, agent: str, query: str, *, k: int | None = None, include_memory_md: bool = True
+    ) -> list[SearchHit]:
+        """Hybrid search of one agent's memory, best first; [] when nothing clears the thresholds."""
+        agent = self._agent(agent)
+        s = self.settings.search
+        k = s.top_k if k is None else k
+        if not 1 <= k <= s.candidates:
+            raise BadRequest(f"k must be between 1 and {s.candidates} (memory.search.candidates)")
+        query = query.strip()
+        if not query:
+            raise BadRequest("q must be a non-empty search query")
+        store = self._store
+        assert store is not None, "MemoryService.start() was not awaited"
+        table = store.active
+        if table is None:
+            return []
+        vector = None
+        embedder = self._embedder if self._embedder_ready else None
+        if embedder is not None and store.active_identity is not None and (
+            store.active_identity.embedder == embedder.identity
+        ):
+            vector = (await embedder.embed([query]))[0]
+        pools = await self._call(self._pools, table, vector, query, agent, include_memory_md)
+        params = FusionParams(s.vector_weight, s.text_weight, s.min_score, s.min_text_score, s.recency_half_life_days)
+        today = self._clock().date()
+        return fuse(self._merge(pools, vector, query), params, today=today, k=k)
+
+    def _pools(
+        self, table: Any, vector: np.ndarray[Any, Any] | None, query: str, agent: str, include_memory_md: bool
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        assert self._store is not None
+        n = self.settings.search.candidates
+        vec_rows: list[dict[str, Any]] = []
+        if vector is not None:
+            vec_rows = self._store.vector_pool(table, vector, agent, n, include_memory_md).to_pylist()
+        text_rows = self._store.text_pool(table, query, agent, n, include_memory_md).to_pylist()
+        return vec_rows, text_rows
+
+    @staticmethod
+    def _merge(
+        pools: tuple[list[dict[str, Any]], list[dict[str, Any]]], vector: np.ndarray[Any, Any] | None, query: str
+    ) -> list[Candidate]:
+        from memory.fusion import merge_pools
+
+        terms = query_terms(query)
+
+        def cand(row: dict[str, Any]) -> Candidate:
+            cos = float(np.dot(vector, np.asarray(row["vector"], np.float32))) if vector is not None else 0.0
+            return Candidate(
+                chunk_id=row["chunk_id"],
+                path=row["path"],
+                start_line=int(row["start_line"]),
+                end_line=int(row["end_line"]),
+                heading=row["heading"],
+                text=row["text"],
+                cosine=min(1.0, max(0.0, cos)),
+                share=text_share(terms, row["content"]),
+            )
+
+        vec_rows, text_rows = pools
+        return merge_pools([cand(r) for r in vec_rows], [cand(r) for r in text_rows])
+
+    # --- files -------------------------------------------------------------------------------
+
+    def _agent(self, agent: str) -> str:
+        if agent not in self._workspaces:
+            raise NotFound(f"agent {agent!r} is not configured", code="unknown_agent")
+        return agent
+
+    def list_files(self, agent: str) -> list[MemoryFile]:
+        """The agent's memory files (path relative to the workspace, size, mtime), by path."""
+        return sources.list_files(self._workspaces[self._agent(agent)], self.settings.extra_paths)
+
+    def read_file(self, agent: str, path: str) -> str:
+        """A memory file's text; BadRequest outside the memory sources, NotFound if missing."""
+        f = sources.resolve(self._workspaces[self._agent(agent)], path, self.settings.extra_paths)
+        try:
+            return sources.read_text(f.abs)
+        except FileNotFoundError as exc:
+            raise NotFound(f"memory file {path!r} does not exist", code="memory_file_not_found") from exc
+
+    async def get(self, agent: str, path: str, start_line: int | None = None, end_line: int | None = None) -> str:
+        """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file."""
+        text = await asyncio.to_thread(self.read_file, agent, path)
+        return sources.line_slice(text, start_line, end_line)
+
+    async def append_daily(self, agent: str, text: str, *, today: date) -> AppendResult:
+        """The ``memory_append`` tool: add the lines of ``text`` to ``memory/<today>.md`` (``today``
+        in the agent's zone, chosen by the caller), skipping lines already there; then index it."""
+        workspace = self._workspaces[self._agent(agent)]
+        if not text.strip():
+            raise BadRequest("text must hold at least one non-blank line")
+        lock = self._append_locks.setdefault(agent, asyncio.Lock())
+        async with lock:
+            result = await asyncio.to_thread(sources.append_daily, workspace, text, today)
+        if result.appended:
+            self._notify({agent})
+        return result

@@ -1,0 +1,139 @@
+"""Which files are an agent's memory, and safe access to them (blocking; call off the loop)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path, PurePosixPath
+
+from config.errors import BadRequest, NotFound
+from memory.records import AppendResult, MemoryFile
+
+MEMORY_MD = "MEMORY.md"
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A memory file: ``rel`` is what the index and citations use, ``abs`` where it lives."""
+
+    rel: str
+    abs: Path
+
+
+def _rel(workspace: Path, path: Path) -> str:
+    try:
+        return path.relative_to(workspace).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _markdown_under(root: Path) -> Iterable[Path]:
+    if root.is_file():
+        if root.suffix.lower() == ".md":
+            yield root
+        return
+    if not root.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.lower().endswith(".md") and not name.startswith("."):
+                yield Path(dirpath) / name
+
+
+def discover(workspace: Path, extra_paths: Iterable[str] = ()) -> list[SourceFile]:
+    """``MEMORY.md``, ``memory/**/*.md`` and the ``memory.extra_paths`` (relative to the workspace
+    or absolute; a file or a folder of Markdown), sorted by relative path, without repeats."""
+    found: dict[str, SourceFile] = {}
+    roots = [workspace / MEMORY_MD, workspace / "memory"]
+    roots += [Path(p).expanduser() if Path(p).expanduser().is_absolute() else workspace / p for p in extra_paths]
+    for root in roots:
+        for path in _markdown_under(root):
+            rel = _rel(workspace, path)
+            found.setdefault(rel, SourceFile(rel, path))
+    return [found[k] for k in sorted(found)]
+
+
+def resolve(workspace: Path, rel: str, extra_paths: Iterable[str] = ()) -> SourceFile:
+    """The memory file ``rel`` names; BadRequest if it points outside the memory sources."""
+    if not rel or "\x00" in rel:
+        raise BadRequest("path must name a memory file, e.g. MEMORY.md or memory/2026-01-31.md")
+    known = {f.rel: f for f in discover(workspace, extra_paths)}
+    if rel in known:
+        return known[rel]
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts:
+        raise BadRequest(f"path {rel!r} is outside the agent's memory; use a path relative to the workspace")
+    if pure.suffix.lower() != ".md" or not (rel == MEMORY_MD or pure.parts[0] == "memory"):
+        raise BadRequest(f"path {rel!r} is not a memory file (MEMORY.md or memory/**/*.md)")
+    target = (workspace / pure).resolve()
+    if not target.is_relative_to(workspace.resolve()):
+        raise BadRequest(f"path {rel!r} is outside the agent's workspace")
+    raise NotFound(f"memory file {rel!r} does not exist", code="memory_file_not_found")
+
+
+def list_files(workspace: Path, extra_paths: Iterable[str] = ()) -> list[MemoryFile]:
+    out: list[MemoryFile] = []
+    for f in discover(workspace, extra_paths):
+        try:
+            st = f.abs.stat()
+        except FileNotFoundError:
+            continue
+        out.append(MemoryFile(f.rel, st.st_size, st.st_mtime))
+    return out
+
+
+def read_text(path: Path) -> str:
+    """A memory file's text (UTF-8, undecodable bytes replaced, CRLF as LF)."""
+    return path.read_bytes().decode("utf-8", errors="replace").replace("\r\n", "\n")
+
+
+def file_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def line_slice(text: str, start_line: int | None, end_line: int | None) -> str:
+    """Lines ``start_line``..``end_line`` (1-based, inclusive; None = from the start / to the end)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    start = 1 if start_line is None else start_line
+    end = len(lines) if end_line is None else end_line
+    if start < 1 or end < start:
+        raise BadRequest(f"line range {start_line}-{end_line} is invalid; lines are 1-based and inclusive")
+    return "\n".join(lines[start - 1 : end])
+
+
+def daily_path(today: date) -> str:
+    return f"memory/{today.isoformat()}.md"
+
+
+def append_daily(workspace: Path, text: str, today: date) -> AppendResult:
+    """Append the non-blank lines of ``text`` to ``memory/<today>.md``, skipping lines the file
+    already holds (compared without surrounding whitespace). Never touches MEMORY.md."""
+    rel = daily_path(today)
+    target = workspace / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    existing = read_text(target) if target.exists() else ""
+    have = {line.strip() for line in existing.split("\n") if line.strip()}
+    new: list[str] = []
+    skipped = 0
+    for line in text.replace("\r\n", "\n").split("\n"):
+        key = line.strip()
+        if not key:
+            continue
+        if key in have:
+            skipped += 1
+            continue
+        have.add(key)
+        new.append(line.rstrip())
+    if new:
+        prefix = "" if not existing or existing.endswith("\n") else "\n"
+        with target.open("a", encoding="utf-8") as fh:
+            fh.write(prefix + "\n".join(new) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    return AppendResult(rel, len(new), skipped)

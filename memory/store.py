@@ -1,0 +1,321 @@
+"""The LanceDB side: one chunk table for all agents, an identity pointer, candidate queries.
+
+Blocking; every method is called from the memory index thread only (the daemon is the only
+writer). The active table's name and identity live in ``<uri>/neotask-index.json``, replaced
+atomically (temp file, fsync, rename): a rebuild writes a new table and swaps the pointer only
+when it succeeded, so a failed rebuild leaves the old table serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from memory.chunking import Chunk
+from memory.embedders import EmbedderIdentity, Vectors
+
+POINTER = "neotask-index.json"
+CHUNKER_VERSION = 1
+# Below this many rows a flat scan is faster than IVF-PQ and exact (measured in bench/memory_speed).
+ANN_MIN_ROWS = 50_000
+_OPTIMIZE_EVERY_ROWS = 2_000
+_OPTIMIZE_EVERY_WRITES = 40
+
+
+@dataclass(frozen=True)
+class IndexIdentity:
+    """Everything that makes stored vectors and chunk boundaries what they are."""
+
+    provider: str
+    model: str
+    dimensions: int
+    chunk_tokens: int
+    overlap_tokens: int
+    max_input_tokens: int | None
+    chunker: int = CHUNKER_VERSION
+
+    @classmethod
+    def of(
+        cls, embedder: EmbedderIdentity, chunk_tokens: int, overlap_tokens: int, max_input: int | None
+    ) -> IndexIdentity:
+        return cls(embedder.provider, embedder.model, embedder.dimensions, chunk_tokens, overlap_tokens, max_input)
+
+    @property
+    def embedder(self) -> EmbedderIdentity:
+        return EmbedderIdentity(self.provider, self.model, self.dimensions)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IndexIdentity:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def _q(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def schema(dims: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("chunk_id", pa.string()),
+            ("agent", pa.string()),
+            ("path", pa.string()),
+            ("start_line", pa.int32()),
+            ("end_line", pa.int32()),
+            ("heading", pa.string()),
+            ("text", pa.string()),
+            ("content", pa.string()),  # heading + text: what was embedded and what full text searches
+            ("content_hash", pa.string()),
+            ("file_hash", pa.string()),
+            ("vector", pa.list_(pa.float32(), dims)),
+        ]
+    )
+
+
+def rows_table(agent: str, file_hash: str, chunks: Sequence[Chunk], vectors: Vectors, dims: int) -> pa.Table:
+    import hashlib
+
+    ids = [
+        hashlib.sha256(f"{agent}\0{c.path}\0{c.start_line}\0{c.end_line}\0{c.content_hash}".encode()).hexdigest()[:24]
+        for c in chunks
+    ]
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), type=pa.float32())
+    return pa.Table.from_arrays(
+        [
+            pa.array(ids),
+            pa.array([agent] * len(chunks)),
+            pa.array([c.path for c in chunks]),
+            pa.array([c.start_line for c in chunks], pa.int32()),
+            pa.array([c.end_line for c in chunks], pa.int32()),
+            pa.array([c.heading for c in chunks]),
+            pa.array([c.text for c in chunks]),
+            pa.array([c.embed_text for c in chunks]),
+            pa.array([c.content_hash for c in chunks]),
+            pa.array([file_hash] * len(chunks)),
+            pa.FixedSizeListArray.from_arrays(flat, dims),
+        ],
+        schema=schema(dims),
+    )
+
+
+CANDIDATE_COLUMNS = ["chunk_id", "path", "start_line", "end_line", "heading", "text", "content", "vector"]
+
+
+class ChunkStore:
+    """LanceDB database at ``uri`` with the active table and, during a rebuild, a new one."""
+
+    def __init__(self, uri: Path) -> None:
+        import lancedb
+
+        uri.mkdir(parents=True, exist_ok=True)
+        self.uri = uri
+        self._db = lancedb.connect(str(uri))
+        self.active: Any = None
+        self.active_identity: IndexIdentity | None = None
+        self._writes = 0
+        self._rows_since_optimize = 0
+        pointer = self._read_pointer()
+        if pointer is not None and pointer["table"] in self._tables():
+            self.active = self._db.open_table(pointer["table"])
+            self.active_identity = IndexIdentity.from_dict(pointer["identity"])
+
+    def _tables(self) -> set[str]:
+        return set(self._db.list_tables().tables)
+
+    def _read_pointer(self) -> dict[str, Any] | None:
+        path = self.uri / POINTER
+        try:
+            data: dict[str, Any] = json.loads(path.read_text("utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return data
+
+    def create_table(self, identity: IndexIdentity) -> Any:
+        name = f"chunks_{int(time.time() * 1000)}_{os.getpid()}"
+        return self._db.create_table(name, schema=schema(identity.dimensions))
+
+    def swap(self, table: Any, identity: IndexIdentity) -> None:
+        """Make ``table`` the active one (atomic pointer rename), then drop the old table."""
+        path = self.uri / POINTER
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w", encoding="utf-8") as fh:
+            json.dump({"table": table.name, "identity": identity.as_dict()}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        old = self.active
+        self.active, self.active_identity = table, identity
+        self._writes = self._rows_since_optimize = 0
+        if old is not None and old.name != table.name:
+            self.drop(old)
+        self.drop_strays()
+
+    def drop(self, table: Any) -> None:
+        with contextlib.suppress(ValueError, FileNotFoundError, OSError):
+            self._db.drop_table(table.name)
+
+    def drop_strays(self) -> None:
+        """Tables left by a rebuild that died with the process."""
+        keep = self.active.name if self.active is not None else None
+        for name in self._tables():
+            if name.startswith("chunks_") and name != keep:
+                with contextlib.suppress(ValueError, FileNotFoundError, OSError):
+                    self._db.drop_table(name)
+
+    # --- reads -------------------------------------------------------------------------------
+
+    @staticmethod
+    def count(table: Any, agent: str | None = None) -> int:
+        if table is None:
+            return 0
+        return int(table.count_rows(f"agent = {_q(agent)}" if agent else None))
+
+    @staticmethod
+    def file_hashes(table: Any) -> dict[tuple[str, str], str]:
+        """(agent, path) → file hash of every file the table holds."""
+        if table is None or table.count_rows() == 0:
+            return {}
+        data = table.search().select(["agent", "path", "file_hash"]).limit(table.count_rows()).to_arrow()
+        return {
+            (a, p): h
+            for a, p, h in zip(
+                data["agent"].to_pylist(), data["path"].to_pylist(), data["file_hash"].to_pylist(), strict=True
+            )
+        }
+
+    @staticmethod
+    def file_counts(table: Any) -> dict[str, tuple[int, int]]:
+        """agent → (files, chunks)."""
+        out: dict[str, tuple[int, int]] = {}
+        if table is None or table.count_rows() == 0:
+            return out
+        data = table.search().select(["agent", "path"]).limit(table.count_rows()).to_arrow()
+        files: dict[str, set[str]] = {}
+        chunks: dict[str, int] = {}
+        for a, p in zip(data["agent"].to_pylist(), data["path"].to_pylist(), strict=True):
+            files.setdefault(a, set()).add(p)
+            chunks[a] = chunks.get(a, 0) + 1
+        return {a: (len(files[a]), chunks[a]) for a in files}
+
+    @staticmethod
+    def vectors_for(tables: Iterable[Any], hashes: Iterable[str]) -> dict[str, np.ndarray[Any, Any]]:
+        """Cached vectors by content hash, from the given tables (first wins)."""
+        wanted = sorted(set(hashes))
+        found: dict[str, np.ndarray[Any, Any]] = {}
+        for table in tables:
+            if table is None:
+                continue
+            for i in range(0, len(wanted), 500):
+                part = [h for h in wanted[i : i + 500] if h not in found]
+                if not part:
+                    continue
+                where = f"content_hash IN ({', '.join(_q(h) for h in part)})"
+                data = table.search().where(where).select(["content_hash", "vector"]).limit(len(part) * 4 + 16)
+                arrow = data.to_arrow()
+                vecs = arrow["vector"].to_pylist()
+                for h, v in zip(arrow["content_hash"].to_pylist(), vecs, strict=True):
+                    found.setdefault(h, np.asarray(v, dtype=np.float32))
+        return found
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def write(self, table: Any, remove: Sequence[tuple[str, str]], add: Sequence[pa.Table]) -> None:
+        """Delete the rows of the (agent, path) files in ``remove``, then add the new rows."""
+        by_agent: dict[str, list[str]] = {}
+        for agent, path in remove:
+            by_agent.setdefault(agent, []).append(path)
+        for agent, paths in by_agent.items():
+            for i in range(0, len(paths), 200):
+                part = ", ".join(_q(p) for p in paths[i : i + 200])
+                table.delete(f"agent = {_q(agent)} AND path IN ({part})")
+                self._writes += 1
+        rows = [t for t in add if t.num_rows]
+        if rows:
+            table.add(pa.concat_tables(rows))
+            self._writes += 1
+            self._rows_since_optimize += sum(t.num_rows for t in rows)
+        self.ensure_fts(table)
+
+    @staticmethod
+    def ensure_fts(table: Any) -> None:
+        if table.count_rows() == 0 or any(i.index_type == "FTS" for i in table.list_indices()):
+            return
+        from lancedb.index import FTS
+
+        table.create_index(
+            "content",
+            config=FTS(
+                base_tokenizer="icu",  # dictionary word segmentation, so Japanese text matches
+                language="English",
+                stem=True,
+                remove_stop_words=True,
+                ascii_folding=True,
+                with_position=False,
+            ),
+        )
+
+    def maintain(self, table: Any, *, force: bool = False) -> None:
+        """Fold new rows into the indices, compact and prune old versions; build the ANN index
+        once the table passes ``ANN_MIN_ROWS``. Cheap to call; works only when due."""
+        if table is None or table.count_rows() == 0:
+            return
+        due = self._rows_since_optimize >= _OPTIMIZE_EVERY_ROWS or self._writes >= _OPTIMIZE_EVERY_WRITES
+        if force or due:
+            table.optimize(cleanup_older_than=timedelta(seconds=1), delete_unverified=True)
+            self._writes = self._rows_since_optimize = 0
+        rows = table.count_rows()
+        if rows >= ANN_MIN_ROWS and not any(i.index_type.startswith("IVF") for i in table.list_indices()):
+            dims = table.schema.field("vector").type.list_size
+            table.create_index(
+                metric="cosine",
+                vector_column_name="vector",
+                index_type="IVF_PQ",
+                num_partitions=max(16, int(rows**0.5)),
+                num_sub_vectors=max(1, dims // 8),
+            )
+
+    # --- queries -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _where(agent: str, include_memory_md: bool) -> str:
+        where = f"agent = {_q(agent)}"
+        if not include_memory_md:
+            where += " AND path != 'MEMORY.md'"
+        return where
+
+    def vector_pool(
+        self, table: Any, vector: np.ndarray[Any, Any], agent: str, limit: int, include_memory_md: bool
+    ) -> pa.Table:
+        return (
+            table.search(vector, vector_column_name="vector")
+            .distance_type("cosine")
+            .where(self._where(agent, include_memory_md), prefilter=True)
+            .limit(limit)
+            .select([*CANDIDATE_COLUMNS, "_distance"])
+            .to_arrow()
+        )
+
+    def text_pool(self, table: Any, query: str, agent: str, limit: int, include_memory_md: bool) -> pa.Table:
+        from lancedb.query import MatchQuery
+
+        if not any(i.index_type == "FTS" for i in table.list_indices()):
+            return pa.table({})
+        return (
+            table.search(MatchQuery(query, "content"), query_type="fts")  # type: ignore[call-arg]
+            .where(self._where(agent, include_memory_md), prefilter=True)
+            .limit(limit)
+            .select([*CANDIDATE_COLUMNS, "_score"])
+            .to_arrow()
+        )
