@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 Clock = Callable[[], datetime]
 
@@ -21,3 +22,24 @@ def iso(dt: datetime) -> str:
 def parse_iso(text: str) -> datetime:
     dt = datetime.fromisoformat(text)
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def host_zone(env: Mapping[str, str]) -> ZoneInfo:
+    """The host's IANA zone: ``TZ`` when it names one, else /etc/localtime's target, else UTC."""
+    from pathlib import Path
+    from zoneinfo import ZoneInfoNotFoundError
+
+    candidates = [env.get("TZ", "").lstrip(":")]
+    try:
+        target = str(Path("/etc/localtime").resolve())
+        if "zoneinfo/" in target:
+            candidates.append(target.split("zoneinfo/", 1)[1])
+    except OSError:
+        pass
+    for name in candidates:
+        if name:
+            try:
+                return ZoneInfo(name)
+            except (ZoneInfoNotFoundError, ValueError):
+                continue
+    return ZoneInfo("UTC")

@@ -135,6 +135,7 @@ class Conversations:
         self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self.run_starters: list[Callable[[RunState, Post], Awaitable[list[dict[str, Any]]]]] = []
         self.archive_text: Callable[[str, str], Awaitable[str | None]] | None = None
+        self.before_post: list[Callable[[Post], Awaitable[list[dict[str, Any]]]]] = []
         self.compactors = {agent_id: self._compactor(agent_id) for agent_id in settings.agents}
         store.final_summarizer = self._final_summary
 
@@ -238,6 +239,8 @@ class Conversations:
                 retry_after_s=1,
             )
         outcome = Outcome(key, None, None)
+        for check in self.before_post:  # e.g. a reset that fell due while nobody wrote
+            outcome.events.extend(await check(post))
         async with self.store.lock_for(key):
             run = self.store.active_run(key)
             if run is not None:

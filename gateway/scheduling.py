@@ -1,0 +1,163 @@
+"""Resets, cleanup and cron sessions (SPEC section 7), wired to the scheduler.
+
+The rule (is a reset due?) is ``sessions.resets``; this module applies it: at the daily boundary,
+on the sweep, and — so a reset missed while the daemon was down still happens — when a message
+arrives, before it is appended. A reset runs the memory flush, completes the run with its final
+summary, and leaves the entry idle; the next message starts a new run that inherits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from config.clock import Clock, iso, parse_iso
+from config.settings import CronJob, Settings
+from gateway.commands import Commands, dispatch
+from gateway.turns import Conversations, Post
+from sessions.cleanup import run_cleanup
+from sessions.keys import cron_key, parse_key
+from sessions.registry import SessionEntry
+from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
+
+log = logging.getLogger(__name__)
+Deliver = Callable[[str, dict[str, Any]], Awaitable[bool]]
+
+
+class Scheduling:
+    def __init__(
+        self,
+        conversations: Conversations,
+        commands: Commands,
+        settings: Settings,
+        *,
+        clock: Clock,
+        host_zone: ZoneInfo,
+    ) -> None:
+        self.conv = conversations
+        self.commands = commands
+        self.store = conversations.store
+        self.settings = settings
+        self.clock = clock
+        self.host_zone = host_zone
+        self.deliver: Deliver | None = None
+        commands.next_reset = self.next_reset
+        conversations.before_post.append(self.check_on_arrival)
+
+    # -- the rule, applied to an entry ----------------------------------------------------------
+
+    def policy(self, entry: SessionEntry) -> ResetPolicy:
+        return effective_policy(
+            self.settings.session, chat_type=entry.chat_type, channel=entry.channel, host_zone=self.host_zone
+        )
+
+    def facts(self, entry: SessionEntry, *, activity_at: datetime | None = None) -> ResetFacts | None:
+        run = self.store.active_run(entry.key)
+        if run is None:
+            return None
+        last_user = entry.last_user_activity_at
+        return ResetFacts(
+            started_at=parse_iso(run.started_at),
+            last_interaction_at=parse_iso(entry.last_interaction_at) if entry.last_interaction_at else None,
+            last_user_activity_at=activity_at or (parse_iso(last_user) if last_user else None),
+            last_reset_boundary=parse_iso(entry.last_reset_boundary) if entry.last_reset_boundary else None,
+        )
+
+    def decision(self, key: str, *, activity_at: datetime | None = None) -> ResetDecision | None:
+        entry = self.store.entry(key)
+        facts = self.facts(entry, activity_at=activity_at) if entry else None
+        if entry is None or facts is None:
+            return None
+        return reset_decision(self.policy(entry), facts, self.clock())
+
+    def next_reset(self, key: str) -> datetime | None:
+        entry = self.store.entry(key)
+        facts = self.facts(entry) if entry else None
+        if entry is None or facts is None:
+            return None
+        return next_reset_at(self.policy(entry), facts, self.clock())
+
+    # -- carrying it out ------------------------------------------------------------------------
+
+    async def check_on_arrival(self, post: Post) -> list[dict[str, Any]]:
+        """Before a message is appended: reset first if one is due (the arriving user message
+        counts as activity after the boundary, so it can defer a daily reset)."""
+        activity = self.clock() if post.role == "user" and post.user_activity is not False else None
+        decision = self.decision(post.key.raw, activity_at=activity)
+        if decision is None or not decision.due:
+            return []
+        event = await self.reset(post.key.raw, decision, activity_at=activity)
+        return [event] if event else []
+
+    async def reset(
+        self, key: str, decision: ResetDecision, *, activity_at: datetime | None = None
+    ) -> dict[str, Any] | None:
+        async with self.conv.exclusive(key):
+            again = self.decision(key, activity_at=activity_at)  # the state may have moved meanwhile
+            run = self.store.active_run(key)
+            if run is None or again is None or not again.due:
+                return None
+            await self.conv.memory_flush(run)
+            reason = again.reason or "daily"
+            await self.store.complete(key, reason=f"reset:{reason}")
+            entry = self.store.entry(key)
+            if entry is not None and again.boundary is not None:
+                entry.last_reset_boundary = iso(again.boundary)
+                self.store.registry.touch(key)
+                await self.store.registry.flush()
+        self.conv.metrics.resets.labels(reason).inc()
+        event = {"type": "reset", "reason": reason, "previous_run_id": run.run_id,
+                 "boundary": iso(again.boundary) if again.boundary else None}  # fmt: skip
+        self.store.emit("reset", run, reason=reason, boundary=event["boundary"])
+        log.info("reset %s (%s), run %s completed", key, reason, run.run_id)
+        return event
+
+    async def sweep(self) -> int:
+        """Every active key whose reset is due (daily at the boundary, idle, or deferred)."""
+        done = 0
+        for key in [run.key for run in list(self.store.active_runs())]:
+            decision = self.decision(key)
+            if decision is not None and decision.due and await self.reset(key, decision):
+                done += 1
+        return done
+
+    async def sweep_job(self) -> None:
+        await self.sweep()
+
+    async def cleanup_job(self) -> None:
+        await self.cleanup()
+
+    async def cleanup(self, *, dry_run: bool = False) -> list[dict[str, Any]]:
+        async def complete(key: str) -> None:
+            async with self.conv.exclusive(key):
+                if self.store.active_run(key) is not None:
+                    await self.store.complete(key, reason="cleanup")
+
+        return await run_cleanup(
+            self.store, self.settings.cleanup, now=self.clock(), dry_run=dry_run, complete=complete
+        )
+
+    async def run_cron(self, job: CronJob) -> None:
+        """Post the job's message to ``cron:<id>``; an isolated job gets a run per firing."""
+        key = parse_key(cron_key(job.id), agents=self.settings.agents)
+        key = replace(key, agent_id=job.agent)
+        if job.isolated and self.store.active_run(key.raw) is not None:
+            async with self.conv.exclusive(key.raw):
+                if self.store.active_run(key.raw) is not None:
+                    await self.store.complete(key.raw, reason="cron")
+        post = Post(key=key, role="user", content=job.message, user_activity=False, name="cron")
+        try:
+            outcome = await dispatch(self.commands, post)
+        except Exception:  # a failing job must not stop the scheduler; it is logged with its cause
+            log.exception("cron job %s failed", job.id)
+            return
+        if job.isolated:
+            async with self.conv.exclusive(key.raw):
+                if self.store.active_run(key.raw) is not None:
+                    await self.store.complete(key.raw, reason="cron")
+        if job.deliver_to and self.deliver is not None:
+            await self.deliver(job.deliver_to, outcome.body())

@@ -1,0 +1,90 @@
+"""Carrying out a cleanup (SPEC section 7): gather the facts, plan (``sessions.cleanup_plan``),
+then complete stale active runs, archive old completed ones, delete expired archives, VACUUM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from config.clock import iso, parse_iso
+from config.settings import CleanupSettings
+from sessions.archive import pack
+from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
+from sessions.store import SessionStore
+
+log = logging.getLogger(__name__)
+CompleteFn = Callable[[str], Awaitable[None]]
+
+
+def _when(text: str | None) -> datetime | None:
+    return parse_iso(text) if text else None
+
+
+async def gather(store: SessionStore) -> tuple[list[RunFacts], list[ArchiveFacts]]:
+    rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute("SELECT * FROM tasks")])
+    runs, archives = [], []
+    for row in rows:
+        key = row.get("session_key") or ""
+        entry = store.entry(key)
+        pinned = bool(row.get("pinned")) or bool(entry and entry.pinned)
+        if row.get("archived_at"):
+            if await asyncio.to_thread(store.home.archive_file(row["uuid"]).exists):
+                archives.append(ArchiveFacts(row["uuid"], parse_iso(row["archived_at"]), key, pinned))
+            continue
+        last = entry.last_interaction_at if entry and entry.run_id == row["uuid"] else None
+        runs.append(
+            RunFacts(
+                run_id=row["uuid"],
+                session_key=key,
+                chat_type=row.get("chat_type") or "direct",
+                status=row["status"],
+                completed_at=_when(row.get("completed_at")),
+                last_interaction_at=_when(last or row.get("updated_at") or row.get("created_at")),
+                pinned=pinned,
+            )
+        )
+    return runs, archives
+
+
+def describe(action: CleanupAction) -> dict[str, Any]:
+    return {"action": action.kind, "run_id": action.run_id, "session_key": action.session_key,
+            "reason": action.reason}  # fmt: skip
+
+
+async def run_cleanup(
+    store: SessionStore, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteFn
+) -> list[dict[str, Any]]:
+    runs, archives = await gather(store)
+    actions = plan_cleanup(runs, archives, settings, now)
+    if dry_run:
+        return [{**describe(a), "done": False} for a in actions]
+    report = []
+    for action in actions:
+        try:
+            await _apply(store, action, complete)
+            report.append({**describe(action), "done": True})
+        except OSError as exc:
+            log.error("cleanup %s of run %s failed: %s", action.kind, action.run_id, exc)
+            report.append({**describe(action), "done": False, "error": str(exc)})
+    if actions:
+        await store.ledger.execute(lambda c: c.execute("VACUUM"))
+        log.info("cleanup: %d action(s) done", sum(1 for r in report if r["done"]))
+    return report
+
+
+async def _apply(store: SessionStore, action: CleanupAction, complete: CompleteFn) -> None:
+    if action.kind == "complete":
+        if action.session_key and store.active_run(action.session_key) is not None:
+            await complete(action.session_key)
+        return
+    archive = store.home.archive_file(action.run_id)
+    if action.kind == "archive":
+        folder = store.home.run_dir(action.run_id, "completed")
+        if await asyncio.to_thread(folder.is_dir):
+            await asyncio.to_thread(pack, folder, archive)
+        await store.ledger.update_run(action.run_id, archived_at=iso(store.clock()))
+        return
+    await asyncio.to_thread(archive.unlink, True)
