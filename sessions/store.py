@@ -188,6 +188,7 @@ class SessionStore:
     def _reconcile_entries(self) -> None:
         """Make entries agree with the recovered runs (the files are the truth)."""
         active_by_key = {run.key: run for run in self._runs.values()}
+        recovered = {rec.run_id: rec for rec in self.recovered}
         for key, run in active_by_key.items():
             entry = self.registry.entries.get(key)
             if entry is None:
@@ -196,7 +197,7 @@ class SessionStore:
             entry.run_id = run.run_id
             entry.status = run.status
             entry.started_at = run.started_at
-            rec = next((r for r in self.recovered if r.run_id == run.run_id), None)
+            rec = recovered.get(run.run_id)
             if rec and rec.last_message_at and (entry.last_interaction_at or "") < rec.last_message_at:
                 entry.last_interaction_at = rec.last_message_at
             self._sync_counters(entry, run)
