@@ -123,12 +123,26 @@ class FusionParams:
     recency_half_life_days: float | None = None
 
 
-def merge_pools(vector_pool: Sequence[Candidate], text_pool: Sequence[Candidate]) -> list[Candidate]:
-    """One candidate per chunk with both ranks set (pools are best first)."""
+def _ranks(pool: Sequence[tuple[Candidate, float]]) -> list[tuple[Candidate, int]]:
+    """Competition ranks ("1224"), best first: equal scores share a rank, so the order in which
+    the database returned tied rows cannot change anyone's fused score."""
+    ordered = sorted(pool, key=lambda cs: (-round(cs[1], 6), cs[0].chunk_id))
+    out: list[tuple[Candidate, int]] = []
+    for i, (c, score) in enumerate(ordered):
+        tied = out and round(ordered[i - 1][1], 6) == round(score, 6)
+        out.append((c, out[-1][1] if tied else i + 1))
+    return out
+
+
+def merge_pools(
+    vector_pool: Sequence[tuple[Candidate, float]], text_pool: Sequence[tuple[Candidate, float]]
+) -> list[Candidate]:
+    """One candidate per chunk with both ranks set; each pool pairs a candidate with its score
+    on that side (higher is better)."""
     merged: dict[str, Candidate] = {}
-    for rank, c in enumerate(vector_pool, 1):
+    for c, rank in _ranks(vector_pool):
         merged.setdefault(c.chunk_id, _with(c, vector_rank=rank))
-    for rank, c in enumerate(text_pool, 1):
+    for c, rank in _ranks(text_pool):
         old = merged.get(c.chunk_id)
         merged[c.chunk_id] = _with(old or c, text_rank=rank, vector_rank=old.vector_rank if old else None)
     return list(merged.values())

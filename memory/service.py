@@ -132,10 +132,18 @@ class MemoryService:
             self._embedder_ready = True
         return self._embedder
 
+    def _has_sources(self) -> bool:
+        """Whether there is anything to index or to clear: no files and an empty index need no
+        model, so a gateway without memory files never loads one."""
+        if self._indexer is not None and self._indexer.known:
+            return True
+        return any(sources.discover(ws, self.settings.extra_paths) for ws in self._workspaces.values())
+
     async def _worker(self) -> None:
         try:
-            await self._ensure_embedder()
-            await self.reindex()
+            if await self._call(self._has_sources):
+                await self._ensure_embedder()
+                await self.reindex()
             self._ready = True
         except NeotaskError as exc:
             self._last_error = exc.message
@@ -260,7 +268,9 @@ class MemoryService:
             )
 
         vec_rows, text_rows = pools
-        return merge_pools([cand(r) for r in vec_rows], [cand(r) for r in text_rows])
+        return merge_pools(
+            [(cand(r), -float(r["_distance"])) for r in vec_rows], [(cand(r), float(r["_score"])) for r in text_rows]
+        )
 
     # --- files -------------------------------------------------------------------------------
 

@@ -1,0 +1,140 @@
+"""Search decisions as pure functions: text share, weighted RRF, abstention, decay, order."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from memory.fusion import (
+    Candidate,
+    FusionParams,
+    daily_log_date,
+    decay,
+    fuse,
+    merge_pools,
+    passes,
+    query_terms,
+    rrf_score,
+    text_share,
+)
+
+P = FusionParams(vector_weight=0.6, text_weight=0.4, min_score=0.4, min_text_score=0.6)
+TODAY = date(2026, 11, 30)
+
+
+def cand(cid: str, cosine: float = 0.0, share: float = 0.0, path: str = "MEMORY.md", **kw: int | None) -> Candidate:
+    return Candidate(cid, path, 1, 2, "", f"text of {cid}", cosine, share, kw.get("vr"), kw.get("tr"))
+
+
+@pytest.mark.parametrize(
+    ("query", "content", "share"),
+    [
+        ("Who is my dentist?", "My dentist is Dr. Wong.", 1.0),
+        ("dentist appointments", "The dentist appointment is on Tuesday", 1.0),
+        ("What is my cat's name?", "The dog is called Rex; my name is Ann.", 0.5),
+        ("What is my cat's name?", "nothing relevant", 0.0),
+        ("歯医者の予約はいつ？", "東京の歯医者の予約は火曜日です", 1.0),
+        ("歯医者の名前", "東京の歯医者の予約は火曜日です", 0.5),
+        ("the and of", "the and of", 0.0),  # no content terms at all
+    ],
+)
+def test_text_share(query: str, content: str, share: float) -> None:
+    assert text_share(query_terms(query), content) == pytest.approx(share)
+
+
+def test_text_share_does_not_depend_on_other_documents() -> None:
+    terms = query_terms("green tea morning")
+    assert text_share(terms, "I drink green tea every morning") == 1.0
+
+
+def test_rrf_is_scaled_to_one_and_weighted() -> None:
+    assert rrf_score(cand("a", vr=1, tr=1), P) == pytest.approx(1.0)
+    only_vec = rrf_score(cand("a", vr=1), P)
+    only_text = rrf_score(cand("a", tr=1), P)
+    assert only_vec == pytest.approx(0.6) and only_text == pytest.approx(0.4)
+    assert rrf_score(cand("a", vr=2), P) < only_vec
+    assert 0.0 <= rrf_score(cand("a", vr=100, tr=100), P) <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("cosine", "share", "min_score", "min_text", "ok"),
+    [
+        (0.5, 0.0, 0.4, 0.6, True),
+        (0.3, 0.7, 0.4, 0.6, True),
+        (0.3, 0.5, 0.4, 0.6, False),
+        (0.9, 0.0, 0.0, 0.6, False),  # vector threshold off: only the text test admits
+        (0.0, 0.9, 0.0, 0.6, True),
+        (0.0, 0.0, 0.0, 0.0, True),  # both off: no abstention
+    ],
+)
+def test_abstention_is_absolute(cosine: float, share: float, min_score: float, min_text: float, ok: bool) -> None:
+    params = FusionParams(0.5, 0.5, min_score, min_text)
+    assert passes(cand("a", cosine, share), params) is ok
+
+
+def test_merge_pools_keeps_both_ranks() -> None:
+    merged = {
+        c.chunk_id: c for c in merge_pools([(cand("a"), 0.9), (cand("b"), 0.8)], [(cand("b"), 3.0), (cand("c"), 2.0)])
+    }
+    assert (merged["a"].vector_rank, merged["a"].text_rank) == (1, None)
+    assert (merged["b"].vector_rank, merged["b"].text_rank) == (2, 1)
+    assert (merged["c"].vector_rank, merged["c"].text_rank) == (None, 2)
+
+
+def test_tied_pool_scores_share_a_rank_whatever_order_the_database_used() -> None:
+    one = merge_pools([(cand("b"), 0.5), (cand("a"), 0.5), (cand("c"), 0.4)], [])
+    two = merge_pools([(cand("a"), 0.5), (cand("c"), 0.4), (cand("b"), 0.5)], [])
+    ranks = {c.chunk_id: c.vector_rank for c in one}
+    assert ranks == {c.chunk_id: c.vector_rank for c in two} == {"a": 1, "b": 1, "c": 3}
+
+
+def test_order_is_stable_as_k_grows_and_ties_go_by_chunk_id() -> None:
+    pool = [cand(f"c{i:02d}", 0.5 + (i % 3) / 10, vr=1 + i % 4) for i in range(20)]
+    full = fuse(pool, P, today=TODAY, k=20)
+    for k in range(1, 21):
+        assert fuse(pool, P, today=TODAY, k=k) == full[:k]
+    tied = [h for h in full if h.score == full[0].score]
+    assert [h.chunk_id for h in tied] == sorted(h.chunk_id for h in tied)
+
+
+def test_nothing_clears_the_threshold_gives_an_empty_list() -> None:
+    pool = [cand("a", 0.1, 0.2, vr=1, tr=1), cand("b", 0.2, 0.0, vr=2)]
+    assert fuse(pool, P, today=TODAY, k=5) == []
+
+
+def test_hit_carries_citation_and_scores() -> None:
+    [hit] = fuse([cand("a", 0.7, 1.0, path="memory/2026-11-29.md", vr=1, tr=1)], P, today=TODAY, k=3)
+    assert hit.citation == "memory/2026-11-29.md#L1-L2"
+    assert (hit.score, hit.vector_score, hit.text_score) == (1.0, 0.7, 1.0)
+    assert set(hit.as_dict()) >= {"path", "start_line", "end_line", "heading", "score", "snippet", "citation"}
+
+
+def test_recency_decay_applies_to_daily_logs_only_after_abstention() -> None:
+    params = FusionParams(0.6, 0.4, 0.4, 0.6, recency_half_life_days=10)
+    old = cand("old", 0.8, 0.0, path="memory/2026-11-10.md", vr=1)
+    fresh = cand("new", 0.8, 0.0, path="memory/2026-11-30.md", vr=2)
+    core = cand("core", 0.8, 0.0, path="MEMORY.md", vr=3)
+    hits = {h.chunk_id: h for h in fuse([old, fresh, core], params, today=TODAY, k=5)}
+    assert set(hits) == {"old", "new", "core"}  # decay never turns a passing hit into an abstention
+    assert hits["old"].score == pytest.approx(rrf_score(old, params) / 4)
+    assert hits["new"].score == pytest.approx(rrf_score(fresh, params))
+    assert hits["core"].score == pytest.approx(rrf_score(core, params))
+
+
+@pytest.mark.parametrize(
+    ("path", "day"),
+    [
+        ("memory/2026-11-29.md", date(2026, 11, 29)),
+        ("memory/logs/2026-01-02.md", date(2026, 1, 2)),
+        ("MEMORY.md", None),
+        ("memory/notes.md", None),
+        ("memory/2026-13-40.md", None),
+    ],
+)
+def test_daily_log_date(path: str, day: date | None) -> None:
+    assert daily_log_date(path) == day
+
+
+def test_decay_without_half_life_is_identity() -> None:
+    assert decay(0.5, "memory/2000-01-01.md", TODAY, None) == 0.5

@@ -1,0 +1,256 @@
+"""MemoryService on real LanceDB and real files, embedding through the local OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from config.errors import BadRequest, NotFound
+from memory import MemoryService
+from tests.conftest import FakeClock
+from tests.memory.conftest import embedding_inputs, eventually, memory_settings, openai_embedder, write
+from tests.support.openai_server import OpenAIServer
+
+
+async def test_search_finds_cites_and_abstains(service: MemoryService) -> None:
+    hits = await service.search("main", "who is my dentist")
+    assert hits and hits[0].path == "MEMORY.md"
+    assert hits[0].citation == f"MEMORY.md#L{hits[0].start_line}-L{hits[0].end_line}"
+    assert "Alice Wong" in hits[0].snippet
+    assert hits[0].heading == "About me"
+    assert all(0.0 <= h.score <= 1.0 for h in hits)
+    assert await service.search("main", "zebra xylophone quantum") == []
+
+
+async def test_include_memory_md_false_leaves_it_out(service: MemoryService) -> None:
+    assert any(h.path == "MEMORY.md" for h in await service.search("main", "green tea morning"))
+    hits = await service.search("main", "green tea morning", include_memory_md=False)
+    assert all(h.path != "MEMORY.md" for h in hits)
+
+
+async def test_agents_are_kept_apart(service: MemoryService, tmp_path: Path) -> None:
+    assert await service.search("other", "dentist") == []
+    write(tmp_path / "workspaces" / "other", "MEMORY.md", "The other agent's dentist is Doctor Zed.\n")
+    await service.reindex("other")
+    [hit] = await service.search("other", "dentist")
+    assert "Zed" in hit.snippet
+    assert all("Zed" not in h.snippet for h in await service.search("main", "dentist"))
+
+
+async def test_arguments_are_checked(service: MemoryService) -> None:
+    with pytest.raises(NotFound):
+        await service.search("nobody", "x")
+    with pytest.raises(BadRequest):
+        await service.search("main", "x", k=0)
+    with pytest.raises(BadRequest):
+        await service.search("main", "x", k=service.settings.search.candidates + 1)
+    with pytest.raises(BadRequest):
+        await service.search("main", "   ")
+
+
+async def test_results_keep_their_order_as_k_grows(service: MemoryService, workspace: Path) -> None:
+    for i in range(12):
+        write(workspace, f"memory/notes/n{i}.md", f"Budget note {i}: the budget review covers cloud spend.\n")
+    await service.reindex("main")
+    full = await service.search("main", "budget cloud spend", k=15)
+    assert len(full) >= 10
+    for k in (1, 3, 7, len(full)):
+        assert await service.search("main", "budget cloud spend", k=k) == full[:k]
+
+
+async def test_only_changed_chunks_are_embedded(
+    service: MemoryService, workspace: Path, openai_server: OpenAIServer
+) -> None:
+    # the watcher may index a change before reindex() does: count what reached the server
+    openai_server.clear()
+    paragraphs = "\n\n".join(f"Paragraph {i} about topic {i} and details." for i in range(10)) + "\n"
+    write(workspace, "memory/long.md", paragraphs)
+    await service.reindex("main")
+    assert len(embedding_inputs(openai_server)) == 10
+    openai_server.clear()
+    text = paragraphs.replace("topic 4 and", "topic four and")
+    (workspace / "memory/long.md").write_text(text)
+    await service.reindex("main")
+    assert embedding_inputs(openai_server) == ["Paragraph 4 about topic four and details.\n"]
+    # moving paragraphs re-embeds nothing: their content hash is unchanged
+    openai_server.clear()
+    (workspace / "memory/long.md").write_text("New first line.\n\n" + text)
+    await service.reindex("main")
+    assert embedding_inputs(openai_server) == ["New first line.\n"]
+    hits = await service.search("main", "topic four details")
+    assert hits[0].citation == "memory/long.md#L11-L12"
+    assert service.status()["agents"]["main"]["chunks"] == 4 + 11
+
+
+async def test_removed_files_leave_the_index(service: MemoryService, workspace: Path) -> None:
+    assert await service.search("main", "tomatoes basil")
+    (workspace / "memory/projects/garden.md").unlink()
+    await service.reindex("main")
+    assert await service.search("main", "tomatoes basil") == []
+    assert service.status()["files"] == 2
+
+
+async def test_new_file_is_searchable_within_ten_seconds(service: MemoryService, workspace: Path) -> None:
+    write(workspace, "memory/2026-11-30.md", "The cabin wifi password is hunter2.\n")
+    hits = await eventually(lambda: service.search("main", "cabin wifi password"), timeout=10)
+    assert hits[0].path == "memory/2026-11-30.md"
+
+
+async def test_new_workspace_is_found_by_the_polling_sweep(service: MemoryService, tmp_path: Path) -> None:
+    write(tmp_path / "workspaces" / "other", "memory/a.md", "Kayak rental at the lake costs forty dollars.\n")
+    assert await eventually(lambda: service.search("other", "kayak rental lake"), timeout=10)
+
+
+async def test_restart_embeds_nothing_and_keeps_serving(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    uri = tmp_path / "memory.lance"
+    for round_ in range(2):
+        embedder = openai_embedder(openai_server)
+        svc = MemoryService(memory_settings(), {"main": workspace}, uri, clock=clock, embedder=embedder)
+        await svc.start()
+        try:
+            await eventually(lambda svc=svc: svc.ready)
+            if round_ == 1:
+                assert embedding_inputs(openai_server) == []
+            assert await svc.search("main", "dentist Alice")
+        finally:
+            await svc.close()
+            await embedder.close()
+        openai_server.clear()
+
+
+async def test_a_new_identity_rebuilds_and_swaps(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    uri = tmp_path / "memory.lance"
+    first = openai_embedder(openai_server, model="embed-a")
+    svc = MemoryService(memory_settings(), {"main": workspace}, uri, clock=clock, embedder=first)
+    await svc.start()
+    await eventually(lambda: svc.ready)
+    old = svc.status()
+    await svc.close()
+    # same embedder, other chunking: a rebuild that reuses every vector by content hash
+    openai_server.clear()
+    svc = MemoryService(memory_settings(chunk_tokens=100), {"main": workspace}, uri, clock=clock, embedder=first)
+    await svc.start()
+    await eventually(lambda: svc.ready)
+    assert svc.status()["identity"]["chunk_tokens"] == 100 and svc.status()["table"] != old["table"]
+    assert svc.status()["last_run"]["rebuilt"] or svc.status()["chunks"] == old["chunks"]
+    assert embedding_inputs(openai_server) == []
+    await svc.close()
+    # another model with other dimensions: everything re-embedded into a new table
+    second = openai_embedder(openai_server, model="embed-b", dimensions=64)
+    svc = MemoryService(memory_settings(), {"main": workspace}, uri, clock=clock, embedder=second)
+    await svc.start()
+    await eventually(lambda: svc.ready)
+    status = svc.status()
+    assert (status["identity"]["model"], status["identity"]["dimensions"]) == ("embed-b", 64)
+    assert len(list(uri.glob("chunks_*"))) == 1  # the old table is gone
+    assert await svc.search("main", "dentist Alice")
+    await svc.close()
+    await first.close()
+    await second.close()
+
+
+async def test_a_failed_rebuild_keeps_the_old_index_serving(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    uri = tmp_path / "memory.lance"
+    first = openai_embedder(openai_server, model="embed-a")
+    svc = MemoryService(memory_settings(), {"main": workspace}, uri, clock=clock, embedder=first)
+    await svc.start()
+    await eventually(lambda: svc.ready)
+    old_table = svc.status()["table"]
+    await svc.close()
+    await first.close()
+
+    port = openai_server.port
+    second = openai_embedder(openai_server, model="embed-b")
+    await second.start()  # the probe works, then the server goes away
+    await openai_server.close()
+    svc = MemoryService(memory_settings(), {"main": workspace}, uri, clock=clock, embedder=second)
+    await svc.start()
+    try:
+        await eventually(lambda: svc.status()["last_error"])
+        status = svc.status()
+        assert status["table"] == old_table and status["identity"]["model"] == "embed-a"
+        assert "rebuild failed" in status["last_error"]
+        hits = await svc.search("main", "dentist Alice")  # full text of the old table still answers
+        assert hits and hits[0].path == "MEMORY.md"
+        assert len(list(uri.glob("chunks_*"))) == 1
+        async with OpenAIServer(port=port):
+            report = await svc.reindex()
+            assert report.rebuilt and not report.errors
+        assert svc.status()["identity"]["model"] == "embed-b"
+    finally:
+        await svc.close()
+        await second.close()
+
+
+async def test_files_get_and_append(service: MemoryService, workspace: Path) -> None:
+    files = service.list_files("main")
+    assert [f.path for f in files] == ["MEMORY.md", "memory/2026-11-29.md", "memory/projects/garden.md"]
+    assert files[0].size == (workspace / "MEMORY.md").stat().st_size
+    assert service.read_file("main", "MEMORY.md").startswith("# About me")
+    assert await service.get("main", "MEMORY.md", 3, 3) == "My dentist is Doctor Alice Wong on Baker Street."
+    with pytest.raises(BadRequest):
+        service.read_file("main", "../other/MEMORY.md")
+    with pytest.raises(NotFound):
+        await service.get("main", "memory/none.md", None, None)
+
+    result = await service.append_daily("main", "Parking spot is B12.\nParking spot is B12.", today=date(2026, 11, 30))
+    assert (result.path, result.appended, result.skipped) == ("memory/2026-11-30.md", 1, 1)
+    again = await service.append_daily("main", "Parking spot is B12.", today=date(2026, 11, 30))
+    assert again.appended == 0
+    hits = await eventually(lambda: service.search("main", "parking spot"), timeout=10)
+    assert hits[0].citation == "memory/2026-11-30.md#L1-L1"
+    with pytest.raises(BadRequest):
+        await service.append_daily("main", "  \n", today=date(2026, 11, 30))
+
+
+async def test_recency_decay_prefers_recent_daily_logs(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    write(workspace, "memory/2026-01-01.md", "Standup notes: deploy the billing service.\n")
+    write(workspace, "memory/2026-11-28.md", "Standup notes: deploy the billing service!\n")
+    embedder = openai_embedder(openai_server)
+    settings = memory_settings(search={"recency_half_life_days": 30})
+    svc = MemoryService(settings, {"main": workspace}, tmp_path / "db", clock=clock, embedder=embedder)
+    await svc.start()
+    try:
+        await eventually(lambda: svc.ready)
+        hits = await svc.search("main", "standup deploy billing service")
+        assert [h.path for h in hits[:2]] == ["memory/2026-11-28.md", "memory/2026-01-01.md"]
+        assert hits[1].score < hits[0].score / 100
+    finally:
+        await svc.close()
+        await embedder.close()
+
+
+async def test_status_reports_the_index(service: MemoryService) -> None:
+    status = service.status()
+    assert status["ready"] is True
+    assert (status["files"], status["chunks"], status["pending"]) == (3, 4, 0)
+    assert status["identity"]["provider"] == "openai" and status["identity"]["dimensions"] == 256
+    assert status["agents"]["main"] == {"files": 3, "chunks": 4}
+    assert status["last_run"]["finished_at"].startswith("2026-11-30")
+    progress: list[tuple[int, int]] = []
+    report = await service.reindex(force=True, progress=lambda d, t: progress.append((d, t)))
+    assert report.rebuilt and progress[0] == (0, 4) and progress[-1] == (4, 4)
+
+
+async def test_close_is_quick_while_indexing(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    for i in range(50):
+        write(workspace, f"memory/bulk/{i}.md", f"Bulk note {i}.\n")
+    embedder = openai_embedder(openai_server)
+    svc = MemoryService(memory_settings(), {"main": workspace}, tmp_path / "db", clock=clock, embedder=embedder)
+    await svc.start()
+    async with asyncio.timeout(10):
+        await svc.close()
+    await embedder.close()
