@@ -9,6 +9,9 @@ models, so the document and the validation cannot drift apart.
 
 from __future__ import annotations
 
+import copy
+import functools
+import importlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -77,7 +80,8 @@ class Op:
     summary: str
     tag: str
     description: str = ""
-    body: type[BaseModel] | Schema | None = None
+    # a model, "module:Model" for a route module imported only when its route is registered, or a schema
+    body: type[BaseModel] | str | Schema | None = None
     body_required: bool = True
     params: tuple[Param, ...] = ()
     status: int = 200
@@ -230,29 +234,31 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         answer="MemorySearch",
         params=(
             Param("q", "the query", STR, required=True),
-            AGENT,
-            Param("k", "results, 1 to candidates", {"type": "integer"}),
+            Param("agent", "agent id (default main)", STR),
+            Param("k", "how many results, 1 to memory.search.candidates", {"type": "integer", "minimum": 1}),
         ),
-        errors=("invalid_field", "unknown_agent", "memory_not_ready", "embedding_error"),
+        errors=("invalid_field", "memory_not_ready", "embedding_error"),
     ),
-    ("GET", "/v1/memory/files"): Op("Memory files", "memory", params=(AGENT,), errors=("unknown_agent",)),
+    ("GET", "/v1/memory/files"): Op("Memory files", "memory", params=(AGENT,), errors=("invalid_field",)),
     ("GET", "/v1/memory/files/{path}"): Op(
-        "A memory file's text", "memory", params=(AGENT,), errors=("unknown_agent", "memory_file_not_found")
+        "A memory file's text", "memory", params=(AGENT,), errors=("invalid_field", "memory_file_not_found")
     ),
-    ("POST", "/v1/memory/reindex"): Op("Reindex memory", "memory", errors=("memory_not_ready",)),
+    ("POST", "/v1/memory/reindex"): Op(
+        "Reindex memory",
+        "memory",
+        body="gateway.api.memory:ReindexBody",
+        errors=("memory_not_ready", "embedding_error"),
+    ),
     ("GET", "/v1/memory/status"): Op("Memory index state", "memory"),
     ("GET", "/v1/scheduler/jobs"): Op("Scheduled jobs and their next run times", "scheduler"),
+    ("POST", "/v1/scheduler/jobs/{job_id}/run"): Op(
+        "Run a job now", "scheduler", errors=("job_not_found", "job_running", "payload_too_large")
+    ),
     ("POST", "/v1/admin/cleanup"): Op(
-        "Cleanup (answers the actions)",
-        "admin",
-        body={"type": "object", "properties": {"dry_run": {"type": "boolean"}}},
-        body_required=False,
+        "Cleanup (answers the actions)", "admin", body="gateway.api.scheduler:CleanupBody", body_required=False
     ),
     ("POST", "/v1/admin/doctor"): Op(
-        "Consistency checks (answers the actions)",
-        "admin",
-        body={"type": "object", "properties": {"fix": {"type": "boolean"}}},
-        body_required=False,
+        "Consistency checks (answers the actions)", "admin", body="gateway.api.admin:DoctorBody", body_required=False
     ),
     ("GET", "/ui"): Op("The web console", "ui", answer=None, media="text/html"),
 }
@@ -277,6 +283,7 @@ for _store in ("summaries", "tools", "planning"):
 PATH_PARAMS: dict[str, Param] = {
     "key": Param("key", "the session key as ONE percent-encoded segment (`:` as %3A, `/` as %2F)", STR, "path", True),
     "uuid": Param("uuid", "the run id", {"type": "string", "format": "uuid"}, "path", True),
+    "job_id": Param("job_id", "a job id of GET /v1/scheduler/jobs", STR, "path", True),
 }
 PATH_ERRORS = {"key": ("invalid_key",), "uuid": ("run_not_found",)}
 
@@ -369,13 +376,23 @@ def _param(p: Param) -> Schema:
     return {"name": p.name, "in": p.where, "required": p.required, "description": p.description, "schema": p.schema}
 
 
-def _body(body: type[BaseModel] | Schema, schemas: dict[str, Schema]) -> Schema:
+def _body(body: type[BaseModel] | str | Schema, schemas: dict[str, Schema]) -> Schema:
     if isinstance(body, dict):
         return body
-    schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
+    if isinstance(body, str):
+        module, _, name = body.partition(":")
+        body = getattr(importlib.import_module(module), name)
+        assert isinstance(body, type) and issubclass(body, BaseModel), f"{module}:{name} is not a pydantic model"
+    schema = copy.deepcopy(_model_schema(body))
     schemas.update(schema.pop("$defs", {}))
     schemas[body.__name__] = schema
     return {"$ref": f"#/components/schemas/{body.__name__}"}
+
+
+@functools.cache
+def _model_schema(model: type[BaseModel]) -> Schema:
+    """Pydantic's schema generation is most of the build time, and a model never changes."""
+    return model.model_json_schema(ref_template="#/components/schemas/{model}")
 
 
 def _responses(op: Op, errors: set[str], head: bool) -> Schema:
