@@ -5,6 +5,7 @@ turns errors into responses."""
 from __future__ import annotations
 
 import hmac
+import itertools
 import json
 import logging
 import uuid
@@ -23,6 +24,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
 
 REQUEST_ID = web.RequestKey("request_id", str)
+_ID_PREFIX = uuid.uuid4().hex[:12]  # unique per process; a counter makes each request's id cheap
+_ID_COUNTER = itertools.count(1)
 _DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to this, then the connection closes
 
 
@@ -50,7 +53,7 @@ _FRAMEWORK_CODES = {
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    request_id = request.headers.get("X-Request-Id") or f"{_ID_PREFIX}{next(_ID_COUNTER):06x}"
     request[REQUEST_ID] = request_id
     try:
         response = await handler(request)

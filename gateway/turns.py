@@ -35,7 +35,7 @@ from sessions.keys import SessionKey
 from sessions.records import NewMessage, Role, RunState, TaskKey
 from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
-from sessions.tokens import estimate_message, estimate_text
+from sessions.tokens import estimate_text
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ class Conversations:
         self.run_starters: list[Callable[[RunState, Post], Awaitable[list[dict[str, Any]]]]] = []
         self.archive_text: Callable[[str, str], Awaitable[str | None]] | None = None
         self.before_post: list[Callable[[Post], Awaitable[list[dict[str, Any]]]]] = []
+        self.before_append: list[Callable[[RunState, Post, bool], Awaitable[list[dict[str, Any]]]]] = []
         self.compactors = {agent_id: self._compactor(agent_id) for agent_id in settings.agents}
         store.final_summarizer = self._final_summary
 
@@ -243,10 +244,13 @@ class Conversations:
             outcome.events.extend(await check(post))
         async with self.store.lock_for(key):
             run = self.store.active_run(key)
+            new_run = run is None
             if run is not None:
                 self.store.check_writable(run, NewMessage(role=post.role, content=""))
             else:
                 run = await self._start_run(post, outcome)
+            for hook in self.before_append:  # e.g. auto-recall before the first user message
+                outcome.events.extend(await hook(run, post, new_run))
             started = time.perf_counter()
             record = await self.store.append(run, self._new_message(post))
             self.metrics.append_seconds.observe(time.perf_counter() - started)
@@ -356,7 +360,7 @@ class Conversations:
         assert provider is not None
         model = self.model_name(run.key, run.agent_id)
         tools = self.tools.schemas()
-        overhead = estimate_text(agent.system_prompt) + estimate_text(json.dumps(tools))
+        overhead = self.context_overhead(run.agent_id)
         total = Usage()
         started = time.perf_counter()
         rounds = 0
@@ -548,9 +552,11 @@ class Conversations:
         await self.store.ledger.execute(_save)
 
     def context_overhead(self, agent_id: str | None) -> int:
-        """Tokens of the system prompt and tool schemas (counted toward the threshold)."""
+        """Tokens of the system prompt and of the tool schemas the model is sent (none in
+        store-only mode), counted toward the threshold."""
         agent = self.agent(agent_id)
-        return estimate_text(agent.system_prompt) + estimate_message({"content": json.dumps(self.tools.schemas())})
+        tools = estimate_text(json.dumps(self.tools.schemas())) if self.provider(agent_id) else 0
+        return estimate_text(agent.system_prompt) + tools
 
     async def command_line(self, run: RunState, role: Role, text: str) -> dict[str, Any]:
         """Store a chat command or its answer (``command: true``: never sent to the model)."""

@@ -219,6 +219,14 @@ class MemoryService:
         query = query.strip()
         if not query:
             raise BadRequest("q must be a non-empty search query")
+        params = FusionParams(s.vector_weight, s.text_weight, s.min_score, s.min_text_score, s.recency_half_life_days)
+        pool = await self.candidates(agent, query, include_memory_md=include_memory_md)
+        return fuse(pool, params, today=self._clock().date(), k=k)
+
+    async def candidates(self, agent: str, query: str, *, include_memory_md: bool = True) -> list[Candidate]:
+        """Both candidate pools of a query, merged, before fusion and abstention (for evaluation:
+        ``memory.fusion.fuse`` turns them into hits under any weights and thresholds)."""
+        agent = self._agent(agent)
         store = self._store
         assert store is not None, "MemoryService.start() was not awaited"
         table = store.active
@@ -226,14 +234,14 @@ class MemoryService:
             return []
         vector = None
         embedder = self._embedder if self._embedder_ready else None
-        if embedder is not None and store.active_identity is not None and (
-            store.active_identity.embedder == embedder.identity
+        if (
+            embedder is not None
+            and store.active_identity is not None
+            and (store.active_identity.embedder == embedder.identity)
         ):
             vector = (await embedder.embed([query]))[0]
         pools = await self._call(self._pools, table, vector, query, agent, include_memory_md)
-        params = FusionParams(s.vector_weight, s.text_weight, s.min_score, s.min_text_score, s.recency_half_life_days)
-        today = self._clock().date()
-        return fuse(self._merge(pools, vector, query), params, today=today, k=k)
+        return self._merge(pools, vector, query)
 
     def _pools(
         self, table: Any, vector: np.ndarray[Any, Any] | None, query: str, agent: str, include_memory_md: bool

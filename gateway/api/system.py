@@ -24,6 +24,9 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     checks: dict[str, bool] = request.app[K.READY].copy()
+    memory_ready = request.app[K.EXTRAS].get("memory_ready")
+    if memory_ready is not None:
+        checks["memory"] = bool(memory_ready())
     ready = all(checks.values())
     return json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
 

@@ -98,7 +98,7 @@ async def test_tool_calls_are_executed_recorded_and_bounded(
     plans = jsonl(run / "planning.jsonl")
     assert plans == [{**plans[0], "plan_type": "initial", "plan_content": "1. read 2. write"}]
     requests = openai_server.chat_requests
-    assert requests[0].tool_names == ["update_plan"] and requests[2].tool_names == []
+    assert "update_plan" in requests[0].tool_names and requests[2].tool_names == []
     roles = [m["role"] for m in jsonl(run / "messages.jsonl")]
     assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert body["reply"]["seq"] == 6
