@@ -147,10 +147,11 @@ class WatchSettings(Model):
 class SearchSettings(Model):
     top_k: int = Field(6, ge=1)
     candidates: int = Field(100, ge=1)
-    vector_weight: float = Field(0.6, ge=0)
-    text_weight: float = Field(0.4, ge=0)
+    # Defaults chosen by bench/memory_retrieval.py (see docs/memory.md).
+    vector_weight: float = Field(0.7, ge=0)
+    text_weight: float = Field(0.3, ge=0)
     min_score: float = Field(0.35, ge=0, le=1)
-    min_text_score: float = Field(0.5, ge=0, le=1)
+    min_text_score: float = Field(1.0, ge=0, le=1)
     recency_half_life_days: float | None = Field(None, gt=0)
 
 

@@ -1,0 +1,1 @@
+"""The retrieval evaluation's data: generated memories with planted facts and their questions."""
