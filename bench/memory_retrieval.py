@@ -7,7 +7,7 @@ candidate pools once, then scores every configuration offline with the same pure
 service uses (``memory.fusion.fuse``). A hit is right when its line range holds the fact's line.
 
 For each method the weights and thresholds are chosen by a grid search on
-objective = 0.7 × MRR (answerable) + 0.3 × abstention rate (unanswerable); the hybrid winner is
+objective = 0.7 * MRR (answerable) + 0.3 * abstention rate (unanswerable); the hybrid winner is
 what ``config/defaults.yaml`` ships (``memory.search``). Results go to stdout and
 ``bench/out/memory_retrieval.json``.
 """
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nrecall@1/@5/@10 MRR per kind; abstention = share of unanswerable questions with no result")
     header = "".join(f"{k:>24}" for k in ("same", "paraphrase", "japanese", "all answerable"))
     print(f"{'method':<8}{header}{'abstention':>12}")
-    for method, (params, result) in best.items():
+    for method, (_, result) in best.items():
         print(_row(method, result))
     print()
     for method, (params, _) in best.items():

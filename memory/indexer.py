@@ -34,7 +34,7 @@ FileKey = tuple[str, str]  # (agent, relative path)
 Signature = tuple[int, int]  # (mtime_ns, size)
 
 EMBED_BATCH = 32  # chunks per embedding call: small enough that a search waits little behind it
-WRITE_GROUP = 256  # chunks per LanceDB write while indexing
+WRITE_GROUP = 1024  # chunks per LanceDB write while indexing
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,8 @@ class Indexer:
             for c in change.chunks:
                 if c.content_hash not in cached:
                     missing.setdefault(c.content_hash, c.embed_text)
-        order = list(missing)
+        # by length, as model.encode does over a whole corpus: batches of like lengths pad least
+        order = sorted(missing, key=lambda h: len(missing[h]))
         for i in range(0, len(order), EMBED_BATCH):
             part = order[i : i + EMBED_BATCH]
             vectors = await self._embedder.embed([missing[h] for h in part])

@@ -277,14 +277,10 @@ class ChunkStore:
             self._writes = self._rows_since_optimize = 0
         rows = table.count_rows()
         if rows >= ANN_MIN_ROWS and not any(i.index_type.startswith("IVF") for i in table.list_indices()):
+            from lancedb.index import IvfPq
+
             dims = table.schema.field("vector").type.list_size
-            table.create_index(
-                metric="cosine",
-                vector_column_name="vector",
-                index_type="IVF_PQ",
-                num_partitions=max(16, int(rows**0.5)),
-                num_sub_vectors=max(1, dims // 8),
-            )
+            table.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=max(1, dims // 8)))
 
     # --- queries -----------------------------------------------------------------------------
 

@@ -1,0 +1,255 @@
+"""Speed of the memory index: indexing cost vs raw encode, edit cost, search latency, loop lag.
+
+``python -m bench.memory_speed [--quick]``. Every ratio is against a baseline measured in the same
+run on the same machine, with the same torch thread count (1):
+
+1. index a ~1 MB Markdown corpus from scratch (MemoryService.reindex) vs ``model.encode`` of the
+   very same chunk texts (target: at most 1.25x), while a ping coroutine measures event-loop lag
+   (its p99 is printed);
+2. edit one paragraph and reindex: chunks re-embedded (target: at most 3);
+3. search at 20,000 chunks: p95 of ``MemoryService.search`` vs p95 of (raw query encode + raw
+   LanceDB vector query), interleaved (target: at most 2x; the p95 in ms is printed);
+4. the flat vector scan against an IVF-PQ index at that size (why ``ANN_MIN_ROWS`` is what it is).
+
+Results go to stdout and ``bench/out/memory_speed.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lancedb.index import IvfPq
+
+from bench.common import parser, percentile
+from config.settings import MemorySettings
+from memory import MemoryService, SentenceTransformerEmbedder
+from memory.chunking import chunk_markdown
+from memory.sources import discover, file_hash, read_text
+from memory.store import rows_table
+
+OUT = Path(__file__).resolve().parent / "out" / "memory_speed.json"
+WORDS = ["project", "budget", "meeting", "garden", "travel", "kitchen", "server", "backup", "invoice", "review", "schedule", "design", "customer", "release", "deadline", "feedback", "weather", "dinner", "recipe", "training", "doctor", "school", "holiday", "contract", "library", "network", "account", "password", "battery", "camera", "coffee", "planning", "research", "market", "quality", "support", "manager"]
+
+
+def clock() -> datetime:
+    return datetime(2026, 11, 30, tzinfo=UTC)
+
+
+def sentence(rng: random.Random) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(8, 18))]
+    return " ".join(words).capitalize() + "."
+
+
+def paragraph(rng: random.Random) -> str:
+    return " ".join(sentence(rng) for _ in range(rng.randint(2, 6)))
+
+
+def write_corpus(ws: Path, size: int, rng: random.Random) -> int:
+    total = 0
+    i = 0
+    while total < size:
+        parts = [f"# Notes {i}", ""]
+        for s in range(rng.randint(2, 4)):
+            parts += [f"## Section {s}", ""]
+            for _ in range(rng.randint(2, 5)):
+                parts += [paragraph(rng), ""]
+        text = "\n".join(parts)
+        path = ws / "memory" / f"notes-{i:04d}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        total += len(text.encode())
+        i += 1
+    return total
+
+
+async def ping(stop: asyncio.Event, lags: list[float], every: float = 0.005) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        start = loop.time()
+        await asyncio.sleep(every)
+        lags.append(loop.time() - start - every)
+
+
+async def index_and_edit(root: Path, size: int, embedder: SentenceTransformerEmbedder) -> dict[str, Any]:
+    ws = root / "ws"
+    rng = random.Random(1)
+    corpus_bytes = write_corpus(ws, size, rng)
+    settings = MemorySettings.model_validate({"watch": {"poll_seconds": 3600}})
+    # baseline: the same chunks, encoded raw
+    texts: list[str] = []
+    for f in discover(ws):
+        texts += [
+            c.embed_text
+            for c in chunk_markdown(
+                f.rel,
+                read_text(f.abs),
+                chunk_tokens=settings.chunk_tokens,
+                overlap_tokens=settings.overlap_tokens,
+                max_input_tokens=embedder.max_input_tokens,
+                count_model_tokens=embedder.count_tokens,
+            )
+        ]
+    unique = list(dict.fromkeys(texts))
+    t0 = time.perf_counter()
+    await asyncio.to_thread(embedder.encode_sync, unique)
+    raw_s = time.perf_counter() - t0
+
+    service = MemoryService(settings, {"main": ws}, root / "db", clock=clock, embedder=embedder)
+    stop = asyncio.Event()
+    lags: list[float] = []
+    pinger = asyncio.create_task(ping(stop, lags))
+    await service.start()
+    t0 = time.perf_counter()
+    report = await service.reindex()
+    index_s = time.perf_counter() - t0
+    stop.set()
+    await pinger
+    # one-paragraph edit
+    target = sorted((ws / "memory").glob("*.md"))[len(texts) % 7]
+    text = target.read_text()
+    lines = text.split("\n")
+    k = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    lines[k] = lines[k].replace(".", ", edited for the benchmark.", 1)
+    target.write_text("\n".join(lines))
+    edit = await service.reindex()
+    await service.close()
+    return {
+        "corpus_bytes": corpus_bytes,
+        "chunks": len(texts),
+        "unique_chunks": len(unique),
+        "raw_encode_s": raw_s,
+        "index_s": index_s,
+        "index_ratio": index_s / raw_s,
+        "embedded": report.chunks_embedded,
+        "ping_p50_ms": percentile(lags, 50) * 1000,
+        "ping_p99_ms": percentile(lags, 99) * 1000,
+        "ping_max_ms": max(lags) * 1000,
+        "edit_reembedded": edit.chunks_embedded,
+        "edit_s": edit.seconds,
+    }
+
+
+async def search_at_scale(root: Path, rows: int, queries: int, embedder: SentenceTransformerEmbedder) -> dict[str, Any]:
+    ws = root / "ws20k"
+    (ws / "memory").mkdir(parents=True)
+    rng = random.Random(2)
+    base_texts = [paragraph(rng) for _ in range(min(rows, 1000))]
+    base = await embedder.embed(base_texts)
+    service = MemoryService(MemorySettings(), {"main": ws}, root / "db20k", clock=clock, embedder=embedder)
+    await service.start()
+    await service.reindex()
+    store = service._store  # the bench writes synthetic rows straight into the active table
+    assert store is not None and store.active is not None
+    table = store.active
+    dims = base.shape[1]
+    noise = np.random.default_rng(3)
+    per_file = 50
+    batches = []
+    from memory.chunking import Chunk
+
+    for f in range(rows // per_file):
+        chunks, vecs = [], []
+        for j in range(per_file):
+            i = f * per_file + j
+            body = base_texts[i % len(base_texts)] + " " + " ".join(rng.choice(WORDS) for _ in range(6))
+            chunks.append(Chunk(f"memory/bulk-{f:04d}.md", j * 2 + 1, j * 2 + 1, "", body, f"{i:032x}"))
+            v = base[i % len(base)] + noise.normal(0, 0.05, dims).astype(np.float32)
+            vecs.append(v / np.linalg.norm(v))
+        batches.append(rows_table("main", file_hash(str(f)), chunks, np.stack(vecs), dims))
+    await asyncio.to_thread(store.write, table, [], batches)
+    await asyncio.to_thread(lambda: store.maintain(table, force=True))
+    count = await asyncio.to_thread(table.count_rows)
+
+    qs = [sentence(rng) for _ in range(queries)]
+    for q in qs[:5]:  # warm caches
+        await service.search("main", q)
+    ours: list[float] = []
+    base_lat: list[float] = []
+    flat: list[float] = []
+    for q in qs:
+        t0 = time.perf_counter()
+        await service.search("main", q)
+        ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        vec = await asyncio.to_thread(embedder.encode_sync, [q])
+        t1 = time.perf_counter()
+        await asyncio.to_thread(lambda v=vec: table.search(v[0]).distance_type("cosine").limit(100).to_arrow())
+        t2 = time.perf_counter()
+        base_lat.append(t2 - t0)
+        flat.append(t2 - t1)
+    # an IVF-PQ index on the same table: how much it saves at this size
+    t0 = time.perf_counter()
+    await asyncio.to_thread(
+        lambda: table.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=48))
+    )
+    ann_build = time.perf_counter() - t0
+    ann: list[float] = []
+    vecs_q = await asyncio.to_thread(embedder.encode_sync, qs)
+    for v in vecs_q:
+        t0 = time.perf_counter()
+        await asyncio.to_thread(lambda v=v: table.search(v).distance_type("cosine").limit(100).nprobes(20).to_arrow())
+        ann.append(time.perf_counter() - t0)
+    await service.close()
+    return {
+        "rows": count,
+        "search_p50_ms": percentile(ours, 50) * 1000,
+        "search_p95_ms": percentile(ours, 95) * 1000,
+        "baseline_p95_ms": percentile(base_lat, 95) * 1000,
+        "search_ratio": percentile(ours, 95) / percentile(base_lat, 95),
+        "flat_vector_p95_ms": percentile(flat, 95) * 1000,
+        "ivf_pq_p95_ms": percentile(ann, 95) * 1000,
+        "ivf_pq_build_s": ann_build,
+    }
+
+
+async def run(quick: bool) -> dict[str, Any]:
+    embedder = SentenceTransformerEmbedder()  # one torch thread, like the baseline
+    await embedder.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="neotask-memspeed-") as tmp:
+            root = Path(tmp)
+            index = await index_and_edit(root, 100_000 if quick else 1_000_000, embedder)
+            search = await search_at_scale(root, 2_000 if quick else 20_000, 40 if quick else 200, embedder)
+    finally:
+        await embedder.close()
+    return {"index": index, "search": search}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser("python -m bench.memory_speed", __doc__ or "").parse_args(argv)
+    result = asyncio.run(run(args.quick))
+    i, s = result["index"], result["search"]
+    print(f"corpus: {i['corpus_bytes'] / 1e6:.2f} MB, {i['chunks']} chunks ({i['unique_chunks']} distinct)")
+    print(f"raw model.encode of those chunks: {i['raw_encode_s']:.1f} s; full index: {i['index_s']:.1f} s "
+          f"-> ratio {i['index_ratio']:.2f} (target <= 1.25)")  # fmt: skip
+    print(f"event loop during the index: ping lag p50 {i['ping_p50_ms']:.1f} ms, p99 {i['ping_p99_ms']:.1f} ms, "
+          f"max {i['ping_max_ms']:.1f} ms")  # fmt: skip
+    print(f"one-paragraph edit: {i['edit_reembedded']} chunk(s) re-embedded in {i['edit_s']:.2f} s (target <= 3)")
+    print(f"search at {s['rows']} chunks: p50 {s['search_p50_ms']:.1f} ms, p95 {s['search_p95_ms']:.1f} ms; "
+          f"raw encode + raw LanceDB query p95 {s['baseline_p95_ms']:.1f} ms -> ratio {s['search_ratio']:.2f} "
+          f"(target <= 2)")  # fmt: skip
+    print(f"vector query alone at {s['rows']} rows: flat scan p95 {s['flat_vector_p95_ms']:.1f} ms, "
+          f"IVF-PQ p95 {s['ivf_pq_p95_ms']:.1f} ms (built in {s['ivf_pq_build_s']:.1f} s)")  # fmt: skip
+    checks = {
+        "index <= 1.25x raw encode": i["index_ratio"] <= 1.25,
+        "edit re-embeds <= 3 chunks": i["edit_reembedded"] <= 3,
+        "search p95 <= 2x baseline": s["search_ratio"] <= 2.0,
+    }
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2))
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
