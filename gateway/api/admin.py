@@ -1,0 +1,27 @@
+"""Administration: consistency checks over the home (``POST /v1/admin/doctor``)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict
+
+from gateway import keys as K
+from gateway.http import json_response, parse_body
+from sessions.doctor import check_store
+
+routes = web.RouteTableDef()
+
+
+class DoctorBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    fix: bool = False
+
+
+@routes.post("/v1/admin/doctor")
+async def doctor(request: web.Request) -> web.Response:
+    """Every finding as ``{check, severity, detail, fix, fixed}``; with ``fix: true`` the safe
+    fixes are applied and marked ``fixed``."""
+    config = request.app[K.CONFIG]
+    body = await parse_body(request, DoctorBody, config.settings.gateway.max_body_bytes)
+    findings = await check_store(request.app[K.STORE], fix=body.fix)
+    return json_response({"actions": [f.as_dict() for f in findings]})

@@ -1,0 +1,472 @@
+"""The ``neotask`` command (SPEC section 10).
+
+When a daemon runs on the home (``gateway.json`` present and the lock held) the CLI calls its
+HTTP API; otherwise it takes the lock itself and works on the files (``gateway.offline``).
+Readable tables by default (full run ids), ``--json`` prints the API's JSON. Exit status: 0 on
+success, 1 on an error (``error: <code>: <message>``), 2 on bad usage, 3 from ``gateway status``
+when no gateway runs, 73 when a second daemon is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from config.errors import ConfigError, NeotaskError
+from config.loader import LoadedConfig, load_config, resolve_home
+from gateway import offline
+from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
+from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked, read_gateway_json
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_RUNNING = 3
+STOP_WAIT_S = 15.0
+REDACTED = "***"
+
+
+# -- context shared by the commands -----------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    env: Mapping[str, str]
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    _config: LoadedConfig | None = None
+
+    @property
+    def home(self) -> Path:
+        return resolve_home(getattr(self.args, "home", None), self.env)
+
+    @property
+    def as_json(self) -> bool:
+        return bool(getattr(self.args, "json", False))
+
+    @property
+    def config(self) -> LoadedConfig:
+        if self._config is None:
+            self._config = load_config(
+                env=self.env, home=getattr(self.args, "home", None), config_path=getattr(self.args, "config", None)
+            )
+        return self._config
+
+    def gateway_info(self) -> dict[str, Any] | None:
+        """``gateway.json`` of a daemon that holds the lock now (a stale file counts as none)."""
+        info = read_gateway_json(self.home)
+        if info is None or not is_locked(self.home / "gateway.lock"):
+            return None
+        return info
+
+    def client(self) -> GatewayClient | None:
+        info = self.gateway_info()
+        if info is None or not info.get("url"):
+            return None
+        return GatewayClient(str(info["url"]), token=self.token())
+
+    def token(self) -> str | None:
+        explicit = getattr(self.args, "token", None) or self.env.get("NEOTASK_TOKEN")
+        if explicit:
+            return str(explicit)
+        tokens = self.config.settings.gateway.tokens
+        return tokens[0] if tokens else None
+
+    def print(self, text: str = "") -> None:
+        print(text, file=self.out)
+
+    def print_json(self, data: Any) -> None:
+        print(json.dumps(data, ensure_ascii=False, indent=2), file=self.out)
+
+
+Handler = Callable[[Context], int]
+
+
+# -- the parser ------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # SUPPRESS: a subcommand's default must not overwrite a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", default=argparse.SUPPRESS, help="the home (default NEOTASK_HOME or ~/.neotask)")
+    common.add_argument("--config", default=argparse.SUPPRESS, help="config file (default <home>/config.yaml)")
+    api = argparse.ArgumentParser(add_help=False)
+    api.add_argument("--token", default=argparse.SUPPRESS, help="bearer token (default NEOTASK_TOKEN, config)")
+    api.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    both = [common, api]
+
+    parser = argparse.ArgumentParser(prog="neotask", description="Neotask gateway for LLM agents")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gateway = commands.add_parser("gateway", parents=[common], help="run the gateway, or status|stop")
+    gateway.add_argument("--host", default=None, help="listen address (default gateway.host)")
+    gateway.add_argument("--port", type=int, default=None, help="listen port, 0 = any free port")
+    gateway.set_defaults(handler=cmd_gateway_run)
+    gateway_actions = gateway.add_subparsers(dest="action", metavar="ACTION")
+    gateway_actions.add_parser("status", parents=both, help="is a gateway running here").set_defaults(
+        handler=cmd_gateway_status
+    )
+    gateway_actions.add_parser("stop", parents=both, help="stop the running gateway (SIGTERM)").set_defaults(
+        handler=cmd_gateway_stop
+    )
+
+    sessions = commands.add_parser("sessions", help="list and manage sessions")
+    actions = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", parents=both, help="sessions, newest activity first")
+    listing.add_argument("--agent")
+    listing.add_argument("--type", choices=offline.CHAT_TYPES)
+    listing.add_argument("--status", choices=offline.STATUSES)
+    listing.add_argument("--limit", type=int, default=50)
+    listing.set_defaults(handler=cmd_sessions_list)
+    for name, handler, text in (
+        ("show", cmd_sessions_show, "one session"),
+        ("reset", cmd_sessions_reset, "complete the active run; the next one inherits its summary"),
+        ("delete", cmd_sessions_delete, "complete the active run and remove the session"),
+    ):
+        sub = actions.add_parser(name, parents=both, help=text)
+        sub.add_argument("key")
+        sub.set_defaults(handler=handler)
+    compact = actions.add_parser("compact", parents=both, help="compact the context now (/compact)")
+    compact.add_argument("key")
+    compact.add_argument("instructions", nargs="*", help="what the summary should focus on")
+    compact.set_defaults(handler=cmd_sessions_compact)
+
+    config = commands.add_parser("config", help="check or show the configuration")
+    config_actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    check = config_actions.add_parser("check", parents=both, help="validate the configuration")
+    check.set_defaults(handler=cmd_config_check)
+    show = config_actions.add_parser("show", parents=both, help="the effective configuration (tokens redacted)")
+    show.set_defaults(handler=cmd_config_show)
+
+    doctor = commands.add_parser("doctor", parents=both, help="consistency checks over the home")
+    doctor.add_argument("--fix", action="store_true", help="apply the safe fixes")
+    doctor.set_defaults(handler=cmd_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ctx = Context(args, dict(os.environ))
+    handler: Handler = args.handler
+    try:
+        return handler(ctx)
+    except ApiError as exc:
+        return _fail(f"{exc.code}: {exc.message}")
+    except Unreachable as exc:
+        return _fail(str(exc))
+    except ConfigError as exc:
+        return _fail(exc.message)
+    except NeotaskError as exc:
+        return _fail(f"{exc.code}: {exc.message}")
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+# -- gateway ---------------------------------------------------------------------------------------
+
+
+def cmd_gateway_run(ctx: Context) -> int:
+    """Take the lock before loading anything, so a second daemon is refused at once."""
+    lock = HomeLock(ctx.home / "gateway.lock")
+    try:
+        lock.acquire()
+    except HomeLocked as exc:
+        print(exc.message, file=sys.stderr)
+        return EXIT_LOCKED
+    try:
+        config = ctx.config
+    except ConfigError as exc:
+        lock.release()
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    from gateway.daemon import run_daemon  # the app (and the model client) load only for the daemon
+
+    return run_daemon(config, host=ctx.args.host, port=ctx.args.port, env=ctx.env, lock=lock)
+
+
+def cmd_gateway_status(ctx: Context) -> int:
+    info = ctx.gateway_info()
+    if info is None:
+        if ctx.as_json:
+            ctx.print_json({"running": False, "home": str(ctx.home)})
+        else:
+            ctx.print(f"gateway not running (home {ctx.home})")
+        return EXIT_NOT_RUNNING
+    client = GatewayClient(str(info.get("url")), timeout_s=5)
+    try:
+        client.get("/healthz")
+        healthy = True
+    except (ApiError, Unreachable):
+        healthy = False
+    try:
+        ready = client.get("/readyz")
+    except ApiError as exc:
+        ready = {"ready": False, "error": exc.message}
+    except Unreachable:
+        ready = {"ready": False}
+    status = {"running": True, **info, "healthy": healthy, "ready": ready}
+    if ctx.as_json:
+        ctx.print_json(status)
+        return EXIT_OK
+    rows = [(name, str(info.get(name, "-"))) for name in ("pid", "url", "started_at", "home", "version")]
+    checks = ready.get("checks") if isinstance(ready, dict) else None
+    rows.append(("healthy", "yes" if healthy else "no"))
+    rows.append(("ready", "yes" if isinstance(ready, dict) and ready.get("ready") else "no"))
+    if isinstance(checks, dict):
+        rows.extend((f"  {name}", "ok" if ok else "not ready") for name, ok in checks.items())
+    ctx.print("gateway running")
+    ctx.print(_pairs(rows))
+    return EXIT_OK
+
+
+def cmd_gateway_stop(ctx: Context) -> int:
+    info = ctx.gateway_info()
+    lock_file = ctx.home / "gateway.lock"
+    if info is None:
+        ctx.print_json({"stopped": False, "running": False}) if ctx.as_json else ctx.print("gateway not running")
+        return EXIT_OK
+    pid = int(info["pid"])
+    try:
+        holder = lock_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        holder = ""
+    if holder != str(pid):
+        return _fail(f"gateway.json names pid {pid} but the lock is held by pid {holder or '?'}; not signalling")
+    with contextlib.suppress(ProcessLookupError):  # it exited meanwhile: wait for the lock below
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while is_locked(lock_file):
+        if time.monotonic() > deadline:
+            return _fail(f"the gateway (pid {pid}) did not stop within {STOP_WAIT_S:.0f} s")
+        time.sleep(0.05)
+    if ctx.as_json:
+        ctx.print_json({"stopped": True, "pid": pid})
+    else:
+        ctx.print(f"gateway stopped (pid {pid})")
+    return EXIT_OK
+
+
+# -- sessions --------------------------------------------------------------------------------------
+
+
+def cmd_sessions_list(ctx: Context) -> int:
+    args = ctx.args
+    client = ctx.client()
+    if client is not None:
+        body = client.get("/v1/sessions", agent=args.agent, type=args.type, status=args.status, limit=args.limit)
+    else:
+        body = offline.list_sessions(
+            ctx.config, agent=args.agent, chat_type=args.type, status=args.status, limit=args.limit
+        )
+    if ctx.as_json:
+        ctx.print_json(body)
+        return EXIT_OK
+    sessions = body.get("sessions", [])
+    if not sessions:
+        ctx.print("no sessions")
+        return EXIT_OK
+    header = ("KEY", "STATUS", "RUN", "TYPE", "AGENT", "MESSAGES", "TOKENS", "LAST ACTIVITY")
+    rows = [
+        (
+            s["key"],
+            s.get("status") or "-",
+            s.get("run_id") or "-",
+            s.get("chat_type") or "-",
+            s.get("agent_id") or "-",
+            str(s.get("message_count", 0)),
+            _tokens(s),
+            s.get("last_interaction_at") or "-",
+        )
+        for s in sessions
+    ]
+    ctx.print(_table(header, rows))
+    if body.get("next_cursor"):
+        ctx.print("(more sessions: raise --limit, up to 500)")
+    return EXIT_OK
+
+
+def cmd_sessions_show(ctx: Context) -> int:
+    key = ctx.args.key
+    client = ctx.client()
+    body = client.get(f"/v1/sessions/{key_segment(key)}") if client else offline.show_session(ctx.config, key)
+    if ctx.as_json:
+        ctx.print_json(body)
+        return EXIT_OK
+    names = ("key", "status", "run_id", "last_run_id", "agent_id", "chat_type", "channel", "label", "pinned",
+             "created_at", "started_at", "last_interaction_at", "message_count")  # fmt: skip
+    usage = body.get("tokens") or {}
+    rows = [(name, _text(body.get(name))) for name in names]
+    rows += [
+        ("tokens", _tokens(body)),
+        ("usage", "input {} / output {} / cache read {} / cache write {}".format(
+            *(usage.get(k, 0) for k in ("input", "output", "cache_read", "cache_write")))),
+        *((name, _text(body.get(name))) for name in ("compactions", "next_reset", "model")),
+    ]  # fmt: skip
+    if body.get("settings"):
+        rows.append(("settings", json.dumps(body["settings"], ensure_ascii=False)))
+    ctx.print(_pairs(rows))
+    return EXIT_OK
+
+
+def cmd_sessions_reset(ctx: Context) -> int:
+    key = ctx.args.key
+    client = ctx.client()
+    if client is None:
+        body = offline.reset_session(ctx.config, key)
+        completed = body["completed_run_id"]
+    else:
+        client.get(f"/v1/sessions/{key_segment(key)}")  # an unknown key is an error, not a no-op
+        body = client.post(f"/v1/sessions/{key_segment(key)}/commands", {"command": "/reset"})
+        completed = next((e.get("previous_run_id") for e in body.get("events", []) if e.get("type") == "reset"), None)
+    if ctx.as_json:
+        ctx.print_json(body)
+    elif completed:
+        ctx.print(f"reset {key}: completed run {completed}; the next message starts a new run")
+    else:
+        ctx.print(f"reset {key}: no active run; the next message starts a new run")
+    return EXIT_OK
+
+
+def cmd_sessions_compact(ctx: Context) -> int:
+    key = ctx.args.key
+    command = " ".join(["/compact", *ctx.args.instructions])
+    client = ctx.client()
+    if client is None:
+        body = offline.run_command(ctx.config, key, command, ctx.env)
+    else:
+        client.get(f"/v1/sessions/{key_segment(key)}")
+        body = client.post(f"/v1/sessions/{key_segment(key)}/commands", {"command": command})
+    if ctx.as_json:
+        ctx.print_json(body)
+    else:
+        ctx.print((body.get("reply") or {}).get("content") or "done")
+    return EXIT_OK
+
+
+def cmd_sessions_delete(ctx: Context) -> int:
+    key = ctx.args.key
+    client = ctx.client()
+    body = client.delete(f"/v1/sessions/{key_segment(key)}") if client else offline.delete_session(ctx.config, key)
+    if ctx.as_json:
+        ctx.print_json(body)
+    else:
+        completed = body.get("completed_run_id")
+        ctx.print(f"deleted {key}" + (f" (completed run {completed})" if completed else ""))
+    return EXIT_OK
+
+
+# -- config ----------------------------------------------------------------------------------------
+
+
+def cmd_config_check(ctx: Context) -> int:
+    try:
+        config = ctx.config
+    except ConfigError as exc:
+        if ctx.as_json:
+            ctx.print_json({"ok": False, "error": exc.message})
+        else:
+            print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    source = str(config.config_path) if config.config_path else "defaults only (no config file)"
+    if ctx.as_json:
+        ctx.print_json({"ok": True, "config_path": source, "home": str(config.home), "warnings": config.warnings})
+        return EXIT_OK
+    ctx.print(f"OK: {source}")
+    for warning in config.warnings:
+        ctx.print(f"warning: {warning}")
+    return EXIT_OK
+
+
+def cmd_config_show(ctx: Context) -> int:
+    config = ctx.config
+    data = redacted(config.settings.model_dump(mode="json"))
+    if ctx.as_json:
+        ctx.print_json(data)
+        return EXIT_OK
+    ctx.print(f"# effective configuration (home {config.home}, file {config.config_path or 'none'})")
+    ctx.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
+    return EXIT_OK
+
+
+def redacted(data: dict[str, Any]) -> dict[str, Any]:
+    gateway = data.get("gateway")
+    if isinstance(gateway, dict) and gateway.get("tokens"):
+        gateway["tokens"] = [REDACTED for _ in gateway["tokens"]]
+    return data
+
+
+# -- doctor ----------------------------------------------------------------------------------------
+
+
+def cmd_doctor(ctx: Context) -> int:
+    fix = bool(ctx.args.fix)
+    client = ctx.client()
+    body = client.post("/v1/admin/doctor", {"fix": fix}) if client else offline.run_doctor(ctx.config, fix=fix)
+    if ctx.as_json:
+        ctx.print_json(body)
+        return EXIT_OK
+    actions = body.get("actions", [])
+    if not actions:
+        ctx.print("no problems found")
+        return EXIT_OK
+    header = ("CHECK", "SEVERITY", "DETAIL", "FIXED" if fix else "FIX (--fix)")
+    rows = [
+        (a["check"], a["severity"], a["detail"], ("yes" if a.get("fixed") else "no") if fix else (a.get("fix") or "-"))
+        for a in actions
+    ]
+    ctx.print(_table(header, rows))
+    fixed = sum(1 for a in actions if a.get("fixed"))
+    ctx.print(f"{len(actions)} finding(s)" + (f", {fixed} fixed" if fix else ""))
+    return EXIT_OK
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns as wide as their longest cell: nothing is ever truncated."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _pairs(rows: Sequence[tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _tokens(session: Mapping[str, Any]) -> str:
+    tokens = session.get("tokens")
+    if isinstance(tokens, dict):
+        return f"{tokens.get('context', 0)}/{tokens.get('threshold', '?')}"
+    return str(session.get("context_tokens", 0))
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

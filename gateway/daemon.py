@@ -1,0 +1,226 @@
+"""Running the gateway as a process (SPEC section 2, start-up order and SIGTERM).
+
+Order: take the home lock (a second daemon exits 73 before loading anything), refuse a public
+address without tokens, build the app and open its cleanup contexts (the store recovers every
+active run), bind, and only then write ``gateway.json`` and print where it listens. SIGTERM or
+SIGINT: stop accepting, let in-flight requests finish, close the cleanup contexts (sessions.json
+flushed), remove ``gateway.json``, release the lock, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import logging.handlers
+import os
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from config.clock import iso, system_clock
+from config.loader import LoadedConfig
+from gateway.app import create_app
+from sessions.jsonl import write_json_atomic
+from sessions.layout import Home
+from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
+
+log = logging.getLogger(__name__)
+
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+CLEANUP_RESERVE_S = 2.0  # of gateway.shutdown_timeout_s, kept for closing the store after requests
+WATCHDOG_MARGIN_S = 0.25  # the process is forced out this long before gateway.shutdown_timeout_s
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def version() -> str:
+    try:
+        return metadata.version("neotask")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def url_for(host: str, port: int) -> str:
+    """The URL a local client uses: a wildcard address is reached through loopback."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def describe_models(config: LoadedConfig) -> str:
+    models = [
+        agent.model.name if agent_id == "main" else f"{agent_id}={agent.model.name}"
+        for agent_id, agent in config.settings.agents.items()
+        if agent.model.base_url
+    ]
+    return f"model {', '.join(models)}" if models else "store-only"
+
+
+def run_daemon(
+    config: LoadedConfig,
+    *,
+    host: str | None,
+    port: int | None,
+    env: Mapping[str, str],
+    lock: HomeLock | None = None,
+) -> int:
+    """Run the gateway until SIGTERM or SIGINT; the process's exit status. ``lock`` is the home
+    lock when the caller took it already (before loading the configuration)."""
+    home = Home(config.home)
+    if lock is None:
+        lock = HomeLock(home.lock_file)
+        try:
+            lock.acquire()
+        except HomeLocked as exc:
+            print(exc.message, file=sys.stderr, flush=True)
+            return EXIT_LOCKED
+    try:
+        _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
+        gateway = config.settings.gateway
+        bind_host = host if host is not None else gateway.host
+        bind_port = port if port is not None else gateway.port
+        if not gateway.tokens and not is_loopback(bind_host):
+            print(
+                f"error: refusing to listen on {bind_host} without a token: set gateway.tokens "
+                "(or NEOTASK_GATEWAY__TOKENS='[secret]'), or listen on 127.0.0.1",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_REFUSED
+        with _logging_to(home):
+            for warning in config.warnings:
+                log.warning(warning)
+            try:
+                return asyncio.run(_serve(config, bind_host, bind_port, env))
+            finally:
+                # Shut down already: a repeated signal while the process exits must not kill it.
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(signum, signal.SIG_IGN)
+    finally:
+        lock.release()
+
+
+async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, str]) -> int:
+    home = Home(config.home)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    timeout = config.settings.gateway.shutdown_timeout_s
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.info("%s again: already shutting down", signal.Signals(signum).name)
+            return
+        log.info("%s: shutting down", signal.Signals(signum).name)
+        stop.set()
+        _watchdog(home, timeout - WATCHDOG_MARGIN_S)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
+    app = create_app(config, clock=system_clock, env=env)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
+    try:
+        await runner.setup()  # cleanup contexts open here: the store recovers every active run
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("cannot listen on %s port %d: %s", host, port, exc.strerror or exc)
+            return EXIT_FAILED
+        bound_port = _bound_port(runner.addresses, port)
+        url = url_for(host, bound_port)
+        info = {
+            "pid": os.getpid(),
+            "url": url,
+            "started_at": iso(system_clock()),
+            "home": str(home.root),
+            "version": version(),
+        }
+        await asyncio.to_thread(write_json_atomic, home.gateway_json, info)
+        shown = f"http://[{host}]:{bound_port}" if ":" in host else f"http://{host}:{bound_port}"
+        print(f"neotask gateway listening on {shown} (home {home.root}, {describe_models(config)})", flush=True)
+        log.info("listening on %s (pid %d)", url, os.getpid())
+        await stop.wait()
+    finally:
+        await runner.cleanup()  # stop accepting, wait for in-flight requests, close the store
+        await asyncio.to_thread(_remove, home.gateway_json)
+    log.info("stopped")
+    return 0
+
+
+def _watchdog(home: Home, after_s: float) -> None:
+    """The exit deadline holds even when a cleanup hangs (e.g. a model load that cannot be
+    interrupted): acknowledged messages are durable already, and the next start recovers."""
+
+    def force_exit() -> None:
+        sys.stderr.write(f"error: shutdown did not finish within {after_s:.1f} s: exiting now\n")
+        sys.stderr.flush()
+        _remove(home.gateway_json)
+        os._exit(EXIT_FAILED)
+
+    timer = threading.Timer(max(after_s, 0.1), force_exit)
+    timer.daemon = True
+    timer.start()
+
+
+def _bound_port(addresses: list[Any], requested: int) -> int:
+    for address in addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return requested
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+@contextlib.contextmanager
+def _logging_to(home: Home) -> Iterator[None]:
+    """Log to stderr and ``<home>/logs/gateway.log`` through a queue, so the event loop never
+    waits on a log write."""
+    home.logs.mkdir(parents=True, exist_ok=True)
+    formatter = logging.Formatter(LOG_FORMAT)
+    stderr = logging.StreamHandler(sys.stderr)
+    file = logging.FileHandler(home.logs / "gateway.log", encoding="utf-8")
+    for handler in (stderr, file):
+        handler.setFormatter(formatter)
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, stderr, file, respect_handler_level=True)
+    root = logging.getLogger()
+    queue_handler = logging.handlers.QueueHandler(records)
+    previous_level = root.level
+    root.addHandler(queue_handler)
+    root.setLevel(logging.INFO)
+    listener.start()
+    try:
+        yield
+    finally:
+        root.removeHandler(queue_handler)
+        root.setLevel(previous_level)
+        listener.stop()
+        file.close()

@@ -1,0 +1,531 @@
+"""Consistency checks over a home (``neotask doctor``, ``POST /v1/admin/doctor``).
+
+Three steps: take a ``Snapshot`` (run folders, tasks.db rows, sessions.json entries, stray temp
+files), ``diagnose`` it (pure: a list of ``Finding``), and, when asked, apply the safe fixes. The
+snapshot and the fixes come in two flavours: over the files (``check_home``: no daemon, the caller
+holds the home lock) and over an open ``SessionStore`` (``check_store``: inside the daemon, whose
+in-memory state is the truth for active runs and entries). Fixes follow what start-up recovery
+does: the folders are the truth, tasks.db and sessions.json follow them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from config.clock import iso
+from sessions import layout
+from sessions.layout import FOLDERS, Home, folder_for
+from sessions.ledger import Ledger
+from sessions.registry import SessionEntry, SessionRegistry
+from sessions.store import SessionStore
+
+Severity = Literal["error", "warning", "info"]
+FixKind = Literal["insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp"]
+ACTIVE = ("running", "paused")
+LOST = "run folder missing"  # error_message of a run settled without its folder (as recovery writes it)
+ONLINE_MIN_AGE_S = 60.0  # inside the daemon, younger files may belong to a write in progress
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    run_id: str
+    state: str  # running | paused | completed
+    metadata: dict[str, Any] | None  # None when metadata.json is missing or unreadable
+    young: bool = False  # changed within the last moments: may be a lifecycle change in progress
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    folders: tuple[RunFolder, ...]
+    rows: Mapping[str, Mapping[str, Any]]  # uuid -> tasks.db row (status, session_key, ...)
+    entries: Mapping[str, str | None]  # key -> run_id
+    tmp_files: tuple[str, ...] = ()  # relative to the home
+    archives: frozenset[str] = frozenset()  # run ids with an archive file
+    live: frozenset[str] | None = None  # inside the daemon: the runs its store holds as active
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    severity: Severity
+    detail: str
+    fix: str | None  # what --fix does; None when it needs a person
+    kind: FixKind | None = None
+    run_id: str | None = None
+    key: str | None = None
+    path: str | None = None
+    status: str | None = None  # the status a row or entry is set to
+    fixed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"check": self.check, "severity": self.severity, "detail": self.detail, "fix": self.fix}
+        for name in ("run_id", "key", "path"):
+            if getattr(self, name) is not None:
+                body[name] = getattr(self, name)
+        body["fixed"] = self.fixed
+        return body
+
+
+# -- the checks (pure) ------------------------------------------------------------------------------
+
+
+def diagnose(snap: Snapshot) -> list[Finding]:
+    findings: list[Finding] = []
+    by_run: dict[str, list[RunFolder]] = {}
+    for folder in snap.folders:
+        by_run.setdefault(folder.run_id, []).append(folder)
+    active_runs: dict[str, RunFolder] = {}
+    ambiguous = set()
+    for run_id, places in sorted(by_run.items()):
+        if len(places) > 1:
+            ambiguous.add(run_id)
+            states = ", ".join(sorted(p.state for p in places))
+            findings.append(
+                Finding("duplicate_folder", "error", f"run {run_id} has folders in {states}", None, run_id=run_id)
+            )
+            continue
+        folder = places[0]
+        if folder.state in ACTIVE:
+            active_runs[run_id] = folder
+        if not folder.young:
+            findings.extend(_check_folder(folder, snap.rows.get(run_id), snap.live))
+    findings.extend(_check_rows(snap, by_run))
+    if snap.live is not None:
+        active_runs = {rid: f for rid, f in active_runs.items() if rid in snap.live}
+    findings.extend(_check_entries(snap, active_runs, ambiguous))
+    findings.extend(
+        Finding(
+            "stray_tmp",
+            "info",
+            f"{path} is a temp file left by an interrupted write",
+            "delete it",
+            kind="remove_tmp",
+            path=path,
+        )
+        for path in snap.tmp_files
+    )
+    return findings
+
+
+def _check_folder(folder: RunFolder, row: Mapping[str, Any] | None, live: frozenset[str] | None) -> list[Finding]:
+    run_id = folder.run_id
+    where = f"{folder.state}/{run_id}"
+    if folder.metadata is None:
+        return [Finding("unreadable_metadata", "error", f"{where} has no readable metadata.json", None, run_id=run_id)]
+    if live is not None and folder.state in ACTIVE and run_id not in live:
+        return [
+            Finding(
+                "unrecovered_folder",
+                "warning",
+                f"run folder {where} is not held by the running gateway",
+                None,
+                run_id=run_id,
+            )
+        ]
+    if row is None:
+        return [
+            Finding(
+                "orphan_folder",
+                "warning",
+                f"run folder {where} has no tasks.db row",
+                f"insert its tasks.db row from metadata.json with status {folder.state}",
+                kind="insert_row",
+                run_id=run_id,
+                status=folder.state,
+            )
+        ]
+    if folder_for(str(row["status"])) != folder.state:
+        return [
+            Finding(
+                "wrong_state_folder",
+                "warning",
+                f"run {run_id} is {row['status']} in tasks.db but its folder is in {folder.state}/",
+                f"set its tasks.db status to {folder.state} (the folder is the truth)",
+                kind="set_row_status",
+                run_id=run_id,
+                status=folder.state,
+            )
+        ]
+    return []
+
+
+def _check_rows(snap: Snapshot, by_run: Mapping[str, list[RunFolder]]) -> list[Finding]:
+    findings = []
+    for run_id, row in sorted(snap.rows.items()):
+        if run_id in by_run:
+            continue
+        if row["status"] in ACTIVE:
+            findings.append(
+                Finding(
+                    "missing_folder",
+                    "error",
+                    f"tasks.db says run {run_id} is {row['status']} but it has no run folder",
+                    "mark the run failed in tasks.db ('run folder missing')",
+                    kind="settle_row",
+                    run_id=run_id,
+                    status="failed",
+                )
+            )
+        elif run_id not in snap.archives and row.get("error_message") != LOST:
+            findings.append(
+                Finding(
+                    "missing_folder",
+                    "warning",
+                    f"run {run_id} is {row['status']} but neither its folder nor its archive exists",
+                    None,
+                    run_id=run_id,
+                )
+            )
+    return findings
+
+
+def _check_entries(snap: Snapshot, active_runs: Mapping[str, RunFolder], ambiguous: set[str]) -> list[Finding]:
+    findings = []
+    pointed = {run_id for run_id in snap.entries.values() if run_id}
+    for key, run_id in sorted(snap.entries.items()):
+        if run_id is not None and run_id not in active_runs and run_id not in ambiguous:
+            findings.append(
+                Finding(
+                    "stale_entry",
+                    "warning",
+                    f"sessions.json entry {key!r} points at run {run_id}, which is not active",
+                    "set the entry idle (run_id null), keeping its settings",
+                    kind="idle_entry",
+                    key=key,
+                    run_id=run_id,
+                )
+            )
+    for run_id, folder in sorted(active_runs.items()):
+        key = str((folder.metadata or {}).get("session_key") or "")
+        if run_id in pointed or not key:
+            continue
+        findings.append(
+            Finding(
+                "missing_entry",
+                "warning",
+                f"active run {run_id} of {key!r} has no sessions.json entry pointing at it",
+                f"point the entry of {key!r} at the run",
+                kind="point_entry",
+                key=key,
+                run_id=run_id,
+                status=folder.state,
+            )
+        )
+    return findings
+
+
+# -- reading a home -------------------------------------------------------------------------------
+
+
+def scan_folders(home: Home, *, min_age_s: float = 0.0, now: float | None = None) -> tuple[RunFolder, ...]:
+    """Every run folder (blocking). Folders changed within ``min_age_s`` are marked young and
+    judged only as present: a run being created has its folder before its tasks.db row."""
+    now = time.time() if now is None else now
+    found = []
+    for state in FOLDERS:
+        base = home.folder(state)
+        try:
+            children = sorted(os.scandir(base), key=lambda e: e.name)
+        except FileNotFoundError:
+            continue
+        for child in children:
+            if not child.is_dir():
+                continue
+            stat = child.stat()
+            young = now - stat.st_mtime < min_age_s
+            found.append(RunFolder(child.name, state, _read_metadata(Path(child.path)), young))
+    return tuple(found)
+
+
+def _read_metadata(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / layout.METADATA).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def scan_tmp(home: Home, *, min_age_s: float = 0.0, now: float | None = None) -> tuple[str, ...]:
+    """Temp files of atomic rewrites (``.<name>.tmp``) under the home and contexts/ (blocking)."""
+    now = time.time() if now is None else now
+    found = []
+    roots = [(home.root, False), (home.contexts, True)]
+    for root, recursive in roots:
+        walker = os.walk(root) if recursive else [(str(root), [], _files(root))]
+        for folder, _, names in walker:
+            for name in names:
+                if not name.endswith(".tmp"):
+                    continue
+                path = Path(folder) / name
+                try:
+                    if now - path.stat().st_mtime < min_age_s:
+                        continue
+                except FileNotFoundError:
+                    continue
+                found.append(str(path.relative_to(home.root)))
+    return tuple(sorted(found))
+
+
+def _files(folder: Path) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(folder) if e.is_file()]
+    except FileNotFoundError:
+        return []
+
+
+def scan_archives(home: Home) -> frozenset[str]:
+    try:
+        return frozenset(n.removesuffix(".tar.gz") for n in os.listdir(home.archive) if n.endswith(".tar.gz"))
+    except FileNotFoundError:
+        return frozenset()
+
+
+def read_rows(db: Path) -> dict[str, dict[str, Any]]:
+    """tasks.db rows by uuid (blocking; no migration, nothing written)."""
+    if not db.exists():
+        return {}
+    conn = sqlite3.connect(db)
+    try:
+        conn.row_factory = sqlite3.Row
+        return {r["uuid"]: dict(r) for r in conn.execute("SELECT * FROM tasks")}
+    except sqlite3.OperationalError:  # no tasks table yet: an empty ledger
+        return {}
+    finally:
+        conn.close()
+
+
+# -- fixes -----------------------------------------------------------------------------------------
+
+LedgerFix = Callable[[sqlite3.Connection], None]
+
+
+def ledger_fix(finding: Finding, folders: Mapping[str, RunFolder], now: str) -> LedgerFix | None:
+    """The SQL a finding's fix runs on tasks.db (None when it touches no row)."""
+    run_id = finding.run_id
+    if finding.kind == "insert_row" and run_id is not None:
+        row = _row_from_metadata(folders[run_id], now)
+        sql = f"INSERT OR IGNORE INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
+        values: tuple[Any, ...] = tuple(row.values())
+    elif finding.kind == "settle_row":
+        sql = "UPDATE tasks SET status = 'failed', completed_at = ?, updated_at = ?, error_message = ? WHERE uuid = ?"
+        values = (now, now, LOST, run_id)
+    elif finding.kind == "set_row_status":
+        sql = (
+            "UPDATE tasks SET status = ?, updated_at = ?,"
+            " completed_at = CASE WHEN ? THEN COALESCE(completed_at, ?) ELSE NULL END WHERE uuid = ?"
+        )
+        values = (finding.status, now, finding.status not in ACTIVE, now, run_id)
+    else:
+        return None
+
+    def run(conn: sqlite3.Connection) -> None:
+        conn.execute(sql, values)
+
+    return run
+
+
+def _row_from_metadata(folder: RunFolder, now: str) -> dict[str, Any]:
+    meta = folder.metadata or {}
+    key = meta.get("session_key")
+    return {
+        "uuid": folder.run_id,
+        "status": folder.state,
+        "task_type": meta.get("task_type") or (str(key).split(":", 1)[0] if key else "agent"),
+        "task_identifier": meta.get("task_identifier", key),
+        "repository": meta.get("repository"),
+        "user": meta.get("user"),
+        "created_at": meta.get("created_at") or now,
+        "updated_at": now,
+        "completed_at": now if folder.state == "completed" else None,
+        "metadata": json.dumps(meta, ensure_ascii=False),
+        "session_key": key,
+        "agent_id": meta.get("agent_id"),
+        "channel": meta.get("channel"),
+        "chat_type": meta.get("chat_type"),
+        "parent_uuid": meta.get("parent_uuid"),
+    }
+
+
+def entry_fix(finding: Finding, entries: dict[str, SessionEntry], folders: Mapping[str, RunFolder], now: str) -> bool:
+    """Apply an entry fix to an in-memory registry; whether it changed the entry."""
+    key = finding.key
+    if key is None:
+        return False
+    entry = entries.get(key)
+    if finding.kind == "idle_entry" and entry is not None and entry.run_id == finding.run_id:
+        entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
+        entry.context_tokens = entry.message_count = 0
+        entry.updated_at = now
+        return True
+    if finding.kind == "point_entry" and finding.run_id is not None:
+        meta = folders[finding.run_id].metadata or {}
+        if entry is None:
+            entry = SessionEntry(
+                key=key,
+                agent_id=meta.get("agent_id"),
+                chat_type=str(meta.get("chat_type") or "direct"),
+                channel=meta.get("channel"),
+                created_at=str(meta.get("created_at") or now),
+                updated_at=now,
+            )
+            entries[key] = entry
+        if entry.run_id is not None and entry.run_id != finding.run_id:
+            entry.last_run_id = entry.run_id
+        entry.run_id, entry.status = finding.run_id, finding.status or "running"
+        entry.started_at = meta.get("created_at") or entry.started_at
+        entry.updated_at = now
+        return True
+    return False
+
+
+def remove_tmp(home: Home, relative: str) -> bool:
+    """Delete a stray temp file; True once it is gone (an atomic rewrite may have used it up)."""
+    (home.root / relative).unlink(missing_ok=True)
+    return True
+
+
+def _mark(findings: Iterable[Finding], fixed: set[int]) -> list[Finding]:
+    return [replace(f, fixed=True) if i in fixed else f for i, f in enumerate(findings)]
+
+
+@dataclass
+class _Plan:
+    ledger: list[tuple[int, LedgerFix]] = field(default_factory=list)
+    entries: list[int] = field(default_factory=list)
+    tmp: list[int] = field(default_factory=list)
+
+
+def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -> _Plan:
+    plan = _Plan()
+    for index, finding in enumerate(findings):
+        if finding.kind in ("idle_entry", "point_entry"):
+            plan.entries.append(index)
+        elif finding.kind == "remove_tmp":
+            plan.tmp.append(index)
+        elif finding.kind is not None and (sql := ledger_fix(finding, folders, now)) is not None:
+            plan.ledger.append((index, sql))
+    return plan
+
+
+# -- over the files (no daemon) --------------------------------------------------------------------
+
+
+def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> list[Finding]:
+    """Check (and with ``fix`` repair) a home whose lock the caller holds (blocking)."""
+    home = Home(root)
+    registry = SessionRegistry(home.sessions_json, flush_ms=0)
+    problem = registry.load()
+    snap = Snapshot(
+        folders=scan_folders(home, min_age_s=min_age_s),
+        rows=read_rows(home.tasks_db),
+        entries={k: e.run_id for k, e in registry.entries.items()},
+        tmp_files=scan_tmp(home, min_age_s=min_age_s),
+        archives=scan_archives(home),
+    )
+    findings = diagnose(snap)
+    if problem not in (None, "missing"):
+        findings.append(
+            Finding(
+                "unreadable_sessions_json", "error", f"sessions.json is {problem}", None, path="contexts/sessions.json"
+            )
+        )
+    if not fix:
+        return findings
+    folders = {f.run_id: f for f in snap.folders}
+    plan = _plan(findings, folders, now)
+    fixed: set[int] = set()
+    if plan.ledger:
+        ledger = Ledger(home.tasks_db)
+        ledger.open_sync()
+        try:
+            for index, sql in plan.ledger:
+                ledger.submit(sql)
+                fixed.add(index)
+        finally:
+            ledger.close_sync()
+    if plan.entries and problem in (None, "missing"):
+        changed = [i for i in plan.entries if entry_fix(findings[i], registry.entries, folders, now)]
+        if changed:
+            asyncio.run(_save_entries(registry, [findings[i].key or "" for i in changed]))
+            fixed.update(changed)
+    fixed.update(i for i in plan.tmp if remove_tmp(home, findings[i].path or ""))
+    return _mark(findings, fixed)
+
+
+async def _save_entries(registry: SessionRegistry, keys: list[str]) -> None:
+    for key in keys:
+        registry.touch(key)
+    await registry.close()
+
+
+# -- over an open store (inside the daemon) --------------------------------------------------------
+
+
+async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLINE_MIN_AGE_S) -> list[Finding]:
+    """Check (and repair) while the daemon runs. The runs the store holds are active whatever the
+    files say (their rows are left alone: a lifecycle change may be half way), entries are judged
+    against them, and files changed within ``min_age_s`` may belong to a write in progress."""
+    home = store.home
+    folders, tmp_files, archives = await asyncio.to_thread(_scan_files, home, min_age_s)
+    rows = {r["uuid"]: r for r in await store.ledger.execute(_all_rows)}
+    live = {run.run_id: run for run in store.active_runs()}
+    held = tuple(
+        RunFolder(
+            rid,
+            run.status,
+            {
+                "session_key": run.key,
+                "agent_id": run.agent_id,
+                "chat_type": run.chat_type,
+                "channel": run.channel,
+                "created_at": run.started_at,
+            },
+            young=True,
+        )
+        for rid, run in live.items()
+    )
+    snap = Snapshot(
+        folders=held + tuple(f for f in folders if f.run_id not in live),
+        rows={rid: row for rid, row in rows.items() if rid not in live},
+        entries={k: e.run_id for k, e in store.registry.entries.items()},
+        tmp_files=tmp_files,
+        archives=archives,
+        live=frozenset(live),
+    )
+    findings = diagnose(snap)
+    if not fix:
+        return findings
+    now = iso(store.clock())
+    by_id = {f.run_id: f for f in snap.folders}
+    plan = _plan(findings, by_id, now)
+    fixed: set[int] = set()
+    for index, sql in plan.ledger:
+        await store.ledger.execute(sql)
+        fixed.add(index)
+    for index in plan.entries:
+        finding = findings[index]
+        if finding.key is not None and entry_fix(finding, store.registry.entries, by_id, now):
+            store.registry.touch(finding.key)
+            fixed.add(index)
+    if plan.entries:
+        await store.registry.flush()
+    for index in plan.tmp:
+        if await asyncio.to_thread(remove_tmp, home, findings[index].path or ""):
+            fixed.add(index)
+    return _mark(findings, fixed)
+
+
+def _scan_files(home: Home, min_age_s: float) -> tuple[tuple[RunFolder, ...], tuple[str, ...], frozenset[str]]:
+    return scan_folders(home, min_age_s=min_age_s), scan_tmp(home, min_age_s=min_age_s), scan_archives(home)
+
+
+def _all_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute("SELECT * FROM tasks")]
