@@ -140,7 +140,7 @@ class Compactor:
         folder = run.dir
         tokens_at_call = run.context_tokens
 
-        def commit() -> tuple[int, int, int] | None:
+        def commit() -> tuple[int, int, int, int] | None:
             current = read_records(folder / layout.CURRENT)
             before = sum(int(x.get("tokens", 0)) for x in current)
             new_lines = [head, *(x for x in current if x.get("seq") is not None and x["seq"] > plan.end_seq)]
@@ -153,13 +153,15 @@ class Compactor:
             _append_synced(folder / layout.SUMMARIES, record)
             self.store.writer.close_handle(folder / layout.CURRENT)
             write_records_atomic(folder / layout.CURRENT, new_lines)
-            return before, after, len(new_lines) - len(current)
+            return before, after, len(new_lines) - len(current), (folder / layout.CURRENT).stat().st_size
 
+        bytes_at_call = run.context_bytes
         done = await self.store.writer.call(commit)
         if done is None:
             log.info("compaction of run %s would free nothing; skipped", run.run_id)
             return None
-        before, after, line_delta = done
+        before, after, line_delta, size = done
+        run.context_bytes = size + (run.context_bytes - bytes_at_call)
         run.context_tokens = after + (run.context_tokens - tokens_at_call)
         run.context_lines += line_delta
         run.compaction_count = number
@@ -183,7 +185,7 @@ class Compactor:
         tokens_at_call = run.context_tokens
         created = iso(self.store.clock())
 
-        def commit() -> tuple[int, int] | None:
+        def commit() -> tuple[int, int, int] | None:
             saved = folder / layout.COMPACTIONS / f"{number}.jsonl"
             if not saved.exists():
                 return None
@@ -203,12 +205,14 @@ class Compactor:
             self.store.writer.close_handle(folder / layout.CURRENT)
             write_records_atomic(folder / layout.CURRENT, new_lines)
             tokens = sum(int(x.get("tokens", 0)) for x in new_lines)
-            return tokens, len(new_lines) - len(current)
+            return tokens, len(new_lines) - len(current), (folder / layout.CURRENT).stat().st_size
 
+        bytes_at_call = run.context_bytes
         done = await self.store.writer.call(commit)
         if done is None:
             return None
-        tokens, line_delta = done
+        tokens, line_delta, size = done
+        run.context_bytes = size + (run.context_bytes - bytes_at_call)
         run.context_tokens = tokens + (run.context_tokens - tokens_at_call)
         run.context_lines += line_delta
         run.compaction_count = number - 1
@@ -228,8 +232,7 @@ class Compactor:
     async def _settle(self, run: RunState) -> None:
         entry = self.store.entry(run.key)
         if entry is not None:
-            entry.context_tokens = run.context_tokens
-            entry.compaction_count = run.compaction_count
+            self.store.sync_counters(entry, run)
             self.store.registry.touch(run.key)
         await self.store.ledger.update_run(run.run_id, compaction_count=run.compaction_count)
 

@@ -71,6 +71,7 @@ class RunState:
     next_seq: int = 1
     context_tokens: int = 0
     context_lines: int = 0
+    context_bytes: int = 0  # current.jsonl's size once queued appends land (the recovery checkpoint)
     last_context_seq: int = 0
     next_summary_id: int = 1
     compaction_count: int = 0

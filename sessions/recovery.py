@@ -31,6 +31,7 @@ class RecoveredRun:
     last_message_at: str | None = None
     context_tokens: int = 0
     context_lines: int = 0
+    context_bytes: int = 0
     last_context_seq: int = 0
     next_summary_id: int = 1
     compaction_count: int = 0
@@ -38,6 +39,24 @@ class RecoveredRun:
     next_plan_id: int = 1
     torn: list[str] = field(default_factory=list)
     levelled: int = 0
+    checkpoint_used: bool = False
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Derived counters of a run as sessions.json last saw them (see ``SessionEntry``)."""
+
+    context_bytes: int
+    context_tokens: int
+    context_lines: int
+    last_context_seq: int
+    compaction_count: int
+    last_summary_id: int
+
+
+# tasks.db columns that hold what metadata.json holds: with a ledger row, metadata.json is not read
+LEDGER_METADATA = ("session_key", "agent_id", "chat_type", "channel", "task_type", "task_identifier",
+                   "repository", "user", "parent_uuid", "created_at")  # fmt: skip
 
 
 def in_context(record: dict[str, Any]) -> bool:
@@ -53,16 +72,26 @@ def context_line(record: dict[str, Any]) -> dict[str, Any]:
     return line
 
 
-def recover_run(folder: Path, status: str) -> RecoveredRun | None:
+def recover_run(
+    folder: Path,
+    status: str,
+    row: dict[str, Any] | None = None,
+    checkpoint: Checkpoint | None = None,
+) -> RecoveredRun | None:
+    """Repair and count one active run. ``row`` (its tasks.db row) stands in for metadata.json;
+    ``checkpoint`` spares reading current.jsonl when the file is exactly as it was checkpointed."""
     try:
         names = set(os.listdir(folder))
     except FileNotFoundError:
         return None
-    try:
-        metadata = json.loads((folder / layout.METADATA).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        log.error("run folder %s has no readable metadata.json; left for `neotask doctor`", folder)
-        return None
+    if row is not None:
+        metadata = {name: row.get(name) for name in LEDGER_METADATA}
+    else:
+        try:
+            metadata = json.loads((folder / layout.METADATA).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            log.error("run folder %s has no readable metadata.json; left for `neotask doctor`", folder)
+            return None
     run = RecoveredRun(run_id=folder.name, status=status, dir=folder, metadata=metadata)
 
     last_message: dict[str, Any] | None = None
@@ -83,6 +112,36 @@ def recover_run(folder: Path, status: str) -> RecoveredRun | None:
             run.next_summary_id = int(last_summary.get("id", 0)) + 1
             run.compaction_count = int(last_summary.get("compaction_count", 0))
 
+    current_path = folder / layout.CURRENT
+    size = current_path.stat().st_size if layout.CURRENT in names else 0
+    if (
+        checkpoint is not None
+        and size == checkpoint.context_bytes
+        and checkpoint.compaction_count == run.compaction_count
+        and checkpoint.last_summary_id == run.next_summary_id - 1
+        and checkpoint.last_context_seq <= run.next_seq - 1
+    ):
+        run.context_tokens, run.context_lines = checkpoint.context_tokens, checkpoint.context_lines
+        run.last_context_seq, run.context_bytes = checkpoint.last_context_seq, size
+        run.checkpoint_used = True
+    else:
+        _count_current(run, names, last_summary)
+    if run.last_context_seq < run.next_seq - 1:
+        _bring_level(run)
+
+    for name, attr, id_field in ((layout.TOOLS, "next_tool_seq", "seq"), (layout.PLANNING, "next_plan_id", "id")):
+        if name in names:
+            cut, last = repair_tail(folder / name)
+            if cut:
+                run.torn.append(name)
+            if last:
+                setattr(run, attr, int(last.get(id_field, 0)) + 1)
+    return run
+
+
+def _count_current(run: RecoveredRun, names: set[str], last_summary: dict[str, Any] | None) -> None:
+    """Read current.jsonl whole: cut a torn tail, finish an interrupted compaction, count."""
+    folder = run.dir
     current: list[dict[str, Any]] = []
     if layout.CURRENT in names:
         cut, _ = repair_tail(folder / layout.CURRENT)
@@ -95,17 +154,7 @@ def recover_run(folder: Path, status: str) -> RecoveredRun | None:
         run.context_tokens += int(line.get("tokens", 0))
         run.context_lines += 1
     run.last_context_seq = last_seq(current)
-    if run.last_context_seq < run.next_seq - 1:
-        _bring_level(run)
-
-    for name, attr, id_field in ((layout.TOOLS, "next_tool_seq", "seq"), (layout.PLANNING, "next_plan_id", "id")):
-        if name in names:
-            cut, last = repair_tail(folder / name)
-            if cut:
-                run.torn.append(name)
-            if last:
-                setattr(run, attr, int(last.get(id_field, 0)) + 1)
-    return run
+    run.context_bytes = (folder / layout.CURRENT).stat().st_size if current else 0
 
 
 def _finish_interrupted_compaction(
@@ -133,8 +182,10 @@ def _bring_level(run: RecoveredRun) -> None:
         if int(r.get("seq", 0)) > run.last_context_seq and in_context(r)
     ]
     if missing:
+        data = b"".join(encode(line) for line in missing)
         with open(run.dir / layout.CURRENT, "ab") as handle:
-            handle.write(b"".join(encode(line) for line in missing))
+            handle.write(data)
+        run.context_bytes += len(data)
         run.context_tokens += sum(int(line.get("tokens", 0)) for line in missing)
         run.context_lines += len(missing)
         run.levelled = len(missing)
@@ -142,8 +193,13 @@ def _bring_level(run: RecoveredRun) -> None:
     run.last_context_seq = run.next_seq - 1
 
 
-def recover_all(contexts: Path) -> list[RecoveredRun]:
+def recover_all(
+    contexts: Path,
+    rows: dict[str, dict[str, Any]] | None = None,
+    checkpoints: dict[str, Checkpoint] | None = None,
+) -> list[RecoveredRun]:
     runs = []
+    rows, checkpoints = rows or {}, checkpoints or {}
     for status in ("running", "paused"):
         base = contexts / status
         try:
@@ -151,7 +207,7 @@ def recover_all(contexts: Path) -> list[RecoveredRun]:
         except FileNotFoundError:
             continue
         for name in children:
-            run = recover_run(base / name, status)
+            run = recover_run(base / name, status, rows.get(name), checkpoints.get(name))
             if run is not None:
                 runs.append(run)
     return runs

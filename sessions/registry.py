@@ -46,6 +46,12 @@ class SessionEntry:
     last_run_id: str | None = None
     last_reset_boundary: str | None = None
     inherit_next: bool = True  # False after /new: the next run starts without inheritance
+    # A checkpoint of the active run's derived counters: when current.jsonl still has this size at
+    # start-up (and the compaction count agrees), recovery trusts them instead of re-reading it.
+    context_bytes: int = 0
+    context_lines: int = 0
+    last_context_seq: int = 0
+    last_summary_id: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +81,7 @@ class SessionRegistry:
         self.rewrites = 0
         self._encoded: dict[str, str] = {}
         self._dirty: set[str] = set()
+        self._unencoded: set[str] = set()
         self._removed = False
         self._flush_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -93,7 +100,8 @@ class SessionRegistry:
             return f"unreadable ({exc})"
         self.entries = entries
         self._encoded = {}
-        self._dirty = set(entries)
+        self._unencoded = set(entries)  # encoded at the first flush, not a reason to flush
+        self._dirty = set()
         return None
 
     # -- changes --------------------------------------------------------------------------------
@@ -136,11 +144,12 @@ class SessionRegistry:
 
     def _snapshot(self) -> dict[str, str]:
         """Re-encode only the changed entries; the rest reuse their cached text."""
-        for key in self._dirty:
+        for key in self._dirty | self._unencoded:
             entry = self.entries.get(key)
             if entry is not None:
                 self._encoded[key] = entry.encode()
         self._dirty.clear()
+        self._unencoded.clear()
         self._removed = False
         return dict(self._encoded)
 

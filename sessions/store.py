@@ -26,7 +26,7 @@ from sessions.jsonl import encode, fsync_dir, iter_records, read_records, write_
 from sessions.layout import Home
 from sessions.ledger import Ledger, RunStats
 from sessions.records import USAGE_KEYS, NewMessage, RunState, TaskKey
-from sessions.recovery import RecoveredRun, context_line, in_context, recover_all
+from sessions.recovery import Checkpoint, RecoveredRun, context_line, in_context, recover_all
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.tokens import estimate_message
 from sessions.writer import AppendWriter
@@ -87,11 +87,13 @@ class SessionStore:
         await self.ledger.close()
 
     async def _recover(self) -> None:
-        recovered = await asyncio.to_thread(recover_all, self.home.contexts)
+        active_rows = {row["uuid"]: row for row in await self.ledger.execute(_active_rows)}
+        problem = await asyncio.to_thread(self.registry.load)
+        checkpoints = {e.run_id: _checkpoint(e) for e in self.registry.entries.values() if e.run_id}
+        recovered = await asyncio.to_thread(recover_all, self.home.contexts, active_rows, checkpoints)
         self.recovered = recovered
-        ledger_rows = {row["uuid"]: row for row in await self.ledger.execute(_all_rows)}
         for rec in recovered:
-            row = ledger_rows.get(rec.run_id)
+            row = active_rows.get(rec.run_id) or await self.ledger.get_run(rec.run_id)
             run = self._state_from_recovery(rec, row)
             if row is None:
                 log.warning("run %s had a folder but no tasks.db row: inserting it", rec.run_id)
@@ -100,18 +102,19 @@ class SessionStore:
                 await self.ledger.update_run(run.run_id, status=run.status, updated_at=iso(self.clock()))
             self._runs[run.run_id] = run
         found = {rec.run_id for rec in recovered}
-        for row in ledger_rows.values():
-            if row["status"] in ("running", "paused") and row["uuid"] not in found:
+        for row in active_rows.values():
+            if row["uuid"] not in found:
                 await self._settle_lost_run(row)
-        problem = await asyncio.to_thread(self.registry.load)
-        if problem is not None and (ledger_rows or recovered):
-            log.warning(
-                "sessions.json is %s: rebuilding it from tasks.db (%d runs) and %d active run folder(s)",
-                problem,
-                len(ledger_rows),
-                len(recovered),
-            )
-            self._rebuild_entries(list(ledger_rows.values()))
+        if problem is not None:
+            all_rows = await self.ledger.execute(_all_rows)
+            if all_rows or recovered:
+                log.warning(
+                    "sessions.json is %s: rebuilding it from tasks.db (%d runs) and %d active run folder(s)",
+                    problem,
+                    len(all_rows),
+                    len(recovered),
+                )
+                self._rebuild_entries(all_rows)
         self._reconcile_entries()
         if problem is not None or self.registry.pending:
             await self.registry.flush(force=problem is not None)
@@ -137,6 +140,7 @@ class SessionStore:
             next_seq=rec.next_seq,
             context_tokens=rec.context_tokens,
             context_lines=rec.context_lines,
+            context_bytes=rec.context_bytes,
             last_context_seq=rec.last_context_seq,
             next_summary_id=rec.next_summary_id,
             compaction_count=rec.compaction_count,
@@ -186,22 +190,22 @@ class SessionStore:
             self.registry.put(entry)
 
     def _reconcile_entries(self) -> None:
-        """Make entries agree with the recovered runs (the files are the truth)."""
-        active_by_key = {run.key: run for run in self._runs.values()}
+        """Make entries agree with the recovered runs (the files are the truth); only entries
+        that change are marked for rewriting."""
         recovered = {rec.run_id: rec for rec in self.recovered}
-        for key, run in active_by_key.items():
-            entry = self.registry.entries.get(key)
+        for run in self._runs.values():
+            entry = self.registry.entries.get(run.key)
             if entry is None:
-                entry = self._new_entry(key, run.agent_id, run.chat_type, run.channel)
-                self.registry.entries[key] = entry
-            entry.run_id = run.run_id
-            entry.status = run.status
-            entry.started_at = run.started_at
+                entry = self._new_entry(run.key, run.agent_id, run.chat_type, run.channel)
+                self.registry.entries[run.key] = entry
+            before = entry.encode()
+            entry.run_id, entry.status, entry.started_at = run.run_id, run.status, run.started_at
             rec = recovered.get(run.run_id)
             if rec and rec.last_message_at and (entry.last_interaction_at or "") < rec.last_message_at:
                 entry.last_interaction_at = rec.last_message_at
-            self._sync_counters(entry, run)
-            self.registry.touch(key)
+            self.sync_counters(entry, run)
+            if entry.encode() != before:
+                self.registry.touch(run.key)
         for entry in self.registry.entries.values():
             if entry.run_id is not None and entry.run_id not in self._runs:
                 entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
@@ -405,7 +409,9 @@ class SessionStore:
         run.next_seq += 1
         durable = self.writer.append(run.dir / layout.MESSAGES, encode(record), durable=True)
         if in_context(record):
-            self.writer.append_nowait(run.dir / layout.CURRENT, encode(context_line(record)))
+            line = encode(context_line(record))
+            self.writer.append_nowait(run.dir / layout.CURRENT, line)
+            run.context_bytes += len(line)
             run.context_tokens += record["tokens"]
             run.context_lines += 1
             run.last_context_seq = record["seq"]
@@ -417,7 +423,7 @@ class SessionStore:
             if message.counts_as_activity:
                 entry.last_user_activity_at = stamp
             entry.updated_at = stamp
-            self._sync_counters(entry, run)
+            self.sync_counters(entry, run)
             self.registry.touch(run.key)
         await durable
         self._emit("message", run, **_event_fields(record))
@@ -477,7 +483,7 @@ class SessionStore:
         run.context_tokens = max(0, prompt_tokens - overhead_tokens)
         entry = self.entry(run.key)
         if entry is not None:
-            self._sync_counters(entry, run)
+            self.sync_counters(entry, run)
             self.registry.touch(run.key)
 
     # -- settings on the entry ------------------------------------------------------------------
@@ -548,10 +554,14 @@ class SessionStore:
         )
 
     @staticmethod
-    def _sync_counters(entry: SessionEntry, run: RunState) -> None:
+    def sync_counters(entry: SessionEntry, run: RunState) -> None:
         entry.context_tokens = run.context_tokens
         entry.message_count = run.message_count
         entry.compaction_count = run.compaction_count
+        entry.context_bytes = run.context_bytes
+        entry.context_lines = run.context_lines
+        entry.last_context_seq = run.last_context_seq
+        entry.last_summary_id = run.next_summary_id - 1
 
     def _metadata(self, run: RunState) -> dict[str, Any]:
         return {
@@ -604,6 +614,21 @@ _NO_ENTRY = _NoEntry()
 
 def _all_rows(conn: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute("SELECT * FROM tasks")]
+
+
+def _active_rows(conn: Any) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute("SELECT * FROM tasks WHERE status IN ('running', 'paused')")]
+
+
+def _checkpoint(entry: SessionEntry) -> Checkpoint:
+    return Checkpoint(
+        context_bytes=entry.context_bytes,
+        context_tokens=entry.context_tokens,
+        context_lines=entry.context_lines,
+        last_context_seq=entry.last_context_seq,
+        compaction_count=entry.compaction_count,
+        last_summary_id=entry.last_summary_id,
+    )
 
 
 def _message_record(seq: int, message: NewMessage, timestamp: str) -> dict[str, Any]:

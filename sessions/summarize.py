@@ -21,7 +21,8 @@ _DETAIL = re.compile(
     r"|\b\d[\d.,:/-]*\d\b|\b\d\b"  # numbers, dates, versions
 )
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*")
-LINE_CHARS = 240
+LINE_CHARS = 240  # at most this much of each message; less when that would not shrink the context
+MIN_LINE_CHARS = 60
 
 SUMMARY_PROMPT = (
     "You compress a conversation so it can continue with less context. Write a concise summary of the"
@@ -81,6 +82,8 @@ def extractive_summary(
         parts.append(f"(Requested focus: {instructions})")
     keep_details: list[str] = []
     questions: list[str] = []
+    total_chars = sum(len(str(x.get("content") or "")) for x in lines)
+    per_line = max(MIN_LINE_CHARS, min(LINE_CHARS, total_chars // (3 * max(1, len(lines)))))
     for line in lines:
         content = str(line.get("content") or "")
         if line.get("tool_calls"):
@@ -88,7 +91,7 @@ def extractive_summary(
             content = f"{content} [called {names}]".strip()
         if not content:
             continue
-        parts.append(f"- {_speaker(line)}: {_first_sentences(content, LINE_CHARS)}")
+        parts.append(f"- {_speaker(line)}: {_first_sentences(content, per_line)}")
         keep_details.extend(details(content))
         if line.get("role") == "user":
             questions.extend(open_questions(content))

@@ -316,3 +316,27 @@ async def test_a_run_folder_without_a_ledger_row_is_adopted(tmp_path: Path, cloc
     row = await again.ledger.get_run(run.run_id)
     assert row is not None and row["session_key"] == run.key and row["status"] == "running"
     await again.close()
+
+
+async def test_open_trusts_the_checkpoint_only_when_current_is_unchanged(tmp_path: Path, clock: FakeClock) -> None:
+    store = await open_store(tmp_path, clock)
+    run = await start(store)
+    for i in range(5):
+        await store.append(run, NewMessage(role="user", content=f"message {i} " * 5))
+    expected = (run.context_tokens, run.context_lines, run.last_context_seq)
+    await store.close()
+    assert run.context_bytes == (run.dir / layout.CURRENT).stat().st_size
+
+    again = await open_store(tmp_path, clock)
+    assert [r.checkpoint_used for r in again.recovered] == [True]
+    back = again.active_run(run.key)
+    assert back is not None and (back.context_tokens, back.context_lines, back.last_context_seq) == expected
+    await again.close()
+
+    with (run.dir / layout.CURRENT).open("ab") as handle:  # changed behind our back: read it whole
+        handle.write(b'{"seq":5,"role":"user","content":"duplicate","tokens":7}\n')
+    third = await open_store(tmp_path, clock)
+    assert [r.checkpoint_used for r in third.recovered] == [False]
+    back = third.active_run(run.key)
+    assert back is not None and back.context_tokens == expected[0] + 7 and back.context_lines == 6
+    await third.close()
