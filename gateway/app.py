@@ -12,7 +12,7 @@ from aiohttp import web
 from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
-from gateway.api import docs, hooks, runs, sessions, system
+from gateway.api import admin, docs, hooks, memory, runs, scheduler, sessions, system
 from gateway.commands import Commands
 from gateway.events import EventHub
 from gateway.http import auth_middleware, errors_middleware
@@ -46,8 +46,19 @@ def create_app(
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_conversation_context)
     app.cleanup_ctx.append(hooks.hooks_context)
+    app.cleanup_ctx.append(memory.memory_context)
+    app.cleanup_ctx.append(scheduler.scheduler_context)
     app.on_shutdown.append(_close_streams)
-    for table in (system.routes, sessions.routes, runs.routes, docs.routes, hooks.routes):
+    for table in (
+        system.routes,
+        sessions.routes,
+        runs.routes,
+        docs.routes,
+        hooks.routes,
+        admin.routes,
+        scheduler.routes,
+        memory.routes,
+    ):
         app.router.add_routes(table)
     return app
 
