@@ -152,7 +152,7 @@ class MemoryService:
             await self._wake.wait()
             self._wake.clear()
             agents, self._queued = sorted(self._queued), set()
-            if not agents:
+            if not agents or not await self._call(self._has_sources):
                 continue
             try:
                 await self._ensure_embedder()
