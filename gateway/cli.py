@@ -25,8 +25,9 @@ import yaml
 
 from config.errors import ConfigError, NeotaskError
 from config.loader import LoadedConfig, load_config, resolve_home
-from gateway import offline
+from gateway import cli_jobs, offline
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
+from gateway.tables import table as _table
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked, read_gateway_json
 
 EXIT_OK = 0
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("key")
     compact.add_argument("instructions", nargs="*", help="what the summary should focus on")
     compact.set_defaults(handler=cmd_sessions_compact)
+    cli_jobs.add_commands(commands, both, actions)
 
     config = commands.add_parser("config", help="check or show the configuration")
     config_actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -437,15 +439,6 @@ def cmd_doctor(ctx: Context) -> int:
 
 
 # -- output ----------------------------------------------------------------------------------------
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns as wide as their longest cell: nothing is ever truncated."""
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
-    ]
-    return "\n".join(lines)
 
 
 def _pairs(rows: Sequence[tuple[str, str]]) -> str:

@@ -139,7 +139,7 @@ def run_command(config: LoadedConfig, key: str, command: str, env: Mapping[str, 
 
     async def work(store: SessionStore) -> dict[str, Any]:
         store.require_entry(parsed.raw)
-        async with _commands(config, store, env) as commands:
+        async with commands_for(config, store, env) as commands:
             outcome = await dispatch(commands, Post(key=parsed, role="user", content=command))
         return outcome.body()
 
@@ -147,7 +147,7 @@ def run_command(config: LoadedConfig, key: str, command: str, env: Mapping[str, 
 
 
 @asynccontextmanager
-async def _commands(config: LoadedConfig, store: SessionStore, env: Mapping[str, str]) -> AsyncIterator[Commands]:
+async def commands_for(config: LoadedConfig, store: SessionStore, env: Mapping[str, str]) -> AsyncIterator[Commands]:
     # Imported here: the model client (openai) takes seconds to import, and only commands need it.
     from gateway.commands import Commands
     from gateway.events import EventHub

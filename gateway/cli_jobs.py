@@ -1,0 +1,256 @@
+"""``neotask memory``, ``neotask cron`` and ``neotask sessions cleanup``: through the running
+daemon's API when there is one, otherwise on the files under the home lock."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from config.clock import host_zone, iso, system_clock
+from gateway import offline
+from gateway.client import key_segment
+from gateway.tables import table as _table
+
+if TYPE_CHECKING:
+    from gateway.cli import Context
+
+
+def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser], sessions_actions: Any) -> None:
+    cleanup = sessions_actions.add_parser("cleanup", parents=both, help="archive old runs (SPEC section 7)")
+    cleanup.add_argument("--dry-run", action="store_true", help="print what would happen, change nothing")
+    cleanup.set_defaults(handler=cmd_cleanup)
+
+    memory = commands.add_parser("memory", help="the long-term memory index")
+    actions = memory.add_subparsers(dest="action", required=True, metavar="ACTION")
+    index = actions.add_parser("index", parents=both, help="bring the index level with the files now")
+    index.add_argument("--force", action="store_true", help="re-embed everything into a new table")
+    index.add_argument("--agent", default=None)
+    index.set_defaults(handler=cmd_memory_index)
+    search = actions.add_parser("search", parents=both, help="hybrid search")
+    search.add_argument("query", nargs="+")
+    search.add_argument("--agent", default="main")
+    search.add_argument("-k", type=int, default=None)
+    search.set_defaults(handler=cmd_memory_search)
+    actions.add_parser("status", parents=both, help="files, chunks, identity, last run").set_defaults(
+        handler=cmd_memory_status
+    )
+
+    cron = commands.add_parser("cron", help="scheduled jobs")
+    cron_actions = cron.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cron_actions.add_parser("list", parents=both, help="jobs and their next run times").set_defaults(
+        handler=cmd_cron_list
+    )
+    run = cron_actions.add_parser("run", parents=both, help="run a job now")
+    run.add_argument("job_id")
+    run.set_defaults(handler=cmd_cron_run)
+
+
+# -- cleanup ---------------------------------------------------------------------------------------
+
+
+def cmd_cleanup(ctx: Context) -> int:
+    dry_run = bool(ctx.args.dry_run)
+    client = ctx.client()
+    if client is not None:
+        body = client.post("/v1/admin/cleanup", {"dry_run": dry_run})
+    else:
+        body = {"dry_run": dry_run, "actions": offline.with_store(ctx.config, _offline_cleanup(ctx, dry_run))}
+    if ctx.as_json:
+        ctx.print_json(body)
+        return 0
+    actions = body["actions"]
+    if not actions:
+        ctx.print("nothing to clean up")
+        return 0
+    header = ("ACTION", "RUN", "SESSION", "REASON", "DONE")
+    rows = [(a["action"], a["run_id"], a.get("session_key") or "-", a["reason"], "yes" if a["done"] else "no")
+            for a in actions]  # fmt: skip
+    ctx.print(_table(header, rows))
+    ctx.print(f"{len(actions)} action(s)" + (" (dry run: nothing changed)" if dry_run else ""))
+    return 0
+
+
+def _offline_cleanup(ctx: Context, dry_run: bool) -> Any:
+    from sessions.cleanup import run_cleanup
+
+    async def work(store: Any) -> list[dict[str, Any]]:
+        async def complete(key: str) -> None:
+            await store.complete(key, reason="cleanup")
+
+        return await run_cleanup(
+            store, ctx.config.settings.cleanup, now=system_clock(), dry_run=dry_run, complete=complete
+        )
+
+    return work
+
+
+# -- memory ----------------------------------------------------------------------------------------
+
+
+def _with_memory(ctx: Context, work: Callable[[Any], Any]) -> Any:
+    from gateway.api.memory import memory_uri, workspaces
+    from memory import MemoryService
+
+    config = ctx.config
+
+    async def run() -> Any:
+        service = MemoryService(config.settings.memory, workspaces(config), memory_uri(config), clock=system_clock)
+        await service.start()
+        try:
+            return await work(service)
+        finally:
+            await service.close()
+
+    return offline.locked(config, lambda: asyncio.run(run()))
+
+
+def cmd_memory_index(ctx: Context) -> int:
+    client = ctx.client()
+    if client is not None:
+        body = client.post("/v1/memory/reindex", {"agent": ctx.args.agent, "force": bool(ctx.args.force)})
+    else:
+
+        async def work(service: Any) -> dict[str, Any]:
+            report = await service.reindex(ctx.args.agent, force=bool(ctx.args.force), progress=_progress_bar)
+            sys.stderr.write("\n")
+            return {"report": report.as_dict(), "status": service.status()}
+
+        body = _with_memory(ctx, work)
+    if ctx.as_json:
+        ctx.print_json(body)
+    else:
+        report = body["report"]
+        ctx.print(
+            f"indexed: {report['files_scanned']} file(s) scanned, {report['files_changed']} changed,"
+            f" {report['chunks_embedded']} chunk(s) embedded, {report['chunks_reused']} reused,"
+            f" {report['chunks_deleted']} deleted in {report['seconds']:.1f} s"
+        )
+        for error in report.get("errors", []):
+            ctx.print(f"error: {error}")
+    return 0
+
+
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total if total else width
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks")
+    sys.stderr.flush()
+
+
+def cmd_memory_search(ctx: Context) -> int:
+    query = " ".join(ctx.args.query)
+    client = ctx.client()
+    if client is not None:
+        params: dict[str, Any] = {"q": query, "agent": ctx.args.agent, "k": ctx.args.k}
+        body = client.get("/v1/memory/search", **params)
+    else:
+
+        async def work(service: Any) -> dict[str, Any]:
+            await service.reindex(ctx.args.agent)
+            hits = await service.search(ctx.args.agent, query, k=ctx.args.k)
+            return {"query": query, "results": [h.as_dict() for h in hits]}
+
+        body = _with_memory(ctx, work)
+    if ctx.as_json:
+        ctx.print_json(body)
+        return 0
+    if not body["results"]:
+        ctx.print("no memory clears the thresholds for that query")
+        return 0
+    rows = [(f"{r['score']:.3f}", r["citation"], r["heading"] or "-", " ".join(r["snippet"].split())[:100])
+            for r in body["results"]]  # fmt: skip
+    ctx.print(_table(("SCORE", "CITATION", "HEADING", "SNIPPET"), rows))
+    return 0
+
+
+def cmd_memory_status(ctx: Context) -> int:
+    client = ctx.client()
+    body = client.get("/v1/memory/status") if client else _with_memory(ctx, _status)
+    if ctx.as_json:
+        ctx.print_json(body)
+    else:
+        rows = [(name, str(body.get(name))) for name in ("ready", "files", "chunks", "pending", "identity", "last_run")]
+        ctx.print(_table(("FIELD", "VALUE"), rows))
+    return 0
+
+
+async def _status(service: Any) -> dict[str, Any]:
+    status: dict[str, Any] = service.status()
+    return status
+
+
+# -- cron ------------------------------------------------------------------------------------------
+
+
+def _service(ctx: Context, scheduling: Any = None) -> Any:
+    from scheduler.service import SchedulerService
+
+    settings = ctx.config.settings
+
+    async def nothing() -> None:
+        return None
+
+    async def cron(job: Any) -> None:
+        if scheduling is not None:
+            await scheduling.run_cron(job)
+
+    return SchedulerService(
+        timezone=host_zone(ctx.env),
+        daily_reset=None,
+        sweep_seconds=settings.scheduler.sweep_seconds,
+        sweep=nothing,
+        cleanup_at_hour=settings.cleanup.at_hour,
+        cleanup=nothing,
+        cron_jobs=settings.cron.jobs,
+        run_cron=cron,
+        clock=system_clock,
+    )
+
+
+def cmd_cron_list(ctx: Context) -> int:
+    client = ctx.client()
+    if client is not None:
+        jobs = client.get("/v1/scheduler/jobs")["jobs"]
+    else:
+        jobs = [job.as_json() for job in _service(ctx).jobs() if job.kind == "cron"]
+    if ctx.as_json:
+        ctx.print_json({"jobs": jobs})
+    elif not jobs:
+        ctx.print("no scheduled jobs (add them under cron.jobs)")
+    else:
+        rows = [(j["id"], j["kind"], j["trigger"], j["next_run_at"] or "-") for j in jobs]
+        ctx.print(_table(("JOB", "KIND", "SCHEDULE", "NEXT RUN"), rows))
+    return 0
+
+
+def cmd_cron_run(ctx: Context) -> int:
+    client = ctx.client()
+    job_id = ctx.args.job_id
+    if client is not None:
+        body = client.post(f"/v1/scheduler/jobs/{key_segment(job_id)}/run", {})
+    else:
+        body = offline.with_store(ctx.config, _offline_cron(ctx, job_id))
+    if ctx.as_json:
+        ctx.print_json(body)
+    else:
+        ctx.print(f"ran {body['job_id']} at {body.get('at') or iso(system_clock())}")
+    return 0
+
+
+def _offline_cron(ctx: Context, job_id: str) -> Any:
+    async def work(store: Any) -> dict[str, Any]:
+        from gateway.scheduling import Scheduling
+
+        async with offline.commands_for(ctx.config, store, ctx.env) as commands:
+            scheduling = Scheduling(
+                commands.conv, commands, ctx.config.settings, clock=system_clock, host_zone=host_zone(ctx.env)
+            )
+            service = _service(ctx, scheduling)
+            resolved = service.resolve(job_id)
+            await service.run_now(resolved)
+        return {"job_id": resolved, "ran": True, "at": iso(system_clock())}
+
+    return work
