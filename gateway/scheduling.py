@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -45,6 +45,7 @@ class Scheduling:
         self.clock = clock
         self.host_zone = host_zone
         self.deliver: Deliver | None = None
+        self._not_before: dict[str, tuple[str, datetime]] = {}  # key -> (run, no reset before this)
         commands.next_reset = self.next_reset
         conversations.before_post.append(self.check_on_arrival)
 
@@ -86,9 +87,19 @@ class Scheduling:
     async def check_on_arrival(self, post: Post) -> list[dict[str, Any]]:
         """Before a message is appended: reset first if one is due (the arriving user message
         counts as activity after the boundary, so it can defer a daily reset)."""
-        activity = self.clock() if post.role == "user" and post.user_activity is not False else None
-        decision = self.decision(post.key.raw, activity_at=activity)
+        key = post.key.raw
+        now = self.clock()
+        run = self.store.active_run(key)
+        if run is None:
+            return []
+        cached = self._not_before.get(key)
+        if cached is not None and cached[0] == run.run_id and now < cached[1]:
+            return []  # activity only ever moves a reset later, so this bound still holds
+        activity = now if post.role == "user" and post.user_activity is not False else None
+        decision = self.decision(key, activity_at=activity)
         if decision is None or not decision.due:
+            earliest = self.next_reset(key)
+            self._not_before[key] = (run.run_id, earliest if earliest is not None else datetime.max.replace(tzinfo=UTC))
             return []
         event = await self.reset(post.key.raw, decision, activity_at=activity)
         return [event] if event else []

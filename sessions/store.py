@@ -404,8 +404,8 @@ class SessionStore:
         """Append a message; returns its messages.jsonl record once durable under the fsync
         policy. The seq is assigned here, on the loop, so arrival order is file order."""
         self.check_writable(run, message)
-        now = self.clock()
-        record = _message_record(run.next_seq, message, iso(now))
+        stamp = iso(self.clock())
+        record = _message_record(run.next_seq, message, stamp)
         run.next_seq += 1
         durable = self.writer.append(run.dir / layout.MESSAGES, encode(record), durable=True)
         if in_context(record):
@@ -417,7 +417,6 @@ class SessionStore:
             run.last_context_seq = record["seq"]
         entry = self.entry(run.key)
         if entry is not None:
-            stamp = iso(now)
             if message.role != "system":
                 entry.last_interaction_at = stamp
             if message.counts_as_activity:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import queue
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -185,12 +187,16 @@ class AppendWriter:
             op.error = exc
 
     def _sync(self, dirty: dict[int, list[_Append]]) -> None:
-        """Sync every touched file; several at once, since one sync after another costs a disk
-        flush each (64 files: ~180 ms in a row, ~4 ms together on this machine's ext4)."""
+        """Make every touched file durable. One file: fsync. Several: one ``syncfs`` of their
+        filesystem where the platform has it (a batch of 64 files costs about one flush instead
+        of 64 in a row), else fsyncs run in parallel. Either way the batch waits for all of it."""
         if not dirty:
             return
         items = list(dirty.items())
-        if len(items) == 1 or self._sync_pool is None:
+        errors: list[OSError | None]
+        if len(items) > 1 and _SYNCFS is not None and _syncfs(items[0][0]) is None:
+            errors = [None] * len(items)
+        elif len(items) == 1 or self._sync_pool is None:
             errors = [_fsync(fd) for fd, _ in items]
         else:
             errors = list(self._sync_pool.map(_fsync, [fd for fd, _ in items]))
@@ -213,6 +219,30 @@ class AppendWriter:
         if waiting and self._loop is not None and not self._loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed under us during shutdown
                 self._loop.call_soon_threadsafe(_settle, waiting)
+
+
+def _load_syncfs() -> Any:
+    """libc's ``syncfs(2)`` (Linux), called through ctypes, which releases the GIL meanwhile."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+_SYNCFS = _load_syncfs()
+
+
+def _syncfs(fd: int) -> OSError | None:
+    if _SYNCFS(fd) == 0:
+        return None
+    errno = ctypes.get_errno()
+    return OSError(errno, os.strerror(errno))
 
 
 def _fsync(fd: int) -> OSError | None:
