@@ -12,7 +12,7 @@ from aiohttp import web
 from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
-from gateway.api import admin, docs, hooks, memory, runs, scheduler, sessions, system
+from gateway.api import admin, docs, hooks, memory, runs, scheduler, sessions, system, ui
 from gateway.commands import Commands
 from gateway.events import EventHub
 from gateway.http import auth_middleware, errors_middleware
@@ -58,6 +58,7 @@ def create_app(
         admin.routes,
         scheduler.routes,
         memory.routes,
+        ui.routes,
     ):
         app.router.add_routes(table)
     return app

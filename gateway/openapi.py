@@ -261,6 +261,9 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Consistency checks (answers the actions)", "admin", body="gateway.api.admin:DoctorBody", body_required=False
     ),
     ("GET", "/ui"): Op("The web console", "ui", answer=None, media="text/html"),
+    ("GET", "/ui/{file}"): Op(
+        "The web console's scripts and styles (no token)", "ui", answer=None, media="*/*", errors=("not_found",)
+    ),
 }
 for _action in ("pause", "resume", "complete", "stop"):
     OPERATIONS[("POST", f"/v1/sessions/{{key}}/{_action}")] = Op(

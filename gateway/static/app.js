@@ -1,0 +1,105 @@
+// The console's entry point: the token for the tab, the hash router, the live-connection badge.
+
+import { auth, get, live, onUnauthorized } from "./api.js";
+import { empty, h, replace } from "./dom.js";
+import { mountMemory } from "./memory.js";
+import { mountRun } from "./run.js";
+import { mountSession } from "./session.js";
+import { mountSessions } from "./sessions.js";
+import { tokenDialog } from "./ui.js";
+
+const view = document.getElementById("view");
+let unmount = () => {};
+let asking = null;
+
+function parseHash() {
+  const raw = location.hash.replace(/^#/, "") || "/sessions";
+  const [path, search = ""] = raw.split("?", 2);
+  const parts = path.split("/").filter(Boolean);
+  return { parts, query: new URLSearchParams(search) };
+}
+
+function route() {
+  unmount();
+  unmount = () => {};
+  const { parts, query } = parseHash();
+  const [section, arg] = parts;
+  for (const link of document.querySelectorAll(".nav a")) {
+    link.setAttribute("aria-current", String(link.dataset.section === (section === "memory" ? "memory" : "sessions")));
+  }
+  let cleanup;
+  try {
+    if (section === "session" && arg) cleanup = mountSession(view, decodeURIComponent(arg), query);
+    else if (section === "run" && arg) cleanup = mountRun(view, decodeURIComponent(arg));
+    else if (section === "memory") cleanup = mountMemory(view, query);
+    else if (!section || section === "sessions") cleanup = mountSessions(view, query);
+    else replace(view, empty("No such page."), h("a", { href: "#/sessions" }, "Back to the sessions"));
+  } catch (error) {
+    replace(view, empty(`This page could not be shown: ${error.message}`));
+  }
+  unmount = cleanup || (() => {});
+  view.focus({ preventScroll: true });
+  window.scrollTo(0, 0);
+}
+
+async function checkToken(token) {
+  if (!token) return "Enter a token.";
+  auth.set(token);
+  try {
+    await get("/v1/sessions", { limit: 1 });
+    return null;
+  } catch (error) {
+    auth.clear();
+    return error.status === 401 ? "The gateway refused this token." : `The gateway did not answer: ${error.message}`;
+  }
+}
+
+/** Ask for a token (once at a time), then reconnect the event stream and redraw the page. */
+function askForToken(problem = "") {
+  if (!asking) {
+    asking = tokenDialog(checkToken, problem).then(() => {
+      asking = null;
+      document.getElementById("forget").hidden = false;
+      live.connect();
+      route();
+    });
+  }
+  return asking;
+}
+
+function liveBadge(state) {
+  const el = document.getElementById("live");
+  el.dataset.state = state;
+  el.textContent = { live: "live", connecting: "connecting…", off: "offline" }[state] || state;
+  el.title = state === "live" ? "Receiving /v1/events" : "Not receiving live updates";
+}
+
+function start() {
+  live.onState(liveBadge);
+  onUnauthorized(() => {
+    if (!asking && auth.required) {
+      auth.clear();
+      live.close();
+      askForToken("The gateway refused the token; enter it again.");
+    }
+  });
+  const forget = document.getElementById("forget");
+  forget.hidden = !(auth.required && auth.token);
+  forget.addEventListener("click", () => {
+    auth.clear();
+    live.close();
+    forget.hidden = true;
+    unmount();
+    replace(view);
+    askForToken();
+  });
+  window.addEventListener("hashchange", route);
+  if (auth.required && !auth.token) {
+    askForToken();
+    return;
+  }
+  live.connect();
+  route();
+}
+
+start();
