@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from typing import Any, Literal
 
 from aiohttp import web
@@ -70,8 +71,10 @@ SETTINGS_KEYS = {"model"}
 
 
 def session_key(request: web.Request) -> SessionKey:
+    """The key in the path; ``cron:`` and ``hook:`` keys name no agent and run on ``main``."""
     config = request.app[K.CONFIG]
-    return parse_key(request.match_info["key"], agents=config.settings.agents)
+    key = parse_key(request.match_info["key"], agents=config.settings.agents)
+    return key if key.agent_id is not None else replace(key, agent_id="main")
 
 
 def client_message_id(request: web.Request, body_value: str | None) -> str | None:
