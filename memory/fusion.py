@@ -51,7 +51,7 @@ def _stem(word: str) -> str:
 
 
 def _normal(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).lower()
+    return text.lower() if text.isascii() else unicodedata.normalize("NFKC", text).lower()
 
 
 def query_terms(query: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -82,8 +82,14 @@ def text_share(terms: tuple[tuple[str, ...], tuple[str, ...]], content: str) -> 
     if total == 0:
         return 0.0
     text = _normal(content)
-    have = {_stem(w) for w in _WORD.findall(text)} if words else set()
-    matched = sum(1 for w in words if w in have) + sum(1 for c in cjk if c in text)
+    matched = sum(1 for c in cjk if c in text)
+    if words:
+        # cheap substring test first; stem only the document words that could match
+        maybe = [w for w in words if w[:3] in text]
+        if maybe:
+            prefixes = tuple(w[:3] for w in maybe)
+            have = {_stem(t) for t in _WORD.findall(text) if t.startswith(prefixes)}
+            matched += sum(1 for w in maybe if w in have)
     return matched / total
 
 

@@ -108,6 +108,7 @@ class Indexer:
         self._signatures: dict[FileKey, Signature] = {}
         self.pending = 0
         self.rebuilding = False
+        self.embedded_total = 0  # chunks embedded since start, by any run
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
@@ -283,6 +284,7 @@ class Indexer:
         for i in range(0, len(order), EMBED_BATCH):
             part = order[i : i + EMBED_BATCH]
             vectors = await self._embedder.embed([missing[h] for h in part])
+            self.embedded_total += len(part)
             for h, v in zip(part, vectors, strict=True):
                 cached[h] = v
         dims = self.identity().dimensions

@@ -18,7 +18,7 @@ from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import MemorySettings
 from memory import sources
 from memory.embedders import Embedder, build_embedder
-from memory.fusion import Candidate, FusionParams, fuse, query_terms, text_share
+from memory.fusion import Candidate, FusionParams, fuse, merge_pools, query_terms, text_share
 from memory.indexer import Indexer, Progress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.store import ChunkStore
@@ -198,6 +198,7 @@ class MemoryService:
             "chunks": sum(a["chunks"] for a in per_agent.values()),
             "pending": indexer.pending if indexer else 0,
             "rebuilding": bool(indexer and indexer.rebuilding),
+            "embedded_total": indexer.embedded_total if indexer else 0,
             "identity": identity,
             "table": store.active.name if store and store.active is not None else None,
             "agents": per_agent,
@@ -232,52 +233,43 @@ class MemoryService:
         table = store.active
         if table is None:
             return []
+        n = self.settings.search.candidates
+        loop = asyncio.get_running_loop()
+        # the full-text query runs on the index thread while the query is embedded
+        text_future = loop.run_in_executor(self._db, store.text_pool, table, query, agent, n, include_memory_md)
         vector = None
         embedder = self._embedder if self._embedder_ready else None
-        if (
-            embedder is not None
-            and store.active_identity is not None
-            and (store.active_identity.embedder == embedder.identity)
-        ):
-            vector = (await embedder.embed([query]))[0]
-        pools = await self._call(self._pools, table, vector, query, agent, include_memory_md)
-        return self._merge(pools, vector, query)
-
-    def _pools(
-        self, table: Any, vector: np.ndarray[Any, Any] | None, query: str, agent: str, include_memory_md: bool
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        assert self._store is not None
-        n = self.settings.search.candidates
-        vec_rows: list[dict[str, Any]] = []
-        if vector is not None:
-            vec_rows = self._store.vector_pool(table, vector, agent, n, include_memory_md).to_pylist()
-        text_rows = self._store.text_pool(table, query, agent, n, include_memory_md).to_pylist()
-        return vec_rows, text_rows
-
-    @staticmethod
-    def _merge(
-        pools: tuple[list[dict[str, Any]], list[dict[str, Any]]], vector: np.ndarray[Any, Any] | None, query: str
-    ) -> list[Candidate]:
-        from memory.fusion import merge_pools
-
+        try:
+            if embedder is not None and store.active_identity is not None and (
+                store.active_identity.embedder == embedder.identity
+            ):
+                vector = (await embedder.embed([query]))[0]
+            vec_rows: list[dict[str, Any]] = []
+            if vector is not None:
+                vec_rows = await self._call(store.vector_pool, table, vector, agent, n, include_memory_md)
+        finally:
+            text_rows, text_vectors = await text_future
         terms = query_terms(query)
+        in_text = {r["chunk_id"] for r in text_rows}
+        full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
 
-        def cand(row: dict[str, Any]) -> Candidate:
-            cos = float(np.dot(vector, np.asarray(row["vector"], np.float32))) if vector is not None else 0.0
+        def cand(row: dict[str, Any], cosine: float, in_text_pool: bool) -> Candidate:
             return Candidate(
                 chunk_id=row["chunk_id"],
                 path=row["path"],
                 start_line=int(row["start_line"]),
                 end_line=int(row["end_line"]),
                 heading=row["heading"],
-                text=row["text"],
-                cosine=min(1.0, max(0.0, cos)),
-                share=text_share(terms, row["content"]),
+                text=row["content"][len(row["heading"]) + 2 :] if row["heading"] else row["content"],
+                cosine=min(1.0, max(0.0, cosine)),
+                # a chunk the full-text index does not match holds none of the query's terms
+                share=text_share(terms, row["content"]) if in_text_pool or not full_pool else 0.0,
             )
 
-        vec_rows, text_rows = pools
+        text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
         return merge_pools(
-            [(cand(r), -float(r["_distance"])) for r in vec_rows], [(cand(r), float(r["_score"])) for r in text_rows]
+            [(cand(r, 1.0 - r["_distance"], r["chunk_id"] in in_text), -float(r["_distance"])) for r in vec_rows],
+            [(cand(r, float(c), True), float(r["_score"])) for r, c in zip(text_rows, text_cos, strict=True)],
         )
 
     # --- files -------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def rows_table(agent: str, file_hash: str, chunks: Sequence[Chunk], vectors: Vec
     )
 
 
-CANDIDATE_COLUMNS = ["chunk_id", "path", "start_line", "end_line", "heading", "text", "content", "vector"]
+TEXT_COLUMNS = ["chunk_id", "path", "start_line", "end_line", "heading", "content"]
 
 
 class ChunkStore:
@@ -126,6 +126,7 @@ class ChunkStore:
         self.active_identity: IndexIdentity | None = None
         self._writes = 0
         self._rows_since_optimize = 0
+        self._fts: set[str] = set()
         pointer = self._read_pointer()
         if pointer is not None and pointer["table"] in self._tables():
             self.active = self._db.open_table(pointer["table"])
@@ -248,9 +249,16 @@ class ChunkStore:
             self._rows_since_optimize += sum(t.num_rows for t in rows)
         self.ensure_fts(table)
 
-    @staticmethod
-    def ensure_fts(table: Any) -> None:
-        if table.count_rows() == 0 or any(i.index_type == "FTS" for i in table.list_indices()):
+    def has_fts(self, table: Any) -> bool:
+        """Whether ``table`` has its full-text index (remembered: asked on every query)."""
+        if table.name not in self._fts:
+            if not any(i.index_type == "FTS" for i in table.list_indices()):
+                return False
+            self._fts.add(table.name)
+        return True
+
+    def ensure_fts(self, table: Any) -> None:
+        if self.has_fts(table) or table.count_rows() == 0:
             return
         from lancedb.index import FTS
 
@@ -293,25 +301,33 @@ class ChunkStore:
 
     def vector_pool(
         self, table: Any, vector: np.ndarray[Any, Any], agent: str, limit: int, include_memory_md: bool
-    ) -> pa.Table:
-        return (
+    ) -> list[dict[str, Any]]:
+        """The ``limit`` nearest chunks of ``agent`` by cosine distance (``_distance``), nearest first."""
+        return list(
             table.search(vector, vector_column_name="vector")
             .distance_type("cosine")
             .where(self._where(agent, include_memory_md), prefilter=True)
             .limit(limit)
-            .select([*CANDIDATE_COLUMNS, "_distance"])
+            .select([*TEXT_COLUMNS, "_distance"])
             .to_arrow()
+            .to_pylist()
         )
 
-    def text_pool(self, table: Any, query: str, agent: str, limit: int, include_memory_md: bool) -> pa.Table:
+    def text_pool(
+        self, table: Any, query: str, agent: str, limit: int, include_memory_md: bool
+    ) -> tuple[list[dict[str, Any]], np.ndarray[Any, Any]]:
+        """The ``limit`` best BM25 matches of ``agent`` (``_score``), best first, and their vectors."""
         from lancedb.query import MatchQuery
 
-        if not any(i.index_type == "FTS" for i in table.list_indices()):
-            return pa.table({})
-        return (
+        if not self.has_fts(table):
+            return [], np.zeros((0, 0), np.float32)
+        arrow = (
             table.search(MatchQuery(query, "content"), query_type="fts")  # type: ignore[call-arg]
             .where(self._where(agent, include_memory_md), prefilter=True)
             .limit(limit)
-            .select([*CANDIDATE_COLUMNS, "_score"])
+            .select([*TEXT_COLUMNS, "vector", "_score"])
             .to_arrow()
         )
+        dims = arrow.schema.field("vector").type.list_size
+        vectors = arrow["vector"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, dims)
+        return arrow.drop_columns(["vector"]).to_pylist(), vectors

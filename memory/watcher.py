@@ -54,8 +54,8 @@ async def watch(
         async for changes in watchfiles.awatch(
             *watched,
             watch_filter=_md_filter,
-            debounce=settings.debounce_ms,
-            step=50,
+            debounce=settings.debounce_ms,  # at most this long gathering a burst of changes
+            step=min(settings.debounce_ms, 300),  # ...which ends after this long without a change
             stop_event=stop,
             recursive=True,
         ):
