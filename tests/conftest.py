@@ -11,9 +11,11 @@ import pytest
 
 pytest_plugins = ["tests.support.fixtures"]
 
-# A callback that holds the loop longer than this fails the test (fsync and SQLite belong on their
-# threads; on this 2-core machine real blocking work shows up far above this).
-BLOCKING_LIMIT_S = 0.5
+# A callback that holds the loop longer than this fails the test. fsync, SQLite, LanceDB and model
+# work belong on their threads; done on the loop they take seconds here. The bound leaves room for
+# what a busy 2-core machine does to a short callback (scheduling, a full GC pass once torch is in
+# the process: up to ~0.55 s seen), so only real blocking fails.
+BLOCKING_LIMIT_S = 1.0
 
 
 class FakeClock:
