@@ -122,8 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     best: dict[str, tuple[FusionParams, dict[str, dict[str, float]]]] = {}
     for method in ("vector", "text", "hybrid"):
         scored = [(objective(r), p, r) for p in grid(method) for r in [evaluate(pools, p)]]
-        scored.sort(key=lambda t: (-t[0], -t[1].min_score, -t[1].min_text_score))
+        scored.sort(key=lambda t: (-t[0], -t[1].min_score, -t[1].min_text_score, -t[1].vector_weight))
         best[method] = (scored[0][1], scored[0][2])
+        if method == "hybrid":
+            top = scored[0]
+            tied = sorted(
+                p.vector_weight
+                for o, p, _ in scored
+                if o == top[0] and (p.min_score, p.min_text_score) == (top[1].min_score, top[1].min_text_score)
+            )
+            print(f"hybrid: best objective {top[0]:.3f}, reached with vector_weight {tied[0]}..{tied[-1]}")
     defaults = MemorySettings().search
     shipped = FusionParams(defaults.vector_weight, defaults.text_weight, defaults.min_score, defaults.min_text_score)
     best["shipped"] = (shipped, evaluate(pools, shipped))
@@ -139,6 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{method:<8} vector_weight={params.vector_weight} text_weight={params.text_weight} "
             f"min_score={params.min_score} min_text_score={params.min_text_score}"
         )
+    print("\nthe abstention trade-off (shipped weights and min_text_score, min_score varied):")
+    print(f"{'min_score':>10}{'MRR all':>10}{'MRR para':>10}{'abstention':>12}")
+    for ms in MIN_SCORES[1:]:
+        r = evaluate(pools, FusionParams(shipped.vector_weight, shipped.text_weight, ms, shipped.min_text_score))
+        print(f"{ms:>10}{r['answerable']['mrr']:>10.2f}{r['paraphrase']['mrr']:>10.2f}{r['unanswerable']['abstention']:>12.2f}")
     h, v, t = (best[m][1] for m in ("hybrid", "vector", "text"))
     s = best["shipped"][1]
     checks = {

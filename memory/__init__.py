@@ -32,9 +32,12 @@ Methods:
   (a failed rebuild keeps the old table and is reported in ``IndexReport.errors``).
 - ``append_daily(agent, text, *, today) -> AppendResult``: appends to ``memory/YYYY-MM-DD.md`` only
   (never MEMORY.md), skipping lines already in the file; ``today`` is the date in the agent's zone.
-- ``get(agent, path, start_line=None, end_line=None) -> str``, ``read_file(agent, path) -> str``:
-  ``path`` relative to the workspace; ``..``/absolute paths or non-memory files are ``BadRequest``,
-  a missing file ``NotFound``.
+- ``get(agent, path, start_line=None, end_line=None, *, include_memory_md=True) -> str``,
+  ``read_file(agent, path) -> str``: ``path`` relative to the workspace; ``..``/absolute paths or
+  non-memory files are ``BadRequest``, a missing file ``NotFound`` (so is MEMORY.md for ``get`` with
+  ``include_memory_md=False``).
+- ``candidates(agent, query, *, include_memory_md=True) -> list[memory.fusion.Candidate]``: the two
+  merged candidate pools before fusion (for the retrieval benchmark and diagnostics).
 
 Files change on disk at any time: a watcher (debounced ``memory.watch.debounce_ms``) and a sweep
 every ``memory.watch.poll_seconds`` keep the index level, so a new file is searchable within

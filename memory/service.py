@@ -291,8 +291,20 @@ class MemoryService:
         except FileNotFoundError as exc:
             raise NotFound(f"memory file {path!r} does not exist", code="memory_file_not_found") from exc
 
-    async def get(self, agent: str, path: str, start_line: int | None = None, end_line: int | None = None) -> str:
-        """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file."""
+    async def get(
+        self,
+        agent: str,
+        path: str,
+        start_line: int | None = None,
+        end_line: int | None = None,
+        *,
+        include_memory_md: bool = True,
+    ) -> str:
+        """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file.
+        With ``include_memory_md=False`` (sessions whose chat type may not see it) MEMORY.md is
+        NotFound."""
+        if not include_memory_md and path == sources.MEMORY_MD:
+            raise NotFound("MEMORY.md is not available in this session", code="memory_file_not_found")
         text = await asyncio.to_thread(self.read_file, agent, path)
         return sources.line_slice(text, start_line, end_line)
 

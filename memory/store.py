@@ -197,20 +197,6 @@ class ChunkStore:
         }
 
     @staticmethod
-    def file_counts(table: Any) -> dict[str, tuple[int, int]]:
-        """agent → (files, chunks)."""
-        out: dict[str, tuple[int, int]] = {}
-        if table is None or table.count_rows() == 0:
-            return out
-        data = table.search().select(["agent", "path"]).limit(table.count_rows()).to_arrow()
-        files: dict[str, set[str]] = {}
-        chunks: dict[str, int] = {}
-        for a, p in zip(data["agent"].to_pylist(), data["path"].to_pylist(), strict=True):
-            files.setdefault(a, set()).add(p)
-            chunks[a] = chunks.get(a, 0) + 1
-        return {a: (len(files[a]), chunks[a]) for a in files}
-
-    @staticmethod
     def vectors_for(tables: Iterable[Any], hashes: Iterable[str]) -> dict[str, np.ndarray[Any, Any]]:
         """Cached vectors by content hash, from the given tables (first wins)."""
         wanted = sorted(set(hashes))

@@ -201,6 +201,8 @@ async def test_files_get_and_append(service: MemoryService, workspace: Path) -> 
         service.read_file("main", "../other/MEMORY.md")
     with pytest.raises(NotFound):
         await service.get("main", "memory/none.md", None, None)
+    with pytest.raises(NotFound):
+        await service.get("main", "MEMORY.md", include_memory_md=False)
 
     result = await service.append_daily("main", "Parking spot is B12.\nParking spot is B12.", today=date(2026, 11, 30))
     assert (result.path, result.appended, result.skipped) == ("memory/2026-11-30.md", 1, 1)
