@@ -12,7 +12,9 @@ runs on the embedder's own single thread (``memory-embed``), never on the event 
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,6 +101,8 @@ class SentenceTransformerEmbedder:
         self._batch_size = batch_size
         self._threads = threads
         self._model: Any = None
+        self._counter: Any = None
+        self._count_lock = threading.Lock()
         self._dims = 0
         self._max_seq = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
@@ -142,6 +146,9 @@ class SentenceTransformerEmbedder:
         dims = model.get_embedding_dimension()
         self._dims = int(dims) if dims else int(model.encode(["probe"]).shape[1])
         self._max_seq = int(model.max_seq_length or 512)
+        # A fast tokenizer must not be used from two threads at once ("Already borrowed"): chunking
+        # counts tokens on the index thread while the embed thread encodes, so it gets its own copy.
+        self._counter = copy.deepcopy(model.tokenizer)
         self._model = model
 
     async def start(self) -> None:
@@ -149,13 +156,9 @@ class SentenceTransformerEmbedder:
 
     def count_tokens(self, text: str) -> int:
         self._require()
-        ids = self._model.tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)
+        with self._count_lock:
+            ids = self._counter(text, add_special_tokens=True, truncation=False, verbose=False)
         return len(ids["input_ids"])
-
-    def count_tokens_batch(self, texts: Sequence[str]) -> list[int]:
-        self._require()
-        ids = self._model.tokenizer(list(texts), add_special_tokens=True, truncation=False, verbose=False)
-        return [len(x) for x in ids["input_ids"]]
 
     def encode_sync(self, texts: Sequence[str]) -> Vectors:
         """Blocking encode on the calling thread (use :meth:`embed` from async code)."""

@@ -97,3 +97,15 @@ async def test_service_with_the_real_model(tmp_path: Path, minilm: SentenceTrans
         assert found[0].path == "memory/new.md"
     finally:
         await svc.close()
+
+
+@pytest.mark.slow
+async def test_counting_tokens_while_encoding_is_safe(minilm: SentenceTransformerEmbedder) -> None:
+    # chunking counts tokens on the index thread while the embed thread encodes
+    texts = [f"sentence number {i} about budgets and gardens " * 8 for i in range(96)]
+
+    def count() -> int:
+        return sum(minilm.count_tokens(t) for t in texts * 5)
+
+    vectors, counted = await asyncio.gather(minilm.embed(texts), asyncio.to_thread(count))
+    assert vectors.shape == (96, 384) and counted > 0
