@@ -34,6 +34,7 @@ from sessions.layout import Home
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
 
 log = logging.getLogger(__name__)
+QUIET_LOGGERS = ("apscheduler", "httpx", "httpx2", "openai", "sentence_transformers")
 
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
@@ -216,6 +217,8 @@ def _logging_to(home: Home) -> Iterator[None]:
     previous_level = root.level
     root.addHandler(queue_handler)
     root.setLevel(logging.INFO)
+    for noisy in QUIET_LOGGERS:  # one INFO line per job run, per HTTP request to a model or hub
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     listener.start()
     try:
         yield
