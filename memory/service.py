@@ -57,6 +57,7 @@ class MemoryService:
         self._store: ChunkStore | None = None
         self._indexer: Indexer | None = None
         self._run_lock = asyncio.Lock()
+        self._embedder_lock = asyncio.Lock()
         self._append_locks: dict[str, asyncio.Lock] = {}
         self._queued: set[str] = set()
         self._wake = asyncio.Event()
@@ -127,9 +128,10 @@ class MemoryService:
 
     async def _ensure_embedder(self) -> Embedder:
         assert self._embedder is not None, "MemoryService.start() was not awaited"
-        if not self._embedder_ready:
-            await self._embedder.start()
-            self._embedder_ready = True
+        async with self._embedder_lock:
+            if not self._embedder_ready:
+                await self._embedder.start()
+                self._embedder_ready = True
         return self._embedder
 
     def _has_sources(self) -> bool:
@@ -145,9 +147,9 @@ class MemoryService:
                 await self._ensure_embedder()
                 await self.reindex()
             self._ready = True
-        except NeotaskError as exc:
-            self._last_error = exc.message
-            log.error("memory: initial index failed: %s", exc.message)
+        except (NeotaskError, OSError, ValueError, RuntimeError) as exc:
+            self._last_error = str(exc)
+            log.error("memory: initial index failed (the sweep retries): %s", exc)
         while not self._stop.is_set():
             await self._wake.wait()
             self._wake.clear()
