@@ -97,6 +97,9 @@ def file_hash(text: str) -> str:
 
 def line_slice(text: str, start_line: int | None, end_line: int | None) -> str:
     """Lines ``start_line``..``end_line`` (1-based, inclusive; None = from the start / to the end)."""
+    for name, value in (("start_line", start_line), ("end_line", end_line)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise BadRequest(f"{name} must be a whole number (1-based) or left out")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

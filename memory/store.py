@@ -128,9 +128,13 @@ class ChunkStore:
         self._rows_since_optimize = 0
         self._fts: set[str] = set()
         pointer = self._read_pointer()
-        if pointer is not None and pointer["table"] in self._tables():
-            self.active = self._db.open_table(pointer["table"])
-            self.active_identity = IndexIdentity.from_dict(pointer["identity"])
+        try:
+            if pointer is not None and pointer["table"] in self._tables():
+                identity = IndexIdentity.from_dict(pointer["identity"])
+                self.active = self._db.open_table(pointer["table"])
+                self.active_identity = identity
+        except (KeyError, TypeError):  # an unreadable pointer: start a new index
+            self.active = self.active_identity = None
 
     def _tables(self) -> set[str]:
         return set(self._db.list_tables().tables)

@@ -256,3 +256,20 @@ async def test_close_is_quick_while_indexing(
     async with asyncio.timeout(10):
         await svc.close()
     await embedder.close()
+
+
+async def test_an_unreadable_pointer_starts_a_new_index(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    uri = tmp_path / "memory.lance"
+    uri.mkdir()
+    (uri / "neotask-index.json").write_text('{"table": "chunks_gone", "identity": {}}')
+    embedder = openai_embedder(openai_server)
+    svc = MemoryService(memory_settings(), {"main": workspace}, uri, clock=clock, embedder=embedder)
+    await svc.start()
+    try:
+        await eventually(lambda: svc.ready)
+        assert await svc.search("main", "dentist Alice")
+    finally:
+        await svc.close()
+        await embedder.close()

@@ -53,6 +53,8 @@ def test_line_slice(ws: Path) -> None:
     assert sources.line_slice(text, 3, None) == "- c"
     with pytest.raises(BadRequest):
         sources.line_slice(text, 0, 2)
+    with pytest.raises(BadRequest):
+        sources.line_slice(text, "2", None)  # type: ignore[arg-type]
 
 
 def test_append_daily_skips_lines_already_there(ws: Path) -> None:
