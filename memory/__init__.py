@@ -10,7 +10,7 @@ Public API (everything else in the package is internal)::
     service.ready                  # True once the initial index pass finished (gate /readyz, recall)
     hits = await service.search("main", "when is the dentist?", k=3, include_memory_md=True)
     await service.reindex(None, force=False, progress=lambda done, total: ...)   # -> IndexReport
-    service.status()               # {ready, files, chunks, pending, rebuilding, identity, table,
+    service.status()               # {ready, files, chunks, pending, rebuilding, embedded_total, identity, table,
                                    #  agents: {id: {files, chunks}}, last_run, last_error}
     service.list_files("main")     # [MemoryFile(path, size, mtime)]
     service.read_file("main", "memory/2026-01-31.md")        # text; BadRequest / NotFound
