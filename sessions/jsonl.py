@@ -72,7 +72,7 @@ def last_record(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def repair_tail(path: Path) -> tuple[int, dict[str, Any] | None]:
+def repair_tail(path: Path | str) -> tuple[int, dict[str, Any] | None]:
     """Cut a torn tail (a last line with no newline, or one that is not JSON) into
     ``<file>.torn`` and log it; return the bytes cut and the last good record."""
     try:
@@ -106,7 +106,7 @@ def repair_tail(path: Path) -> tuple[int, dict[str, Any] | None]:
             os.fsync(out.fileno())
         os.ftruncate(fd, good)
         os.fsync(fd)
-        log.warning("cut a torn tail of %d bytes from %s into %s.torn", size - good, path, path.name)
+        log.warning("cut a torn tail of %d bytes from %s into %s.torn", size - good, path, os.path.basename(path))
         return size - good, last
     finally:
         os.close(fd)

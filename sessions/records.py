@@ -72,6 +72,7 @@ class RunState:
     context_tokens: int = 0
     context_lines: int = 0
     context_bytes: int = 0  # current.jsonl's size once queued appends land (the recovery checkpoint)
+    messages_bytes: int = 0  # messages.jsonl's size, likewise
     last_context_seq: int = 0
     next_summary_id: int = 1
     compaction_count: int = 0

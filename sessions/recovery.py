@@ -32,6 +32,7 @@ class RecoveredRun:
     context_tokens: int = 0
     context_lines: int = 0
     context_bytes: int = 0
+    messages_bytes: int = 0
     last_context_seq: int = 0
     next_summary_id: int = 1
     compaction_count: int = 0
@@ -52,6 +53,8 @@ class Checkpoint:
     last_context_seq: int
     compaction_count: int
     last_summary_id: int
+    messages_bytes: int
+    message_count: int
 
 
 # tasks.db columns that hold what metadata.json holds: with a ledger row, metadata.json is not read
@@ -72,48 +75,90 @@ def context_line(record: dict[str, Any]) -> dict[str, Any]:
     return line
 
 
+@dataclass(frozen=True)
+class FolderScan:
+    """What a run folder holds, from the file system alone (names and store sizes)."""
+
+    folder: Path
+    status: str
+    names: frozenset[str]
+    messages_size: int
+    current_size: int
+
+
+def scan_folder(folder: Path, status: str) -> FolderScan | None:
+    base = str(folder)  # plain strings: pathlib's joins cost more than the reads here
+    try:
+        names = frozenset(os.listdir(base))
+    except FileNotFoundError:
+        return None
+    messages = os.stat(os.path.join(base, layout.MESSAGES)).st_size if layout.MESSAGES in names else 0
+    current = os.stat(os.path.join(base, layout.CURRENT)).st_size if layout.CURRENT in names else 0
+    return FolderScan(folder, status, names, messages, current)
+
+
+def scan_all(contexts: Path) -> list[FolderScan]:
+    """Every active run folder, scanned (only system calls)."""
+    scans = []
+    for status in ("running", "paused"):
+        base = contexts / status
+        try:
+            children = sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
+        except FileNotFoundError:
+            continue
+        for name in children:
+            scan = scan_folder(base / name, status)
+            if scan is not None:
+                scans.append(scan)
+    return scans
+
+
 def recover_run(
     folder: Path,
     status: str,
     row: dict[str, Any] | None = None,
     checkpoint: Checkpoint | None = None,
+    scan: FolderScan | None = None,
 ) -> RecoveredRun | None:
     """Repair and count one active run. ``row`` (its tasks.db row) stands in for metadata.json;
-    ``checkpoint`` spares reading current.jsonl when the file is exactly as it was checkpointed."""
-    try:
-        names = set(os.listdir(folder))
-    except FileNotFoundError:
+    ``checkpoint`` spares reading the stores when they are exactly as they were checkpointed."""
+    scan = scan or scan_folder(folder, status)
+    if scan is None:
         return None
+    base, names = str(folder), scan.names
     if row is not None:
-        metadata = {name: row.get(name) for name in LEDGER_METADATA}
+        metadata = row  # it holds every LEDGER_METADATA column
     else:
         try:
             metadata = json.loads((folder / layout.METADATA).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             log.error("run folder %s has no readable metadata.json; left for `neotask doctor`", folder)
             return None
-    run = RecoveredRun(run_id=folder.name, status=status, dir=folder, metadata=metadata)
+    run = RecoveredRun(run_id=os.path.basename(base), status=status, dir=folder, metadata=metadata)
 
-    last_message: dict[str, Any] | None = None
-    if layout.MESSAGES in names:
-        cut, last_message = repair_tail(folder / layout.MESSAGES)
+    messages = os.path.join(base, layout.MESSAGES)
+    size = scan.messages_size
+    if checkpoint is not None and size == checkpoint.messages_bytes and size > 0:
+        run.next_seq, run.messages_bytes = checkpoint.message_count + 1, size  # exactly as checkpointed
+    elif size:
+        cut, last_message = repair_tail(messages)
         if cut:
             run.torn.append(layout.MESSAGES)
-    if last_message:
-        run.next_seq = int(last_message.get("seq", 0)) + 1
-        run.last_message_at = last_message.get("timestamp")
+        if last_message:
+            run.next_seq = int(last_message.get("seq", 0)) + 1
+            run.last_message_at = last_message.get("timestamp")
+        run.messages_bytes = size - cut
 
     last_summary: dict[str, Any] | None = None
     if layout.SUMMARIES in names:
-        cut, last_summary = repair_tail(folder / layout.SUMMARIES)
+        cut, last_summary = repair_tail(os.path.join(base, layout.SUMMARIES))
         if cut:
             run.torn.append(layout.SUMMARIES)
         if last_summary:
             run.next_summary_id = int(last_summary.get("id", 0)) + 1
             run.compaction_count = int(last_summary.get("compaction_count", 0))
 
-    current_path = folder / layout.CURRENT
-    size = current_path.stat().st_size if layout.CURRENT in names else 0
+    size = scan.current_size
     if (
         checkpoint is not None
         and size == checkpoint.context_bytes
@@ -131,7 +176,7 @@ def recover_run(
 
     for name, attr, id_field in ((layout.TOOLS, "next_tool_seq", "seq"), (layout.PLANNING, "next_plan_id", "id")):
         if name in names:
-            cut, last = repair_tail(folder / name)
+            cut, last = repair_tail(os.path.join(base, name))
             if cut:
                 run.torn.append(name)
             if last:
@@ -139,7 +184,7 @@ def recover_run(
     return run
 
 
-def _count_current(run: RecoveredRun, names: set[str], last_summary: dict[str, Any] | None) -> None:
+def _count_current(run: RecoveredRun, names: frozenset[str], last_summary: dict[str, Any] | None) -> None:
     """Read current.jsonl whole: cut a torn tail, finish an interrupted compaction, count."""
     folder = run.dir
     current: list[dict[str, Any]] = []
@@ -198,16 +243,11 @@ def recover_all(
     rows: dict[str, dict[str, Any]] | None = None,
     checkpoints: dict[str, Checkpoint] | None = None,
 ) -> list[RecoveredRun]:
-    runs = []
     rows, checkpoints = rows or {}, checkpoints or {}
-    for status in ("running", "paused"):
-        base = contexts / status
-        try:
-            children = sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
-        except FileNotFoundError:
-            continue
-        for name in children:
-            run = recover_run(base / name, status, rows.get(name), checkpoints.get(name))
-            if run is not None:
-                runs.append(run)
+    runs = []
+    for scan in scan_all(contexts):
+        name = scan.folder.name
+        run = recover_run(scan.folder, scan.status, rows.get(name), checkpoints.get(name), scan)
+        if run is not None:
+            runs.append(run)
     return runs

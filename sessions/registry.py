@@ -52,13 +52,17 @@ class SessionEntry:
     context_lines: int = 0
     last_context_seq: int = 0
     last_summary_id: int = 0
+    messages_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SessionEntry:
-        return cls(**{k: v for k, v in data.items() if k in _ENTRY_FIELDS})
+    def from_dict(cls, data: dict[str, Any], **extra: Any) -> SessionEntry:
+        try:
+            return cls(**data, **extra)
+        except TypeError:  # a field this version does not know (written by a newer one): drop it
+            return cls(**{k: v for k, v in {**data, **extra}.items() if k in _ENTRY_FIELDS})
 
     def encode(self) -> str:
         """The entry's sessions.json text, without its key (the key is the member name).
@@ -93,7 +97,7 @@ class SessionRegistry:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
             sessions = data["sessions"]
-            entries = {key: SessionEntry.from_dict({**value, "key": key}) for key, value in sessions.items()}
+            entries = {key: SessionEntry.from_dict(value, key=key) for key, value in sessions.items()}
         except FileNotFoundError:
             return "missing"
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

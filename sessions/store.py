@@ -87,8 +87,8 @@ class SessionStore:
         await self.ledger.close()
 
     async def _recover(self) -> None:
-        active_rows = {row["uuid"]: row for row in await self.ledger.execute(_active_rows)}
-        problem = await asyncio.to_thread(self.registry.load)
+        rows, problem = await asyncio.gather(self.ledger.execute(_active_rows), asyncio.to_thread(self.registry.load))
+        active_rows = {row["uuid"]: row for row in rows}
         checkpoints = {e.run_id: _checkpoint(e) for e in self.registry.entries.values() if e.run_id}
         recovered = await asyncio.to_thread(recover_all, self.home.contexts, active_rows, checkpoints)
         self.recovered = recovered
@@ -141,6 +141,7 @@ class SessionStore:
             context_tokens=rec.context_tokens,
             context_lines=rec.context_lines,
             context_bytes=rec.context_bytes,
+            messages_bytes=rec.messages_bytes,
             last_context_seq=rec.last_context_seq,
             next_summary_id=rec.next_summary_id,
             compaction_count=rec.compaction_count,
@@ -198,13 +199,13 @@ class SessionStore:
             if entry is None:
                 entry = self._new_entry(run.key, run.agent_id, run.chat_type, run.channel)
                 self.registry.entries[run.key] = entry
-            before = entry.encode()
+            before = _reconciled_fields(entry)
             entry.run_id, entry.status, entry.started_at = run.run_id, run.status, run.started_at
             rec = recovered.get(run.run_id)
             if rec and rec.last_message_at and (entry.last_interaction_at or "") < rec.last_message_at:
                 entry.last_interaction_at = rec.last_message_at
             self.sync_counters(entry, run)
-            if entry.encode() != before:
+            if _reconciled_fields(entry) != before:
                 self.registry.touch(run.key)
         for entry in self.registry.entries.values():
             if entry.run_id is not None and entry.run_id not in self._runs:
@@ -407,7 +408,9 @@ class SessionStore:
         stamp = iso(self.clock())
         record = _message_record(run.next_seq, message, stamp)
         run.next_seq += 1
-        durable = self.writer.append(run.dir / layout.MESSAGES, encode(record), durable=True)
+        data = encode(record)
+        durable = self.writer.append(run.dir / layout.MESSAGES, data, durable=True)
+        run.messages_bytes += len(data)
         if in_context(record):
             line = encode(context_line(record))
             self.writer.append_nowait(run.dir / layout.CURRENT, line)
@@ -561,6 +564,7 @@ class SessionStore:
         entry.context_lines = run.context_lines
         entry.last_context_seq = run.last_context_seq
         entry.last_summary_id = run.next_summary_id - 1
+        entry.messages_bytes = run.messages_bytes
 
     def _metadata(self, run: RunState) -> dict[str, Any]:
         return {
@@ -615,8 +619,28 @@ def _all_rows(conn: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute("SELECT * FROM tasks")]
 
 
+_RECOVERY_COLUMNS = (
+    "uuid", "status", "session_key", "agent_id", "chat_type", "channel", "task_type", "task_identifier",
+    "repository", "user", "parent_uuid", "created_at", "input_tokens", "output_tokens", "cache_read_tokens",
+    "cache_write_tokens",
+)  # fmt: skip
+
+
 def _active_rows(conn: Any) -> list[dict[str, Any]]:
-    return [dict(r) for r in conn.execute("SELECT * FROM tasks WHERE status IN ('running', 'paused')")]
+    """What recovery needs of the active runs (not every column: 10,000 rows are read at start)."""
+    sql = f"SELECT {', '.join(_RECOVERY_COLUMNS)} FROM tasks WHERE status IN ('running', 'paused')"
+    cursor = conn.execute(sql)
+    cursor.row_factory = None
+    return [dict(zip(_RECOVERY_COLUMNS, row, strict=True)) for row in cursor]
+
+
+def _reconciled_fields(entry: SessionEntry) -> tuple[Any, ...]:
+    """What ``_reconcile_entries`` may change in an entry (to rewrite only the entries it did)."""
+    return (
+        entry.run_id, entry.status, entry.started_at, entry.last_interaction_at, entry.context_tokens,
+        entry.message_count, entry.compaction_count, entry.context_bytes, entry.context_lines,
+        entry.last_context_seq, entry.last_summary_id, entry.messages_bytes,
+    )  # fmt: skip
 
 
 def _checkpoint(entry: SessionEntry) -> Checkpoint:
@@ -627,6 +651,8 @@ def _checkpoint(entry: SessionEntry) -> Checkpoint:
         last_context_seq=entry.last_context_seq,
         compaction_count=entry.compaction_count,
         last_summary_id=entry.last_summary_id,
+        messages_bytes=entry.messages_bytes,
+        message_count=entry.message_count,
     )
 
 
