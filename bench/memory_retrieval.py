@@ -151,9 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'min_score':>10}{'MRR all':>10}{'MRR para':>10}{'abstention':>12}")
     for ms in MIN_SCORES[1:]:
         r = evaluate(pools, FusionParams(shipped.vector_weight, shipped.text_weight, ms, shipped.min_text_score))
-        print(
-            f"{ms:>10}{r['answerable']['mrr']:>10.2f}{r['paraphrase']['mrr']:>10.2f}{r['unanswerable']['abstention']:>12.2f}"
-        )
+        print(f"{ms:>10}{r['answerable']['mrr']:>10.2f}{r['paraphrase']['mrr']:>10.2f}{r['unanswerable']['abstention']:>12.2f}")
     h, v, t = (best[m][1] for m in ("hybrid", "vector", "text"))
     s = best["shipped"][1]
     checks = {

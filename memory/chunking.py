@@ -134,8 +134,8 @@ def _windows(costs: list[int], budget: int, overlap: int) -> list[tuple[int, int
             break
         back = j
         carried = 0
-        while (
-            back - 1 > i and carried + costs[back - 1] <= overlap and (carried + costs[back - 1] + costs[j] <= budget)
+        while back - 1 > i and carried + costs[back - 1] <= overlap and (
+            carried + costs[back - 1] + costs[j] <= budget
         ):
             back -= 1
             carried += costs[back]

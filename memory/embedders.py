@@ -250,7 +250,9 @@ class OpenAIEmbedder:
     async def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.zeros((0, self._dims), dtype=np.float32)
-        parts = [await self._request(texts[i : i + self._batch_size]) for i in range(0, len(texts), self._batch_size)]
+        parts = [
+            await self._request(texts[i : i + self._batch_size]) for i in range(0, len(texts), self._batch_size)
+        ]
         out = np.concatenate(parts, axis=0)
         if self._dims and out.shape[1] != self._dims:
             raise Unavailable(

@@ -242,10 +242,8 @@ class MemoryService:
         vector = None
         embedder = self._embedder if self._embedder_ready else None
         try:
-            if (
-                embedder is not None
-                and store.active_identity is not None
-                and (store.active_identity.embedder == embedder.identity)
+            if embedder is not None and store.active_identity is not None and (
+                store.active_identity.embedder == embedder.identity
             ):
                 vector = (await embedder.embed([query]))[0]
             vec_rows: list[dict[str, Any]] = []
