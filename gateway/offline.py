@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from config.clock import iso, system_clock
 from config.errors import BadRequest
 from config.loader import LoadedConfig
+from gateway.views import session_view
 from sessions import doctor
 from sessions.keys import parse_key
 from sessions.layout import Home
@@ -22,6 +23,7 @@ from sessions.lock import HomeLock
 from sessions.registry import SessionEntry
 from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
+from sessions.tokens import estimate_text
 
 if TYPE_CHECKING:
     from gateway.commands import Commands
@@ -50,25 +52,17 @@ def with_store(config: LoadedConfig, work: Callable[[SessionStore], Awaitable[T]
 
 def describe_entry(config: LoadedConfig, store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
     """The entry as ``GET /v1/sessions/{key}`` shows it, as far as the files tell (no next reset:
-    that is the scheduler's)."""
+    that is the scheduler's; the overhead counts the system prompt, not the tool schemas)."""
     settings = config.settings
     agent = settings.agents.get(entry.agent_id or "main") or settings.agents["main"]
-    threshold = compaction_threshold(settings.compaction, agent.model)
-    run = store.active_run(entry.key)
-    body = entry.to_dict()
-    body["tokens"] = {
-        "context": run.context_tokens if run else 0,
-        "threshold": threshold,
-        "input": entry.input_tokens,
-        "output": entry.output_tokens,
-        "cache_read": entry.cache_read_tokens,
-        "cache_write": entry.cache_write_tokens,
-    }
-    body["threshold"] = threshold
-    body["compactions"] = run.compaction_count if run else entry.compaction_count
-    body["next_reset"] = None
-    body["model"] = str(entry.settings.get("model") or agent.model.name) if agent.model.base_url else None
-    return body
+    return session_view(
+        entry,
+        store.active_run(entry.key),
+        threshold=compaction_threshold(settings.compaction, agent.model),
+        overhead=estimate_text(agent.system_prompt),
+        next_reset=None,
+        model=str(entry.settings.get("model") or agent.model.name) if agent.model.base_url else None,
+    )
 
 
 def list_sessions(

@@ -16,6 +16,7 @@ from gateway.commands import dispatch, parse_command
 from gateway.http import json_response, parse_body, query_int, read_json, validate
 from gateway.streaming import answer
 from gateway.turns import Post
+from gateway.views import session_view
 from sessions.keys import Ingress, SessionKey, parse_key, route
 from sessions.records import TaskKey
 from sessions.thresholds import compaction_threshold
@@ -186,26 +187,16 @@ async def list_sessions(request: web.Request) -> web.Response:
 def describe(request: web.Request, key: str) -> dict[str, Any]:
     store = request.app[K.STORE]
     conv = request.app[K.CONVERSATIONS]
-    commands = request.app[K.COMMANDS]
+    next_reset = request.app[K.COMMANDS].next_reset
     entry = store.require_entry(key)
-    agent = conv.agent(entry.agent_id)
-    body = entry.to_dict()
-    run = store.active_run(key)
-    threshold = compaction_threshold(conv.settings.compaction, agent.model)
-    body["tokens"] = {
-        "context": (run.context_tokens if run else 0) + conv.context_overhead(entry.agent_id),
-        "threshold": threshold,
-        "input": entry.input_tokens,
-        "output": entry.output_tokens,
-        "cache_read": entry.cache_read_tokens,
-        "cache_write": entry.cache_write_tokens,
-    }
-    body["threshold"] = threshold
-    body["compactions"] = run.compaction_count if run else entry.compaction_count
-    nxt = commands.next_reset(key) if commands.next_reset else None
-    body["next_reset"] = nxt.isoformat() if nxt else None
-    body["model"] = conv.model_name(key, entry.agent_id) if conv.provider(entry.agent_id) else None
-    return body
+    return session_view(
+        entry,
+        store.active_run(key),
+        threshold=conv.threshold(entry.agent_id),
+        overhead=conv.context_overhead(entry.agent_id),
+        next_reset=next_reset(key) if next_reset else None,
+        model=conv.model_name(key, entry.agent_id) if conv.provider(entry.agent_id) else None,
+    )
 
 
 @routes.get("/v1/sessions/{key}")
