@@ -23,6 +23,7 @@ _DETAIL = re.compile(
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*")
 LINE_CHARS = 240  # at most this much of each message; less when that would not shrink the context
 MIN_LINE_CHARS = 60
+MAX_ITEMS = 120  # details and questions kept
 
 SUMMARY_PROMPT = (
     "You compress a conversation so it can continue with less context. Write a concise summary of the"
@@ -95,24 +96,35 @@ def extractive_summary(
         keep_details.extend(details(content))
         if line.get("role") == "user":
             questions.extend(open_questions(content))
-    if keep_details:
-        parts.append("Details: " + "; ".join(dict.fromkeys(keep_details)))
+    if keep_details:  # the most recent ones matter most
+        parts.append("Details: " + "; ".join(list(dict.fromkeys(reversed(keep_details)))[:MAX_ITEMS][::-1]))
     if questions:
-        parts.append("Questions raised: " + " | ".join(dict.fromkeys(questions)))
+        parts.append("Questions raised: " + " | ".join(list(dict.fromkeys(reversed(questions)))[:MAX_ITEMS][::-1]))
     return _fit(parts, max_tokens)
 
 
 def _fit(parts: list[str], max_tokens: int) -> str:
-    """Drop the oldest message lines first until the text fits; never cut details mid-way."""
+    """Drop the oldest message lines first until the text fits (linear: thousands of messages
+    are summarized at once), then cut what is still over."""
+    costs = [estimate_text(p) + 1 for p in parts]
+    total = sum(costs)
+    dropped = 0
+    if total > max_tokens:
+        keep = [True] * len(parts)
+        for i, part in enumerate(parts):
+            if total <= max_tokens:
+                break
+            if part.startswith("- "):
+                keep[i] = False
+                total -= costs[i]
+                dropped += 1
+        parts = [p for p, k in zip(parts, keep, strict=True) if k]
+    if dropped:
+        parts.insert(0, f"[{dropped} older messages omitted]")
     text = "\n".join(parts)
-    while estimate_text(text) > max_tokens and len(parts) > 1:
-        index = next((i for i, p in enumerate(parts) if p.startswith("- ")), None)
-        if index is None:
-            break
-        parts.pop(index)
-        text = "\n".join(["[older messages omitted]", *parts])
-    if estimate_text(text) > max_tokens:
-        text = text[: max_tokens * 4 - 20] + " …[truncated]"
+    estimate = estimate_text(text)
+    if estimate > max_tokens:
+        text = text[: max(0, int(len(text) * max_tokens / estimate) - 20)] + " …[truncated]"
     return text
 
 

@@ -16,3 +16,12 @@ async def test_sessions_engine_bench_runs_quick() -> None:
     # On a thread: the benchmark runs its own event loop, and this test's loop must stay free.
     status = await asyncio.to_thread(sessions_engine.main, ["--quick"])
     assert status in (0, 1)  # 1 only says a target was missed on this machine, which is not a test failure
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_compaction_bench_runs_quick() -> None:
+    from bench import compaction
+
+    status = await asyncio.to_thread(compaction.main, ["--quick"])
+    assert status in (0, 1)
