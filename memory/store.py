@@ -274,7 +274,7 @@ class ChunkStore:
             table.optimize(cleanup_older_than=timedelta(seconds=1), delete_unverified=True)
             self._writes = self._rows_since_optimize = 0
         rows = table.count_rows()
-        if rows >= ANN_MIN_ROWS and not any(i.index_type.startswith("IVF") for i in table.list_indices()):
+        if rows >= ANN_MIN_ROWS and not any(i.index_type.upper().startswith("IVF") for i in table.list_indices()):
             from lancedb.index import IvfPq
 
             dims = table.schema.field("vector").type.list_size

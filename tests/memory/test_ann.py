@@ -1,0 +1,56 @@
+"""The ANN index: built once the table passes ``ANN_MIN_ROWS`` (50,000 in production, lowered
+here), and vector search still finds the nearest chunks through it (real LanceDB)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import memory.store as store_module
+from memory.chunking import Chunk
+from memory.embedders import EmbedderIdentity
+from memory.store import ChunkStore, IndexIdentity, rows_table
+
+DIMS, ROWS = 32, 1200
+
+
+def chunks(n: int) -> list[Chunk]:
+    return [
+        Chunk(path=f"memory/n{i}.md", start_line=1, end_line=1, heading="", text=f"note {i}", content_hash=f"h{i}")
+        for i in range(n)
+    ]
+
+
+def has_ann(table: Any) -> bool:
+    return any(i.index_type.upper().startswith("IVF") for i in table.list_indices())
+
+
+@pytest.mark.slow
+@pytest.mark.allow_blocking  # LanceDB work on the test's own thread: there is no loop to protect here
+def test_the_ann_index_is_built_past_the_threshold_and_still_finds_neighbours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(ROWS, DIMS)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store = ChunkStore(tmp_path / "memory.lance")
+    identity = IndexIdentity.of(EmbedderIdentity("test", "random", DIMS), 200, 40, None)
+    table = store.create_table(identity)
+    store.write(table, [], [rows_table("main", "f", chunks(ROWS), vectors, DIMS)])
+
+    monkeypatch.setattr(store_module, "ANN_MIN_ROWS", ROWS + 1)
+    store.maintain(table, force=True)
+    assert not has_ann(table), "below the threshold: a flat scan"
+
+    monkeypatch.setattr(store_module, "ANN_MIN_ROWS", ROWS)
+    store.maintain(table, force=True)
+    assert has_ann(table)
+
+    found = 0
+    for target in range(0, ROWS, 60):
+        rows = store.vector_pool(table, vectors[target], "main", 10, True)
+        found += any(row["path"] == f"memory/n{target}.md" for row in rows)
+    assert found >= 18, f"the exact neighbour was in the top 10 for only {found} of 20 queries"
