@@ -200,8 +200,6 @@ class CronJob(Model):
     isolated: bool = False
     deliver_to: str | None = None
 
-    _zone = field_validator("timezone")(_check_zone)
-
     @field_validator("id")
     @classmethod
     def _id_is_a_segment(cls, value: str) -> str:
@@ -213,6 +211,10 @@ class CronJob(Model):
     def _schedule_parses(self) -> CronJob:
         from scheduler.service import crontab_trigger  # crontab semantics (Sunday = 0 or 7)
 
+        try:
+            _check_zone(self.timezone)
+        except ValueError as exc:
+            raise ValueError(f"cron job {self.id!r}: {exc}") from exc
         try:
             crontab_trigger(self.schedule, ZoneInfo(self.timezone or "UTC"))
         except ValueError as exc:

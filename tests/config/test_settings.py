@@ -121,6 +121,8 @@ def test_env_values_are_yaml_scalars_and_unknown_names_warn(tmp_path: Path) -> N
         ("session: {reset: {timezone: Mars/Olympus}}", "unknown time zone"),
         ("bindings: [{channel: tg, chat_id: 1, agent: ghost}]", "bindings[0].agent 'ghost' is not a configured agent"),
         ("cron: {jobs: [{id: j1, schedule: 'not cron', message: hi}]}", "cron job 'j1': bad schedule"),
+        ("cron: {jobs: [{id: j2, schedule: '0 9 * * *', timezone: Nowhere/City, message: hi}]}",
+         "cron job 'j2': unknown time zone 'Nowhere/City'"),
         ("memory: {chunk_tokens: 50, overlap_tokens: 60}", "overlap_tokens must be smaller"),
         ("[1, 2]", "must hold a mapping"),
         ("gateway: {port: [", "not valid YAML"),
