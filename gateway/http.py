@@ -4,15 +4,17 @@ turns errors into responses."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import itertools
 import json
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import web, web_protocol
 from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
 
@@ -120,28 +122,41 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             f"the body is {request.content_length} bytes; the limit is {limit} (gateway.max_body_bytes)"
         )
     chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            await _drain(request)
-            raise PayloadTooLarge(f"the body is over the limit of {limit} bytes (gateway.max_body_bytes)")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > limit:
+                await _drain(request)
+                raise PayloadTooLarge(f"the body is over the limit of {limit} bytes (gateway.max_body_bytes)")
+            chunks.append(chunk)
+    except web_protocol.RequestPayloadError as exc:  # e.g. a body its Content-Encoding does not decode
+        encoding = request.headers.get("Content-Encoding") or "none"
+        raise BadRequest(f"the body could not be read (Content-Encoding {encoding}): {str(exc).strip()}",
+                         code="invalid_body") from None  # fmt: skip
     return b"".join(chunks)
 
 
 async def _drain(request: web.Request) -> None:
     drained = 0
-    async for chunk in request.content.iter_chunked(65536):
-        drained += len(chunk)
-        if drained > _DRAIN_LIMIT:
-            break
+    with contextlib.suppress(web_protocol.RequestPayloadError):
+        async for chunk in request.content.iter_chunked(65536):
+            drained += len(chunk)
+            if drained > _DRAIN_LIMIT:
+                break
 
 
 async def read_json(request: web.Request, limit: int) -> Any:
     body = await read_body(request, limit)
-    content_type = request.content_type
+    return decode_json(body, request.content_type)
+
+
+def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
+    """The JSON value of a request body, or BadRequest ``invalid_body``: a wrong content type,
+    invalid UTF-8, an empty body, invalid JSON, nesting too deep to parse, or a ``\\u`` escape of
+    an unpaired surrogate (no UTF-8 file can store it). ``hint`` is added to the content-type error."""
     if content_type != "application/json":
-        raise BadRequest(f"content type must be application/json, not {content_type or 'missing'}", code="invalid_body")
+        raise BadRequest(f"content type must be application/json, not {content_type or 'missing'}{hint}",
+                         code="invalid_body")  # fmt: skip
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -149,10 +164,32 @@ async def read_json(request: web.Request, limit: int) -> Any:
     if not text.strip():
         raise BadRequest("the body is empty; send a JSON object", code="invalid_body")
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadRequest(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                          code="invalid_body") from None  # fmt: skip
+    except RecursionError:
+        raise BadRequest("the body's JSON is nested too deeply", code="invalid_body") from None
+    if _SURROGATE_ESCAPE.search(text) and not _encodable(data):
+        raise BadRequest(
+            "the body has a \\u escape of an unpaired surrogate (\\ud800-\\udfff); send the character itself"
+            " or a complete surrogate pair",
+            code="invalid_body",
+        )
+    return data
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _encodable(data: Any) -> bool:
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    except RecursionError:  # as deep as the parser allowed but not the encoder: cannot be stored either
+        return False
+    return True
 
 
 async def parse_body(request: web.Request, model: type[M], limit: int) -> M:

@@ -23,6 +23,7 @@ from typing import Any
 
 from config.errors import BadRequest
 from config.settings import HookMapping
+from gateway.http import decode_json
 from sessions.keys import SessionKey, escape_segment, hook_key, parse_key
 from sessions.records import TaskKey
 
@@ -125,21 +126,7 @@ def verify(secret: bytes, body: bytes, header: str | None) -> bool:
 
 def parse_payload(body: bytes, content_type: str) -> Any:
     """The JSON value of a hook body; BadRequest ``invalid_body`` otherwise."""
-    if content_type != "application/json":
-        raise BadRequest(
-            f"content type must be application/json, not {content_type or 'missing'}"
-            " (on GitHub, set the webhook's content type to application/json)",
-            code="invalid_body",
-        )
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"the body is not valid UTF-8 (byte {exc.start})", code="invalid_body") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                         code="invalid_body") from None  # fmt: skip
+    return decode_json(body, content_type, hint=" (on GitHub, set the webhook's content type to application/json)")
 
 
 @dataclass(frozen=True)

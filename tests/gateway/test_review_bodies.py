@@ -1,0 +1,71 @@
+"""Bodies that cannot be stored are refused with 400 invalid_body (never a 500) and write nothing:
+unpaired surrogate escapes, nesting deeper than the parser can follow, a body whose declared
+Content-Encoding does not decode."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import FakeClock
+from tests.gateway.helpers import make_app, tree_digest
+
+MESSAGES = "/v1/sessions/agent%3Amain%3Amain/messages"
+HOOK = "/hooks/plain"
+JSON = {"Content-Type": "application/json"}
+
+BAD_BODIES = [
+    pytest.param(b'{"content": "half \\ud800 a pair"}', {}, id="lone-surrogate"),
+    pytest.param(b'{"content": "x", "name": "\\udfff"}', {}, id="lone-low-surrogate"),
+    pytest.param(b'{"content": "' + b"[" * 10 + b'"}' + b"[" * 100_000, {}, id="too-deep"),
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, {}, id="too-deep-balanced"),
+    pytest.param(b'{"content": "x"}', {"Content-Encoding": "gzip"}, id="not-gzip"),
+]
+
+
+@pytest.fixture
+async def client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> Any:
+    app = make_app(tmp_path, clock, {"hooks": {"plain": {"message_template": "${text}"}}})
+    client = await aiohttp_client(app)
+    ok = await client.post(MESSAGES, json={"content": "first"})  # an active run the bad bodies could touch
+    assert ok.status == 200
+    return client
+
+
+@pytest.mark.parametrize("path", [MESSAGES, HOOK])
+@pytest.mark.parametrize(("data", "headers"), BAD_BODIES)
+async def test_unstorable_bodies_are_invalid_body_and_change_nothing(
+    client: Any, tmp_path: Path, path: str, data: bytes, headers: dict[str, str]
+) -> None:
+    before = tree_digest(tmp_path)
+    resp = await client.post(path, data=data, headers={**JSON, **headers})
+    assert resp.status == 400, await resp.text()
+    error = (await resp.json())["error"]
+    assert error["code"] == "invalid_body" and error["message"] and error["request_id"]
+    assert tree_digest(tmp_path) == before
+
+
+async def test_a_hook_payload_with_a_lone_surrogate_in_a_templated_value_is_refused(
+    client: Any, tmp_path: Path
+) -> None:
+    before = tree_digest(tmp_path)
+    resp = await client.post(HOOK, data=b'{"text": "\\ud83d"}', headers=JSON)
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_body"
+    assert tree_digest(tmp_path) == before
+
+
+async def test_surrogate_pairs_and_an_escaped_backslash_u_are_still_accepted(client: Any, tmp_path: Path) -> None:
+    resp = await client.post(MESSAGES, data=b'{"content": "\\ud83d\\ude00 and \\\\ud800"}', headers=JSON)
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    got = await (await client.get(f"/v1/runs/{body['run_id']}/messages?after_seq=1")).json()
+    assert got["messages"][0]["content"] == "\U0001f600 and \\ud800"
+
+
+async def test_a_gzip_body_is_read_decompressed(client: Any) -> None:
+    resp = await client.post(MESSAGES, data=gzip.compress(b'{"content": "zipped"}'),
+                             headers={**JSON, "Content-Encoding": "gzip"})  # fmt: skip
+    assert resp.status == 200, await resp.text()
