@@ -422,21 +422,35 @@ class Conversations:
             self.store.calibrate_context(run, completion.usage.input_tokens, overhead)
 
     async def _run_tools(self, run: RunState, completion: Completion) -> None:
+        """Execute the calls, then store the assistant message and its results together under the
+        key's append lock: a message posted meanwhile never lands between a call and its result,
+        and a /stop during the tools leaves no call without its result."""
         calls = tuple(
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in completion.tool_calls
         )
-        await self.store.append(
-            run,
+        results = [await self.tools.execute(run, call) for call in completion.tool_calls]
+        group = [
             NewMessage(
                 role="assistant", content=completion.content, tool_calls=calls, usage=completion.usage.as_dict()
             ),
-        )
-        for call in completion.tool_calls:
-            result = await self.tools.execute(run, call)
-            await self.store.append(
-                run, NewMessage(role="tool", content=result, tool_name=call.name, tool_call_id=call.id)
-            )
+            *(
+                NewMessage(role="tool", content=result, tool_name=call.name, tool_call_id=call.id)
+                for call, result in zip(completion.tool_calls, results, strict=True)
+            ),
+        ]
+
+        async def append_group() -> None:
+            async with self.store.lock_for(run.key):
+                for message in group:
+                    await self.store.append(run, message)
+
+        stored = asyncio.ensure_future(append_group())
+        try:
+            await asyncio.shield(stored)
+        except asyncio.CancelledError:
+            await stored  # once started, the group is stored whole before the turn ends
+            raise
 
     # -- compaction, memory flush, final summary -------------------------------------------------
 

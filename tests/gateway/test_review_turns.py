@@ -1,0 +1,96 @@
+"""Review findings in model turns, against the real local OpenAI-compatible server and real files:
+messages that arrive during a tool round, /stop inside a tool round, the token count after a model
+call and after a memory flush, a turn that waits while its session is paused, and redelivery of a
+client_message_id after the idempotency window."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+
+from gateway import keys as K
+from gateway.tools import Tool
+from sessions.records import RunState
+from tests.conftest import FakeClock
+from tests.gateway.helpers import make_app
+from tests.support.openai_server import OpenAIServer, reply, tool_call
+
+Client = TestClient[Any, Any]
+KEY = "agent:main:main"
+MAIN = "/v1/sessions/agent%3Amain%3Amain"
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_tool_results_follow_their_calls(lines: list[dict[str, Any]]) -> None:
+    """OpenAI's rule (and SPEC section 5's): an assistant message with tool_calls is directly
+    followed by one tool message per call, and every tool message answers such a call."""
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.get("tool_calls"):
+            ids = [c["id"] for c in line["tool_calls"]]
+            answers = [x.get("tool_call_id") for x in lines[i + 1 : i + 1 + len(ids)]]
+            assert answers == ids, f"tool_calls at {line.get('seq')} not followed by their results: {lines}"
+            i += 1 + len(ids)
+            continue
+        assert line.get("role") != "tool", f"orphan tool result: {line}"
+        i += 1
+
+
+def gated_tool(started: asyncio.Event, gate: asyncio.Event) -> Tool:
+    async def run(run: RunState, arguments: dict[str, Any]) -> str:
+        started.set()
+        await gate.wait()
+        return "gate opened"
+
+    return Tool(name="wait_gate", description="waits", parameters={"type": "object", "properties": {}}, run=run)
+
+
+async def test_a_message_stored_during_a_tool_round_does_not_split_the_call_from_its_result(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    started, gate = asyncio.Event(), asyncio.Event()
+    client.app[K.CONVERSATIONS].tools.register(gated_tool(started, gate))
+    openai_server.script(tool_call("wait_gate", id="call_1"), reply("done"))
+    turn = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "use the tool"}))
+    await asyncio.wait_for(started.wait(), 5)
+    meanwhile = await client.post(f"{MAIN}/messages", json={"content": "meanwhile", "reply": False})
+    assert meanwhile.status == 200
+    gate.set()
+    body = await (await turn).json()
+    assert body["reply"]["content"] == "done"
+    folder = tmp_path / "contexts/running" / body["run_id"]
+    assert_tool_results_follow_their_calls(jsonl(folder / "messages.jsonl"))
+    assert_tool_results_follow_their_calls(jsonl(folder / "current.jsonl"))
+    sent = openai_server.chat_requests[-1].messages
+    assert_tool_results_follow_their_calls(sent)
+
+
+async def test_stop_during_a_tool_round_leaves_no_call_without_its_result(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    started, gate = asyncio.Event(), asyncio.Event()
+    client.app[K.CONVERSATIONS].tools.register(gated_tool(started, gate))
+    openai_server.script(tool_call("wait_gate", id="call_1"))
+    turn = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "use the tool"}))
+    await asyncio.wait_for(started.wait(), 5)
+    stopped = await (await client.post(f"{MAIN}/commands", json={"command": "/stop"})).json()
+    assert stopped["reply"]["content"] == "Stopped the running turn."
+    body = await (await turn).json()
+    assert body["events"][-1]["type"] == "stopped"
+    after = await (await client.post(f"{MAIN}/messages", json={"content": "still usable"})).json()
+    assert after["reply"]["content"] == "echo: still usable"
+    folder = tmp_path / "contexts/running" / body["run_id"]
+    in_context = [m for m in jsonl(folder / "messages.jsonl") if not m.get("command")]
+    assert_tool_results_follow_their_calls(in_context)
+    assert_tool_results_follow_their_calls(jsonl(folder / "current.jsonl"))
+    assert_tool_results_follow_their_calls(openai_server.chat_requests[-1].messages)
