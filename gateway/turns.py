@@ -369,6 +369,7 @@ class Conversations:
         try:
             while True:
                 await self.compact_if_due(run, outcome)
+                sent_tokens = run.context_tokens  # what is read now is what the model is sent
                 context = await self.store.read_context(run)
                 messages = [{"role": "system", "content": agent.system_prompt}, *map(to_openai, context)]
                 offered = tools if rounds < agent.max_tool_rounds else None
@@ -382,7 +383,7 @@ class Conversations:
                         raise
                     continue
                 total = total + completion.usage
-                await self._account(run, completion, overhead)
+                await self._account(run, completion, overhead, sent_tokens)
                 if completion.tool_calls and offered:
                     rounds += 1
                     await self._run_tools(run, completion)
@@ -412,14 +413,19 @@ class Conversations:
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
         self.metrics.turns.labels("ok").inc()
 
-    async def _account(self, run: RunState, completion: Completion, overhead: int) -> None:
+    async def _account(
+        self, run: RunState, completion: Completion, overhead: int, sent_tokens: int | None = None
+    ) -> None:
+        """Record usage; with ``sent_tokens`` (the context count when the prompt was read), also
+        calibrate the context count, keeping what was appended while the model answered."""
         usage = completion.usage.as_dict()
         await self.store.add_usage(run, usage)
         for kind, value in usage.items():
             if value:
                 self.metrics.tokens.labels(kind).inc(value)
-        if completion.usage.input_tokens:
-            self.store.calibrate_context(run, completion.usage.input_tokens, overhead)
+        if completion.usage.input_tokens and sent_tokens is not None:
+            appended = run.context_tokens - sent_tokens
+            self.store.calibrate_context(run, completion.usage.input_tokens, overhead, appended_since=appended)
 
     async def _run_tools(self, run: RunState, completion: Completion) -> None:
         """Execute the calls, then store the assistant message and its results together under the

@@ -480,9 +480,12 @@ class SessionStore:
             self.registry.touch(run.key)
         await self.ledger.add_usage(run.run_id, clean, iso(self.clock()))
 
-    def calibrate_context(self, run: RunState, prompt_tokens: int, overhead_tokens: int) -> None:
-        """Replace the estimate with the provider's count of the context just sent."""
-        run.context_tokens = max(0, prompt_tokens - overhead_tokens)
+    def calibrate_context(
+        self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
+    ) -> None:
+        """Replace the estimate with the provider's count of the context just sent, plus the
+        ``appended_since`` tokens of what was appended after that context was read."""
+        run.context_tokens = max(0, prompt_tokens - overhead_tokens) + max(0, appended_since)
         entry = self.entry(run.key)
         if entry is not None:
             self.sync_counters(entry, run)

@@ -17,7 +17,7 @@ from gateway.tools import Tool
 from sessions.records import RunState
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
-from tests.support.openai_server import OpenAIServer, reply, tool_call
+from tests.support.openai_server import Hang, OpenAIServer, reply, tool_call
 
 Client = TestClient[Any, Any]
 KEY = "agent:main:main"
@@ -94,3 +94,35 @@ async def test_stop_during_a_tool_round_leaves_no_call_without_its_result(
     assert_tool_results_follow_their_calls(in_context)
     assert_tool_results_follow_their_calls(jsonl(folder / "current.jsonl"))
     assert_tool_results_follow_their_calls(openai_server.chat_requests[-1].messages)
+
+
+async def test_calibration_keeps_the_messages_stored_during_the_model_call(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    openai_server.script(Hang(0.3, then=reply("first answer")))
+    turn = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "one"}))
+    await openai_server.wait_for_requests(1)
+    stored = await client.post(f"{MAIN}/messages", json={"content": "a long note " * 100, "reply": False})
+    assert stored.status == 200
+    body = await (await turn).json()
+    assert body["reply"]["content"] == "first answer"
+    run = client.app[K.STORE].active_run(KEY)
+    assert run is not None
+    current = jsonl(tmp_path / "contexts/running" / run.run_id / "current.jsonl")
+    assert run.context_tokens == sum(line["tokens"] for line in current)
+
+
+async def test_a_memory_flush_does_not_count_its_own_prompt_as_context(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    for i in range(3):
+        await client.post(f"{MAIN}/messages", json={"content": f"note {i} " + "words " * 20, "reply": False})
+    run = client.app[K.STORE].active_run(KEY)
+    assert run is not None
+    before = run.context_tokens
+    answer = await (await client.post(f"{MAIN}/commands", json={"command": "/compact"})).json()
+    assert answer["reply"]["content"].startswith("Nothing to compact")
+    assert any("compacted" in m.get("content", "") for m in openai_server.chat_requests[-1].messages)
+    assert run.context_tokens == before
