@@ -192,8 +192,14 @@ def _encodable(data: Any) -> bool:
     return True
 
 
-async def parse_body(request: web.Request, model: type[M], limit: int) -> M:
-    data = await read_json(request, limit)
+async def parse_body(request: web.Request, model: type[M], limit: int, *, optional: bool = False) -> M:
+    """The body validated by ``model``. ``optional``: no body at all (zero bytes, whatever the
+    content type) means the model's defaults, as /openapi.json documents for that route."""
+    if optional:
+        body = await read_body(request, limit)
+        data = decode_json(body, request.content_type) if body else {}
+    else:
+        data = await read_json(request, limit)
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object", code="invalid_body")
     return validate(model, data)

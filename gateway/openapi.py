@@ -247,6 +247,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Reindex memory",
         "memory",
         body="gateway.api.memory:ReindexBody",
+        body_required=False,
         errors=("memory_not_ready", "embedding_error"),
     ),
     ("GET", "/v1/memory/status"): Op("Memory index state", "memory"),

@@ -22,6 +22,6 @@ async def doctor(request: web.Request) -> web.Response:
     """Every finding as ``{check, severity, detail, fix, fixed}``; with ``fix: true`` the safe
     fixes are applied and marked ``fixed``."""
     config = request.app[K.CONFIG]
-    body = await parse_body(request, DoctorBody, config.settings.gateway.max_body_bytes)
+    body = await parse_body(request, DoctorBody, config.settings.gateway.max_body_bytes, optional=True)
     findings = await check_store(request.app[K.STORE], fix=body.fix)
     return json_response({"actions": [f.as_dict() for f in findings]})

@@ -73,7 +73,8 @@ async def read_file(request: web.Request) -> web.Response:
 
 @routes.post("/v1/memory/reindex")
 async def reindex(request: web.Request) -> web.Response:
-    body = await parse_body(request, ReindexBody, request.app[K.CONFIG].settings.gateway.max_body_bytes)
+    limit = request.app[K.CONFIG].settings.gateway.max_body_bytes
+    body = await parse_body(request, ReindexBody, limit, optional=True)
     if body.agent is not None and body.agent not in request.app[K.CONFIG].settings.agents:
         raise BadRequest(f"agent {body.agent!r} is not configured", field="agent")
     hub = request.app[K.HUB]

@@ -46,7 +46,8 @@ async def run_job(request: web.Request) -> web.Response:
 
 @routes.post("/v1/admin/cleanup")
 async def cleanup(request: web.Request) -> web.Response:
-    body = await parse_body(request, CleanupBody, request.app[K.CONFIG].settings.gateway.max_body_bytes)
+    limit = request.app[K.CONFIG].settings.gateway.max_body_bytes
+    body = await parse_body(request, CleanupBody, limit, optional=True)
     actions = await request.app[SCHEDULING].cleanup(dry_run=body.dry_run)
     return json_response({"dry_run": body.dry_run, "actions": actions})
 

@@ -275,7 +275,7 @@ async def _lifecycle(request: web.Request, action: str) -> web.Response:
     error = None
     if action == "fail":
         config = request.app[K.CONFIG]
-        body = await parse_body(request, FailBody, config.settings.gateway.max_body_bytes)
+        body = await parse_body(request, FailBody, config.settings.gateway.max_body_bytes, optional=True)
         error = body.error
     if action in ("complete", "fail"):
         conv.stop_turn(key.raw)
