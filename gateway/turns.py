@@ -328,6 +328,9 @@ class Conversations:
                 if self.store.run_state(run.run_id) is None:  # reset while this call waited
                     outcome.events.append({"type": "turn_skipped", "reason": "the run ended before its turn"})
                     return
+                if run.status != "running":  # paused while this call waited: no model turn until /resume
+                    outcome.events.append({"type": "turn_skipped", "reason": "the session was paused before its turn"})
+                    return
                 turn = asyncio.create_task(self._turn(run, outcome, on_delta))
                 self._running[key] = turn
                 try:

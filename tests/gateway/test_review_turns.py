@@ -126,3 +126,22 @@ async def test_a_memory_flush_does_not_count_its_own_prompt_as_context(
     assert answer["reply"]["content"].startswith("Nothing to compact")
     assert any("compacted" in m.get("content", "") for m in openai_server.chat_requests[-1].messages)
     assert run.context_tokens == before
+
+
+async def test_a_turn_that_waited_while_the_session_was_paused_is_skipped(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    openai_server.script(Hang(0.5, then=reply("first answer")))
+    first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "one"}))
+    await openai_server.wait_for_requests(1)
+    pause = asyncio.create_task(client.post(f"{MAIN}/pause"))
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "two"}))
+    assert (await first).status == 200 and (await pause).status == 200
+    resp = await second
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["message_seq"] == 2 and body["reply"] is None
+    assert body["events"][-1]["type"] == "turn_skipped"
+    assert len(openai_server.chat_requests) == 1
