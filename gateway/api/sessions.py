@@ -69,6 +69,7 @@ class FailBody(Strict):
 
 
 SETTINGS_KEYS = {"model"}
+MAX_MODEL_NAME = 200  # like the label: a sessions.json entry stays under 2 KB
 
 
 def session_key(request: web.Request) -> SessionKey:
@@ -220,8 +221,11 @@ async def patch_session(request: web.Request) -> web.Response:
                 f"unknown setting(s) {sorted(unknown)}; allowed: {sorted(SETTINGS_KEYS)}", field="settings"
             )
         model = body.settings.get("model")
-        if model is not None and (not isinstance(model, str) or not model.strip()):
-            raise BadRequest("settings.model must be a non-empty string or null", field="settings.model")
+        if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_NAME):
+            raise BadRequest(
+                f"settings.model must be a non-empty string of at most {MAX_MODEL_NAME} characters, or null",
+                field="settings.model",
+            )
     store = request.app[K.STORE]
     store.require_entry(key.raw)
     await store.update_entry(
