@@ -563,12 +563,19 @@ class Conversations:
         run_id = outcome.run_id if outcome is not None else run_id
         seq = outcome.message_seq if outcome is not None else seq
 
+        # Without an outcome this is a new delivery (none within the window): it replaces an
+        # expired row whole, so its window starts now and the old answer is not replayed.
+        update = (
+            " response = COALESCE(excluded.response, idempotency.response)"
+            if outcome is not None
+            else " created_at = excluded.created_at, response = NULL"
+        )
+
         def _save(conn: Any) -> None:
             conn.execute(
                 "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
                 " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
-                " run_id = excluded.run_id, message_seq = excluded.message_seq,"
-                " response = COALESCE(excluded.response, idempotency.response)",
+                " run_id = excluded.run_id, message_seq = excluded.message_seq," + update,
                 (key, cmid, now, run_id, seq, response),
             )
 

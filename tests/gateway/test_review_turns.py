@@ -145,3 +145,20 @@ async def test_a_turn_that_waited_while_the_session_was_paused_is_skipped(
     assert body["message_seq"] == 2 and body["reply"] is None
     assert body["events"][-1]["type"] == "turn_skipped"
     assert len(openai_server.chat_requests) == 1
+
+
+async def test_a_client_message_id_reused_after_the_window_is_deduplicated_again(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    overrides = {"session": {"reset": {"mode": "none"}}}
+    client = await aiohttp_client(make_app(tmp_path, clock, overrides))
+    payload = {"content": "deliver me", "client_message_id": "m-1"}
+    first = await (await client.post(f"{MAIN}/messages", json=payload)).json()
+    clock.advance(days=2)
+    second = await (await client.post(f"{MAIN}/messages", json=payload)).json()
+    assert second["message_seq"] == first["message_seq"] + 1  # the first one expired: stored anew
+    clock.advance(hours=1)
+    third = await (await client.post(f"{MAIN}/messages", json=payload)).json()
+    assert third == second
+    stored = jsonl(tmp_path / "contexts/running" / first["run_id"] / "messages.jsonl")
+    assert [m["content"] for m in stored] == ["deliver me", "deliver me"]
