@@ -282,7 +282,7 @@ class SessionStore:
             entry = self._new_entry(key, agent_id, chat_type, channel)
             self.registry.entries[key] = entry
         entry.run_id, entry.status, entry.started_at = run_id, "running", now
-        entry.context_tokens = entry.message_count = entry.compaction_count = 0
+        self.sync_counters(entry, run)  # every checkpoint field: none may describe the previous run
         entry.updated_at = now
         self.registry.touch(key)
         await self.registry.flush()
