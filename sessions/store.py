@@ -357,8 +357,7 @@ class SessionStore:
         completed = None
         if self.active_run(key) is not None:
             completed = (await self.complete(key, reason="delete")).run_id
-        self.registry.remove(key)
-        self._locks.pop(key, None)
+        self.registry.remove(key)  # the key's lock stays: callers may be queued on it
         await self.registry.flush()
         return completed
 

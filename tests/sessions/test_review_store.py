@@ -1,4 +1,5 @@
-"""Review findings in the session store on real files: the sessions.json checkpoint of a new run."""
+"""Review findings in the session store on real files: the sessions.json checkpoint of a new run,
+and the per-key lock across a delete."""
 
 from __future__ import annotations
 
@@ -30,3 +31,15 @@ async def test_a_new_runs_checkpoint_does_not_carry_the_previous_runs_counters(
     assert back.next_seq == 2
     assert (await again.append(back, NewMessage(role="user", content="next")))["seq"] == 2
     await again.close()
+
+
+async def test_the_key_lock_stays_the_same_across_a_delete(tmp_path: Path, clock: FakeClock) -> None:
+    """Waiters hold the lock they queued on; a new lock for the key would let a newcomer in
+    alongside them."""
+    store = await open_store(tmp_path, clock)
+    run = await start(store)
+    lock = store.lock_for(run.key)
+    async with lock:
+        await store.delete(run.key)
+        assert store.lock_for(run.key) is lock
+    await store.close()
