@@ -3,6 +3,7 @@ and the model's memory tools. ``memory/`` knows nothing of sessions; this module
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import logging
@@ -40,13 +41,23 @@ def memory_message(hits: list[SearchHit], daily: list[tuple[str, str]], max_toke
         if room <= 20:
             break
         body = text.strip()
-        if estimate_text(body) > room:
-            body = body[-room * 4 :]  # the latest lines of the log matter most
-        block = f'<daily-log citation="{html.escape(path)}">{html.escape(body)}</daily-log>'
-        parts.append(block)
-        used += estimate_text(block)
+        while body:
+            block = f'<daily-log citation="{html.escape(path)}">{html.escape(body)}</daily-log>'
+            cost = estimate_text(_wrap([*parts, block]))
+            if cost <= max_tokens:
+                parts.append(block)
+                used = cost
+                break
+            # the latest lines of the log matter most; kana and kanji cost twice, escapes lengthen
+            body = body[len(body) - int(len(body) * 0.9 * max_tokens / cost) :]
+    while parts and estimate_text(_wrap(parts)) > max_tokens:  # the whole may count as Japanese
+        parts.pop()
     if not parts:
         return None
+    return _wrap(parts)
+
+
+def _wrap(parts: list[str]) -> str:
     return "<relevant-memories>\n" + "\n".join(parts) + "\n</relevant-memories>"
 
 
@@ -81,7 +92,7 @@ class MemoryBridge:
             return []
         agent = run.agent_id or "main"
         hits = await self.memory.search(agent, post.content, k=recall.top_k, include_memory_md=True)
-        daily = self._daily_logs(agent) if recall.daily_logs and new_run else []
+        daily = await asyncio.to_thread(self._daily_logs, agent) if recall.daily_logs and new_run else []
         text = memory_message(hits, daily, recall.max_tokens)
         if text is None:
             return []
@@ -93,6 +104,7 @@ class MemoryBridge:
         return [{"type": "memory", "action": "recall", "seq": record["seq"], "citations": citations}]
 
     def _daily_logs(self, agent: str) -> list[tuple[str, str]]:
+        """Today's and yesterday's logs (blocking file reads: called off the event loop)."""
         today = self.conv.clock().astimezone(self.zone(agent)).date()
         out = []
         for day in (today - timedelta(days=1), today):
