@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -60,14 +61,15 @@ async def search(request: web.Request) -> web.Response:
 @routes.get("/v1/memory/files")
 async def files(request: web.Request) -> web.Response:
     agent = _agent(request)
-    return json_response({"agent": agent, "files": [f.as_dict() for f in request.app[MEMORY].list_files(agent)]})
+    found = await asyncio.to_thread(request.app[MEMORY].list_files, agent)  # walks the workspace
+    return json_response({"agent": agent, "files": [f.as_dict() for f in found]})
 
 
 @routes.get("/v1/memory/files/{path:.+}")
 async def read_file(request: web.Request) -> web.Response:
     agent = _agent(request)
     path = request.match_info["path"]
-    text = request.app[MEMORY].read_file(agent, path)
+    text = await asyncio.to_thread(request.app[MEMORY].read_file, agent, path)
     return json_response({"agent": agent, "path": path, "text": text})
 
 
