@@ -28,6 +28,7 @@ HELP = {
     "help": "/help - this list",
 }
 
+MAX_MODEL_NAME = 200  # as PATCH /v1/sessions/{key} allows: a sessions.json entry stays small
 Handler = Callable[["CommandCall"], Awaitable[Outcome]]
 NextReset = Callable[[str], datetime | None]
 
@@ -172,6 +173,8 @@ class Commands:
         if call.args.lower() in ("default", "reset"):
             await self.store.update_entry(call.key, settings={"model": None})
             return await self.answer(call, f"Model reset to the default: {self.conv.agent(agent_id).model.name}")
+        if len(call.args) > MAX_MODEL_NAME:
+            return await self.answer(call, f"A model name is at most {MAX_MODEL_NAME} characters.")
         await self.store.update_entry(call.key, settings={"model": call.args})
         return await self.answer(call, f"Model set to {call.args} for this session.")
 

@@ -85,6 +85,8 @@ class MemoryBridge:
         recall = self.settings.memory.recall
         if not recall.enabled or post.role != "user" or run.chat_type not in recall.chat_types:
             return []
+        if not post.content.strip():  # nothing to search for
+            return []
         if recall.on == "session_start" and not new_run:
             return []
         if not self.memory.ready:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from config.errors import NeotaskError
 from gateway.provider import ToolCall
 from sessions.records import RunState
 from sessions.store import SessionStore
@@ -85,6 +86,8 @@ class ToolBox:
             error = f"arguments are not valid JSON: {exc.msg}"
         except ToolError as exc:
             error = str(exc)
+        except NeotaskError as exc:  # e.g. the memory service refusing a path: told to the model
+            error = exc.message
         duration_ms = (time.perf_counter() - started) * 1000
         await self.store.record_tool(
             run,

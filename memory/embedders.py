@@ -178,7 +178,8 @@ class SentenceTransformerEmbedder:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # Waiting for the worker (it may be loading the model) must not hold the event loop.
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
 
 class OpenAIEmbedder:

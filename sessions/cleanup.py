@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from config.clock import iso, parse_iso
@@ -69,10 +69,26 @@ async def run_cleanup(
         except OSError as exc:
             log.error("cleanup %s of run %s failed: %s", action.kind, action.run_id, exc)
             report.append({**describe(action), "done": False, "error": str(exc)})
-    if actions:
+    trimmed = await store.ledger.execute(lambda c: _trim_deliveries(c, now))
+    if trimmed:
+        log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
+    if actions or trimmed:
         await store.ledger.execute(lambda c: c.execute("VACUUM"))
         log.info("cleanup: %d action(s) done", sum(1 for r in report if r["done"]))
     return report
+
+
+IDEMPOTENCY_DAYS = 1  # SPEC section 8: a repeat within a day answers the first answer
+DELIVERY_ID_DAYS = 7  # webhook senders retry a delivery for hours, not weeks
+
+
+def _trim_deliveries(conn: Any, now: datetime) -> int:
+    """Forget redelivery records past their window (only rows nothing can match any more)."""
+    keys_before = iso(now - timedelta(days=IDEMPOTENCY_DAYS))
+    hooks_before = iso(now - timedelta(days=DELIVERY_ID_DAYS))
+    keys = conn.execute("DELETE FROM idempotency WHERE created_at < ?", (keys_before,))
+    hooks = conn.execute("DELETE FROM hook_deliveries WHERE created_at < ?", (hooks_before,))
+    return int(keys.rowcount) + int(hooks.rowcount)
 
 
 async def _apply(store: SessionStore, action: CleanupAction, complete: CompleteFn) -> None:

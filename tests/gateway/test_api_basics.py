@@ -256,3 +256,11 @@ async def test_metrics_count_messages(client: Client) -> None:
     await client.post("/v1/sessions/agent%3Amain%3Amain/messages", json={"content": "hi"})
     text = await (await client.get("/metrics")).text()
     assert 'neotask_messages_total{role="user"} 1.0' in text
+
+
+async def test_a_blank_first_message_is_stored_like_any_other(client: Client, tmp_path: Path) -> None:
+    body = await (await client.post("/v1/sessions/agent%3Amain%3Adm%3Ablank/messages", json={"content": "  "})).json()
+    assert body["message_seq"] == 1
+    long_model = await client.post(f"/v1/sessions/{url_key('agent:main:dm:blank')}/commands",
+                                   json={"command": "/model " + "m" * 300})  # fmt: skip
+    assert "at most 200 characters" in (await long_model.json())["reply"]["content"]

@@ -177,3 +177,17 @@ async def test_stale_active_runs_are_completed_then_archived(
     report = await (await client.post("/v1/admin/cleanup", json={})).json()
     assert [a["action"] for a in report["actions"]] == ["complete", "archive"]
     assert json.loads(json.dumps(report))["actions"][1]["run_id"] == body["run_id"]
+
+
+async def test_cleanup_forgets_redelivery_records_past_their_window(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    app = make_app(tmp_path, clock)
+    client = await aiohttp_client(app)
+    await client.post(f"{MAIN}/messages", json={"content": "once", "client_message_id": "m-old"})
+    clock.advance(hours=25)
+    await client.post(f"{MAIN}/messages", json={"content": "later", "client_message_id": "m-new"})
+    await client.post("/v1/admin/cleanup", json={})
+    store = app[SCHEDULING].store
+    ids = await store.ledger.execute(lambda c: [r[0] for r in c.execute("SELECT client_message_id FROM idempotency")])
+    assert ids == ["m-new"]
