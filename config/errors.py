@@ -68,3 +68,16 @@ class ProviderFailure(NeotaskError):
 class Unavailable(NeotaskError):
     status = 503
     default_code = "unavailable"
+
+
+class InsufficientStorage(NeotaskError):
+    """The disk is full: nothing was stored, nothing half written, no seq consumed."""
+
+    status = 507
+    default_code = "insufficient_storage"
+
+
+class StorageUnavailable(Unavailable):
+    """The store cannot write (read-only or refused): nothing was stored."""
+
+    default_code = "storage_unavailable"

@@ -53,6 +53,11 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "the body is larger than `gateway.max_body_bytes` (drained before the answer)"),
     "session_busy": (429, "too many calls are waiting for a model turn on this key; `error.retry_after_s`"),
     "internal_error": (500, "the gateway failed on this request; see its log"),
+    "insufficient_storage": (
+        507,
+        "the disk is full: nothing was stored, nothing half written, no seq consumed; send again once space frees",
+    ),
+    "storage_unavailable": (503, "the store cannot write (read-only or refused): nothing was stored; send again later"),
     "provider_error": (502, "the model call failed; the message is stored (`error.message_seq`, `error.stored`)"),
     "unavailable": (503, "a resource the route needs is not ready"),
     "hook_secret_missing": (503, "the hook's `secret_env` is not set, so no signature can be checked"),
@@ -60,7 +65,9 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "embedding_error": (503, "the embeddings endpoint failed"),
 }
 BODY_ERRORS = ("invalid_body", "invalid_field", "payload_too_large")
-TURN_ERRORS = ("session_paused", "run_closing", "session_busy", "provider_error")
+TURN_ERRORS = (
+    "session_paused", "run_closing", "session_busy", "provider_error", "insufficient_storage", "storage_unavailable",
+)  # fmt: skip
 METHODS_OF_ANY = ("get", "post", "put", "patch", "delete")
 
 
@@ -106,8 +113,10 @@ KEY_ERRORS = ("invalid_key", "session_not_found")
 OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/healthz"): Op("Liveness (after recovery)", "system", answer="Health"),
     ("GET", "/readyz"): Op(
-        "Readiness: store, scheduler and memory index",
+        "Readiness: store (and that it can write now), scheduler and memory index",
         "system",
+        "`checks.store_writable` is false while a small file cannot be written and synced in contexts/ (a full "
+        "or read-only disk); it turns true by itself once the disk can write. `/healthz` stays liveness only.",
         answer="Readiness",
         extra_answers=((503, "Readiness", "not ready; `checks` says what is missing"),),
     ),
@@ -225,7 +234,10 @@ OPERATIONS: dict[tuple[str, str], Op] = {
             Param("X-Hub-Signature-256", "`sha256=<hex>` (required when the hook has a secret)", STR, where="header"),
             Param("X-GitHub-Delivery", "delivery id, for duplicates", STR, where="header"),
         ),
-        errors=("invalid_signature", "hook_not_found", "hook_secret_missing", "invalid_key", *TURN_ERRORS[:3]),
+        errors=(
+            "invalid_signature", "hook_not_found", "hook_secret_missing", "invalid_key", *TURN_ERRORS[:3],
+            "insufficient_storage", "storage_unavailable",
+        ),
         extra_answers=((200, "HookAnswer", "a duplicate delivery: `status: duplicate`, nothing stored"),),
     ),
     ("GET", "/v1/memory/search"): Op(
@@ -515,6 +527,11 @@ SCHEMAS: dict[str, Schema] = {
         "properties": {
             "ready": {"type": "boolean"},
             "checks": {"type": "object", "additionalProperties": {"type": "boolean"}},
+            "problems": {
+                "type": "object",
+                "description": "why a check failed, e.g. `store_writable` on a full or read-only disk",
+                "additionalProperties": {"type": "string"},
+            },
         },
     },
     "Session": {

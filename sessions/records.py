@@ -82,6 +82,9 @@ class RunState:
     closing: bool = False
     hold_compaction: bool = False  # after /uncompact: no automatic compaction until the next model call
     flushed_at_count: int | None = None  # the compaction count the last memory flush ran for
+    appends_pending: int = 0  # messages queued and not yet durable (or failed)
+    failed_seq: int | None = None  # the lowest seq of the appends that failed while others were pending
+    failed_context_seq: int = 0  # last_context_seq as it was before that append
 
     @property
     def message_count(self) -> int:

@@ -13,7 +13,7 @@ import logging
 import os
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from config.clock import Clock, iso
 from config.errors import Conflict, NotFound, SessionPaused
 from config.settings import Settings
 from sessions import layout
+from sessions.faults import probe_writable, storage_error
 from sessions.jsonl import encode, fsync_dir, iter_records, read_records, write_atomic, write_json_atomic
 from sessions.layout import Home
 from sessions.ledger import Ledger, RunStats
@@ -402,17 +403,30 @@ class SessionStore:
 
     async def append(self, run: RunState, message: NewMessage) -> dict[str, Any]:
         """Append a message; returns its messages.jsonl record once durable under the fsync
-        policy. The seq is assigned here, on the loop, so arrival order is file order."""
+        policy. The seq is assigned here, on the loop, so arrival order is file order.
+
+        A failed append (full disk, read-only file system) raises ``InsufficientStorage`` or
+        ``StorageUnavailable``; the writer cut the files back, and once every append that was
+        pending meanwhile has settled, the seq and the counters go back to where they were:
+        a failed message consumes no seq and is not counted."""
         self.check_writable(run, message)
         stamp = iso(self.clock())
         record = _message_record(run.next_seq, message, stamp)
         run.next_seq += 1
         data = encode(record)
-        durable = self.writer.append(run.dir / layout.MESSAGES, data, durable=True)
+        line = encode(context_line(record)) if in_context(record) else b""
+        undo = _Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
+        durable = self.writer.append(
+            run.dir / layout.MESSAGES,
+            data,
+            durable=True,
+            also=(run.dir / layout.CURRENT, line) if line else None,
+            guarded=True,
+        )
+        run.appends_pending += 1
+        durable.add_done_callback(lambda future: self._settle_append(run, undo, future))
         run.messages_bytes += len(data)
-        if in_context(record):
-            line = encode(context_line(record))
-            self.writer.append_nowait(run.dir / layout.CURRENT, line)
+        if line:
             run.context_bytes += len(line)
             run.context_tokens += record["tokens"]
             run.context_lines += 1
@@ -426,9 +440,38 @@ class SessionStore:
             entry.updated_at = stamp
             self.sync_counters(entry, run)
             self.registry.touch(run.key)
-        await durable
+        try:
+            await asyncio.shield(durable)
+        except OSError as exc:
+            raise storage_error(exc) from exc
         self._emit("message", run, **_event_fields(record))
         return record
+
+    def _settle_append(self, run: RunState, undo: _Undo, future: asyncio.Future[None]) -> None:
+        """On the loop, once an append is durable or failed: take a failed one out of the
+        counters; when nothing is pending any more, give its seq back and reopen the file."""
+        run.appends_pending -= 1
+        failed = future.cancelled() or future.exception() is not None
+        if failed:
+            run.messages_bytes -= undo.messages_bytes
+            if undo.context_bytes:
+                run.context_bytes -= undo.context_bytes
+                run.context_tokens = max(0, run.context_tokens - undo.tokens)
+                run.context_lines -= 1
+            if run.failed_seq is None or undo.seq < run.failed_seq:
+                run.failed_seq, run.failed_context_seq = undo.seq, undo.last_context_seq
+        if run.appends_pending == 0 and run.failed_seq is not None:
+            run.next_seq, run.last_context_seq = run.failed_seq, run.failed_context_seq
+            run.failed_seq = None
+            self.writer.reopen(run.dir / layout.MESSAGES)
+            entry = self.entry(run.key)
+            if entry is not None and entry.run_id == run.run_id:
+                self.sync_counters(entry, run)
+                self.registry.touch(run.key)
+
+    async def writable(self) -> str | None:
+        """None when the store can write now; else why not (for ``/readyz``)."""
+        return await asyncio.to_thread(probe_writable, self.home.contexts)
 
     async def record_tool(
         self,
@@ -608,6 +651,17 @@ class SessionStore:
 
     def expiry_cutoff(self, days: float) -> str:
         return iso(self.clock() - timedelta(days=days))
+
+
+@dataclass(frozen=True)
+class _Undo:
+    """What one append added to a run's counters (taken back if it fails)."""
+
+    seq: int
+    messages_bytes: int
+    context_bytes: int
+    tokens: int
+    last_context_seq: int
 
 
 class _NoEntry:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import queue
@@ -37,6 +38,15 @@ class _Append:
     durable: bool
     future: asyncio.Future[Any] | None
     error: BaseException | None = None
+    also: tuple[Path, bytes] | None = None  # a derived line written with it: both or neither
+    guarded: bool = False  # after a failure, later appends to ``path`` fail until ``reopen``
+    start: int = -1  # the size of ``path`` before this append (what a failure cuts back to)
+    also_start: int = -1
+
+
+@dataclass
+class _Reopen:
+    path: Path
 
 
 @dataclass
@@ -69,6 +79,9 @@ class AppendWriter:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_pool: ThreadPoolExecutor | None = None
+        self._barred: dict[Path, OSError] = {}  # guarded files whose last append failed
+        self._stuck: set[Path] = set()  # files a failed append could not be cut back on
+        self.last_error: OSError | None = None  # the last failed append, until one succeeds
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -90,12 +103,30 @@ class AppendWriter:
 
     # -- called on the event loop ---------------------------------------------------------------
 
-    def append(self, path: Path, data: bytes, *, durable: bool) -> asyncio.Future[None]:
+    def append(
+        self,
+        path: Path,
+        data: bytes,
+        *,
+        durable: bool,
+        also: tuple[Path, bytes] | None = None,
+        guarded: bool = False,
+    ) -> asyncio.Future[None]:
         """Queue an append; the future resolves once it is written (and synced, if durable under
-        ``batch`` or ``always``)."""
+        ``batch`` or ``always``).
+
+        A failed append (a full disk, a read-only file system) leaves no part of itself behind:
+        the file, and the ``also`` file written with it, are cut back to their length before it,
+        so the next append never lands glued onto a partial line. With ``guarded`` (files whose
+        lines carry consecutive numbers), every later append to ``path`` fails with the same
+        error until ``reopen(path)`` is queued: nothing is written after a gap."""
         future = self._new_future()
-        self._queue.put(_Append(path, data, durable, future))
+        self._queue.put(_Append(path, data, durable, future, also=also, guarded=guarded))
         return future
+
+    def reopen(self, path: Path) -> None:
+        """Let appends to a guarded ``path`` be tried again (queued: it applies to what follows)."""
+        self._queue.put(_Reopen(path))
 
     def append_nowait(self, path: Path, data: bytes) -> None:
         """Queue a derived, non-durable append nobody waits for."""
@@ -158,6 +189,9 @@ class AppendWriter:
                 elif isinstance(op, _Append):
                     self._write(op, dirty)
                     done.append(op)
+                elif isinstance(op, _Reopen):
+                    if op.path not in self._stuck:
+                        self._barred.pop(op.path, None)
                 else:
                     self._sync(dirty)
                     self._invoke(op)
@@ -170,12 +204,18 @@ class AppendWriter:
         self._handles.clear()
 
     def _write(self, op: _Append, dirty: dict[int, list[_Append]]) -> None:
+        barred = self._barred.get(op.path) or (self._barred.get(op.also[0]) if op.also else None)
+        if barred is not None:
+            op.error = barred
+            return
         try:
             fd = self._fd(op.path)
-            view = memoryview(op.data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            op.start = os.fstat(fd).st_size
+            _write_all(fd, op.data)
+            if op.also is not None:
+                also_fd = self._fd(op.also[0])
+                op.also_start = os.fstat(also_fd).st_size
+                _write_all(also_fd, op.also[1])
             self.stats.appends += 1
             if op.durable and self.fsync == "always":
                 os.fsync(fd)
@@ -183,8 +223,39 @@ class AppendWriter:
             elif op.durable and self.fsync == "batch":
                 dirty.setdefault(fd, []).append(op)
         except OSError as exc:
-            log.error("append to %s failed: %s", op.path, exc)
+            self._fail([op], exc)
+            return
+        if op.durable and self.fsync != "batch":
+            self.last_error = None
+
+    def _fail(self, ops: list[_Append], exc: OSError) -> None:
+        """Cut the files of failed appends back to their length before the first of them."""
+        first = ops[0]
+        log.error("append to %s failed (%d append(s) undone): %s", first.path, len(ops), exc)
+        self.last_error = exc
+        for op in ops:
             op.error = exc
+        cuts = [(first.path, first.start)]
+        starts = [op.also_start for op in ops if op.also is not None and op.also_start >= 0]
+        if first.also is not None and starts:
+            cuts.append((first.also[0], min(starts)))
+        for path, size in cuts:
+            if size >= 0:
+                self._cut(path, size)
+        if first.guarded:
+            self._barred[first.path] = exc
+
+    def _cut(self, path: Path, size: int) -> None:
+        try:
+            fd = self._fd(path)
+            if os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
+        except OSError as exc:
+            # A partial line stays: refuse every later append to this file until a restart,
+            # whose recovery cuts the torn tail.
+            log.critical("could not cut %s back to %d bytes after a failed append: %s", path, size, exc)
+            self._stuck.add(path)
+            self._barred[path] = exc
 
     def _sync(self, dirty: dict[int, list[_Append]]) -> None:
         """Make every touched file durable. One file: fsync. Several: one ``syncfs`` of their
@@ -202,8 +273,9 @@ class AppendWriter:
             errors = list(self._sync_pool.map(_fsync, [fd for fd, _ in items]))
         for (_, ops), error in zip(items, errors, strict=True):
             if error is not None:
-                for op in ops:
-                    op.error = error
+                self._fail(ops, error)
+        if not any(errors):
+            self.last_error = None
         self.stats.syncs += len(items)
         dirty.clear()
 
@@ -243,6 +315,15 @@ def _syncfs(fd: int) -> OSError | None:
         return None
     errno = ctypes.get_errno()
     return OSError(errno, os.strerror(errno))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:  # never loop on a file that takes nothing
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
 
 
 def _fsync(fd: int) -> OSError | None:

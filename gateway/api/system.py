@@ -23,12 +23,25 @@ async def healthz(request: web.Request) -> web.Response:
 
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
+    """Liveness is ``/healthz``; readiness adds that the store can write right now (a small file
+    is written and synced in contexts/), so a full or read-only disk makes the gateway unready
+    while it lasts, and ready again by itself once it can write."""
     checks: dict[str, bool] = request.app[K.READY].copy()
+    problems: dict[str, str] = {}
+    store = request.app.get(K.STORE) if checks.get("store") else None
+    if store is not None:
+        problem = await store.writable()
+        checks["store_writable"] = problem is None
+        if problem is not None:
+            problems["store_writable"] = f"the store cannot write: {problem}"
     memory_ready = request.app[K.EXTRAS].get("memory_ready")
     if memory_ready is not None:
         checks["memory"] = bool(memory_ready())
     ready = all(checks.values())
-    return json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+    body: dict[str, object] = {"ready": ready, "checks": checks}
+    if problems:
+        body["problems"] = problems
+    return json_response(body, status=200 if ready else 503)
 
 
 @routes.get("/metrics")

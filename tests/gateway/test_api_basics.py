@@ -35,7 +35,7 @@ async def test_health_and_store_only_message(client: Client, tmp_path: Path) -> 
         await asyncio.sleep(0.05)
     body = await ready.json()
     assert ready.status == 200 and body["ready"] is True
-    assert body["checks"] == {"store": True, "scheduler": True, "memory": True}
+    assert body["checks"] == {"store": True, "store_writable": True, "scheduler": True, "memory": True}
     resp = await client.post(f"/v1/sessions/{url_key('agent:main:main')}/messages", json={"content": "hello"})
     assert resp.status == 200, await resp.text()
     body = await resp.json()
