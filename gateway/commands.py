@@ -4,12 +4,13 @@ and never reach the model; every command answers 200, an unknown one with help."
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from gateway.turns import Conversations, DeltaFn, Outcome, Post
+from gateway.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
 from sessions.records import RunState
 from sessions.thresholds import compaction_threshold
 
@@ -76,6 +77,20 @@ class Commands:
         handler = self.handlers.get(name, self._unknown)
         return await handler(CommandCall(post, name, args))
 
+    async def run_once(self, post: Post, name: str, args: str) -> Outcome:
+        """A command sent with a client_message_id runs at most once: a redelivery answers what the
+        first delivery answered (from its idempotency record, or from the transcript, where the
+        command line carries the id and its answer the command's seq) and runs nothing again."""
+        assert post.client_message_id is not None
+        previous = await self.conv.find_previous(post.key.raw, post.client_message_id)
+        if previous is not None:
+            if previous["response"] is not None:
+                return outcome_from(json.loads(previous["response"]))
+            return Outcome(post.key.raw, previous["run_id"], previous["message_seq"], reply=previous.get("reply"))
+        outcome = await self.run(post, name, args)
+        await self.conv.remember(post.key.raw, post.client_message_id, outcome)
+        return outcome
+
     # -- storing a command and its answer -------------------------------------------------------
 
     async def answer(self, call: CommandCall, text: str, *, run: RunState | None = None) -> Outcome:
@@ -87,8 +102,10 @@ class Commands:
         run = run or self.store.active_run(call.key)
         if run is None:
             return Outcome(call.key, None, None, reply={"content": text, "seq": None})
-        asked = await self.conv.command_line(run, "user", call.post.content)
-        answered = await self.conv.command_line(run, "assistant", text)
+        asked = await self.conv.command_line(
+            run, "user", call.post.content, client_message_id=call.post.client_message_id
+        )
+        answered = await self.conv.command_line(run, "assistant", text, reply_to=asked["seq"])
         return Outcome(call.key, run.run_id, asked["seq"], reply={"content": text, "seq": answered["seq"]})
 
     # -- the commands ---------------------------------------------------------------------------
@@ -247,5 +264,7 @@ async def dispatch(commands: Commands, post: Post, *, on_delta: DeltaFn | None =
     if post.role == "user":
         parsed = parse_command(post.content)
         if parsed is not None:
-            return await commands.run(post, *parsed)
+            if post.client_message_id is None:
+                return await commands.run(post, *parsed)
+            return await commands.conv.once(post, lambda: commands.run_once(post, *parsed))
     return await commands.conv.post(post, on_delta=on_delta)

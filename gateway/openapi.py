@@ -107,7 +107,10 @@ STR: Schema = {"type": "string"}
 LIMIT = Param("limit", "page size", _int(1, 500, 50))
 CURSOR = Param("cursor", "`next_cursor` of the previous page (opaque)", STR)
 AGENT = Param("agent", "agent id", STR)
-IDEMPOTENCY = Param("Idempotency-Key", "same as `client_message_id`", STR, where="header")
+IDEMPOTENCY = Param(
+    "Idempotency-Key", "same as `client_message_id` (1 to 200 characters)", {"type": "string", "maxLength": 200},
+    where="header",
+)
 KEY_ERRORS = ("invalid_key", "session_not_found")
 
 OPERATIONS: dict[tuple[str, str], Op] = {
@@ -163,6 +166,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "sessions",
         "The command's answer is in `reply.content`, in store-only mode too.",
         body=CommandBody,
+        params=(IDEMPOTENCY,),
         answer="MessageAnswer",
         errors=("invalid_key", "no_active_run", *TURN_ERRORS),
     ),

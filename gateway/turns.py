@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import re
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -191,16 +192,21 @@ class Conversations:
         """Store ``post`` and run its model turn. ``on_stored`` is called with the outcome as soon as
         this call has made the message durable, before the turn (webhooks answer 202 then); it is
         not called when nothing new is stored (an idempotent repeat)."""
-        cmid = post.client_message_id
-        if cmid is None:
+        if post.client_message_id is None:
             return await self._post(post, on_delta, on_stored)
-        marker = (post.key.raw, cmid)
+        return await self.once(post, lambda: self._post_once(post, on_delta, on_stored))
+
+    async def once(self, post: Post, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        """Run ``work`` for a delivery with a client_message_id; a second delivery of the same id
+        arriving while the first is handled waits for the first one's answer."""
+        assert post.client_message_id is not None
+        marker = (post.key.raw, post.client_message_id)
         if marker in self._inflight:  # the same delivery is being handled right now
-            return _outcome_from(await asyncio.shield(self._inflight[marker]))
+            return outcome_from(await asyncio.shield(self._inflight[marker]))
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._inflight[marker] = future
         try:
-            outcome = await self._post_once(post, on_delta, on_stored)
+            outcome = await work()
             future.set_result(outcome.body())
             return outcome
         except BaseException as exc:
@@ -214,11 +220,13 @@ class Conversations:
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None
     ) -> Outcome:
         assert post.client_message_id is not None
-        previous = await self._idempotency_lookup(post.key.raw, post.client_message_id)
+        previous = await self.find_previous(post.key.raw, post.client_message_id)
         if previous is None:
             outcome = await self._post(post, on_delta, on_stored)
         elif previous["response"] is not None:
-            return _outcome_from(json.loads(previous["response"]))
+            return outcome_from(json.loads(previous["response"]))
+        elif previous.get("reply") is not None:  # answered, but the answer's record was lost
+            outcome = Outcome(post.key.raw, previous["run_id"], previous["message_seq"], reply=previous["reply"])
         else:  # stored before, but its turn failed: run the turn again, store nothing new
             run = self.store.run_state(previous["run_id"]) if previous["run_id"] else None
             if run is None or run.status != "running" or not self.needs_turn(post):
@@ -226,8 +234,27 @@ class Conversations:
             else:
                 outcome = Outcome(post.key.raw, run.run_id, previous["message_seq"])
                 await self._queued_turn(post, run, outcome, on_delta)
-        await self._idempotency_save(post.key.raw, post.client_message_id, outcome)
+        await self.remember(post.key.raw, post.client_message_id, outcome)
         return outcome
+
+    async def find_previous(self, key: str, cmid: str) -> dict[str, Any] | None:
+        """An earlier delivery of ``cmid`` on ``key`` within the window: its idempotency record,
+        or, when there is none (a crash or a tasks.db error came between storing the message and
+        committing the record) or tasks.db cannot be read, the message found in the active run's
+        messages.jsonl (the durable truth) with its reply if one was stored."""
+        try:
+            previous = await self._idempotency_lookup(key, cmid)
+        except sqlite3.Error as exc:
+            log.warning("idempotency lookup on %r failed (%s): checking the transcript instead", key, exc)
+            previous = None
+        if previous is not None:
+            return previous
+        since = iso(self.clock() - IDEMPOTENCY_WINDOW)
+        found = await self.store.find_delivery(key, cmid, since=since)
+        if found is None:
+            return None
+        log.info("redelivery of %r on %r recognised from the transcript (seq %d)", cmid, key, found.seq)
+        return {"run_id": found.run_id, "message_seq": found.seq, "response": None, "reply": found.reply}
 
     async def _post(
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None = None
@@ -257,7 +284,7 @@ class Conversations:
             self.metrics.messages.labels(post.role).inc()
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         if post.client_message_id is not None:
-            await self._idempotency_save(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
+            await self.remember(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
         if on_stored is not None:
             on_stored(outcome)
         if turn:
@@ -393,7 +420,12 @@ class Conversations:
                     continue
                 record = await self.store.append(
                     run,
-                    NewMessage(role="assistant", content=completion.content, usage=completion.usage.as_dict()),
+                    NewMessage(
+                        role="assistant",
+                        content=completion.content,
+                        usage=completion.usage.as_dict(),
+                        reply_to=outcome.message_seq,
+                    ),
                 )
                 self.metrics.messages.labels("assistant").inc()
                 outcome.reply = {"content": completion.content, "seq": record["seq"]}
@@ -555,7 +587,7 @@ class Conversations:
 
         return await self.store.ledger.execute(_find)
 
-    async def _idempotency_save(
+    async def remember(
         self, key: str, cmid: str, outcome: Outcome | None, *, run_id: str | None = None, seq: int | None = None
     ) -> None:
         now = iso(self.clock())
@@ -579,7 +611,12 @@ class Conversations:
                 (key, cmid, now, run_id, seq, response),
             )
 
-        await self.store.ledger.execute(_save)
+        try:
+            await self.store.ledger.execute(_save)
+        except sqlite3.Error as exc:
+            # The message is durable and carries its client_message_id: a redelivery is still
+            # recognised from the transcript, so the caller gets its answer, not an error.
+            log.warning("idempotency record of %r on %r not saved (%s)", cmid, key, exc)
 
     def context_overhead(self, agent_id: str | None) -> int:
         """Tokens of the system prompt and of the tool schemas the model is sent (none in
@@ -588,9 +625,25 @@ class Conversations:
         tools = estimate_text(json.dumps(self.tools.schemas())) if self.provider(agent_id) else 0
         return estimate_text(agent.system_prompt) + tools
 
-    async def command_line(self, run: RunState, role: Role, text: str) -> dict[str, Any]:
+    async def command_line(
+        self,
+        run: RunState,
+        role: Role,
+        text: str,
+        *,
+        client_message_id: str | None = None,
+        reply_to: int | None = None,
+    ) -> dict[str, Any]:
         """Store a chat command or its answer (``command: true``: never sent to the model)."""
-        return await self.store.append(run, NewMessage(role=role, content=text, command=True, user_activity=False))
+        message = NewMessage(
+            role=role,
+            content=text,
+            command=True,
+            user_activity=False,
+            client_message_id=client_message_id,
+            reply_to=reply_to,
+        )
+        return await self.store.append(run, message)
 
     def ensure_active(self, key: str) -> RunState:
         run = self.store.active_run(key)
@@ -599,7 +652,7 @@ class Conversations:
         return run
 
 
-def _outcome_from(body: dict[str, Any]) -> Outcome:
+def outcome_from(body: dict[str, Any]) -> Outcome:
     return Outcome(
         session_key=body["session_key"],
         run_id=body.get("run_id"),

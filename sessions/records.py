@@ -28,6 +28,7 @@ class NewMessage:
     kind: str | None = None
     client_message_id: str | None = None
     user_activity: bool | None = None
+    reply_to: int | None = None  # on a reply or a command's answer: the seq of what it answers
 
     @property
     def counts_as_activity(self) -> bool:
@@ -85,6 +86,7 @@ class RunState:
     appends_pending: int = 0  # messages queued and not yet durable (or failed)
     failed_seq: int | None = None  # the lowest seq of the appends that failed while others were pending
     failed_context_seq: int = 0  # last_context_seq as it was before that append
+    deliveries: Any = None  # sessions.deliveries.RunDeliveries, made on first use
 
     @property
     def message_count(self) -> int:

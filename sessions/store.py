@@ -22,6 +22,8 @@ from config.clock import Clock, iso
 from config.errors import Conflict, NotFound, SessionPaused
 from config.settings import Settings
 from sessions import layout
+from sessions.deliveries import Delivery, RunDeliveries
+from sessions.deliveries import scan as scan_deliveries
 from sessions.faults import probe_writable, storage_error
 from sessions.jsonl import encode, fsync_dir, iter_records, read_records, write_atomic, write_json_atomic
 from sessions.layout import Home
@@ -444,8 +446,22 @@ class SessionStore:
             await asyncio.shield(durable)
         except OSError as exc:
             raise storage_error(exc) from exc
+        if message.client_message_id is not None or message.reply_to is not None:
+            _deliveries(run).add(record)
         self._emit("message", run, **_event_fields(record))
         return record
+
+    async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
+        """The message of the key's active run that carried ``client_message_id`` (stored at or
+        after ``since``), read from messages.jsonl itself the first time a run is asked."""
+        run = self.active_run(key)
+        if run is None:
+            return None
+        deliveries = _deliveries(run)
+        if not deliveries.scanned:
+            path = run.dir / layout.MESSAGES
+            deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
+        return deliveries.find(run.run_id, client_message_id, since)
 
     def _settle_append(self, run: RunState, undo: _Undo, future: asyncio.Future[None]) -> None:
         """On the loop, once an append is durable or failed: take a failed one out of the
@@ -730,10 +746,18 @@ def _message_record(seq: int, message: NewMessage, timestamp: str) -> dict[str, 
         "usage": message.usage,
         "kind": message.kind,
         "client_message_id": message.client_message_id,
+        "reply_to": message.reply_to,
     }
     record.update({k: v for k, v in optional.items() if v is not None})
     record["tokens"] = estimate_message(record)
     return record
+
+
+def _deliveries(run: RunState) -> RunDeliveries:
+    if run.deliveries is None:
+        run.deliveries = RunDeliveries()
+    deliveries: RunDeliveries = run.deliveries
+    return deliveries
 
 
 def _event_fields(record: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,9 @@ from sessions.thresholds import compaction_threshold
 routes = web.RouteTableDef()
 
 
+MAX_CLIENT_MESSAGE_ID = 200
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
@@ -39,7 +42,7 @@ class IngressBody(Strict):
     agent_id: str | None = None
     reply: bool = True
     stream: bool = False
-    client_message_id: str | None = Field(None, min_length=1, max_length=200)
+    client_message_id: str | None = Field(None, min_length=1, max_length=MAX_CLIENT_MESSAGE_ID)
 
 
 class MessageBody(Strict):
@@ -50,12 +53,13 @@ class MessageBody(Strict):
     tool_call_id: str | None = Field(None, max_length=200)
     reply: bool = True
     stream: bool = False
-    client_message_id: str | None = Field(None, min_length=1, max_length=200)
+    client_message_id: str | None = Field(None, min_length=1, max_length=MAX_CLIENT_MESSAGE_ID)
 
 
 class CommandBody(Strict):
     command: str = Field(min_length=2)
     stream: bool = False
+    client_message_id: str | None = Field(None, min_length=1, max_length=MAX_CLIENT_MESSAGE_ID)
 
 
 class PatchBody(Strict):
@@ -80,7 +84,14 @@ def session_key(request: web.Request) -> SessionKey:
 
 
 def client_message_id(request: web.Request, body_value: str | None) -> str | None:
-    return body_value or request.headers.get("Idempotency-Key") or None
+    """The body's ``client_message_id``, else the ``Idempotency-Key`` header, capped alike."""
+    header = request.headers.get("Idempotency-Key")
+    if header is not None and len(header) > MAX_CLIENT_MESSAGE_ID:
+        raise BadRequest(
+            f"the Idempotency-Key header is at most {MAX_CLIENT_MESSAGE_ID} characters, like client_message_id",
+            field="Idempotency-Key",
+        )
+    return body_value or header or None
 
 
 @routes.post("/v1/messages")
@@ -134,7 +145,8 @@ async def post_command(request: web.Request) -> web.StreamResponse:
     body = await parse_body(request, CommandBody, config.settings.gateway.max_body_bytes)
     if parse_command(body.command) is None:
         raise BadRequest("'command' must start with '/' and a command name, e.g. /status", field="command")
-    post = Post(key=key, role="user", content=body.command)
+    cmid = client_message_id(request, body.client_message_id)
+    post = Post(key=key, role="user", content=body.command, client_message_id=cmid)
     commands = request.app[K.COMMANDS]
     outcome = await dispatch(commands, post)
     return json_response(outcome.body())
