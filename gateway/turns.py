@@ -272,14 +272,20 @@ class Conversations:
         async with self.store.lock_for(key):
             run = self.store.active_run(key)
             new_run = run is None
+            had_entry = self.store.entry(key) is not None
             if run is not None:
                 self.store.check_writable(run, NewMessage(role=post.role, content=""))
             else:
                 run = await self._start_run(post, outcome)
-            for hook in self.before_append:  # e.g. auto-recall before the first user message
-                outcome.events.extend(await hook(run, post, new_run))
             started = time.perf_counter()
-            record = await self.store.append(run, self._new_message(post))
+            try:
+                for hook in self.before_append:  # e.g. auto-recall before the first user message
+                    outcome.events.extend(await hook(run, post, new_run))
+                record = await self.store.append(run, self._new_message(post))
+            except Exception:
+                if new_run:  # the run exists only for this message: it leaves nothing behind
+                    await self.store.discard_run(run, remove_entry=not had_entry)
+                raise
             self.metrics.append_seconds.observe(time.perf_counter() - started)
             self.metrics.messages.labels(post.role).inc()
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
@@ -318,19 +324,25 @@ class Conversations:
             channel=key.channel,
             task_key=task_key,
             parent_uuid=found.run_id if found else None,
+            opening=True,
         )
+        try:
+            if found is not None:
+                await self.store.append(
+                    run, NewMessage(role="system", content=found.message, kind="inheritance", user_activity=False)
+                )
+            for starter in self.run_starters:
+                outcome.events.extend(await starter(run, post))
+        except Exception:  # the run exists only for the message being posted: it leaves nothing behind
+            await self.store.discard_run(run, remove_entry=entry is None)
+            raise
+        if found is not None:
+            outcome.events.append(found.event())
+            self.store.emit("inheritance", run, **{k: v for k, v in found.event().items() if k != "type"})
         entry = self.store.entry(key.raw)
         if entry is not None and not entry.inherit_next:
             entry.inherit_next = True
             self.store.registry.touch(key.raw)
-        if found is not None:
-            await self.store.append(
-                run, NewMessage(role="system", content=found.message, kind="inheritance", user_activity=False)
-            )
-            outcome.events.append(found.event())
-            self.store.emit("inheritance", run, **{k: v for k, v in found.event().items() if k != "type"})
-        for starter in self.run_starters:
-            outcome.events.extend(await starter(run, post))
         return run
 
     def _new_message(self, post: Post) -> NewMessage:

@@ -87,6 +87,7 @@ class RunState:
     failed_seq: int | None = None  # the lowest seq of the appends that failed while others were pending
     failed_context_seq: int = 0  # last_context_seq as it was before that append
     deliveries: Any = None  # sessions.deliveries.RunDeliveries, made on first use
+    opening: bool = False  # started for a message not yet durable (its folder carries a marker)
 
     @property
     def message_count(self) -> int:

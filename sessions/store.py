@@ -8,9 +8,12 @@ that can block runs on one of those; the methods here only assign ids, update co
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
+import shutil
+import sqlite3
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -19,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import Clock, iso
-from config.errors import Conflict, NotFound, SessionPaused
+from config.errors import Conflict, NeotaskError, NotFound, SessionPaused, StorageUnavailable
 from config.settings import Settings
-from sessions import layout
+from sessions import layout, leftovers
 from sessions.deliveries import Delivery, RunDeliveries
 from sessions.deliveries import scan as scan_deliveries
 from sessions.faults import probe_writable, storage_error
@@ -94,6 +97,7 @@ class SessionStore:
         active_rows = {row["uuid"]: row for row in rows}
         checkpoints = {e.run_id: _checkpoint(e) for e in self.registry.entries.values() if e.run_id}
         recovered = await asyncio.to_thread(recover_all, self.home.contexts, active_rows, checkpoints)
+        recovered = await self._drop_half_created(recovered, active_rows)
         self.recovered = recovered
         for rec in recovered:
             row = active_rows.get(rec.run_id) or await self.ledger.get_run(rec.run_id)
@@ -121,6 +125,32 @@ class SessionStore:
         self._reconcile_entries()
         if problem is not None or self.registry.pending:
             await self.registry.flush(force=problem is not None)
+
+    async def _drop_half_created(
+        self, recovered: list[RecoveredRun], active_rows: dict[str, dict[str, Any]]
+    ) -> list[RecoveredRun]:
+        """Remove the runs a failed or interrupted start left without any message (folder and
+        row): nothing in them was acknowledged, and the message that would have opened them is
+        sent again by its client."""
+        empty = [
+            rec
+            for rec in recovered
+            if rec.next_seq == 1 and leftovers.opening(rec.dir) and leftovers.holds_no_message(rec.dir)
+        ]
+        known = {rec.run_id for rec in recovered}
+        folders = [rec.dir for rec in empty]
+        folders += await asyncio.to_thread(leftovers.half_created, self.home.contexts, known)
+        removed = set()
+        for folder in folders:
+            if await asyncio.to_thread(leftovers.remove, folder):
+                removed.add(folder.name)
+        if removed:
+            await self.ledger.execute(
+                lambda c: c.executemany("DELETE FROM tasks WHERE uuid = ?", [(run_id,) for run_id in removed])
+            )
+            for run_id in removed:
+                active_rows.pop(run_id, None)
+        return [rec for rec in recovered if rec.run_id not in removed]
 
     def _state_from_recovery(self, rec: RecoveredRun, row: dict[str, Any] | None) -> RunState:
         meta = rec.metadata
@@ -259,7 +289,11 @@ class SessionStore:
         channel: str | None,
         task_key: TaskKey,
         parent_uuid: str | None = None,
+        opening: bool = False,
     ) -> RunState:
+        """A new active run for ``key``. With ``opening`` the run exists for the message about to
+        be appended: until that message is durable the folder carries a marker, and start-up
+        removes a marked folder that holds no message (a crash or a storage error came between)."""
         entry = self.entry(key)
         if entry is not None and entry.run_id is not None:
             raise Conflict(f"session {key!r} already has an active run {entry.run_id}", code="run_active")
@@ -278,8 +312,19 @@ class SessionStore:
             parent_uuid=parent_uuid,
         )
         metadata = self._metadata(run)
-        await self.writer.call(lambda: _create_run_folder(run.dir, metadata))
-        await self.ledger.insert_run(self._ledger_row(run))
+        created = False
+        try:
+            await self.writer.call(lambda: _create_run_folder(run.dir, metadata, opening=opening))
+            created = True
+            await self.ledger.insert_run(self._ledger_row(run))
+        except (OSError, sqlite3.Error) as exc:
+            # a run that cannot be created leaves nothing behind: no folder, no row, no entry
+            if created:
+                await self._remove_run_files(run)
+            else:
+                await self.writer.call(lambda: _remove_folder(run.dir))
+            raise _start_error(exc) from exc
+        run.opening = opening
         self._runs[run_id] = run
         if entry is None:
             entry = self._new_entry(key, agent_id, chat_type, channel)
@@ -288,9 +333,48 @@ class SessionStore:
         self.sync_counters(entry, run)  # every checkpoint field: none may describe the previous run
         entry.updated_at = now
         self.registry.touch(key)
-        await self.registry.flush()
+        await self._flush_registry()
         self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
         return run
+
+    async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
+        """Undo ``start_run`` for a run whose first posted message could not be stored: its folder
+        and tasks.db row go, and the key's entry is removed (``remove_entry``: this run created it)
+        or set idle. What cannot be removed now (a read-only disk) start-up recovery removes."""
+        self._runs.pop(run.run_id, None)
+        entry = self.entry(run.key)
+        if entry is not None and entry.run_id == run.run_id:
+            if remove_entry:
+                self.registry.remove(run.key)
+            else:
+                entry.run_id, entry.status = None, "idle"
+                entry.context_tokens = entry.message_count = 0
+                self.registry.touch(run.key)
+        await self._remove_run_files(run)
+        await self._flush_registry()
+        self._emit("lifecycle", run, action="discard")
+
+    async def _remove_run_files(self, run: RunState) -> None:
+        def _do() -> None:
+            self.writer.close_handles_under(run.dir)
+            _remove_folder(run.dir)
+
+        try:
+            await self.writer.call(_do)
+        except OSError as exc:
+            log.error("could not remove the folder of discarded run %s (%s): start-up recovery will", run.run_id, exc)
+        try:
+            await self.ledger.execute(lambda c: c.execute("DELETE FROM tasks WHERE uuid = ?", (run.run_id,)))
+        except sqlite3.Error as exc:
+            log.error("could not delete the tasks.db row of discarded run %s (%s): recovery will", run.run_id, exc)
+
+    async def _flush_registry(self) -> None:
+        """Write sessions.json now; a failure is logged (it is rewritten on the next change and
+        rebuilt at start from tasks.db and the run folders, which are the truth)."""
+        try:
+            await self.registry.flush()
+        except OSError as exc:
+            log.error("sessions.json could not be written (%s); it is written again on the next change", exc)
 
     async def pause(self, key: str) -> RunState:
         run = self._require_active(key)
@@ -448,6 +532,10 @@ class SessionStore:
             raise storage_error(exc) from exc
         if message.client_message_id is not None or message.reply_to is not None:
             _deliveries(run).add(record)
+        if run.opening:
+            run.opening = False
+            marker = run.dir / leftovers.OPENING
+            self.writer.call(lambda: marker.unlink(missing_ok=True)).add_done_callback(_log_failure)
         self._emit("message", run, **_event_fields(record))
         return record
 
@@ -777,12 +865,36 @@ def _stats(run: RunState) -> dict[str, Any]:
     )
 
 
-def _create_run_folder(folder: Path, metadata: dict[str, Any]) -> None:
+def _create_run_folder(folder: Path, metadata: dict[str, Any], *, opening: bool) -> None:
     folder.mkdir(parents=True, exist_ok=False)
+    if opening:
+        (folder / leftovers.OPENING).touch()
     write_json_atomic(folder / layout.METADATA, metadata)
     (folder / layout.MESSAGES).touch()
     fsync_dir(folder)
     fsync_dir(folder.parent)
+
+
+def _log_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("could not remove a run's opening marker: %s", future.exception())
+
+
+def _remove_folder(folder: Path) -> None:
+    """Remove a run folder that holds no acknowledged message (blocking; missing is fine)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+        fsync_dir(folder.parent)
+
+
+def _start_error(exc: OSError | sqlite3.Error) -> NeotaskError:
+    if isinstance(exc, OSError):
+        return storage_error(exc)
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return storage_error(OSError(errno.ENOSPC, "tasks.db: database or disk is full"))
+    return StorageUnavailable(
+        f"tasks.db cannot record the new run ({exc}): the message was not stored; send it again shortly"
+    )
 
 
 def _write_text(path: Path, text: str) -> None:

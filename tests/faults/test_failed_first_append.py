@@ -1,0 +1,148 @@
+"""Issue 10 item 6: a new key whose first message cannot be stored leaves nothing behind.
+
+Real faults: a full 5 MiB tmpfs home, the same tmpfs remounted read-only, tasks.db locked by
+another connection for longer than the ledger's busy timeout. The POST answers 507 or 503 and no
+run folder, tasks.db row or sessions.json entry is left; what a crash leaves half created is
+removed by start-up recovery; the doctor offers a fix for what it reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from sessions import layout
+from sessions.doctor import check_home
+from sessions.leftovers import OPENING
+from sessions.records import NewMessage
+from tests.conftest import FakeClock
+from tests.faults.conftest import fill
+from tests.faults.test_idempotency_crash import LedgerLock
+from tests.gateway.helpers import make_app
+from tests.sessions.helpers import open_store, start
+
+BIG = "y" * 40_000
+
+
+def url(key: str) -> str:
+    return f"/v1/sessions/{quote(key, safe='')}/messages"
+
+
+def run_folders(home: Path) -> list[str]:
+    return sorted(p.name for state in ("running", "paused", "completed") for p in (home / "contexts" / state).glob("*"))
+
+
+def rows_of(home: Path, key: str) -> int:
+    conn = sqlite3.connect(home / "contexts" / "tasks.db")
+    try:
+        return int(conn.execute("SELECT count(*) FROM tasks WHERE session_key = ?", (key,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def _nothing_left(client: Any, home: Path, key: str) -> None:
+    assert (await client.get(f"/v1/sessions/{quote(key, safe='')}")).status == 404
+    assert await asyncio.to_thread(rows_of, home, key) == 0
+
+
+async def test_a_full_disk_at_a_new_keys_first_message_leaves_nothing(
+    tmpfs: Path, aiohttp_client: Any, clock: FakeClock
+) -> None:
+    home = tmpfs / "home"
+    client = await aiohttp_client(make_app(home, clock))
+    assert (await client.post(url("agent:main:dm:old"), json={"content": "an existing run"})).status == 200
+    before = run_folders(home)
+    filler = await asyncio.to_thread(fill, tmpfs)
+    for key in ("agent:main:dm:new1", "agent:main:dm:new2"):
+        resp = await client.post(url(key), json={"content": BIG})
+        body = await resp.json()
+        assert resp.status == 507 and body["error"]["code"] == "insufficient_storage", body
+        await _nothing_left(client, home, key)
+    assert run_folders(home) == before
+    await asyncio.to_thread(filler.unlink)
+    resp = await client.post(url("agent:main:dm:new1"), json={"content": "now it fits"})
+    body = await resp.json()
+    assert resp.status == 200 and body["message_seq"] == 1, body
+    assert await asyncio.to_thread(rows_of, home, "agent:main:dm:new1") == 1
+    assert not (home / "contexts" / "running" / body["run_id"] / OPENING).exists()
+    assert [f["check"] for f in await asyncio.to_thread(check_home, home, fix=False, now="x")] == []
+
+
+async def test_a_read_only_store_refuses_a_new_key_with_503_and_resumes_when_writable(
+    tmpfs: Path, aiohttp_client: Any, clock: FakeClock
+) -> None:
+    """contexts/ bind-mounted read-only over itself (files already open stay writable, so this is
+    about creating a run: EROFS)."""
+    home = tmpfs / "home"
+    client = await aiohttp_client(make_app(home, clock))
+    assert (await client.post(url("agent:main:dm:old"), json={"content": "one"})).status == 200
+    before = run_folders(home)
+    contexts = str(home / "contexts")
+    subprocess.run(["mount", "--bind", contexts, contexts], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", contexts], check=True)
+        resp = await client.post(url("agent:main:dm:brand-new"), json={"content": "refused"})
+        body = await resp.json()
+        assert resp.status == 503 and body["error"]["code"] == "storage_unavailable", body
+        ready = await client.get("/readyz")
+        assert ready.status == 503 and (await ready.json())["checks"]["store_writable"] is False
+    finally:
+        subprocess.run(["umount", contexts], check=True)
+    await _nothing_left(client, home, "agent:main:dm:brand-new")
+    assert run_folders(home) == before
+    resp = await client.post(url("agent:main:dm:brand-new"), json={"content": "now writable"})
+    assert resp.status == 200 and (await resp.json())["message_seq"] == 1
+    assert (await (await client.get("/readyz")).json())["checks"]["store_writable"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_locked_tasks_db_at_a_new_keys_first_message_leaves_nothing(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    assert (await client.post(url("agent:main:dm:old"), json={"content": "creates tasks.db"})).status == 200
+    before = run_folders(tmp_path)
+    async with LedgerLock(tmp_path / "contexts" / "tasks.db"):
+        resp = await client.post(url("agent:main:dm:new"), json={"content": "while tasks.db is locked"})
+        body = await resp.json()
+        assert resp.status == 503 and body["error"]["code"] == "storage_unavailable", body
+        assert "not stored" in body["error"]["message"]
+    await _nothing_left(client, tmp_path, "agent:main:dm:new")
+    assert run_folders(tmp_path) == before
+    resp = await client.post(url("agent:main:dm:new"), json={"content": "after the lock"})
+    assert resp.status == 200 and (await resp.json())["message_seq"] == 1
+
+
+async def test_start_up_removes_what_an_interrupted_start_left(tmp_path: Path, clock: FakeClock) -> None:
+    store = await open_store(tmp_path, clock)
+    try:
+        kept = await start(store, "agent:main:dm:kept")
+        await store.append(kept, NewMessage(role="user", content="acknowledged"))
+        empty_but_legit = await start(store, "agent:main:dm:engine")  # started without the marker
+        interrupted = await store.start_run(
+            "agent:main:dm:crashed", agent_id="main", chat_type="direct", channel=None,
+            task_key=kept.task_key, opening=True,
+        )  # fmt: skip
+        no_metadata = tmp_path / "contexts" / "running" / "0f0f0f0f-0000-4000-8000-000000000000"
+        no_metadata.mkdir()
+        (no_metadata / layout.MESSAGES).touch()
+    finally:
+        await store.close()  # as if the process died before the first append of "crashed"
+    assert (interrupted.dir / OPENING).exists()
+    reopened = await open_store(tmp_path, clock)
+    try:
+        assert not interrupted.dir.exists() and not no_metadata.exists()
+        active = {run.run_id for run in reopened.active_runs()}
+        assert active == {kept.run_id, empty_but_legit.run_id}
+        assert await reopened.ledger.get_run(interrupted.run_id) is None
+        entry = reopened.entry("agent:main:dm:crashed")
+        assert entry is None or entry.run_id is None
+    finally:
+        await reopened.close()
