@@ -21,14 +21,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from config.clock import iso
-from sessions import layout
+from sessions import layout, leftovers
+from sessions.jsonl import fsync_dir, write_json_atomic
 from sessions.layout import FOLDERS, Home, folder_for
 from sessions.ledger import Ledger
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.store import SessionStore
 
 Severity = Literal["error", "warning", "info"]
-FixKind = Literal["insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp"]
+FixKind = Literal[
+    "insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp",
+    "remove_folder", "restore_metadata", "set_aside",
+]  # fmt: skip
+FOLDER_FIXES = ("remove_folder", "restore_metadata", "set_aside")
+SET_ASIDE = "quarantine"  # contexts/quarantine/<state>-<uuid>: folders the doctor moved out of the way
 ACTIVE = ("running", "paused")
 LOST = "run folder missing"  # error_message of a run settled without its folder (as recovery writes it)
 ONLINE_MIN_AGE_S = 60.0  # inside the daemon, younger files may belong to a write in progress
@@ -40,6 +46,7 @@ class RunFolder:
     state: str  # running | paused | completed
     metadata: dict[str, Any] | None  # None when metadata.json is missing or unreadable
     young: bool = False  # changed within the last moments: may be a lifecycle change in progress
+    empty: bool = False  # holds no message (only judged when metadata is None)
 
 
 @dataclass(frozen=True)
@@ -87,10 +94,7 @@ def diagnose(snap: Snapshot) -> list[Finding]:
     for run_id, places in sorted(by_run.items()):
         if len(places) > 1:
             ambiguous.add(run_id)
-            states = ", ".join(sorted(p.state for p in places))
-            findings.append(
-                Finding("duplicate_folder", "error", f"run {run_id} has folders in {states}", None, run_id=run_id)
-            )
+            findings.extend(_duplicates(run_id, places, snap.rows.get(run_id), snap.live))
             continue
         folder = places[0]
         if folder.state in ACTIVE:
@@ -119,7 +123,15 @@ def _check_folder(folder: RunFolder, row: Mapping[str, Any] | None, live: frozen
     run_id = folder.run_id
     where = f"{folder.state}/{run_id}"
     if folder.metadata is None:
-        return [Finding("unreadable_metadata", "error", f"{where} has no readable metadata.json", None, run_id=run_id)]
+        detail = f"{where} has no readable metadata.json"
+        kind: FixKind
+        if folder.empty:
+            fix, kind = "remove the folder (it holds no message: a run whose start was interrupted)", "remove_folder"
+        elif row is not None and row.get("metadata"):
+            fix, kind = "rewrite metadata.json from the run's tasks.db row", "restore_metadata"
+        else:
+            fix, kind = f"move the folder to contexts/{SET_ASIDE}/ for a person to look at", "set_aside"
+        return [Finding("unreadable_metadata", "error", detail, fix, kind=kind, run_id=run_id, status=folder.state)]
     if live is not None and folder.state in ACTIVE and run_id not in live:
         return [
             Finding(
@@ -157,6 +169,32 @@ def _check_folder(folder: RunFolder, row: Mapping[str, Any] | None, live: frozen
     return []
 
 
+def _duplicates(
+    run_id: str, places: list[RunFolder], row: Mapping[str, Any] | None, live: frozenset[str] | None
+) -> list[Finding]:
+    """A run with folders in several states: the one tasks.db names stays (else the furthest
+    along: completed, paused, running); the others are moved aside, never deleted."""
+    states = ", ".join(sorted(p.state for p in places))
+    keep: str | None = folder_for(str(row["status"])) if row is not None else None
+    if keep not in {p.state for p in places}:
+        keep = max((p.state for p in places), key=lambda s: ("running", "paused", "completed").index(s))
+    if live is not None and run_id in live:  # the daemon holds it: not a thing to move under it
+        return [Finding("duplicate_folder", "error", f"run {run_id} has folders in {states}", None, run_id=run_id)]
+    return [
+        Finding(
+            "duplicate_folder",
+            "error",
+            f"run {run_id} has folders in {states}",
+            f"keep {keep}/{run_id}; move {place.state}/{run_id} to contexts/{SET_ASIDE}/",
+            kind="set_aside",
+            run_id=run_id,
+            status=place.state,
+        )
+        for place in places
+        if place.state != keep
+    ]
+
+
 def _check_rows(snap: Snapshot, by_run: Mapping[str, list[RunFolder]]) -> list[Finding]:
     findings = []
     for run_id, row in sorted(snap.rows.items()):
@@ -180,8 +218,10 @@ def _check_rows(snap: Snapshot, by_run: Mapping[str, list[RunFolder]]) -> list[F
                     "missing_folder",
                     "warning",
                     f"run {run_id} is {row['status']} but neither its folder nor its archive exists",
-                    None,
+                    "mark the run failed in tasks.db ('run folder missing'), so it is not reported again",
+                    kind="settle_row",
                     run_id=run_id,
+                    status="failed",
                 )
             )
     return findings
@@ -241,7 +281,9 @@ def scan_folders(home: Home, *, min_age_s: float = 0.0, now: float | None = None
                 continue
             stat = child.stat()
             young = now - stat.st_mtime < min_age_s
-            found.append(RunFolder(child.name, state, _read_metadata(Path(child.path)), young))
+            metadata = _read_metadata(Path(child.path))
+            empty = metadata is None and leftovers.holds_no_message(Path(child.path))
+            found.append(RunFolder(child.name, state, metadata, young, empty))
     return tuple(found)
 
 
@@ -386,6 +428,29 @@ def entry_fix(finding: Finding, entries: dict[str, SessionEntry], folders: Mappi
     return False
 
 
+def folder_fix(home: Home, finding: Finding, rows: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Carry out a fix on a run folder that no daemon holds (blocking); whether it was done."""
+    if finding.run_id is None or finding.status is None:
+        return False
+    folder = home.run_dir(finding.run_id, finding.status)
+    if not folder.is_dir():
+        return False
+    if finding.kind == "remove_folder":
+        return leftovers.remove(folder)
+    if finding.kind == "restore_metadata":
+        metadata = json.loads(str(rows[finding.run_id]["metadata"]))
+        write_json_atomic(folder / layout.METADATA, metadata)
+        return True
+    if finding.kind == "set_aside":
+        target = home.contexts / SET_ASIDE
+        target.mkdir(exist_ok=True)
+        os.rename(folder, target / f"{finding.status}-{finding.run_id}-{int(time.time())}")
+        fsync_dir(target)
+        fsync_dir(folder.parent)
+        return True
+    return False
+
+
 def remove_tmp(home: Home, relative: str) -> bool:
     """Delete a stray temp file; True once it is gone (an atomic rewrite may have used it up)."""
     (home.root / relative).unlink(missing_ok=True)
@@ -401,6 +466,7 @@ class _Plan:
     ledger: list[tuple[int, LedgerFix]] = field(default_factory=list)
     entries: list[int] = field(default_factory=list)
     tmp: list[int] = field(default_factory=list)
+    folders: list[int] = field(default_factory=list)
 
 
 def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -> _Plan:
@@ -410,6 +476,8 @@ def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -
             plan.entries.append(index)
         elif finding.kind == "remove_tmp":
             plan.tmp.append(index)
+        elif finding.kind in FOLDER_FIXES:
+            plan.folders.append(index)
         elif finding.kind is not None and (sql := ledger_fix(finding, folders, now)) is not None:
             plan.ledger.append((index, sql))
     return plan
@@ -457,6 +525,7 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
             asyncio.run(_save_entries(registry, [findings[i].key or "" for i in changed]))
             fixed.update(changed)
     fixed.update(i for i in plan.tmp if remove_tmp(home, findings[i].path or ""))
+    fixed.update(i for i in plan.folders if folder_fix(home, findings[i], snap.rows))
     return _mark(findings, fixed)
 
 
@@ -519,6 +588,9 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
         await store.registry.flush()
     for index in plan.tmp:
         if await asyncio.to_thread(remove_tmp, home, findings[index].path or ""):
+            fixed.add(index)
+    for index in plan.folders:  # never a folder the store holds (those are judged as present only)
+        if findings[index].run_id not in live and await asyncio.to_thread(folder_fix, home, findings[index], rows):
             fixed.add(index)
     return _mark(findings, fixed)
 

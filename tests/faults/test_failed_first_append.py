@@ -9,6 +9,7 @@ removed by start-up recovery; the doctor offers a fix for what it reports.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -146,3 +147,51 @@ async def test_start_up_removes_what_an_interrupted_start_left(tmp_path: Path, c
         assert entry is None or entry.run_id is None
     finally:
         await reopened.close()
+
+
+async def test_the_doctor_offers_and_applies_a_fix_for_every_leftover_it_reports(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    store = await open_store(tmp_path, clock)
+    try:
+        runs = []
+        for name in ("restored", "set-aside", "duplicated", "gone"):
+            run = await start(store, f"agent:main:dm:{name}")
+            await store.append(run, NewMessage(role="user", content=f"message of {name}"))
+            runs.append(run)
+        for key in ("agent:main:dm:duplicated", "agent:main:dm:gone"):
+            await store.complete(key)
+        restored, set_aside, duplicated, gone = runs
+    finally:
+        await store.close()
+    contexts = tmp_path / "contexts"
+    (restored.dir / layout.METADATA).write_text("{not json")
+    (set_aside.dir / layout.METADATA).unlink()
+    conn = sqlite3.connect(contexts / "tasks.db")
+    with conn:
+        conn.execute("DELETE FROM tasks WHERE uuid = ?", (set_aside.run_id,))
+    conn.close()
+    empty = contexts / "running" / "0f0f0f0f-0000-4000-8000-000000000001"
+    empty.mkdir()
+    done = contexts / "completed" / duplicated.run_id
+    subprocess.run(["cp", "-a", str(done), str(contexts / "running" / duplicated.run_id)], check=True)
+    subprocess.run(["rm", "-rf", str(contexts / "completed" / gone.run_id)], check=True)
+
+    findings = await asyncio.to_thread(check_home, tmp_path, fix=True, now="2026-11-30T12:00:00+00:00")
+    assert {(f.check, f.kind) for f in findings} >= {
+        ("duplicate_folder", "set_aside"),
+        ("missing_folder", "settle_row"),
+        ("unreadable_metadata", "remove_folder"),
+        ("unreadable_metadata", "restore_metadata"),
+        ("unreadable_metadata", "set_aside"),
+    }, [f.as_dict() for f in findings]
+    assert all(f.fix is not None and f.fixed for f in findings), [f.as_dict() for f in findings if not f.fixed]
+    assert not empty.exists() and (done / layout.MESSAGES).exists()
+    assert not (contexts / "running" / duplicated.run_id).exists()
+    assert len(list((contexts / "quarantine").iterdir())) == 2
+    assert json.loads((restored.dir / layout.METADATA).read_text())["session_key"] == "agent:main:dm:restored"
+    # what a set-aside folder leaves (its entry) is found and fixed by the next pass; then nothing
+    follow = await asyncio.to_thread(check_home, tmp_path, fix=True, now="2026-11-30T12:00:01+00:00")
+    assert all(f.fix is not None and f.fixed for f in follow), [f.as_dict() for f in follow]
+    again = await asyncio.to_thread(check_home, tmp_path, fix=False, now="2026-11-30T12:00:02+00:00")
+    assert again == [], [f.as_dict() for f in again]

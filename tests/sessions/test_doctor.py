@@ -48,7 +48,7 @@ CASES: list[tuple[str, Snapshot, list[tuple[str, str | None]]]] = [
     (
         "completed row with neither folder nor archive",
         Snapshot((), {A: {"status": "completed"}}, {}),
-        [("missing_folder", None)],
+        [("missing_folder", "settle_row")],
     ),
     ("archived row", Snapshot((), {A: {"status": "completed"}}, {}, archives=frozenset({A})), []),
     (
@@ -70,12 +70,22 @@ CASES: list[tuple[str, Snapshot, list[tuple[str, str | None]]]] = [
     (
         "unreadable metadata",
         Snapshot((folder(A, "running", None),), {A: {"status": "running"}}, {}),
-        [("unreadable_metadata", None)],
+        [("unreadable_metadata", "set_aside")],
+    ),
+    (
+        "unreadable metadata, restored from the row",
+        Snapshot((folder(A, "running", None),), {A: {"status": "running", "metadata": "{}"}}, {}),
+        [("unreadable_metadata", "restore_metadata")],
+    ),
+    (
+        "no metadata and no message: a run whose start was interrupted",
+        Snapshot((RunFolder(A, "running", None, empty=True),), {}, {}),
+        [("unreadable_metadata", "remove_folder")],
     ),
     (
         "one run in two folders",
         Snapshot((folder(A, "running"), folder(A, "completed")), {A: {"status": "running"}}, {"agent:main:main": A}),
-        [("duplicate_folder", None)],
+        [("duplicate_folder", "set_aside")],
     ),
     (
         "in the daemon: an active folder the store does not hold",
