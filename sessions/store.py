@@ -415,6 +415,7 @@ class SessionStore:
             if text is not None:
                 path = run.dir / layout.FINAL_SUMMARY
                 await self.writer.call(lambda: _write_text(path, text))
+        await self._record_deliveries(run)
         await self._move(run, "completed")
         now = iso(self.clock())
         await self.ledger.update_run(
@@ -539,6 +540,26 @@ class SessionStore:
         self._emit("message", run, **_event_fields(record))
         return record
 
+    async def _record_deliveries(self, run: RunState) -> None:
+        """Before a run leaves the active set, make sure every client_message_id it stored has
+        its idempotency record (one may be missing after a crash or a tasks.db error): a
+        redelivery after the run ended is then still recognised."""
+        deliveries = _deliveries(run)
+        if not deliveries.scanned and run.messages_bytes:
+            path = run.dir / layout.MESSAGES
+            deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
+        rows = [(run.key, cmid, stamp, run.run_id, seq) for cmid, (seq, stamp) in deliveries.by_id.items()]
+        if not rows:
+            return
+        sql = (
+            "INSERT OR IGNORE INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq)"
+            " VALUES (?, ?, ?, ?, ?)"
+        )
+        try:
+            await self.ledger.execute(lambda c: c.executemany(sql, rows))
+        except sqlite3.Error as exc:
+            log.warning("idempotency records of run %s not written at completion (%s)", run.run_id, exc)
+
     async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
         """The message of the key's active run that carried ``client_message_id`` (stored at or
         after ``since``), read from messages.jsonl itself the first time a run is asked."""
@@ -624,7 +645,10 @@ class SessionStore:
             for k, v in clean.items():
                 setattr(entry, k, getattr(entry, k) + v)
             self.registry.touch(run.key)
-        await self.ledger.add_usage(run.run_id, clean, iso(self.clock()))
+        try:
+            await self.ledger.add_usage(run.run_id, clean, iso(self.clock()))
+        except sqlite3.Error as exc:  # the turn goes on: its message and reply are stored already
+            log.warning("usage of run %s not added to tasks.db (%s); sessions.json keeps it", run.run_id, exc)
 
     def calibrate_context(
         self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0

@@ -25,9 +25,11 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 
+from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.gateway.daemons import Daemon, daemon, start_daemon
 from tests.gateway.helpers import make_app, tree_digest
+from tests.sessions.helpers import open_store, start
 
 KEY = "agent:main:main"
 PATH = f"/v1/sessions/{quote(KEY, safe='')}/messages"
@@ -262,11 +264,32 @@ async def kill_loop(home: Path, *, cycles: int, workers: int, load_s: float) -> 
 async def test_sigkills_under_retrying_clients_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    tally, counts = await kill_loop(home, cycles=4, workers=8, load_s=1.5)
+    tally, counts = await kill_loop(home, cycles=3, workers=8, load_s=1.0)
     acknowledged = set(tally.acknowledged)
     lost = [c for c in acknowledged if counts[c] == 0]
     duplicated = [c for c, n in counts.items() if n > 1]
-    print(f"kill -9 x4: attempts {tally.attempts}, acknowledged {len(acknowledged)}, lost {len(lost)},"
+    print(f"kill -9 x3: attempts {tally.attempts}, acknowledged {len(acknowledged)}, lost {len(lost)},"
           f" duplicated {len(duplicated)}")  # fmt: skip
     assert len(acknowledged) > 100
     assert lost == [] and duplicated == []
+
+
+async def test_a_run_that_ends_keeps_the_records_its_transcript_holds(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    """A message stored with its client_message_id whose record never committed (the state a
+    crash leaves) and whose run then ends (/new) is still recognised when delivered again."""
+    store = await open_store(tmp_path, clock)
+    try:
+        run = await start(store, KEY)
+        await store.append(run, NewMessage(role="user", content="kept once", client_message_id="before-crash"))
+    finally:
+        await store.close()
+    assert idempotency_rows(tmp_path, "before-crash") == 0
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    ended = await (await client.post(PATH, json={"content": "/new"})).json()
+    assert ended["events"][0]["previous_run_id"] == run.run_id
+    assert idempotency_rows(tmp_path, "before-crash") == 1
+    again = await (await client.post(PATH, json={"content": "kept once", "client_message_id": "before-crash"})).json()
+    assert again["run_id"] == run.run_id and again["message_seq"] == 1
+    assert len(with_id(tmp_path, "before-crash")) == 1
