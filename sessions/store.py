@@ -595,8 +595,11 @@ class SessionStore:
                 self.registry.touch(run.key)
 
     async def writable(self) -> str | None:
-        """None when the store can write now; else why not (for ``/readyz``)."""
-        return await asyncio.to_thread(probe_writable, self.home.contexts)
+        """None when the store can write now; else why not (for ``/readyz``). Probed on the
+        writer thread: no thread is started per call (starting one waits for the GIL, which a
+        loading model can hold for seconds), and the probe sees the disk as the appends do."""
+        contexts = self.home.contexts
+        return await self.writer.call(lambda: probe_writable(contexts))
 
     async def record_tool(
         self,
