@@ -40,15 +40,15 @@ def fill(folder: Path, name: str = "filler.bin") -> Path:
     """Write zeros into ``folder/name`` until the file system refuses (ENOSPC); blocking."""
     path = folder / name
     block = b"\0" * 65536
-    with path.open("ab") as handle:
-        try:
+    try:
+        with path.open("ab") as handle:
             while True:
                 handle.write(block)
                 handle.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
     # the buffered tail may not have been written: top up with small writes until refused
-    with path.open("ab", buffering=0) as handle, contextlib.suppress(OSError):
+    with contextlib.suppress(OSError), path.open("ab", buffering=0) as handle:
         while handle.write(b"\0" * 512):
             pass
     return path

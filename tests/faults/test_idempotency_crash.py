@@ -16,8 +16,6 @@ import signal
 import sqlite3
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,7 +25,8 @@ import pytest
 
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
-from tests.gateway.daemons import Daemon, daemon, start_daemon
+from tests.faults.tally import kills, under_load
+from tests.gateway.daemons import daemon
 from tests.gateway.helpers import make_app, tree_digest
 from tests.sessions.helpers import open_store, start
 
@@ -193,85 +192,15 @@ async def test_sigkill_after_the_message_is_durable_and_before_its_record_commit
         assert idempotency_rows(home, "kill-1") == 1  # the record was rebuilt from the transcript
 
 
-@dataclass
-class Tally:
-    attempts: int = 0
-    acknowledged: list[str] = field(default_factory=list)
-
-
-async def kill_loop(home: Path, *, cycles: int, workers: int, load_s: float) -> tuple[Tally, Counter[str]]:
-    """``workers`` clients post messages with client_message_ids round a few keys, each retrying
-    until it gets a 2xx, while the daemon is SIGKILLed and restarted ``cycles`` times; returns what
-    was attempted and acknowledged, and how often each id is stored."""
-    keys = [f"agent:main:dm:peer{i}" for i in range(4)]
-    tally = Tally()
-    current: dict[str, str] = {}
-    stop = asyncio.Event()
-
-    async def worker(n: int) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            i = 0
-            while not stop.is_set():
-                cmid = f"w{n}-{i}"
-                url_key = quote(keys[(n + i) % len(keys)], safe="")
-                i += 1
-                for _ in range(2000):
-                    tally.attempts += 1
-                    try:
-                        async with http.post(
-                            f"{current['url']}/v1/sessions/{url_key}/messages",
-                            json={"content": cmid, "client_message_id": cmid},
-                        ) as resp:
-                            await resp.read()
-                            if 200 <= resp.status < 300:
-                                tally.acknowledged.append(cmid)
-                                break
-                    except (TimeoutError, aiohttp.ClientError):
-                        pass
-                    await asyncio.sleep(0.02)
-                else:
-                    raise AssertionError(f"{cmid} never acknowledged")
-
-    d: Daemon = await start_daemon(home)
-    current["url"] = d.url
-    clients = asyncio.gather(*(worker(n) for n in range(workers)))
-    try:
-        for _ in range(cycles):
-            await asyncio.sleep(load_s)
-            d.send(signal.SIGKILL)
-            await d.wait()
-            d = await start_daemon(home)
-            current["url"] = d.url
-        await asyncio.sleep(load_s)
-        stop.set()
-        await clients
-        assert await d.stop() == 0
-    finally:
-        stop.set()
-        if not clients.done():
-            clients.cancel()
-        with contextlib.suppress(BaseException):
-            await clients
-        if d.proc.returncode is None:
-            d.send(signal.SIGKILL)
-            await d.wait()
-    counts = Counter(r["client_message_id"] for r in stored_lines(home) if "client_message_id" in r)
-    return tally, counts
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_sigkills_under_retrying_clients_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    tally, counts = await kill_loop(home, cycles=3, workers=8, load_s=1.0)
-    acknowledged = set(tally.acknowledged)
-    lost = [c for c in acknowledged if counts[c] == 0]
-    duplicated = [c for c, n in counts.items() if n > 1]
-    print(f"kill -9 x3: attempts {tally.attempts}, acknowledged {len(acknowledged)}, lost {len(lost)},"
-          f" duplicated {len(duplicated)}")  # fmt: skip
-    assert len(acknowledged) > 100
-    assert lost == [] and duplicated == []
+    result = await under_load("kill -9 x3", home, kills(3, 1.0), workers=8)
+    print(result.row())
+    assert result.acknowledged > 100
+    assert (result.lost, result.duplicated, result.clean) == (0, 0, True)
 
 
 async def test_a_run_that_ends_keeps_the_records_its_transcript_holds(
