@@ -34,6 +34,18 @@ from tests.faults.conftest import fill
 from tests.gateway.daemons import Daemon, start_daemon
 
 KEYS = [f"agent:main:dm:peer{i}" for i in range(4)]
+START_TIMEOUT_S = 120.0  # a restart on a loaded 2-core machine shared with other work can take a while
+
+
+async def start(home: Path) -> Daemon:
+    d = await start_daemon(home, wait=False)
+    try:
+        await d.wait_listening(START_TIMEOUT_S)
+    except BaseException:
+        d.send(signal.SIGKILL)
+        await d.wait()
+        raise
+    return d
 
 
 @dataclass
@@ -116,7 +128,7 @@ async def under_load(
     tally = Tally()
     current: dict[str, str] = {}
     stop = asyncio.Event()
-    d = await start_daemon(home)
+    d = await start(home)
     current["url"] = d.url
     load = asyncio.ensure_future(clients(current, stop, tally, workers=workers, size=size))
     try:
@@ -147,7 +159,7 @@ def kills(cycles: int, load_s: float) -> Callable[[dict[str, str], Daemon], Awai
             await asyncio.sleep(load_s)
             d.send(signal.SIGKILL)
             await d.wait()
-            d = await start_daemon(d.home)
+            d = await start(d.home)
             current["url"] = d.url
         await asyncio.sleep(load_s)
         return d
