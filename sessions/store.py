@@ -322,7 +322,10 @@ class SessionStore:
             if created:
                 await self._remove_run_files(run)
             else:
-                await self.writer.call(lambda: _remove_folder(run.dir))
+                try:
+                    await self.writer.call(lambda: _remove_folder(run.dir))
+                except OSError as cleanup:  # a folder with no message: start-up recovery removes it
+                    log.error("could not remove the half-created folder of run %s (%s)", run.run_id, cleanup)
             raise _start_error(exc) from exc
         run.opening = opening
         self._runs[run_id] = run
