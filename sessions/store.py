@@ -22,6 +22,7 @@ from config.clock import Clock, iso
 from config.errors import Conflict, NotFound, SessionPaused
 from config.settings import Settings
 from sessions import layout
+from sessions.damage import storage_error
 from sessions.jsonl import encode, fsync_dir, iter_records, read_records, write_atomic, write_json_atomic
 from sessions.layout import Home
 from sessions.ledger import Ledger, RunStats
@@ -71,7 +72,10 @@ class SessionStore:
         """Recover every active run, then load (or rebuild) sessions.json. The caller holds the
         home lock."""
         home = Home(root)
-        await asyncio.to_thread(home.ensure)
+        try:
+            await asyncio.to_thread(home.ensure)
+        except OSError as exc:
+            raise storage_error(home.contexts, exc, doing="create the folders of the home") from None
         ledger = Ledger(home.tasks_db)
         await ledger.open()
         writer = AppendWriter(settings.storage.fsync)
