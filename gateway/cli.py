@@ -430,10 +430,15 @@ def cmd_doctor(ctx: Context) -> int:
     fix = bool(ctx.args.fix)
     client = ctx.client()
     body = client.post("/v1/admin/doctor", {"fix": fix}) if client else offline.run_doctor(ctx.config, fix=fix)
+    actions = body.get("actions", [])
+    left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
+    for action in left:  # what stops or damages the gateway, one line each, whatever the format
+        hint = "; `neotask doctor --fix` fixes it" if action.get("fix") and "doctor --fix" not in action["detail"] else ""
+        print(f"error: {action['detail']}{hint}", file=sys.stderr)
+    status = EXIT_STATE if left else EXIT_OK
     if ctx.as_json:
         ctx.print_json(body)
-        return EXIT_OK
-    actions = body.get("actions", [])
+        return status
     if not actions:
         ctx.print("no problems found")
         return EXIT_OK
@@ -445,7 +450,7 @@ def cmd_doctor(ctx: Context) -> int:
     ctx.print(_table(header, rows))
     fixed = sum(1 for a in actions if a.get("fixed"))
     ctx.print(f"{len(actions)} finding(s)" + (f", {fixed} fixed" if fix else ""))
-    return EXIT_OK
+    return status
 
 
 # -- output ----------------------------------------------------------------------------------------

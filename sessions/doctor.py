@@ -23,12 +23,16 @@ from typing import Any, Literal
 from config.clock import iso
 from sessions import layout
 from sessions.layout import FOLDERS, Home, folder_for
-from sessions.ledger import Ledger
+from sessions.archive import read_member
+from sessions.damage import FIX_LEDGER, DamagedState, ledger_error
+from sessions.ledger import MIGRATIONS, Ledger, check_schema, check_version
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.store import SessionStore
 
 Severity = Literal["error", "warning", "info"]
-FixKind = Literal["insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp"]
+FixKind = Literal[
+    "insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp", "rebuild_ledger"
+]
 ACTIVE = ("running", "paused")
 LOST = "run folder missing"  # error_message of a run settled without its folder (as recovery writes it)
 ONLINE_MIN_AGE_S = 60.0  # inside the daemon, younger files may belong to a write in progress
@@ -289,17 +293,74 @@ def scan_archives(home: Home) -> frozenset[str]:
 
 
 def read_rows(db: Path) -> dict[str, dict[str, Any]]:
-    """tasks.db rows by uuid (blocking; no migration, nothing written)."""
+    """tasks.db rows by uuid (blocking; no migration, nothing written). ``DamagedState`` when the
+    file is not a SQLite database, not a neotask ledger, or from a newer neotask."""
     if not db.exists():
         return {}
-    conn = sqlite3.connect(db)
+    try:
+        conn = sqlite3.connect(db)
+    except sqlite3.Error as exc:
+        raise ledger_error(db, exc) from None
     try:
         conn.row_factory = sqlite3.Row
+        version = check_version(conn, db)
+        if version == len(MIGRATIONS):
+            check_schema(conn, db)
+        elif version == 0:
+            return {}  # nothing migrated yet: an empty ledger
         return {r["uuid"]: dict(r) for r in conn.execute("SELECT * FROM tasks")}
-    except sqlite3.OperationalError:  # no tasks table yet: an empty ledger
-        return {}
+    except sqlite3.Error as exc:
+        raise ledger_error(db, exc) from None
     finally:
         conn.close()
+
+
+def ledger_finding(exc: DamagedState) -> Finding:
+    """The finding for a tasks.db that cannot be read; fixable when rebuilding it is the remedy."""
+    fixable = exc.todo == FIX_LEDGER
+    return Finding(
+        "unreadable_ledger",
+        "error",
+        exc.message,
+        "move tasks.db aside (tasks.db.damaged) and rebuild it from the run folders and archives" if fixable else None,
+        kind="rebuild_ledger" if fixable else None,
+        path="contexts/tasks.db",
+    )
+
+
+def set_ledger_aside(home: Home) -> Path:
+    """Rename a damaged tasks.db (and its -wal/-shm) to ``tasks.db.damaged[-n]``; the new name."""
+    db = home.tasks_db
+    target = db.with_name(f"{db.name}.damaged")
+    n = 1
+    while target.exists():
+        target, n = db.with_name(f"{db.name}.damaged-{n}"), n + 1
+    for suffix in ("-wal", "-shm"):
+        side = db.with_name(db.name + suffix)
+        if side.exists():
+            os.replace(side, target.with_name(target.name + suffix))
+    os.replace(db, target)
+    return target
+
+
+def rebuild_archived_rows(home: Home, ledger: Ledger, now: str) -> int:
+    """Insert a completed row for every archived run that has none (from the archive's
+    metadata.json); how many were inserted."""
+    known = {r["uuid"] for r in ledger.all_runs_sync()}
+    inserted = 0
+    for run_id in sorted(scan_archives(home) - known):
+        text = read_member(home.archive_file(run_id), run_id, layout.METADATA)
+        try:
+            meta = json.loads(text) if text else None
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            continue
+        row = {**_row_from_metadata(RunFolder(run_id, "completed", meta), now), "archived_at": now}
+        sql = f"INSERT OR IGNORE INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
+        ledger.submit(lambda c, sql=sql, values=tuple(row.values()): c.execute(sql, values))
+        inserted += 1
+    return inserted
 
 
 # -- fixes -----------------------------------------------------------------------------------------
@@ -421,11 +482,26 @@ def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -
 def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> list[Finding]:
     """Check (and with ``fix`` repair) a home whose lock the caller holds (blocking)."""
     home = Home(root)
+    try:
+        rows = read_rows(home.tasks_db)
+    except DamagedState as exc:
+        damaged = ledger_finding(exc)
+        if not fix or damaged.kind is None:
+            return [damaged]
+        aside = set_ledger_aside(home)
+        ledger = Ledger(home.tasks_db)
+        ledger.open_sync()
+        try:
+            archived = rebuild_archived_rows(home, ledger, now)
+        finally:
+            ledger.close_sync()
+        detail = f"{damaged.detail} (moved to {aside.name}; {archived} archived run(s) restored from their archives)"
+        return [replace(damaged, detail=detail, fixed=True), *check_home(root, fix=True, now=now, min_age_s=min_age_s)]
     registry = SessionRegistry(home.sessions_json, flush_ms=0)
     problem = registry.load()
     snap = Snapshot(
         folders=scan_folders(home, min_age_s=min_age_s),
-        rows=read_rows(home.tasks_db),
+        rows=rows,
         entries={k: e.run_id for k, e in registry.entries.items()},
         tmp_files=scan_tmp(home, min_age_s=min_age_s),
         archives=scan_archives(home),
@@ -458,6 +534,21 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
             fixed.update(changed)
     fixed.update(i for i in plan.tmp if remove_tmp(home, findings[i].path or ""))
     return _mark(findings, fixed)
+
+
+def clear_lock_dir(home: Home) -> Finding | None:
+    """Remove a directory standing where gateway.lock belongs, when it is empty (blocking; before
+    the lock is taken). A finding (fixed) when there was one; ``DamagedState`` when it holds files."""
+    path = home.lock_file
+    if not path.is_dir() or path.is_symlink():
+        return None
+    try:
+        path.rmdir()
+    except OSError as exc:
+        raise DamagedState(path, f"is a directory, not the lock file, and cannot be removed ({exc.strerror})",
+                           "move it aside, then start again") from None
+    return Finding("lock_is_directory", "error", f"{path} was a directory, not the lock file", "remove it",
+                   path="gateway.lock", fixed=True)  # fmt: skip
 
 
 async def _save_entries(registry: SessionRegistry, keys: list[str]) -> None:

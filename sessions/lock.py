@@ -33,7 +33,7 @@ class HomeLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except IsADirectoryError:
             raise DamagedState(
-                self.path, "is a directory, not the lock file", f"remove it (rmdir {self.path}), then start again"
+                self.path, "is a directory, not the lock file", f"remove it (rmdir {self.path}) or run `neotask doctor --fix`, then start again"
             ) from None
         except OSError as exc:
             raise storage_error(self.path, exc, doing="open the lock file") from None
