@@ -433,8 +433,9 @@ def cmd_doctor(ctx: Context) -> int:
     actions = body.get("actions", [])
     left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
     for action in left:  # what stops or damages the gateway, one line each, whatever the format
-        hint = "; `neotask doctor --fix` fixes it" if action.get("fix") and "doctor --fix" not in action["detail"] else ""
-        print(f"error: {action['detail']}{hint}", file=sys.stderr)
+        detail = str(action["detail"])
+        hint = "; `neotask doctor --fix` fixes it" if action.get("fix") and "doctor --fix" not in detail else ""
+        print(f"error: {detail}{hint}", file=sys.stderr)
     status = EXIT_STATE if left else EXIT_OK
     if ctx.as_json:
         ctx.print_json(body)

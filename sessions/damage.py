@@ -8,6 +8,7 @@ commands) with one line naming the file and what to do, and exit status ``EXIT_S
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sqlite3
@@ -110,7 +111,5 @@ def check_writable(root: Path) -> None:
     except OSError as exc:
         raise storage_error(root, exc, doing="write the home") from None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             probe.unlink()
-        except OSError:
-            pass

@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from config.clock import iso
 from sessions import layout
-from sessions.layout import FOLDERS, Home, folder_for
 from sessions.archive import read_member
 from sessions.damage import FIX_LEDGER, DamagedState, ledger_error
+from sessions.layout import FOLDERS, Home, folder_for
 from sessions.ledger import MIGRATIONS, Ledger, check_schema, check_version
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.store import SessionStore
@@ -357,8 +357,7 @@ def rebuild_archived_rows(home: Home, ledger: Ledger, now: str) -> int:
         if not isinstance(meta, dict):
             continue
         row = {**_row_from_metadata(RunFolder(run_id, "completed", meta), now), "archived_at": now}
-        sql = f"INSERT OR IGNORE INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
-        ledger.submit(lambda c, sql=sql, values=tuple(row.values()): c.execute(sql, values))
+        ledger.submit(_insert_row(row))
         inserted += 1
     return inserted
 
@@ -498,7 +497,10 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
         detail = f"{damaged.detail} (moved to {aside.name}; {archived} archived run(s) restored from their archives)"
         return [replace(damaged, detail=detail, fixed=True), *check_home(root, fix=True, now=now, min_age_s=min_age_s)]
     registry = SessionRegistry(home.sessions_json, flush_ms=0)
-    problem = registry.load()
+    try:
+        problem = registry.load()
+    except DamagedState as exc:  # a newer format: judged as unreadable, never rewritten
+        problem = f"unsupported ({exc.problem}: {exc.todo})"
     snap = Snapshot(
         folders=scan_folders(home, min_age_s=min_age_s),
         rows=rows,
@@ -536,6 +538,16 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
     return _mark(findings, fixed)
 
 
+def _insert_row(row: dict[str, Any]) -> LedgerFix:
+    sql = f"INSERT OR IGNORE INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
+    values = tuple(row.values())
+
+    def run(conn: sqlite3.Connection) -> None:
+        conn.execute(sql, values)
+
+    return run
+
+
 def clear_lock_dir(home: Home) -> Finding | None:
     """Remove a directory standing where gateway.lock belongs, when it is empty (blocking; before
     the lock is taken). A finding (fixed) when there was one; ``DamagedState`` when it holds files."""
@@ -545,10 +557,10 @@ def clear_lock_dir(home: Home) -> Finding | None:
     try:
         path.rmdir()
     except OSError as exc:
-        raise DamagedState(path, f"is a directory, not the lock file, and cannot be removed ({exc.strerror})",
-                           "move it aside, then start again") from None
-    return Finding("lock_is_directory", "error", f"{path} was a directory, not the lock file", "remove it",
-                   path="gateway.lock", fixed=True)  # fmt: skip
+        problem = f"is a directory, not the lock file, and cannot be removed ({exc.strerror})"
+        raise DamagedState(path, problem, "move it aside, then start again") from None
+    detail = f"{path} was a directory, not the lock file"
+    return Finding("lock_is_directory", "error", detail, "remove it", path="gateway.lock", fixed=True)
 
 
 async def _save_entries(registry: SessionRegistry, keys: list[str]) -> None:

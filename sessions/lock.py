@@ -32,9 +32,8 @@ class HomeLock:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except IsADirectoryError:
-            raise DamagedState(
-                self.path, "is a directory, not the lock file", f"remove it (rmdir {self.path}) or run `neotask doctor --fix`, then start again"
-            ) from None
+            todo = f"remove it (rmdir {self.path}) or run `neotask doctor --fix`, then start again"
+            raise DamagedState(self.path, "is a directory, not the lock file", todo) from None
         except OSError as exc:
             raise storage_error(self.path, exc, doing="open the lock file") from None
         try:

@@ -122,6 +122,19 @@ class SessionStore:
         self._reconcile_entries()
         if problem is not None or self.registry.pending:
             await self.registry.flush(force=problem is not None)
+        for rec in recovered:
+            if rec.damage is not None:
+                await self._fail_damaged(rec.run_id, rec.damage)
+
+    async def _fail_damaged(self, run_id: str, damage: str) -> None:
+        """A run whose files recovery found damaged (bad lines cut, messages lost) is failed with the
+        reason, so the key goes on in a new run and the rest of the home starts normally."""
+        run = self._runs.get(run_id)
+        if run is None or self.active_run(run.key) is not run:
+            log.error("run %s is damaged (%s) but is not its key's active run: left for the doctor", run_id, damage)
+            return
+        await self.complete(run.key, error=f"damaged at start-up: {damage}", reason="damaged")
+        log.error("run %s of %r marked failed: %s", run_id, run.key, damage)
 
     def _state_from_recovery(self, rec: RecoveredRun, row: dict[str, Any] | None) -> RunState:
         meta = rec.metadata
