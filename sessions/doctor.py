@@ -23,15 +23,20 @@ from typing import Any, Literal
 from config.clock import iso
 from sessions import layout
 from sessions.archive import read_member
+from sessions.compaction import last_seq
 from sessions.damage import FIX_LEDGER, DamagedState, ledger_error
+from sessions.integrity import cut_lines, describe, scan_lines
+from sessions.jsonl import read_records
 from sessions.layout import FOLDERS, Home, folder_for
 from sessions.ledger import MIGRATIONS, Ledger, check_schema, check_version
+from sessions.permissions import tighten, wide_modes
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.store import SessionStore
 
 Severity = Literal["error", "warning", "info"]
 FixKind = Literal[
-    "insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp", "rebuild_ledger"
+    "insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp", "rebuild_ledger",
+    "cut_lines", "tighten_modes",
 ]
 ACTIVE = ("running", "paused")
 LOST = "run folder missing"  # error_message of a run settled without its folder (as recovery writes it)
@@ -68,6 +73,7 @@ class Finding:
     path: str | None = None
     status: str | None = None  # the status a row or entry is set to
     fixed: bool = False
+    lines: tuple[int, ...] = ()  # the bad lines of ``path`` (cut_lines)
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"check": self.check, "severity": self.severity, "detail": self.detail, "fix": self.fix}
@@ -224,6 +230,86 @@ def _check_entries(snap: Snapshot, active_runs: Mapping[str, RunFolder], ambiguo
             )
         )
     return findings
+
+
+# -- the files themselves: every line, seqs, modes (blocking) ----------------------------------------
+
+
+def file_findings(home: Home, folders: Iterable[RunFolder]) -> list[Finding]:
+    """Line-level checks of every run folder's stores, then the modes of the home."""
+    findings: list[Finding] = []
+    for folder in folders:
+        if not folder.young:
+            findings.extend(_line_findings(home, folder))
+    wide = wide_modes(home.root)
+    if wide is not None:
+        findings.append(
+            Finding(
+                "wide_modes",
+                "warning",
+                wide.describe(),
+                "clear the group and other permission bits (files 0600, folders 0700)",
+                kind="tighten_modes",
+                path=".",
+            )
+        )
+    return findings
+
+
+def _line_findings(home: Home, folder: RunFolder) -> list[Finding]:
+    base = home.folder(layout.folder_for(folder.state)) / folder.run_id
+    where = f"{folder.state}/{folder.run_id}"
+    findings = []
+    held = 0
+    for name in layout.STORE_FILES:
+        report = scan_lines(base / name, with_seq=name == layout.MESSAGES)
+        relative = f"contexts/{where}/{name}"
+        if report.bad:
+            findings.append(
+                Finding(
+                    "bad_line",
+                    "error",
+                    f"{where}/{describe(name, report.bad)}: readers skip it",
+                    f"cut the line(s) into {name}.torn",
+                    kind="cut_lines",
+                    run_id=folder.run_id,
+                    path=relative,
+                    lines=tuple(b.line for b in report.bad),
+                )
+            )
+        if report.gaps:
+            torn = " (lines were cut into messages.jsonl.torn)" if (base / f"{name}.torn").exists() else ""
+            detail = f"{where}/{describe(name, report.gaps)}{torn}"
+            findings.append(Finding("seq_gap", "warning", detail, None, run_id=folder.run_id, path=relative))
+        if name == layout.MESSAGES:
+            held = report.last_seq
+        elif name == layout.CURRENT and report.lines:
+            context_seq = last_seq(read_records(base / name))
+            if context_seq > held:
+                ends = f"ends at seq {held}" if held else "is missing or empty"
+                findings.append(
+                    Finding(
+                        "lost_messages",
+                        "error",
+                        f"{where}/messages.jsonl {ends} but current.jsonl holds seqs up to {context_seq}"
+                        + ("; the next start marks the run failed" if folder.state in ACTIVE else ""),
+                        None,
+                        run_id=folder.run_id,
+                        path=f"contexts/{where}/messages.jsonl",
+                    )
+                )
+    return findings
+
+
+def fix_files(home: Home, finding: Finding) -> bool:
+    """Cut bad lines into ``.torn`` or tighten modes; whether it was done."""
+    if finding.kind == "cut_lines" and finding.path:
+        cut_lines(home.root / finding.path, set(finding.lines))
+        return True
+    if finding.kind == "tighten_modes":
+        tighten(home.root)
+        return True
+    return False
 
 
 # -- reading a home -------------------------------------------------------------------------------
@@ -461,6 +547,7 @@ class _Plan:
     ledger: list[tuple[int, LedgerFix]] = field(default_factory=list)
     entries: list[int] = field(default_factory=list)
     tmp: list[int] = field(default_factory=list)
+    files: list[int] = field(default_factory=list)
 
 
 def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -> _Plan:
@@ -470,6 +557,8 @@ def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -
             plan.entries.append(index)
         elif finding.kind == "remove_tmp":
             plan.tmp.append(index)
+        elif finding.kind in ("cut_lines", "tighten_modes"):
+            plan.files.append(index)
         elif finding.kind is not None and (sql := ledger_fix(finding, folders, now)) is not None:
             plan.ledger.append((index, sql))
     return plan
@@ -508,7 +597,7 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
         tmp_files=scan_tmp(home, min_age_s=min_age_s),
         archives=scan_archives(home),
     )
-    findings = diagnose(snap)
+    findings = diagnose(snap) + file_findings(home, snap.folders)
     if problem not in (None, "missing"):
         findings.append(
             Finding(
@@ -535,6 +624,7 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
             asyncio.run(_save_entries(registry, [findings[i].key or "" for i in changed]))
             fixed.update(changed)
     fixed.update(i for i in plan.tmp if remove_tmp(home, findings[i].path or ""))
+    fixed.update(i for i in plan.files if fix_files(home, findings[i]))
     return _mark(findings, fixed)
 
 
@@ -603,7 +693,8 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
         archives=archives,
         live=frozenset(live),
     )
-    findings = diagnose(snap)
+    resting = tuple(f for f in folders if f.run_id not in live)  # the daemon does not write these
+    findings = diagnose(snap) + await asyncio.to_thread(file_findings, home, resting)
     if not fix:
         return findings
     now = iso(store.clock())
@@ -622,6 +713,9 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
         await store.registry.flush()
     for index in plan.tmp:
         if await asyncio.to_thread(remove_tmp, home, findings[index].path or ""):
+            fixed.add(index)
+    for index in plan.files:
+        if await asyncio.to_thread(fix_files, home, findings[index]):
             fixed.add(index)
     return _mark(findings, fixed)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.jsonl import write_atomic
+from sessions.jsonl import private, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def cut_lines(path: Path, numbers: set[int]) -> int:
             (cut if number in numbers and raw.endswith(b"\n") else kept).append(raw)
     if not cut:
         return 0
-    with open(f"{path}.torn", "ab") as out:
+    with open(f"{path}.torn", "ab", opener=private) as out:
         out.write(b"".join(cut))
         out.flush()
         os.fsync(out.fileno())

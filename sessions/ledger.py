@@ -147,6 +147,7 @@ class Ledger:
             conn.execute("PRAGMA synchronous=NORMAL")
             migrate(conn)
             check_schema(conn, self.path)
+            _make_private(self.path)
         except sqlite3.Error as exc:
             conn.close()
             raise ledger_error(self.path, exc) from None
@@ -328,3 +329,15 @@ def check_schema(conn: sqlite3.Connection, path: Path) -> None:
         if missing:
             what = f"no {table} table" if not have else f"the {table} table lacks {', '.join(missing[:5])}"
             raise DamagedState(path, f"not a neotask ledger ({what})", FIX_LEDGER)
+
+
+def _make_private(path: Path) -> None:
+    """tasks.db and its -wal/-shm readable by the owner only (SQLite creates them by the umask)."""
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm"):
+        target = path.with_name(name)
+        try:
+            mode = target.stat().st_mode & 0o777
+            if mode & 0o077:
+                target.chmod(mode & 0o700)
+        except FileNotFoundError:
+            continue

@@ -17,7 +17,15 @@ from typing import Any
 from sessions import layout
 from sessions.compaction import last_seq, rolled_forward
 from sessions.integrity import cut_lines, describe, scan_lines, seq_of
-from sessions.jsonl import encode, iter_records, last_record, read_records, repair_tail, write_records_atomic
+from sessions.jsonl import (
+    encode,
+    iter_records,
+    last_record,
+    private,
+    read_records,
+    repair_tail,
+    write_records_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +268,7 @@ def _bring_level(run: RecoveredRun) -> None:
     ]
     if missing:
         data = b"".join(encode(line) for line in missing)
-        with open(run.dir / layout.CURRENT, "ab") as handle:
+        with open(run.dir / layout.CURRENT, "ab", opener=private) as handle:
             handle.write(data)
         run.context_bytes += len(data)
         run.context_tokens += sum(int(line.get("tokens", 0)) for line in missing)

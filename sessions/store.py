@@ -717,9 +717,9 @@ def _stats(run: RunState) -> dict[str, Any]:
 
 
 def _create_run_folder(folder: Path, metadata: dict[str, Any]) -> None:
-    folder.mkdir(parents=True, exist_ok=False)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=False)
     write_json_atomic(folder / layout.METADATA, metadata)
-    (folder / layout.MESSAGES).touch()
+    (folder / layout.MESSAGES).touch(mode=0o600)
     fsync_dir(folder)
     fsync_dir(folder.parent)
 
