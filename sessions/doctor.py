@@ -283,15 +283,17 @@ def _line_findings(home: Home, folder: RunFolder) -> list[Finding]:
             findings.append(Finding("seq_gap", "warning", detail, None, run_id=folder.run_id, path=relative))
         if name == layout.MESSAGES:
             held = report.last_seq
-        elif name == layout.CURRENT and report.lines:
+        elif name == layout.CURRENT and report.lines and not findings:  # bad lines may have held them
             context_seq = last_seq(read_records(base / name))
             if context_seq > held:
                 ends = f"ends at seq {held}" if held else "is missing or empty"
+                torn = (base / f"{layout.MESSAGES}.torn").exists()  # cut there: known, and kept
                 findings.append(
                     Finding(
                         "lost_messages",
-                        "error",
+                        "warning" if torn else "error",
                         f"{where}/messages.jsonl {ends} but current.jsonl holds seqs up to {context_seq}"
+                        + (" (lines were cut into messages.jsonl.torn)" if torn else "")
                         + ("; the next start marks the run failed" if folder.state in ACTIVE else ""),
                         None,
                         run_id=folder.run_id,
@@ -390,10 +392,10 @@ def read_rows(db: Path) -> dict[str, dict[str, Any]]:
     try:
         conn.row_factory = sqlite3.Row
         version = check_version(conn, db)
-        if version == len(MIGRATIONS):
-            check_schema(conn, db)
-        elif version == 0:
+        if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
             return {}  # nothing migrated yet: an empty ledger
+        if version in (0, len(MIGRATIONS)):  # 0 with tables: not ours
+            check_schema(conn, db)
         return {r["uuid"]: dict(r) for r in conn.execute("SELECT * FROM tasks")}
     except sqlite3.Error as exc:
         raise ledger_error(db, exc) from None
