@@ -287,13 +287,13 @@ def _line_findings(home: Home, folder: RunFolder) -> list[Finding]:
             context_seq = last_seq(read_records(base / name))
             if context_seq > held:
                 ends = f"ends at seq {held}" if held else "is missing or empty"
-                torn = (base / f"{layout.MESSAGES}.torn").exists()  # cut there: known, and kept
+                kept = (base / f"{layout.MESSAGES}.torn").exists()  # cut there: known, and kept
                 findings.append(
                     Finding(
                         "lost_messages",
-                        "warning" if torn else "error",
+                        "warning" if kept else "error",
                         f"{where}/messages.jsonl {ends} but current.jsonl holds seqs up to {context_seq}"
-                        + (" (lines were cut into messages.jsonl.torn)" if torn else "")
+                        + (" (lines were cut into messages.jsonl.torn)" if kept else "")
                         + ("; the next start marks the run failed" if folder.state in ACTIVE else ""),
                         None,
                         run_id=folder.run_id,
