@@ -77,12 +77,20 @@ class SessionStore:
         except OSError as exc:
             raise storage_error(home.contexts, exc, doing="create the folders of the home") from None
         ledger = Ledger(home.tasks_db)
-        await ledger.open()
+        try:
+            await ledger.open()
+        except BaseException:
+            await ledger.close()  # its thread
+            raise
         writer = AppendWriter(settings.storage.fsync)
         writer.start()
         registry = SessionRegistry(home.sessions_json, flush_ms=settings.storage.sessions_flush_ms)
         store = cls(home, settings, clock=clock, ledger=ledger, writer=writer, registry=registry)
-        await store._recover()
+        try:
+            await store._recover()
+        except BaseException:  # e.g. DamagedState from a newer sessions.json: nothing is written
+            await store.close()
+            raise
         return store
 
     async def close(self) -> None:
