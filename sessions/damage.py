@@ -82,11 +82,15 @@ def ledger_error(path: Path, exc: sqlite3.Error) -> DamagedState:
     state = filesystem_state(path.parent)
     if state is not None:  # "disk I/O error", "database or disk is full", "readonly database"
         return DamagedState(path, f"cannot open tasks.db ({state}; sqlite: {text})", _storage_todo(state))
-    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+    if not isinstance(exc, sqlite3.OperationalError) or "malformed" in text or "not a database" in text:
         return DamagedState(path, f"not a readable SQLite database ({text})", FIX_LEDGER)
+    if "locked" in text or "busy" in text:  # a healthy file another process holds: never rebuilt
+        return DamagedState(path, f"is locked by another process ({text})", "stop that process, then start again")
     if "unable to open" in text or "readonly" in text:
         return DamagedState(path, f"cannot open tasks.db ({text})", _storage_todo("permission"))
-    return DamagedState(path, f"not a usable tasks.db ({text})", FIX_LEDGER)
+    if any(word in text for word in ("no such table", "no such column", "already exists")):
+        return DamagedState(path, f"not a neotask ledger ({text})", FIX_LEDGER)
+    return DamagedState(path, f"cannot be used ({text})", "fix it or move it aside, then start again")
 
 
 PROBE = ".neotask-write-probe"

@@ -396,6 +396,9 @@ def read_rows(db: Path) -> dict[str, dict[str, Any]]:
             return {}  # nothing migrated yet: an empty ledger
         if version in (0, len(MIGRATIONS)):  # 0 with tables: not ours
             check_schema(conn, db)
+        problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)")]  # every page (start-up only
+        if problems != ["ok"]:  # reads the header and the schema: damage deeper down is found here)
+            raise DamagedState(db, f"damaged pages ({'; '.join(problems)})", FIX_LEDGER)
         return {r["uuid"]: dict(r) for r in conn.execute("SELECT * FROM tasks")}
     except sqlite3.Error as exc:
         raise ledger_error(db, exc) from None

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import sqlite3
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
@@ -22,7 +23,7 @@ from config.clock import Clock, iso
 from config.errors import Conflict, NotFound, SessionPaused
 from config.settings import Settings
 from sessions import layout
-from sessions.damage import storage_error
+from sessions.damage import ledger_error, storage_error
 from sessions.jsonl import encode, fsync_dir, iter_records, read_records, write_atomic, write_json_atomic
 from sessions.layout import Home
 from sessions.ledger import Ledger, RunStats
@@ -88,6 +89,9 @@ class SessionStore:
         store = cls(home, settings, clock=clock, ledger=ledger, writer=writer, registry=registry)
         try:
             await store._recover()
+        except sqlite3.DatabaseError as exc:  # pages the open did not read (the header was fine)
+            await store.close()
+            raise ledger_error(home.tasks_db, exc) from None
         except BaseException:  # e.g. DamagedState from a newer sessions.json: nothing is written
             await store.close()
             raise

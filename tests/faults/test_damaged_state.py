@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.damage import EXIT_STATE
+from sessions.damage import EXIT_STATE, FIX_LEDGER, ledger_error
 from tests.faults.state_support import (
     BOB,
     COUNTS,
@@ -32,7 +32,7 @@ from tests.faults.state_support import (
     with_seq,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+daemons = pytest.mark.slow  # real daemon and CLI processes
 
 
 def truncate_db(home: Path) -> None:
@@ -55,8 +55,17 @@ def foreign_db(home: Path) -> None:
     conn.close()
 
 
+def damaged_page(home: Path) -> None:
+    """Page 2 (the tasks table's root) overwritten: the header and the schema still read fine."""
+    db = home / "contexts" / "tasks.db"
+    with db.open("r+b") as handle:
+        handle.seek(4096)
+        handle.write(b"\xff" * 4096)
+
+
 DAMAGED_LEDGERS: dict[str, Callable[[Path], None]] = {
     "truncated": truncate_db,
+    "damaged page": damaged_page,
     "not sqlite": garbage_db,
     "wrong schema": foreign_db,
 }
@@ -75,6 +84,8 @@ async def assert_runs_are_back(home: Path, runs: dict[str, str]) -> None:
             assert (await resp.json())["message_seq"] == COUNTS[MAIN] + 1
 
 
+@daemons
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("damage", list(DAMAGED_LEDGERS))
 async def test_damaged_tasks_db_stops_with_one_line_and_doctor_fix_rebuilds_it(tmp_path: Path, damage: str) -> None:
     home = tmp_path / "home"
@@ -98,6 +109,25 @@ async def test_damaged_tasks_db_stops_with_one_line_and_doctor_fix_rebuilds_it(t
     await assert_runs_are_back(home, runs)
 
 
+@pytest.mark.parametrize(
+    ("error", "fixable", "words"),
+    [
+        (sqlite3.DatabaseError("file is not a database"), True, "not a readable SQLite database"),
+        (sqlite3.DatabaseError("database disk image is malformed"), True, "not a readable SQLite database"),
+        (sqlite3.OperationalError("no such table: tasks"), True, "not a neotask ledger"),
+        (sqlite3.OperationalError("database is locked"), False, "locked by another process"),
+        (sqlite3.OperationalError("unable to open database file"), False, "cannot open tasks.db"),
+    ],
+)
+def test_what_a_sqlite_error_means(tmp_path: Path, error: sqlite3.Error, fixable: bool, words: str) -> None:
+    """Only damage is rebuilt: a locked or unreachable tasks.db is a healthy file to leave alone."""
+    explained = ledger_error(tmp_path / "tasks.db", error)
+    assert words in explained.message and str(tmp_path / "tasks.db") in explained.message
+    assert (explained.todo == FIX_LEDGER) is fixable
+
+
+@daemons
+@pytest.mark.timeout(240)
 async def test_gateway_lock_that_is_a_directory(tmp_path: Path) -> None:
     home = tmp_path / "home"
     runs = await seed_home(home)
@@ -117,6 +147,8 @@ async def test_gateway_lock_that_is_a_directory(tmp_path: Path) -> None:
     await assert_runs_are_back(home, runs)
 
 
+@daemons
+@pytest.mark.timeout(240)
 async def test_full_disk_stops_with_one_line_and_starts_once_space_frees(tmp_path: Path) -> None:
     async with tmpfs(tmp_path / "home") as home:  # the daemon's stderr goes next to it, not on it
         runs = await seed_home(home)
@@ -133,6 +165,8 @@ async def test_full_disk_stops_with_one_line_and_starts_once_space_frees(tmp_pat
         await assert_runs_are_back(home, runs)
 
 
+@daemons
+@pytest.mark.timeout(240)
 async def test_read_only_home_stops_with_one_line(tmp_path: Path) -> None:
     async with tmpfs(tmp_path / "home") as home:  # the daemon's stderr goes next to it, not on it
         runs = await seed_home(home)
@@ -149,6 +183,8 @@ async def test_read_only_home_stops_with_one_line(tmp_path: Path) -> None:
         await assert_runs_are_back(home, runs)
 
 
+@daemons
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("where", ["last line", "middle line"])
 async def test_a_seq_that_is_not_an_integer_fails_only_its_run(tmp_path: Path, where: str) -> None:
     home = tmp_path / "home"
