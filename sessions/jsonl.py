@@ -26,15 +26,17 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
     except FileNotFoundError:
         return
     with handle:
-        for raw in handle:
+        for number, raw in enumerate(handle, start=1):
             if not raw.endswith(b"\n"):
                 break
             try:
                 record = json.loads(raw)
             except ValueError:
-                continue
+                record = None
             if isinstance(record, dict):
                 yield record
+            elif raw.strip():  # corruption, not silence: `neotask doctor` reports and cuts it
+                log.warning("%s line %d is not a JSON object: skipped", path, number)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -233,10 +233,14 @@ def _count_current(run: RecoveredRun, names: frozenset[str], last_summary: dict[
         if cut:
             run.torn.append(layout.CURRENT)
         current = read_records(folder / layout.CURRENT)
+        skipped = scan_lines(folder / layout.CURRENT, with_seq=False).bad
+        if skipped:  # derived, so the run goes on; the doctor reports and cuts them
+            what = describe(layout.CURRENT, skipped)
+            log.warning("run %s: skipped %s: the model will not see them", run.run_id, what)
     if last_summary:
         current = _finish_interrupted_compaction(folder, last_summary, current)
     for line in current:
-        run.context_tokens += int(line.get("tokens", 0))
+        run.context_tokens += _int(line.get("tokens"))
         run.context_lines += 1
     run.last_context_seq = last_seq(current)
     run.context_bytes = (folder / layout.CURRENT).stat().st_size if current else 0

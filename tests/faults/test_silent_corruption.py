@@ -15,6 +15,7 @@ import pytest
 
 from sessions.damage import EXIT_STATE, DamagedState
 from sessions.doctor import Finding, check_home
+from sessions.jsonl import read_records
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.faults.state_support import (
@@ -201,3 +202,24 @@ async def test_a_real_daemon_refuses_newer_formats(tmp_path: Path, file: str) ->
     assert code == EXIT_STATE
     one_clear_line(stderr, file, "newer", "upgrade neotask")
     assert path.read_bytes() == before
+
+
+async def test_reads_and_start_up_log_the_lines_they_skip(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs = await seed_home(tmp_path, clock)
+    messages = messages_path(tmp_path, runs[BOB])
+    rewrite_line(messages.with_name("current.jsonl"), 0, "not json at all")
+    with caplog.at_level(logging.WARNING):
+        store = await open_store(tmp_path, clock)
+        await store.close()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"run {runs[BOB]}: skipped current.jsonl line 1 (not JSON)" in logged
+    assert store.recovered and ledger_rows(tmp_path)[runs[BOB]]["status"] == "running"  # derived: it goes on
+
+    caplog.clear()
+    rewrite_line(messages, 0, "[]")
+    with caplog.at_level(logging.WARNING):
+        records = await asyncio.to_thread(read_records, messages)
+    assert [r["seq"] for r in records] == [2]
+    assert f"{messages} line 1 is not a JSON object: skipped" in caplog.text
