@@ -62,29 +62,47 @@ def _reason(raw: bytes, *, with_seq: bool) -> tuple[str | None, int | None]:
 def scan_lines(path: Path, *, with_seq: bool) -> LineReport:
     """Check every line of ``path`` (missing: an empty report). With ``with_seq`` (messages.jsonl)
     each line needs an integer seq one above the previous good one, starting at 1."""
-    bad: list[BadLine] = []
-    gaps: list[BadLine] = []
-    last, number, torn = 0, 0, False
     try:
-        handle = path.open("rb")
+        data = path.read_bytes()
     except FileNotFoundError:
         return LineReport()
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.endswith(b"\n"):
-                torn = True
-                break
-            if not raw.strip():
-                bad.append(BadLine(number, "blank line"))
-                continue
+    end = data.rfind(b"\n") + 1
+    torn = end < len(data)
+    lines = data[:end].split(b"\n")[:-1]
+    records = _parse_all(lines)
+    bad: list[BadLine] = []
+    gaps: list[BadLine] = []
+    last = 0
+    for number, raw in enumerate(lines, start=1):
+        if records is not None:  # every line parsed at once: only the shape is left to check
+            record = records[number - 1]
+            reason = None if isinstance(record, dict) else "not a JSON object"
+            seq = seq_of(record) if reason is None and with_seq else None
+            if reason is None and with_seq and seq is None:
+                reason, seq = _reason(raw, with_seq=True)
+        elif not raw.strip():
+            reason, seq = "blank line", None
+        else:
             reason, seq = _reason(raw, with_seq=with_seq)
-            if reason is not None:
-                bad.append(BadLine(number, reason))
-            elif seq is not None:
-                if seq != last + 1:
-                    gaps.append(BadLine(number, f"seq {seq} follows {last or 'the start'}"))
-                last = max(last, seq)
-    return LineReport(tuple(bad), tuple(gaps), last, number - int(torn), torn)
+        if reason is not None:
+            bad.append(BadLine(number, reason))
+        elif seq is not None:
+            if seq != last + 1:
+                gaps.append(BadLine(number, f"seq {seq} follows {last or 'the start'}"))
+            last = max(last, seq)
+    return LineReport(tuple(bad), tuple(gaps), last, len(lines), torn)
+
+
+def _parse_all(lines: list[bytes]) -> list[Any] | None:
+    """Every line parsed in one call (a JSON array of them: lines never hold a raw newline), or
+    None when some line is not JSON on its own (then each is parsed alone, to name it)."""
+    if not lines:
+        return []
+    try:
+        parsed = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, list) and len(parsed) == len(lines) else None
 
 
 def cut_lines(path: Path, numbers: set[int]) -> int:

@@ -232,11 +232,7 @@ def _count_current(run: RecoveredRun, names: frozenset[str], last_summary: dict[
         cut, _ = repair_tail(folder / layout.CURRENT)
         if cut:
             run.torn.append(layout.CURRENT)
-        current = read_records(folder / layout.CURRENT)
-        skipped = scan_lines(folder / layout.CURRENT, with_seq=False).bad
-        if skipped:  # derived, so the run goes on; the doctor reports and cuts them
-            what = describe(layout.CURRENT, skipped)
-            log.warning("run %s: skipped %s: the model will not see them", run.run_id, what)
+        current = read_records(folder / layout.CURRENT)  # logs the lines it skips
     if last_summary:
         current = _finish_interrupted_compaction(folder, last_summary, current)
     for line in current:

@@ -214,7 +214,7 @@ async def test_reads_and_start_up_log_the_lines_they_skip(
         store = await open_store(tmp_path, clock)
         await store.close()
     logged = "\n".join(r.getMessage() for r in caplog.records)
-    assert f"run {runs[BOB]}: skipped current.jsonl line 1 (not JSON)" in logged
+    assert f"{runs[BOB]}/current.jsonl line 1 is not a JSON object: skipped" in logged
     assert store.recovered and ledger_rows(tmp_path)[runs[BOB]]["status"] == "running"  # derived: it goes on
 
     caplog.clear()
