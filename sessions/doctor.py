@@ -269,9 +269,9 @@ def _line_findings(home: Home, folder: RunFolder) -> list[Finding]:
                 Finding(
                     "bad_line",
                     "error",
-                    f"{where}/{describe(name, report.bad)}: readers skip it",
-                    f"cut the line(s) into {name}.torn",
-                    kind="cut_lines",
+                    f"{where}/{describe(name, report.bad)}" + (": readers skip it" if report.bad[0].line else ""),
+                    f"cut the line(s) into {name}.torn" if report.bad[0].line else None,
+                    kind="cut_lines" if report.bad[0].line else None,
                     run_id=folder.run_id,
                     path=relative,
                     lines=tuple(b.line for b in report.bad),

@@ -66,6 +66,8 @@ def scan_lines(path: Path, *, with_seq: bool) -> LineReport:
         data = path.read_bytes()
     except FileNotFoundError:
         return LineReport()
+    except OSError as exc:  # a directory in its place, no permission: line 0 stands for the file
+        return LineReport(bad=(BadLine(0, f"cannot be read: {exc.strerror or exc}"),))
     end = data.rfind(b"\n") + 1
     torn = end < len(data)
     lines = data[:end].split(b"\n")[:-1]
@@ -130,6 +132,6 @@ def cut_lines(path: Path, numbers: set[int]) -> int:
 
 def describe(name: str, bad: tuple[BadLine, ...]) -> str:
     """``messages.jsonl line 2 (seq is not ...)``, the first few of them."""
-    shown = ", ".join(f"line {b.line} ({b.reason})" for b in bad[:3])
+    shown = ", ".join(f"line {b.line} ({b.reason})" if b.line else b.reason for b in bad[:3])
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
     return f"{name} {shown}{more}"

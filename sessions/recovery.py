@@ -287,7 +287,26 @@ def recover_all(
     runs = []
     for scan in scan_all(contexts):
         name = scan.folder.name
-        run = recover_run(scan.folder, scan.status, rows.get(name), checkpoints.get(name), scan)
+        try:
+            run = recover_run(scan.folder, scan.status, rows.get(name), checkpoints.get(name), scan)
+        except OSError as exc:  # one run's files, not the home: that run is failed, the rest start
+            run = _unreadable(scan, rows.get(name), exc)
         if run is not None:
             runs.append(run)
     return runs
+
+
+def _unreadable(scan: FolderScan, row: dict[str, Any] | None, exc: OSError) -> RecoveredRun | None:
+    what = f"{os.path.basename(str(exc.filename or scan.folder))} cannot be read or repaired ({exc.strerror or exc})"
+    metadata = row
+    if metadata is None:
+        try:
+            metadata = json.loads((scan.folder / layout.METADATA).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            metadata = None
+    if not isinstance(metadata, dict):
+        log.error("run folder %s: %s, and no readable metadata.json: left for the doctor", scan.folder, what)
+        return None
+    run = RecoveredRun(run_id=scan.folder.name, status=scan.status, dir=scan.folder, metadata=metadata, damage=what)
+    log.error("run %s: %s; the run will be marked failed", run.run_id, what)
+    return run

@@ -145,7 +145,13 @@ class SessionStore:
         if run is None or self.active_run(run.key) is not run:
             log.error("run %s is damaged (%s) but is not its key's active run: left for the doctor", run_id, damage)
             return
-        await self.complete(run.key, error=f"damaged at start-up: {damage}", reason="damaged")
+        try:
+            await self.complete(run.key, error=f"damaged at start-up: {damage}", reason="damaged")
+        except OSError as exc:  # not even movable: leave the folder to the doctor, free the key
+            log.error("run %s of %r is damaged (%s) and cannot be failed (%s)", run_id, run.key, damage, exc)
+            self._runs.pop(run_id, None)
+            self._reconcile_entries()
+            return
         log.error("run %s of %r marked failed: %s", run_id, run.key, damage)
 
     def _state_from_recovery(self, rec: RecoveredRun, row: dict[str, Any] | None) -> RunState:

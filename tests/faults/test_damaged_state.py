@@ -6,6 +6,7 @@ runs are failed with the reason and the bad line is cut into ``<file>.torn``."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from sessions.damage import EXIT_STATE, FIX_LEDGER, ledger_error
+from sessions.doctor import check_home
+from tests.conftest import FakeClock
 from tests.faults.state_support import (
     BOB,
     COUNTS,
@@ -31,6 +34,7 @@ from tests.faults.state_support import (
     tmpfs,
     with_seq,
 )
+from tests.sessions.helpers import open_store
 
 daemons = pytest.mark.slow  # real daemon and CLI processes
 
@@ -214,3 +218,25 @@ async def test_a_seq_that_is_not_an_integer_fails_only_its_run(tmp_path: Path, w
     torn = messages_path(home, runs[MAIN], "completed").with_name("messages.jsonl.torn")
     assert torn.read_text().splitlines() == [bad]
     assert (await doctor(home)).returncode == 0
+
+
+async def test_a_run_whose_files_cannot_be_read_is_failed_and_the_rest_opens(tmp_path: Path, clock: FakeClock) -> None:
+    """Damage confined to one run (here a directory where its messages.jsonl belongs: unreadable
+    even to root) fails that run with the reason; the doctor names the file and offers no cut."""
+    runs = await seed_home(tmp_path, clock)
+    path = messages_path(tmp_path, runs[MAIN])
+    path.unlink()
+    path.mkdir()
+    findings = await asyncio.to_thread(check_home, tmp_path, fix=False, now="2026-11-30T12:00:00+00:00")
+    bad = [f for f in findings if f.check == "bad_line"]
+    assert len(bad) == 1 and bad[0].fix is None and "messages.jsonl cannot be read: Is a directory" in bad[0].detail
+
+    store = await open_store(tmp_path, clock)
+    try:
+        assert store.active_run(MAIN) is None
+        assert [run.run_id for run in store.active_runs()] == [runs[BOB]]
+    finally:
+        await store.close()
+    row = ledger_rows(tmp_path)[runs[MAIN]]
+    assert row["status"] == "failed"
+    assert "messages.jsonl cannot be read or repaired (Is a directory)" in row["error_message"]
