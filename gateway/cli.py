@@ -4,7 +4,8 @@ When a daemon runs on the home (``gateway.json`` present and the lock held) the 
 HTTP API; otherwise it takes the lock itself and works on the files (``gateway.offline``).
 Readable tables by default (full run ids), ``--json`` prints the API's JSON. Exit status: 0 on
 success, 1 on an error (``error: <code>: <message>``), 2 on bad usage, 3 from ``gateway status``
-when no gateway runs, 73 when a second daemon is refused.
+when no gateway runs, 73 when a second daemon is refused, 78 when the home's state must be fixed
+first (``error: <file>: <problem>: <what to do>``; also ``doctor`` when it leaves errors unfixed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from config.loader import LoadedConfig, load_config, resolve_home
 from gateway import cli_jobs, offline
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
+from sessions.damage import EXIT_STATE, DamagedState
+from sessions.layout import PRIVATE_UMASK
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked, read_gateway_json
 
 EXIT_OK = 0
@@ -159,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    os.umask(PRIVATE_UMASK)  # every file and folder of the home is created private to the owner
     ctx = Context(args, dict(os.environ))
     handler: Handler = args.handler
     try:
@@ -169,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc))
     except ConfigError as exc:
         return _fail(exc.message)
+    except DamagedState as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_STATE
     except NeotaskError as exc:
         return _fail(f"{exc.code}: {exc.message}")
     except KeyboardInterrupt:
@@ -191,6 +198,9 @@ def cmd_gateway_run(ctx: Context) -> int:
     except HomeLocked as exc:
         print(exc.message, file=sys.stderr)
         return EXIT_LOCKED
+    except DamagedState as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_STATE
     try:
         config = ctx.config
     except ConfigError as exc:
@@ -420,10 +430,16 @@ def cmd_doctor(ctx: Context) -> int:
     fix = bool(ctx.args.fix)
     client = ctx.client()
     body = client.post("/v1/admin/doctor", {"fix": fix}) if client else offline.run_doctor(ctx.config, fix=fix)
+    actions = body.get("actions", [])
+    left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
+    for action in left:  # what stops or damages the gateway, one line each, whatever the format
+        detail = str(action["detail"])
+        hint = "; `neotask doctor --fix` fixes it" if action.get("fix") and "doctor --fix" not in detail else ""
+        print(f"error: {detail}{hint}", file=sys.stderr)
+    status = EXIT_STATE if left else EXIT_OK
     if ctx.as_json:
         ctx.print_json(body)
-        return EXIT_OK
-    actions = body.get("actions", [])
+        return status
     if not actions:
         ctx.print("no problems found")
         return EXIT_OK
@@ -435,7 +451,7 @@ def cmd_doctor(ctx: Context) -> int:
     ctx.print(_table(header, rows))
     fixed = sum(1 for a in actions if a.get("fixed"))
     ctx.print(f"{len(actions)} finding(s)" + (f", {fixed} fixed" if fix else ""))
-    return EXIT_OK
+    return status
 
 
 # -- output ----------------------------------------------------------------------------------------

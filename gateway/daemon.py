@@ -29,6 +29,7 @@ from aiohttp import web
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
 from gateway.app import create_app
+from sessions.damage import EXIT_STATE, DamagedState, check_writable
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
@@ -98,7 +99,12 @@ def run_daemon(
             print(exc.message, file=sys.stderr, flush=True)
             return EXIT_LOCKED
     try:
-        _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
+        try:
+            check_writable(home.root)
+            _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
+        except DamagedState as exc:
+            print(f"error: {exc.message}", file=sys.stderr, flush=True)
+            return EXIT_STATE
         gateway = config.settings.gateway
         bind_host = host if host is not None else gateway.host
         bind_port = port if port is not None else gateway.port
@@ -145,7 +151,11 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
     app = create_app(config, clock=system_clock, env=env)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
     try:
-        await runner.setup()  # cleanup contexts open here: the store recovers every active run
+        try:
+            await runner.setup()  # cleanup contexts open here: the store recovers every active run
+        except DamagedState as exc:
+            log.error("cannot start: %s", exc.message)
+            return EXIT_STATE
         site = web.TCPSite(runner, host, port)
         try:
             await site.start()

@@ -166,9 +166,13 @@ async def commands_for(config: LoadedConfig, store: SessionStore, env: Mapping[s
 
 
 def run_doctor(config: LoadedConfig, *, fix: bool) -> dict[str, Any]:
+    """The doctor over the files; with ``fix``, an empty directory in place of gateway.lock (which
+    stops the lock from being taken at all) is removed first."""
+    cleared = doctor.clear_lock_dir(Home(config.home)) if fix else None
+
     def work() -> dict[str, Any]:
         findings = doctor.check_home(config.home, fix=fix, now=iso(system_clock()))
-        return {"actions": [f.as_dict() for f in findings]}
+        return {"actions": [f.as_dict() for f in ([cleared] if cleared else []) + findings]}
 
     return locked(config, work)
 

@@ -11,14 +11,14 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from sessions.jsonl import fsync_dir
+from sessions.jsonl import fsync_dir, private
 
 
 def pack(folder: Path, archive: Path) -> None:
     """Write the archive atomically (temp name, fsync, rename), then remove the folder."""
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.tmp")
-    with open(tmp, "wb") as raw:
+    with open(tmp, "wb", opener=private) as raw:
         with tarfile.open(fileobj=raw, mode="w:gz") as tar:
             tar.add(folder, arcname=folder.name)
         raw.flush()

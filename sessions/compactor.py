@@ -148,7 +148,7 @@ class Compactor:
             if after >= before:
                 return None
             record.update(tokens_before=before, tokens_after=after, tokens_saved=before - after)
-            (folder / layout.COMPACTIONS).mkdir(exist_ok=True)
+            (folder / layout.COMPACTIONS).mkdir(mode=0o700, exist_ok=True)
             write_records_atomic(folder / layout.COMPACTIONS / f"{number}.jsonl", current)
             _append_synced(folder / layout.SUMMARIES, record)
             self.store.writer.close_handle(folder / layout.CURRENT)
@@ -238,7 +238,7 @@ class Compactor:
 
 
 def _append_synced(path: Path, record: dict[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, encode(record))
         os.fsync(fd)

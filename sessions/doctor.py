@@ -22,16 +22,21 @@ from typing import Any, Literal
 
 from config.clock import iso
 from sessions import layout, leftovers
-from sessions.jsonl import fsync_dir, write_json_atomic
+from sessions.archive import read_member
+from sessions.compaction import last_seq
+from sessions.damage import FIX_LEDGER, DamagedState, ledger_error
+from sessions.integrity import cut_lines, describe, scan_lines
+from sessions.jsonl import fsync_dir, read_records, write_json_atomic
 from sessions.layout import FOLDERS, Home, folder_for
-from sessions.ledger import Ledger
+from sessions.ledger import MIGRATIONS, Ledger, check_schema, check_version
+from sessions.permissions import tighten, wide_modes
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.store import SessionStore
 
 Severity = Literal["error", "warning", "info"]
 FixKind = Literal[
-    "insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp",
-    "remove_folder", "restore_metadata", "set_aside",
+    "insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp", "rebuild_ledger",
+    "cut_lines", "tighten_modes", "remove_folder", "restore_metadata", "set_aside",
 ]  # fmt: skip
 FOLDER_FIXES = ("remove_folder", "restore_metadata", "set_aside")
 SET_ASIDE = "quarantine"  # contexts/quarantine/<state>-<uuid>: folders the doctor moved out of the way
@@ -71,6 +76,7 @@ class Finding:
     path: str | None = None
     status: str | None = None  # the status a row or entry is set to
     fixed: bool = False
+    lines: tuple[int, ...] = ()  # the bad lines of ``path`` (cut_lines)
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"check": self.check, "severity": self.severity, "detail": self.detail, "fix": self.fix}
@@ -262,6 +268,88 @@ def _check_entries(snap: Snapshot, active_runs: Mapping[str, RunFolder], ambiguo
     return findings
 
 
+# -- the files themselves: every line, seqs, modes (blocking) ----------------------------------------
+
+
+def file_findings(home: Home, folders: Iterable[RunFolder]) -> list[Finding]:
+    """Line-level checks of every run folder's stores, then the modes of the home."""
+    findings: list[Finding] = []
+    for folder in folders:
+        if not folder.young:
+            findings.extend(_line_findings(home, folder))
+    wide = wide_modes(home.root)
+    if wide is not None:
+        findings.append(
+            Finding(
+                "wide_modes",
+                "warning",
+                wide.describe(),
+                "clear the group and other permission bits (files 0600, folders 0700)",
+                kind="tighten_modes",
+                path=".",
+            )
+        )
+    return findings
+
+
+def _line_findings(home: Home, folder: RunFolder) -> list[Finding]:
+    base = home.folder(layout.folder_for(folder.state)) / folder.run_id
+    where = f"{folder.state}/{folder.run_id}"
+    findings = []
+    held = 0
+    for name in layout.STORE_FILES:
+        report = scan_lines(base / name, with_seq=name == layout.MESSAGES)
+        relative = f"contexts/{where}/{name}"
+        if report.bad:
+            findings.append(
+                Finding(
+                    "bad_line",
+                    "error",
+                    f"{where}/{describe(name, report.bad)}" + (": readers skip it" if report.bad[0].line else ""),
+                    f"cut the line(s) into {name}.torn" if report.bad[0].line else None,
+                    kind="cut_lines" if report.bad[0].line else None,
+                    run_id=folder.run_id,
+                    path=relative,
+                    lines=tuple(b.line for b in report.bad),
+                )
+            )
+        if report.gaps:
+            torn = " (lines were cut into messages.jsonl.torn)" if (base / f"{name}.torn").exists() else ""
+            detail = f"{where}/{describe(name, report.gaps)}{torn}"
+            findings.append(Finding("seq_gap", "warning", detail, None, run_id=folder.run_id, path=relative))
+        if name == layout.MESSAGES:
+            held = report.last_seq
+        elif name == layout.CURRENT and report.lines and not findings:  # bad lines may have held them
+            context_seq = last_seq(read_records(base / name))
+            if context_seq > held:
+                ends = f"ends at seq {held}" if held else "is missing or empty"
+                kept = (base / f"{layout.MESSAGES}.torn").exists()  # cut there: known, and kept
+                findings.append(
+                    Finding(
+                        "lost_messages",
+                        "warning" if kept else "error",
+                        f"{where}/messages.jsonl {ends} but current.jsonl holds seqs up to {context_seq}"
+                        + (" (lines were cut into messages.jsonl.torn)" if kept else "")
+                        + ("; the next start marks the run failed" if folder.state in ACTIVE else ""),
+                        None,
+                        run_id=folder.run_id,
+                        path=f"contexts/{where}/messages.jsonl",
+                    )
+                )
+    return findings
+
+
+def fix_files(home: Home, finding: Finding) -> bool:
+    """Cut bad lines into ``.torn`` or tighten modes; whether it was done."""
+    if finding.kind == "cut_lines" and finding.path:
+        cut_lines(home.root / finding.path, set(finding.lines))
+        return True
+    if finding.kind == "tighten_modes":
+        tighten(home.root)
+        return True
+    return False
+
+
 # -- reading a home -------------------------------------------------------------------------------
 
 
@@ -331,17 +419,76 @@ def scan_archives(home: Home) -> frozenset[str]:
 
 
 def read_rows(db: Path) -> dict[str, dict[str, Any]]:
-    """tasks.db rows by uuid (blocking; no migration, nothing written)."""
+    """tasks.db rows by uuid (blocking; no migration, nothing written). ``DamagedState`` when the
+    file is not a SQLite database, not a neotask ledger, or from a newer neotask."""
     if not db.exists():
         return {}
-    conn = sqlite3.connect(db)
+    try:
+        conn = sqlite3.connect(db)
+    except sqlite3.Error as exc:
+        raise ledger_error(db, exc) from None
     try:
         conn.row_factory = sqlite3.Row
+        version = check_version(conn, db)
+        if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+            return {}  # nothing migrated yet: an empty ledger
+        if version in (0, len(MIGRATIONS)):  # 0 with tables: not ours
+            check_schema(conn, db)
+        problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)")]  # every page (start-up only
+        if problems != ["ok"]:  # reads the header and the schema: damage deeper down is found here)
+            raise DamagedState(db, f"damaged pages ({'; '.join(problems)})", FIX_LEDGER)
         return {r["uuid"]: dict(r) for r in conn.execute("SELECT * FROM tasks")}
-    except sqlite3.OperationalError:  # no tasks table yet: an empty ledger
-        return {}
+    except sqlite3.Error as exc:
+        raise ledger_error(db, exc) from None
     finally:
         conn.close()
+
+
+def ledger_finding(exc: DamagedState) -> Finding:
+    """The finding for a tasks.db that cannot be read; fixable when rebuilding it is the remedy."""
+    fixable = exc.todo == FIX_LEDGER
+    return Finding(
+        "unreadable_ledger",
+        "error",
+        exc.message,
+        "move tasks.db aside (tasks.db.damaged) and rebuild it from the run folders and archives" if fixable else None,
+        kind="rebuild_ledger" if fixable else None,
+        path="contexts/tasks.db",
+    )
+
+
+def set_ledger_aside(home: Home) -> Path:
+    """Rename a damaged tasks.db (and its -wal/-shm) to ``tasks.db.damaged[-n]``; the new name."""
+    db = home.tasks_db
+    target = db.with_name(f"{db.name}.damaged")
+    n = 1
+    while target.exists():
+        target, n = db.with_name(f"{db.name}.damaged-{n}"), n + 1
+    for suffix in ("-wal", "-shm"):
+        side = db.with_name(db.name + suffix)
+        if side.exists():
+            os.replace(side, target.with_name(target.name + suffix))
+    os.replace(db, target)
+    return target
+
+
+def rebuild_archived_rows(home: Home, ledger: Ledger, now: str) -> int:
+    """Insert a completed row for every archived run that has none (from the archive's
+    metadata.json); how many were inserted."""
+    known = {r["uuid"] for r in ledger.all_runs_sync()}
+    inserted = 0
+    for run_id in sorted(scan_archives(home) - known):
+        text = read_member(home.archive_file(run_id), run_id, layout.METADATA)
+        try:
+            meta = json.loads(text) if text else None
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            continue
+        row = {**_row_from_metadata(RunFolder(run_id, "completed", meta), now), "archived_at": now}
+        ledger.submit(_insert_row(row))
+        inserted += 1
+    return inserted
 
 
 # -- fixes -----------------------------------------------------------------------------------------
@@ -467,6 +614,7 @@ class _Plan:
     entries: list[int] = field(default_factory=list)
     tmp: list[int] = field(default_factory=list)
     folders: list[int] = field(default_factory=list)
+    files: list[int] = field(default_factory=list)
 
 
 def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -> _Plan:
@@ -478,6 +626,8 @@ def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -
             plan.tmp.append(index)
         elif finding.kind in FOLDER_FIXES:
             plan.folders.append(index)
+        elif finding.kind in ("cut_lines", "tighten_modes"):
+            plan.files.append(index)
         elif finding.kind is not None and (sql := ledger_fix(finding, folders, now)) is not None:
             plan.ledger.append((index, sql))
     return plan
@@ -489,16 +639,34 @@ def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -
 def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> list[Finding]:
     """Check (and with ``fix`` repair) a home whose lock the caller holds (blocking)."""
     home = Home(root)
+    try:
+        rows = read_rows(home.tasks_db)
+    except DamagedState as exc:
+        damaged = ledger_finding(exc)
+        if not fix or damaged.kind is None:
+            return [damaged]
+        aside = set_ledger_aside(home)
+        ledger = Ledger(home.tasks_db)
+        ledger.open_sync()
+        try:
+            archived = rebuild_archived_rows(home, ledger, now)
+        finally:
+            ledger.close_sync()
+        detail = f"{damaged.detail} (moved to {aside.name}; {archived} archived run(s) restored from their archives)"
+        return [replace(damaged, detail=detail, fixed=True), *check_home(root, fix=True, now=now, min_age_s=min_age_s)]
     registry = SessionRegistry(home.sessions_json, flush_ms=0)
-    problem = registry.load()
+    try:
+        problem = registry.load()
+    except DamagedState as exc:  # a newer format: judged as unreadable, never rewritten
+        problem = f"unsupported ({exc.problem}: {exc.todo})"
     snap = Snapshot(
         folders=scan_folders(home, min_age_s=min_age_s),
-        rows=read_rows(home.tasks_db),
+        rows=rows,
         entries={k: e.run_id for k, e in registry.entries.items()},
         tmp_files=scan_tmp(home, min_age_s=min_age_s),
         archives=scan_archives(home),
     )
-    findings = diagnose(snap)
+    findings = diagnose(snap) + file_findings(home, snap.folders)
     if problem not in (None, "missing"):
         findings.append(
             Finding(
@@ -526,7 +694,33 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
             fixed.update(changed)
     fixed.update(i for i in plan.tmp if remove_tmp(home, findings[i].path or ""))
     fixed.update(i for i in plan.folders if folder_fix(home, findings[i], snap.rows))
+    fixed.update(i for i in plan.files if fix_files(home, findings[i]))
     return _mark(findings, fixed)
+
+
+def _insert_row(row: dict[str, Any]) -> LedgerFix:
+    sql = f"INSERT OR IGNORE INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
+    values = tuple(row.values())
+
+    def run(conn: sqlite3.Connection) -> None:
+        conn.execute(sql, values)
+
+    return run
+
+
+def clear_lock_dir(home: Home) -> Finding | None:
+    """Remove a directory standing where gateway.lock belongs, when it is empty (blocking; before
+    the lock is taken). A finding (fixed) when there was one; ``DamagedState`` when it holds files."""
+    path = home.lock_file
+    if not path.is_dir() or path.is_symlink():
+        return None
+    try:
+        path.rmdir()
+    except OSError as exc:
+        problem = f"is a directory, not the lock file, and cannot be removed ({exc.strerror})"
+        raise DamagedState(path, problem, "move it aside, then start again") from None
+    detail = f"{path} was a directory, not the lock file"
+    return Finding("lock_is_directory", "error", detail, "remove it", path="gateway.lock", fixed=True)
 
 
 async def _save_entries(registry: SessionRegistry, keys: list[str]) -> None:
@@ -569,7 +763,8 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
         archives=archives,
         live=frozenset(live),
     )
-    findings = diagnose(snap)
+    resting = tuple(f for f in folders if f.run_id not in live)  # the daemon does not write these
+    findings = diagnose(snap) + await asyncio.to_thread(file_findings, home, resting)
     if not fix:
         return findings
     now = iso(store.clock())
@@ -591,6 +786,9 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
             fixed.add(index)
     for index in plan.folders:  # never a folder the store holds (those are judged as present only)
         if findings[index].run_id not in live and await asyncio.to_thread(folder_fix, home, findings[index], rows):
+            fixed.add(index)
+    for index in plan.files:
+        if await asyncio.to_thread(fix_files, home, findings[index]):
             fixed.add(index)
     return _mark(findings, fixed)
 

@@ -26,15 +26,17 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
     except FileNotFoundError:
         return
     with handle:
-        for raw in handle:
+        for number, raw in enumerate(handle, start=1):
             if not raw.endswith(b"\n"):
                 break
             try:
                 record = json.loads(raw)
             except ValueError:
-                continue
+                record = None
             if isinstance(record, dict):
                 yield record
+            elif raw.strip():  # corruption, not silence: `neotask doctor` reports and cuts it
+                log.warning("%s line %d is not a JSON object: skipped", path, number)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -100,7 +102,7 @@ def repair_tail(path: Path | str) -> tuple[int, dict[str, Any] | None]:
         if good == size:
             return 0, last
         torn = os.pread(fd, size - good, good)
-        with open(f"{path}.torn", "ab") as out:
+        with open(f"{path}.torn", "ab", opener=private) as out:
             out.write(torn if torn.endswith(b"\n") else torn + b"\n")
             out.flush()
             os.fsync(out.fileno())
@@ -122,10 +124,15 @@ def _parse(line: bytes) -> Any:
         return None
 
 
+def private(path: str, flags: int) -> int:
+    """An ``open`` opener creating files readable by the owner only (0600), whatever the umask."""
+    return os.open(path, flags, 0o600)
+
+
 def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
     """Temp file, fsync, rename, fsync the folder: readers see the old or the new file, never half."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
+    with open(tmp, "wb", opener=private) as handle:
         handle.write(data)
         handle.flush()
         if sync:

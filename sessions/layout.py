@@ -18,6 +18,9 @@ METADATA = "metadata.json"
 FINAL_SUMMARY = "final_summary.txt"
 COMPACTIONS = "compactions"
 STORE_FILES = (MESSAGES, CURRENT, SUMMARIES, TOOLS, PLANNING)
+PRIVATE_DIR = 0o700  # the home and every folder in it: conversations are private to the owner
+PRIVATE_FILE = 0o600
+PRIVATE_UMASK = 0o077  # set by the CLI and the daemon at start, so every file is created 0600
 
 
 def folder_for(status: str) -> RunFolder:
@@ -74,7 +77,9 @@ class Home:
         return self.archive / f"{run_id}.tar.gz"
 
     def ensure(self) -> None:
+        """Create the folders, private to the owner (0700) whatever the umask."""
+        self.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
         for name in FOLDERS:
-            self.folder(name).mkdir(parents=True, exist_ok=True)
-        self.archive.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(parents=True, exist_ok=True)
+            self.folder(name).mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        self.archive.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        self.logs.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)

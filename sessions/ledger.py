@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sessions.damage import FIX_LEDGER, DamagedState, ledger_error, storage_damage
+
 T = TypeVar("T")
 
 MIGRATIONS: tuple[str, ...] = (
@@ -126,13 +128,32 @@ class Ledger:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._open)
 
     def _open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=5000")
-        migrate(conn)
+        """Open, migrate and validate; ``DamagedState`` (naming tasks.db and what to do) when the
+        file is not a SQLite database, has another schema, comes from a newer neotask, or cannot
+        be written."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_damage(self.path.parent, exc, doing="create the folder of tasks.db") from None
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ledger_error(self.path, exc) from None
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout=5000")
+            check_version(conn, self.path)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            migrate(conn)
+            check_schema(conn, self.path)
+            _make_private(self.path)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise ledger_error(self.path, exc) from None
+        except DamagedState:
+            conn.close()
+            raise
         conn.isolation_level = "DEFERRED"
         self._conn = conn
 
@@ -283,3 +304,40 @@ def migrate(conn: sqlite3.Connection) -> int:
             conn.execute("ROLLBACK")
             raise
     return len(MIGRATIONS)
+
+
+def check_version(conn: sqlite3.Connection, path: Path) -> int:
+    """The schema version; ``DamagedState`` when it is newer than this program knows (a newer
+    neotask wrote it: reading it with the old schema would misread it)."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise DamagedState(
+            path,
+            f"schema version {version} is newer than this neotask knows ({len(MIGRATIONS)})",
+            "upgrade neotask, or restore a tasks.db written by this version",
+        )
+    return version
+
+
+def check_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """``DamagedState`` when the migrated database lacks the tables and columns this program uses
+    (a foreign database, or one whose version number lies)."""
+    expected = {"tasks": set(RUN_COLUMNS), "idempotency": {"session_key", "client_message_id"}}
+    for table, columns in expected.items():
+        have = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+        missing = sorted(columns - have)
+        if missing:
+            what = f"no {table} table" if not have else f"the {table} table lacks {', '.join(missing[:5])}"
+            raise DamagedState(path, f"not a neotask ledger ({what})", FIX_LEDGER)
+
+
+def _make_private(path: Path) -> None:
+    """tasks.db and its -wal/-shm readable by the owner only (SQLite creates them by the umask)."""
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm"):
+        target = path.with_name(name)
+        try:
+            mode = target.stat().st_mode & 0o777
+            if mode & 0o077:
+                target.chmod(mode & 0o700)
+        except FileNotFoundError:
+            continue

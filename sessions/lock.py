@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from config.errors import Conflict
+from sessions.damage import DamagedState, storage_damage
 
 EXIT_LOCKED = 73  # EX_CANTCREAT: what a second daemon exits with
 
@@ -25,15 +26,27 @@ class HomeLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock; ``HomeLocked`` when another process has it, ``DamagedState`` when the
+        lock file cannot be used (a directory, a read-only or full file system)."""
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except IsADirectoryError:
+            todo = f"remove it (rmdir {self.path}) or run `neotask doctor --fix`, then start again"
+            raise DamagedState(self.path, "is a directory, not the lock file", todo) from None
+        except OSError as exc:
+            raise storage_damage(self.path, exc, doing="open the lock file") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise HomeLocked(describe_holder(self.path.parent)) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as exc:
+            os.close(fd)
+            raise storage_damage(self.path, exc, doing="write the lock file") from None
         self._fd = fd
 
     def release(self) -> None:
@@ -56,9 +69,12 @@ class HomeLock:
 
 def is_locked(path: Path) -> bool:
     """Whether some process holds the lock (probing takes and drops it)."""
-    if not path.exists():
+    if not path.is_file():
         return False
-    fd = os.open(path, os.O_RDWR)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:  # unreadable: nobody can hold it either
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

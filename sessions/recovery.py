@@ -16,7 +16,16 @@ from typing import Any
 
 from sessions import layout
 from sessions.compaction import last_seq, rolled_forward
-from sessions.jsonl import encode, iter_records, read_records, repair_tail, write_records_atomic
+from sessions.integrity import cut_lines, describe, scan_lines, seq_of
+from sessions.jsonl import (
+    encode,
+    iter_records,
+    last_record,
+    private,
+    read_records,
+    repair_tail,
+    write_records_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +50,7 @@ class RecoveredRun:
     torn: list[str] = field(default_factory=list)
     levelled: int = 0
     checkpoint_used: bool = False
+    damage: str | None = None  # why the run cannot go on (bad lines cut, messages lost): it is failed
 
 
 @dataclass(frozen=True)
@@ -144,10 +154,11 @@ def recover_run(
         cut, last_message = repair_tail(messages)
         if cut:
             run.torn.append(layout.MESSAGES)
+        run.messages_bytes = size - cut - _check_messages(run, Path(messages))
+        if run.damage is not None:
+            last_message = last_record(Path(messages))
         if last_message:
-            run.next_seq = int(last_message.get("seq", 0)) + 1
             run.last_message_at = last_message.get("timestamp")
-        run.messages_bytes = size - cut
 
     last_summary: dict[str, Any] | None = None
     if layout.SUMMARIES in names:
@@ -155,8 +166,8 @@ def recover_run(
         if cut:
             run.torn.append(layout.SUMMARIES)
         if last_summary:
-            run.next_summary_id = int(last_summary.get("id", 0)) + 1
-            run.compaction_count = int(last_summary.get("compaction_count", 0))
+            run.next_summary_id = _int(last_summary.get("id")) + 1
+            run.compaction_count = _int(last_summary.get("compaction_count"))
 
     size = scan.current_size
     if (
@@ -171,6 +182,11 @@ def recover_run(
         run.checkpoint_used = True
     else:
         _count_current(run, names, last_summary)
+    held = max(run.last_context_seq, _int((last_summary or {}).get("end_seq")))
+    if held > run.next_seq - 1:  # messages.jsonl lost lines the derived files still hold
+        where = "is missing" if run.next_seq == 1 else f"ends at seq {run.next_seq - 1}"
+        _add_damage(run, f"messages.jsonl {where} but current.jsonl or summaries.jsonl hold seqs up to {held}")
+        run.next_seq = held + 1  # never hand out a seq twice
     if run.last_context_seq < run.next_seq - 1:
         _bring_level(run)
 
@@ -180,8 +196,32 @@ def recover_run(
             if cut:
                 run.torn.append(name)
             if last:
-                setattr(run, attr, int(last.get(id_field, 0)) + 1)
+                setattr(run, attr, _int(last.get(id_field)) + 1)
+    if run.damage is not None:
+        log.error("run %s: %s; the run will be marked failed", run.run_id, run.damage)
     return run
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _add_damage(run: RecoveredRun, what: str) -> None:
+    run.damage = what if run.damage is None else f"{run.damage}; {what}"
+
+
+def _check_messages(run: RecoveredRun, path: Path) -> int:
+    """Read messages.jsonl whole: cut lines that are not valid records into ``.torn`` (the run
+    is then damaged), log seq gaps, and set the next seq; the bytes cut."""
+    report = scan_lines(path, with_seq=True)
+    cut = 0
+    if report.bad:
+        cut = cut_lines(path, {b.line for b in report.bad})
+        _add_damage(run, f"{describe(layout.MESSAGES, report.bad)} cut into {layout.MESSAGES}.torn")
+    if report.gaps:
+        log.warning("run %s: seqs not continuous in %s", run.run_id, describe(layout.MESSAGES, report.gaps))
+    run.next_seq = report.last_seq + 1
+    return cut
 
 
 def _count_current(run: RecoveredRun, names: frozenset[str], last_summary: dict[str, Any] | None) -> None:
@@ -192,11 +232,11 @@ def _count_current(run: RecoveredRun, names: frozenset[str], last_summary: dict[
         cut, _ = repair_tail(folder / layout.CURRENT)
         if cut:
             run.torn.append(layout.CURRENT)
-        current = read_records(folder / layout.CURRENT)
+        current = read_records(folder / layout.CURRENT)  # logs the lines it skips
     if last_summary:
         current = _finish_interrupted_compaction(folder, last_summary, current)
     for line in current:
-        run.context_tokens += int(line.get("tokens", 0))
+        run.context_tokens += _int(line.get("tokens"))
         run.context_lines += 1
     run.last_context_seq = last_seq(current)
     run.context_bytes = (folder / layout.CURRENT).stat().st_size if current else 0
@@ -224,11 +264,11 @@ def _bring_level(run: RecoveredRun) -> None:
     missing = [
         context_line(r)
         for r in iter_records(run.dir / layout.MESSAGES)
-        if int(r.get("seq", 0)) > run.last_context_seq and in_context(r)
+        if (seq_of(r) or 0) > run.last_context_seq and in_context(r)
     ]
     if missing:
         data = b"".join(encode(line) for line in missing)
-        with open(run.dir / layout.CURRENT, "ab") as handle:
+        with open(run.dir / layout.CURRENT, "ab", opener=private) as handle:
             handle.write(data)
         run.context_bytes += len(data)
         run.context_tokens += sum(int(line.get("tokens", 0)) for line in missing)
@@ -247,7 +287,26 @@ def recover_all(
     runs = []
     for scan in scan_all(contexts):
         name = scan.folder.name
-        run = recover_run(scan.folder, scan.status, rows.get(name), checkpoints.get(name), scan)
+        try:
+            run = recover_run(scan.folder, scan.status, rows.get(name), checkpoints.get(name), scan)
+        except OSError as exc:  # one run's files, not the home: that run is failed, the rest start
+            run = _unreadable(scan, rows.get(name), exc)
         if run is not None:
             runs.append(run)
     return runs
+
+
+def _unreadable(scan: FolderScan, row: dict[str, Any] | None, exc: OSError) -> RecoveredRun | None:
+    what = f"{os.path.basename(str(exc.filename or scan.folder))} cannot be read or repaired ({exc.strerror or exc})"
+    metadata = row
+    if metadata is None:
+        try:
+            metadata = json.loads((scan.folder / layout.METADATA).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            metadata = None
+    if not isinstance(metadata, dict):
+        log.error("run folder %s: %s, and no readable metadata.json: left for the doctor", scan.folder, what)
+        return None
+    run = RecoveredRun(run_id=scan.folder.name, status=scan.status, dir=scan.folder, metadata=metadata, damage=what)
+    log.error("run %s: %s; the run will be marked failed", run.run_id, what)
+    return run

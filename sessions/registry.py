@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from sessions.damage import DamagedState
 from sessions.jsonl import write_atomic
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,15 @@ class SessionEntry:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+def check_format(path: Path, version: Any) -> None:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise DamagedState(
+            path,
+            f"format_version {version} is newer than this neotask knows ({FORMAT_VERSION})",
+            "upgrade neotask, or move the file aside to have it rebuilt from tasks.db and the run folders",
+        )
+
+
 _ENTRY_FIELDS = frozenset(f.name for f in fields(SessionEntry))
 _BODY_FIELDS = tuple(f.name for f in fields(SessionEntry) if f.name != "key")
 
@@ -93,9 +103,11 @@ class SessionRegistry:
     # -- loading --------------------------------------------------------------------------------
 
     def load(self) -> str | None:
-        """Read sessions.json; None when it loaded, else why not (the caller rebuilds)."""
+        """Read sessions.json; None when it loaded, else why not (the caller rebuilds).
+        ``DamagedState`` when a newer neotask wrote it: rebuilding would throw its entries away."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
+            check_format(self.path, data.get("format_version"))
             sessions = data["sessions"]
             entries = {key: SessionEntry.from_dict(value, key=key) for key, value in sessions.items()}
         except FileNotFoundError:

@@ -25,6 +25,7 @@ from config.clock import Clock, iso
 from config.errors import Conflict, NeotaskError, NotFound, SessionPaused, StorageUnavailable
 from config.settings import Settings
 from sessions import layout, leftovers
+from sessions.damage import ledger_error, storage_damage
 from sessions.deliveries import Delivery, RunDeliveries
 from sessions.deliveries import scan as scan_deliveries
 from sessions.faults import probe_writable, storage_error
@@ -77,14 +78,28 @@ class SessionStore:
         """Recover every active run, then load (or rebuild) sessions.json. The caller holds the
         home lock."""
         home = Home(root)
-        await asyncio.to_thread(home.ensure)
+        try:
+            await asyncio.to_thread(home.ensure)
+        except OSError as exc:
+            raise storage_damage(home.contexts, exc, doing="create the folders of the home") from None
         ledger = Ledger(home.tasks_db)
-        await ledger.open()
+        try:
+            await ledger.open()
+        except BaseException:
+            await ledger.close()  # its thread
+            raise
         writer = AppendWriter(settings.storage.fsync)
         writer.start()
         registry = SessionRegistry(home.sessions_json, flush_ms=settings.storage.sessions_flush_ms)
         store = cls(home, settings, clock=clock, ledger=ledger, writer=writer, registry=registry)
-        await store._recover()
+        try:
+            await store._recover()
+        except sqlite3.DatabaseError as exc:  # pages the open did not read (the header was fine)
+            await store.close()
+            raise ledger_error(home.tasks_db, exc) from None
+        except BaseException:  # e.g. DamagedState from a newer sessions.json: nothing is written
+            await store.close()
+            raise
         return store
 
     async def close(self) -> None:
@@ -125,6 +140,25 @@ class SessionStore:
         self._reconcile_entries()
         if problem is not None or self.registry.pending:
             await self.registry.flush(force=problem is not None)
+        for rec in recovered:
+            if rec.damage is not None:
+                await self._fail_damaged(rec.run_id, rec.damage)
+
+    async def _fail_damaged(self, run_id: str, damage: str) -> None:
+        """A run whose files recovery found damaged (bad lines cut, messages lost) is failed with the
+        reason, so the key goes on in a new run and the rest of the home starts normally."""
+        run = self._runs.get(run_id)
+        if run is None or self.active_run(run.key) is not run:
+            log.error("run %s is damaged (%s) but is not its key's active run: left for the doctor", run_id, damage)
+            return
+        try:
+            await self.complete(run.key, error=f"damaged at start-up: {damage}", reason="damaged")
+        except OSError as exc:  # not even movable: leave the folder to the doctor, free the key
+            log.error("run %s of %r is damaged (%s) and cannot be failed (%s)", run_id, run.key, damage, exc)
+            self._runs.pop(run_id, None)
+            self._reconcile_entries()
+            return
+        log.error("run %s of %r marked failed: %s", run_id, run.key, damage)
 
     async def _drop_half_created(
         self, recovered: list[RecoveredRun], active_rows: dict[str, dict[str, Any]]
@@ -896,11 +930,11 @@ def _stats(run: RunState) -> dict[str, Any]:
 
 
 def _create_run_folder(folder: Path, metadata: dict[str, Any], *, opening: bool) -> None:
-    folder.mkdir(parents=True, exist_ok=False)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=False)
     if opening:
-        (folder / leftovers.OPENING).touch()
+        (folder / leftovers.OPENING).touch(mode=0o600)
     write_json_atomic(folder / layout.METADATA, metadata)
-    (folder / layout.MESSAGES).touch()
+    (folder / layout.MESSAGES).touch(mode=0o600)
     fsync_dir(folder)
     fsync_dir(folder.parent)
 

@@ -163,7 +163,7 @@ class AppendWriter:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         except FileNotFoundError:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             if self.fsync != "never":
                 _fsync_dir(path.parent)
         self._handles[path] = fd

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -33,6 +34,12 @@ class FakeClock:
 
     def set(self, when: datetime) -> None:
         self.now = when
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The umask the ``neotask`` CLI sets (owner-only files), so in-process homes match real ones
+    whichever test first runs the CLI in-process."""
+    os.umask(0o077)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tests.gateway.helpers import make_app
 Client = TestClient[Any, Any]
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "sessions", "config", "memory", "scheduler")
-NOT_HTTP = {"invalid_config", "gateway_running"}  # raised at start-up or by the CLI, never answered
+NOT_HTTP = {"invalid_config", "gateway_running", "damaged_state"}  # raised at start-up or by the CLI, never answered
 
 
 async def later_route(request: web.Request) -> web.Response:
