@@ -23,9 +23,7 @@ def write_config(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-async def call(
-    http: aiohttp.ClientSession, method: str, url: str, body: Any = None, **kwargs: Any
-) -> tuple[int, Any]:
+async def call(http: aiohttp.ClientSession, method: str, url: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
     async with http.request(method, url, json=body, **kwargs) as resp:
         data = await resp.json(content_type=None)
         return resp.status, data
