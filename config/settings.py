@@ -33,6 +33,7 @@ class GatewaySettings(Model):
     tokens: tuple[str, ...] = ()
     max_body_bytes: int = Field(1048576, ge=1024)
     shutdown_timeout_s: float = Field(10, gt=0)
+    allowed_hosts: tuple[str, ...] = ()
 
 
 class StorageSettings(Model):
@@ -244,6 +245,8 @@ class HookMapping(Model):
     repository: str | None = None
     user: str | None = None
     deliver_to: str | None = None
+    tolerance_s: float = Field(300, gt=0)
+    require_timestamp: bool = False
 
 
 class Settings(Model):

@@ -15,6 +15,7 @@ from gateway import keys as K
 from gateway.api import admin, docs, hooks, memory, runs, scheduler, sessions, system, ui
 from gateway.commands import Commands
 from gateway.events import EventHub
+from gateway.hosts import allowed_hosts, host_middleware
 from gateway.http import auth_middleware, errors_middleware
 from gateway.metrics import Metrics
 from gateway.provider import ChatProvider
@@ -33,7 +34,11 @@ def create_app(
     """Build the gateway. ``env`` is the process environment read once at start (API keys)."""
     settings = config.settings
     app = web.Application(
-        middlewares=[errors_middleware, auth_middleware(settings.gateway.tokens)],
+        middlewares=[
+            errors_middleware,
+            host_middleware(allowed_hosts(settings.gateway)),
+            auth_middleware(settings.gateway.tokens),
+        ],
         client_max_size=settings.gateway.max_body_bytes,
     )
     app[K.CONFIG] = config

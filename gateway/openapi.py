@@ -33,7 +33,12 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "invalid_field": (400, "a missing, unknown or wrong field or query parameter; `error.field` names it"),
     "invalid_key": (400, "the session key breaks a rule of SPEC section 1; `error.rule` names it"),
     "unauthorized": (401, "missing or wrong bearer token (only when `gateway.tokens` is set)"),
-    "invalid_signature": (401, "a missing or wrong `X-Hub-Signature-256` on a webhook delivery"),
+    "invalid_signature": (
+        401,
+        "a missing, wrong or stale webhook signature (`X-Hub-Signature-256`, or Standard"
+        " Webhooks `webhook-signature` with `webhook-timestamp` outside the hook's tolerance_s)",
+    ),
+    "host_not_allowed": (403, "the `Host` header is not a loopback name nor in `gateway.allowed_hosts` (no tokens)"),
     "not_found": (404, "no such route"),
     "hook_not_found": (404, "no webhook with this name under `hooks:`"),
     "session_not_found": (404, "no session with this key"),
@@ -216,14 +221,26 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("POST", "/hooks/{name}"): Op(
         "Webhook",
         "hooks",
-        "HMAC-SHA256 of the raw body in `X-Hub-Signature-256` with the hook's secret. Answers 202 once stored and "
-        "runs the turn in the background; a repeated `X-GitHub-Delivery` id answers 200 `duplicate` without storing.",
+        "HMAC-SHA256 of the raw body in `X-Hub-Signature-256` with the hook's secret, or a Standard Webhooks "
+        "timestamped signature (`webhook-id`, `webhook-timestamp` within the hook's `tolerance_s`, "
+        "`webhook-signature`)."
+        " Answers 202 once stored and runs the turn in the background; a repeated delivery id (`X-GitHub-Delivery` or "
+        "`webhook-id`), or a signature seen before (a replay with the id dropped or changed), answers 200 `duplicate` "
+        "without storing.",
         body={"description": "any JSON payload; the hook's templates read it"},
         status=202,
         answer="HookAnswer",
         params=(
             Param("X-Hub-Signature-256", "`sha256=<hex>` (required when the hook has a secret)", STR, where="header"),
             Param("X-GitHub-Delivery", "delivery id, for duplicates", STR, where="header"),
+            Param("webhook-id", "Standard Webhooks delivery id (signed)", STR, where="header"),
+            Param(
+                "webhook-timestamp",
+                "Standard Webhooks unix seconds (signed; within `tolerance_s`)",
+                STR,
+                where="header",
+            ),
+            Param("webhook-signature", "Standard Webhooks `v1,<base64>` entries, space-separated", STR, where="header"),
         ),
         errors=("invalid_signature", "hook_not_found", "hook_secret_missing", "invalid_key", *TURN_ERRORS[:3]),
         extra_answers=((200, "HookAnswer", "a duplicate delivery: `status: duplicate`, nothing stored"),),
@@ -361,7 +378,7 @@ def _operation(method: str, path: str, op: Op | None, schemas: dict[str, Schema]
             "required": op.body_required,
             "content": {"application/json": {"schema": _body(body, schemas)}},
         }
-    errors = set(op.errors) | {"method_not_allowed", "internal_error"}
+    errors = set(op.errors) | {"method_not_allowed", "internal_error", "host_not_allowed"}
     errors.update(c for n in names for c in PATH_ERRORS.get(n, ()))
     if body is not None:
         errors.update(BODY_ERRORS)
