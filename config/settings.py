@@ -35,6 +35,13 @@ class GatewaySettings(Model):
     shutdown_timeout_s: float = Field(10, gt=0)
     allowed_hosts: tuple[str, ...] = ()
 
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_not_blank(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not token.strip() for token in value):
+            raise ValueError("an empty token would let anyone in: remove it or set a secret")
+        return value
+
 
 class StorageSettings(Model):
     fsync: Literal["batch", "always", "never"] = "batch"

@@ -59,6 +59,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def bind_address(host: str) -> str:
+    """The address to bind: ``[::1]`` (as written in a URL) is ``::1``."""
+    host = host.strip()
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def url_for(host: str, port: int) -> str:
     """The URL a local client uses: a wildcard address is reached through loopback."""
     if host in ("0.0.0.0", ""):
@@ -100,7 +106,7 @@ def run_daemon(
     try:
         _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
         gateway = config.settings.gateway
-        bind_host = host if host is not None else gateway.host
+        bind_host = bind_address(host if host is not None else gateway.host)
         bind_port = port if port is not None else gateway.port
         if not gateway.tokens and not is_loopback(bind_host):
             print(
