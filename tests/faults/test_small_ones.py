@@ -21,7 +21,7 @@ from tests.gateway.daemons import child_env, daemon, run_cli, start_daemon
 
 @pytest.mark.parametrize("tokens", [[""], ["  "], ["good", ""]])
 def test_an_empty_token_is_refused(tokens: list[str]) -> None:
-    with pytest.raises(ConfigError, match="gateway.tokens"):
+    with pytest.raises(ConfigError, match=r"gateway\.tokens"):
         build_settings(deep_merge(load_defaults(), {"gateway": {"tokens": tokens}}))
 
 
