@@ -34,6 +34,11 @@ class GatewaySettings(Model):
     max_body_bytes: int = Field(1048576, ge=1024)
     shutdown_timeout_s: float = Field(10, gt=0)
     allowed_hosts: tuple[str, ...] = ()
+    max_connections: int = Field(512, ge=1)
+    fd_reserve: int = Field(256, ge=0)
+    header_timeout_s: float = Field(10, gt=0)
+    body_timeout_s: float = Field(60, gt=0)
+    keepalive_timeout_s: float = Field(15, gt=0)
 
     @field_validator("tokens")
     @classmethod
@@ -41,6 +46,12 @@ class GatewaySettings(Model):
         if any(not token.strip() for token in value):
             raise ValueError("an empty token would let anyone in: remove it or set a secret")
         return value
+
+
+class LoggingSettings(Model):
+    max_bytes: int = Field(10485760, ge=0)
+    backup_count: int = Field(5, ge=0)
+    repeat_window_s: float = Field(60, ge=0)
 
 
 class StorageSettings(Model):
@@ -269,6 +280,7 @@ class Settings(Model):
     cleanup: CleanupSettings = CleanupSettings()
     cron: CronSettings = CronSettings()
     hooks: dict[str, HookMapping] = {}
+    logging: LoggingSettings = LoggingSettings()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Settings:

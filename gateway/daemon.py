@@ -28,7 +28,10 @@ from aiohttp import web
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
+from config.settings import LoggingSettings
 from gateway.app import create_app
+from gateway.connections import GUARD, GuardedSite, connection_limits
+from gateway.logs import RepeatFilter, file_handler
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
@@ -116,7 +119,7 @@ def run_daemon(
                 flush=True,
             )
             return EXIT_REFUSED
-        with _logging_to(home):
+        with _logging_to(home, config.settings.logging):
             for warning in config.warnings:
                 log.warning(warning)
             try:
@@ -148,11 +151,17 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
         loop.add_signal_handler(signum, on_signal, signum)
 
     grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
+    gateway = config.settings.gateway
     app = create_app(config, clock=system_clock, env=env)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
+    guard = app[GUARD]
+    limits = connection_limits(gateway.max_connections, gateway.fd_reserve)
+    guard.max_connections = limits.max_connections
+    if limits.reason is not None:
+        log.warning(limits.reason)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace, keepalive_timeout=gateway.keepalive_timeout_s)
     try:
         await runner.setup()  # cleanup contexts open here: the store recovers every active run
-        site = web.TCPSite(runner, host, port)
+        site = GuardedSite(runner, host, port, guard)
         try:
             await site.start()
         except OSError as exc:
@@ -207,19 +216,20 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _logging_to(home: Home) -> Iterator[None]:
-    """Log to stderr and ``<home>/logs/gateway.log`` through a queue, so the event loop never
-    waits on a log write."""
+def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[None]:
+    """Log to stderr and ``<home>/logs/gateway.log`` (rotated by size, repeats counted, not
+    written: ``gateway.logs``) through a queue, so the event loop never waits on a log write."""
     home.logs.mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(LOG_FORMAT)
     stderr = logging.StreamHandler(sys.stderr)
-    file = logging.FileHandler(home.logs / "gateway.log", encoding="utf-8")
+    file = file_handler(home.logs / "gateway.log", settings)
     for handler in (stderr, file):
         handler.setFormatter(formatter)
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     listener = logging.handlers.QueueListener(records, stderr, file, respect_handler_level=True)
     root = logging.getLogger()
     queue_handler = logging.handlers.QueueHandler(records)
+    queue_handler.addFilter(RepeatFilter(settings.repeat_window_s))
     previous_level = root.level
     root.addHandler(queue_handler)
     root.setLevel(logging.INFO)

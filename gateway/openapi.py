@@ -55,6 +55,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "run_closing": (409, "the run is completing; retry on the next run"),
     "run_not_active": (409, "tool calls and plans are recorded on active runs only"),
     "job_running": (409, "the job is already running"),
+    "request_timeout": (408, "the request body did not arrive within `gateway.body_timeout_s`"),
     "payload_too_large": (413, "the body is larger than `gateway.max_body_bytes` (drained before the answer)"),
     "session_busy": (429, "too many calls are waiting for a model turn on this key; `error.retry_after_s`"),
     "internal_error": (500, "the gateway failed on this request; see its log"),
@@ -64,7 +65,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "memory_not_ready": (503, "the memory index or embedding model is not ready yet"),
     "embedding_error": (503, "the embeddings endpoint failed"),
 }
-BODY_ERRORS = ("invalid_body", "invalid_field", "payload_too_large")
+BODY_ERRORS = ("invalid_body", "invalid_field", "payload_too_large", "request_timeout")
 TURN_ERRORS = ("session_paused", "run_closing", "session_busy", "provider_error")
 METHODS_OF_ANY = ("get", "post", "put", "patch", "delete")
 
