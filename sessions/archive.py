@@ -49,11 +49,15 @@ def archive_ok(archive: Path, run_id: str) -> bool:
     return True
 
 
+def temp_of(archive: Path) -> Path:
+    return archive.with_name(f".{archive.name}.tmp")
+
+
 def write_archive(folder: Path, archive: Path, *, step: Step = _no_step) -> bool:
     """Pack ``folder`` into ``archive`` (temp name, fsync, link into place); an existing archive is
     never replaced. True when this call wrote it."""
     archive.parent.mkdir(parents=True, exist_ok=True)
-    tmp = archive.with_name(f".{archive.name}.tmp")
+    tmp = temp_of(archive)
     with open(tmp, "wb") as raw:
         with tarfile.open(fileobj=raw, mode="w:gz") as tar:
             tar.add(folder, arcname=folder.name)

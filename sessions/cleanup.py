@@ -161,6 +161,7 @@ async def _apply(store: SessionStore, action: CleanupAction, complete: CompleteF
 
         def write() -> bool:
             if archives.archive_ok(archive, action.run_id):
+                archives.temp_of(archive).unlink(missing_ok=True)  # a kill between link and unlink left it
                 if folder.is_dir():
                     log.warning("run %s: its archive exists already; finishing, not packing again", action.run_id)
                 return True
