@@ -33,6 +33,25 @@ class GatewaySettings(Model):
     tokens: tuple[str, ...] = ()
     max_body_bytes: int = Field(1048576, ge=1024)
     shutdown_timeout_s: float = Field(10, gt=0)
+    allowed_hosts: tuple[str, ...] = ()
+    max_connections: int = Field(512, ge=1)
+    fd_reserve: int = Field(256, ge=0)
+    header_timeout_s: float = Field(10, gt=0)
+    body_timeout_s: float = Field(60, gt=0)
+    keepalive_timeout_s: float = Field(15, gt=0)
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_not_blank(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not token.strip() for token in value):
+            raise ValueError("an empty token would let anyone in: remove it or set a secret")
+        return value
+
+
+class LoggingSettings(Model):
+    max_bytes: int = Field(10485760, ge=0)
+    backup_count: int = Field(5, ge=0)
+    repeat_window_s: float = Field(60, ge=0)
 
 
 class StorageSettings(Model):
@@ -244,6 +263,8 @@ class HookMapping(Model):
     repository: str | None = None
     user: str | None = None
     deliver_to: str | None = None
+    tolerance_s: float = Field(300, gt=0)
+    require_timestamp: bool = False
 
 
 class Settings(Model):
@@ -259,6 +280,7 @@ class Settings(Model):
     cleanup: CleanupSettings = CleanupSettings()
     cron: CronSettings = CronSettings()
     hooks: dict[str, HookMapping] = {}
+    logging: LoggingSettings = LoggingSettings()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Settings:

@@ -14,8 +14,10 @@ from config.loader import LoadedConfig
 from gateway import keys as K
 from gateway.api import admin, docs, hooks, memory, runs, scheduler, sessions, system, ui
 from gateway.commands import Commands
+from gateway.connections import GUARD, ConnectionGuard
 from gateway.events import EventHub
-from gateway.http import auth_middleware, errors_middleware
+from gateway.hosts import allowed_hosts, host_middleware
+from gateway.http import BODY_TIMEOUT, auth_middleware, errors_middleware
 from gateway.metrics import Metrics
 from gateway.provider import ChatProvider
 from gateway.turns import Conversations
@@ -32,11 +34,21 @@ def create_app(
 ) -> web.Application:
     """Build the gateway. ``env`` is the process environment read once at start (API keys)."""
     settings = config.settings
+    guard = ConnectionGuard(
+        max_connections=settings.gateway.max_connections, header_timeout_s=settings.gateway.header_timeout_s
+    )
     app = web.Application(
-        middlewares=[errors_middleware, auth_middleware(settings.gateway.tokens)],
+        middlewares=[
+            guard.middleware(),
+            errors_middleware,
+            host_middleware(allowed_hosts(settings.gateway)),
+            auth_middleware(settings.gateway.tokens),
+        ],
         client_max_size=settings.gateway.max_body_bytes,
     )
     app[K.CONFIG] = config
+    app[GUARD] = guard
+    app[BODY_TIMEOUT] = settings.gateway.body_timeout_s
     app[K.CLOCK] = clock
     app[K.ENV] = dict(env or {})
     app[K.HUB] = EventHub()

@@ -38,6 +38,16 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_NOT_RUNNING = 3
 STOP_WAIT_S = 15.0
+START_WAIT_S = 30.0  # how long the CLI waits for a daemon that holds the lock but does not listen yet
+
+
+def _holder(lock_file: Path) -> str:
+    try:
+        return lock_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
 REDACTED = "***"
 
 
@@ -68,11 +78,27 @@ class Context:
         return self._config
 
     def gateway_info(self) -> dict[str, Any] | None:
-        """``gateway.json`` of a daemon that holds the lock now (a stale file counts as none)."""
-        info = read_gateway_json(self.home)
-        if info is None or not is_locked(self.home / "gateway.lock"):
-            return None
-        return info
+        """``gateway.json`` of a daemon that holds the lock now (a stale file counts as none).
+
+        A held lock without gateway.json is a daemon starting (it writes the file once it listens)
+        or another command working offline: wait for either, up to ``--wait-start`` seconds."""
+        lock_file = self.home / "gateway.lock"
+        deadline: float | None = None
+        while True:
+            info = read_gateway_json(self.home)
+            if not is_locked(lock_file):
+                return None
+            if info is not None and _holder(lock_file) in ("", str(info.get("pid"))):
+                return info
+            wait_s = float(getattr(self.args, "wait_start", START_WAIT_S))
+            if deadline is None:
+                deadline = time.monotonic() + wait_s
+                if wait_s > 0:
+                    print(f"waiting up to {wait_s:g} s for the gateway to start (pid {_holder(lock_file) or '?'})",
+                          file=sys.stderr, flush=True)  # fmt: skip
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
 
     def client(self) -> GatewayClient | None:
         info = self.gateway_info()
@@ -108,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     api = argparse.ArgumentParser(add_help=False)
     api.add_argument("--token", default=argparse.SUPPRESS, help="bearer token (default NEOTASK_TOKEN, config)")
     api.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    api.add_argument("--wait-start", type=float, default=argparse.SUPPRESS, metavar="SECONDS",
+                     help=f"wait this long for a gateway that is starting (default {START_WAIT_S:g})")  # fmt: skip
     both = [common, api]
 
     parser = argparse.ArgumentParser(prog="neotask", description="Neotask gateway for LLM agents")

@@ -28,7 +28,10 @@ from aiohttp import web
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
+from config.settings import LoggingSettings
 from gateway.app import create_app
+from gateway.connections import GUARD, GuardedSite, connection_limits
+from gateway.logs import RepeatFilter, file_handler
 from sessions.damage import EXIT_STATE, DamagedState, check_writable
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
@@ -58,6 +61,12 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def bind_address(host: str) -> str:
+    """The address to bind: ``[::1]`` (as written in a URL) is ``::1``."""
+    host = host.strip()
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def url_for(host: str, port: int) -> str:
@@ -106,7 +115,7 @@ def run_daemon(
             print(f"error: {exc.message}", file=sys.stderr, flush=True)
             return EXIT_STATE
         gateway = config.settings.gateway
-        bind_host = host if host is not None else gateway.host
+        bind_host = bind_address(host if host is not None else gateway.host)
         bind_port = port if port is not None else gateway.port
         if not gateway.tokens and not is_loopback(bind_host):
             print(
@@ -116,7 +125,7 @@ def run_daemon(
                 flush=True,
             )
             return EXIT_REFUSED
-        with _logging_to(home):
+        with _logging_to(home, config.settings.logging):
             for warning in config.warnings:
                 log.warning(warning)
             try:
@@ -148,15 +157,21 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
         loop.add_signal_handler(signum, on_signal, signum)
 
     grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
+    gateway = config.settings.gateway
     app = create_app(config, clock=system_clock, env=env)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
+    guard = app[GUARD]
+    limits = connection_limits(gateway.max_connections, gateway.fd_reserve)
+    guard.max_connections = limits.max_connections
+    if limits.reason is not None:
+        log.warning(limits.reason)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace, keepalive_timeout=gateway.keepalive_timeout_s)
     try:
         try:
             await runner.setup()  # cleanup contexts open here: the store recovers every active run
         except DamagedState as exc:
             log.error("cannot start: %s", exc.message)
             return EXIT_STATE
-        site = web.TCPSite(runner, host, port)
+        site = GuardedSite(runner, host, port, guard)
         try:
             await site.start()
         except OSError as exc:
@@ -211,19 +226,20 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _logging_to(home: Home) -> Iterator[None]:
-    """Log to stderr and ``<home>/logs/gateway.log`` through a queue, so the event loop never
-    waits on a log write."""
+def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[None]:
+    """Log to stderr and ``<home>/logs/gateway.log`` (rotated by size, repeats counted, not
+    written: ``gateway.logs``) through a queue, so the event loop never waits on a log write."""
     home.logs.mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(LOG_FORMAT)
     stderr = logging.StreamHandler(sys.stderr)
-    file = logging.FileHandler(home.logs / "gateway.log", encoding="utf-8")
+    file = file_handler(home.logs / "gateway.log", settings)
     for handler in (stderr, file):
         handler.setFormatter(formatter)
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     listener = logging.handlers.QueueListener(records, stderr, file, respect_handler_level=True)
     root = logging.getLogger()
     queue_handler = logging.handlers.QueueHandler(records)
+    queue_handler.addFilter(RepeatFilter(settings.repeat_window_s))
     previous_level = root.level
     root.addHandler(queue_handler)
     root.setLevel(logging.INFO)

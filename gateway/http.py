@@ -4,6 +4,7 @@ turns errors into responses."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import itertools
@@ -113,9 +114,29 @@ def _offered_token(request: web.Request) -> str | None:
     return None
 
 
+class RequestTimeout(NeotaskError):
+    status = 408
+    default_code = "request_timeout"
+
+
+BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The raw body, at most ``limit`` bytes; a larger one is drained (so the client reads our
-    answer) and refused with 413."""
+    answer) and refused with 413. The whole body must arrive within ``gateway.body_timeout_s``
+    (408 ``request_timeout`` otherwise: a slow sender cannot hold a connection and a handler)."""
+    seconds = request.app.get(BODY_TIMEOUT)
+    try:
+        async with asyncio.timeout(seconds):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {seconds:g} s (gateway.body_timeout_s); send it at once"
+        ) from None
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         await _drain(request)
         raise PayloadTooLarge(

@@ -33,7 +33,12 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "invalid_field": (400, "a missing, unknown or wrong field or query parameter; `error.field` names it"),
     "invalid_key": (400, "the session key breaks a rule of SPEC section 1; `error.rule` names it"),
     "unauthorized": (401, "missing or wrong bearer token (only when `gateway.tokens` is set)"),
-    "invalid_signature": (401, "a missing or wrong `X-Hub-Signature-256` on a webhook delivery"),
+    "invalid_signature": (
+        401,
+        "a missing, wrong or stale webhook signature (`X-Hub-Signature-256`, or Standard"
+        " Webhooks `webhook-signature` with `webhook-timestamp` outside the hook's tolerance_s)",
+    ),
+    "host_not_allowed": (403, "the `Host` header is not a loopback name nor in `gateway.allowed_hosts` (no tokens)"),
     "not_found": (404, "no such route"),
     "hook_not_found": (404, "no webhook with this name under `hooks:`"),
     "session_not_found": (404, "no session with this key"),
@@ -50,6 +55,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "run_closing": (409, "the run is completing; retry on the next run"),
     "run_not_active": (409, "tool calls and plans are recorded on active runs only"),
     "job_running": (409, "the job is already running"),
+    "request_timeout": (408, "the request body did not arrive within `gateway.body_timeout_s`"),
     "payload_too_large": (413, "the body is larger than `gateway.max_body_bytes` (drained before the answer)"),
     "session_busy": (429, "too many calls are waiting for a model turn on this key; `error.retry_after_s`"),
     "internal_error": (500, "the gateway failed on this request; see its log"),
@@ -64,7 +70,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "memory_not_ready": (503, "the memory index or embedding model is not ready yet"),
     "embedding_error": (503, "the embeddings endpoint failed"),
 }
-BODY_ERRORS = ("invalid_body", "invalid_field", "payload_too_large")
+BODY_ERRORS = ("invalid_body", "invalid_field", "payload_too_large", "request_timeout")
 TURN_ERRORS = (
     "session_paused", "run_closing", "session_busy", "provider_error", "insufficient_storage", "storage_unavailable",
 )  # fmt: skip
@@ -229,14 +235,26 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("POST", "/hooks/{name}"): Op(
         "Webhook",
         "hooks",
-        "HMAC-SHA256 of the raw body in `X-Hub-Signature-256` with the hook's secret. Answers 202 once stored and "
-        "runs the turn in the background; a repeated `X-GitHub-Delivery` id answers 200 `duplicate` without storing.",
+        "HMAC-SHA256 of the raw body in `X-Hub-Signature-256` with the hook's secret, or a Standard Webhooks "
+        "timestamped signature (`webhook-id`, `webhook-timestamp` within the hook's `tolerance_s`, "
+        "`webhook-signature`)."
+        " Answers 202 once stored and runs the turn in the background; a repeated delivery id (`X-GitHub-Delivery` or "
+        "`webhook-id`), or a signature seen before (a replay with the id dropped or changed), answers 200 `duplicate` "
+        "without storing.",
         body={"description": "any JSON payload; the hook's templates read it"},
         status=202,
         answer="HookAnswer",
         params=(
             Param("X-Hub-Signature-256", "`sha256=<hex>` (required when the hook has a secret)", STR, where="header"),
             Param("X-GitHub-Delivery", "delivery id, for duplicates", STR, where="header"),
+            Param("webhook-id", "Standard Webhooks delivery id (signed)", STR, where="header"),
+            Param(
+                "webhook-timestamp",
+                "Standard Webhooks unix seconds (signed; within `tolerance_s`)",
+                STR,
+                where="header",
+            ),
+            Param("webhook-signature", "Standard Webhooks `v1,<base64>` entries, space-separated", STR, where="header"),
         ),
         errors=(
             "invalid_signature", "hook_not_found", "hook_secret_missing", "invalid_key", *TURN_ERRORS[:3],
@@ -377,7 +395,7 @@ def _operation(method: str, path: str, op: Op | None, schemas: dict[str, Schema]
             "required": op.body_required,
             "content": {"application/json": {"schema": _body(body, schemas)}},
         }
-    errors = set(op.errors) | {"method_not_allowed", "internal_error"}
+    errors = set(op.errors) | {"method_not_allowed", "internal_error", "host_not_allowed"}
     errors.update(c for n in names for c in PATH_ERRORS.get(n, ()))
     if body is not None:
         errors.update(BODY_ERRORS)

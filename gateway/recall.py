@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from config.errors import NeotaskError, NotFound
+from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
 from gateway.tools import Tool, ToolBox, ToolError
 from gateway.turns import Conversations, Post
@@ -114,6 +114,8 @@ class MemoryBridge:
             try:
                 out.append((path, self.memory.read_file(agent, path)))
             except NotFound:  # no log that day: the common case
+                continue
+            except BadRequest:  # a symlink out of the workspace: refused, and logged by memory/
                 continue
         return out
 

@@ -19,6 +19,7 @@ from config.clock import Clock, iso, parse_iso
 from config.settings import CronJob, Settings
 from gateway.commands import Commands, dispatch
 from gateway.turns import Conversations, Post
+from sessions.archive import Step
 from sessions.cleanup import run_cleanup
 from sessions.keys import cron_key, parse_key
 from sessions.registry import SessionEntry
@@ -41,6 +42,7 @@ class Scheduling:
         self.conv = conversations
         self.commands = commands
         self.store = conversations.store
+        self.archive_step: Step | None = None  # a test hook (gateway.crashpoints)
         self.settings = settings
         self.clock = clock
         self.host_zone = host_zone
@@ -149,7 +151,12 @@ class Scheduling:
                     await self.store.complete(key, reason="cleanup")
 
         return await run_cleanup(
-            self.store, self.settings.cleanup, now=self.clock(), dry_run=dry_run, complete=complete
+            self.store,
+            self.settings.cleanup,
+            now=self.clock(),
+            dry_run=dry_run,
+            complete=complete,
+            step=self.archive_step,
         )
 
     async def run_cron(self, job: CronJob) -> None:

@@ -11,6 +11,8 @@ objects and lists as compact JSON.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import hashlib
 import hmac
@@ -119,6 +121,67 @@ def verify(secret: bytes, body: bytes, header: str | None) -> bool:
         return False
     offered = header[len(SIGNATURE_PREFIX) :].strip().lower().encode("utf-8", "replace")
     return hmac.compare_digest(sign(secret, body)[len(SIGNATURE_PREFIX) :].encode(), offered)
+
+
+# Standard Webhooks (https://www.standardwebhooks.com): ``webhook-signature`` is a space-separated
+# list of ``v1,<base64 HMAC-SHA256 of "{webhook-id}.{webhook-timestamp}.{body}">``; a ``whsec_``
+# secret is base64 after the prefix. The timestamp must be within the hook's tolerance of now.
+STANDARD_ID = "webhook-id"
+STANDARD_TIMESTAMP = "webhook-timestamp"
+STANDARD_SIGNATURE = "webhook-signature"
+_STANDARD_PREFIX = b"whsec_"
+
+
+class SignatureError(ValueError):
+    """Why a Standard Webhooks signature was refused (the message is the client's hint)."""
+
+
+def standard_key(secret: bytes) -> bytes:
+    if secret.startswith(_STANDARD_PREFIX):
+        try:
+            return base64.b64decode(secret[len(_STANDARD_PREFIX) :], validate=True)
+        except binascii.Error:
+            return secret
+    return secret
+
+
+def sign_standard(secret: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value for a delivery: ``v1,<base64>``."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(standard_key(secret), signed, hashlib.sha256).digest()).decode()
+
+
+def verify_standard(
+    secret: bytes,
+    body: bytes,
+    *,
+    msg_id: str | None,
+    timestamp: str | None,
+    header: str,
+    now: float,
+    tolerance_s: float,
+) -> str:
+    """The matching ``v1,<base64>`` signature; SignatureError when none matches or the timestamp
+    is missing or outside ``tolerance_s`` of ``now`` (unix seconds)."""
+    if not msg_id or not timestamp:
+        raise SignatureError(f"{STANDARD_SIGNATURE} needs {STANDARD_ID} and {STANDARD_TIMESTAMP} headers too")
+    try:
+        when = int(timestamp.strip())
+    except ValueError:
+        raise SignatureError(f"{STANDARD_TIMESTAMP} must be unix seconds, not {timestamp[:40]!r}") from None
+    if abs(now - when) > tolerance_s:
+        raise SignatureError(
+            f"{STANDARD_TIMESTAMP} {when} is {int(now - when)} s from the gateway's clock; the tolerance is"
+            f" {tolerance_s:g} s (hooks.<name>.tolerance_s): sign each delivery when it is sent"
+        )
+    expected = sign_standard(secret, msg_id, when, body).encode()
+    for offered in header.split():
+        if hmac.compare_digest(offered.encode("utf-8", "replace"), expected):
+            return offered
+    raise SignatureError(
+        f"no {STANDARD_SIGNATURE} entry matches: send 'v1,' and the base64 HMAC-SHA256 of"
+        f" '{{{STANDARD_ID}}}.{{{STANDARD_TIMESTAMP}}}.{{body}}' keyed with the hook's secret"
+    )
 
 
 # -- payloads and plans -------------------------------------------------------------------------

@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from config.errors import NeotaskError
+from config.errors import BadRequest, NeotaskError
 from config.settings import MemorySettings
 from memory.chunking import Chunk, chunk_markdown
 from memory.embedders import Embedder
 from memory.records import IndexReport
-from memory.sources import SourceFile, discover, file_hash, read_text
+from memory.sources import SourceFile, allowed_roots, discover, file_hash, read_text_inside
 from memory.store import ChunkStore, IndexIdentity, rows_table
 
 log = logging.getLogger("neotask.memory")
@@ -154,16 +154,17 @@ class Indexer:
         scan = Scan()
         current: dict[str, tuple[Signature, Callable[[], str]]] = {}
         files: list[SourceFile] = discover(self._workspaces[agent], self._settings.extra_paths)
+        roots = allowed_roots(self._workspaces[agent], self._settings.extra_paths)
         for f in files:
             try:
                 st = f.abs.stat()
             except OSError:
                 continue
-            current[f.rel] = ((st.st_mtime_ns, st.st_size), functools.partial(read_text, f.abs))
+            current[f.rel] = ((st.st_mtime_ns, st.st_size), functools.partial(read_text_inside, f.abs, roots))
         scan.scanned = len(current)
         try:
             todo, scan.removed = plan_changes(agent, current, known, self._signatures, full=full)
-        except OSError as exc:  # a file vanished between stat and read: the next sweep settles it
+        except (OSError, BadRequest) as exc:  # a file vanished or became a symlink out: the next sweep settles it
             scan.errors.append(f"{agent}: {exc}")
             return scan
         for rel, text, sig in todo:

@@ -287,9 +287,10 @@ class MemoryService:
 
     def read_file(self, agent: str, path: str) -> str:
         """A memory file's text; BadRequest outside the memory sources, NotFound if missing."""
-        f = sources.resolve(self._workspaces[self._agent(agent)], path, self.settings.extra_paths)
+        workspace = self._workspaces[self._agent(agent)]
+        f = sources.resolve(workspace, path, self.settings.extra_paths)
         try:
-            return sources.read_text(f.abs)
+            return sources.read_text_inside(f.abs, sources.allowed_roots(workspace, self.settings.extra_paths))
         except FileNotFoundError as exc:
             raise NotFound(f"memory file {path!r} does not exist", code="memory_file_not_found") from exc
 

@@ -1,8 +1,13 @@
-"""Which files are an agent's memory, and safe access to them (blocking; call off the loop)."""
+"""Which files are an agent's memory, and safe access to them (blocking; call off the loop).
+
+Real paths decide (issue 10 item 9): a file counts, is read, indexed or appended to only when its
+resolved path lies inside the workspace or one of ``memory.extra_paths``; a symlink out of them
+(``memory/link.md -> /etc/passwd``) is skipped when listing and indexing and refused when read."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -13,6 +18,9 @@ from config.errors import BadRequest, NotFound
 from memory.records import AppendResult, MemoryFile
 
 MEMORY_MD = "MEMORY.md"
+log = logging.getLogger(__name__)
+_WARNED_MAX = 1000
+_warned: set[str] = set()  # symlinks out of the sources already logged (each sweep sees them again)
 
 
 @dataclass(frozen=True)
@@ -44,14 +52,44 @@ def _markdown_under(root: Path) -> Iterable[Path]:
                 yield Path(dirpath) / name
 
 
+def _extra_root(workspace: Path, raw: str) -> Path:
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else workspace / path
+
+
+def allowed_roots(workspace: Path, extra_paths: Iterable[str] = ()) -> tuple[Path, ...]:
+    """The real paths memory may come from: the workspace and each of ``memory.extra_paths``."""
+    return (workspace.resolve(), *(_extra_root(workspace, p).resolve() for p in extra_paths))
+
+
+def inside(path: Path, roots: Iterable[Path]) -> bool:
+    """Whether ``path``, every symlink resolved, lies within one of ``roots`` (real paths)."""
+    real = Path(os.path.realpath(path))
+    return any(real.is_relative_to(root) for root in roots)
+
+
+def _refused(path: Path) -> None:
+    key = str(path)
+    if key not in _warned and len(_warned) < _WARNED_MAX:
+        _warned.add(key)
+        log.warning("memory: %s resolves to %s, outside the workspace and memory.extra_paths: skipped",
+                    path, os.path.realpath(path))  # fmt: skip
+
+
 def discover(workspace: Path, extra_paths: Iterable[str] = ()) -> list[SourceFile]:
     """``MEMORY.md``, ``memory/**/*.md`` and the ``memory.extra_paths`` (relative to the workspace
-    or absolute; a file or a folder of Markdown), sorted by relative path, without repeats."""
+    or absolute; a file or a folder of Markdown), sorted by relative path, without repeats; files
+    whose real path is outside the workspace and the extra paths are left out."""
     found: dict[str, SourceFile] = {}
+    extra_paths = tuple(extra_paths)
     roots = [workspace / MEMORY_MD, workspace / "memory"]
-    roots += [Path(p).expanduser() if Path(p).expanduser().is_absolute() else workspace / p for p in extra_paths]
+    roots += [_extra_root(workspace, p) for p in extra_paths]
+    allowed = allowed_roots(workspace, extra_paths)
     for root in roots:
         for path in _markdown_under(root):
+            if not inside(path, allowed):
+                _refused(path)
+                continue
             rel = _rel(workspace, path)
             found.setdefault(rel, SourceFile(rel, path))
     return [found[k] for k in sorted(found)]
@@ -69,9 +107,8 @@ def resolve(workspace: Path, rel: str, extra_paths: Iterable[str] = ()) -> Sourc
         raise BadRequest(f"path {rel!r} is outside the agent's memory; use a path relative to the workspace")
     if pure.suffix.lower() != ".md" or not (rel == MEMORY_MD or pure.parts[0] == "memory"):
         raise BadRequest(f"path {rel!r} is not a memory file (MEMORY.md or memory/**/*.md)")
-    target = (workspace / pure).resolve()
-    if not target.is_relative_to(workspace.resolve()):
-        raise BadRequest(f"path {rel!r} is outside the agent's workspace")
+    if not inside(workspace / pure, allowed_roots(workspace, extra_paths)):
+        raise BadRequest(f"path {rel!r} is outside the agent's workspace (a symlink out of it is not followed)")
     raise NotFound(f"memory file {rel!r} does not exist", code="memory_file_not_found")
 
 
@@ -89,6 +126,16 @@ def list_files(workspace: Path, extra_paths: Iterable[str] = ()) -> list[MemoryF
 def read_text(path: Path) -> str:
     """A memory file's text (UTF-8, undecodable bytes replaced, CRLF as LF)."""
     return path.read_bytes().decode("utf-8", errors="replace").replace("\r\n", "\n")
+
+
+def read_text_inside(path: Path, roots: tuple[Path, ...]) -> str:
+    """``read_text`` of the file's real path, checked again at read time (a file may have been
+    replaced by a symlink since it was listed); BadRequest when it now points out of ``roots``."""
+    real = Path(os.path.realpath(path))
+    if not any(real.is_relative_to(root) for root in roots):
+        _refused(path)
+        raise BadRequest(f"memory file {path.name!r} points outside the agent's workspace; it is not read")
+    return read_text(real)
 
 
 def file_hash(text: str) -> str:
@@ -120,6 +167,8 @@ def append_daily(workspace: Path, text: str, today: date) -> AppendResult:
     rel = daily_path(today)
     target = workspace / rel
     target.parent.mkdir(parents=True, exist_ok=True)
+    if not inside(target, (workspace.resolve(),)):
+        raise BadRequest(f"{rel} points outside the agent's workspace (a symlink); refusing to write through it")
     existing = read_text(target) if target.exists() else ""
     have = {line.strip() for line in existing.split("\n") if line.strip()}
     new: list[str] = []

@@ -1,5 +1,10 @@
 """Carrying out a cleanup (SPEC section 7): gather the facts, plan (``sessions.cleanup_plan``),
-then complete stale active runs, archive old completed ones, delete expired archives, VACUUM."""
+then complete stale active runs, archive old completed ones, delete expired archives, VACUUM.
+
+Archiving is ordered so that ``kill -9`` at any step loses nothing (issue 10 item 2): write the
+archive (never over an existing one), record ``archived_at`` in tasks.db, then remove the folder.
+A cleanup first finishes what a crash interrupted: folders of recorded archives are removed, and a
+folder whose archive exists is not packed again."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from typing import Any
 
 from config.clock import iso, parse_iso
 from config.settings import CleanupSettings
-from sessions.archive import pack
+from sessions import archive as archives
+from sessions.archive import Step
 from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
 from sessions.store import SessionStore
 
@@ -55,16 +61,31 @@ def describe(action: CleanupAction) -> dict[str, Any]:
 
 
 async def run_cleanup(
-    store: SessionStore, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteFn
+    store: SessionStore,
+    settings: CleanupSettings,
+    *,
+    now: datetime,
+    dry_run: bool,
+    complete: CompleteFn,
+    step: Step | None = None,
 ) -> list[dict[str, Any]]:
-    runs, archives = await gather(store)
-    actions = plan_cleanup(runs, archives, settings, now)
+    """``step`` is called at each step of archiving (``archive.STEPS``): a test hook."""
+    unfinished = await _unfinished(store)
+    runs, archive_facts = await gather(store)
+    actions = plan_cleanup(runs, archive_facts, settings, now)
     if dry_run:
-        return [{**describe(a), "done": False} for a in actions]
+        return [*unfinished, *({**describe(a), "done": False} for a in actions)]
     report = []
+    for item in unfinished:
+        try:
+            await _finish(store, item["run_id"])
+            report.append({**item, "done": True})
+        except OSError as exc:
+            log.error("cleanup: finishing the archive of run %s failed: %s", item["run_id"], exc)
+            report.append({**item, "error": str(exc)})
     for action in actions:
         try:
-            await _apply(store, action, complete)
+            await _apply(store, action, complete, step or _no_step)
             report.append({**describe(action), "done": True})
         except OSError as exc:
             log.error("cleanup %s of run %s failed: %s", action.kind, action.run_id, exc)
@@ -72,7 +93,7 @@ async def run_cleanup(
     trimmed = await store.ledger.execute(lambda c: _trim_deliveries(c, now))
     if trimmed:
         log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
-    if actions or trimmed:
+    if actions or trimmed or unfinished:
         await store.ledger.execute(lambda c: c.execute("VACUUM"))
         log.info("cleanup: %d action(s) done", sum(1 for r in report if r["done"]))
     return report
@@ -91,7 +112,45 @@ def _trim_deliveries(conn: Any, now: datetime) -> int:
     return int(keys.rowcount) + int(hooks.rowcount)
 
 
-async def _apply(store: SessionStore, action: CleanupAction, complete: CompleteFn) -> None:
+def _no_step(name: str) -> None:
+    return None
+
+
+async def _unfinished(store: SessionStore) -> list[dict[str, Any]]:
+    """Archives a crash left half done: recorded but the folder still there, or a folder moved
+    aside and not yet removed."""
+    rows = await store.ledger.execute(
+        lambda c: [dict(r) for r in c.execute("SELECT uuid, session_key FROM tasks WHERE archived_at IS NOT NULL")]
+    )
+
+    def scan() -> list[dict[str, Any]]:
+        found = []
+        for row in rows:
+            folder = store.home.run_dir(row["uuid"], "completed")
+            aside = store.home.archive / f"{archives.REMOVING_PREFIX}{row['uuid']}"
+            if folder.is_dir() or aside.is_dir():
+                found.append({"action": "finish_archive", "run_id": row["uuid"], "session_key": row["session_key"],
+                              "reason": "archived, but a crash interrupted the removal of its folder",
+                              "done": False})  # fmt: skip
+        return found
+
+    return await asyncio.to_thread(scan)
+
+
+async def _finish(store: SessionStore, run_id: str) -> None:
+    archive = store.home.archive_file(run_id)
+    folder = store.home.run_dir(run_id, "completed")
+
+    def finish() -> None:
+        if folder.is_dir() and not archives.archive_ok(archive, run_id):
+            raise archives.ArchiveDamaged(2, f"run {run_id} is recorded as archived but {archive} is missing")
+        archives.remove_folder(folder, archive.parent)
+        archives.finish_removals(archive.parent)
+
+    await asyncio.to_thread(finish)
+
+
+async def _apply(store: SessionStore, action: CleanupAction, complete: CompleteFn, step: Step) -> None:
     if action.kind == "complete":
         if action.session_key and store.active_run(action.session_key) is not None:
             await complete(action.session_key)
@@ -99,8 +158,21 @@ async def _apply(store: SessionStore, action: CleanupAction, complete: CompleteF
     archive = store.home.archive_file(action.run_id)
     if action.kind == "archive":
         folder = store.home.run_dir(action.run_id, "completed")
-        if await asyncio.to_thread(folder.is_dir):
-            await asyncio.to_thread(pack, folder, archive)
+
+        def write() -> bool:
+            if archives.archive_ok(archive, action.run_id):
+                archives.temp_of(archive).unlink(missing_ok=True)  # a kill between link and unlink left it
+                if folder.is_dir():
+                    log.warning("run %s: its archive exists already; finishing, not packing again", action.run_id)
+                return True
+            if folder.is_dir():
+                return archives.write_archive(folder, archive, step=step) or True
+            return False
+
+        if not await asyncio.to_thread(write):
+            log.error("cleanup: run %s has neither a folder nor an archive; marking it archived", action.run_id)
         await store.ledger.update_run(action.run_id, archived_at=iso(store.clock()))
+        step("recorded")
+        await asyncio.to_thread(archives.remove_folder, folder, archive.parent, step=step)
         return
     await asyncio.to_thread(archive.unlink, True)

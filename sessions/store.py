@@ -369,8 +369,10 @@ class SessionStore:
         entry.run_id, entry.status, entry.started_at = run_id, "running", now
         self.sync_counters(entry, run)  # every checkpoint field: none may describe the previous run
         entry.updated_at = now
+        # Coalesced like appends, not rewritten at once: the run folder and its tasks.db row are the
+        # durable truth, and recovery rebuilds the entry from them (a rewrite per new run made
+        # creating a session O(keys): issue 10 item 12).
         self.registry.touch(key)
-        await self._flush_registry()
         self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
         return run
 

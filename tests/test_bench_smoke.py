@@ -25,3 +25,12 @@ async def test_compaction_bench_runs_quick() -> None:
 
     status = await asyncio.to_thread(compaction.main, ["--quick"])
     assert status in (0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_session_creation_bench_runs_quick() -> None:
+    from bench import session_creation
+
+    status = await asyncio.to_thread(session_creation.main, ["--quick"])
+    assert status in (0, 1)

@@ -1,7 +1,9 @@
 """``POST /hooks/{name}``: signed webhook deliveries (SPEC section 8).
 
-The route checks the hook, its secret and the signature of the raw body, parses the JSON, skips a
-delivery id it has seen (``hook_deliveries`` in tasks.db), applies the mapping
+The route checks the hook, its secret and the signature of the raw body (GitHub's
+``X-Hub-Signature-256``, or Standard Webhooks' timestamped ``webhook-signature``), parses the JSON,
+skips a delivery whose id or signature it has seen (``hook_deliveries`` in tasks.db: a captured body
+replayed with its delivery id dropped or changed carries the same signature), applies the mapping
 (``gateway.webhooks.plan``) and stores the message. It answers 202 as soon as the message is
 durable; the model turn goes on in a background task that shutdown cancels, and its answer is
 POSTed to the hook's ``deliver_to``.
@@ -24,7 +26,18 @@ from gateway import keys as K
 from gateway.delivery import DELIVERY, Deliverer
 from gateway.http import Unauthorized, json_response, read_body
 from gateway.turns import Conversations, Outcome, Post
-from gateway.webhooks import TemplateError, check_mapping, parse_payload, plan, verify
+from gateway.webhooks import (
+    STANDARD_ID,
+    STANDARD_SIGNATURE,
+    STANDARD_TIMESTAMP,
+    SignatureError,
+    TemplateError,
+    check_mapping,
+    parse_payload,
+    plan,
+    verify,
+    verify_standard,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +91,10 @@ class Webhooks:
             )
         return value.encode()
 
-    async def receive(self, name: str, mapping: HookMapping, payload: Any, delivery_id: str | None) -> web.Response:
+    async def receive(
+        self, name: str, mapping: HookMapping, payload: Any, delivery_id: str | None, signature: str | None = None
+    ) -> web.Response:
+        """Store one delivery; a delivery id or a signature seen before answers ``duplicate``."""
         hook_plan = plan(name, mapping, payload, agents=self.settings.agents)
         post = Post(
             key=hook_plan.key,
@@ -88,18 +104,22 @@ class Webhooks:
             sender_id=hook_plan.task_key.user,
             task_key=hook_plan.task_key,
         )
-        if delivery_id is None:
+        marks = [m for m in (delivery_id, f"sig:{name}:{signature}" if signature else None) if m]
+        claimed: list[str] = []
+        try:
+            for mark in marks:
+                seen = await self._claim(mark)
+                if seen is not None:
+                    what = "a replay of a signature" if mark.startswith("sig:") else f"delivery {delivery_id}"
+                    log.info("hook %s: %s seen before; nothing stored", name, what)
+                    return json_response({"status": "duplicate", "delivery_id": delivery_id, **seen})
+                claimed.append(mark)
             outcome = await self._store(name, mapping, post)
-        else:
-            seen = await self._claim(delivery_id)
-            if seen is not None:
-                log.info("hook %s: delivery %s seen before; nothing stored", name, delivery_id)
-                return json_response({"status": "duplicate", "delivery_id": delivery_id, **seen})
-            try:
-                outcome = await self._store(name, mapping, post)
-                await self._record(delivery_id, name, outcome)
-            finally:
-                self._claimed.pop(delivery_id).set()
+            for mark in claimed:
+                await self._record(mark, name, outcome)
+        finally:
+            for mark in claimed:
+                self._claimed.pop(mark).set()
         answer = {"status": "accepted", "session_key": outcome.session_key, "run_id": outcome.run_id,
                   "message_seq": outcome.message_seq}  # fmt: skip
         return json_response(answer, status=202)
@@ -213,16 +233,47 @@ async def receive_hook(request: web.Request) -> web.Response:
     mapping = hooks.mapping(name)
     secret = hooks.secret(name, mapping)
     body = await read_body(request, hooks.settings.gateway.max_body_bytes)
-    if secret is not None and not verify(secret, body, request.headers.get(SIGNATURE_HEADER)):
-        offered = "a wrong" if request.headers.get(SIGNATURE_HEADER) else "no"
+    signature = None if secret is None else _check_signature(request, hooks, name, mapping, secret, body)
+    payload = parse_payload(body, request.content_type)
+    delivery_id = request.headers.get(DELIVERY_HEADER) or request.headers.get(STANDARD_ID) or None
+    return await hooks.receive(name, mapping, payload, delivery_id, signature)
+
+
+def _check_signature(
+    request: web.Request, hooks: Webhooks, name: str, mapping: HookMapping, secret: bytes, body: bytes
+) -> str:
+    """The delivery's verified signature (the replay cache's key); Unauthorized otherwise."""
+    headers = request.headers
+    standard = headers.get(STANDARD_SIGNATURE)
+    if standard is not None:
+        try:
+            return verify_standard(
+                secret,
+                body,
+                msg_id=headers.get(STANDARD_ID),
+                timestamp=headers.get(STANDARD_TIMESTAMP),
+                header=standard,
+                now=hooks.clock().timestamp(),
+                tolerance_s=mapping.tolerance_s,
+            )
+        except SignatureError as exc:
+            raise Unauthorized(str(exc), code="invalid_signature") from None
+    if mapping.require_timestamp:
         raise Unauthorized(
-            f"{offered} {SIGNATURE_HEADER} header: send 'sha256=' and the hex HMAC-SHA256 of the raw body"
-            f" keyed with the secret in {mapping.secret_env}",
+            f"webhook {name!r} takes timestamped signatures only (hooks.{name}.require_timestamp): send"
+            f" {STANDARD_ID}, {STANDARD_TIMESTAMP} and {STANDARD_SIGNATURE} (Standard Webhooks)",
             code="invalid_signature",
         )
-    payload = parse_payload(body, request.content_type)
-    delivery_id = request.headers.get(DELIVERY_HEADER) or None
-    return await hooks.receive(name, mapping, payload, delivery_id)
+    offered = headers.get(SIGNATURE_HEADER)
+    if not verify(secret, body, offered):
+        raise Unauthorized(
+            f"{'a wrong' if offered else 'no'} {SIGNATURE_HEADER} header: send 'sha256=' and the hex HMAC-SHA256 of"
+            f" the raw body keyed with the secret in {mapping.secret_env} (or a Standard Webhooks"
+            f" {STANDARD_SIGNATURE})",
+            code="invalid_signature",
+        )
+    assert offered is not None
+    return offered.strip().lower()
 
 
 async def hooks_context(app: web.Application) -> AsyncIterator[None]:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from config.clock import host_zone
 from gateway import keys as K
+from gateway.crashpoints import crash_step
 from gateway.delivery import DELIVERY
 from gateway.http import json_response, parse_body, read_body
 from gateway.scheduling import Scheduling
@@ -59,6 +60,7 @@ async def scheduler_context(app: web.Application) -> AsyncIterator[None]:
     env: dict[str, str] = app[K.ENV]
     zone = host_zone(env)
     scheduling = Scheduling(app[K.CONVERSATIONS], app[K.COMMANDS], settings, clock=app[K.CLOCK], host_zone=zone)
+    scheduling.archive_step = crash_step(env)
     deliverer = app.get(DELIVERY)
     if deliverer is not None:
 

@@ -148,8 +148,8 @@ async def test_offline_compact_goes_through_the_chat_command(cli: Cli, home: Pat
 
 async def test_offline_commands_wait_for_nobody_but_refuse_a_held_lock(cli: Cli, home: Path, clock: FakeClock) -> None:
     await _seed(home, clock)
-    with HomeLock(home / "gateway.lock"):  # a daemon starting, or another CLI
-        code, _, err = await cli("sessions", "list")
+    with HomeLock(home / "gateway.lock"):  # a daemon starting, or another CLI: waited for, here not at all
+        code, _, err = await cli("sessions", "list", "--wait-start", "0")
     assert code == 1 and err.startswith("error: gateway_running: gateway already running (pid ")
 
 

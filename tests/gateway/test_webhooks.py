@@ -196,6 +196,12 @@ def docs_payload() -> bytes:
     return doc_block("json").encode()
 
 
+def docs_variant(tag: str) -> bytes:
+    """The documented payload with one more field: another event, with another signature (the same
+    signed body again is a replay, answered duplicate)."""
+    return json.dumps({**json.loads(docs_payload()), "test_event": tag}).encode()
+
+
 async def test_the_documented_openssl_command_makes_our_signature(tmp_path: Path) -> None:
     (tmp_path / "issue.json").write_bytes(docs_payload())
     command = next(line for line in doc_block("sh", 1).splitlines() if line.startswith("sig="))
@@ -288,7 +294,7 @@ async def test_a_github_issue_event_end_to_end(
     assert [m["role"] for m in messages(tmp_path, body["run_id"])] == ["user", "assistant"]
     assert openai_server.chat_requests[0].last_user_text == text
 
-    again = await client.post("/hooks/github", **signed(docs_payload(), delivery="d-2"))
+    again = await client.post("/hooks/github", **signed(docs_variant("2"), delivery="d-2"))
     assert again.status == 202 and (await again.json())["run_id"] == body["run_id"]
     assert (await rec.next())["message_seq"] == 3
 
@@ -403,11 +409,11 @@ async def test_concurrent_copies_of_one_delivery_store_it_once(aiohttp_client: A
     assert {b["message_seq"] for b in bodies} == {1}
 
 
-async def test_without_a_delivery_id_every_post_is_stored(aiohttp_client: Any, tmp_path: Path,
-                                                          clock: FakeClock) -> None:  # fmt: skip
+async def test_without_a_delivery_id_every_new_body_is_stored(aiohttp_client: Any, tmp_path: Path,
+                                                               clock: FakeClock) -> None:  # fmt: skip
     client = await aiohttp_client(make_app(tmp_path, clock, github_hooks(), env=ENV))
     for seq in (1, 2):
-        resp = await client.post("/hooks/github", **signed(docs_payload(), delivery=None))
+        resp = await client.post("/hooks/github", **signed(docs_variant(str(seq)), delivery=None))
         assert resp.status == 202 and (await resp.json())["message_seq"] == seq
 
 
@@ -490,10 +496,10 @@ async def test_a_message_to_a_paused_session_is_refused_and_not_remembered(
     assert (await client.post("/hooks/github", **signed(docs_payload(), delivery="d-1"))).status == 202
     key = "hook%3Agithub%3Aocto-org%2Fhello-world%3Aissue%3A42"
     assert (await client.post(f"/v1/sessions/{key}/pause")).status == 200
-    refused = await client.post("/hooks/github", **signed(docs_payload(), delivery="d-2"))
+    refused = await client.post("/hooks/github", **signed(docs_variant("2"), delivery="d-2"))
     assert refused.status == 409, await refused.text()
     assert (await client.post(f"/v1/sessions/{key}/resume")).status == 200
-    retry = await client.post("/hooks/github", **signed(docs_payload(), delivery="d-2"))
+    retry = await client.post("/hooks/github", **signed(docs_variant("2"), delivery="d-2"))
     assert retry.status == 202 and (await retry.json())["message_seq"] == 2
 
 

@@ -1,0 +1,79 @@
+"""The ``Host`` allow-list (issue 10 item 10), against DNS rebinding: a web page on
+``evil.example`` whose name is re-pointed at 127.0.0.1 reaches the daemon with
+``Host: evil.example``, and without tokens nothing else would stop it.
+
+Allowed: loopback names (``localhost``, ``*.localhost``, any loopback IP literal) and
+``gateway.allowed_hosts``. With ``gateway.tokens`` set and no ``allowed_hosts``, the tokens guard the
+API and any Host is accepted. A request without a Host header (HTTP/1.0) is not a browser's."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
+
+from config.errors import NeotaskError
+from config.settings import GatewaySettings
+from gateway.http import Handler
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+class HostNotAllowed(NeotaskError):
+    status = 403
+    default_code = "host_not_allowed"
+
+
+def host_name(header: str) -> str:
+    """``Host`` without its port, brackets and trailing dot, lower-cased."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        value = value[1:end] if end > 0 else value[1:]
+    elif value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value.rstrip(".")
+
+
+def is_loopback_name(name: str) -> bool:
+    if name in LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(settings: GatewaySettings) -> frozenset[str] | None:
+    """The names accepted besides loopback ones; None when any Host is accepted (tokens set and
+    no ``allowed_hosts``)."""
+    if settings.allowed_hosts:
+        return frozenset(host_name(h) for h in settings.allowed_hosts)
+    return None if settings.tokens else frozenset()
+
+
+def host_middleware(extra: Iterable[str] | None) -> Middleware:
+    names = None if extra is None else frozenset(extra) | LOOPBACK_NAMES
+    seen: dict[str, bool] = {}  # header value -> verdict; bounded, so a flood of names cannot grow it
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if names is not None:
+            header = request.headers.get(hdrs.HOST)
+            if header is not None:
+                verdict = seen.get(header)
+                if verdict is None:
+                    name = host_name(header)
+                    verdict = name in names or is_loopback_name(name)
+                    if len(seen) < 256:
+                        seen[header] = verdict
+                if not verdict:
+                    raise HostNotAllowed(
+                        f"Host {header[:100]!r} is not allowed: without gateway.tokens only loopback names are"
+                        " accepted (against DNS rebinding); add the name to gateway.allowed_hosts"
+                    )
+        return await handler(request)
+
+    return middleware

@@ -1,0 +1,58 @@
+"""Bounded logs (issue 10 item 7): ``logs/gateway.log`` rotated by size
+(``logging.handlers.RotatingFileHandler``), and a filter that writes a line repeated within
+``logging.repeat_window_s`` once, then counts the repeats (``accept() out of system resource`` in a
+loop once grew the log by 256 MB in 3 minutes)."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from config.settings import LoggingSettings
+
+MAX_KEYS = 1024  # distinct lines tracked at once; older ones are forgotten first
+
+
+class RepeatFilter(logging.Filter):
+    """Lets the first of identical records through; drops the repeats within ``window_s`` and
+    notes their number on the next one that passes. Records are the same when their logger, level,
+    message template and exception type are (arguments may differ: a port, a count)."""
+
+    def __init__(self, window_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self.clock = clock
+        self._seen: dict[tuple[object, ...], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.window_s <= 0:
+            return True
+        exc_type = record.exc_info[0] if record.exc_info else None
+        key = (record.name, record.levelno, str(record.msg), exc_type)
+        now = self.clock()
+        with self._lock:
+            first, dropped = self._seen.get(key, (None, 0))
+            if first is not None and now - first < self.window_s:
+                self._seen[key] = (first, dropped + 1)
+                return False
+            self._seen.pop(key, None)
+            self._seen[key] = (now, 0)
+            if len(self._seen) > MAX_KEYS:
+                del self._seen[next(iter(self._seen))]
+        if dropped:
+            record.msg = f"{record.msg} [{dropped} more like this in the last {self.window_s:g} s not logged]"
+        return True
+
+
+def file_handler(path: Path, settings: LoggingSettings) -> logging.Handler:
+    """``gateway.log``, rotated at ``max_bytes`` keeping ``backup_count`` files (0: never rotated)."""
+    if settings.max_bytes > 0:
+        return logging.handlers.RotatingFileHandler(
+            path, maxBytes=settings.max_bytes, backupCount=settings.backup_count, encoding="utf-8"
+        )
+    return logging.FileHandler(path, encoding="utf-8")
