@@ -142,7 +142,7 @@ def _sources(rows: list[dict[str, Any]], home: Home) -> list[RunExport]:
 
 async def runs_of_key(store: SessionStore, key: str) -> list[RunExport]:
     """Every readable run of ``key``, oldest first (NotFound when the key has no run)."""
-    sql = "SELECT * FROM tasks WHERE session_key = ? ORDER BY created_at, uuid"
+    sql = "SELECT * FROM tasks WHERE session_key = ? ORDER BY created_at, rowid"
     rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute(sql, (key,))])
     if not rows:
         raise NotFound(f"no session or run with key {key!r}", code="session_not_found")
