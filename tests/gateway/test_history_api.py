@@ -64,7 +64,7 @@ async def test_search_finds_messages_of_active_completed_and_archived_runs(clien
     by_seq = {r["seq"]: r for r in results if r["session_key"] == KEY}
     assert by_seq[1]["run_id"] == first["run_id"] and "<mark>parser</mark>" in by_seq[1]["snippet"]
     assert by_seq[4]["tool_result"] is True and by_seq[1]["tool_result"] is False
-    assert by_seq[1]["link"] == f"/ui#/runs/{first['run_id']}?seq=1"
+    assert by_seq[1]["link"] == f"/ui#/run/{first['run_id']}?seq=1"
     assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
     # the archived run's message is readable where the link points
     messages = await client.get(f"/v1/runs/{first['run_id']}/messages")
