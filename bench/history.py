@@ -74,7 +74,7 @@ async def bench_ingest(report: Report, *, rounds: int, per_round: int, keys: int
                 for i in range(keys)
             ]  # fmt: skip
         await history.open()
-        stores["on"].durable_listeners.append(lambda run, record: history.feed(run.run_id, run.key, run.agent_id, record))
+        stores["on"].durable_listeners.append(lambda run, rec: history.feed(run.run_id, run.key, run.agent_id, rec))
         rates: dict[str, list[float]] = {"on": [], "off": []}
         for r in range(rounds):
             order = ("on", "off") if r % 2 == 0 else ("off", "on")

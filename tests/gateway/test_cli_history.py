@@ -14,7 +14,7 @@ from tests.sessions.helpers import open_store, start
 KEY = "agent:main:main"
 
 
-async def _seed(home: Path, clock: FakeClock) -> str:
+async def _seed(home: Path, clock: FakeClock) -> str:  # noqa: F811
     store = await open_store(home, clock)
     try:
         run = await start(store, KEY)
@@ -60,7 +60,7 @@ async def test_offline_export_purge_and_doctor(cli: Cli, home: Path, clock: Fake
     purged = await cli.json("sessions", "purge", KEY)
     assert purged["tombstone"]["runs"] == 1 and purged["tombstone"]["messages"] == 3
     for path in home.rglob("*"):
-        assert not (path.is_file() and "quarterly".encode() in path.read_bytes()), path
+        assert not (path.is_file() and b"quarterly" in path.read_bytes()), path
     assert (await cli.json("history", "search", "budget"))["results"][0]["session_key"] == "agent:main:dm:bob"
     code, _, err = await cli("sessions", "export", KEY)
     assert code == 1 and "session_not_found" in err
