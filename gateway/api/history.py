@@ -17,6 +17,8 @@ from config.clock import iso, parse_iso
 from config.errors import BadRequest, Unavailable
 from gateway import keys as K
 from gateway.http import json_response, query_int
+from gateway.session_tools import SessionTools
+from gateway.turns import Conversations
 from sessions.export import ExportFormat, RunExport, export_lines, one_run, runs_of_key
 from sessions.history import HistoryIndex, HistoryQuery, catch_up, history_path, rebuild_all
 from sessions.history_text import match_expression
@@ -40,7 +42,9 @@ async def history_context(app: web.Application) -> AsyncIterator[None]:
     """Open ``contexts/history.db`` after the store; feed it every durable append; rebuild it in
     the background when it was missing; catch up active runs a crash left behind."""
     settings = app[K.CONFIG].settings
+    conversations = app[K.CONVERSATIONS]
     if not settings.history.enabled:
+        register_session_tools(conversations, None)
         yield
         return
     store = app[K.STORE]
@@ -53,6 +57,7 @@ async def history_context(app: web.Application) -> AsyncIterator[None]:
 
     store.durable_listeners.append(feed)
     app[K.EXTRAS]["history_forget"] = history.delete_runs
+    register_session_tools(conversations, history)
     task = asyncio.create_task(_prepare(history, store, rebuild=created), name="history-rebuild")
     try:
         yield
@@ -62,6 +67,11 @@ async def history_context(app: web.Application) -> AsyncIterator[None]:
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await history.close()
+
+
+def register_session_tools(conversations: Conversations, history: HistoryIndex | None) -> None:
+    if any(agent.tools.sessions.enabled for agent in conversations.settings.agents.values()):
+        SessionTools(conversations, history).register(conversations.tools)
 
 
 async def _prepare(history: HistoryIndex, store: SessionStore, *, rebuild: bool) -> None:
