@@ -224,8 +224,14 @@ def purge_flag(request: web.Request) -> bool:
 async def purge(request: web.Request, key: str) -> web.Response:
     """``DELETE /v1/sessions/{key}?purge=true``: stop its turn, then erase it under its locks."""
     conv = request.app[K.CONVERSATIONS]
+    store = request.app[K.STORE]
     conv.stop_turn(key)
     async with conv.exclusive(key):
-        tombstone = await purge_key(request.app[K.STORE], key, history=history_of(request.app))
+        runs = await store.ledger.list_runs(session_key=key, limit=1_000_000)
+        tombstone = await purge_key(store, key, history=history_of(request.app))
+        transcripts = request.app[K.EXTRAS].get("transcripts")
+        if transcripts is not None:
+            for agent_id in {r.get("agent_id") for r in runs}:
+                await transcripts.forget(agent_id, [r["uuid"] for r in runs if r.get("agent_id") == agent_id])
     return json_response({"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()})
 
