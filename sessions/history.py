@@ -473,11 +473,18 @@ def search(conn: sqlite3.Connection, query: HistoryQuery) -> list[HistoryHit]:
     # The newest CANDIDATES matches (FTS5 walks its doclists by descending rowid and stops early),
     # ranked by BM25: exact for any query matching fewer messages, and for a word found in half a
     # million messages the best of the most recent ones, in milliseconds instead of seconds.
+    # Only the page's rows are read from ``messages`` (the candidates need it only to filter).
+    filtered = len(clauses) > 1
+    inner = (
+        f"SELECT fts.rowid AS id, bm25(fts) AS rank FROM fts JOIN messages m ON m.id = fts.rowid"
+        f" WHERE {' AND '.join(clauses)} ORDER BY fts.rowid DESC LIMIT ?"
+        if filtered
+        else "SELECT rowid AS id, bm25(fts) AS rank FROM fts WHERE fts MATCH ? ORDER BY rowid DESC LIMIT ?"
+    )
     sql = (
-        "SELECT session_key, run_id, seq, role, timestamp, content, rank, agent_id, tool FROM ("
-        " SELECT m.id AS id, m.session_key, m.run_id, m.seq, m.role, m.timestamp, m.content, bm25(fts) AS rank,"
-        f" m.agent_id, m.tool FROM fts JOIN messages m ON m.id = fts.rowid WHERE {' AND '.join(clauses)}"
-        " ORDER BY fts.rowid DESC LIMIT ?) ORDER BY rank, id DESC LIMIT ? OFFSET ?"
+        "SELECT m.session_key, m.run_id, m.seq, m.role, m.timestamp, m.content, c.rank, m.agent_id, m.tool"
+        f" FROM (SELECT id, rank FROM ({inner}) ORDER BY rank, id DESC LIMIT ? OFFSET ?) AS c"
+        " JOIN messages m ON m.id = c.id ORDER BY c.rank, c.id DESC"
     )
     values.extend([max(CANDIDATES, query.offset + query.limit), query.limit, query.offset])
     hits = []
