@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sessions import layout
-from sessions.history_text import index_text, indexable, match_expression, message_text, snippet
+from sessions.history_text import index_text, indexable, match_expression, message_text, query_terms, snippet
 from sessions.jsonl import iter_records
 from sessions.layout import Home
 from sessions.ledger import Ledger
@@ -57,7 +57,8 @@ SCHEMA = (
     "CREATE VIRTUAL TABLE fts USING fts5(body, content='', tokenize='porter unicode61 remove_diacritics 2')",
 )
 MAX_BATCH = 2000
-CANDIDATES = 1000  # matches ranked per search, newest first (see ``search``)
+CANDIDATES = 1000  # the newest matches ranked per search (see ``search``)
+COMMON_POOL = 300  # a query matching more than CANDIDATES ranks its newest this many (see ``search``)
 
 
 @dataclass(frozen=True)
@@ -470,25 +471,31 @@ def search(conn: sqlite3.Connection, query: HistoryQuery) -> list[HistoryHit]:
             return []
         clauses.append(f"m.session_key IN ({', '.join('?' for _ in query.keys)})")
         values.extend(sorted(query.keys))
-    # The newest CANDIDATES matches (FTS5 walks its doclists by descending rowid and stops early),
-    # ranked by BM25: exact for any query matching fewer messages, and for a word found in half a
-    # million messages the best of the most recent ones, in milliseconds instead of seconds.
-    # Only the page's rows are read from ``messages`` (the candidates need it only to filter).
-    filtered = len(clauses) > 1
-    inner = (
-        f"SELECT fts.rowid AS id, bm25(fts) AS rank FROM fts JOIN messages m ON m.id = fts.rowid"
-        f" WHERE {' AND '.join(clauses)} ORDER BY fts.rowid DESC LIMIT ?"
-        if filtered
-        else "SELECT rowid AS id, bm25(fts) AS rank FROM fts WHERE fts MATCH ? ORDER BY rowid DESC LIMIT ?"
-    )
-    sql = (
-        "SELECT m.session_key, m.run_id, m.seq, m.role, m.timestamp, m.content, c.rank, m.agent_id, m.tool"
-        f" FROM (SELECT id, rank FROM ({inner}) ORDER BY rank, id DESC LIMIT ? OFFSET ?) AS c"
-        " JOIN messages m ON m.id = c.id ORDER BY c.rank, c.id DESC"
-    )
-    values.extend([max(CANDIDATES, query.offset + query.limit), query.limit, query.offset])
+    # Ranking: a query matching at most CANDIDATES messages is ranked by FTS5's BM25. FTS5's bm25()
+    # counts every match of every term on each call (50 ms for a word found in a million messages),
+    # so a query matching more is ranked over its newest COMMON_POOL matches by term frequency and
+    # length (FTS5 walks its doclists by descending rowid and stops early: milliseconds).
+    cap = max(CANDIDATES, query.offset + query.limit)
+    where = " AND ".join(clauses)
+    join = "fts JOIN messages m ON m.id = fts.rowid"
+    count = len(conn.execute(f"SELECT fts.rowid FROM {join} WHERE {where} LIMIT ?", [*values, cap + 1]).fetchall())
+    if count == 0:
+        return []
+    columns = "m.session_key, m.run_id, m.seq, m.role, m.timestamp, m.content, m.id, m.agent_id, m.tool"
+    if count <= cap:
+        sql = (
+            f"SELECT {columns}, -bm25(fts) AS score FROM {join} WHERE {where}"
+            " ORDER BY bm25(fts), m.id DESC LIMIT ? OFFSET ?"
+        )
+        rows = conn.execute(sql, [*values, query.limit, query.offset]).fetchall()
+        ranked = [(float(row[9]), row[:9]) for row in rows]
+    else:
+        pool = max(COMMON_POOL, query.offset + query.limit)
+        sql = f"SELECT {columns} FROM {join} WHERE {where} ORDER BY fts.rowid DESC LIMIT ?"
+        ranked = frequent(query.q, conn.execute(sql, [*values, pool]).fetchall())
+        ranked = ranked[query.offset : query.offset + query.limit]
     hits = []
-    for key, run_id, seq, role, timestamp, content, rank, agent_id, tool in conn.execute(sql, values):
+    for score, (key, run_id, seq, role, timestamp, content, _id, agent_id, tool) in ranked:
         hits.append(
             HistoryHit(
                 session_key=key,
@@ -497,13 +504,29 @@ def search(conn: sqlite3.Connection, query: HistoryQuery) -> list[HistoryHit]:
                 role=role,
                 timestamp=timestamp,
                 snippet=snippet(content, query.q),
-                score=round(-float(rank), 4),
+                score=round(score, 4),
                 agent_id=agent_id,
                 tool=bool(tool),
             )
         )
     return hits
 
+
+def frequent(q: str, rows: list[tuple[Any, ...]]) -> list[tuple[float, tuple[Any, ...]]]:
+    """Rows whose every term is common, best first: BM25's term-frequency and length parts with
+    equal term weights (k1 1.2, b 0.75), ties newest first."""
+    words, runs = query_terms(q)
+    terms = [*words, *runs]
+    texts = [str(row[5]).lower() for row in rows]
+    lengths = [text.count(" ") + 1 for text in texts]
+    average = sum(lengths) / max(1, len(lengths))
+    scored = []
+    for row, text, length in zip(rows, texts, lengths, strict=True):
+        norm = 1.2 * (0.25 + 0.75 * length / average)
+        score = sum((tf := max(1, text.count(term))) * 2.2 / (tf + norm) for term in terms)
+        scored.append((score, row))
+    scored.sort(key=lambda item: (-item[0], -int(item[1][6])))
+    return scored
 
 def history_path(contexts: Path) -> Path:
     """``contexts/history.db``."""

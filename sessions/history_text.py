@@ -12,6 +12,7 @@ test_history.py shows it), and it triples the index of Latin text.
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 from collections.abc import Mapping
@@ -91,12 +92,16 @@ def match_expression(query: str) -> str | None:
     return " AND ".join(parts) if parts else None
 
 
+def _word_pattern(word: str) -> str:
+    stem = word if len(word) <= 4 else word[: max(4, len(word) - 3)]
+    return rf"\b{re.escape(stem)}\w*"
+
+
+@functools.lru_cache(maxsize=256)
 def _patterns(query: str) -> re.Pattern[str] | None:
     words, runs = query_terms(query)
     alternatives = [re.escape(r) for r in runs]
-    for word in words:
-        stem = word if len(word) <= 4 else word[: max(4, len(word) - 3)]
-        alternatives.append(rf"\b{re.escape(stem)}\w*")
+    alternatives.extend(_word_pattern(word) for word in words)
     if not alternatives:
         return None
     alternatives.sort(key=len, reverse=True)

@@ -205,3 +205,22 @@ async def test_purge_leaves_no_trace_in_the_home(client: Client, tmp_path: Path,
     # the key can be used again afterwards, from scratch
     fresh = await post(client, KEY, "a new beginning")
     assert fresh["message_seq"] == 1
+
+
+async def test_index_follows_cleanup_deleting_an_archive(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> None:
+    config = {"cleanup": {"retention_days": 1, "archive_retention_days": 1}}
+    client = await aiohttp_client(make_app(tmp_path, clock, config))
+    old = await post(client, KEY, "an expiring albatross")
+    assert (await client.post(f"/v1/sessions/{k(KEY)}/complete")).status == 200
+    clock.advance(days=2)
+    first = await (await client.post("/v1/admin/cleanup", json={"dry_run": False})).json()
+    assert [a["action"] for a in first["actions"] if a["done"]] == ["archive"]
+    await post(client, GROUP, "a lasting albatross")
+    await flushed(client)
+    hits = (await (await client.get("/v1/history/search", params={"q": "albatross"})).json())["results"]
+    assert {r["run_id"] for r in hits} == {old["run_id"], hits[0]["run_id"], hits[-1]["run_id"]} and len(hits) == 2
+    clock.advance(days=2)
+    second = await (await client.post("/v1/admin/cleanup", json={"dry_run": False})).json()
+    assert ("delete_archive", old["run_id"]) in [(a["action"], a["run_id"]) for a in second["actions"] if a["done"]]
+    hits = (await (await client.get("/v1/history/search", params={"q": "albatross"})).json())["results"]
+    assert [r["session_key"] for r in hits] == [GROUP]
