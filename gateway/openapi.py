@@ -209,7 +209,8 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "history",
         "SQLite FTS5 over active, completed and archived runs (`contexts/history.db`); Latin words are stemmed, "
         "Japanese/Chinese/Korean text matches by character bigrams. Every word must match. Commands are not "
-        "indexed; tool results are, marked `tool_result: true`. Best first (BM25); `snippet` is HTML-escaped text "
+        "indexed; tool results are, marked `tool_result: true`. Best first (BM25; a query matching over 1,000 "
+        "messages ranks its newest 300 by term frequency); `snippet` is HTML-escaped text "
         "with each match in `<mark>`; `link` opens the message in the console.",
         params=(
             Param("q", "the words to find", STR, required=True),

@@ -152,16 +152,19 @@ def row_values(run_id: str, key: str, agent_id: str | None, record: dict[str, An
     )
 
 
-def _insert(conn: sqlite3.Connection, values: Sequence[Any]) -> bool:
-    cursor = conn.execute(
+def _insert_many(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) -> int:
+    """Insert a batch in two statements (the FTS rows through the ``index_text`` SQL function);
+    rows already indexed are skipped. Only the index thread writes, so the new ids are those above
+    the highest id before the batch."""
+    before = int(conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+    conn.executemany(
         "INSERT OR IGNORE INTO messages (run_id, seq, session_key, agent_id, role, timestamp, tool, content)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        values,
+        rows,
     )
-    if cursor.rowcount != 1:
-        return False
-    conn.execute("INSERT INTO fts (rowid, body) VALUES (?, ?)", (cursor.lastrowid, index_text(str(values[7]))))
-    return True
+    cursor = conn.execute("INSERT INTO fts (rowid, body) SELECT id, index_text(content) FROM messages WHERE id > ?",
+                          (before,))  # fmt: skip
+    return int(cursor.rowcount)
 
 
 def _delete_where(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> int:
@@ -358,11 +361,18 @@ class HistoryIndex:
                     conn.execute("INSERT INTO fts (fts) VALUES ('delete-all')")
             count = 0
             for source in runs:
-                with conn:
-                    for record in iter_run_messages(source):
-                        values = row_values(source.run_id, source.session_key, source.agent_id, record)
-                        if values is not None and _insert(conn, values):
-                            count += 1
+                pending: list[tuple[Any, ...]] = []
+                for record in iter_run_messages(source):
+                    values = row_values(source.run_id, source.session_key, source.agent_id, record)
+                    if values is not None:
+                        pending.append(values)
+                    if len(pending) >= self.max_batch:
+                        with conn:
+                            count += _insert_many(conn, pending)
+                        pending = []
+                if pending:
+                    with conn:
+                        count += _insert_many(conn, pending)
                 self.stats.rebuilt_runs += 1
             conn.execute("INSERT INTO fts (fts) VALUES ('optimize')")
             return count
@@ -377,6 +387,9 @@ class HistoryIndex:
     def _run(self) -> None:
         conn = self._conn
         assert conn is not None
+        conn.create_function("index_text", 1, index_text, deterministic=True)
+        with contextlib.suppress(OSError, AttributeError):  # the index may lag; ingest must not
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         stopping = False
         while not stopping:
             batch = [self._queue.get()]
@@ -404,7 +417,7 @@ class HistoryIndex:
             return
         try:
             with conn:
-                added = sum(1 for values in rows if _insert(conn, values))
+                added = _insert_many(conn, rows)
             self.stats.indexed += added
             self.stats.batches += 1
         except sqlite3.Error as exc:  # the index is derived: logged, and `doctor --fix` rebuilds it
