@@ -22,6 +22,7 @@ import queue
 import sqlite3
 import tarfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ SCHEMA = (
     "CREATE VIRTUAL TABLE fts USING fts5(body, content='', tokenize='porter unicode61 remove_diacritics 2')",
 )
 MAX_BATCH = 2000
+BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
 CANDIDATES = 1000  # the newest matches ranked per search (see ``search``)
 COMMON_POOL = 300  # a query matching more than CANDIDATES ranks its newest this many (see ``search``)
 
@@ -388,11 +390,13 @@ class HistoryIndex:
         conn = self._conn
         assert conn is not None
         conn.create_function("index_text", 1, index_text, deterministic=True)
+        conn.execute("PRAGMA wal_autocheckpoint=20000")  # checkpoints (and their fsyncs) every ~80 MB
         with contextlib.suppress(OSError, AttributeError):  # the index may lag; ingest must not
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         stopping = False
         while not stopping:
             batch = [self._queue.get()]
+            time.sleep(BATCH_WAIT_S)  # let a batch gather: fewer, larger transactions
             while len(batch) < self.max_batch:
                 try:
                     batch.append(self._queue.get_nowait())
