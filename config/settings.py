@@ -69,6 +69,28 @@ class ModelSettings(Model):
     max_retries: int = Field(2, ge=0)
 
 
+class SendRule(Model):
+    """One rule of the ``sessions_send`` policy; a field left out matches anything."""
+
+    action: Literal["allow", "deny"] = "deny"
+    key_prefix: str | None = None
+    channel: str | None = None
+    chat_type: Literal["direct", "group", "channel", "cron", "hook"] | None = None
+
+
+class SessionToolsSettings(Model):
+    enabled: bool = True
+    visibility: Literal["self", "agent", "all"] = "agent"
+    send_rules: tuple[SendRule, ...] = ()
+    send_default: Literal["allow", "deny"] = "allow"
+    send_timeout_s: float = Field(60, gt=0)
+    max_messages: int = Field(50, ge=1, le=500)
+
+
+class AgentToolsSettings(Model):
+    sessions: SessionToolsSettings = SessionToolsSettings()
+
+
 class AgentSettings(Model):
     workspace: str | None = None
     timezone: str | None = None
@@ -76,6 +98,7 @@ class AgentSettings(Model):
     max_tool_rounds: int = Field(8, ge=1)
     max_queued_turns: int = Field(16, ge=1)
     model: ModelSettings = ModelSettings()
+    tools: AgentToolsSettings = AgentToolsSettings()
 
     _zone = field_validator("timezone")(_check_zone)
 
@@ -192,12 +215,19 @@ class MemorySettings(Model):
     watch: WatchSettings = WatchSettings()
     search: SearchSettings = SearchSettings()
     recall: RecallSettings = RecallSettings()
+    sources: tuple[Literal["memory", "sessions"], ...] = ("memory",)
 
     @model_validator(mode="after")
     def _overlap_below_chunk(self) -> MemorySettings:
         if self.overlap_tokens >= self.chunk_tokens:
             raise ValueError("memory.overlap_tokens must be smaller than memory.chunk_tokens")
         return self
+
+
+class HistorySettings(Model):
+    enabled: bool = True
+    max_batch: int = Field(2000, ge=1)
+    max_limit: int = Field(100, ge=1, le=1000)
 
 
 class CleanupSettings(Model):
@@ -277,6 +307,7 @@ class Settings(Model):
     compaction: CompactionSettings = CompactionSettings()
     inheritance: InheritanceSettings = InheritanceSettings()
     memory: MemorySettings = MemorySettings()
+    history: HistorySettings = HistorySettings()
     cleanup: CleanupSettings = CleanupSettings()
     cron: CronSettings = CronSettings()
     hooks: dict[str, HookMapping] = {}

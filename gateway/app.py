@@ -12,7 +12,7 @@ from aiohttp import web
 from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
-from gateway.api import admin, docs, hooks, memory, runs, scheduler, sessions, system, ui
+from gateway.api import admin, docs, history, hooks, memory, runs, scheduler, sessions, system, ui
 from gateway.commands import Commands
 from gateway.connections import GUARD, ConnectionGuard
 from gateway.events import EventHub
@@ -57,6 +57,7 @@ def create_app(
     app[K.EXTRAS] = {}
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_conversation_context)
+    app.cleanup_ctx.append(history.history_context)
     app.cleanup_ctx.append(hooks.hooks_context)
     app.cleanup_ctx.append(memory.memory_context)
     app.cleanup_ctx.append(scheduler.scheduler_context)
@@ -70,6 +71,7 @@ def create_app(
         admin.routes,
         scheduler.routes,
         memory.routes,
+        history.routes,
         ui.routes,
     ):
         app.router.add_routes(table)

@@ -26,7 +26,7 @@ import yaml
 
 from config.errors import ConfigError, NeotaskError
 from config.loader import LoadedConfig, load_config, resolve_home
-from gateway import cli_jobs, offline
+from gateway import cli_history, cli_jobs, offline
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
 from sessions.damage import EXIT_STATE, DamagedState
@@ -174,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("instructions", nargs="*", help="what the summary should focus on")
     compact.set_defaults(handler=cmd_sessions_compact)
     cli_jobs.add_commands(commands, both, actions)
+    cli_history.add_commands(commands, both, actions)
 
     config = commands.add_parser("config", help="check or show the configuration")
     config_actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -458,6 +459,8 @@ def cmd_doctor(ctx: Context) -> int:
     fix = bool(ctx.args.fix)
     client = ctx.client()
     body = client.post("/v1/admin/doctor", {"fix": fix}) if client else offline.run_doctor(ctx.config, fix=fix)
+    if client is None:
+        body["actions"] += cli_history.offline_doctor(ctx.config, fix=fix)
     actions = body.get("actions", [])
     left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
     for action in left:  # what stops or damages the gateway, one line each, whatever the format

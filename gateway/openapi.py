@@ -69,6 +69,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "hook_secret_missing": (503, "the hook's `secret_env` is not set, so no signature can be checked"),
     "memory_not_ready": (503, "the memory index or embedding model is not ready yet"),
     "embedding_error": (503, "the embeddings endpoint failed"),
+    "history_disabled": (503, "the history index is off (`history.enabled: false`)"),
 }
 BODY_ERRORS = ("invalid_body", "invalid_field", "payload_too_large", "request_timeout")
 TURN_ERRORS = (
@@ -194,7 +195,54 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Pin, label or set the model override", "sessions", body=PatchBody, answer="Session", errors=KEY_ERRORS
     ),
     ("DELETE", "/v1/sessions/{key}"): Op(
-        "Complete the run and remove the entry", "sessions", answer="Deleted", errors=KEY_ERRORS
+        "Complete the run and remove the entry; with `purge=true` erase the key for good",
+        "sessions",
+        "`purge=true` removes every run of the key (folders and archives), its history index rows, idempotency "
+        "and webhook delivery records and its sessions.json entry, and leaves a tombstone in tasks.db (key, time, "
+        "counts; no content). A purge also works on a key whose entry is already gone but whose runs remain.",
+        params=(Param("purge", "erase everything of the key", {"type": "boolean", "default": False}),),
+        answer="Deleted",
+        errors=(*KEY_ERRORS, "invalid_field"),
+    ),
+    ("GET", "/v1/sessions/{key}/export"): Op(
+        "Export every run of a key (streamed)",
+        "history",
+        "JSON Lines (`type`: `run`, `message`, `compaction`, `uncompact`, `final_summary`) or Markdown, oldest run "
+        "first, archived runs included; commands, tool calls and results, summaries and compaction markers kept.",
+        params=(Param("format", "jsonl (default) or md", {"enum": ["jsonl", "md"], "default": "jsonl"}),),
+        answer=None,
+        media="application/x-ndjson",
+        errors=("invalid_field", *KEY_ERRORS),
+    ),
+    ("GET", "/v1/runs/{uuid}/export"): Op(
+        "Export one run (streamed)",
+        "history",
+        "As `GET /v1/sessions/{key}/export`, for one run (archived runs too).",
+        params=(Param("format", "jsonl (default) or md", {"enum": ["jsonl", "md"], "default": "jsonl"}),),
+        answer=None,
+        media="application/x-ndjson",
+        errors=("invalid_field",),
+    ),
+    ("GET", "/v1/history/search"): Op(
+        "Full-text search over every message of every run",
+        "history",
+        "SQLite FTS5 over active, completed and archived runs (`contexts/history.db`); Latin words are stemmed, "
+        "Japanese/Chinese/Korean text matches by character bigrams. Every word must match. Commands are not "
+        "indexed; tool results are, marked `tool_result: true`. Best first (BM25; a query matching over 1,000 "
+        "messages ranks its newest 300 by term frequency); `snippet` is HTML-escaped text "
+        "with each match in `<mark>`; `link` opens the message in the console.",
+        params=(
+            Param("q", "the words to find", STR, required=True),
+            AGENT,
+            Param("key", "only this session key", STR),
+            Param("role", "only this role", {"enum": ["user", "assistant", "tool", "system"]}),
+            Param("since", "only messages at or after this ISO 8601 time", STR),
+            Param("until", "only messages before this ISO 8601 time", STR),
+            Param("limit", "page size, 1 to history.max_limit", _int(1, 1000, 20)),
+            CURSOR,
+        ),
+        answer="HistorySearch",
+        errors=("invalid_field", "invalid_key", "history_disabled"),
     ),
     ("GET", "/v1/sessions/{key}/context"): Op(
         "The context as the model will see it", "sessions", answer="Context", errors=KEY_ERRORS
@@ -590,7 +638,46 @@ SCHEMAS: dict[str, Schema] = {
     },
     "Deleted": {
         "type": "object",
-        "properties": {"session_key": STR, "deleted": {"const": True}, "completed_run_id": _NULLABLE_STR},
+        "properties": {
+            "session_key": STR,
+            "deleted": {"const": True},
+            "completed_run_id": _NULLABLE_STR,
+            "purged": {"type": "boolean", "description": "present with `purge=true`"},
+            "tombstone": {
+                "type": "object",
+                "properties": {
+                    "session_key": STR,
+                    "deleted_at": STR,
+                    "runs": {"type": "integer"},
+                    "messages": {"type": "integer"},
+                },
+            },
+        },
+    },
+    "HistorySearch": {
+        "type": "object",
+        "properties": {
+            "query": STR,
+            "next_cursor": _NULLABLE_STR,
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "session_key": STR,
+                        "run_id": STR,
+                        "seq": {"type": "integer"},
+                        "role": STR,
+                        "timestamp": _NULLABLE_STR,
+                        "snippet": {"type": "string", "description": "HTML-escaped, matches in <mark>"},
+                        "score": {"type": "number", "description": "BM25, higher is better"},
+                        "agent_id": _NULLABLE_STR,
+                        "tool_result": {"type": "boolean"},
+                        "link": {"type": "string", "description": "the console page of the message"},
+                    },
+                },
+            },
+        },
     },
     "Lifecycle": {"type": "object", "properties": {"session_key": STR, "run_id": STR, "status": STR}},
     "Stopped": {"type": "object", "properties": {"session_key": STR, "stopped": {"type": "boolean"}}},

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
 from gateway.tools import Tool, ToolBox, ToolError
+from gateway.transcript_memory import SESSIONS_DIR, is_transcript, run_citation
 from gateway.turns import Conversations, Post
 from memory import MemoryService, SearchHit
 from sessions.records import NewMessage, RunState
@@ -176,7 +177,10 @@ class MemoryBridge:
         hits = await self.memory.search(
             run.agent_id or "main", query, k=k, include_memory_md=self.sees_memory_md(run.chat_type)
         )
-        results = [{"citation": h.citation, "score": round(h.score, 3), "snippet": h.snippet} for h in hits]
+        if not self.sees_memory_md(run.chat_type):  # transcripts of runs: like MEMORY.md, direct only
+            hits = [h for h in hits if not is_transcript(h.path)]
+        results = [{"citation": run_citation(h.citation), "score": round(h.score, 3), "snippet": h.snippet}
+                   for h in hits]  # fmt: skip
         return json.dumps({"results": results}, ensure_ascii=False)
 
     async def _get(self, run: RunState, arguments: dict[str, Any]) -> str:
@@ -184,8 +188,12 @@ class MemoryBridge:
         if not isinstance(path, str) or not path:
             raise ToolError("'path' must be a memory file path such as memory/2026-01-31.md")
         path = path.split("#", 1)[0]
+        if path.startswith("run:"):
+            path = f"{SESSIONS_DIR}/{path.removeprefix('run:')}.md"
         if path.lstrip("./") == "MEMORY.md" and not self.sees_memory_md(run.chat_type):
             raise ToolError("MEMORY.md is not available in this kind of session")
+        if is_transcript(path.lstrip("./")) and not self.sees_memory_md(run.chat_type):
+            raise ToolError("run summaries are not available in this kind of session")
         start, end = arguments.get("start_line"), arguments.get("end_line")
         try:
             return await self.memory.get(run.agent_id or "main", path, start, end)

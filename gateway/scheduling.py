@@ -47,6 +47,7 @@ class Scheduling:
         self.clock = clock
         self.host_zone = host_zone
         self.deliver: Deliver | None = None
+        self.forget_runs: Callable[[list[str]], Awaitable[object]] | None = None
         self._not_before: dict[str, tuple[str, datetime]] = {}  # key -> (run, no reset before this)
         commands.next_reset = self.next_reset
         conversations.before_post.append(self.check_on_arrival)
@@ -150,7 +151,7 @@ class Scheduling:
                 if self.store.active_run(key) is not None:
                     await self.store.complete(key, reason="cleanup")
 
-        return await run_cleanup(
+        report = await run_cleanup(
             self.store,
             self.settings.cleanup,
             now=self.clock(),
@@ -158,6 +159,10 @@ class Scheduling:
             complete=complete,
             step=self.archive_step,
         )
+        gone = [a["run_id"] for a in report if a["action"] == "delete_archive" and a["done"]]
+        if gone and self.forget_runs is not None:  # the history index follows deletes
+            await self.forget_runs(gone)
+        return report
 
     async def run_cron(self, job: CronJob) -> None:
         """Post the job's message to ``cron:<id>``; an isolated job gets a run per firing."""

@@ -81,6 +81,17 @@ MIGRATIONS: tuple[str, ...] = (
         message_seq INTEGER
     );
     """,
+    # 4: tombstones of purged sessions (key, when, how much; never content).
+    """
+    CREATE TABLE tombstones (
+        id INTEGER PRIMARY KEY,
+        session_key TEXT NOT NULL,
+        deleted_at TEXT NOT NULL,
+        runs INTEGER NOT NULL,
+        messages INTEGER NOT NULL
+    );
+    CREATE INDEX idx_tombstones_key ON tombstones(session_key);
+    """,
 )
 
 RUN_COLUMNS = (

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 METADATA_FORMAT_VERSION = 1
 Listener = Callable[[dict[str, Any]], object]
+DurableListener = Callable[["RunState", dict[str, Any]], object]
 RunHook = Callable[[RunState], Awaitable[None]]
 FinalSummarizer = Callable[[RunState, str], Awaitable[str | None]]
 
@@ -67,6 +68,7 @@ class SessionStore:
         self.stop_hooks: dict[str, RunHook] = {}
         self.final_summarizer: FinalSummarizer | None = None
         self.listeners: list[Listener] = []
+        self.durable_listeners: list[DurableListener] = []  # (run, record) once the append is durable
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.recovered: list[RecoveredRun] = []
@@ -437,15 +439,18 @@ class SessionStore:
         self._emit("lifecycle", run, action="resume")
         return run
 
-    async def complete(self, key: str, *, error: str | None = None, reason: str = "complete") -> RunState:
+    async def complete(
+        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True
+    ) -> RunState:
         """Complete (or, with ``error``, fail) the key's active run: completion hooks, the final
-        summary, statistics, the move to completed/; the entry stays, idle, with ``run_id: null``."""
+        summary, statistics, the move to completed/; the entry stays, idle, with ``run_id: null``.
+        ``summarize=False`` (a purge) runs no hook and writes no final summary."""
         run = self._require_active(key)
         run.closing = True
         status = "failed" if error is not None else "completed"
-        for name, hook in list(self.completion_hooks.items()):
+        for name, hook in list(self.completion_hooks.items()) if summarize else ():
             await _run_hook("completion", name, hook, run)
-        if self.final_summarizer is not None:
+        if self.final_summarizer is not None and summarize:
             try:
                 text = await self.final_summarizer(run, reason)
             except Exception:  # the run must still complete; the summary is best effort
@@ -576,6 +581,8 @@ class SessionStore:
             run.opening = False
             marker = run.dir / leftovers.OPENING
             self.writer.call(lambda: marker.unlink(missing_ok=True)).add_done_callback(_log_failure)
+        for durable_listener in self.durable_listeners:
+            durable_listener(run, record)
         self._emit("message", run, **_event_fields(record))
         return record
 

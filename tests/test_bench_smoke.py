@@ -34,3 +34,12 @@ async def test_session_creation_bench_runs_quick() -> None:
 
     status = await asyncio.to_thread(session_creation.main, ["--quick"])
     assert status in (0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_history_bench_runs_quick() -> None:
+    from bench import history
+
+    status = await asyncio.to_thread(history.main, ["--quick"])
+    assert status in (0, 1)

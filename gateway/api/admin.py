@@ -6,8 +6,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from gateway import keys as K
+from gateway.api.history import HISTORY
 from gateway.http import json_response, parse_body
 from sessions.doctor import check_store
+from sessions.history_doctor import check_index
 
 routes = web.RouteTableDef()
 
@@ -23,5 +25,9 @@ async def doctor(request: web.Request) -> web.Response:
     fixes are applied and marked ``fixed``."""
     config = request.app[K.CONFIG]
     body = await parse_body(request, DoctorBody, config.settings.gateway.max_body_bytes, optional=True)
-    findings = await check_store(request.app[K.STORE], fix=body.fix)
+    store = request.app[K.STORE]
+    findings = await check_store(store, fix=body.fix)
+    history = request.app.get(HISTORY)
+    if history is not None:
+        findings += await check_index(history, store.ledger, store.home, fix=body.fix)
     return json_response({"actions": [f.as_dict() for f in findings]})

@@ -15,6 +15,7 @@ from config.errors import BadRequest
 from gateway import keys as K
 from gateway.http import json_response, parse_body, query_int
 from gateway.recall import MemoryBridge
+from gateway.transcript_memory import TranscriptSource
 from memory import MemoryService
 
 routes = web.RouteTableDef()
@@ -102,7 +103,13 @@ async def memory_context(app: web.Application) -> AsyncIterator[None]:
     app[MEMORY] = service
     MemoryBridge(service, app[K.CONVERSATIONS], config.settings, host_zone=host_zone(env))
     app[K.EXTRAS]["memory_ready"] = lambda: service.ready
+    transcripts = None
+    if "sessions" in config.settings.memory.sources:
+        transcripts = TranscriptSource(app[K.STORE], workspaces(config))
+        app[K.EXTRAS]["transcripts"] = transcripts
     try:
         yield
     finally:
+        if transcripts is not None:
+            await transcripts.close()
         await service.close()

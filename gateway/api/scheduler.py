@@ -84,6 +84,7 @@ async def scheduler_context(app: web.Application) -> AsyncIterator[None]:
         clock=app[K.CLOCK],
     )
     app[SCHEDULING] = scheduling
+    scheduling.forget_runs = app[K.EXTRAS].get("history_forget")
     app[SCHEDULER] = service
     _serve_archives(app)
     await scheduling.sweep()

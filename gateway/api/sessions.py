@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.errors import BadRequest, NotFound
 from gateway import keys as K
+from gateway.api import history
 from gateway.commands import dispatch, parse_command
 from gateway.http import json_response, parse_body, query_int, read_json, validate
 from gateway.streaming import answer
@@ -250,6 +251,8 @@ async def patch_session(request: web.Request) -> web.Response:
 @routes.delete("/v1/sessions/{key}")
 async def delete_session(request: web.Request) -> web.Response:
     key = session_key(request)
+    if history.purge_flag(request):
+        return await history.purge(request, key.raw)
     store = request.app[K.STORE]
     conv = request.app[K.CONVERSATIONS]
     store.require_entry(key.raw)

@@ -4,6 +4,7 @@ import { auth, get, live, onUnauthorized } from "./api.js";
 import { empty, h, replace } from "./dom.js";
 import { mountMemory } from "./memory.js";
 import { mountRun } from "./run.js";
+import { mountSearch } from "./search.js";
 import { mountSession } from "./session.js";
 import { mountSessions } from "./sessions.js";
 import { tokenDialog } from "./ui.js";
@@ -25,12 +26,13 @@ function route() {
   const { parts, query } = parseHash();
   const [section, arg] = parts;
   for (const link of document.querySelectorAll(".nav a")) {
-    link.setAttribute("aria-current", String(link.dataset.section === (section === "memory" ? "memory" : "sessions")));
+    link.setAttribute("aria-current", String(link.dataset.section === (["memory", "search"].includes(section) ? section : "sessions")));
   }
   let cleanup;
   try {
     if (section === "session" && arg) cleanup = mountSession(view, decodeURIComponent(arg), query);
-    else if (section === "run" && arg) cleanup = mountRun(view, decodeURIComponent(arg));
+    else if (section === "run" && arg) cleanup = mountRun(view, decodeURIComponent(arg), query);
+    else if (section === "search") cleanup = mountSearch(view, query);
     else if (section === "memory") cleanup = mountMemory(view, query);
     else if (!section || section === "sessions") cleanup = mountSessions(view, query);
     else replace(view, empty("No such page."), h("a", { href: "#/sessions" }, "Back to the sessions"));

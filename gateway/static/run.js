@@ -7,7 +7,8 @@ import { tabs } from "./ui.js";
 
 const TABS = [["transcript", "Transcript"], ["tools", "Tool calls"], ["plans", "Plans"]];
 
-export function mountRun(root, id) {
+export function mountRun(root, id, query = new URLSearchParams()) {
+  const target = Number(query.get("seq")) || null;
   const head = h("div", {}, spinner());
   const panel = h("section", { class: "panel", role: "tabpanel" });
   let current = "transcript";
@@ -28,6 +29,7 @@ export function mountRun(root, id) {
         transcript = new Transcript(id);
         await transcript.load();
         parts = [transcript.element];
+        if (target) transcript.jumpTo(target);
       } else if (current === "tools") {
         parts = [renderTools((await get(runPath(id, "/tools"))).tools)];
       } else {

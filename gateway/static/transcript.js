@@ -166,6 +166,18 @@ export class Transcript {
     });
   }
 
+  /** Load pages until message `seq` is shown, then scroll to it and mark it (history search links). */
+  jumpTo(seq) {
+    return this.queue(async () => {
+      while (!this.done && this.after < seq) await this.page();
+      const item = this.list.querySelector(`:scope > li[data-seq="${Number(seq)}"]`);
+      if (!item) return;
+      item.classList.add("msg-target");
+      item.setAttribute("aria-current", "true");
+      item.scrollIntoView({ block: "center" });
+    });
+  }
+
   atEnd() {
     const box = this.box;
     return !box.isConnected || box.scrollHeight - box.scrollTop - box.clientHeight < 120;

@@ -180,7 +180,8 @@ async def test_config_show_redacts_tokens(cli: Cli, home: Path) -> None:
 
 async def test_doctor_finds_an_orphan_folder_and_fixes_it(cli: Cli, home: Path, clock: FakeClock) -> None:
     await _seed(home, clock)
-    assert (await cli.json("doctor"))["actions"] == []
+    # a home written without the daemon has no history index yet; doctor --fix builds it
+    assert [a["check"] for a in (await cli.json("doctor"))["actions"]] == ["history_index_missing"]
     orphan = home / "contexts" / "completed" / str(uuid.uuid4())
     orphan.mkdir(parents=True)
     (orphan / "metadata.json").write_text(json.dumps({"session_key": "hook:lost", "created_at": "2026-11-01"}))
@@ -188,7 +189,10 @@ async def test_doctor_finds_an_orphan_folder_and_fixes_it(cli: Cli, home: Path, 
     code, out, _ = await cli("doctor")
     assert code == 0 and "orphan_folder" in out and orphan.name in out and "insert its tasks.db row" in out
     fixed = await cli.json("doctor", "--fix")
-    assert [(a["check"], a["fixed"]) for a in fixed["actions"]] == [("orphan_folder", True)]
+    assert [(a["check"], a["fixed"]) for a in fixed["actions"]] == [
+        ("orphan_folder", True),
+        ("history_index_missing", True),
+    ]
     assert (await cli.json("doctor"))["actions"] == []
 
 

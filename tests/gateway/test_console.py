@@ -398,3 +398,41 @@ async def test_ui_routes_need_no_token_and_serve_only_the_console(
     assert (await client.get("/v1/sessions")).status == 401
     open_app = await aiohttp_client(make_app(tmp_path / "open", clock))
     assert 'data-auth="none"' in await (await open_app.get("/ui")).text()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.timeout(120)
+@needs_chromium
+async def test_history_search_box_jumps_to_the_message_in_an_archived_run(tmp_path: Path, browser: Any) -> None:
+    from playwright.async_api import expect
+
+    async with start(tmp_path / "home", {"cleanup": {"retention_days": 0}}) as server:
+        base = server.url
+        async with aiohttp.ClientSession() as http:
+            for i in range(1, 151):
+                text = "the lighthouse keeper <b>Ōshima</b> 灯台守 decided" if i == 130 else f"routine note {i}"
+                async with http.post(session_url(base, MAIN, "/messages"), json={"content": text}) as r:
+                    run_id = (await r.json())["run_id"]
+            async with http.post(session_url(base, MAIN, "/complete")) as r:
+                assert r.status == 200
+            async with http.post(f"{base}/v1/admin/cleanup", json={"dry_run": False}) as r:
+                assert any(a["action"] == "archive" and a["done"] for a in (await r.json())["actions"])
+        console = Console(await browser.new_page(viewport={"width": 1280, "height": 900}))
+        page = console.page
+        await page.goto(f"{base}/ui#/search")
+        await page.get_by_label("Search history").fill("灯台守")
+        await page.get_by_role("button", name="Search").click()
+        hit = page.locator(".history-hit")
+        await expect(hit).to_have_count(1)
+        await expect(hit.locator("mark")).to_have_text("灯台守")
+        await expect(hit.locator(".snippet")).to_contain_text("<b>Ōshima</b>")  # text, never parsed as HTML
+        await console.shot("history-search")
+        await hit.locator(".hit-link").click()
+        await expect(page).to_have_url(re.compile(f"#/run/{run_id}\\?seq=130$"))
+        target = page.locator("li.msg-target")
+        await expect(target).to_have_attribute("data-seq", "130")
+        await expect(target).to_be_in_viewport()
+        await console.shot("history-jump")
+        assert console.errors == []
+        await page.close()

@@ -1,0 +1,237 @@
+"""Conversation history: search (``GET /v1/history/search``), export of sessions and runs
+(JSON Lines or Markdown, streamed), purge; and the history index's cleanup context, which feeds
+the index from the store's durable appends and rebuilds it when it is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from aiohttp import web
+
+from config.clock import iso, parse_iso
+from config.errors import BadRequest, Unavailable
+from gateway import keys as K
+from gateway.http import json_response, query_int
+from gateway.session_tools import SessionTools
+from gateway.turns import Conversations
+from sessions.export import ExportFormat, RunExport, export_lines, one_run, runs_of_key
+from sessions.history import HistoryIndex, HistoryQuery, catch_up, history_path, rebuild_all
+from sessions.history_text import match_expression
+from sessions.keys import parse_key
+from sessions.purge import purge_key
+from sessions.records import RunState
+from sessions.store import SessionStore
+
+log = logging.getLogger(__name__)
+routes = web.RouteTableDef()
+HISTORY = web.AppKey("history", HistoryIndex)
+ROLES = ("user", "assistant", "tool", "system")
+EXPORT_CHUNK_LINES = 256
+
+
+def history_of(app: web.Application) -> HistoryIndex | None:
+    return app.get(HISTORY)
+
+
+async def history_context(app: web.Application) -> AsyncIterator[None]:
+    """Open ``contexts/history.db`` after the store; feed it every durable append; rebuild it in
+    the background when it was missing; catch up active runs a crash left behind."""
+    settings = app[K.CONFIG].settings
+    conversations = app[K.CONVERSATIONS]
+    if not settings.history.enabled:
+        register_session_tools(conversations, None)
+        yield
+        return
+    store = app[K.STORE]
+    history = HistoryIndex(history_path(store.home.contexts), max_batch=settings.history.max_batch)
+    created = await history.open()
+    app[HISTORY] = history
+
+    def feed(run: RunState, record: dict[str, Any]) -> None:
+        history.feed(run.run_id, run.key, run.agent_id, record)
+
+    store.durable_listeners.append(feed)
+    app[K.EXTRAS]["history_forget"] = history.delete_runs
+    register_session_tools(conversations, history)
+    task = asyncio.create_task(_prepare(history, store, rebuild=created), name="history-rebuild")
+    try:
+        yield
+    finally:
+        store.durable_listeners.remove(feed)
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await history.close()
+
+
+def register_session_tools(conversations: Conversations, history: HistoryIndex | None) -> None:
+    if any(agent.tools.sessions.enabled for agent in conversations.settings.agents.values()):
+        SessionTools(conversations, history).register(conversations.tools)
+
+
+async def _prepare(history: HistoryIndex, store: SessionStore, *, rebuild: bool) -> None:
+    try:
+        if rebuild:
+            log.info("history index missing: rebuilding it from the run folders and archives")
+            await rebuild_all(history, store.ledger, store.home)
+        else:
+            runs = [(r.run_id, r.key, r.agent_id, r.dir, r.next_seq - 1) for r in store.active_runs()]
+            await catch_up(history, runs)
+    except Exception:  # the index is derived: a failed rebuild is logged; doctor --fix retries
+        log.exception("history index rebuild failed")
+
+
+def require_history(request: web.Request) -> HistoryIndex:
+    history = history_of(request.app)
+    if history is None:
+        raise Unavailable("the history index is off (history.enabled: false)", code="history_disabled")
+    return history
+
+
+def _when(request: web.Request, name: str) -> str | None:
+    raw = request.query.get(name)
+    if not raw:
+        return None
+    try:
+        return iso(parse_iso(raw))
+    except ValueError:
+        raise BadRequest(f"'{name}' must be an ISO 8601 time, e.g. 2026-11-30T09:00:00+00:00", field=name) from None
+
+
+def _cursor(raw: str | None) -> int:
+    if not raw:
+        return 0
+    try:
+        offset = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))["o"]
+        if isinstance(offset, int) and offset >= 0:
+            return offset
+    except (ValueError, TypeError, KeyError):
+        pass
+    raise BadRequest("'cursor' is not one this API returned; start again without it", field="cursor")
+
+
+def encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
+
+
+def parse_query(request: web.Request) -> HistoryQuery:
+    """The search parameters of a request, validated (nothing is searched on a bad one)."""
+    settings = request.app[K.CONFIG].settings
+    q = request.query.get("q", "")
+    if match_expression(q) is None:
+        raise BadRequest("query parameter 'q' is required: words to search for", field="q")
+    agent = request.query.get("agent") or None
+    if agent is not None and agent not in settings.agents:
+        raise BadRequest(f"agent {agent!r} is not configured", field="agent")
+    key = request.query.get("key") or None
+    if key is not None:
+        key = parse_key(key, agents=settings.agents).raw
+    role = request.query.get("role") or None
+    if role is not None and role not in ROLES:
+        raise BadRequest(f"'role' must be one of {', '.join(ROLES)}", field="role")
+    since, until = _when(request, "since"), _when(request, "until")
+    limit = query_int(request, "limit", 20, low=1, high=settings.history.max_limit)
+    offset = _cursor(request.query.get("cursor"))
+    return HistoryQuery(q=q, agent=agent, key=key, role=role, since=since, until=until, limit=limit, offset=offset)
+
+
+@routes.get("/v1/history/search")
+async def search(request: web.Request) -> web.Response:
+    query = parse_query(request)
+    history = require_history(request)
+    hits = await history.search(HistoryQuery(**{**query.__dict__, "limit": query.limit + 1}))
+    page = hits[: query.limit]
+    next_cursor = encode_cursor(query.offset + query.limit) if len(hits) > query.limit else None
+    return json_response({"query": query.q, "results": [h.as_dict() for h in page], "next_cursor": next_cursor})
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+def export_format(request: web.Request) -> ExportFormat:
+    fmt = request.query.get("format") or "jsonl"
+    if fmt not in ("jsonl", "md"):
+        raise BadRequest("'format' must be jsonl or md", field="format")
+    return "md" if fmt == "md" else "jsonl"
+
+
+def _take(lines: Iterator[str], count: int) -> str:
+    out = []
+    for line in lines:
+        out.append(line)
+        if len(out) >= count:
+            break
+    return "".join(out)
+
+
+async def stream_export(
+    request: web.Request, runs: list[RunExport], fmt: ExportFormat, *, title: str, filename: str
+) -> web.StreamResponse:
+    """Lines are produced on a thread, a few hundred at a time, and written as they come."""
+    media = "text/markdown" if fmt == "md" else "application/x-ndjson"
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": f"{media}; charset=utf-8",
+            "Content-Disposition": f'attachment; filename="{filename}.{fmt}"',
+        }
+    )
+    await response.prepare(request)
+    lines = export_lines(runs, fmt, title=title)
+    while chunk := await asyncio.to_thread(_take, lines, EXPORT_CHUNK_LINES):
+        await response.write(chunk.encode("utf-8"))
+    await response.write_eof()
+    return response
+
+
+def _safe_name(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120]
+
+
+@routes.get("/v1/sessions/{key}/export")
+async def export_session(request: web.Request) -> web.StreamResponse:
+    settings = request.app[K.CONFIG].settings
+    key = parse_key(request.match_info["key"], agents=settings.agents).raw
+    fmt = export_format(request)
+    runs = await runs_of_key(request.app[K.STORE], key)
+    return await stream_export(request, runs, fmt, title=f"Session {key}", filename=_safe_name(key))
+
+
+@routes.get("/v1/runs/{uuid}/export")
+async def export_run(request: web.Request) -> web.StreamResponse:
+    fmt = export_format(request)
+    run = await one_run(request.app[K.STORE], request.match_info["uuid"])
+    title = f"Run {run.row['uuid']} of {run.row.get('session_key')}"
+    return await stream_export(request, [run], fmt, title=title, filename=run.row["uuid"])
+
+
+# -- purge ----------------------------------------------------------------------------------------
+
+
+def purge_flag(request: web.Request) -> bool:
+    raw = request.query.get("purge")
+    if raw is None or raw in ("false", "0"):
+        return False
+    if raw in ("true", "1", ""):
+        return True
+    raise BadRequest("'purge' must be true or false", field="purge")
+
+
+async def purge(request: web.Request, key: str) -> web.Response:
+    """``DELETE /v1/sessions/{key}?purge=true``: stop its turn, then erase it under its locks."""
+    conv = request.app[K.CONVERSATIONS]
+    store = request.app[K.STORE]
+    conv.stop_turn(key)
+    async with conv.exclusive(key):
+        runs = await store.ledger.list_runs(session_key=key, limit=1_000_000)
+        tombstone = await purge_key(store, key, history=history_of(request.app))
+        transcripts = request.app[K.EXTRAS].get("transcripts")
+        if transcripts is not None:
+            for agent_id in {r.get("agent_id") for r in runs}:
+                await transcripts.forget(agent_id, [r["uuid"] for r in runs if r.get("agent_id") == agent_id])
+    return json_response({"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()})
+

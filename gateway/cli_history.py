@@ -1,0 +1,226 @@
+"""``neotask history search``, ``neotask sessions export`` and ``neotask sessions purge``, and the
+history index's part of ``neotask doctor``: through the running daemon's API when there is one,
+otherwise on the files under the home lock."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import html
+import re
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import urlencode
+
+from config.errors import BadRequest
+from config.loader import LoadedConfig
+from gateway import offline
+from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
+from gateway.tables import table as _table
+from sessions.export import ExportFormat, export_lines, runs_of_key
+from sessions.history import HistoryIndex, HistoryQuery, history_path, rebuild_all
+from sessions.history_doctor import check_home_index
+from sessions.history_text import match_expression
+from sessions.keys import parse_key
+from sessions.layout import Home
+from sessions.ledger import Ledger
+from sessions.purge import purge_key
+from sessions.store import SessionStore
+
+if TYPE_CHECKING:
+    from gateway.cli import Context
+
+_MARK = re.compile(r"</?mark>")
+
+
+def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser], sessions_actions: Any) -> None:
+    export = sessions_actions.add_parser("export", parents=both, help="every run of a key as JSON Lines or Markdown")
+    export.add_argument("key")
+    export.add_argument("--format", choices=("jsonl", "md"), default="jsonl")
+    export.add_argument("-o", "--output", default=None, help="write to this file (default: standard output)")
+    export.set_defaults(handler=cmd_sessions_export)
+    purge = sessions_actions.add_parser("purge", parents=both, help="erase a key for good (runs, archives, index)")
+    purge.add_argument("key")
+    purge.set_defaults(handler=cmd_sessions_purge)
+
+    history = commands.add_parser("history", help="search every transcript")
+    actions = history.add_subparsers(dest="action", required=True, metavar="ACTION")
+    search = actions.add_parser("search", parents=both, help="full-text search over every message")
+    search.add_argument("query", nargs="+")
+    search.add_argument("--agent", default=None)
+    search.add_argument("--key", default=None)
+    search.add_argument("--role", choices=("user", "assistant", "tool", "system"), default=None)
+    search.add_argument("--since", default=None, help="ISO 8601 time")
+    search.add_argument("--until", default=None, help="ISO 8601 time")
+    search.add_argument("--limit", type=int, default=20)
+    search.set_defaults(handler=cmd_history_search)
+
+
+# -- search ----------------------------------------------------------------------------------------
+
+
+def _offline_search(config: LoadedConfig, query: HistoryQuery) -> dict[str, Any]:
+    async def work(store: SessionStore) -> dict[str, Any]:
+        history = HistoryIndex(history_path(store.home.contexts))
+        if await history.open():
+            await rebuild_all(history, store.ledger, store.home)
+        try:
+            hits = await history.search(query)
+        finally:
+            await history.close()
+        return {"query": query.q, "results": [h.as_dict() for h in hits], "next_cursor": None}
+
+    return offline.with_store(config, work)
+
+
+def cmd_history_search(ctx: Context) -> int:
+    args = ctx.args
+    q = " ".join(args.query)
+    if match_expression(q) is None:
+        raise BadRequest("the query has no word to search for", field="q")
+    client = ctx.client()
+    if client is not None:
+        body = client.get("/v1/history/search", q=q, agent=args.agent, key=args.key, role=args.role,
+                          since=args.since, until=args.until, limit=args.limit)  # fmt: skip
+    else:
+        config = ctx.config
+        key = parse_key(args.key, agents=config.settings.agents).raw if args.key else None
+        if args.agent is not None and args.agent not in config.settings.agents:
+            raise BadRequest(f"agent {args.agent!r} is not configured", field="agent")
+        query = HistoryQuery(q=q, agent=args.agent, key=key, role=args.role, since=args.since, until=args.until,
+                             limit=max(1, min(args.limit, config.settings.history.max_limit)))  # fmt: skip
+        body = _offline_search(config, query)
+    if ctx.as_json:
+        ctx.print_json(body)
+        return 0
+    results = body.get("results", [])
+    if not results:
+        ctx.print("no matches")
+        return 0
+    rows = [
+        (r["session_key"], r["run_id"], str(r["seq"]), r["role"] + (" (tool)" if r.get("tool_result") else ""),
+         (r.get("timestamp") or "")[:19], plain_snippet(r["snippet"]))
+        for r in results
+    ]  # fmt: skip
+    ctx.print(_table(("KEY", "RUN", "SEQ", "ROLE", "TIME", "SNIPPET"), rows))
+    return 0
+
+
+def plain_snippet(snippet: str) -> str:
+    """The API's snippet for a terminal: matches in [brackets], entities decoded."""
+    return html.unescape(_MARK.sub(lambda m: "]" if m.group(0) == "</mark>" else "[", snippet))
+
+
+# -- export ----------------------------------------------------------------------------------------
+
+
+def _stream_online(client: GatewayClient, path: str, fmt: str, out: TextIO | Any) -> None:
+    url = f"{client.base_url}{path}?{urlencode({'format': fmt})}"
+    headers = {"Authorization": f"Bearer {client.token}"} if client.token else {}
+    request = urllib.request.Request(url, headers=headers, method="GET")
+    try:
+        with urllib.request.urlopen(request, timeout=client.timeout_s) as response:
+            while chunk := response.read(65536):
+                out.write(chunk)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            raise _api_error(exc.code, exc.read(), exc.reason) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise Unreachable(f"cannot reach the gateway at {client.base_url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _offline_export(config: LoadedConfig, key: str, fmt: ExportFormat, out: Any) -> None:
+    async def work(store: SessionStore) -> None:
+        runs = await runs_of_key(store, key)
+
+        def write() -> None:
+            for line in export_lines(runs, fmt, title=f"Session {key}"):
+                out.write(line.encode("utf-8"))
+
+        await asyncio.to_thread(write)
+
+    offline.with_store(config, work)
+
+
+def cmd_sessions_export(ctx: Context) -> int:
+    args = ctx.args
+    key = parse_key(args.key, agents=ctx.config.settings.agents).raw
+    target = Path(args.output) if args.output else None
+    out: Any = target.open("wb") if target else sys.stdout.buffer
+    try:
+        client = ctx.client()
+        if client is not None:
+            _stream_online(client, f"/v1/sessions/{key_segment(key)}/export", args.format, out)
+        else:
+            _offline_export(ctx.config, key, "md" if args.format == "md" else "jsonl", out)
+        out.flush()
+    except BaseException:
+        if target is not None:
+            out.close()
+            target.unlink(missing_ok=True)
+        raise
+    if target is not None:
+        out.close()
+        print(f"exported {key} to {target}", file=sys.stderr)
+    return 0
+
+
+# -- purge -----------------------------------------------------------------------------------------
+
+
+def _offline_purge(config: LoadedConfig, key: str) -> dict[str, Any]:
+    async def work(store: SessionStore) -> dict[str, Any]:
+        history = None
+        if config.settings.history.enabled:
+            history = HistoryIndex(history_path(store.home.contexts))
+            await history.open()
+        try:
+            tombstone = await purge_key(store, key, history=history)
+        finally:
+            if history is not None:
+                await history.close()
+        return {"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()}
+
+    return offline.with_store(config, work)
+
+
+def cmd_sessions_purge(ctx: Context) -> int:
+    key = parse_key(ctx.args.key, agents=ctx.config.settings.agents).raw
+    client = ctx.client()
+    if client is not None:
+        body = client.request("DELETE", f"/v1/sessions/{key_segment(key)}", query={"purge": "true"})
+    else:
+        body = _offline_purge(ctx.config, key)
+    if ctx.as_json:
+        ctx.print_json(body)
+    else:
+        stone = body["tombstone"]
+        ctx.print(f"purged {key}: {stone['runs']} run(s), {stone['messages']} message(s); tombstone kept")
+    return 0
+
+
+# -- doctor ----------------------------------------------------------------------------------------
+
+
+def offline_doctor(config: LoadedConfig, *, fix: bool) -> list[dict[str, Any]]:
+    """The history index findings of ``neotask doctor`` without a daemon (under the home lock)."""
+    if not config.settings.history.enabled:
+        return []
+    home = Home(config.home)
+
+    async def run() -> list[dict[str, Any]]:
+        ledger = Ledger(home.tasks_db)
+        await ledger.open()
+        try:
+            findings = await check_home_index(home.contexts, ledger, home, fix=fix)
+        finally:
+            await ledger.close()
+        return [f.as_dict() for f in findings]
+
+    if not home.tasks_db.exists():
+        return []
+    return offline.locked(config, lambda: asyncio.run(run()))

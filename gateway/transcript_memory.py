@@ -1,0 +1,100 @@
+"""Transcripts as a memory source (``memory.sources: [memory, sessions]``): when a run completes,
+its final summary is written to ``<workspace>/memory/sessions/<uuid>.md``, which the memory index
+picks up like any note. Only the summary is embedded, never every message. ``memory_search``
+cites those hits as ``run:<uuid>``; sessions whose chat type does not see MEMORY.md
+(``memory.recall.chat_types``) do not see them either, so group and channel sessions never read
+a direct conversation's summary. ``memory/`` knows nothing of sessions: this module joins them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from sessions import layout
+from sessions.jsonl import write_atomic
+from sessions.store import SessionStore
+
+log = logging.getLogger(__name__)
+SESSIONS_DIR = "memory/sessions"
+_CITATION = re.compile(r"^memory/sessions/([0-9a-f-]{36})\.md(?:#.*)?$")
+
+
+def run_citation(citation: str) -> str:
+    """``memory/sessions/<uuid>.md#L1-L9`` → ``run:<uuid>``; any other citation unchanged."""
+    match = _CITATION.match(citation)
+    return f"run:{match.group(1)}" if match else citation
+
+
+def is_transcript(path: str) -> bool:
+    return path.startswith(SESSIONS_DIR + "/")
+
+
+def summary_note(run_id: str, key: str, chat_type: str, ended_at: str, summary: str) -> str:
+    return f"# Run {run_id}\n\nSession `{key}` ({chat_type}), ended {ended_at}.\n\n{summary.strip()}\n"
+
+
+class TranscriptSource:
+    def __init__(self, store: SessionStore, workspaces: dict[str, Path]) -> None:
+        self.store = store
+        self.workspaces = workspaces
+        self.tasks: set[asyncio.Task[None]] = set()
+        store.listeners.append(self.on_event)
+
+    def path(self, agent_id: str | None, run_id: str) -> Path | None:
+        workspace = self.workspaces.get(agent_id or "main")
+        return None if workspace is None else workspace / SESSIONS_DIR / f"{run_id}.md"
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("type") != "lifecycle" or event.get("action") not in ("completed", "failed"):
+            return
+        if event.get("reason") == "purge":
+            return
+        task = asyncio.create_task(self.write(str(event["run_id"]), str(event["key"]), str(event.get("at") or "")))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def write(self, run_id: str, key: str, ended_at: str) -> None:
+        row = await self.store.ledger.get_run(run_id)
+        if row is None:
+            return
+        target = self.path(row.get("agent_id"), run_id)
+        folder = self.store.home.run_dir(run_id, "completed")
+        if target is None:
+            return
+
+        def _write() -> bool:
+            try:
+                summary = (folder / layout.FINAL_SUMMARY).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                return False
+            if not summary.strip():
+                return False
+            target.parent.mkdir(parents=True, exist_ok=True)
+            note = summary_note(run_id, key, str(row.get("chat_type") or "direct"), ended_at, summary)
+            write_atomic(target, note.encode("utf-8"))
+            return True
+
+        try:
+            if await asyncio.to_thread(_write):
+                log.info("final summary of run %s added to the memory sources", run_id)
+        except OSError as exc:
+            log.error("could not write the final summary of run %s to memory: %s", run_id, exc)
+
+    async def forget(self, agent_id: str | None, run_ids: list[str]) -> None:
+        """Remove the notes of purged runs (the memory index follows the deleted files)."""
+        paths = [p for p in (self.path(agent_id, r) for r in run_ids) if p is not None]
+
+        def _remove() -> None:
+            for path in paths:
+                path.unlink(missing_ok=True)
+
+        await asyncio.to_thread(_remove)
+
+    async def close(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.on_event in self.store.listeners:
+            self.store.listeners.remove(self.on_event)

@@ -1,0 +1,615 @@
+"""The history index: full-text search over every message of every run (``contexts/history.db``).
+
+SQLite FTS5 in its own database file, so tasks.db stays small. ``messages`` holds one row per
+indexed message (run, seq, key, agent, role, time, text); ``fts`` is a contentless FTS5 table
+(``unicode61`` with Porter stemming, CJK runs as bigrams: ``sessions.history_text``) whose rowid
+is the message row's id.
+
+Writes come from one thread with its own connection: ``feed`` (called on the event loop once the
+append writer has made a message durable) only puts the record on a queue; the thread takes
+everything queued and commits it in one transaction, so ingest never waits for the index.
+Deletes, rebuilds and maintenance go through the same queue, in order. Searches run on a second
+thread with a read connection (WAL: readers never wait for the writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import sqlite3
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sessions import layout
+from sessions.history_text import index_text, indexable, match_expression, message_text, query_terms, snippet
+from sessions.jsonl import iter_records
+from sessions.layout import Home
+from sessions.ledger import Ledger
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+HISTORY_DB = "history.db"
+SCHEMA_VERSION = 1
+SCHEMA = (
+    """CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        session_key TEXT NOT NULL,
+        agent_id TEXT,
+        role TEXT NOT NULL,
+        timestamp TEXT,
+        tool INTEGER NOT NULL DEFAULT 0,
+        content TEXT NOT NULL,
+        UNIQUE (run_id, seq)
+    )""",
+    "CREATE INDEX idx_messages_key ON messages(session_key)",
+    "CREATE INDEX idx_messages_time ON messages(timestamp)",
+    "CREATE VIRTUAL TABLE fts USING fts5(body, content='', tokenize='porter unicode61 remove_diacritics 2')",
+)
+MAX_BATCH = 2000
+BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
+CANDIDATES = 1000  # the newest matches ranked per search (see ``search``)
+COMMON_POOL = 300  # a query matching more than CANDIDATES ranks its newest this many (see ``search``)
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    q: str
+    agent: str | None = None
+    key: str | None = None
+    role: str | None = None
+    since: str | None = None
+    until: str | None = None
+    limit: int = 20
+    offset: int = 0
+    keys: frozenset[str] | None = None  # only these keys (agent tools' visibility)
+
+
+@dataclass(frozen=True)
+class HistoryHit:
+    session_key: str
+    run_id: str
+    seq: int
+    role: str
+    timestamp: str | None
+    snippet: str
+    score: float
+    agent_id: str | None
+    tool: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session_key": self.session_key,
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "role": self.role,
+            "timestamp": self.timestamp,
+            "snippet": self.snippet,
+            "score": self.score,
+            "agent_id": self.agent_id,
+            "tool_result": self.tool,
+            "link": f"/ui#/run/{self.run_id}?seq={self.seq}",
+        }
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """Where the messages of one run can be read, for a rebuild."""
+
+    run_id: str
+    session_key: str
+    agent_id: str | None
+    folder: Path | None = None
+    archive: Path | None = None
+
+
+@dataclass
+class HistoryStats:
+    indexed: int = 0
+    batches: int = 0
+    deleted: int = 0
+    rebuilt_runs: int = 0
+
+
+@dataclass
+class _Op:
+    fn: Callable[[sqlite3.Connection], Any]
+    future: asyncio.Future[Any] | None
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Row:
+    values: tuple[Any, ...] = field(default_factory=tuple)
+
+
+_STOP = object()
+
+
+def row_values(run_id: str, key: str, agent_id: str | None, record: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The ``messages`` row of a messages.jsonl record, or None when it is not indexed."""
+    if not indexable(record):
+        return None
+    return (
+        run_id,
+        int(record.get("seq") or 0),
+        key,
+        agent_id,
+        str(record.get("role") or ""),
+        record.get("timestamp"),
+        1 if record.get("role") == "tool" else 0,
+        message_text(record),
+    )
+
+
+def _insert_many(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) -> int:
+    """Insert a batch in two statements (the FTS rows through the ``index_text`` SQL function);
+    rows already indexed are skipped. Only the index thread writes, so the new ids are those above
+    the highest id before the batch."""
+    before = int(conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+    conn.executemany(
+        "INSERT OR IGNORE INTO messages (run_id, seq, session_key, agent_id, role, timestamp, tool, content)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    cursor = conn.execute("INSERT INTO fts (rowid, body) SELECT id, index_text(content) FROM messages WHERE id > ?",
+                          (before,))  # fmt: skip
+    return int(cursor.rowcount)
+
+
+def _delete_where(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> int:
+    rows = conn.execute(f"SELECT id, content FROM messages WHERE {where}", params).fetchall()
+    conn.executemany(
+        "INSERT INTO fts (fts, rowid, body) VALUES ('delete', ?, ?)", [(r[0], index_text(r[1])) for r in rows]
+    )
+    conn.execute(f"DELETE FROM messages WHERE {where}", params)
+    return len(rows)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.execute("PRAGMA secure_delete=ON")  # a purged message leaves no bytes behind in freed pages
+    return conn
+
+
+def schema_ok(conn: sqlite3.Connection) -> bool:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    for statement in SCHEMA:
+        conn.execute(statement)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.execute("COMMIT")
+
+
+def iter_run_messages(source: RunSource) -> Iterator[dict[str, Any]]:
+    """The messages.jsonl records of a run folder or an archive, streamed (blocking)."""
+    if source.folder is not None:
+        yield from iter_records(source.folder / layout.MESSAGES)
+        return
+    if source.archive is None:
+        return
+    import json
+
+    try:
+        with tarfile.open(source.archive, mode="r:gz") as tar:
+            try:
+                member = tar.getmember(f"{source.run_id}/{layout.MESSAGES}")
+            except KeyError:
+                return
+            handle = tar.extractfile(member)
+            if handle is None:
+                return
+            for raw in handle:
+                if not raw.endswith(b"\n"):
+                    break
+                with contextlib.suppress(ValueError):
+                    record = json.loads(raw)
+                    if isinstance(record, dict):
+                        yield record
+    except (FileNotFoundError, tarfile.TarError) as exc:
+        log.warning("history rebuild: archive of run %s unreadable: %s", source.run_id, exc)
+
+
+class HistoryIndex:
+    def __init__(self, path: Path, *, max_batch: int = MAX_BATCH) -> None:
+        self.path = path
+        self.max_batch = max_batch
+        self.stats = HistoryStats()
+        self.created = False
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neotask-history-read")
+
+    # -- opening and closing --------------------------------------------------------------------
+
+    def _open(self) -> bool:
+        """Open (creating when missing or of another schema); whether it was created empty."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not self.path.exists()
+        try:
+            conn = connect(self.path)
+        except sqlite3.DatabaseError as exc:
+            log.warning("history index %s is unreadable (%s): rebuilding it", self.path, exc)
+            remove_files(self.path)
+            conn = connect(self.path)
+            created = True
+        try:
+            if created:
+                create_schema(conn)
+            elif not schema_ok(conn):
+                log.warning("history index %s has another schema: rebuilding it", self.path)
+                conn.close()
+                remove_files(self.path)
+                conn = connect(self.path)
+                create_schema(conn)
+                created = True
+        except sqlite3.DatabaseError as exc:
+            log.warning("history index %s is unreadable (%s): rebuilding it", self.path, exc)
+            conn.close()
+            remove_files(self.path)
+            conn = connect(self.path)
+            create_schema(conn)
+            created = True
+        self._conn = conn
+        self._reader = connect(self.path)
+        with contextlib.suppress(OSError):
+            os.chmod(self.path, 0o600)
+        return created
+
+    async def open(self) -> bool:
+        """Open the index and start its writer thread; True when it was created (so the caller
+        rebuilds it from the run folders and archives)."""
+        self._loop = asyncio.get_running_loop()
+        self.created = await asyncio.to_thread(self._open)
+        self._thread = threading.Thread(target=self._run, name="neotask-history", daemon=True)
+        self._thread.start()
+        return self.created
+
+    async def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+        def _close() -> None:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+        await asyncio.get_running_loop().run_in_executor(self._read_pool, _close)
+        self._read_pool.shutdown(wait=True)
+
+    # -- feeding (event loop, never blocks) -----------------------------------------------------
+
+    def feed(self, run_id: str, key: str, agent_id: str | None, record: dict[str, Any]) -> None:
+        """Queue one durable message for indexing (commands and empty messages are dropped here)."""
+        values = row_values(run_id, key, agent_id, record)
+        if values is not None and self._thread is not None:
+            self._queue.put(_Row(values))
+
+    def call(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Run ``fn`` on the index thread after everything queued before it is committed."""
+        if self._loop is None or self._thread is None:
+            raise RuntimeError("the history index is not open")
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._queue.put(_Op(fn, future))
+        return future
+
+    async def flush(self) -> None:
+        await self.call(lambda conn: None)
+
+    async def delete_runs(self, run_ids: Iterable[str]) -> int:
+        ids = list(run_ids)
+
+        def _do(conn: sqlite3.Connection) -> int:
+            with conn:
+                return sum(_delete_where(conn, "run_id = ?", (r,)) for r in ids)
+
+        deleted = await self.call(_do)
+        self.stats.deleted += deleted
+        return deleted
+
+    async def delete_key(self, key: str) -> int:
+        def _do(conn: sqlite3.Connection) -> int:
+            with conn:
+                return _delete_where(conn, "session_key = ?", (key,))
+
+        deleted = await self.call(_do)
+        self.stats.deleted += deleted
+        return deleted
+
+    async def scrub(self) -> None:
+        """Merge the FTS segments (dropping deleted entries), VACUUM, and truncate the WAL: after
+        a purge, no byte of a deleted message stays in history.db or its WAL."""
+
+        def _do(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO fts (fts) VALUES ('optimize')")
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+        await self.call(_do)
+
+    async def rebuild(self, sources: Iterable[RunSource], *, replace: bool = True) -> int:
+        """Index every message of ``sources`` (blocking reads on the index thread); with
+        ``replace`` the index is emptied first. Messages already indexed are skipped, so live
+        feeding may go on meanwhile. Returns the number of messages indexed."""
+        runs = list(sources)
+
+        def _do(conn: sqlite3.Connection) -> int:
+            if replace:
+                with conn:
+                    conn.execute("DELETE FROM messages")
+                    conn.execute("INSERT INTO fts (fts) VALUES ('delete-all')")
+            count = 0
+            for source in runs:
+                pending: list[tuple[Any, ...]] = []
+                for record in iter_run_messages(source):
+                    values = row_values(source.run_id, source.session_key, source.agent_id, record)
+                    if values is not None:
+                        pending.append(values)
+                    if len(pending) >= self.max_batch:
+                        with conn:
+                            count += _insert_many(conn, pending)
+                        pending = []
+                if pending:
+                    with conn:
+                        count += _insert_many(conn, pending)
+                self.stats.rebuilt_runs += 1
+            conn.execute("INSERT INTO fts (fts) VALUES ('optimize')")
+            return count
+
+        count = await self.call(_do)
+        self.stats.indexed += count
+        log.info("history index rebuilt: %d message(s) of %d run(s)", count, len(runs))
+        return count
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        conn.create_function("index_text", 1, index_text, deterministic=True)
+        conn.execute("PRAGMA wal_autocheckpoint=20000")  # checkpoints (and their fsyncs) every ~80 MB
+        with contextlib.suppress(OSError, AttributeError):  # the index may lag; ingest must not
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        stopping = False
+        while not stopping:
+            batch = [self._queue.get()]
+            time.sleep(BATCH_WAIT_S)  # let a batch gather: fewer, larger transactions
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            rows: list[tuple[Any, ...]] = []
+            for item in batch:
+                if item is _STOP:
+                    stopping = True
+                elif isinstance(item, _Row):
+                    rows.append(item.values)
+                else:
+                    self._commit(conn, rows)
+                    rows = []
+                    self._invoke(conn, item)
+            self._commit(conn, rows)
+        conn.close()
+        self._conn = None
+
+    def _commit(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
+            return
+        try:
+            with conn:
+                added = _insert_many(conn, rows)
+            self.stats.indexed += added
+            self.stats.batches += 1
+        except sqlite3.Error as exc:  # the index is derived: logged, and `doctor --fix` rebuilds it
+            log.error("history index: a batch of %d message(s) failed: %s", len(rows), exc)
+
+    def _invoke(self, conn: sqlite3.Connection, op: _Op) -> None:
+        try:
+            op.result = op.fn(conn)
+        except Exception as exc:  # handed to the awaiting coroutine
+            op.error = exc
+        if op.future is not None and self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(_settle, op)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def _call() -> T:
+            if self._reader is None:
+                raise RuntimeError("the history index is closed")
+            return fn(self._reader)
+
+        return await asyncio.get_running_loop().run_in_executor(self._read_pool, _call)
+
+    async def search(self, query: HistoryQuery) -> list[HistoryHit]:
+        return await self._read(lambda conn: search(conn, query))
+
+    async def count(self) -> int:
+        return await self._read(lambda conn: int(conn.execute("SELECT count(*) FROM messages").fetchone()[0]))
+
+    async def run_ids(self) -> set[str]:
+        return await self._read(lambda conn: {r[0] for r in conn.execute("SELECT DISTINCT run_id FROM messages")})
+
+
+def _settle(op: _Op) -> None:
+    future = op.future
+    if future is None or future.done():
+        return
+    if op.error is not None:
+        future.set_exception(op.error)
+    else:
+        future.set_result(op.result)
+
+
+def search(conn: sqlite3.Connection, query: HistoryQuery) -> list[HistoryHit]:
+    """Best first (BM25); filters on the message row. Blocking."""
+    expression = match_expression(query.q)
+    if expression is None:
+        return []
+    clauses = ["fts MATCH ?"]
+    values: list[Any] = [expression]
+    for column, value in (("m.agent_id", query.agent), ("m.session_key", query.key), ("m.role", query.role)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            values.append(value)
+    if query.since is not None:
+        clauses.append("m.timestamp >= ?")
+        values.append(query.since)
+    if query.until is not None:
+        clauses.append("m.timestamp < ?")
+        values.append(query.until)
+    if query.keys is not None:
+        if not query.keys:
+            return []
+        clauses.append(f"m.session_key IN ({', '.join('?' for _ in query.keys)})")
+        values.extend(sorted(query.keys))
+    # Ranking: a query matching at most CANDIDATES messages is ranked by FTS5's BM25. FTS5's bm25()
+    # counts every match of every term on each call (50 ms for a word found in a million messages),
+    # so a query matching more is ranked over its newest COMMON_POOL matches by term frequency and
+    # length (FTS5 walks its doclists by descending rowid and stops early: milliseconds).
+    cap = max(CANDIDATES, query.offset + query.limit)
+    where = " AND ".join(clauses)
+    join = "fts JOIN messages m ON m.id = fts.rowid"
+    count = len(conn.execute(f"SELECT fts.rowid FROM {join} WHERE {where} LIMIT ?", [*values, cap + 1]).fetchall())
+    if count == 0:
+        return []
+    columns = "m.session_key, m.run_id, m.seq, m.role, m.timestamp, m.content, m.id, m.agent_id, m.tool"
+    if count <= cap:
+        sql = (
+            f"SELECT {columns}, -bm25(fts) AS score FROM {join} WHERE {where}"
+            " ORDER BY bm25(fts), m.id DESC LIMIT ? OFFSET ?"
+        )
+        rows = conn.execute(sql, [*values, query.limit, query.offset]).fetchall()
+        ranked = [(float(row[9]), row[:9]) for row in rows]
+    else:
+        pool = max(COMMON_POOL, query.offset + query.limit)
+        sql = f"SELECT {columns} FROM {join} WHERE {where} ORDER BY fts.rowid DESC LIMIT ?"
+        ranked = frequent(query.q, conn.execute(sql, [*values, pool]).fetchall())
+        ranked = ranked[query.offset : query.offset + query.limit]
+    hits = []
+    for score, (key, run_id, seq, role, timestamp, content, _id, agent_id, tool) in ranked:
+        hits.append(
+            HistoryHit(
+                session_key=key,
+                run_id=run_id,
+                seq=int(seq),
+                role=role,
+                timestamp=timestamp,
+                snippet=snippet(content, query.q),
+                score=round(score, 4),
+                agent_id=agent_id,
+                tool=bool(tool),
+            )
+        )
+    return hits
+
+
+def frequent(q: str, rows: list[tuple[Any, ...]]) -> list[tuple[float, tuple[Any, ...]]]:
+    """Rows whose every term is common, best first: BM25's term-frequency and length parts with
+    equal term weights (k1 1.2, b 0.75), ties newest first."""
+    words, runs = query_terms(q)
+    terms = [*words, *runs]
+    texts = [str(row[5]).lower() for row in rows]
+    lengths = [text.count(" ") + 1 for text in texts]
+    average = sum(lengths) / max(1, len(lengths))
+    scored = []
+    for row, text, length in zip(rows, texts, lengths, strict=True):
+        norm = 1.2 * (0.25 + 0.75 * length / average)
+        score = sum((tf := max(1, text.count(term))) * 2.2 / (tf + norm) for term in terms)
+        scored.append((score, row))
+    scored.sort(key=lambda item: (-item[0], -int(item[1][6])))
+    return scored
+
+def history_path(contexts: Path) -> Path:
+    """``contexts/history.db``."""
+    return contexts / HISTORY_DB
+
+
+def remove_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}{suffix}")
+
+
+def sources_from_rows(rows: Iterable[dict[str, Any]], home: Home) -> list[RunSource]:
+    """Rebuild sources from tasks.db rows: the run folder when it exists, else its archive
+    (blocking: stats the files)."""
+    out = []
+    for row in sorted(rows, key=lambda r: (r.get("created_at") or "", r["uuid"])):
+        if not row.get("session_key"):
+            continue
+        folder = None
+        for name in layout.FOLDERS:
+            candidate = home.folder(name) / row["uuid"]
+            if candidate.is_dir():
+                folder = candidate
+                break
+        archive = home.archive_file(row["uuid"])
+        if folder is None and not archive.exists():
+            continue
+        out.append(
+            RunSource(
+                run_id=row["uuid"],
+                session_key=row["session_key"],
+                agent_id=row.get("agent_id"),
+                folder=folder,
+                archive=None if folder is not None else archive,
+            )
+        )
+    return out
+
+
+def _all_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    sql = "SELECT uuid, session_key, agent_id, status, created_at FROM tasks"
+    return [dict(zip(("uuid", "session_key", "agent_id", "status", "created_at"), r, strict=True))
+            for r in conn.execute(sql)]  # fmt: skip
+
+
+async def rebuild_all(history: HistoryIndex, ledger: Ledger, home: Home) -> int:
+    """Rebuild the whole index from every run in tasks.db (folders and archives)."""
+    rows = await ledger.execute(_all_rows)
+    sources = await asyncio.to_thread(sources_from_rows, rows, home)
+    return await history.rebuild(sources)
+
+
+async def catch_up(history: HistoryIndex, runs: Iterable[tuple[str, str, str | None, Path, int]]) -> int:
+    """Index what a crash left unindexed in active runs: (run, key, agent, folder, last seq)
+    whose last seq is above the index's. Returns the number of runs re-read."""
+    wanted = list(runs)
+    if not wanted:
+        return 0
+
+    def _max_seqs(conn: sqlite3.Connection) -> dict[str, int]:
+        return {r[0]: int(r[1]) for r in conn.execute("SELECT run_id, max(seq) FROM messages GROUP BY run_id")}
+
+    indexed = await history._read(_max_seqs)
+    behind = [RunSource(run_id, key, agent, folder=folder) for run_id, key, agent, folder, last in wanted
+              if last > indexed.get(run_id, 0)]  # fmt: skip
+    if behind:
+        await history.rebuild(behind, replace=False)
+    return len(behind)

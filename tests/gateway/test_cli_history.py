@@ -1,0 +1,67 @@
+"""``neotask history search``, ``sessions export``, ``sessions purge`` and the history part of
+``doctor`` without a daemon (the CLI takes the lock and works on the files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sessions.records import NewMessage
+from tests.conftest import FakeClock
+from tests.gateway.test_cli import Cli, cli, home  # noqa: F401  (fixtures)
+from tests.sessions.helpers import open_store, start
+
+KEY = "agent:main:main"
+
+
+async def _seed(home: Path, clock: FakeClock) -> str:  # noqa: F811
+    store = await open_store(home, clock)
+    try:
+        run = await start(store, KEY)
+        await store.append(run, NewMessage(role="user", content="the quarterly budget is approved"))
+        await store.append(run, NewMessage(role="user", content="来週の会議は火曜日です"))
+        await store.append(run, NewMessage(role="user", content="/status", command=True))
+        await store.complete(KEY)
+        other = await start(store, "agent:main:dm:bob")
+        await store.append(other, NewMessage(role="user", content="bob talks about the budget too"))
+    finally:
+        await store.close()
+    return run.run_id
+
+
+async def test_offline_history_search_builds_the_missing_index(cli: Cli, home: Path, clock: FakeClock) -> None:  # noqa: F811
+    run_id = await _seed(home, clock)
+    body = await cli.json("history", "search", "budget", "--key", KEY)
+    assert [(r["run_id"], r["seq"]) for r in body["results"]] == [(run_id, 1)]
+    assert "<mark>budget</mark>" in body["results"][0]["snippet"]
+    code, out, _ = await cli("history", "search", "会議")
+    assert code == 0 and "[会議]" in out and run_id in out
+    assert (home / "contexts" / "history.db").exists()
+    code, out, _ = await cli("history", "search", "status")
+    assert code == 0 and "no matches" in out
+    code, _, err = await cli("history", "search", "?!")
+    assert code == 1 and "invalid_field" in err
+
+
+async def test_offline_export_purge_and_doctor(cli: Cli, home: Path, clock: FakeClock, tmp_path: Path) -> None:  # noqa: F811
+    await _seed(home, clock)
+    code, _, _ = await cli("doctor", "--fix")
+    assert code == 0
+    assert (await cli.json("doctor"))["actions"] == []
+    target = tmp_path / "out.md"
+    code, _, err = await cli("sessions", "export", KEY, "--format", "md", "-o", str(target))
+    assert code == 0 and "exported" in err
+    text = target.read_text(encoding="utf-8")
+    assert text.startswith(f"# Session {KEY}") and "来週の会議は火曜日です" in text and "/status" in text
+    jsonl = tmp_path / "out.jsonl"
+    assert (await cli("sessions", "export", KEY, "-o", str(jsonl)))[0] == 0
+    types = [json.loads(line)["type"] for line in jsonl.read_text(encoding="utf-8").splitlines()]
+    assert types[0] == "run" and types.count("message") == 3
+    purged = await cli.json("sessions", "purge", KEY)
+    assert purged["tombstone"]["runs"] == 1 and purged["tombstone"]["messages"] == 3
+    for path in home.rglob("*"):
+        assert not (path.is_file() and b"quarterly" in path.read_bytes()), path
+    assert (await cli.json("history", "search", "budget"))["results"][0]["session_key"] == "agent:main:dm:bob"
+    code, _, err = await cli("sessions", "export", KEY)
+    assert code == 1 and "session_not_found" in err
+    assert (await cli.json("doctor"))["actions"] == []
