@@ -27,12 +27,17 @@ def _check_zone(value: str | None) -> str | None:
     return value
 
 
+class OpenAICompatSettings(Model):
+    enabled: bool = False
+
+
 class GatewaySettings(Model):
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
     tokens: tuple[str, ...] = ()
     max_body_bytes: int = Field(1048576, ge=1024)
     shutdown_timeout_s: float = Field(10, gt=0)
+    openai_compat: OpenAICompatSettings = OpenAICompatSettings()
 
 
 class StorageSettings(Model):

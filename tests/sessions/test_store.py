@@ -13,6 +13,7 @@ import pytest
 from config.errors import Conflict, NotFound, SessionPaused
 from sessions import layout
 from sessions.jsonl import read_records
+from sessions.ledger import MIGRATIONS
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start
@@ -289,7 +290,7 @@ async def test_tasks_db_schema_migrations_and_wal(tmp_path: Path, clock: FakeClo
     store = await open_store(tmp_path, clock)
     await store.close()
     db = sqlite3.connect(tmp_path / "contexts/tasks.db")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     columns = {row[1] for row in db.execute("PRAGMA table_info(tasks)")}
     seed = {"uuid", "status", "task_type", "task_identifier", "repository", "user", "created_at", "updated_at",
