@@ -17,6 +17,8 @@ from gateway.commands import Commands
 from gateway.events import EventHub
 from gateway.http import auth_middleware, errors_middleware
 from gateway.metrics import Metrics
+from gateway.openai_compat import routes as openai_routes
+from gateway.openai_compat.errors import openai_errors_middleware
 from gateway.provider import ChatProvider
 from gateway.turns import Conversations
 from sessions.store import SessionStore
@@ -33,7 +35,7 @@ def create_app(
     """Build the gateway. ``env`` is the process environment read once at start (API keys)."""
     settings = config.settings
     app = web.Application(
-        middlewares=[errors_middleware, auth_middleware(settings.gateway.tokens)],
+        middlewares=[errors_middleware, openai_errors_middleware, auth_middleware(settings.gateway.tokens)],
         client_max_size=settings.gateway.max_body_bytes,
     )
     app[K.CONFIG] = config
@@ -45,6 +47,7 @@ def create_app(
     app[K.EXTRAS] = {}
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_conversation_context)
+    app.cleanup_ctx.append(openai_routes.compat_context)
     app.cleanup_ctx.append(hooks.hooks_context)
     app.cleanup_ctx.append(memory.memory_context)
     app.cleanup_ctx.append(scheduler.scheduler_context)
@@ -59,6 +62,7 @@ def create_app(
         scheduler.routes,
         memory.routes,
         ui.routes,
+        openai_routes.routes,
     ):
         app.router.add_routes(table)
     return app

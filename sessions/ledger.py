@@ -84,12 +84,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE openai_conversations (
         session_key TEXT PRIMARY KEY,
-        run_id TEXT,
+        epoch INTEGER NOT NULL,
+        base_count INTEGER NOT NULL,
         request_count INTEGER NOT NULL,
         request_digest TEXT NOT NULL,
         answered_count INTEGER NOT NULL,
         answered_digest TEXT NOT NULL,
-        answer TEXT,
         updated_at TEXT NOT NULL
     );
     CREATE TABLE openai_responses (
