@@ -21,7 +21,7 @@ from gateway.openai_compat.bodies import (
     tool_choice,
 )
 from gateway.openai_compat.errors import from_exception
-from gateway.openai_compat.service import MODEL_PREFIX, Answer, Call, OpenAICompat, Target
+from gateway.openai_compat.service import MODEL_PREFIX, Answer, Call, OpenAICompat, Progress, Target
 from gateway.openai_compat.shapes import (
     ResponseEvents,
     chunk,
@@ -60,16 +60,17 @@ def _created(request: web.Request) -> int:
     return int(request.app[K.CLOCK]().timestamp())
 
 
-def _headers(
-    target: Target, answer: Answer | None = None, *, new_run: bool = False, previous: str | None = None
-) -> dict[str, str]:
+def _headers(target: Target, answer: Answer | None = None, progress: Progress | None = None) -> dict[str, str]:
+    """The session key, the run and (``X-Neotask-New-Run: diverged``) a new run the call started
+    because its history diverged from the stored one."""
     headers = {SESSION_HEADER: target.key.raw}
     if answer is not None and answer.outcome.run_id:
         headers["X-Neotask-Run-Id"] = answer.outcome.run_id
-    if new_run:
+    known = progress or answer
+    if known is not None and known.new_run:
         headers["X-Neotask-New-Run"] = "diverged"
-        if previous:
-            headers["X-Neotask-Previous-Run-Id"] = previous
+        if known.previous_run_id:
+            headers["X-Neotask-Previous-Run-Id"] = known.previous_run_id
     return headers
 
 
@@ -113,7 +114,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return json_response(completion(ident, created, body.model, answer), headers=headers)
 
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    stream = _Stream(request, lambda: _headers(target))
+    progress = Progress()
+    stream = _Stream(request, lambda: _headers(target, progress=progress))
     streamed = False
 
     async def on_delta(text: str) -> None:
@@ -126,7 +128,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         await stream.write(sse_data(chunk(ident, created, body.model, {"content": text}, usage=include_usage)))
 
     try:
-        answer = await compat.chat(call, on_delta=on_delta)
+        answer = await compat.chat(call, on_delta=on_delta, progress=progress)
     except NeotaskError as exc:
         if not stream.started:
             raise
@@ -136,7 +138,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         first = {"role": "assistant", "content": answer.content}
         await stream.write(
             sse_data(chunk(ident, created, body.model, first, usage=include_usage)),
-            headers=_headers(target, answer, new_run=answer.new_run, previous=answer.previous_run_id),
+            headers=_headers(target, answer),
         )
     if answer.tool_calls:
         delta = {"tool_calls": tool_call_deltas(answer.tool_calls)}
