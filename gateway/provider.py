@@ -23,11 +23,7 @@ from config.errors import ConfigError, ProviderFailure
 from config.settings import ModelSettings
 
 if TYPE_CHECKING:
-    from openai.types.chat import (
-        ChatCompletionMessageParam,
-        ChatCompletionToolChoiceOptionParam,
-        ChatCompletionToolUnionParam,
-    )
+    from openai.types.chat import ChatCompletionToolChoiceOptionParam
 
 ProviderErrorKind = Literal["overflow", "timeout", "http", "connection", "malformed"]
 DeltaCallback = Callable[[str], Awaitable[None]]
@@ -318,8 +314,8 @@ class ChatProvider:
     ) -> Completion:
         raw = await self._client.chat.completions.with_raw_response.create(
             model=name,
-            messages=cast("list[ChatCompletionMessageParam]", messages),
-            tools=cast("list[ChatCompletionToolUnionParam]", tools) if tools else openai.omit,
+            messages=[],  # sent as extra_body: the SDK's typed transform costs ~15 ms per call
+            extra_body=_raw_body(messages, tools),
             tool_choice=tool_choice,
             max_tokens=limit if self._token_param == "max_tokens" else openai.omit,
             max_completion_tokens=limit if self._token_param == "max_completion_tokens" else openai.omit,
@@ -360,8 +356,8 @@ class ChatProvider:
         usage, finish, answered_model, chunks = Usage(), None, name, 0
         async with self._client.chat.completions.with_streaming_response.create(
             model=name,
-            messages=cast("list[ChatCompletionMessageParam]", messages),
-            tools=cast("list[ChatCompletionToolUnionParam]", tools) if tools else openai.omit,
+            messages=[],  # sent as extra_body: the SDK's typed transform costs ~15 ms per call
+            extra_body=_raw_body(messages, tools),
             tool_choice=tool_choice,
             max_tokens=limit if self._token_param == "max_tokens" else openai.omit,
             max_completion_tokens=limit if self._token_param == "max_completion_tokens" else openai.omit,
@@ -455,6 +451,13 @@ class ChatProvider:
             f"completion: {detail}; check that base_url points at an OpenAI-compatible /v1 endpoint",
             kind="malformed",
         )
+
+
+def _raw_body(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """``messages`` and ``tools`` as JSON-ready body fields. The SDK walks typed parameters key by
+    key (about 15 ms for 17 messages and 4 tools on this machine, more than the rest of a turn);
+    these are plain JSON already, so they go in ``extra_body``, which the SDK merges unchanged."""
+    return {"messages": messages, "tools": tools} if tools else {"messages": messages}
 
 
 def _finish(value: object) -> str | None:

@@ -23,8 +23,17 @@ class CompatRecords:
     def __init__(self, ledger: Ledger, clock: Clock) -> None:
         self.ledger = ledger
         self.clock = clock
+        self._known: dict[str, Record] = {}  # write-through: this process is the table's only writer
 
     async def conversation(self, key: str) -> Record | None:
+        if key in self._known:
+            return self._known[key]
+        record = await self._load(key)
+        if record is not None:
+            self._known[key] = record
+        return record
+
+    async def _load(self, key: str) -> Record | None:
         def _get(conn: sqlite3.Connection) -> Record | None:
             row = conn.execute(
                 "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest"
@@ -55,6 +64,7 @@ class CompatRecords:
             )
 
         await self.ledger.execute(_save)
+        self._known[key] = record
 
     async def response(self, response_id: str) -> ResponseRef | None:
         def _get(conn: sqlite3.Connection) -> ResponseRef | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from config.clock import Clock
-from config.errors import BadRequest, Conflict, NotFound
+from config.errors import BadRequest, Conflict, NotFound, ProviderFailure
 from gateway.commands import Commands, dispatch
 from gateway.openai_compat import history
 from gateway.openai_compat.history import ChatMessage, Plan
@@ -155,11 +155,14 @@ class OpenAICompat:
             post = self._post(call, messages[index], reply=False, cmid=plan.client_message_id(index), names=names)
             await self.conv.post(post)
         record = history.after_request(plan, len(messages))
-        if track:
-            await self.records.save_conversation(key, record)
         last = len(messages) - 1
         post = self._post(call, messages[last], reply=True, cmid=plan.client_message_id(last), names=names)
-        outcome = await dispatch(self.commands, post, on_delta=on_delta)
+        try:
+            outcome = await dispatch(self.commands, post, on_delta=on_delta)
+        except (ProviderFailure, asyncio.CancelledError):
+            if track:  # stored, not answered: the client's retry posts the same ids and runs the turn again
+                await asyncio.shield(self.records.save_conversation(key, record))
+            raise
         answer = _answer(key, outcome)
         if track:
             await self.records.save_conversation(key, history.after_answer(record, answer.message()))

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient
 from gateway import keys as K
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
-from tests.support.openai_server import OpenAIServer, Reply, ToolCallSpec, tool_call
+from tests.support.openai_server import OpenAIServer, Reply, ToolCallSpec, server_error, tool_call
 
 Client = TestClient[Any, Any]
 ON = {"gateway": {"openai_compat": {"enabled": True}}}
@@ -368,3 +368,19 @@ async def test_off_by_default_and_bearer_auth(aiohttp_client: Any, tmp_path: Pat
         assert denied.value.code == "unauthorized" and denied.value.type == "authentication_error"
     async with openai.AsyncOpenAI(base_url=base, api_key="t0k", max_retries=0) as sdk:
         assert [m.id for m in (await sdk.models.list()).data] == ["neotask/main"]
+
+
+async def test_a_provider_failure_then_the_retry_stores_the_message_once(
+    oa: openai.AsyncOpenAI, openai_server: OpenAIServer, client: Client, tmp_path: Path
+) -> None:
+    openai_server.script(server_error(500))
+    history = [{"role": "user", "content": "are you there?"}]
+    with pytest.raises(openai.APIStatusError) as failed:
+        await oa.chat.completions.create(model="main", messages=history, user="lee")
+    assert failed.value.status_code == 502 and failed.value.code == "provider_error"
+    assert failed.value.type == "server_error" and failed.value.body["stored"] is True  # type: ignore[index]
+    again = await oa.chat.completions.create(model="main", messages=history, user="lee")
+    assert again.choices[0].message.content == "echo: are you there?"
+    run = client.app[K.STORE].active_run("agent:main:openai:dm:lee")
+    assert run is not None
+    assert [m["role"] for m in messages_of(tmp_path, run.run_id)] == ["user", "assistant"]
