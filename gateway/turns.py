@@ -594,6 +594,11 @@ class Conversations:
 
         return await self.store.ledger.execute(_find)
 
+    async def remember_delivery(self, key: str, cmid: str, *, run_id: str, seq: int) -> None:
+        """Record that ``seq`` was stored as delivery ``cmid`` without an answer, as if it had been
+        posted with that id: a repeat within the window then runs the turn again, storing nothing."""
+        await self._idempotency_save(key, cmid, None, run_id=run_id, seq=seq)
+
     async def _idempotency_save(
         self, key: str, cmid: str, outcome: Outcome | None, *, run_id: str | None = None, seq: int | None = None
     ) -> None:

@@ -90,6 +90,7 @@ MIGRATIONS: tuple[str, ...] = (
         request_digest TEXT NOT NULL,
         answered_count INTEGER NOT NULL,
         answered_digest TEXT NOT NULL,
+        answer TEXT,
         updated_at TEXT NOT NULL
     );
     CREATE TABLE openai_responses (

@@ -8,9 +8,10 @@ digest of the conversation as the client sent it last (``request``) and with our
 (``answered``); ``base`` is where that call's new messages started.
 
 - the history continues the answered one: store the messages after it;
-- it is the last request again (a retry): post that request's new messages again; their
-  ``client_message_id`` (the epoch and the digest up to each message) makes the store keep
-  them once and replay the stored answer;
+- it is the last request again (a retry): its answer is replayed from the record; when it was
+  stored but not answered (the model failed), its last message is posted again with a
+  ``client_message_id`` (the epoch and the digest up to it) registered at the failure, so the
+  turn runs again and nothing is stored twice;
 - it carries no assistant message (a client that sends only the new message): all of it is new;
 - anything else (an edited or dropped earlier message, another chat of the same user): the
   conversation diverged; the caller starts a new run holding the client's whole history.
@@ -54,6 +55,7 @@ class Record:
     request_digest: str
     answered_count: int
     answered_digest: str
+    answer: str | None = None  # the call's answer (JSON), replayed to a retry; None: not answered
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,9 @@ def after_request(p: Plan, count: int) -> Record:
     return Record(p.epoch, p.start, count, p.digests[count], count, p.digests[count])
 
 
-def after_answer(record: Record, answer: ChatMessage) -> Record:
-    """The record once ``answer`` went back to the client: its next call continues from here."""
+def after_answer(record: Record, answer: ChatMessage, saved: str | None = None) -> Record:
+    """The record once ``answer`` went back to the client: its next call continues from here;
+    ``saved`` is the answer as a retry of the call gets it again."""
     return Record(
         record.epoch,
         record.base_count,
@@ -115,4 +118,5 @@ def after_answer(record: Record, answer: ChatMessage) -> Record:
         record.request_digest,
         record.request_count + 1,
         chain(record.request_digest, answer),
+        saved,
     )

@@ -36,7 +36,7 @@ class CompatRecords:
     async def _load(self, key: str) -> Record | None:
         def _get(conn: sqlite3.Connection) -> Record | None:
             row = conn.execute(
-                "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest"
+                "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
                 " FROM openai_conversations WHERE session_key = ?",
                 (key,),
             ).fetchone()
@@ -50,7 +50,8 @@ class CompatRecords:
         def _save(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT OR REPLACE INTO openai_conversations (session_key, epoch, base_count, request_count,"
-                " request_digest, answered_count, answered_digest, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " request_digest, answered_count, answered_digest, answer, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     key,
                     record.epoch,
@@ -59,6 +60,7 @@ class CompatRecords:
                     record.request_digest,
                     record.answered_count,
                     record.answered_digest,
+                    record.answer,
                     now,
                 ),
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -139,6 +140,8 @@ class OpenAICompat:
         async with self._locked(key, forget=call.target.stateless):
             record = None if call.target.stateless else await self.records.conversation(key)
             plan = history.plan(call.messages, record)
+            if plan.kind == "retry" and record is not None and record.answer is not None:
+                return _replayed(key, record.answer)
             if plan.new_run:
                 progress.new_run, progress.previous_run_id = True, await self._end_run(key)
             answer = await self._store_and_answer(call, plan, on_delta, track=not call.target.stateless)
@@ -148,24 +151,33 @@ class OpenAICompat:
         return answer
 
     async def _store_and_answer(self, call: Call, plan: Plan, on_delta: DeltaFn | None, *, track: bool) -> Answer:
+        """Post the new messages (a retry: only the last, whose turn failed), then save the record
+        with the answer: one tasks.db write per call."""
         key = call.target.key.raw
         messages = call.messages
-        names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
-        for index in range(plan.start, len(messages) - 1):
-            post = self._post(call, messages[index], reply=False, cmid=plan.client_message_id(index), names=names)
-            await self.conv.post(post)
-        record = history.after_request(plan, len(messages))
         last = len(messages) - 1
-        post = self._post(call, messages[last], reply=True, cmid=plan.client_message_id(last), names=names)
+        names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
+        retry = plan.kind == "retry"
+        if not retry:
+            for index in range(plan.start, last):
+                await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
+        record = history.after_request(plan, len(messages))
+        cmid = plan.client_message_id(last)
+        post = self._post(call, messages[last], reply=True, cmid=cmid if retry else None, names=names)
         try:
             outcome = await dispatch(self.commands, post, on_delta=on_delta)
-        except (ProviderFailure, asyncio.CancelledError):
-            if track:  # stored, not answered: the client's retry posts the same ids and runs the turn again
-                await asyncio.shield(self.records.save_conversation(key, record))
+        except ProviderFailure as exc:
+            # Stored, not answered: the retry of this call posts the same id and runs the turn again.
+            run = self.store.active_run(key)
+            seq = exc.extra.get("message_seq")
+            if track and not retry and run is not None and isinstance(seq, int):
+                await self.conv.remember_delivery(key, cmid, run_id=run.run_id, seq=seq)
+                await self.records.save_conversation(key, record)
             raise
         answer = _answer(key, outcome)
         if track:
-            await self.records.save_conversation(key, history.after_answer(record, answer.message()))
+            saved = json.dumps(outcome.body(), ensure_ascii=False)
+            await self.records.save_conversation(key, history.after_answer(record, answer.message(), saved))
         return answer
 
     def _post(self, call: Call, message: ChatMessage, *, reply: bool, cmid: str | None, names: dict[str, str]) -> Post:
@@ -267,6 +279,12 @@ class OpenAICompat:
             await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
         post = self._post(call, messages[-1], reply=True, cmid=None, names=names)
         return _answer(key, await dispatch(self.commands, post, on_delta=on_delta))
+
+
+def _replayed(key: str, saved: str) -> Answer:
+    body = json.loads(saved)
+    outcome = Outcome(key, body.get("run_id"), body.get("message_seq"), body.get("reply"), [], body.get("usage") or {})
+    return _answer(key, outcome)
 
 
 def _answer(key: str, outcome: Outcome) -> Answer:

@@ -268,6 +268,7 @@ async def test_chat_commands_answer_as_the_assistant(oa: openai.AsyncOpenAI, ope
     assert [m["content"] for m in sent if m["role"] == "user"] == ["hi"]
 
 
+@pytest.mark.allow_blocking  # the client: the SDK builds its stream event models on first use (~1-2 s)
 async def test_responses_chain_in_one_session_and_stream(oa: openai.AsyncOpenAI, client: Client) -> None:
     first = await oa.responses.create(model="neotask/main", input="first", user="kim")
     assert first.output_text == "echo: first" and first.status == "completed"
