@@ -130,6 +130,13 @@ class Server:
 # -- the load -----------------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux ``/proc``): what it cost, whatever the
+    machine's load did to the wall clock."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Phase:
     side: str
@@ -212,9 +219,14 @@ async def run(rounds: int, requests: dict[int, int], home: Path) -> int:
         for clients, count in requests.items():
             section(f"{clients} concurrent client(s), {count} requests per side per round, {rounds} rounds")
             rows, overheads_p50, overheads_p99 = [], [], []
+            cpu_gateway, cpu_model, calls = 0.0, 0.0, 0
             for r in range(rounds):
                 direct = await phase(model_url, "direct", clients, count)
+                before = cpu_seconds(gateway.proc.pid), cpu_seconds(model.proc.pid)
                 front = await phase(gateway_url, "neotask", clients, count)
+                cpu_gateway += cpu_seconds(gateway.proc.pid) - before[0]
+                cpu_model += cpu_seconds(model.proc.pid) - before[1]
+                calls += len(front.latencies)
                 o50, o99 = front.p50 - direct.p50, front.p99 - direct.p99
                 overheads_p50.append(o50)
                 overheads_p99.append(o99)
@@ -227,6 +239,9 @@ async def run(rounds: int, requests: dict[int, int], home: Path) -> int:
                   f"min {fmt_seconds(min(overheads_p50))}, max {fmt_seconds(max(overheads_p50))}; added p99: median "
                   f"{fmt_seconds(statistics.median(overheads_p99))}, min {fmt_seconds(min(overheads_p99))}, "
                   f"max {fmt_seconds(max(overheads_p99))}")  # fmt: skip
+            per_gateway, per_model = cpu_gateway / max(calls, 1), cpu_model / max(calls, 1)
+            print(f"  CPU per call through the gateway: gateway process {fmt_seconds(per_gateway)},"
+                  f" model server {fmt_seconds(per_model)} (an average of 10 ms clock ticks)")  # fmt: skip
             report.check(
                 f"p50 overhead at {clients} client(s) (median of rounds)",
                 statistics.median(overheads_p50) * 1e3,

@@ -185,6 +185,7 @@ async def test_chat_completions_against_a_real_daemon(make_gateway: Any, server:
     assert await gw.daemon.stop() == 0
 
 
+@pytest.mark.allow_blocking  # the client: the SDK builds its stream event models on first use (~1-2 s)
 async def test_tools_commands_compaction_and_responses_against_a_real_daemon(
     make_gateway: Any, server: OpenAIServer
 ) -> None:
