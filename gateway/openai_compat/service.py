@@ -159,8 +159,15 @@ class OpenAICompat:
         names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
         retry = plan.kind == "retry"
         if not retry:
-            for index in range(plan.start, last):
-                await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
+            unanswered = _unanswered(messages, plan.start)
+            for index in range(plan.start, last + 1):
+                if unanswered and messages[index].role != "tool":
+                    for call_id in unanswered:  # the model needs a result for every call it made
+                        await self.conv.post(self._post(call, _NO_RESULT, reply=False, cmid=None, names=names,
+                                                        tool_call_id=call_id))  # fmt: skip
+                    unanswered = []
+                if index < last:
+                    await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
         record = history.after_request(plan, len(messages))
         cmid = plan.client_message_id(last)
         post = self._post(call, messages[last], reply=True, cmid=cmid if retry else None, names=names)
@@ -180,7 +187,16 @@ class OpenAICompat:
             await self.records.save_conversation(key, history.after_answer(record, answer.message(), saved))
         return answer
 
-    def _post(self, call: Call, message: ChatMessage, *, reply: bool, cmid: str | None, names: dict[str, str]) -> Post:
+    def _post(
+        self,
+        call: Call,
+        message: ChatMessage,
+        *,
+        reply: bool,
+        cmid: str | None,
+        names: dict[str, str],
+        tool_call_id: str | None = None,
+    ) -> Post:
         options = None
         if reply:
             options = TurnOptions(
@@ -195,8 +211,8 @@ class OpenAICompat:
             content=message.content,
             name=message.name,
             sender_id=call.target.user,
-            tool_name=names.get(message.tool_call_id or ""),
-            tool_call_id=message.tool_call_id,
+            tool_name=names.get(tool_call_id or message.tool_call_id or ""),
+            tool_call_id=tool_call_id or message.tool_call_id,
             reply=reply,
             client_message_id=cmid,
             tool_calls=message.tool_calls,
@@ -279,6 +295,19 @@ class OpenAICompat:
             await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
         post = self._post(call, messages[-1], reply=True, cmid=None, names=names)
         return _answer(key, await dispatch(self.commands, post, on_delta=on_delta))
+
+
+_NO_RESULT = ChatMessage("tool", "error: the client did not return a result for this call")
+
+
+def _unanswered(messages: Sequence[ChatMessage], start: int) -> list[str]:
+    """Ids of the client tool calls in the message just before the new ones that no new message
+    answers: the client moved on without running them. Each gets a stand-in result, or the stored
+    context would hold a call without its result, which models refuse."""
+    if start == 0 or not messages[start - 1].tool_calls:
+        return []
+    answered = {m.tool_call_id for m in messages[start:] if m.role == "tool"}
+    return [c["id"] for c in messages[start - 1].tool_calls if c["id"] not in answered]
 
 
 def _replayed(key: str, saved: str) -> Answer:

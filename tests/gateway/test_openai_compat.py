@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import openai
-import openai.lib.streaming.responses  # the SDK imports these lazily: seconds of imports on the event loop
-import openai.types.responses
 import pytest
 from aiohttp.test_utils import TestClient
 
@@ -20,7 +18,9 @@ from gateway import keys as K
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
 from tests.support.openai_server import OpenAIServer, Reply, ToolCallSpec, server_error, tool_call
+from tests.support.sdk import warm_openai_sdk
 
+warm_openai_sdk()
 Client = TestClient[Any, Any]
 ON = {"gateway": {"openai_compat": {"enabled": True}}}
 WEATHER = {
@@ -268,7 +268,6 @@ async def test_chat_commands_answer_as_the_assistant(oa: openai.AsyncOpenAI, ope
     assert [m["content"] for m in sent if m["role"] == "user"] == ["hi"]
 
 
-@pytest.mark.allow_blocking  # the client: the SDK builds its stream event models on first use (~1-2 s)
 async def test_responses_chain_in_one_session_and_stream(oa: openai.AsyncOpenAI, client: Client) -> None:
     first = await oa.responses.create(model="neotask/main", input="first", user="kim")
     assert first.output_text == "echo: first" and first.status == "completed"
@@ -385,3 +384,18 @@ async def test_a_provider_failure_then_the_retry_stores_the_message_once(
     run = client.app[K.STORE].active_run("agent:main:openai:dm:lee")
     assert run is not None
     assert [m["role"] for m in messages_of(tmp_path, run.run_id)] == ["user", "assistant"]
+
+
+async def test_a_client_that_skips_its_tool_call_leaves_no_call_without_a_result(
+    oa: openai.AsyncOpenAI, openai_server: OpenAIServer
+) -> None:
+    openai_server.script(tool_call("get_weather", {"city": "Lima"}, id="call_l"))
+    history: list[Any] = [{"role": "user", "content": "weather in Lima?"}]
+    first = await oa.chat.completions.create(model="main", messages=history, tools=[WEATHER], user="max")
+    history.append(first.choices[0].message.model_dump(exclude_none=True))
+    history.append({"role": "user", "content": "never mind, tell me a joke"})
+    answer = await oa.chat.completions.create(model="main", messages=history, user="max")
+    assert answer.choices[0].message.content == "echo: never mind, tell me a joke"
+    sent = openai_server.chat_requests[-1].messages
+    assert [m["role"] for m in sent[-3:]] == ["assistant", "tool", "user"]
+    assert sent[-2]["tool_call_id"] == "call_l" and "did not return a result" in sent[-2]["content"]

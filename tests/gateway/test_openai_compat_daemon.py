@@ -12,14 +12,14 @@ from urllib.parse import quote
 
 import aiohttp
 import openai
-import openai.lib.streaming.responses  # the SDK imports these lazily: seconds of imports on the event loop
-import openai.types.responses
 import pytest
 import yaml
 
 from tests.gateway.daemons import Daemon, daemon
 from tests.support.openai_server import OpenAIServer, RecordedRequest, Reply, tool_call
+from tests.support.sdk import warm_openai_sdk
 
+warm_openai_sdk()
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOKEN = "s3cret-token"
 WEATHER = {
@@ -185,7 +185,6 @@ async def test_chat_completions_against_a_real_daemon(make_gateway: Any, server:
     assert await gw.daemon.stop() == 0
 
 
-@pytest.mark.allow_blocking  # the client: the SDK builds its stream event models on first use (~1-2 s)
 async def test_tools_commands_compaction_and_responses_against_a_real_daemon(
     make_gateway: Any, server: OpenAIServer
 ) -> None:
