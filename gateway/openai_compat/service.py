@@ -137,17 +137,19 @@ class OpenAICompat:
         """Store what is new of a resent conversation and answer its last message."""
         key = call.target.key.raw
         progress = progress or Progress()
-        async with self._locked(key, forget=call.target.stateless):
-            record = None if call.target.stateless else await self.records.conversation(key)
-            plan = history.plan(call.messages, record)
-            if plan.kind == "retry" and record is not None and record.answer is not None:
-                return _replayed(key, record.answer)
-            if plan.new_run:
-                progress.new_run, progress.previous_run_id = True, await self._end_run(key)
-            answer = await self._store_and_answer(call, plan, on_delta, track=not call.target.stateless)
-            answer.new_run, answer.previous_run_id = progress.new_run, progress.previous_run_id
-        if call.target.stateless:
-            self._end_later(key)
+        try:
+            async with self._locked(key, forget=call.target.stateless):
+                record = None if call.target.stateless else await self.records.conversation(key)
+                plan = history.plan(call.messages, record)
+                if plan.kind == "retry" and record is not None and record.answer is not None:
+                    return _replayed(key, record.answer)
+                if plan.new_run:
+                    progress.new_run, progress.previous_run_id = True, await self._end_run(key)
+                answer = await self._store_and_answer(call, plan, on_delta, track=not call.target.stateless)
+                answer.new_run, answer.previous_run_id = progress.new_run, progress.previous_run_id
+        finally:
+            if call.target.stateless:  # answered or failed, a one-off run ends
+                self._end_later(key)
         return answer
 
     async def _store_and_answer(self, call: Call, plan: Plan, on_delta: DeltaFn | None, *, track: bool) -> Answer:
@@ -276,12 +278,17 @@ class OpenAICompat:
         it is stored (its id continues it)."""
         key = call.target.key.raw
         response_id = response_id or f"resp_{uuid.uuid4().hex}"
-        async with self._locked(key, forget=call.target.stateless):
-            answer = await self._post_all(call, on_delta)
-            if store:
-                seq = answer.outcome.reply.get("seq") if answer.outcome.reply else answer.outcome.message_seq
-                run_id = answer.outcome.run_id
-                await self.records.save_response(ResponseRef(response_id, key, run_id, seq))
+        try:
+            async with self._locked(key, forget=call.target.stateless):
+                answer = await self._post_all(call, on_delta)
+                if store:
+                    seq = answer.outcome.reply.get("seq") if answer.outcome.reply else answer.outcome.message_seq
+                    run_id = answer.outcome.run_id
+                    await self.records.save_response(ResponseRef(response_id, key, run_id, seq))
+        except BaseException:
+            if call.target.stateless:  # no id continues it: the one-off run ends
+                self._end_later(key)
+            raise
         if call.target.stateless and not store:
             self._end_later(key)
         return answer, response_id

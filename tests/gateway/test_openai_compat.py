@@ -399,3 +399,19 @@ async def test_a_client_that_skips_its_tool_call_leaves_no_call_without_a_result
     sent = openai_server.chat_requests[-1].messages
     assert [m["role"] for m in sent[-3:]] == ["assistant", "tool", "user"]
     assert sent[-2]["tool_call_id"] == "call_l" and "did not return a result" in sent[-2]["content"]
+
+
+async def test_a_failed_one_off_call_still_ends_its_run(
+    oa: openai.AsyncOpenAI, openai_server: OpenAIServer, client: Client, tmp_path: Path
+) -> None:
+    openai_server.script(server_error(500))
+    with pytest.raises(openai.APIStatusError) as failed:
+        await oa.chat.completions.create(model="main", messages=[{"role": "user", "content": "one-off"}])
+    assert failed.value.status_code == 502
+    store = client.app[K.STORE]
+    for _ in range(200):  # ended in the background
+        if not [e for e in store.entries() if e.key.startswith("hook:openai:")]:
+            break
+        await asyncio.sleep(0.02)
+    assert not [e for e in store.entries() if e.key.startswith("hook:openai:")]
+    assert len(list((tmp_path / "contexts/completed").iterdir())) == 1
