@@ -415,3 +415,23 @@ async def test_a_failed_one_off_call_still_ends_its_run(
         await asyncio.sleep(0.02)
     assert not [e for e in store.entries() if e.key.startswith("hook:openai:")]
     assert len(list((tmp_path / "contexts/completed").iterdir())) == 1
+
+
+async def test_a_streamed_answer_names_its_session_and_a_diverged_run_in_its_headers(client: Client) -> None:
+    first = {"model": "main", "user": "nia", "messages": [{"role": "user", "content": "one"}]}
+    assert (await client.post("/v1/chat/completions", json=first)).status == 200
+    edited = {
+        "model": "main",
+        "user": "nia",
+        "stream": True,
+        "messages": [
+            {"role": "user", "content": "one, edited"},
+            {"role": "assistant", "content": "echo: one"},
+            {"role": "user", "content": "two"},
+        ],
+    }
+    resp = await client.post("/v1/chat/completions", json=edited)
+    assert resp.status == 200 and resp.content_type == "text/event-stream"
+    assert resp.headers["X-Neotask-Session-Key"] == "agent:main:openai:dm:nia"
+    assert resp.headers["X-Neotask-New-Run"] == "diverged" and resp.headers["X-Neotask-Previous-Run-Id"]
+    assert (await resp.text()).rstrip().endswith("data: [DONE]")
