@@ -9,6 +9,7 @@ auth, so a missing token gets this shape too.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from aiohttp import web
@@ -71,7 +72,9 @@ async def openai_errors_middleware(request: web.Request, handler: Handler) -> we
     except NeotaskError as exc:
         if exc.status >= 500:
             log.warning("%s %s -> %s %s: %s", request.method, request.path, exc.status, exc.code, exc.message)
-        return json_response(from_exception(exc, request_id), status=exc.status)
+        retry_after = exc.extra.get("retry_after_s")
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if isinstance(retry_after, int | float) else None
+        return json_response(from_exception(exc, request_id), status=exc.status, headers=headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from config.clock import Clock
-from config.errors import BadRequest, Conflict, NotFound, ProviderFailure
+from config.errors import BadRequest, Busy, Conflict, NotFound, ProviderFailure
 from gateway.commands import Commands, dispatch
 from gateway.openai_compat import history
 from gateway.openai_compat.history import ChatMessage, Plan
@@ -89,6 +89,7 @@ class OpenAICompat:
         self.settings = commands.conv.settings
         self.records = CompatRecords(self.store.ledger, clock)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     # -- selection ------------------------------------------------------------------------------
@@ -122,12 +123,25 @@ class OpenAICompat:
         return Target(replace(key, agent_id=agent_id), stateless=True)
 
     @contextlib.asynccontextmanager
-    async def _locked(self, key: str, *, forget: bool) -> Any:
+    async def _locked(self, key: str, *, forget: bool, agent_id: str | None = None) -> Any:
+        """One call per key at a time (the history check and the store must not interleave); more
+        than the agent's ``max_queued_turns`` calls waiting is 429 ``session_busy``."""
         lock = self._locks.setdefault(key, asyncio.Lock())
+        limit = self.conv.agent(agent_id).max_queued_turns
+        if lock.locked() and self._waiting.get(key, 0) >= limit:
+            raise Busy(f"session {key!r} already has {limit} calls waiting (max_queued_turns); retry later",
+                       retry_after_s=1)  # fmt: skip
+        self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
-            async with lock:
-                yield
+            await lock.acquire()
         finally:
+            self._waiting[key] -= 1
+            if self._waiting[key] == 0:
+                del self._waiting[key]
+        try:
+            yield
+        finally:
+            lock.release()
             if forget and not lock.locked():
                 self._locks.pop(key, None)
 
@@ -138,7 +152,7 @@ class OpenAICompat:
         key = call.target.key.raw
         progress = progress or Progress()
         try:
-            async with self._locked(key, forget=call.target.stateless):
+            async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
                 record = None if call.target.stateless else await self.records.conversation(key)
                 plan = history.plan(call.messages, record)
                 if plan.kind == "retry" and record is not None and record.answer is not None:
@@ -279,7 +293,7 @@ class OpenAICompat:
         key = call.target.key.raw
         response_id = response_id or f"resp_{uuid.uuid4().hex}"
         try:
-            async with self._locked(key, forget=call.target.stateless):
+            async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
                 answer = await self._post_all(call, on_delta)
                 if store:
                     seq = answer.outcome.reply.get("seq") if answer.outcome.reply else answer.outcome.message_seq

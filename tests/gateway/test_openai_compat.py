@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient
 from gateway import keys as K
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
-from tests.support.openai_server import OpenAIServer, Reply, ToolCallSpec, server_error, tool_call
+from tests.support.openai_server import Hang, OpenAIServer, Reply, ToolCallSpec, server_error, tool_call
 from tests.support.sdk import warm_openai_sdk
 
 warm_openai_sdk()
@@ -435,3 +435,22 @@ async def test_a_streamed_answer_names_its_session_and_a_diverged_run_in_its_hea
     assert resp.headers["X-Neotask-Session-Key"] == "agent:main:openai:dm:nia"
     assert resp.headers["X-Neotask-New-Run"] == "diverged" and resp.headers["X-Neotask-Previous-Run-Id"]
     assert (await resp.text()).rstrip().endswith("data: [DONE]")
+
+
+async def test_calls_waiting_past_max_queued_turns_get_429_with_retry_after(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    overrides = {**ON, "agents": {"main": {"max_queued_turns": 1}}}
+    client = await aiohttp_client(make_app(tmp_path, clock, overrides, base_url=openai_server.base_url))
+    openai_server.script(Hang(2.0))
+    body = {"model": "main", "messages": [{"role": "user", "content": "slow"}]}
+    headers = {"X-Neotask-Session-Key": "agent:main:main"}
+    running = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=headers))
+    await openai_server.wait_for_requests(1)
+    waiting = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=headers))
+    await asyncio.sleep(0.2)  # the second call is now waiting for the key
+    refused = await client.post("/v1/chat/completions", json=body, headers=headers)
+    error = (await refused.json())["error"]
+    assert refused.status == 429 and refused.headers["Retry-After"] == "1"
+    assert (error["code"], error["type"]) == ("session_busy", "rate_limit_error")
+    assert (await running).status == 200 and (await waiting).status == 200
