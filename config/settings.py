@@ -27,6 +27,10 @@ def _check_zone(value: str | None) -> str | None:
     return value
 
 
+class OpenAICompatSettings(Model):
+    enabled: bool = False
+
+
 class GatewaySettings(Model):
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
@@ -39,6 +43,7 @@ class GatewaySettings(Model):
     header_timeout_s: float = Field(10, gt=0)
     body_timeout_s: float = Field(60, gt=0)
     keepalive_timeout_s: float = Field(15, gt=0)
+    openai_compat: OpenAICompatSettings = OpenAICompatSettings()
 
     @field_validator("tokens")
     @classmethod

@@ -19,6 +19,8 @@ from gateway.events import EventHub
 from gateway.hosts import allowed_hosts, host_middleware
 from gateway.http import BODY_TIMEOUT, auth_middleware, errors_middleware
 from gateway.metrics import Metrics
+from gateway.openai_compat import routes as openai_routes
+from gateway.openai_compat.errors import openai_errors_middleware
 from gateway.provider import ChatProvider
 from gateway.turns import Conversations
 from sessions.store import SessionStore
@@ -41,6 +43,7 @@ def create_app(
         middlewares=[
             guard.middleware(),
             errors_middleware,
+            openai_errors_middleware,
             host_middleware(allowed_hosts(settings.gateway)),
             auth_middleware(settings.gateway.tokens),
         ],
@@ -58,6 +61,7 @@ def create_app(
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_conversation_context)
     app.cleanup_ctx.append(history.history_context)
+    app.cleanup_ctx.append(openai_routes.compat_context)
     app.cleanup_ctx.append(hooks.hooks_context)
     app.cleanup_ctx.append(memory.memory_context)
     app.cleanup_ctx.append(scheduler.scheduler_context)
@@ -73,6 +77,7 @@ def create_app(
         memory.routes,
         history.routes,
         ui.routes,
+        openai_routes.routes,
     ):
         app.router.add_routes(table)
     return app

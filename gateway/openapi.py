@@ -47,6 +47,8 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "unknown_agent": (404, "the agent is not configured"),
     "memory_file_not_found": (404, "no such memory file"),
     "job_not_found": (404, "no such scheduler job"),
+    "model_not_found": (404, "OpenAI-compatible routes: `model` names no agent (GET /v1/models lists them)"),
+    "response_not_found": (404, "`previous_response_id` names no stored response (or one made with `store: false`)"),
     "method_not_allowed": (405, "the path exists but not with this method; `Allow` lists the methods it takes"),
     "conflict": (409, "the request conflicts with the session's state"),
     "run_active": (409, "the session already has an active run"),
@@ -56,6 +58,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "run_not_active": (409, "tool calls and plans are recorded on active runs only"),
     "job_running": (409, "the job is already running"),
     "request_timeout": (408, "the request body did not arrive within `gateway.body_timeout_s`"),
+    "response_not_latest": (409, "`previous_response_id` is not the latest response of its session (no forks)"),
     "payload_too_large": (413, "the body is larger than `gateway.max_body_bytes` (drained before the answer)"),
     "session_busy": (429, "too many calls are waiting for a model turn on this key; `error.retry_after_s`"),
     "internal_error": (500, "the gateway failed on this request; see its log"),
@@ -119,6 +122,10 @@ IDEMPOTENCY = Param(
     where="header",
 )
 KEY_ERRORS = ("invalid_key", "session_not_found")
+OPENAI_SESSION = Param(
+    "X-Neotask-Session-Key", "the session key to post into (else `user`, else a one-off run)", STR, where="header"
+)
+OPENAI_ERRORS = ("not_found", "model_not_found", "invalid_key")
 
 OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/healthz"): Op("Liveness (after recovery)", "system", answer="Health"),
@@ -342,6 +349,42 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ),
     ("POST", "/v1/admin/doctor"): Op(
         "Consistency checks (answers the actions)", "admin", body="gateway.api.admin:DoctorBody", body_required=False
+    ),
+    ("POST", "/v1/chat/completions"): Op(
+        "OpenAI-compatible chat completions",
+        "openai",
+        "Off unless `gateway.openai_compat.enabled` (then 404 `not_found`). OpenAI's body and answer "
+        "(`chat.completion`; with `stream: true` server-sent `chat.completion.chunk` events ending with "
+        "`data: [DONE]`, and a usage chunk with `stream_options.include_usage`). The session: the "
+        "`X-Neotask-Session-Key` header, else `user` (`agent:<id>:openai:dm:<user>`), else a one-off run. "
+        "Only what is new in the resent history is stored; a diverged history starts a new run and answers "
+        "`X-Neotask-New-Run: diverged`. Errors are OpenAI's shape (`message`, `type`, `code`, `param`) plus "
+        "`request_id`. See docs/openai-compat.md.",
+        body="gateway.openai_compat.bodies:ChatCompletionBody",
+        params=(OPENAI_SESSION,),
+        answer="ChatCompletion",
+        errors=(*OPENAI_ERRORS, *TURN_ERRORS),
+    ),
+    ("POST", "/v1/responses"): Op(
+        "OpenAI-compatible Responses",
+        "openai",
+        "Off unless `gateway.openai_compat.enabled`. `previous_response_id` continues the session of that "
+        "response (each id maps to its session key and seq); `store: false` keeps no id; `stream: true` answers "
+        "`response.*` server-sent events. Without `previous_response_id` the session is chosen as for chat "
+        "completions, or a new one-off session.",
+        body="gateway.openai_compat.bodies:ResponsesBody",
+        params=(OPENAI_SESSION,),
+        answer="OpenAIResponse",
+        errors=(*OPENAI_ERRORS, "response_not_found", "response_not_latest", *TURN_ERRORS),
+    ),
+    ("GET", "/v1/models"): Op(
+        "OpenAI-compatible model list: one `neotask/<agent id>` per agent",
+        "openai",
+        answer="ModelList",
+        errors=("not_found",),
+    ),
+    ("GET", "/v1/models/{model}"): Op(
+        "One OpenAI-compatible model (an agent)", "openai", answer="Model", errors=("not_found", "model_not_found")
     ),
     ("GET", "/ui"): Op("The web console", "ui", answer=None, media="text/html"),
     ("GET", "/ui/{file}"): Op(
@@ -592,6 +635,42 @@ SCHEMAS: dict[str, Schema] = {
         },
     },
     "Health": {"type": "object", "properties": {"status": {"const": "ok"}}},
+    "ChatCompletion": {
+        "type": "object",
+        "description": "OpenAI's `chat.completion`",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": STR,
+            "object": {"const": "chat.completion"},
+            "created": {"type": "integer"},
+            "model": STR,
+            "choices": {"type": "array", "items": _OBJ},
+            "usage": _OBJ,
+        },
+    },
+    "OpenAIResponse": {
+        "type": "object",
+        "description": "OpenAI's Responses `response` object",
+        "required": ["id", "object", "created_at", "status", "model", "output"],
+        "properties": {
+            "id": STR,
+            "object": {"const": "response"},
+            "created_at": {"type": "integer"},
+            "status": STR,
+            "model": STR,
+            "output": {"type": "array", "items": _OBJ},
+            "previous_response_id": _NULLABLE_STR,
+            "usage": {"oneOf": [_OBJ, {"type": "null"}]},
+        },
+    },
+    "Model": {
+        "type": "object",
+        "properties": {"id": STR, "object": {"const": "model"}, "created": {"type": "integer"}, "owned_by": STR},
+    },
+    "ModelList": {
+        "type": "object",
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}},
+    },
     "Readiness": {
         "type": "object",
         "properties": {

@@ -23,7 +23,7 @@ from config.errors import ConfigError, ProviderFailure
 from config.settings import ModelSettings
 
 if TYPE_CHECKING:
-    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
+    from openai.types.chat import ChatCompletionToolChoiceOptionParam
 
 ProviderErrorKind = Literal["overflow", "timeout", "http", "connection", "malformed"]
 DeltaCallback = Callable[[str], Awaitable[None]]
@@ -274,16 +274,19 @@ class ChatProvider:
         model: str | None = None,
         on_delta: DeltaCallback | None = None,
         max_tokens: int | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> Completion:
         """One chat completion. With ``on_delta`` the answer streams and each text delta is awaited
-        in order; tool-call fragments are assembled. Raises ``ProviderError``."""
+        in order; tool-call fragments are assembled; ``tool_choice`` is sent as given (with tools).
+        Raises ``ProviderError``."""
         name = model or self.settings.name
         limit = max_tokens or self.settings.max_output_tokens
+        choice = cast("ChatCompletionToolChoiceOptionParam", tool_choice) if tools and tool_choice else openai.omit
         for attempt in range(2):
             try:
                 if on_delta is None:
-                    return await self._complete(messages, tools, name, limit)
-                return await self._stream(messages, tools, name, limit, on_delta)
+                    return await self._complete(messages, tools, name, limit, choice)
+                return await self._stream(messages, tools, name, limit, on_delta, choice)
             except openai.BadRequestError as exc:
                 # Newer OpenAI models refuse max_tokens; switch once and remember.
                 wants_new = "max_completion_tokens" in str(exc.message)
@@ -302,12 +305,18 @@ class ChatProvider:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, name: str, limit: int
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        name: str,
+        limit: int,
+        tool_choice: ChatCompletionToolChoiceOptionParam | openai.Omit = openai.omit,
     ) -> Completion:
         raw = await self._client.chat.completions.with_raw_response.create(
             model=name,
-            messages=cast("list[ChatCompletionMessageParam]", messages),
-            tools=cast("list[ChatCompletionToolUnionParam]", tools) if tools else openai.omit,
+            messages=[],  # sent as extra_body: the SDK's typed transform costs ~15 ms per call
+            extra_body=_raw_body(messages, tools),
+            tool_choice=tool_choice,
             max_tokens=limit if self._token_param == "max_tokens" else openai.omit,
             max_completion_tokens=limit if self._token_param == "max_completion_tokens" else openai.omit,
         )
@@ -340,14 +349,16 @@ class ChatProvider:
         name: str,
         limit: int,
         on_delta: DeltaCallback,
+        tool_choice: ChatCompletionToolChoiceOptionParam | openai.Omit = openai.omit,
     ) -> Completion:
         parts: list[str] = []
         calls = _ToolCallAssembler()
         usage, finish, answered_model, chunks = Usage(), None, name, 0
         async with self._client.chat.completions.with_streaming_response.create(
             model=name,
-            messages=cast("list[ChatCompletionMessageParam]", messages),
-            tools=cast("list[ChatCompletionToolUnionParam]", tools) if tools else openai.omit,
+            messages=[],  # sent as extra_body: the SDK's typed transform costs ~15 ms per call
+            extra_body=_raw_body(messages, tools),
+            tool_choice=tool_choice,
             max_tokens=limit if self._token_param == "max_tokens" else openai.omit,
             max_completion_tokens=limit if self._token_param == "max_completion_tokens" else openai.omit,
             stream=True,
@@ -440,6 +451,13 @@ class ChatProvider:
             f"completion: {detail}; check that base_url points at an OpenAI-compatible /v1 endpoint",
             kind="malformed",
         )
+
+
+def _raw_body(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """``messages`` and ``tools`` as JSON-ready body fields. The SDK walks typed parameters key by
+    key (about 15 ms for 17 messages and 4 tools on this machine, more than the rest of a turn);
+    these are plain JSON already, so they go in ``extra_body``, which the SDK merges unchanged."""
+    return {"messages": messages, "tools": tools} if tools else {"messages": messages}
 
 
 def _finish(value: object) -> str | None:

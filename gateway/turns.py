@@ -26,7 +26,7 @@ from config.errors import Busy, Conflict, ProviderFailure
 from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
 from gateway.metrics import Metrics
-from gateway.provider import ChatProvider, Completion, ProviderError, Usage
+from gateway.provider import ChatProvider, Completion, ProviderError, ToolCall, Usage
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compaction import compaction_due
@@ -53,6 +53,23 @@ FLUSH_PROMPT = (
 
 
 @dataclass(frozen=True)
+class TurnOptions:
+    """Per-call additions to a model turn (the OpenAI-compatible routes): extra system
+    ``instructions`` after the agent's prompt, the client's own function ``client_tools`` (a call
+    to one ends the turn and is handed back to the client) and ``tool_choice``; ``answer_tool``:
+    a ``role: tool`` post (a client tool's result) gets a model turn like a user message."""
+
+    instructions: str | None = None
+    client_tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    answer_tool: bool = False
+
+    @property
+    def client_tool_names(self) -> frozenset[str]:
+        return frozenset(str(t.get("function", {}).get("name", "")) for t in self.client_tools)
+
+
+@dataclass(frozen=True)
 class Post:
     """A message to post to a key, as the routes build it."""
 
@@ -67,6 +84,8 @@ class Post:
     client_message_id: str | None = None
     user_activity: bool | None = None
     task_key: TaskKey | None = None
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    options: TurnOptions | None = None
 
 
 @dataclass
@@ -168,7 +187,8 @@ class Conversations:
         return str(override or self.agent(agent_id).model.name)
 
     def needs_turn(self, post: Post) -> bool:
-        return post.role == "user" and post.reply and self.provider(post.key.agent_id) is not None
+        answers = post.role == "user" or (post.role == "tool" and post.options is not None and post.options.answer_tool)
+        return answers and post.reply and self.provider(post.key.agent_id) is not None
 
     # -- locks ----------------------------------------------------------------------------------
 
@@ -353,6 +373,7 @@ class Conversations:
             sender_id=post.sender_id,
             tool_name=post.tool_name,
             tool_call_id=post.tool_call_id,
+            tool_calls=post.tool_calls,
             client_message_id=post.client_message_id,
             user_activity=post.user_activity,
         )
@@ -370,7 +391,7 @@ class Conversations:
                 if run.status != "running":  # paused while this call waited: no model turn until /resume
                     outcome.events.append({"type": "turn_skipped", "reason": "the session was paused before its turn"})
                     return
-                turn = asyncio.create_task(self._turn(run, outcome, on_delta))
+                turn = asyncio.create_task(self._turn(run, outcome, on_delta, post.options))
                 self._running[key] = turn
                 try:
                     await turn
@@ -396,12 +417,16 @@ class Conversations:
 
     # -- the model turn -------------------------------------------------------------------------
 
-    async def _turn(self, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
+    async def _turn(
+        self, run: RunState, outcome: Outcome, on_delta: DeltaFn | None, options: TurnOptions | None = None
+    ) -> None:
         agent = self.agent(run.agent_id)
         provider = self.provider(run.agent_id)
         assert provider is not None
         model = self.model_name(run.key, run.agent_id)
-        tools = self.tools.schemas()
+        options = options or TurnOptions()
+        tools = [*self.tools.schemas(), *options.client_tools]
+        system = agent.system_prompt + (f"\n\n{options.instructions}" if options.instructions else "")
         overhead = self.context_overhead(run.agent_id)
         total = Usage()
         started = time.perf_counter()
@@ -413,10 +438,16 @@ class Conversations:
                 await self.compact_if_due(run, outcome)
                 sent_tokens = run.context_tokens  # what is read now is what the model is sent
                 context = await self.store.read_context(run)
-                messages = [{"role": "system", "content": agent.system_prompt}, *map(to_openai, context)]
+                messages = [{"role": "system", "content": system}, *map(to_openai, context)]
                 offered = tools if rounds < agent.max_tool_rounds else None
                 try:
-                    completion = await provider.complete(messages, tools=offered, model=model, on_delta=on_delta)
+                    completion = await provider.complete(
+                        messages,
+                        tools=offered,
+                        model=model,
+                        on_delta=on_delta,
+                        tool_choice=options.tool_choice if offered else None,
+                    )
                 except ProviderError as exc:
                     if exc.kind != "overflow" or overflow_cycles >= MAX_OVERFLOW_CYCLES:
                         raise
@@ -428,7 +459,16 @@ class Conversations:
                 await self._account(run, completion, overhead, sent_tokens)
                 if completion.tool_calls and offered:
                     rounds += 1
-                    await self._run_tools(run, completion)
+                    client = [c for c in completion.tool_calls if c.name in options.client_tool_names]
+                    seq = await self._run_tools(run, completion, client=options.client_tool_names)
+                    if client:  # the client runs these and sends the results with its next call
+                        outcome.reply = {
+                            "content": completion.content,
+                            "seq": seq,
+                            "tool_calls": [_call_dict(c) for c in client],
+                        }
+                        self.store.emit("reply", run, seq=seq, content=completion.content, model=completion.model)
+                        break
                     continue
                 record = await self.store.append(
                     run,
@@ -474,33 +514,32 @@ class Conversations:
             appended = run.context_tokens - sent_tokens
             self.store.calibrate_context(run, completion.usage.input_tokens, overhead, appended_since=appended)
 
-    async def _run_tools(self, run: RunState, completion: Completion) -> None:
+    async def _run_tools(self, run: RunState, completion: Completion, *, client: frozenset[str] = frozenset()) -> int:
         """Execute the calls, then store the assistant message and its results together under the
         key's append lock: a message posted meanwhile never lands between a call and its result,
-        and a /stop during the tools leaves no call without its result."""
-        calls = tuple(
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in completion.tool_calls
-        )
-        results = [await self.tools.execute(run, call) for call in completion.tool_calls]
+        and a /stop during the tools leaves no call without its result. Calls of ``client`` tools
+        are stored without a result (the client sends it later). Answers the assistant line's seq."""
+        calls = tuple(_call_dict(c) for c in completion.tool_calls)
+        own = [c for c in completion.tool_calls if c.name not in client]
+        results = [await self.tools.execute(run, call) for call in own]
         group = [
             NewMessage(
                 role="assistant", content=completion.content, tool_calls=calls, usage=completion.usage.as_dict()
             ),
             *(
                 NewMessage(role="tool", content=result, tool_name=call.name, tool_call_id=call.id)
-                for call, result in zip(completion.tool_calls, results, strict=True)
+                for call, result in zip(own, results, strict=True)
             ),
         ]
 
-        async def append_group() -> None:
+        async def append_group() -> int:
             async with self.store.lock_for(run.key):
-                for message in group:
-                    await self.store.append(run, message)
+                seqs = [(await self.store.append(run, message))["seq"] for message in group]
+            return int(seqs[0])
 
         stored = asyncio.ensure_future(append_group())
         try:
-            await asyncio.shield(stored)
+            return await asyncio.shield(stored)
         except asyncio.CancelledError:
             await stored  # once started, the group is stored whole before the turn ends
             raise
@@ -599,6 +638,11 @@ class Conversations:
 
         return await self.store.ledger.execute(_find)
 
+    async def remember_delivery(self, key: str, cmid: str, *, run_id: str, seq: int) -> None:
+        """Record that ``seq`` was stored as delivery ``cmid`` without an answer, as if it had been
+        posted with that id: a repeat within the window then runs the turn again, storing nothing."""
+        await self.remember(key, cmid, None, run_id=run_id, seq=seq)
+
     async def remember(
         self, key: str, cmid: str, outcome: Outcome | None, *, run_id: str | None = None, seq: int | None = None
     ) -> None:
@@ -662,6 +706,10 @@ class Conversations:
         if run is None:
             raise Conflict(f"session {key!r} has no active run", code="no_active_run")
         return run
+
+
+def _call_dict(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def outcome_from(body: dict[str, Any]) -> Outcome:

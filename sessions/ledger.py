@@ -92,6 +92,29 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX idx_tombstones_key ON tombstones(session_key);
     """,
+    # 5: the OpenAI-compatible routes: the conversation each key's client holds (what a resent
+    # history is matched against) and response ids (previous_response_id -> key and seq).
+    """
+    CREATE TABLE openai_conversations (
+        session_key TEXT PRIMARY KEY,
+        epoch INTEGER NOT NULL,
+        base_count INTEGER NOT NULL,
+        request_count INTEGER NOT NULL,
+        request_digest TEXT NOT NULL,
+        answered_count INTEGER NOT NULL,
+        answered_digest TEXT NOT NULL,
+        answer TEXT,
+        updated_at TEXT NOT NULL
+    );
+    CREATE TABLE openai_responses (
+        response_id TEXT PRIMARY KEY,
+        session_key TEXT NOT NULL,
+        run_id TEXT,
+        seq INTEGER,
+        created_at TEXT NOT NULL
+    );
+    CREATE INDEX idx_openai_responses_key ON openai_responses(session_key);
+    """,
 )
 
 RUN_COLUMNS = (

@@ -43,3 +43,12 @@ async def test_history_bench_runs_quick() -> None:
 
     status = await asyncio.to_thread(history.main, ["--quick"])
     assert status in (0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_openai_compat_bench_runs_quick() -> None:
+    from bench import openai_compat
+
+    status = await asyncio.to_thread(openai_compat.main, ["--quick"])
+    assert status in (0, 1)

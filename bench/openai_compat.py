@@ -1,0 +1,282 @@
+"""OpenAI-compatible front door benchmark (issue 15): what Neotask adds to a chat completion.
+
+The same official ``openai`` client sends the same conversations (each client resends its whole
+history, up to ``TURNS`` turns, then starts a new conversation) either straight to the local
+model server (``tests/support/openai_server.py``) or to ``POST /v1/chat/completions`` of a gateway
+whose agent answers through that same server. The gateway stores what is new (the user message,
+then the reply: two durable appends under ``storage.fsync: batch``) and runs the turn.
+
+Reported per round and concurrency (1 and 16 clients): p50 and p99 of each side and the
+difference (the overhead Neotask adds). Rounds alternate direct and gateway so drift on a noisy
+machine hits both; the spread over rounds is printed. The client sends ``messages`` through
+``extra_body`` on both sides: the SDK's typed transform of a message list costs ~15 ms of client
+CPU per call here, which at 16 clients would measure the load generator rather than the servers
+(the gateway's own provider does the same, see ``gateway/provider.py``). Target: p50 overhead < 5 ms plus the
+fsyncs of the two appends (an fsync of a small append in the same home is timed in this run).
+
+The model server and the gateway run in their own processes (``--serve model|gateway``), so the
+load generator shares an event loop with neither. Memory recall is off in the gateway (its
+embedding model is a memory cost, not the front door's; docs/memory.md measures it).
+
+``python -m bench.openai_compat [--quick] [--rounds N] [--requests N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import Report, fmt_seconds, percentile, print_table, section
+
+now = time.perf_counter
+HOST = "127.0.0.1"
+TURNS = 8
+SERVER_MAX_S = 900.0
+TARGET_OVERHEAD_S = 0.005
+APPENDS_PER_CALL = 2
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- servers (child processes) ------------------------------------------------------------------
+
+
+async def _serve_gateway(home: Path, model_url: str) -> None:
+    from aiohttp import web
+
+    from config.loader import LoadedConfig, build_settings, deep_merge, load_defaults
+    from gateway.app import create_app
+
+    overrides = {
+        "gateway": {"openai_compat": {"enabled": True}},
+        "agents": {"main": {"model": {"base_url": model_url, "name": "bench-model", "max_retries": 0}}},
+        "memory": {"recall": {"enabled": False}},
+    }
+    settings = build_settings(deep_merge(load_defaults(), overrides))
+    app = create_app(LoadedConfig(settings=settings, home=home, config_path=None), env={})
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await _listen(runner)
+
+
+async def _serve_model() -> None:
+    from tests.support.openai_server import OpenAIServer
+
+    server = OpenAIServer()
+    await server.start()
+    print(f"PORT {server.port}", flush=True)
+    await _wait_for_parent()
+    await server.close()
+
+
+async def _listen(runner: Any) -> None:
+    from aiohttp import web
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, 0))
+    await web.SockSite(runner, sock, backlog=1024).start()
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    await _wait_for_parent()
+    await runner.cleanup()
+
+
+async def _wait_for_parent() -> None:
+    """Until SIGTERM, or the parent closes our stdin (it is done, or died)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 1024) else None)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), SERVER_MAX_S)
+
+
+class Server:
+    def __init__(self, *args: str) -> None:
+        cmd = [sys.executable, "-m", "bench.openai_compat", "--serve", *args]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"the {args[0]} server did not start (said {line!r})")
+        self.port = int(line.split()[1])
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+# -- the load -----------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux ``/proc``): what it cost, whatever the
+    machine's load did to the wall clock."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Phase:
+    side: str
+    clients: int
+    latencies: list[float]
+    errors: int
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.latencies, 50)
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.latencies, 99)
+
+
+async def phase(base_url: str, side: str, clients: int, requests: int) -> Phase:
+    """``requests`` chat completions from ``clients`` concurrent clients (one conversation each at
+    a time, resent whole, a new conversation every TURNS turns)."""
+    import openai
+
+    latencies: list[float] = []
+    errors = 0
+    remaining = requests
+
+    async def client(i: int, sdk: openai.AsyncOpenAI) -> None:
+        nonlocal remaining, errors
+        user, history = "", []
+        while remaining > 0:
+            remaining -= 1
+            if len(history) >= 2 * TURNS or not user:
+                user, history = f"bench-{uuid.uuid4().hex[:12]}", []
+            history.append({"role": "user", "content": f"question {len(history) // 2} from client {i}: how are you?"})
+            started = now()
+            try:
+                answer = await sdk.chat.completions.create(
+                    model="neotask/main", messages=[], user=user, extra_body={"messages": history}
+                )
+            except openai.APIError:
+                errors += 1
+                history.pop()
+                continue
+            latencies.append(now() - started)
+            history.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=60) as sdk:
+        await asyncio.gather(*(client(i, sdk) for i in range(clients)))
+    return Phase(side, clients, latencies, errors)
+
+
+def fsync_seconds(folder: Path, times: int = 50) -> float:
+    """Median time of a small append plus fsync in ``folder`` (the gateway's home's disk)."""
+    samples = []
+    path = folder / "fsync-probe"
+    with path.open("ab") as handle:
+        for _ in range(times):
+            started = now()
+            handle.write(b'{"seq": 1, "role": "user", "content": "probe"}\n')
+            handle.flush()
+            os.fsync(handle.fileno())
+            samples.append(now() - started)
+    path.unlink()
+    return statistics.median(samples)
+
+
+async def run(rounds: int, requests: dict[int, int], home: Path) -> int:
+    report = Report("bench.openai_compat")
+    model = Server("model")
+    gateway = None
+    try:
+        model_url = f"http://{HOST}:{model.port}/v1"
+        gateway = Server("gateway", "--home", str(home), "--model-url", model_url)
+        gateway_url = f"http://{HOST}:{gateway.port}/v1"
+        await phase(gateway_url, "warm-up", 2, 8)
+        await phase(model_url, "warm-up", 2, 8)
+        fsync = await asyncio.to_thread(fsync_seconds, home)
+        target = TARGET_OVERHEAD_S + APPENDS_PER_CALL * fsync
+        section(f"fsync of a small append in the home: p50 {fmt_seconds(fsync)}; target p50 overhead "
+                f"< 5 ms + {APPENDS_PER_CALL} x fsync = {fmt_seconds(target)}")  # fmt: skip
+        for clients, count in requests.items():
+            section(f"{clients} concurrent client(s), {count} requests per side per round, {rounds} rounds")
+            rows, overheads_p50, overheads_p99 = [], [], []
+            cpu_gateway, cpu_model, calls = 0.0, 0.0, 0
+            for r in range(rounds):
+                direct = await phase(model_url, "direct", clients, count)
+                before = cpu_seconds(gateway.proc.pid), cpu_seconds(model.proc.pid)
+                front = await phase(gateway_url, "neotask", clients, count)
+                cpu_gateway += cpu_seconds(gateway.proc.pid) - before[0]
+                cpu_model += cpu_seconds(model.proc.pid) - before[1]
+                calls += len(front.latencies)
+                o50, o99 = front.p50 - direct.p50, front.p99 - direct.p99
+                overheads_p50.append(o50)
+                overheads_p99.append(o99)
+                rows.append([f"round {r + 1}", fmt_seconds(direct.p50), fmt_seconds(front.p50), fmt_seconds(o50),
+                             fmt_seconds(direct.p99), fmt_seconds(front.p99), fmt_seconds(o99),
+                             direct.errors + front.errors])  # fmt: skip
+            print_table(["", "direct p50", "neotask p50", "added p50", "direct p99", "neotask p99", "added p99",
+                         "errors"], rows)  # fmt: skip
+            print(f"  added p50 over rounds: median {fmt_seconds(statistics.median(overheads_p50))}, "
+                  f"min {fmt_seconds(min(overheads_p50))}, max {fmt_seconds(max(overheads_p50))}; added p99: median "
+                  f"{fmt_seconds(statistics.median(overheads_p99))}, min {fmt_seconds(min(overheads_p99))}, "
+                  f"max {fmt_seconds(max(overheads_p99))}")  # fmt: skip
+            per_gateway, per_model = cpu_gateway / max(calls, 1), cpu_model / max(calls, 1)
+            print(f"  CPU per call through the gateway: gateway process {fmt_seconds(per_gateway)},"
+                  f" model server {fmt_seconds(per_model)} (an average of 10 ms clock ticks)")  # fmt: skip
+            report.check(
+                f"p50 overhead at {clients} client(s) (median of rounds)",
+                statistics.median(overheads_p50) * 1e3,
+                target * 1e3,
+                unit=" ms",
+            )
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        model.stop()
+    return report.finish()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.openai_compat", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run for CI, not a measurement")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--requests", type=int, default=None, help="per side, per round, at 1 client (x4 at 16)")
+    parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--home", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--model-url", help=argparse.SUPPRESS)
+    args, _ = parser.parse_known_args(argv)
+    if args.serve:
+        if args.serve[0] == "model":
+            asyncio.run(_serve_model())
+        else:
+            asyncio.run(_serve_gateway(args.home, args.model_url))
+        return 0
+    rounds = args.rounds or (1 if args.quick else 5)
+    single = args.requests or (10 if args.quick else 200)
+    with tempfile.TemporaryDirectory(prefix="neotask-bench-openai-") as tmp:
+        return asyncio.run(run(rounds, {1: single, 16: single * 4}, Path(tmp)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""The OpenAI-compatible front door's logic: which agent and session a call goes to, what of a
+resent conversation is new, storing it through ``Conversations`` and answering.
+
+Session selection (docs/openai-compat.md): the ``X-Neotask-Session-Key`` header names the key;
+else ``user`` is the peer of a direct key ``agent:<id>:openai:dm:<user>`` (channel ingress rules,
+always per channel and peer: a shared default would mix strangers' chats); else the call is
+stateless: a one-off ``hook:openai:<uuid>`` run, completed once the answer is out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from config.clock import Clock
+from config.errors import BadRequest, Busy, Conflict, NotFound, ProviderFailure
+from gateway.commands import Commands, dispatch
+from gateway.openai_compat import history
+from gateway.openai_compat.history import ChatMessage, Plan
+from gateway.openai_compat.records import CompatRecords, ResponseRef
+from gateway.turns import Outcome, Post, TurnOptions
+from sessions.keys import Ingress, SessionKey, hook_key, parse_key, route
+
+log = logging.getLogger(__name__)
+
+DeltaFn = Callable[[str], Awaitable[None]]
+MODEL_PREFIX = "neotask/"
+CHANNEL = "openai"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a call goes: the key, and whether it is a stateless one-off run."""
+
+    key: SessionKey
+    stateless: bool = False
+    user: str | None = None
+
+
+@dataclass
+class Answer:
+    """What the agent answered, for the route to shape."""
+
+    session_key: str
+    outcome: Outcome
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    new_run: bool = False
+    previous_run_id: str | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.tool_calls else "stop"
+
+    def message(self) -> ChatMessage:
+        return ChatMessage("assistant", self.content, tool_calls=tuple(self.tool_calls))
+
+
+@dataclass
+class Progress:
+    """Known before the answer (a streamed answer sends its headers with the first delta)."""
+
+    new_run: bool = False
+    previous_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call's messages and per-call turn options."""
+
+    target: Target
+    instructions: str | None
+    messages: Sequence[ChatMessage]
+    client_tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class OpenAICompat:
+    def __init__(self, commands: Commands, *, clock: Clock) -> None:
+        self.commands = commands
+        self.conv = commands.conv
+        self.store = commands.store
+        self.settings = commands.conv.settings
+        self.records = CompatRecords(self.store.ledger, clock)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- selection ------------------------------------------------------------------------------
+
+    def agent_for(self, model: str) -> str:
+        """``neotask/<agent>`` or a bare agent id; anything else is 404 ``model_not_found``."""
+        agent_id = model.removeprefix(MODEL_PREFIX)
+        if agent_id not in self.settings.agents:
+            listed = ", ".join(MODEL_PREFIX + a for a in self.settings.agents)
+            raise NotFound(f"the model {model!r} does not exist; GET /v1/models lists: {listed}",
+                           code="model_not_found", param="model")  # fmt: skip
+        return agent_id
+
+    def own_tools(self) -> set[str]:
+        return {t["function"]["name"] for t in self.conv.tools.schemas()}
+
+    def target(self, agent_id: str, *, header_key: str | None, user: str | None) -> Target:
+        agents = self.settings.agents
+        if header_key:
+            key = parse_key(header_key, agents=agents)
+            if key.agent_id is None:  # cron: and hook: keys name no agent: the model's runs them
+                key = replace(key, agent_id=agent_id)
+            elif key.agent_id != agent_id:
+                raise BadRequest(f"the session key belongs to agent {key.agent_id!r} but model selects {agent_id!r};"
+                                 f" use model neotask/{key.agent_id}", field="model")  # fmt: skip
+            return Target(key, user=user)
+        if user:
+            ingress = Ingress(CHANNEL, "direct", user, user, None, agent_id)
+            return Target(route(ingress, dm_scope="per-channel-peer", bindings=(), agents=agents), user=user)
+        key = parse_key(hook_key(CHANNEL, uuid.uuid4().hex), agents=agents)
+        return Target(replace(key, agent_id=agent_id), stateless=True)
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, key: str, *, forget: bool, agent_id: str | None = None) -> Any:
+        """One call per key at a time (the history check and the store must not interleave); more
+        than the agent's ``max_queued_turns`` calls waiting is 429 ``session_busy``."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        limit = self.conv.agent(agent_id).max_queued_turns
+        if lock.locked() and self._waiting.get(key, 0) >= limit:
+            raise Busy(f"session {key!r} already has {limit} calls waiting (max_queued_turns); retry later",
+                       retry_after_s=1)  # fmt: skip
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            await lock.acquire()
+        finally:
+            self._waiting[key] -= 1
+            if self._waiting[key] == 0:
+                del self._waiting[key]
+        try:
+            yield
+        finally:
+            lock.release()
+            if forget and not lock.locked():
+                self._locks.pop(key, None)
+
+    # -- chat completions -----------------------------------------------------------------------
+
+    async def chat(self, call: Call, *, on_delta: DeltaFn | None = None, progress: Progress | None = None) -> Answer:
+        """Store what is new of a resent conversation and answer its last message."""
+        key = call.target.key.raw
+        progress = progress or Progress()
+        try:
+            async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
+                record = None if call.target.stateless else await self.records.conversation(key)
+                plan = history.plan(call.messages, record)
+                if plan.kind == "retry" and record is not None and record.answer is not None:
+                    return _replayed(key, record.answer)
+                if plan.new_run:
+                    progress.new_run, progress.previous_run_id = True, await self._end_run(key)
+                answer = await self._store_and_answer(call, plan, on_delta, track=not call.target.stateless)
+                answer.new_run, answer.previous_run_id = progress.new_run, progress.previous_run_id
+        finally:
+            if call.target.stateless:  # answered or failed, a one-off run ends
+                self._end_later(key)
+        return answer
+
+    async def _store_and_answer(self, call: Call, plan: Plan, on_delta: DeltaFn | None, *, track: bool) -> Answer:
+        """Post the new messages (a retry: only the last, whose turn failed), then save the record
+        with the answer: one tasks.db write per call."""
+        key = call.target.key.raw
+        messages = call.messages
+        last = len(messages) - 1
+        names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
+        retry = plan.kind == "retry"
+        if not retry:
+            unanswered = _unanswered(messages, plan.start)
+            for index in range(plan.start, last + 1):
+                if unanswered and messages[index].role != "tool":
+                    for call_id in unanswered:  # the model needs a result for every call it made
+                        await self.conv.post(self._post(call, _NO_RESULT, reply=False, cmid=None, names=names,
+                                                        tool_call_id=call_id))  # fmt: skip
+                    unanswered = []
+                if index < last:
+                    await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
+        record = history.after_request(plan, len(messages))
+        cmid = plan.client_message_id(last)
+        post = self._post(call, messages[last], reply=True, cmid=cmid if retry else None, names=names)
+        try:
+            outcome = await dispatch(self.commands, post, on_delta=on_delta)
+        except ProviderFailure as exc:
+            # Stored, not answered: the retry of this call posts the same id and runs the turn again.
+            run = self.store.active_run(key)
+            seq = exc.extra.get("message_seq")
+            if track and not retry and run is not None and isinstance(seq, int):
+                await self.conv.remember_delivery(key, cmid, run_id=run.run_id, seq=seq)
+                await self.records.save_conversation(key, record)
+            raise
+        answer = _answer(key, outcome)
+        if track:
+            saved = json.dumps(outcome.body(), ensure_ascii=False)
+            await self.records.save_conversation(key, history.after_answer(record, answer.message(), saved))
+        return answer
+
+    def _post(
+        self,
+        call: Call,
+        message: ChatMessage,
+        *,
+        reply: bool,
+        cmid: str | None,
+        names: dict[str, str],
+        tool_call_id: str | None = None,
+    ) -> Post:
+        options = None
+        if reply:
+            options = TurnOptions(
+                instructions=call.instructions,
+                client_tools=call.client_tools,
+                tool_choice=call.tool_choice,
+                answer_tool=message.role == "tool",
+            )
+        return Post(
+            key=call.target.key,
+            role=message.role,
+            content=message.content,
+            name=message.name,
+            sender_id=call.target.user,
+            tool_name=names.get(tool_call_id or message.tool_call_id or ""),
+            tool_call_id=tool_call_id or message.tool_call_id,
+            reply=reply,
+            client_message_id=cmid,
+            tool_calls=message.tool_calls,
+            options=options,
+        )
+
+    async def _end_run(self, key: str) -> str | None:
+        """A diverged conversation: complete the key's run; the next one starts from the client's
+        history alone (no inherited summary: the client resends what it wants the agent to see)."""
+        async with self.conv.exclusive(key):
+            run = self.store.active_run(key)
+            if run is not None:
+                await self.store.complete(key, reason="openai-diverged")
+            entry = self.store.entry(key)
+            if entry is not None and entry.inherit_next:
+                entry.inherit_next = False
+                self.store.registry.touch(key)
+            return run.run_id if run is not None else None
+
+    def _end_later(self, key: str) -> None:
+        """A stateless call's run is completed after the answer went out, off the request's path."""
+
+        async def end() -> None:
+            try:
+                async with self.conv.exclusive(key):
+                    if self.store.active_run(key) is not None:
+                        await self.store.complete(key, reason="openai-stateless")
+                    if self.store.entry(key) is not None:
+                        await self.store.delete(key)
+            except Exception:  # a background job has no caller to answer: log it
+                log.exception("completing the one-off run of %s failed", key)
+
+        task = asyncio.create_task(end())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Let pending one-off completions finish (they write the final summary)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # -- responses ------------------------------------------------------------------------------
+
+    async def previous(self, response_id: str) -> ResponseRef:
+        ref = await self.records.response(response_id)
+        if ref is None:
+            raise NotFound(f"no stored response {response_id!r} (responses made with store: false are not kept)",
+                           code="response_not_found", param="previous_response_id")  # fmt: skip
+        latest = await self.records.latest_response(ref.session_key)
+        if latest != response_id:
+            raise Conflict(f"response {response_id!r} is not the latest of its session ({latest}); continuing from an"
+                           " earlier response (a fork) is not supported", code="response_not_latest",
+                           param="previous_response_id")  # fmt: skip
+        return ref
+
+    async def respond(
+        self, call: Call, *, store: bool, on_delta: DeltaFn | None = None, response_id: str | None = None
+    ) -> tuple[Answer, str]:
+        """Post the input items (all new) and answer; ``(answer, response id)``. The id is kept
+        (mapped to its key and seq) when ``store``; a stateless call's run ends after it unless
+        it is stored (its id continues it)."""
+        key = call.target.key.raw
+        response_id = response_id or f"resp_{uuid.uuid4().hex}"
+        try:
+            async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
+                answer = await self._post_all(call, on_delta)
+                if store:
+                    seq = answer.outcome.reply.get("seq") if answer.outcome.reply else answer.outcome.message_seq
+                    run_id = answer.outcome.run_id
+                    await self.records.save_response(ResponseRef(response_id, key, run_id, seq))
+        except BaseException:
+            if call.target.stateless:  # no id continues it: the one-off run ends
+                self._end_later(key)
+            raise
+        if call.target.stateless and not store:
+            self._end_later(key)
+        return answer, response_id
+
+    async def _post_all(self, call: Call, on_delta: DeltaFn | None) -> Answer:
+        """Every message of the call is new (Responses input items): post them, answer the last."""
+        key = call.target.key.raw
+        messages = call.messages
+        names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
+        for index in range(len(messages) - 1):
+            await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
+        post = self._post(call, messages[-1], reply=True, cmid=None, names=names)
+        return _answer(key, await dispatch(self.commands, post, on_delta=on_delta))
+
+
+_NO_RESULT = ChatMessage("tool", "error: the client did not return a result for this call")
+
+
+def _unanswered(messages: Sequence[ChatMessage], start: int) -> list[str]:
+    """Ids of the client tool calls in the message just before the new ones that no new message
+    answers: the client moved on without running them. Each gets a stand-in result, or the stored
+    context would hold a call without its result, which models refuse."""
+    if start == 0 or not messages[start - 1].tool_calls:
+        return []
+    answered = {m.tool_call_id for m in messages[start:] if m.role == "tool"}
+    return [c["id"] for c in messages[start - 1].tool_calls if c["id"] not in answered]
+
+
+def _replayed(key: str, saved: str) -> Answer:
+    body = json.loads(saved)
+    outcome = Outcome(key, body.get("run_id"), body.get("message_seq"), body.get("reply"), [], body.get("usage") or {})
+    return _answer(key, outcome)
+
+
+def _answer(key: str, outcome: Outcome) -> Answer:
+    reply = outcome.reply or {}
+    calls = [dict(c) for c in reply.get("tool_calls") or ()]
+    return Answer(key, outcome, str(reply.get("content") or ""), calls)

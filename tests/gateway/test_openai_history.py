@@ -1,0 +1,88 @@
+"""What of a resent conversation is new: the pure decision of gateway/openai_compat/history.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.openai_compat.history import ChatMessage, Record, after_answer, after_request, plan
+
+
+def user(text: str) -> ChatMessage:
+    return ChatMessage("user", text)
+
+
+def bot(text: str) -> ChatMessage:
+    return ChatMessage("assistant", text)
+
+
+def answered(messages: list[ChatMessage], reply: ChatMessage, record: Record | None = None) -> Record:
+    """The record after a call with ``messages`` was answered with ``reply``."""
+    return after_answer(after_request(plan(messages, record), len(messages)), reply)
+
+
+def test_a_first_call_stores_everything() -> None:
+    p = plan([user("a"), bot("b"), user("c")], None)
+    assert (p.kind, p.start, p.new_run) == ("fresh", 0, False)
+
+
+def test_a_resent_history_continues_after_the_answer() -> None:
+    first = [user("hi")]
+    record = answered(first, bot("hello"))
+    second = [*first, bot("hello"), user("how are you")]
+    p = plan(second, record)
+    assert (p.kind, p.start) == ("continue", 2)
+    record = answered(second, bot("fine"), record)
+    third = [*second, bot("fine"), user("bye"), user("really")]
+    assert (plan(third, record).kind, plan(third, record).start) == ("continue", 4)
+
+
+def test_the_same_request_again_is_a_retry_with_the_same_message_ids() -> None:
+    first = [user("hi")]
+    record = answered(first, bot("hello"))
+    second = [user("hi"), bot("hello"), user("next")]
+    p = plan(second, record)
+    record = answered(second, bot("ok"), record)
+    again = plan(second, record)
+    assert (again.kind, again.start) == ("retry", 2)
+    assert again.client_message_id(2) == p.client_message_id(2)
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        [user("EDITED"), bot("hello"), user("next")],  # an earlier message edited
+        [user("hi"), bot("a different answer"), user("next")],  # our answer altered
+        [user("other chat"), bot("x"), user("y")],  # another conversation of the same user
+    ],
+)
+def test_a_diverging_history_needs_a_new_run_with_new_message_ids(history: list[ChatMessage]) -> None:
+    record = answered([user("hi")], bot("hello"))
+    p = plan(history, record)
+    assert (p.kind, p.start, p.new_run) == ("diverged", 0, True)
+    assert p.epoch == record.epoch + 1
+    assert p.client_message_id(0) != plan([user("hi")], None).client_message_id(0)
+
+
+def test_a_client_that_sends_only_the_new_message_is_never_diverged() -> None:
+    record = answered([user("hi")], bot("hello"))
+    p = plan([user("hi")], answered([user("x")], bot("y"), record))
+    assert (p.kind, p.start, p.new_run) == ("fresh", 0, False)
+    assert p.client_message_id(0) != plan([user("hi")], None).client_message_id(0)
+
+
+def test_whitespace_around_text_does_not_diverge_and_tool_calls_count() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    record = answered([user("hi")], ChatMessage("assistant", "", tool_calls=(call,)))
+    resent = [
+        user("hi "),
+        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("tool", "42", tool_call_id="c1"),
+    ]
+    assert plan(resent, record).kind == "continue"
+    other = {**call, "function": {"name": "f", "arguments": '{"x": 1}'}}
+    changed = [
+        user("hi"),
+        ChatMessage("assistant", "", tool_calls=(other,)),
+        ChatMessage("tool", "42", tool_call_id="c1"),
+    ]
+    assert plan(changed, record).kind == "diverged"
