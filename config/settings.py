@@ -131,7 +131,7 @@ class InheritanceSettings(Model):
 
 
 class EmbeddingSettings(Model):
-    provider: Literal["sentence-transformers", "openai"] = "sentence-transformers"
+    provider: Literal["universal-sentence-encoder", "sentence-transformers", "openai"] = "sentence-transformers"
     model: str | None = None
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
@@ -153,6 +153,8 @@ class SearchSettings(Model):
     min_score: float = Field(0.35, ge=0, le=1)
     min_text_score: float = Field(1.0, ge=0, le=1)
     recency_half_life_days: float | None = Field(None, gt=0)
+    fusion: Literal["score", "rrf"] = "rrf"
+    text_saturation: float = Field(10.0, gt=0)
 
 
 class RecallSettings(Model):

@@ -10,7 +10,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 
 from memory.records import SearchHit
@@ -41,6 +41,15 @@ _STOP = frozenset(
     ]
 )
 _CJK_STOP = frozenset(["私", "僕", "俺", "何", "誰", "事", "時", "方", "所", "物", "今", "為"])
+
+
+def is_cjk_query(query: str) -> bool:
+    """Whether a query is written mostly in Japanese or Chinese (kana and ideographs at least
+    half of its letters)."""
+    letters = [ch for ch in query if ch.isalpha()]
+    if not letters:
+        return False
+    return sum(1 for ch in letters if _CJK_CONTENT.match(ch) or _HIRAGANA.match(ch)) * 2 >= len(letters)
 
 
 def _stem(word: str) -> str:
@@ -118,6 +127,7 @@ class Candidate:
     share: float  # text_share of its content
     vector_rank: int | None = None  # 1-based rank in the vector pool
     text_rank: int | None = None  # 1-based rank in the full-text pool
+    bm25: float = 0.0  # the full-text index's BM25 score (0: not matched)
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,9 @@ class FusionParams:
     min_score: float
     min_text_score: float
     recency_half_life_days: float | None = None
+    method: str = "rrf"  # rrf | score
+    text_saturation: float = 10.0  # score fusion: the BM25 score that counts as a half match
+    use_vector: bool = True  # False: the query is in a language the embedder does not know
 
 
 def _ranks(pool: Sequence[tuple[Candidate, float]]) -> list[tuple[Candidate, int]]:
@@ -150,7 +163,8 @@ def merge_pools(
         merged.setdefault(c.chunk_id, _with(c, vector_rank=rank))
     for c, rank in _ranks(text_pool):
         old = merged.get(c.chunk_id)
-        merged[c.chunk_id] = _with(old or c, text_rank=rank, vector_rank=old.vector_rank if old else None)
+        both = _with(old or c, text_rank=rank, vector_rank=old.vector_rank if old else None)
+        merged[c.chunk_id] = replace(both, bm25=c.bm25, share=max(both.share, c.share))
     return list(merged.values())
 
 
@@ -158,27 +172,57 @@ def _with(c: Candidate, *, vector_rank: int | None = None, text_rank: int | None
     return Candidate(
         c.chunk_id, c.path, c.start_line, c.end_line, c.heading, c.text, c.cosine, c.share,
         vector_rank if vector_rank is not None else c.vector_rank,
-        text_rank if text_rank is not None else c.text_rank,
+        text_rank if text_rank is not None else c.text_rank, c.bm25,
     )  # fmt: skip
 
 
 def passes(c: Candidate, p: FusionParams) -> bool:
-    """Absolute abstention: a threshold of 0 takes no part; with both at 0 everything passes."""
+    """Absolute abstention: a threshold of 0 takes no part; with both at 0 everything passes.
+
+    RRF: the cosine must reach ``min_score`` or the term share ``min_text_score``. Score fusion:
+    the fused score itself must reach ``min_score`` (it is absolute, see :func:`fused_score`),
+    or the term share ``min_text_score``.
+    """
     if p.min_score <= 0 and p.min_text_score <= 0:
         return True
-    return (p.min_score > 0 and c.cosine >= p.min_score) or (
-        p.min_text_score > 0 and c.share >= p.min_text_score
-    )
+    first = fused_score(c, p) if p.method == "score" else (c.cosine if p.use_vector else 0.0)
+    return (p.min_score > 0 and first >= p.min_score) or (p.min_text_score > 0 and c.share >= p.min_text_score)
+
+
+def text_strength(bm25: float, saturation: float) -> float:
+    """A BM25 score squashed into [0, 1): ``bm25 / (bm25 + saturation)``.
+
+    No per-query rescaling: a chunk matching only a common word has a small BM25 score and stays
+    near 0 even when it is the best match there is, and ``saturation`` is the score that counts
+    as a half match (BM25 adds about one IDF, 2–10, per matched rare word)."""
+    if bm25 <= 0:
+        return 0.0
+    return bm25 / (bm25 + saturation)
+
+
+def fused_score(c: Candidate, p: FusionParams) -> float:
+    """Score fusion: the weighted mean of the cosine (clamped to [0, 1]) and the text strength.
+
+    Both sides are absolute, so the fused score means the same for every query: 0.5 is "as
+    similar as a close paraphrase or a strong word match", and a lone weak result scores low.
+    When the query's language is one the embedder does not know (``use_vector`` false) the text
+    side decides alone."""
+    wv = p.vector_weight if p.use_vector else 0.0
+    top = wv + p.text_weight
+    if top <= 0:
+        return 0.0
+    return (wv * c.cosine + p.text_weight * text_strength(c.bm25, p.text_saturation)) / top
 
 
 def rrf_score(c: Candidate, p: FusionParams) -> float:
     """Weighted reciprocal rank fusion, scaled so rank 1 in both pools scores 1.0."""
-    top = p.vector_weight + p.text_weight
+    wv = p.vector_weight if p.use_vector else 0.0
+    top = wv + p.text_weight
     if top <= 0:
         return 0.0
     raw = 0.0
     if c.vector_rank is not None:
-        raw += p.vector_weight / (RRF_K + c.vector_rank)
+        raw += wv / (RRF_K + c.vector_rank)
     if c.text_rank is not None:
         raw += p.text_weight / (RRF_K + c.text_rank)
     return min(1.0, raw * (RRF_K + 1) / top)
@@ -199,7 +243,7 @@ def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, 
     """Rank, abstain, decay, order (score, then chunk id) and cut to ``k``."""
     hits: list[SearchHit] = []
     for c in candidates:
-        score = rrf_score(c, params)
+        score = fused_score(c, params) if params.method == "score" else rrf_score(c, params)
         if score <= 0 or not passes(c, params):
             continue
         score = decay(score, c.path, today, params.recency_half_life_days)

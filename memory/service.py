@@ -17,8 +17,8 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import MemorySettings
 from memory import sources
-from memory.embedders import Embedder, build_embedder
-from memory.fusion import Candidate, FusionParams, fuse, merge_pools, query_terms, text_share
+from memory.embedders import Embedder, build_embedder, is_multilingual
+from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query, merge_pools, query_terms, text_share
 from memory.indexer import Indexer, Progress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.store import ChunkStore
@@ -222,9 +222,26 @@ class MemoryService:
         query = query.strip()
         if not query:
             raise BadRequest("q must be a non-empty search query")
-        params = FusionParams(s.vector_weight, s.text_weight, s.min_score, s.min_text_score, s.recency_half_life_days)
         pool = await self.candidates(agent, query, include_memory_md=include_memory_md)
+        params = FusionParams(
+            s.vector_weight,
+            s.text_weight,
+            s.min_score,
+            s.min_text_score,
+            s.recency_half_life_days,
+            method=s.fusion,
+            text_saturation=s.text_saturation,
+            use_vector=self._vector_knows(query),
+        )
         return fuse(pool, params, today=self._clock().date(), k=k)
+
+    def _vector_knows(self, query: str) -> bool:
+        """False when the query is CJK and the embedder is English-only: its cosines then say
+        nothing (unrelated Japanese scores 0.5-0.7), so ranking and abstention use the text side."""
+        embedder = self._embedder if self._embedder_ready else None
+        if embedder is None or not is_cjk_query(query):
+            return True
+        return is_multilingual(embedder.identity)
 
     async def candidates(self, agent: str, query: str, *, include_memory_md: bool = True) -> list[Candidate]:
         """Both candidate pools of a query, merged, before fusion and abstention (for evaluation:
@@ -255,23 +272,27 @@ class MemoryService:
         in_text = {r["chunk_id"] for r in text_rows}
         full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
 
-        def cand(row: dict[str, Any], cosine: float, in_text_pool: bool) -> Candidate:
+        def cand(row: dict[str, Any], cosine: float, in_text_pool: bool, bm25: float = 0.0) -> Candidate:
             return Candidate(
                 chunk_id=row["chunk_id"],
                 path=row["path"],
                 start_line=int(row["start_line"]),
                 end_line=int(row["end_line"]),
                 heading=row["heading"],
-                text=row["content"][len(row["heading"]) + 2 :] if row["heading"] else row["content"],
+                text=row["text"],  # the chunk's own lines: its context is indexed, not shown
                 cosine=min(1.0, max(0.0, cosine)),
                 # a chunk the full-text index does not match holds none of the query's terms
                 share=text_share(terms, row["content"]) if in_text_pool or not full_pool else 0.0,
+                bm25=bm25,
             )
 
         text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
         return merge_pools(
             [(cand(r, 1.0 - r["_distance"], r["chunk_id"] in in_text), -float(r["_distance"])) for r in vec_rows],
-            [(cand(r, float(c), True), float(r["_score"])) for r, c in zip(text_rows, text_cos, strict=True)],
+            [
+                (cand(r, float(c), True, float(r["_score"])), float(r["_score"]))
+                for r, c in zip(text_rows, text_cos, strict=True)
+            ],
         )
 
     # --- files -------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def rows_table(agent: str, file_hash: str, chunks: Sequence[Chunk], vectors: Vec
     )
 
 
-TEXT_COLUMNS = ["chunk_id", "path", "start_line", "end_line", "heading", "content"]
+TEXT_COLUMNS = ["chunk_id", "path", "start_line", "end_line", "heading", "text", "content"]
 
 
 class ChunkStore:
