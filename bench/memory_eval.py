@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -243,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--big", action="store_true", help="add the 50,000-chunk conversation set")
     ap.add_argument("--embedder", choices=("use", "minilm", "both"), default="use")
     ap.add_argument("--tune", action="store_true", help="print the fusion grid (worst margin over the better side)")
+    ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")
     args = ap.parse_args(argv)
     sizes = [300] if args.quick else [int(x) for x in args.sizes.split(",")]
     if args.big:
@@ -258,13 +260,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             probe.load_sync()
         multilingual = is_multilingual(probe.identity)
         asyncio.run(probe.close())
-        with tempfile.TemporaryDirectory(prefix="neotask-eval-") as tmp:
-            root = Path(tmp)
-            builders: list[tuple[str, Callable[[Path], list[Question]]]] = [
-                (f"conversation-{n}", lambda ws, n=n: build_conversations(ws, chunks=n)) for n in sizes
-            ]
-            builders += [("notes", notes_questions), ("japanese", build_japanese)]
-            sets = [asyncio.run(collect(name, root, fn, emb)) for name, fn in builders]
+        saved = args.pools.with_suffix(f".{emb}.pickle") if args.pools else None
+        if saved is not None and saved.exists():
+            sets = pickle.loads(saved.read_bytes())
+        else:
+            with tempfile.TemporaryDirectory(prefix="neotask-eval-") as tmp:
+                root = Path(tmp)
+                builders: list[tuple[str, Callable[[Path], list[Question]]]] = [
+                    (f"conversation-{n}", lambda ws, n=n: build_conversations(ws, chunks=n)) for n in sizes
+                ]
+                builders += [("notes", notes_questions), ("japanese", build_japanese)]
+                sets = [asyncio.run(collect(name, root, fn, emb)) for name, fn in builders]
+            if saved is not None:
+                saved.write_bytes(pickle.dumps(sets))
         payload[emb] = report(sets, shipped, multilingual, emb)
         if args.tune:
             print("\nfusion grid: worst margin over the better single side at @5/10/25 on any set; r@10 per set")

@@ -6,12 +6,14 @@ and a fake embedder; the index only fetches the two candidate pools.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import date
+from typing import Any
 
 from memory.records import SearchHit
 
@@ -44,19 +46,26 @@ _CJK_STOP = frozenset(["私", "僕", "俺", "何", "誰", "事", "時", "方", "
 
 
 def is_cjk_query(query: str) -> bool:
-    """Whether a query is written mostly in Japanese or Chinese (kana and ideographs at least
-    half of its letters)."""
+    """Whether a query is Japanese or Chinese: it holds kana, or ideographs are at least half of
+    its letters ("Tokyo の天気" is Japanese, "Tokyo weather 東" is not)."""
     letters = [ch for ch in query if ch.isalpha()]
     if not letters:
         return False
-    return sum(1 for ch in letters if _CJK_CONTENT.match(ch) or _HIRAGANA.match(ch)) * 2 >= len(letters)
+    if any(_HIRAGANA.match(ch) or "\u30a0" <= ch <= "\u30ff" for ch in letters):
+        return True
+    return sum(1 for ch in letters if _CJK_CONTENT.match(ch)) * 2 >= len(letters)
+
+
+@functools.cache
+def _stemmer() -> Any:
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("english")
 
 
 def _stem(word: str) -> str:
-    for suffix, repl in (("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("ss"):
-            return word[: len(word) - len(suffix)] + repl
-    return word
+    """The Snowball (Porter 2) English stem of a lower-case word."""
+    return str(_stemmer().stemWord(word))
 
 
 def _normal(text: str) -> str:
