@@ -81,8 +81,10 @@ def _bm25_baseline(uri: Path, questions: Sequence[Question]) -> tuple[dict[str, 
     rows = table.search().select(["path", "start_line", "end_line", "text"]).limit(table.count_rows()).to_list()
     stemmer = snowballstemmer.stemmer("english")
     retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize([r["text"] for r in rows], stopwords="en", stemmer=stemmer, show_progress=False),
-                    show_progress=False)  # fmt: skip
+    retriever.index(
+        bm25s.tokenize([r["text"] for r in rows], stopwords="en", stemmer=stemmer, show_progress=False),
+        show_progress=False,
+    )
     k = min(25, len(rows))
     q_tokens = bm25s.tokenize([q.text for q in questions], stopwords="en", stemmer=stemmer, show_progress=False)
     docs, _ = retriever.retrieve(q_tokens, k=k, show_progress=False, n_threads=1)
@@ -96,8 +98,13 @@ async def collect(name: str, root: Path, build: Callable[[Path], list[Question]]
     workspace = root / name
     questions = build(workspace)
     embedder = make_embedder(embedder_name)
-    service = MemoryService(MemorySettings(), {"main": workspace}, root / f"{name}.lance",
-                            clock=lambda: datetime(2026, 11, 30, tzinfo=UTC), embedder=embedder)  # fmt: skip
+    service = MemoryService(
+        MemorySettings(),
+        {"main": workspace},
+        root / f"{name}.lance",
+        clock=lambda: datetime(2026, 11, 30, tzinfo=UTC),
+        embedder=embedder,
+    )
     await service.start()
     try:
         started = time.perf_counter()
@@ -128,7 +135,9 @@ def scores(rows: list[list[int | None]]) -> dict[str, float]:
     return out
 
 
-def ranked_by(params: FusionParams, multilingual: bool) -> Callable[[Question, list[Candidate]], list[tuple[str, int, int]]]:
+def ranked_by(
+    params: FusionParams, multilingual: bool
+) -> Callable[[Question, list[Candidate]], list[tuple[str, int, int]]]:
     def rank(q: Question, pool: list[Candidate]) -> list[tuple[str, int, int]]:
         p = params if multilingual or not is_cjk_query(q.text) else replace(params, use_vector=False)
         return [(h.path, h.start_line, h.end_line) for h in fuse(pool, p, today=TODAY, k=max(KS))]
@@ -136,7 +145,9 @@ def ranked_by(params: FusionParams, multilingual: bool) -> Callable[[Question, l
     return rank
 
 
-def evaluate_ranking(s: EvalSet, rank: Callable[[Question, list[Candidate]], list[tuple[str, int, int]]]) -> dict[str, dict[str, float]]:
+def evaluate_ranking(
+    s: EvalSet, rank: Callable[[Question, list[Candidate]], list[tuple[str, int, int]]]
+) -> dict[str, dict[str, float]]:
     per: dict[str, list[list[int | None]]] = {}
     for q, pool in s.pools:
         if not q.evidence:
@@ -163,8 +174,11 @@ def abstention(s: EvalSet, params: FusionParams, multilingual: bool) -> dict[str
         rank = ranked_by(params, multilingual)
         empty = sum(1 for q, p in un if not rank(q, p))
         kept = sum(1 for q, p in an if any(r is not None and r <= 10 for r in _ranks_of(q, rank(q, p)[:10])))
-        out[lang] = {"unanswerable": len(un), "abstained": empty / len(un) if un else 0.0,
-                     "answerable_r10_kept": kept / len(an) if an else 0.0}  # fmt: skip
+        out[lang] = {
+            "unanswerable": len(un),
+            "abstained": empty / len(un) if un else 0.0,
+            "answerable_r10_kept": kept / len(an) if an else 0.0,
+        }
     return out
 
 
@@ -182,8 +196,8 @@ def methods(defaults: FusionParams) -> dict[str, FusionParams]:
 
 def grid() -> list[FusionParams]:
     out = []
-    for wt in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
-        for sat in (2.0, 5.0, 10.0, 20.0):
+    for wt in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
+        for sat in (5.0, 10.0, 20.0, 40.0, 80.0):
             out.append(FusionParams(round(1 - wt, 2), wt, 0.0, 0.0, method="score", text_saturation=sat))
     for wt in (0.5, 0.6, 0.7, 0.8, 0.9):
         out.append(FusionParams(round(1 - wt, 2), wt, 0.0, 0.0, method="rrf"))
@@ -198,21 +212,31 @@ def report(sets: list[EvalSet], shipped: FusionParams, multilingual: bool, embed
     payload: dict[str, Any] = {"embedder": embedder, "sets": {}}
     table = methods(shipped)
     for s in sets:
-        print(f"\n== {s.name}: {s.chunks} chunks, {len(s.pools)} questions, indexed in {s.index_seconds:.1f} s "
-              f"({s.chunks / s.index_seconds:.0f} chunks/s), embedder {embedder}")  # fmt: skip
+        print(
+            f"\n== {s.name}: {s.chunks} chunks, {len(s.pools)} questions, indexed in {s.index_seconds:.1f} s "
+            f"({s.chunks / s.index_seconds:.0f} chunks/s), embedder {embedder}"
+        )
         results = {m: evaluate_ranking(s, ranked_by(p, multilingual)) for m, p in table.items()}
         results["bm25 (bm25s)"] = evaluate_bm25(s)
-        kinds = [k for k in ("all", "single", "multi-hop", "temporal", "paraphrase", "distractor") if k in results["text"]]
+        kinds = [
+            k for k in ("all", "single", "multi-hop", "temporal", "paraphrase", "distractor") if k in results["text"]
+        ]
         print(f"{'method':<22}" + "".join(f"{k + ' (n=' + str(int(results['text'][k]['n'])) + ')':>28}" for k in kinds))
         print(f"{'':<22}" + "".join(f"{'@5    @10   @25   MRR':>28}" for _ in kinds))
         for m, r in results.items():
             print(f"{m:<22}" + "".join(f"{_fmt(r[k]):>28}" for k in kinds))
         ab = abstention(s, shipped, multilingual)
         for lang, a in ab.items():
-            print(f"abstention ({lang}, shipped thresholds): {a['abstained']:.2f} of {a['unanswerable']} unanswerable "
-                  f"return nothing; answerable r@10 kept {a['answerable_r10_kept']:.2f}")  # fmt: skip
-        payload["sets"][s.name] = {"chunks": s.chunks, "index_seconds": s.index_seconds, "results": results,
-                                   "abstention": ab}  # fmt: skip
+            print(
+                f"abstention ({lang}, shipped thresholds): {a['abstained']:.2f} of {a['unanswerable']} unanswerable "
+                f"return nothing; answerable r@10 kept {a['answerable_r10_kept']:.2f}"
+            )
+        payload["sets"][s.name] = {
+            "chunks": s.chunks,
+            "index_seconds": s.index_seconds,
+            "results": results,
+            "abstention": ab,
+        }
     return payload
 
 
@@ -250,8 +274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.big:
         sizes.append(50_000)
     settings = MemorySettings().search
-    shipped = FusionParams(settings.vector_weight, settings.text_weight, settings.min_score, settings.min_text_score,
-                           method=settings.fusion, text_saturation=settings.text_saturation)  # fmt: skip
+    shipped = FusionParams(
+        settings.vector_weight,
+        settings.text_weight,
+        settings.min_score,
+        settings.min_text_score,
+        method=settings.fusion,
+        text_saturation=settings.text_saturation,
+    )
     payload: dict[str, Any] = {}
     ok = True
     for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
@@ -277,8 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.tune:
             print("\nfusion grid: worst margin over the better single side at @5/10/25 on any set; r@10 per set")
             for margin, p, mean10 in tune(sets, multilingual)[:12]:
-                print(f"{p.method:<6} wv={p.vector_weight:<4} wt={p.text_weight:<4} sat={p.text_saturation:<5} "
-                      f"margin={100 * margin:+5.1f} " + " ".join(f"{k}={100 * v:.1f}" for k, v in mean10.items()))
+                print(
+                    f"{p.method:<6} wv={p.vector_weight:<4} wt={p.text_weight:<4} sat={p.text_saturation:<5} "
+                    f"margin={100 * margin:+5.1f} " + " ".join(f"{k}={100 * v:.1f}" for k, v in mean10.items())
+                )
         for s in sets:
             r = payload[emb]["sets"][s.name]["results"]
             best = {k: max(r["vector"]["all"][f"r@{k}"], r["text"]["all"][f"r@{k}"]) for k in KS}
@@ -287,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ok &= never_loses
             if s.name.startswith("conversation"):
                 gain = r["shipped"]["all"]["r@10"] - r["bm25 (bm25s)"]["all"]["r@10"]
-                print(f"{'PASS' if gain >= 0.05 else 'FAIL'}  {emb} {s.name}: hybrid @10 - BM25 @10 = {100 * gain:+.1f}")
+                print(
+                    f"{'PASS' if gain >= 0.05 else 'FAIL'}  {emb} {s.name}: hybrid @10 - BM25 @10 = {100 * gain:+.1f}"
+                )
                 ok &= gain >= 0.05
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(payload, indent=2))

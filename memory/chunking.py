@@ -205,7 +205,10 @@ def _halves(text: str, fits: Callable[[str], bool]) -> list[str]:
 
 
 # ``Speaker: text``, ``- Speaker: text``, ``[10:42] Speaker: text``, ``**Speaker**: text``
-_TURN = re.compile(r"^\s{0,3}(?:[-*+]\s+)?(?:\[[^\]\n]{1,32}\]\s*)?(?:\*\*)?[^\s:：#>`|][^:：\n]{0,39}?(?:\*\*)?[:：]\s*\S")
+_TURN = re.compile(
+    r"^\s{0,3}(?:[-*+]\s+)?(?:\[[^\]\n]{1,32}\]\s*)?"  # an optional list marker and [time]
+    r"(?:\*\*)?[^\s:：#>`|][^:：\n]{0,39}?(?:\*\*)?[:：]\s*\S"  # the speaker, a colon, the text
+)
 _DATED = re.compile(r"(?:^|/)(\d{4})-(\d{2})-(\d{2})\.md$")
 CONTEXT_CHARS = 300  # at most this much of the preceding turn is carried
 

@@ -252,7 +252,7 @@ def is_multilingual(identity: EmbedderIdentity) -> bool:
     """Whether the embedder places other languages than English in one space with it.
 
     The packaged all-MiniLM-L6-v2 and the other ``all-*`` sentence-transformers models are
-    English-only (an unrelated Japanese query still gets cosine 0.5–0.7 from them); the Universal
+    English-only (an unrelated Japanese query still gets cosine 0.5-0.7 from them); the Universal
     Sentence Encoder, OpenAI's embedding models and any other model named here are taken as
     multilingual."""
     if identity.provider != "sentence-transformers":

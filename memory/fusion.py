@@ -1,4 +1,4 @@
-"""Pure search decisions: the normalised text score, weighted RRF, abstention, recency decay.
+"""Pure search decisions: score fusion or weighted RRF, abstention, recency decay.
 
 Everything here is a function of the candidates and the settings, so it is tested with tables
 and a fake embedder; the index only fetches the two candidate pools.
@@ -203,7 +203,7 @@ def text_strength(bm25: float, saturation: float) -> float:
 
     No per-query rescaling: a chunk matching only a common word has a small BM25 score and stays
     near 0 even when it is the best match there is, and ``saturation`` is the score that counts
-    as a half match (BM25 adds about one IDF, 2–10, per matched rare word)."""
+    as a half match (BM25 adds about one IDF, 2-10, per matched rare word)."""
     if bm25 <= 0:
         return 0.0
     return bm25 / (bm25 + saturation)
@@ -266,7 +266,9 @@ def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, 
                 snippet=snippet(c.text),
                 citation=f"{c.path}#L{c.start_line}-L{c.end_line}",
                 vector_score=round(c.cosine, 6),
-                text_score=round(c.share, 6),
+                text_score=round(
+                    text_strength(c.bm25, params.text_saturation) if params.method == "score" else c.share, 6
+                ),
                 chunk_id=c.chunk_id,
             )
         )

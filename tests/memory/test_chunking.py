@@ -188,8 +188,13 @@ def test_a_transcript_turn_carries_the_turn_before_and_the_date() -> None:
 
 def test_timestamped_lines_are_turns_and_carry_the_line_before() -> None:
     text = "\n".join(
-        ["[10:01] Tom: did you book the table?", "[10:02] Ann: yes, Tuesday at 3", "[10:03] Tom: great",
-         "[10:04] Ann: see you then", "[10:05] Tom: bye"]  # fmt: skip
+        [
+            "[10:01] Tom: did you book the table?",
+            "[10:02] Ann: yes, Tuesday at 3",
+            "[10:03] Tom: great",
+            "[10:04] Ann: see you then",
+            "[10:05] Tom: bye",
+        ]
     )
     chunks = chunk_markdown("notes/chat.md", text, chunk_tokens=12, overlap_tokens=0)
     yes = next(c for c in chunks if c.text.startswith("[10:02]"))
