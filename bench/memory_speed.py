@@ -203,7 +203,7 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local) 
     # an IVF-PQ index on the same table: how much it saves at this size
     t0 = time.perf_counter()
     await asyncio.to_thread(
-        lambda: table.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=48))
+        lambda: table.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=dims // 8))
     )
     ann_build = time.perf_counter() - t0
     ann: list[float] = []

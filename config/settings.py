@@ -153,7 +153,7 @@ class SearchSettings(Model):
     text_weight: float = Field(0.3, ge=0)
     text_saturation: float = Field(80.0, gt=0)
     min_score: float = Field(0.22, ge=0, le=1)
-    min_text_score: float = Field(0.0, ge=0, le=1)
+    min_text_score: float = Field(0.5, ge=0, le=1)
     recency_half_life_days: float | None = Field(None, gt=0)
 
 

@@ -188,13 +188,19 @@ def _with(c: Candidate, *, vector_rank: int | None = None, text_rank: int | None
 def passes(c: Candidate, p: FusionParams) -> bool:
     """Absolute abstention: a threshold of 0 takes no part; with both at 0 everything passes.
 
-    RRF: the cosine must reach ``min_score`` or the term share ``min_text_score``. Score fusion:
-    the fused score itself must reach ``min_score`` (it is absolute, see :func:`fused_score`),
-    or the term share ``min_text_score``.
+    Score fusion: the fused score must reach ``min_score`` (it is absolute, see
+    :func:`fused_score`); when the vector side is out (``use_vector`` false: a CJK query with an
+    English-only embedder, or no usable query vector) the chunk must instead hold ``min_text_score``
+    of the query's content terms, a share that means the same in every language and corpus size.
+    RRF: the cosine must reach ``min_score`` or the term share ``min_text_score``.
     """
     if p.min_score <= 0 and p.min_text_score <= 0:
         return True
-    first = fused_score(c, p) if p.method == "score" else (c.cosine if p.use_vector else 0.0)
+    if p.method == "score":
+        if not p.use_vector:
+            return p.min_text_score <= 0 or c.share >= p.min_text_score
+        return p.min_score <= 0 or fused_score(c, p) >= p.min_score
+    first = c.cosine if p.use_vector else 0.0
     return (p.min_score > 0 and first >= p.min_score) or (p.min_text_score > 0 and c.share >= p.min_text_score)
 
 

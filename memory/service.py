@@ -235,13 +235,22 @@ class MemoryService:
         )
         return fuse(pool, params, today=self._clock().date(), k=k)
 
+    def _query_embedder(self) -> Embedder | None:
+        """The embedder when it is loaded and made the active table's vectors, else None (the
+        text side then answers alone)."""
+        store, embedder = self._store, self._embedder if self._embedder_ready else None
+        if embedder is None or store is None or store.active_identity is None:
+            return None
+        return embedder if store.active_identity.embedder == embedder.identity else None
+
     def _vector_knows(self, query: str) -> bool:
-        """False when the query is CJK and the embedder is English-only: its cosines then say
-        nothing (unrelated Japanese scores 0.5-0.7), so ranking and abstention use the text side."""
-        embedder = self._embedder if self._embedder_ready else None
-        if embedder is None or not is_cjk_query(query):
-            return True
-        return is_multilingual(embedder.identity)
+        """False without a usable query vector, or when the query is CJK and the embedder is
+        English-only: its cosines then say nothing (unrelated Japanese scores 0.5-0.7), so ranking
+        and abstention use the text side alone."""
+        embedder = self._query_embedder()
+        if embedder is None:
+            return False
+        return not is_cjk_query(query) or is_multilingual(embedder.identity)
 
     async def candidates(self, agent: str, query: str, *, include_memory_md: bool = True) -> list[Candidate]:
         """Both candidate pools of a query, merged, before fusion and abstention (for evaluation:
@@ -257,11 +266,9 @@ class MemoryService:
         # the full-text query runs on the index thread while the query is embedded
         text_future = loop.run_in_executor(self._db, store.text_pool, table, query, agent, n, include_memory_md)
         vector = None
-        embedder = self._embedder if self._embedder_ready else None
+        embedder = self._query_embedder()
         try:
-            if embedder is not None and store.active_identity is not None and (
-                store.active_identity.embedder == embedder.identity
-            ):
+            if embedder is not None:
                 vector = (await embedder.embed([query]))[0]
             vec_rows: list[dict[str, Any]] = []
             if vector is not None:
