@@ -1,6 +1,6 @@
 """Speed of the memory index: indexing cost vs raw encode, edit cost, search latency, loop lag.
 
-``python -m bench.memory_speed [--quick] [--embedder use|minilm]`` (``use``: the default provider).
+``python -m bench.memory_speed [--quick] [--embedder minilm|use] [--search-only]`` (minilm: the default).
 Every ratio is against a baseline measured in the same
 run on the same machine, with the same torch thread count (1):
 
@@ -225,14 +225,14 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local) 
     }
 
 
-async def run(quick: bool, which: str) -> dict[str, Any]:
+async def run(quick: bool, which: str, search_only: bool = False) -> dict[str, Any]:
     # one thread (torch or BLAS), like the baseline
     embedder: Local = UniversalSentenceEncoderEmbedder() if which == "use" else SentenceTransformerEmbedder()
     await embedder.start()
     try:
         with tempfile.TemporaryDirectory(prefix="neotask-memspeed-") as tmp:
             root = Path(tmp)
-            index = await index_and_edit(root, 100_000 if quick else 1_000_000, embedder)
+            index = {} if search_only else await index_and_edit(root, 100_000 if quick else 1_000_000, embedder)
             search = await search_at_scale(root, 2_000 if quick else 20_000, 40 if quick else 200, embedder)
     finally:
         await embedder.close()
@@ -241,11 +241,15 @@ async def run(quick: bool, which: str) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("python -m bench.memory_speed", __doc__ or "")
-    ap.add_argument("--embedder", choices=("use", "minilm"), default="use", help="use: the default provider")
+    ap.add_argument("--embedder", choices=("minilm", "use"), default="minilm", help="minilm: the default provider")
+    ap.add_argument("--search-only", action="store_true", help="only part 3 and 4 (search at 20,000 chunks)")
     args = ap.parse_args(argv)
-    result = asyncio.run(run(args.quick, args.embedder))
+    result = asyncio.run(run(args.quick, args.embedder, args.search_only))
     print(f"embedder: {args.embedder}")
     i, s = result["index"], result["search"]
+    if args.search_only:
+        i = {"corpus_bytes": 0, "chunks": 0, "unique_chunks": 0, "raw_encode_s": 0, "index_s": 0, "index_ratio": 0,
+             "ping_p50_ms": 0, "ping_p99_ms": 0, "ping_max_ms": 0, "edit_reembedded": 0, "edit_s": 0}
     print(f"corpus: {i['corpus_bytes'] / 1e6:.2f} MB, {i['chunks']} chunks ({i['unique_chunks']} distinct)")
     print(f"raw model.encode of those chunks: {i['raw_encode_s']:.1f} s; full index: {i['index_s']:.1f} s "
           f"-> ratio {i['index_ratio']:.2f} (target <= 1.25)")  # fmt: skip

@@ -54,6 +54,9 @@ class MemoryService:
         self._embedder: Embedder | None = None
         self._embedder_ready = False
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-index")
+        # Searches read on their own threads: the full-text and the vector query of one search run
+        # side by side, and neither waits behind an indexing write (LanceDB reads are snapshot reads).
+        self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-read")
         self._store: ChunkStore | None = None
         self._indexer: Indexer | None = None
         self._run_lock = asyncio.Lock()
@@ -111,6 +114,7 @@ class MemoryService:
                 await task
         self._tasks = []
         await asyncio.get_running_loop().run_in_executor(None, lambda: self._db.shutdown(wait=True))
+        await asyncio.get_running_loop().run_in_executor(None, lambda: self._reads.shutdown(wait=True))
         if self._own_embedder and self._embedder is not None:
             await self._embedder.close()
 
@@ -263,8 +267,8 @@ class MemoryService:
             return []
         n = self.settings.search.candidates
         loop = asyncio.get_running_loop()
-        # the full-text query runs on the index thread while the query is embedded
-        text_future = loop.run_in_executor(self._db, store.text_pool, table, query, agent, n, include_memory_md)
+        # the full-text query runs while the query is embedded, then beside the vector query
+        text_future = loop.run_in_executor(self._reads, store.text_pool, table, query, agent, n, include_memory_md)
         vector = None
         embedder = self._query_embedder()
         try:
@@ -272,7 +276,9 @@ class MemoryService:
                 vector = (await embedder.embed([query]))[0]
             vec_rows: list[dict[str, Any]] = []
             if vector is not None:
-                vec_rows = await self._call(store.vector_pool, table, vector, agent, n, include_memory_md)
+                vec_rows = await loop.run_in_executor(
+                    self._reads, store.vector_pool, table, vector, agent, n, include_memory_md
+                )
         finally:
             text_rows, text_vectors = await text_future
         terms = query_terms(query)
