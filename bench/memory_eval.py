@@ -1,6 +1,6 @@
 """Retrieval quality on realistic memory: conversations, notes and Japanese, per question kind.
 
-``python -m bench.memory_eval [--quick] [--sizes 1000,5000] [--big] [--embedder use|minilm|both]``
+``python -m bench.memory_eval [--quick] [--sizes 1000,5000,20000] [--big] [--embedder minilm|use|both] [--tune]``
 
 Sets: ``conversation-N`` (``bench/retrieval/conversations.py``, N turns = N chunks, 1,000 to
 20,000 by default, 50,000 with ``--big``), ``notes`` (the daily logs and notes of
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("python -m bench.memory_eval", __doc__ or "")
     ap.add_argument("--sizes", default="1000,5000,20000", help="conversation sizes in chunks")
     ap.add_argument("--big", action="store_true", help="add the 50,000-chunk conversation set")
-    ap.add_argument("--embedder", choices=("use", "minilm", "both"), default="use")
+    ap.add_argument("--embedder", choices=("minilm", "use", "both"), default="minilm", help="minilm: the default")
     ap.add_argument("--tune", action="store_true", help="print the fusion grid (worst margin over the better side)")
     ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")
     args = ap.parse_args(argv)

@@ -16,7 +16,7 @@ async def test_retrieval_evaluation_runs_quick() -> None:
     # on a thread: the benchmark runs its own event loop, and this test's loop must stay free
     status = await asyncio.to_thread(memory_eval.main, ["--quick"])
     assert status in (0, 1)
-    result = json.loads(memory_eval.OUT.read_text())["use"]["sets"]
+    result = json.loads(memory_eval.OUT.read_text())["minilm"]["sets"]
     assert set(result) == {"conversation-300", "notes", "japanese"}
     for name, data in result.items():
         methods = data["results"]
