@@ -178,7 +178,7 @@ class InheritanceSettings(Model):
 
 
 class EmbeddingSettings(Model):
-    provider: Literal["sentence-transformers", "openai"] = "sentence-transformers"
+    provider: Literal["universal-sentence-encoder", "sentence-transformers", "openai"] = "sentence-transformers"
     model: str | None = None
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
@@ -194,11 +194,13 @@ class WatchSettings(Model):
 class SearchSettings(Model):
     top_k: int = Field(6, ge=1)
     candidates: int = Field(100, ge=1)
-    # Defaults chosen by bench/memory_retrieval.py (see docs/memory.md).
+    # Defaults chosen by bench/memory_eval.py (see docs/memory.md).
+    fusion: Literal["score", "rrf"] = "score"
     vector_weight: float = Field(0.7, ge=0)
     text_weight: float = Field(0.3, ge=0)
-    min_score: float = Field(0.35, ge=0, le=1)
-    min_text_score: float = Field(1.0, ge=0, le=1)
+    text_saturation: float = Field(80.0, gt=0)
+    min_score: float = Field(0.22, ge=0, le=1)
+    min_text_score: float = Field(0.5, ge=0, le=1)
     recency_half_life_days: float | None = Field(None, gt=0)
 
 

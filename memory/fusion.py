@@ -1,4 +1,4 @@
-"""Pure search decisions: the normalised text score, weighted RRF, abstention, recency decay.
+"""Pure search decisions: score fusion or weighted RRF, abstention, recency decay.
 
 Everything here is a function of the candidates and the settings, so it is tested with tables
 and a fake embedder; the index only fetches the two candidate pools.
@@ -6,12 +6,14 @@ and a fake embedder; the index only fetches the two candidate pools.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
+from typing import Any
 
 from memory.records import SearchHit
 
@@ -43,11 +45,27 @@ _STOP = frozenset(
 _CJK_STOP = frozenset(["私", "僕", "俺", "何", "誰", "事", "時", "方", "所", "物", "今", "為"])
 
 
+def is_cjk_query(query: str) -> bool:
+    """Whether a query is Japanese or Chinese: it holds kana, or ideographs are at least half of
+    its letters ("Tokyo の天気" is Japanese, "Tokyo weather 東" is not)."""
+    letters = [ch for ch in query if ch.isalpha()]
+    if not letters:
+        return False
+    if any(_HIRAGANA.match(ch) or "\u30a0" <= ch <= "\u30ff" for ch in letters):
+        return True
+    return sum(1 for ch in letters if _CJK_CONTENT.match(ch)) * 2 >= len(letters)
+
+
+@functools.cache
+def _stemmer() -> Any:
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("english")
+
+
 def _stem(word: str) -> str:
-    for suffix, repl in (("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("ss"):
-            return word[: len(word) - len(suffix)] + repl
-    return word
+    """The Snowball (Porter 2) English stem of a lower-case word."""
+    return str(_stemmer().stemWord(word))
 
 
 def _normal(text: str) -> str:
@@ -118,6 +136,7 @@ class Candidate:
     share: float  # text_share of its content
     vector_rank: int | None = None  # 1-based rank in the vector pool
     text_rank: int | None = None  # 1-based rank in the full-text pool
+    bm25: float = 0.0  # the full-text index's BM25 score (0: not matched)
 
 
 @dataclass(frozen=True)
@@ -127,6 +146,9 @@ class FusionParams:
     min_score: float
     min_text_score: float
     recency_half_life_days: float | None = None
+    method: str = "rrf"  # rrf | score
+    text_saturation: float = 10.0  # score fusion: the BM25 score that counts as a half match
+    use_vector: bool = True  # False: the query is in a language the embedder does not know
 
 
 def _ranks(pool: Sequence[tuple[Candidate, float]]) -> list[tuple[Candidate, int]]:
@@ -150,7 +172,8 @@ def merge_pools(
         merged.setdefault(c.chunk_id, _with(c, vector_rank=rank))
     for c, rank in _ranks(text_pool):
         old = merged.get(c.chunk_id)
-        merged[c.chunk_id] = _with(old or c, text_rank=rank, vector_rank=old.vector_rank if old else None)
+        both = _with(old or c, text_rank=rank, vector_rank=old.vector_rank if old else None)
+        merged[c.chunk_id] = replace(both, bm25=c.bm25, share=max(both.share, c.share))
     return list(merged.values())
 
 
@@ -158,27 +181,63 @@ def _with(c: Candidate, *, vector_rank: int | None = None, text_rank: int | None
     return Candidate(
         c.chunk_id, c.path, c.start_line, c.end_line, c.heading, c.text, c.cosine, c.share,
         vector_rank if vector_rank is not None else c.vector_rank,
-        text_rank if text_rank is not None else c.text_rank,
+        text_rank if text_rank is not None else c.text_rank, c.bm25,
     )  # fmt: skip
 
 
 def passes(c: Candidate, p: FusionParams) -> bool:
-    """Absolute abstention: a threshold of 0 takes no part; with both at 0 everything passes."""
+    """Absolute abstention: a threshold of 0 takes no part; with both at 0 everything passes.
+
+    Score fusion: the fused score must reach ``min_score`` (it is absolute, see
+    :func:`fused_score`); when the vector side is out (``use_vector`` false: a CJK query with an
+    English-only embedder, or no usable query vector) the chunk must instead hold ``min_text_score``
+    of the query's content terms, a share that means the same in every language and corpus size.
+    RRF: the cosine must reach ``min_score`` or the term share ``min_text_score``.
+    """
     if p.min_score <= 0 and p.min_text_score <= 0:
         return True
-    return (p.min_score > 0 and c.cosine >= p.min_score) or (
-        p.min_text_score > 0 and c.share >= p.min_text_score
-    )
+    if p.method == "score":
+        if not p.use_vector:
+            return p.min_text_score <= 0 or c.share >= p.min_text_score
+        return p.min_score <= 0 or fused_score(c, p) >= p.min_score
+    first = c.cosine if p.use_vector else 0.0
+    return (p.min_score > 0 and first >= p.min_score) or (p.min_text_score > 0 and c.share >= p.min_text_score)
+
+
+def text_strength(bm25: float, saturation: float) -> float:
+    """A BM25 score squashed into [0, 1): ``bm25 / (bm25 + saturation)``.
+
+    No per-query rescaling: a chunk matching only a common word has a small BM25 score and stays
+    near 0 even when it is the best match there is, and ``saturation`` is the score that counts
+    as a half match (BM25 adds about one IDF, 2-10, per matched rare word)."""
+    if bm25 <= 0:
+        return 0.0
+    return bm25 / (bm25 + saturation)
+
+
+def fused_score(c: Candidate, p: FusionParams) -> float:
+    """Score fusion: the weighted mean of the cosine (clamped to [0, 1]) and the text strength.
+
+    Both sides are absolute, so the fused score means the same for every query: 0.5 is "as
+    similar as a close paraphrase or a strong word match", and a lone weak result scores low.
+    When the query's language is one the embedder does not know (``use_vector`` false) the text
+    side decides alone."""
+    wv = p.vector_weight if p.use_vector else 0.0
+    top = wv + p.text_weight
+    if top <= 0:
+        return 0.0
+    return (wv * c.cosine + p.text_weight * text_strength(c.bm25, p.text_saturation)) / top
 
 
 def rrf_score(c: Candidate, p: FusionParams) -> float:
     """Weighted reciprocal rank fusion, scaled so rank 1 in both pools scores 1.0."""
-    top = p.vector_weight + p.text_weight
+    wv = p.vector_weight if p.use_vector else 0.0
+    top = wv + p.text_weight
     if top <= 0:
         return 0.0
     raw = 0.0
     if c.vector_rank is not None:
-        raw += p.vector_weight / (RRF_K + c.vector_rank)
+        raw += wv / (RRF_K + c.vector_rank)
     if c.text_rank is not None:
         raw += p.text_weight / (RRF_K + c.text_rank)
     return min(1.0, raw * (RRF_K + 1) / top)
@@ -199,7 +258,7 @@ def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, 
     """Rank, abstain, decay, order (score, then chunk id) and cut to ``k``."""
     hits: list[SearchHit] = []
     for c in candidates:
-        score = rrf_score(c, params)
+        score = fused_score(c, params) if params.method == "score" else rrf_score(c, params)
         if score <= 0 or not passes(c, params):
             continue
         score = decay(score, c.path, today, params.recency_half_life_days)
@@ -213,7 +272,9 @@ def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, 
                 snippet=snippet(c.text),
                 citation=f"{c.path}#L{c.start_line}-L{c.end_line}",
                 vector_score=round(c.cosine, 6),
-                text_score=round(c.share, 6),
+                text_score=round(
+                    text_strength(c.bm25, params.text_saturation) if params.method == "score" else c.share, 6
+                ),
                 chunk_id=c.chunk_id,
             )
         )

@@ -10,9 +10,11 @@ from typing import Any
 class SearchHit:
     """One search result; the first seven fields are the SPEC's response shape.
 
-    ``score`` is the fused score in [0, 1] (after any recency decay); ``vector_score`` is the
-    cosine similarity clamped to [0, 1] and ``text_score`` the share of the query's terms the chunk
-    holds, both also in [0, 1].
+    ``score`` is the fused score in [0, 1] (after any recency decay; with score fusion the
+    weighted mean of the two below, absolute, so comparable across queries); ``vector_score`` is
+    the cosine similarity clamped to [0, 1] and ``text_score`` the full-text strength
+    ``BM25 / (BM25 + text_saturation)`` (with RRF: the share of the query's terms the chunk holds),
+    both also in [0, 1].
     """
 
     path: str

@@ -17,8 +17,8 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import MemorySettings
 from memory import sources
-from memory.embedders import Embedder, build_embedder
-from memory.fusion import Candidate, FusionParams, fuse, merge_pools, query_terms, text_share
+from memory.embedders import Embedder, build_embedder, is_multilingual
+from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query, merge_pools, query_terms, text_share
 from memory.indexer import Indexer, Progress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.store import ChunkStore
@@ -54,6 +54,9 @@ class MemoryService:
         self._embedder: Embedder | None = None
         self._embedder_ready = False
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-index")
+        # Searches read on their own threads: the full-text and the vector query of one search run
+        # side by side, and neither waits behind an indexing write (LanceDB reads are snapshot reads).
+        self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-read")
         self._store: ChunkStore | None = None
         self._indexer: Indexer | None = None
         self._run_lock = asyncio.Lock()
@@ -111,6 +114,7 @@ class MemoryService:
                 await task
         self._tasks = []
         await asyncio.get_running_loop().run_in_executor(None, lambda: self._db.shutdown(wait=True))
+        await asyncio.get_running_loop().run_in_executor(None, lambda: self._reads.shutdown(wait=True))
         if self._own_embedder and self._embedder is not None:
             await self._embedder.close()
 
@@ -222,9 +226,35 @@ class MemoryService:
         query = query.strip()
         if not query:
             raise BadRequest("q must be a non-empty search query")
-        params = FusionParams(s.vector_weight, s.text_weight, s.min_score, s.min_text_score, s.recency_half_life_days)
         pool = await self.candidates(agent, query, include_memory_md=include_memory_md)
+        params = FusionParams(
+            s.vector_weight,
+            s.text_weight,
+            s.min_score,
+            s.min_text_score,
+            s.recency_half_life_days,
+            method=s.fusion,
+            text_saturation=s.text_saturation,
+            use_vector=self._vector_knows(query),
+        )
         return fuse(pool, params, today=self._clock().date(), k=k)
+
+    def _query_embedder(self) -> Embedder | None:
+        """The embedder when it is loaded and made the active table's vectors, else None (the
+        text side then answers alone)."""
+        store, embedder = self._store, self._embedder if self._embedder_ready else None
+        if embedder is None or store is None or store.active_identity is None:
+            return None
+        return embedder if store.active_identity.embedder == embedder.identity else None
+
+    def _vector_knows(self, query: str) -> bool:
+        """False without a usable query vector, or when the query is CJK and the embedder is
+        English-only: its cosines then say nothing (unrelated Japanese scores 0.5-0.7), so ranking
+        and abstention use the text side alone."""
+        embedder = self._query_embedder()
+        if embedder is None:
+            return False
+        return not is_cjk_query(query) or is_multilingual(embedder.identity)
 
     async def candidates(self, agent: str, query: str, *, include_memory_md: bool = True) -> list[Candidate]:
         """Both candidate pools of a query, merged, before fusion and abstention (for evaluation:
@@ -237,41 +267,45 @@ class MemoryService:
             return []
         n = self.settings.search.candidates
         loop = asyncio.get_running_loop()
-        # the full-text query runs on the index thread while the query is embedded
-        text_future = loop.run_in_executor(self._db, store.text_pool, table, query, agent, n, include_memory_md)
+        # the full-text query runs while the query is embedded, then beside the vector query
+        text_future = loop.run_in_executor(self._reads, store.text_pool, table, query, agent, n, include_memory_md)
         vector = None
-        embedder = self._embedder if self._embedder_ready else None
+        embedder = self._query_embedder()
         try:
-            if embedder is not None and store.active_identity is not None and (
-                store.active_identity.embedder == embedder.identity
-            ):
+            if embedder is not None:
                 vector = (await embedder.embed([query]))[0]
             vec_rows: list[dict[str, Any]] = []
             if vector is not None:
-                vec_rows = await self._call(store.vector_pool, table, vector, agent, n, include_memory_md)
+                vec_rows = await loop.run_in_executor(
+                    self._reads, store.vector_pool, table, vector, agent, n, include_memory_md
+                )
         finally:
             text_rows, text_vectors = await text_future
         terms = query_terms(query)
         in_text = {r["chunk_id"] for r in text_rows}
         full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
 
-        def cand(row: dict[str, Any], cosine: float, in_text_pool: bool) -> Candidate:
+        def cand(row: dict[str, Any], cosine: float, in_text_pool: bool, bm25: float = 0.0) -> Candidate:
             return Candidate(
                 chunk_id=row["chunk_id"],
                 path=row["path"],
                 start_line=int(row["start_line"]),
                 end_line=int(row["end_line"]),
                 heading=row["heading"],
-                text=row["content"][len(row["heading"]) + 2 :] if row["heading"] else row["content"],
+                text=row["text"],  # the chunk's own lines: its context is indexed, not shown
                 cosine=min(1.0, max(0.0, cosine)),
                 # a chunk the full-text index does not match holds none of the query's terms
                 share=text_share(terms, row["content"]) if in_text_pool or not full_pool else 0.0,
+                bm25=bm25,
             )
 
         text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
         return merge_pools(
             [(cand(r, 1.0 - r["_distance"], r["chunk_id"] in in_text), -float(r["_distance"])) for r in vec_rows],
-            [(cand(r, float(c), True), float(r["_score"])) for r, c in zip(text_rows, text_cos, strict=True)],
+            [
+                (cand(r, float(c), True, float(r["_score"])), float(r["_score"]))
+                for r, c in zip(text_rows, text_cos, strict=True)
+            ],
         )
 
     # --- files -------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from memory.chunking import Chunk
 from memory.embedders import EmbedderIdentity, Vectors
 
 POINTER = "neotask-index.json"
-CHUNKER_VERSION = 1
+# 2: chunks carry context (date, preceding turn) and long lines are cut between words
+CHUNKER_VERSION = 2
 # Below this many rows a flat scan is faster than IVF-PQ and exact (measured in bench/memory_speed).
 ANN_MIN_ROWS = 50_000
 _OPTIMIZE_EVERY_ROWS = 2_000
@@ -110,7 +111,7 @@ def rows_table(agent: str, file_hash: str, chunks: Sequence[Chunk], vectors: Vec
     )
 
 
-TEXT_COLUMNS = ["chunk_id", "path", "start_line", "end_line", "heading", "content"]
+TEXT_COLUMNS = ["chunk_id", "path", "start_line", "end_line", "heading", "text", "content"]
 
 
 class ChunkStore:

@@ -11,7 +11,7 @@ import openai  # noqa: F401  (imported here so no test pays the import on its ev
 import pytest
 
 from config.settings import MemorySettings
-from memory import MemoryService, OpenAIEmbedder, SentenceTransformerEmbedder
+from memory import MemoryService, OpenAIEmbedder, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
 from tests.conftest import FakeClock
 from tests.support.openai_server import OpenAIServer
 
@@ -86,6 +86,15 @@ async def service(
     yield svc
     await svc.close()
     await embedder.close()
+
+
+@pytest.fixture(scope="session")
+def use_embedder() -> Iterator[UniversalSentenceEncoderEmbedder]:
+    """The multilingual Universal Sentence Encoder (numpy), loaded once for the session."""
+    embedder = UniversalSentenceEncoderEmbedder()
+    embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.close())
 
 
 @pytest.fixture(scope="session")

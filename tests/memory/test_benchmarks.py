@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
-from bench import memory_retrieval
+from bench import memory_eval
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-async def test_retrieval_benchmark_runs_quick() -> None:
+@pytest.mark.timeout(300)
+async def test_retrieval_evaluation_runs_quick() -> None:
     # on a thread: the benchmark runs its own event loop, and this test's loop must stay free
-    status = await asyncio.to_thread(memory_retrieval.main, ["--quick"])
+    status = await asyncio.to_thread(memory_eval.main, ["--quick"])
     assert status in (0, 1)
+    result = json.loads(memory_eval.OUT.read_text())["minilm"]["sets"]
+    assert set(result) == {"conversation-300", "notes", "japanese"}
+    for name, data in result.items():
+        methods = data["results"]
+        assert {"vector", "text", "shipped", "bm25 (bm25s)"} <= set(methods), name
+        assert 0.0 <= methods["shipped"]["all"]["r@10"] <= 1.0

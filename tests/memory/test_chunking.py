@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from memory.chunking import chunk_markdown, estimate_tokens, split_blocks
+from memory.chunking import chunk_markdown, cut_line, estimate_tokens, file_date, split_blocks, turn_lines
 
 
 @pytest.mark.parametrize(
@@ -138,3 +138,81 @@ def test_an_edit_inside_a_paragraph_changes_only_its_chunks(
     outside_after = [c for c in after if c.end_line < lo or c.start_line > hi]
     assert outside_after == outside_before
     assert all(lo <= c.start_line and c.end_line <= hi for c in after if c not in outside_after)
+
+
+# --- word boundaries and conversation context ------------------------------------------------------
+
+
+def test_a_long_line_is_cut_between_sentences_then_words() -> None:
+    line = "I ran a charity race for mental health last Saturday with my sister. " * 12 + "Word " * 80
+    chunks = chunk_markdown("memory/long.md", line, chunk_tokens=40, overlap_tokens=0)
+    assert len(chunks) > 5
+    assert "".join(c.text for c in chunks) == line
+    for a, b in itertools.pairwise(chunks):
+        assert a.text[-1:].isspace() or not b.text[:1].isalnum() or not a.text[-1:].isalnum(), (a.text, b.text)
+    sentences = [c for c in chunks if "charity" in c.text]
+    assert all(c.text.rstrip().endswith(".") for c in sentences[:-1])
+
+
+def test_cut_line_keeps_words_whole_with_a_model_limit() -> None:
+    text = " ".join(f"word{i}" for i in range(300))
+    pieces = cut_line(text, lambda s: len(s) <= 50)
+    assert "".join(pieces) == text and all(len(p) <= 50 for p in pieces)
+    assert all(p.split() and all(w.startswith("word") and w[4:].isdigit() for w in p.split()) for p in pieces)
+    words = [w for p in pieces for w in p.split()]
+    assert words == text.split()
+
+
+TRANSCRIPT = """# Caroline and Melanie, 8 May 2023
+
+Melanie: Hey! How was the street festival?
+
+Caroline: So much fun. I went with my little sister Lena.
+
+Melanie: Aww, I love that.
+
+Caroline: We ate way too much though.
+"""
+
+
+def test_a_transcript_turn_carries_the_turn_before_and_the_date() -> None:
+    chunks = chunk_markdown("memory/chats/caroline/2023-05-08.md", TRANSCRIPT)
+    reply = next(c for c in chunks if "sister Lena" in c.text)
+    assert reply.text == "Caroline: So much fun. I went with my little sister Lena.\n"  # shown once
+    assert reply.context == "8 May 2023 (Monday)\nMelanie: Hey! How was the street festival?"
+    assert reply.embed_text.startswith("Caroline and Melanie, 8 May 2023\n8 May 2023 (Monday)\nMelanie: Hey!")
+    assert reply.embed_text.endswith(reply.text)
+    first = chunks[0]
+    assert "Melanie: Hey!" not in first.context  # nothing before the first turn
+
+
+def test_timestamped_lines_are_turns_and_carry_the_line_before() -> None:
+    text = "\n".join(
+        [
+            "[10:01] Tom: did you book the table?",
+            "[10:02] Ann: yes, Tuesday at 3",
+            "[10:03] Tom: great",
+            "[10:04] Ann: see you then",
+            "[10:05] Tom: bye",
+        ]
+    )
+    chunks = chunk_markdown("notes/chat.md", text, chunk_tokens=12, overlap_tokens=0)
+    yes = next(c for c in chunks if c.text.startswith("[10:02]"))
+    assert yes.context == "[10:01] Tom: did you book the table?"
+    assert turn_lines(text.split("\n")) == [0, 1, 2, 3, 4]
+
+
+def test_notes_are_not_transcripts_and_a_daily_log_carries_its_date() -> None:
+    notes = "# Garden\n\nPlant tomatoes in May.\n\nNote: water daily.\n\nThe basil went to seed.\n"
+    assert turn_lines(notes.split("\n")) is None
+    assert [c.context for c in chunk_markdown("memory/projects/garden.md", notes)] == ["", "", ""]
+    daily = chunk_markdown("memory/2026-11-30.md", "- Booked the dentist for Tuesday.\n")
+    assert daily[0].context == "30 November 2026 (Monday)"
+    assert file_date("memory/2026-02-30.md") == ""
+
+
+def test_editing_a_turn_changes_only_it_and_the_turn_after() -> None:
+    before = {c.start_line: c.content_hash for c in chunk_markdown("memory/c/2023-05-08.md", TRANSCRIPT)}
+    edited = TRANSCRIPT.replace("street festival", "food market")
+    after = {c.start_line: c.content_hash for c in chunk_markdown("memory/c/2023-05-08.md", edited)}
+    assert sorted(k for k in before if before[k] != after[k]) == [1, 5]

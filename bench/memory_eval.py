@@ -1,0 +1,332 @@
+"""Retrieval quality on realistic memory: conversations, notes and Japanese, per question kind.
+
+``python -m bench.memory_eval [--quick] [--sizes 1000,5000,20000] [--big] [--embedder minilm|use|both] [--tune]``
+
+Sets: ``conversation-N`` (``bench/retrieval/conversations.py``, N turns = N chunks, 1,000 to
+20,000 by default, 50,000 with ``--big``), ``notes`` (the daily logs and notes of
+``bench/retrieval/dataset.py``) and ``japanese`` (Japanese chat logs, about 900 turns). Each set is
+indexed in a real LanceDB through ``MemoryService`` with the chosen embedder; every question's
+two candidate pools (100 per side) are fetched once, then every method is scored offline with the
+service's own fusion code (``memory.fusion.fuse``):
+
+- ``vector``: cosine only; ``text``: LanceDB's BM25 only;
+- ``rrf``: weighted reciprocal rank fusion; ``score``: weighted mean of cosine and saturated BM25;
+- ``bm25``: an independent baseline, ``bm25s`` (Snowball stemmer, English stop words) over the
+  chunks' own text, i.e. the turns without their added context.
+
+Recall@k of a question is the share of its evidence turns among the first k results (a result
+holds a turn when it is the same file and its line range covers the turn); MRR uses the first.
+Abstention thresholds are 0 for the ranking tables (only ranking is measured), and the shipped
+thresholds are scored separately on the unanswerable questions of each language.
+Results go to stdout and ``bench/out/memory_eval.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import parser
+from bench.retrieval import dataset
+from bench.retrieval.conversations import Question, build_conversations, build_japanese
+from config.settings import MemorySettings
+from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
+from memory.embedders import Embedder, is_multilingual
+from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query
+from memory.store import POINTER
+
+TODAY = date(2026, 11, 30)
+OUT = Path(__file__).resolve().parent / "out" / "memory_eval.json"
+KS = (5, 10, 25)
+Pools = list[tuple[Question, list[Candidate]]]
+
+
+@dataclass
+class EvalSet:
+    name: str
+    pools: Pools
+    bm25: dict[str, list[tuple[str, int, int]]]  # question text -> ranked (path, start, end)
+    chunks: int
+    index_seconds: float
+
+
+def notes_questions(root: Path) -> list[Question]:
+    out = []
+    for q in dataset.build(root, days=60):
+        kind = {"same": "single", "japanese": "single"}.get(q.kind, q.kind)
+        ev = () if q.path is None or q.line is None else ((q.path, q.line),)
+        out.append(Question(kind, q.text, ev, "ja" if q.kind == "japanese" or not q.text.isascii() else "en"))
+    return out
+
+
+def make_embedder(name: str) -> Embedder:
+    return UniversalSentenceEncoderEmbedder() if name == "use" else SentenceTransformerEmbedder()
+
+
+def _bm25_baseline(uri: Path, questions: Sequence[Question]) -> tuple[dict[str, list[tuple[str, int, int]]], int]:
+    import bm25s
+    import lancedb
+    import snowballstemmer
+
+    pointer = json.loads((uri / POINTER).read_text("utf-8"))
+    table = lancedb.connect(str(uri)).open_table(pointer["table"])
+    rows = table.search().select(["path", "start_line", "end_line", "text"]).limit(table.count_rows()).to_list()
+    stemmer = snowballstemmer.stemmer("english")
+    retriever = bm25s.BM25()
+    retriever.index(
+        bm25s.tokenize([r["text"] for r in rows], stopwords="en", stemmer=stemmer, show_progress=False),
+        show_progress=False,
+    )
+    k = min(25, len(rows))
+    q_tokens = bm25s.tokenize([q.text for q in questions], stopwords="en", stemmer=stemmer, show_progress=False)
+    docs, _ = retriever.retrieve(q_tokens, k=k, show_progress=False, n_threads=1)
+    out = {}
+    for q, ranked in zip(questions, docs, strict=True):
+        out[q.text] = [(rows[i]["path"], rows[i]["start_line"], rows[i]["end_line"]) for i in ranked]
+    return out, len(rows)
+
+
+async def collect(name: str, root: Path, build: Callable[[Path], list[Question]], embedder_name: str) -> EvalSet:
+    workspace = root / name
+    questions = build(workspace)
+    embedder = make_embedder(embedder_name)
+    service = MemoryService(
+        MemorySettings(),
+        {"main": workspace},
+        root / f"{name}.lance",
+        clock=lambda: datetime(2026, 11, 30, tzinfo=UTC),
+        embedder=embedder,
+    )
+    await service.start()
+    try:
+        started = time.perf_counter()
+        await service.reindex()
+        seconds = time.perf_counter() - started
+        pools = [(q, await service.candidates("main", q.text)) for q in questions]
+    finally:
+        await service.close()
+        await embedder.close()
+    bm25, chunks = await asyncio.to_thread(_bm25_baseline, root / f"{name}.lance", questions)
+    return EvalSet(name, pools, bm25, chunks, seconds)
+
+
+def _ranks_of(q: Question, ranked: Sequence[tuple[str, int, int]]) -> list[int | None]:
+    out: list[int | None] = []
+    for path, line in q.evidence:
+        rank = next((i for i, (p, a, b) in enumerate(ranked, 1) if p == path and a <= line <= b), None)
+        out.append(rank)
+    return out
+
+
+def scores(rows: list[list[int | None]]) -> dict[str, float]:
+    n = len(rows)
+    out: dict[str, float] = {"n": n}
+    for k in KS:
+        out[f"r@{k}"] = sum(sum(1 for r in ranks if r is not None and r <= k) / len(ranks) for ranks in rows) / n
+    out["mrr"] = sum(1 / min(r for r in ranks if r is not None) if any(ranks) else 0.0 for ranks in rows) / n
+    return out
+
+
+def ranked_by(
+    params: FusionParams, multilingual: bool
+) -> Callable[[Question, list[Candidate]], list[tuple[str, int, int]]]:
+    def rank(q: Question, pool: list[Candidate]) -> list[tuple[str, int, int]]:
+        p = params if multilingual or not is_cjk_query(q.text) else replace(params, use_vector=False)
+        return [(h.path, h.start_line, h.end_line) for h in fuse(pool, p, today=TODAY, k=max(KS))]
+
+    return rank
+
+
+def evaluate_ranking(
+    s: EvalSet, rank: Callable[[Question, list[Candidate]], list[tuple[str, int, int]]]
+) -> dict[str, dict[str, float]]:
+    per: dict[str, list[list[int | None]]] = {}
+    for q, pool in s.pools:
+        if not q.evidence:
+            continue
+        ranks = _ranks_of(q, rank(q, pool))
+        per.setdefault(q.kind, []).append(ranks)
+        per.setdefault("all", []).append(ranks)
+    return {kind: scores(rows) for kind, rows in per.items()}
+
+
+def evaluate_bm25(s: EvalSet) -> dict[str, dict[str, float]]:
+    return evaluate_ranking(s, lambda q, _: s.bm25[q.text])
+
+
+def abstention(s: EvalSet, params: FusionParams, multilingual: bool) -> dict[str, dict[str, float]]:
+    """Per language: share of unanswerable questions with no result, and share of answerable
+    questions whose first evidence is still in the top 10 (what the thresholds cost)."""
+    out: dict[str, dict[str, float]] = {}
+    for lang in ("en", "ja"):
+        un = [(q, p) for q, p in s.pools if q.lang == lang and not q.evidence]
+        an = [(q, p) for q, p in s.pools if q.lang == lang and q.evidence]
+        if not un and not an:
+            continue
+        rank = ranked_by(params, multilingual)
+        empty = sum(1 for q, p in un if not rank(q, p))
+        kept = sum(1 for q, p in an if any(r is not None and r <= 10 for r in _ranks_of(q, rank(q, p)[:10])))
+        out[lang] = {
+            "unanswerable": len(un),
+            "abstained": empty / len(un) if un else 0.0,
+            "answerable_r10_kept": kept / len(an) if an else 0.0,
+        }
+    return out
+
+
+def methods(defaults: FusionParams) -> dict[str, FusionParams]:
+    zero = replace(defaults, min_score=0.0, min_text_score=0.0, recency_half_life_days=None)
+    return {
+        "vector": replace(zero, method="score", vector_weight=1.0, text_weight=0.0),
+        "text": replace(zero, method="score", vector_weight=0.0, text_weight=1.0),
+        "rrf 0.7/0.3 (before)": replace(zero, method="rrf", vector_weight=0.7, text_weight=0.3),
+        "rrf 0.5/0.5": replace(zero, method="rrf", vector_weight=0.5, text_weight=0.5),
+        "rrf 0.3/0.7": replace(zero, method="rrf", vector_weight=0.3, text_weight=0.7),
+        "shipped": zero,
+    }
+
+
+def grid() -> list[FusionParams]:
+    out = []
+    for wt in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
+        for sat in (5.0, 10.0, 20.0, 40.0, 80.0):
+            out.append(FusionParams(round(1 - wt, 2), wt, 0.0, 0.0, method="score", text_saturation=sat))
+    for wt in (0.5, 0.6, 0.7, 0.8, 0.9):
+        out.append(FusionParams(round(1 - wt, 2), wt, 0.0, 0.0, method="rrf"))
+    return out
+
+
+def _fmt(r: dict[str, float]) -> str:
+    return f"{100 * r['r@5']:5.1f} {100 * r['r@10']:5.1f} {100 * r['r@25']:5.1f} {r['mrr']:.3f}"
+
+
+def report(sets: list[EvalSet], shipped: FusionParams, multilingual: bool, embedder: str) -> dict[str, Any]:
+    payload: dict[str, Any] = {"embedder": embedder, "sets": {}}
+    table = methods(shipped)
+    for s in sets:
+        print(
+            f"\n== {s.name}: {s.chunks} chunks, {len(s.pools)} questions, indexed in {s.index_seconds:.1f} s "
+            f"({s.chunks / s.index_seconds:.0f} chunks/s), embedder {embedder}"
+        )
+        results = {m: evaluate_ranking(s, ranked_by(p, multilingual)) for m, p in table.items()}
+        results["bm25 (bm25s)"] = evaluate_bm25(s)
+        kinds = [
+            k for k in ("all", "single", "multi-hop", "temporal", "paraphrase", "distractor") if k in results["text"]
+        ]
+        print(f"{'method':<22}" + "".join(f"{k + ' (n=' + str(int(results['text'][k]['n'])) + ')':>28}" for k in kinds))
+        print(f"{'':<22}" + "".join(f"{'@5    @10   @25   MRR':>28}" for _ in kinds))
+        for m, r in results.items():
+            print(f"{m:<22}" + "".join(f"{_fmt(r[k]):>28}" for k in kinds))
+        ab = abstention(s, shipped, multilingual)
+        for lang, a in ab.items():
+            print(
+                f"abstention ({lang}, shipped thresholds): {a['abstained']:.2f} of {a['unanswerable']} unanswerable "
+                f"return nothing; answerable r@10 kept {a['answerable_r10_kept']:.2f}"
+            )
+        payload["sets"][s.name] = {
+            "chunks": s.chunks,
+            "index_seconds": s.index_seconds,
+            "results": results,
+            "abstention": ab,
+        }
+    return payload
+
+
+def tune(sets: list[EvalSet], multilingual: bool) -> list[tuple[float, FusionParams, dict[str, float]]]:
+    """Every grid point, with its worst margin over the better single side (r@5/10/25, every set)."""
+    rows = []
+    singles = {}
+    for s in sets:
+        singles[s.name] = (
+            evaluate_ranking(s, ranked_by(methods(FusionParams(0, 0, 0, 0))["vector"], multilingual))["all"],
+            evaluate_ranking(s, ranked_by(methods(FusionParams(0, 0, 0, 0))["text"], multilingual))["all"],
+        )
+    for p in grid():
+        margin = 1.0
+        mean10 = {}
+        for s in sets:
+            r = evaluate_ranking(s, ranked_by(p, multilingual))["all"]
+            v, t = singles[s.name]
+            margin = min(margin, *(r[f"r@{k}"] - max(v[f"r@{k}"], t[f"r@{k}"]) for k in KS))
+            mean10[s.name] = r["r@10"]
+        rows.append((margin, p, mean10))
+    rows.sort(key=lambda t: (-min(t[0], 0.0), -sum(t[2].values())))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = parser("python -m bench.memory_eval", __doc__ or "")
+    ap.add_argument("--sizes", default="1000,5000,20000", help="conversation sizes in chunks")
+    ap.add_argument("--big", action="store_true", help="add the 50,000-chunk conversation set")
+    ap.add_argument("--embedder", choices=("minilm", "use", "both"), default="minilm", help="minilm: the default")
+    ap.add_argument("--tune", action="store_true", help="print the fusion grid (worst margin over the better side)")
+    ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")
+    args = ap.parse_args(argv)
+    sizes = [300] if args.quick else [int(x) for x in args.sizes.split(",")]
+    if args.big:
+        sizes.append(50_000)
+    settings = MemorySettings().search
+    shipped = FusionParams(
+        settings.vector_weight,
+        settings.text_weight,
+        settings.min_score,
+        settings.min_text_score,
+        method=settings.fusion,
+        text_saturation=settings.text_saturation,
+    )
+    payload: dict[str, Any] = {}
+    ok = True
+    for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
+        probe = make_embedder(emb)
+        if isinstance(probe, UniversalSentenceEncoderEmbedder | SentenceTransformerEmbedder):
+            probe.load_sync()
+        multilingual = is_multilingual(probe.identity)
+        asyncio.run(probe.close())
+        saved = args.pools.with_suffix(f".{emb}.pickle") if args.pools else None
+        if saved is not None and saved.exists():
+            sets = pickle.loads(saved.read_bytes())
+        else:
+            with tempfile.TemporaryDirectory(prefix="neotask-eval-") as tmp:
+                root = Path(tmp)
+                builders: list[tuple[str, Callable[[Path], list[Question]]]] = [
+                    (f"conversation-{n}", lambda ws, n=n: build_conversations(ws, chunks=n)) for n in sizes
+                ]
+                builders += [("notes", notes_questions), ("japanese", build_japanese)]
+                sets = [asyncio.run(collect(name, root, fn, emb)) for name, fn in builders]
+            if saved is not None:
+                saved.write_bytes(pickle.dumps(sets))
+        payload[emb] = report(sets, shipped, multilingual, emb)
+        if args.tune:
+            print("\nfusion grid: worst margin over the better single side at @5/10/25 on any set; r@10 per set")
+            for margin, p, mean10 in tune(sets, multilingual)[:12]:
+                print(
+                    f"{p.method:<6} wv={p.vector_weight:<4} wt={p.text_weight:<4} sat={p.text_saturation:<5} "
+                    f"margin={100 * margin:+5.1f} " + " ".join(f"{k}={100 * v:.1f}" for k, v in mean10.items())
+                )
+        for s in sets:
+            r = payload[emb]["sets"][s.name]["results"]
+            best = {k: max(r["vector"]["all"][f"r@{k}"], r["text"]["all"][f"r@{k}"]) for k in KS}
+            never_loses = all(r["shipped"]["all"][f"r@{k}"] >= best[k] for k in KS)
+            print(f"{'PASS' if never_loses else 'FAIL'}  {emb} {s.name}: shipped hybrid >= better side at @5/@10/@25")
+            ok &= never_loses
+            if s.name.startswith("conversation"):
+                gain = r["shipped"]["all"]["r@10"] - r["bm25 (bm25s)"]["all"]["r@10"]
+                print(
+                    f"{'PASS' if gain >= 0.05 else 'FAIL'}  {emb} {s.name}: hybrid @10 - BM25 @10 = {100 * gain:+.1f}"
+                )
+                ok &= gain >= 0.05
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(payload, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
