@@ -50,12 +50,16 @@ class ModelSettings(Model):
     max_retries: int = Field(2, ge=0)
 
 
+QueueMode = Literal["collect", "followup", "steer"]
+
+
 class AgentSettings(Model):
     workspace: str | None = None
     timezone: str | None = None
     system_prompt: str = "You are a helpful assistant."
     max_tool_rounds: int = Field(8, ge=1)
     max_queued_turns: int = Field(16, ge=1)
+    queue_mode: QueueMode | None = None
     model: ModelSettings = ModelSettings()
 
     _zone = field_validator("timezone")(_check_zone)
@@ -98,8 +102,13 @@ class ResetOverride(Model):
 ChatType = Literal["direct", "group", "channel", "cron", "hook"]
 
 
+class QueueSettings(Model):
+    mode: QueueMode = "collect"
+
+
 class SessionSettings(Model):
     dm_scope: Literal["main", "per-peer", "per-channel-peer"] = "main"
+    queue: QueueSettings = QueueSettings()
     reset: ResetSettings = ResetSettings()
     reset_by_type: dict[ChatType, ResetOverride] = {}
     reset_by_channel: dict[str, ResetOverride] = {}

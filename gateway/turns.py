@@ -21,11 +21,12 @@ from datetime import timedelta
 from typing import Any
 
 from config.clock import Clock, iso
-from config.errors import Busy, Conflict, ProviderFailure
+from config.errors import Conflict, ProviderFailure, Unavailable
 from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
 from gateway.metrics import Metrics
 from gateway.provider import ChatProvider, Completion, ProviderError, Usage
+from gateway.queueing import Batch, Caller, QueueMode, TurnQueue, TurnScope
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compaction import compaction_due
@@ -130,8 +131,9 @@ class Conversations:
         self.clock = clock
         self.tools = ToolBox(store)
         self._turn_locks: dict[str, asyncio.Lock] = {}
-        self._pending: dict[str, int] = {}
         self._running: dict[str, asyncio.Task[Any]] = {}
+        self.queue = TurnQueue(self._batch_turn, self.turn_lock, self._closing_error)
+        self.closing = False
         self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self.run_starters: list[Callable[[RunState, Post], Awaitable[list[dict[str, Any]]]]] = []
         self.archive_text: Callable[[str, str], Awaitable[str | None]] | None = None
@@ -165,6 +167,13 @@ class Conversations:
         entry = self.store.entry(key)
         override = entry.settings.get("model") if entry else None
         return str(override or self.agent(agent_id).model.name)
+
+    def queue_mode(self, key: str, agent_id: str | None) -> QueueMode:
+        """The session's ``queue_mode`` setting, else the agent's, else ``session.queue.mode``."""
+        entry = self.store.entry(key)
+        override = entry.settings.get("queue_mode") if entry else None
+        mode = override or self.agent(agent_id).queue_mode or self.settings.session.queue.mode
+        return mode if mode in ("followup", "steer") else "collect"
 
     def needs_turn(self, post: Post) -> bool:
         return post.role == "user" and post.reply and self.provider(post.key.agent_id) is not None
@@ -234,11 +243,10 @@ class Conversations:
     ) -> Outcome:
         key = post.key.raw
         turn = self.needs_turn(post)
-        if turn and self._pending.get(key, 0) >= self.agent(post.key.agent_id).max_queued_turns:
-            raise Busy(
-                f"session {key!r} already has {self._pending[key]} turns queued (max_queued_turns); retry later",
-                retry_after_s=1,
-            )
+        if self.closing:
+            raise Unavailable("the gateway is shutting down; nothing was stored, send later", code="shutting_down")
+        if turn:
+            self.queue.check_room(key, self.agent(post.key.agent_id).max_queued_turns)
         outcome = Outcome(key, None, None)
         for check in self.before_post:  # e.g. a reset that fell due while nobody wrote
             outcome.events.extend(await check(post))
@@ -319,33 +327,58 @@ class Conversations:
         )
 
     async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
-        """Wait for the key's turn lock (FIFO), then run the turn. ``_pending`` counts the calls
-        queued or running, for the ``max_queued_turns`` limit."""
-        key = post.key.raw
-        self._pending[key] = self._pending.get(key, 0) + 1
+        """Wait for a turn that answers ``outcome``, as the key's queue mode says (gateway/queueing.py)."""
+        await self.queue.submit(run, outcome, on_delta, self.queue_mode(post.key.raw, post.key.agent_id))
+
+    async def _batch_turn(self, batch: Batch) -> None:
+        """Run one model turn for ``batch`` (the queue holds the key's turn lock) and answer its callers."""
+        run = batch.run
+        key = run.key
+        if self.store.run_state(run.run_id) is None:  # reset while the calls waited
+            batch.skip({"type": "turn_skipped", "reason": "the run ended before its turn"})
+            return
+        if run.status != "running":  # paused while the calls waited: no model turn until /resume
+            batch.skip({"type": "turn_skipped", "reason": "the session was paused before its turn"})
+            return
+        last = batch.last_seq
+        batch.scope = self.queue.scope_for(batch)
+        result = Outcome(key, run.run_id, last)
+        turn = asyncio.create_task(self._turn(run, result, batch.on_delta, scope=batch.scope))
+        self._running[key] = turn
         try:
-            async with self.turn_lock(key):
-                if self.store.run_state(run.run_id) is None:  # reset while this call waited
-                    outcome.events.append({"type": "turn_skipped", "reason": "the run ended before its turn"})
-                    return
-                if run.status != "running":  # paused while this call waited: no model turn until /resume
-                    outcome.events.append({"type": "turn_skipped", "reason": "the session was paused before its turn"})
-                    return
-                turn = asyncio.create_task(self._turn(run, outcome, on_delta))
-                self._running[key] = turn
-                try:
-                    await turn
-                except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if not turn.cancelled() or (current is not None and current.cancelling()):
-                        raise
-                    outcome.events.append({"type": "stopped", "reason": "/stop cancelled the turn"})
-                finally:
-                    self._running.pop(key, None)
+            await turn
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not turn.cancelled() or (current is not None and current.cancelling()):
+                raise
+            if self.closing:
+                batch.fail(self._closing_error)
+                return
+            result.events.append({"type": "stopped", "reason": "/stop cancelled the turn"})
+        except ProviderFailure as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ProviderError):
+                raise
+            batch.fail(lambda caller: provider_failure(cause, caller.seq))
+            return
         finally:
-            self._pending[key] -= 1
-            if self._pending[key] == 0:
-                del self._pending[key]
+            if self._running.get(key) is turn:
+                del self._running[key]
+        batch.answer(result)
+
+    def _closing_error(self, caller: Caller) -> BaseException:
+        return Unavailable(
+            f"the gateway is shutting down: the turn was stopped; the message is stored (seq {caller.seq})",
+            code="shutting_down",
+            message_seq=caller.seq,
+            stored=True,
+        )
+
+    async def shutdown(self) -> None:
+        """Refuse new messages, stop every running turn (as /stop does) and answer the callers of
+        running and waiting turns 503 ``shutting_down`` with their stored seq."""
+        self.closing = True
+        await self.queue.close()
 
     def stop_turn(self, key: str) -> bool:
         """Cancel the key's running turn (``/stop``); False when none runs."""
@@ -357,7 +390,9 @@ class Conversations:
 
     # -- the model turn -------------------------------------------------------------------------
 
-    async def _turn(self, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
+    async def _turn(
+        self, run: RunState, outcome: Outcome, on_delta: DeltaFn | None, *, scope: TurnScope | None = None
+    ) -> None:
         agent = self.agent(run.agent_id)
         provider = self.provider(run.agent_id)
         assert provider is not None
@@ -374,6 +409,12 @@ class Conversations:
                 await self.compact_if_due(run, outcome)
                 sent_tokens = run.context_tokens  # what is read now is what the model is sent
                 context = await self.store.read_context(run)
+                hidden = 0
+                if scope is not None:  # lines of later callers wait for their own turn
+                    shown = [line for line in context if scope.visible(line)]
+                    hidden = sum(int(line.get("tokens") or 0) for line in context if not scope.visible(line))
+                    context = shown
+                    scope.seen_upto = max((int(line["seq"]) for line in context if line.get("seq")), default=0)
                 messages = [{"role": "system", "content": agent.system_prompt}, *map(to_openai, context)]
                 offered = tools if rounds < agent.max_tool_rounds else None
                 try:
@@ -386,10 +427,10 @@ class Conversations:
                         raise
                     continue
                 total = total + completion.usage
-                await self._account(run, completion, overhead, sent_tokens)
+                await self._account(run, completion, overhead, sent_tokens - hidden)
                 if completion.tool_calls and offered:
                     rounds += 1
-                    await self._run_tools(run, completion)
+                    await self._run_tools(run, completion, scope)
                     continue
                 record = await self.store.append(
                     run,
@@ -404,13 +445,7 @@ class Conversations:
             raise
         except ProviderError as exc:
             self.metrics.turns.labels("provider_error").inc()
-            raise ProviderFailure(
-                f"the model call failed: {exc.message}; the message is stored (seq {outcome.message_seq})"
-                " and the session stays usable",
-                message_seq=outcome.message_seq,
-                stored=True,
-                kind=exc.kind,
-            ) from exc
+            raise provider_failure(exc, outcome.message_seq) from exc
         finally:
             outcome.usage = total.as_dict()
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
@@ -430,7 +465,7 @@ class Conversations:
             appended = run.context_tokens - sent_tokens
             self.store.calibrate_context(run, completion.usage.input_tokens, overhead, appended_since=appended)
 
-    async def _run_tools(self, run: RunState, completion: Completion) -> None:
+    async def _run_tools(self, run: RunState, completion: Completion, scope: TurnScope | None = None) -> None:
         """Execute the calls, then store the assistant message and its results together under the
         key's append lock: a message posted meanwhile never lands between a call and its result,
         and a /stop during the tools leaves no call without its result."""
@@ -452,7 +487,9 @@ class Conversations:
         async def append_group() -> None:
             async with self.store.lock_for(run.key):
                 for message in group:
-                    await self.store.append(run, message)
+                    record = await self.store.append(run, message)
+                    if scope is not None:
+                        scope.own.add(record["seq"])
 
         stored = asyncio.ensure_future(append_group())
         try:
@@ -597,6 +634,15 @@ class Conversations:
         if run is None:
             raise Conflict(f"session {key!r} has no active run", code="no_active_run")
         return run
+
+
+def provider_failure(exc: ProviderError, message_seq: int | None) -> ProviderFailure:
+    return ProviderFailure(
+        f"the model call failed: {exc.message}; the message is stored (seq {message_seq}) and the session stays usable",
+        message_seq=message_seq,
+        stored=True,
+        kind=exc.kind,
+    )
 
 
 def _outcome_from(body: dict[str, Any]) -> Outcome:

@@ -14,6 +14,7 @@ from config.errors import BadRequest, NotFound
 from gateway import keys as K
 from gateway.commands import dispatch, parse_command
 from gateway.http import json_response, parse_body, query_int, read_json, validate
+from gateway.queueing import QUEUE_MODES
 from gateway.streaming import answer
 from gateway.turns import Post
 from gateway.views import session_view
@@ -68,7 +69,7 @@ class FailBody(Strict):
     error: str = Field("failed by request", min_length=1, max_length=2000)
 
 
-SETTINGS_KEYS = {"model"}
+SETTINGS_KEYS = {"model", "queue_mode"}
 MAX_MODEL_NAME = 200  # like the label: a sessions.json entry stays under 2 KB
 
 
@@ -225,6 +226,11 @@ async def patch_session(request: web.Request) -> web.Response:
             raise BadRequest(
                 f"settings.model must be a non-empty string of at most {MAX_MODEL_NAME} characters, or null",
                 field="settings.model",
+            )
+        mode = body.settings.get("queue_mode")
+        if mode is not None and mode not in QUEUE_MODES:
+            raise BadRequest(
+                f"settings.queue_mode must be one of {', '.join(QUEUE_MODES)}, or null", field="settings.queue_mode"
             )
     store = request.app[K.STORE]
     store.require_entry(key.raw)
