@@ -116,6 +116,7 @@ class SessionSettings(Model):
 
 class SchedulerSettings(Model):
     sweep_seconds: float = Field(60, gt=0)
+    reset_concurrency: int = Field(4, ge=1)
 
 
 class MemoryFlushSettings(Model):
