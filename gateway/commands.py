@@ -230,6 +230,9 @@ class Commands:
                         await hook(run)
                 await self.store.complete(call.key, reason="new" if not inherit else "reset")
                 outcome.events.append({"type": "reset", "command": f"/{call.name}", "previous_run_id": run.run_id})
+                self.store.emit(
+                    "reset", run, reason="command", command=f"/{call.name}", previous_run_id=run.run_id, boundary=None
+                )
                 self.conv.metrics.resets.labels(word).inc()
             entry = self.store.entry(call.key)
             if entry is not None and entry.inherit_next != inherit:

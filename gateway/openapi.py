@@ -136,7 +136,9 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "system",
         "Events `message`, `reply`, `compaction`, `inheritance`, `reset`, `lifecycle`, `memory`; each `data:` is a "
         "JSON object with `type`, `key`, `run_id`, `at` and the event's fields; `id:` for `Last-Event-ID`; a "
-        "heartbeat comment every 15 s. Also takes the token as `?access_token=`.",
+        "heartbeat comment every 15 s. Also takes the token as `?access_token=`. `reset` comes from idle and daily "
+        "resets and from `/reset` and `/new` (`reason: command`, `command`); `inheritance` carries the new run as "
+        "`run_id` and the run it inherits from as `from_run_id`.",
         params=(
             Param("key", "only events of this session key", STR),
             Param("last_event_id", "resume after this event id", {"type": "integer"}),
@@ -144,7 +146,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         ),
         answer=None,
         media="text/event-stream",
-        errors=("invalid_field",),
+        errors=("invalid_field", "invalid_key"),
     ),
     ("POST", "/v1/messages"): Op(
         "Channel ingress",

@@ -308,8 +308,10 @@ class Conversations:
             await self.store.append(
                 run, NewMessage(role="system", content=found.message, kind="inheritance", user_activity=False)
             )
-            outcome.events.append(found.event())
-            self.store.emit("inheritance", run, **{k: v for k, v in found.event().items() if k != "type"})
+            event = {**found.event(), "from_run_id": found.run_id}
+            outcome.events.append(event)  # run_id: the earlier run, as SPEC section 6 has it for replies
+            fields = {k: v for k, v in event.items() if k not in ("type", "run_id")}
+            self.store.emit("inheritance", run, **fields)  # run_id: the new run; from_run_id: the earlier
         for starter in self.run_starters:
             outcome.events.extend(await starter(run, post))
         return run
