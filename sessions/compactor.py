@@ -1,7 +1,8 @@
 """Carrying out compactions (SPEC section 5): summarize, then commit on the writer thread.
 
 Commit order, chosen so a crash at any point leaves the old or the new context and recovery can
-roll forward: (1) the old context is saved to ``compactions/{n}.jsonl``; (2) the summary record is
+roll forward: (1) the old context is saved to ``compactions/{id}.jsonl`` (``id`` the summary id, so
+an archive is never overwritten, even after ``/uncompact``); (2) the summary record is
 appended to summaries.jsonl and synced — this is the commit point; (3) current.jsonl is replaced
 atomically. Recovery (``sessions.recovery``) redoes (3) when (2) happened without it.
 messages.jsonl is never touched.
@@ -19,7 +20,16 @@ from typing import Any, Literal
 from config.clock import iso
 from config.settings import CompactionSettings
 from sessions import layout
-from sessions.compaction import Line, is_summary, plan_compaction, restore_lines, summary_line
+from sessions.compaction import (
+    Line,
+    archive_name,
+    archive_of,
+    in_effect,
+    is_summary,
+    plan_compaction,
+    restore_lines,
+    summary_line,
+)
 from sessions.jsonl import encode, read_records, write_records_atomic
 from sessions.records import RunState
 from sessions.store import SessionStore
@@ -134,6 +144,7 @@ class Compactor:
             "tokens_before": 0,
             "tokens_after": 0,
             "compaction_count": number,
+            "archive": archive_name(summary_id),
         }
         if instructions:
             record["instructions"] = instructions
@@ -149,7 +160,7 @@ class Compactor:
                 return None
             record.update(tokens_before=before, tokens_after=after, tokens_saved=before - after)
             (folder / layout.COMPACTIONS).mkdir(exist_ok=True)
-            write_records_atomic(folder / layout.COMPACTIONS / f"{number}.jsonl", current)
+            write_records_atomic(folder / str(record["archive"]), current)
             _append_synced(folder / layout.SUMMARIES, record)
             self.store.writer.close_handle(folder / layout.CURRENT)
             write_records_atomic(folder / layout.CURRENT, new_lines)
@@ -186,7 +197,11 @@ class Compactor:
         created = iso(self.store.clock())
 
         def commit() -> tuple[int, int, int] | None:
-            saved = folder / layout.COMPACTIONS / f"{number}.jsonl"
+            undone = in_effect(read_records(folder / layout.SUMMARIES))
+            if not undone:
+                return None
+            archive = archive_of(undone[-1])
+            saved = folder / archive
             if not saved.exists():
                 return None
             restored = read_records(saved)
@@ -197,6 +212,8 @@ class Compactor:
                 "id": summary_id,
                 "type": "uncompact",
                 "reverts": number,
+                "reverts_id": undone[-1].get("id"),
+                "archive": archive,
                 "restored_head": head,
                 "created_at": created,
                 "compaction_count": number - 1,
