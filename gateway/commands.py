@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from gateway.turns import Conversations, DeltaFn, Outcome, Post
+from sessions.compactor import SummaryResult
 from sessions.records import RunState
 from sessions.thresholds import compaction_threshold
 
@@ -105,19 +106,28 @@ class Commands:
             run = self.store.active_run(call.key)
             if run is None:
                 return await self.answer(call, "Nothing to compact: this session has no active run.")
-            result = await self.conv.compact(run, None, trigger="manual", instructions=call.args or None)
-            if result is None:
+            summaries: list[SummaryResult] = []
+            result = await self.conv.compact(
+                run, None, trigger="manual", instructions=call.args or None, on_summary=summaries.append
+            )
+            failed = next((s for s in summaries if s.error), None)
+            model_note = (
+                f" The model failed to summarize ({failed.model}: {failed.error}), so the extractive summary was used."
+                if failed is not None
+                else ""
+            )
+            if result is None and not summaries:
                 minimum = self.conv.settings.compaction.min_to_compress
                 keep = self.conv.settings.compaction.keep_recent
-                text = (
-                    f"Nothing to compact yet: fewer than {minimum} messages come before the {keep} most recent"
-                    " ones (or a summary would not be shorter)."
-                )
+                text = f"Nothing to compact yet: fewer than {minimum} messages come before the {keep} most recent ones."
+                return await self.answer(call, text)
+            if result is None:
+                text = f"Nothing was compacted: the summary would not be shorter than the messages.{model_note}"
                 return await self.answer(call, text)
             text = (
                 f"Compacted messages {result.start_seq}-{result.end_seq} into a summary"
                 f" ({result.tokens_before} -> {result.tokens_after} tokens, {result.summarizer})."
-                " Send /uncompact to undo."
+                f"{model_note} Send /uncompact to undo."
             )
             outcome = await self.answer(call, text)
             outcome.events.append(result.event())

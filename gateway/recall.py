@@ -7,6 +7,7 @@ import asyncio
 import html
 import json
 import logging
+import re
 from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -18,6 +19,14 @@ from gateway.turns import Conversations, Post
 from memory import MemoryService, SearchHit
 from sessions.records import NewMessage, RunState
 from sessions.tokens import estimate_text
+
+# A flush turn that has nothing to keep sometimes says so through memory_append; such a line would
+# be recalled into every new session, so it is refused.
+NOTHING_TO_SAVE = re.compile(
+    r"^\W*(nothing|none|n/?a|no( new| durable| relevant| important)? (facts?|information|details?|memories))"
+    r"( (new |else |more )?(worth|to|important|relevant|durable|of note|here|for now)[\w\s]*)?\W*$",
+    re.IGNORECASE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +203,8 @@ class MemoryBridge:
         text = arguments.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ToolError("'text' must be a non-empty string")
+        if NOTHING_TO_SAVE.match(text.strip()):
+            raise ToolError("that says there is nothing to save, so nothing was written; only save facts")
         agent = run.agent_id or "main"
         today = self.conv.clock().astimezone(self.zone(agent)).date()
         result = await self.memory.append_daily(agent, text, today=today)

@@ -30,7 +30,7 @@ from gateway.queueing import Batch, Caller, QueueMode, TurnQueue, TurnScope
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compaction import compaction_due
-from sessions.compactor import CompactionResult, Compactor, Trigger
+from sessions.compactor import CompactionResult, Compactor, SummaryResult, Trigger
 from sessions.inheritance import find_inheritance
 from sessions.keys import SessionKey
 from sessions.records import NewMessage, Role, RunState, TaskKey
@@ -512,12 +512,23 @@ class Conversations:
         return await self.compact(run, outcome, trigger="auto")
 
     async def compact(
-        self, run: RunState, outcome: Outcome | None, *, trigger: Trigger, instructions: str | None = None
+        self,
+        run: RunState,
+        outcome: Outcome | None,
+        *,
+        trigger: Trigger,
+        instructions: str | None = None,
+        on_summary: Callable[[SummaryResult], None] | None = None,
     ) -> CompactionResult | None:
-        if trigger in ("auto", "manual"):
+        compactor = self.compactors[run.agent_id or "main"]
+        if trigger in ("auto", "manual") and await compactor.would_compact(run):  # flush only before a real cut
             await self.memory_flush(run)
-        result = await self.compactors[run.agent_id or "main"].compact(
-            run, trigger=trigger, threshold=self.threshold(run.agent_id), instructions=instructions
+        result = await compactor.compact(
+            run,
+            trigger=trigger,
+            threshold=self.threshold(run.agent_id),
+            instructions=instructions,
+            on_summary=on_summary,
         )
         if result is not None:
             self.metrics.compactions.labels(trigger).inc()

@@ -215,11 +215,7 @@ def _parse(raw: str, agents: Collection[str] | None) -> SessionKey:
         parts = tuple(unescape_segment(s) for s in rest)
         return SessionKey(raw=raw, family="hook", chat_type="hook", hook_id=":".join(parts), hook_parts=parts)
     if family != "agent":
-        hint = (
-            f"; keys are case-sensitive, did you mean {family.lower()!r}?"
-            if family.lower() in FAMILIES
-            else ""
-        )
+        hint = f"; keys are case-sensitive, did you mean {family.lower()!r}?" if family.lower() in FAMILIES else ""
         raise _fail(raw, "unknown_family", f"unknown family {family!r} (expected agent, cron or hook){hint}")
     if len(rest) < 2:
         raise _bad_shape(raw, "agent", _SHAPES)
@@ -264,9 +260,7 @@ def _parse(raw: str, agents: Collection[str] | None) -> SessionKey:
     if key is None:
         if n == 5 and (tail[1], tail[3]) in (("group", "thread"), ("channel", "topic")):
             right = "topic" if tail[1] == "group" else "thread"
-            raise _bad_shape(
-                raw, "agent", f"a {tail[1]}'s thread written :{right}:<threadId>, not :{tail[3]}:"
-            )
+            raise _bad_shape(raw, "agent", f"a {tail[1]}'s thread written :{right}:<threadId>, not :{tail[3]}:")
         raise _bad_shape(raw, "agent", _SHAPES)
     _check_agent(raw, agent_id, agents)
     return key
@@ -302,9 +296,7 @@ def main_key(agent_id: str, *, agents: Collection[str] | None = None) -> str:
     return _build(["agent", agent_id, "main"], agents).raw
 
 
-def dm_key(
-    agent_id: str, peer_id: str, channel: str | None = None, *, agents: Collection[str] | None = None
-) -> str:
+def dm_key(agent_id: str, peer_id: str, channel: str | None = None, *, agents: Collection[str] | None = None) -> str:
     """``agent:<agentId>:dm:<peerId>``, or ``agent:<agentId>:<channel>:dm:<peerId>`` with a channel."""
     return _build(_dm_segments(agent_id, peer_id, channel), agents).raw
 

@@ -702,7 +702,8 @@ def _stats(run: RunState) -> dict[str, Any]:
 def _create_run_folder(folder: Path, metadata: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=False)
     write_json_atomic(folder / layout.METADATA, metadata)
-    (folder / layout.MESSAGES).touch()
+    for name in (layout.MESSAGES, layout.CURRENT, layout.SUMMARIES, layout.TOOLS, layout.PLANNING):
+        (folder / name).touch()  # the seed's layout, whole from the start
     fsync_dir(folder)
     fsync_dir(folder.parent)
 

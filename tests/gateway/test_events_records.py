@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
-from tests.support.openai_server import OpenAIServer
+from tests.support.openai_server import OpenAIServer, RecordedRequest, reply, server_error, tool_call
 
 Client = TestClient[Any, Any]
 MAIN = "/v1/sessions/agent%3Amain%3Amain"
@@ -104,3 +104,90 @@ async def test_compaction_archives_are_named_by_summary_id_and_never_overwritten
     await command(client, "/uncompact")  # undoes summary 1, from 1.jsonl
     assert (await context_seqs(client))[0] == 1
     assert jsonl(folder.parent / "summaries.jsonl")[-1]["reverts_id"] == 1
+
+
+def summary_rule(request: RecordedRequest) -> Any:
+    if "compress a conversation" in request.system_text or "final summary" in request.system_text:
+        return reply("MODEL SUMMARY")
+    return None
+
+
+def flushes(server: OpenAIServer) -> list[RecordedRequest]:
+    return [r for r in server.chat_requests if "about to be compacted" in r.last_user_text]
+
+
+async def test_runs_start_with_the_seed_layout_and_summarizer_calls_are_recorded_as_tools(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    openai_server.add_rule(summary_rule)
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    first = await (await client.post(f"{MAIN}/messages", json={"content": "hello", "reply": False})).json()
+    folder = tmp_path / "contexts/running" / first["run_id"]
+    for name in ("messages.jsonl", "current.jsonl", "summaries.jsonl", "tools.jsonl", "planning.jsonl"):
+        assert (folder / name).is_file(), name
+    for i in range(16):
+        await client.post(
+            f"{MAIN}/messages", json={"content": f"step {i}: " + "we chose the plan " * 10, "reply": False}
+        )
+    compacted = await command(client, "/compact")
+    assert compacted["events"][-1]["summarizer"] == "llm:test-model"
+    await command(client, "/reset")
+    done = tmp_path / "contexts/completed" / first["run_id"]
+    calls = [t for t in jsonl(done / "tools.jsonl") if t["tool_name"] == "summarizer"]
+    assert [c["kind"] for c in calls] == ["compaction", "final_summary"]
+    for call in calls:
+        assert call["model"] == "test-model" and call["error"] is None and call["duration_ms"] >= 0
+        assert call["input_tokens"] > 0 and call["output_tokens"] > 0 and call["calls"] == 1
+        assert call["result"]["summarizer"] == "llm:test-model"
+
+
+async def test_compact_says_when_the_model_failed_and_the_extractive_summary_was_used(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    openai_server.add_rule(lambda r: server_error(500) if "compress a conversation" in r.system_text else None)
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    run_id = ""
+    for i in range(16):
+        body = await client.post(
+            f"{MAIN}/messages", json={"content": f"step {i}: " + "ticket 4411 " * 12, "reply": False}
+        )
+        run_id = (await body.json())["run_id"]
+    answer = (await command(client, "/compact"))["reply"]["content"]
+    assert "The model failed to summarize (test-model: http" in answer
+    assert "extractive summary was used" in answer and "Compacted messages" in answer
+    tools = jsonl(tmp_path / "contexts/running" / run_id / "tools.jsonl")
+    failed = [t for t in tools if t["tool_name"] == "summarizer"][-1]
+    assert failed["error"].startswith("http") and failed["result"]["summarizer"] == "extractive"
+
+
+async def test_compact_on_a_short_session_does_not_flush_memory(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    openai_server.add_rule(summary_rule)
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    for i in range(3):
+        await client.post(f"{MAIN}/messages", json={"content": f"short {i}", "reply": False})
+    answer = (await command(client, "/compact"))["reply"]["content"]
+    assert answer.startswith("Nothing to compact yet") and "would not be shorter" not in answer
+    assert flushes(openai_server) == []
+    for i in range(16):
+        await client.post(f"{MAIN}/messages", json={"content": f"long {i}: " + "details " * 20, "reply": False})
+    assert "Compacted messages" in (await command(client, "/compact"))["reply"]["content"]
+    assert len(flushes(openai_server)) == 1
+
+
+async def test_memory_append_refuses_a_nothing_to_save_line(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+    openai_server.script(
+        tool_call("memory_append", {"text": "Nothing to save."}),
+        tool_call("memory_append", {"text": "The user's door is blue."}),
+    )
+    body = await (await client.post(f"{MAIN}/messages", json={"content": "my door is blue"})).json()
+    tools = jsonl(tmp_path / "contexts/running" / body["run_id"] / "tools.jsonl")
+    appends = [t for t in tools if t["tool_name"] == "memory_append"]
+    assert appends[0]["error"].startswith("that says there is nothing to save") and appends[1]["error"] is None
+    logs = list((tmp_path / "workspaces/main/memory").glob("*.md"))
+    assert len(logs) == 1 and "Nothing to save" not in logs[0].read_text()
+    assert "The user's door is blue." in logs[0].read_text()
