@@ -5,6 +5,7 @@ and never reach the model; every command answers 200, an unknown one with help."
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -14,7 +15,7 @@ from sessions.compactor import SummaryResult
 from sessions.records import RunState
 from sessions.thresholds import compaction_threshold
 
-_COMMAND = re.compile(r"^/([A-Za-z][A-Za-z_-]*)(?:[ \t]+(.*))?\s*$", re.S)
+_NAME = re.compile(r"^/([^\W\d_][\w-]*)$")
 
 HELP = {
     "new": "/new [text] - end this session and start a fresh one without the previous summary",
@@ -36,11 +37,16 @@ NextReset = Callable[[str], datetime | None]
 
 def parse_command(text: str) -> tuple[str, str] | None:
     """``("compact", "focus on decisions")`` for ``/compact focus on decisions``; None when the
-    text is not a command (``/path/to/file`` is not)."""
-    match = _COMMAND.match(text.strip())
+    text is not a command (``/path/to/file`` is not). The command word is NFKC-normalised, so a
+    full-width slash and letters typed with an IME (U+FF0F, U+FF53...) make ``/status``; a name in
+    any script is a command (an unknown one is answered with the help)."""
+    parts = text.strip().split(maxsplit=1)
+    if not parts:
+        return None
+    match = _NAME.match(unicodedata.normalize("NFKC", parts[0]))
     if match is None:
         return None
-    return match.group(1).lower(), (match.group(2) or "").strip()
+    return match.group(1).casefold(), (parts[1] if len(parts) > 1 else "").strip()
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,12 @@ class Commands:
     async def _model(self, call: CommandCall) -> Outcome:
         entry = self.store.entry(call.key)
         agent_id = call.post.key.agent_id
+        if self.conv.provider(agent_id) is None and not call.args:
+            text = (
+                "No model is configured (store-only mode): messages are stored without replies. Set"
+                f" agents.{agent_id or 'main'}.model.base_url to answer through a model."
+            )
+            return await self.answer(call, text)
         if not call.args:
             return await self.answer(call, f"Model: {self.conv.model_name(call.key, agent_id)}")
         if entry is None:

@@ -29,6 +29,7 @@ from aiohttp import web
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
 from gateway.app import create_app
+from gateway.runner import JsonErrorsAppRunner
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
@@ -143,7 +144,7 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
 
     grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
     app = create_app(config, clock=system_clock, env=env)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
+    runner = JsonErrorsAppRunner(app, access_log=None, shutdown_timeout=grace)
     try:
         await runner.setup()  # cleanup contexts open here: the store recovers every active run
         site = web.TCPSite(runner, host, port)

@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 DeltaFn = Callable[[str], Awaitable[None]]
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 IDEMPOTENCY_WINDOW = timedelta(days=1)
+TOOL_LIMIT_PROMPT = (
+    "You have used all {rounds} tool rounds of this turn; no more tools can be called. Answer the user now"
+    " with what you have, and say what is left undone."
+)
+TOOL_LIMIT_REPLY = "(I reached the limit of {rounds} tool rounds before finishing. Send a message to let me continue.)"
 MAX_OVERFLOW_CYCLES = 2
 FLUSH_PROMPT = (
     "The conversation context is about to be compacted: older messages will be replaced by a summary."
@@ -418,7 +423,10 @@ class Conversations:
                     context = shown
                     scope.seen_upto = max((int(line["seq"]) for line in context if line.get("seq")), default=0)
                 messages = [{"role": "system", "content": agent.system_prompt}, *map(to_openai, context)]
-                offered = tools if rounds < agent.max_tool_rounds else None
+                out_of_rounds = rounds >= agent.max_tool_rounds
+                offered = None if out_of_rounds else tools
+                if out_of_rounds:  # one last call without tools, asking for the answer
+                    messages.append({"role": "system", "content": TOOL_LIMIT_PROMPT.format(rounds=rounds)})
                 try:
                     completion = await provider.complete(messages, tools=offered, model=model, on_delta=on_delta)
                 except ProviderError as exc:
@@ -434,13 +442,19 @@ class Conversations:
                     rounds += 1
                     await self._run_tools(run, completion, scope)
                     continue
+                content = completion.content
+                if out_of_rounds:
+                    outcome.events.append({"type": "tool_limit", "max_tool_rounds": agent.max_tool_rounds})
+                    log.info("run %s: the turn used all %d tool rounds", run.run_id, rounds)
+                    if not content.strip():
+                        content = TOOL_LIMIT_REPLY.format(rounds=rounds)
                 record = await self.store.append(
                     run,
-                    NewMessage(role="assistant", content=completion.content, usage=completion.usage.as_dict()),
+                    NewMessage(role="assistant", content=content, usage=completion.usage.as_dict()),
                 )
                 self.metrics.messages.labels("assistant").inc()
-                outcome.reply = {"content": completion.content, "seq": record["seq"]}
-                self.store.emit("reply", run, seq=record["seq"], content=completion.content, model=completion.model)
+                outcome.reply = {"content": content, "seq": record["seq"]}
+                self.store.emit("reply", run, seq=record["seq"], content=content, model=completion.model)
                 break
         except asyncio.CancelledError:
             self.metrics.turns.labels("stopped").inc()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import unicodedata
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -133,11 +134,15 @@ async def post_command(request: web.Request) -> web.StreamResponse:
     config = request.app[K.CONFIG]
     key = session_key(request)
     body = await parse_body(request, CommandBody, config.settings.gateway.max_body_bytes)
-    if parse_command(body.command) is None:
-        raise BadRequest("'command' must start with '/' and a command name, e.g. /status", field="command")
     post = Post(key=key, role="user", content=body.command)
     commands = request.app[K.COMMANDS]
-    outcome = await dispatch(commands, post)
+    if parse_command(body.command) is not None:
+        outcome = await dispatch(commands, post)
+    elif unicodedata.normalize("NFKC", body.command).lstrip().startswith("/"):  # e.g. "/2": answered with the help
+        word = body.command.split(maxsplit=1)[0]
+        outcome = await commands.run(post, unicodedata.normalize("NFKC", word)[1:], "")
+    else:
+        raise BadRequest("'command' must start with '/' and a command name, e.g. /status", field="command")
     return json_response(outcome.body())
 
 
