@@ -209,6 +209,7 @@ class CronJob(Model):
     message: str
     isolated: bool = False
     deliver_to: str | None = None
+    inherit: bool = False  # isolated firings start without the previous firing's summary unless true
 
     @field_validator("id")
     @classmethod

@@ -191,6 +191,10 @@ class Scheduling:
             async with self.conv.exclusive(key.raw):
                 if self.store.active_run(key.raw) is not None:
                     await self.store.complete(key.raw, reason="cron")
+        entry = self.store.entry(key.raw)
+        if job.isolated and not job.inherit and entry is not None and entry.inherit_next:
+            entry.inherit_next = False  # this firing starts clean (cron.jobs[].inherit: false)
+            self.store.registry.touch(key.raw)
         post = Post(key=key, role="user", content=job.message, user_activity=False, name="cron")
         try:
             outcome = await dispatch(self.commands, post)

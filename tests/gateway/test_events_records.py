@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
@@ -176,6 +177,7 @@ async def test_compact_on_a_short_session_does_not_flush_memory(
     assert len(flushes(openai_server)) == 1
 
 
+@pytest.mark.slow  # memory_append indexes the daily log: the embedding model loads
 async def test_memory_append_refuses_a_nothing_to_save_line(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
@@ -191,3 +193,58 @@ async def test_memory_append_refuses_a_nothing_to_save_line(
     logs = list((tmp_path / "workspaces/main/memory").glob("*.md"))
     assert len(logs) == 1 and "Nothing to save" not in logs[0].read_text()
     assert "The user's door is blue." in logs[0].read_text()
+
+
+async def test_a_sessions_json_rebuild_keeps_label_settings_and_pin(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    await client.post(f"{MAIN}/messages", json={"content": "hello"})
+    patch = {"pinned": True, "label": "Project X", "settings": {"model": "m2", "queue_mode": "followup"}}
+    assert (await client.patch(MAIN, json=patch)).status == 200
+    other = "/v1/sessions/agent%3Amain%3Adm%3Abob"
+    await client.post(f"{other}/messages", json={"content": "hi"})
+    await client.patch(other, json={"label": "Bob"})
+    await command(client, "/reset")  # main is idle now: its label lives on through tasks.db
+    await client.post(f"{other}/messages", json={"content": "a second run of bob"})  # bob: the label reaches new runs
+    await client.close()
+    (tmp_path / "contexts/sessions.json").unlink()
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    main = await (await client.get(MAIN)).json()
+    assert (main["label"], main["pinned"], main["settings"]) == ("Project X", True, patch["settings"])
+    assert main["status"] == "idle"
+    bob = await (await client.get(other)).json()
+    assert bob["label"] == "Bob" and bob["run_id"] is not None
+
+
+async def test_delete_ends_inheritance(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    first = await (await client.post(f"{MAIN}/messages", json={"content": "secret plan"})).json()
+    assert (await client.delete(MAIN)).status == 200
+    again = await (await client.post(f"{MAIN}/messages", json={"content": "fresh"})).json()
+    assert again["run_id"] != first["run_id"]
+    assert not [e for e in again["events"] if e["type"] == "inheritance"]
+    lines = jsonl(tmp_path / "contexts/running" / again["run_id"] / "messages.jsonl")
+    assert [m["content"] for m in lines] == ["fresh"]
+    await command(client, "/reset")  # a reset after the delete still inherits, from the new session
+    third = await (await client.post(f"{MAIN}/messages", json={"content": "later"})).json()
+    assert [e["run_id"] for e in third["events"] if e["type"] == "inheritance"] == [again["run_id"]]
+
+
+async def test_isolated_cron_firings_inherit_only_when_asked(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    jobs = [
+        {"id": "plain", "schedule": "*/5 * * * *", "message": "tick", "isolated": True},
+        {"id": "chain", "schedule": "*/5 * * * *", "message": "tick", "isolated": True, "inherit": True},
+    ]
+    client = await aiohttp_client(make_app(tmp_path, clock, {"cron": {"jobs": jobs}}))
+    for job in ("plain", "chain"):
+        for _ in range(2):
+            assert (await client.post(f"/v1/scheduler/jobs/cron%3A{job}/run")).status == 200
+            clock.advance(minutes=5)
+    plain = (await (await client.get("/v1/runs?key=cron%3Aplain")).json())["runs"]
+    chain = (await (await client.get("/v1/runs?key=cron%3Achain")).json())["runs"]
+    assert [r["parent_uuid"] for r in plain] == [None, None]
+    newest, oldest = chain  # newest first
+    assert oldest["parent_uuid"] is None and newest["parent_uuid"] == oldest["uuid"]
