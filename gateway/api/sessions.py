@@ -6,10 +6,10 @@ import base64
 import json
 import unicodedata
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from config.errors import BadRequest, NotFound
 from gateway import keys as K
@@ -30,14 +30,33 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
 
+def _int_as_text(value: object) -> object:
+    """Telegram and others send ids as integers: taken as their decimal text."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+ChannelId = Annotated[
+    str,
+    BeforeValidator(_int_as_text),
+    Field(min_length=1, max_length=200),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "string", "minLength": 1, "maxLength": 200}, {"type": "integer"}],
+            "description": "an integer is taken as its decimal text; characters outside the key grammar are"
+            " percent-encoded (UTF-8 %XX) in the key",
+        }
+    ),
+]
+
+
 class IngressBody(Strict):
     channel: str = Field(min_length=1, max_length=64)
     chat_type: Literal["direct", "group", "channel"]
-    chat_id: str = Field(min_length=1, max_length=200)
-    sender_id: str = Field(min_length=1, max_length=200)
+    chat_id: ChannelId
+    sender_id: ChannelId
     sender_name: str | None = Field(None, max_length=200)
     text: str
-    thread_id: str | None = Field(None, min_length=1, max_length=200)
+    thread_id: ChannelId | None = None
     agent_id: str | None = None
     reply: bool = True
     stream: bool = False

@@ -100,3 +100,27 @@ async def test_json_output_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> N
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert err.decode() == ""
     assert proc.returncode == 141
+
+
+async def test_ingress_takes_integer_ids_and_percent_encodes_other_scripts(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    overrides = {"session": {"dm_scope": "per-peer"}, "bindings": [{"channel": "telegram", "chat_id": -100123,
+                                                                   "agent": "main"}]}  # fmt: skip
+    client = await aiohttp_client(make_app(tmp_path, clock, overrides, base_url=openai_server.base_url))
+    group = {"channel": "telegram", "chat_type": "group", "chat_id": -100123, "sender_id": 42, "thread_id": 7,
+             "sender_name": "Ann", "text": "hi group"}  # fmt: skip
+    body = await (await client.post("/v1/messages", json=group)).json()
+    assert body["session_key"] == "agent:main:telegram:group:-100123:topic:7"
+    direct = {"channel": "line", "chat_type": "direct", "chat_id": "x", "sender_id": "田中", "text": "こんにちは"}
+    resp = await client.post("/v1/messages", json=direct)
+    assert resp.status == 200, await resp.text()
+    key = (await resp.json())["session_key"]
+    assert key == "agent:main:dm:%E7%94%B0%E4%B8%AD"
+    entry = await client.get("/v1/sessions/" + key.replace("%", "%25").replace(":", "%3A"))
+    assert entry.status == 200 and (await entry.json())["key"] == key
+    again = await (await client.post("/v1/messages", json=direct)).json()
+    assert again["session_key"] == key and again["message_seq"] == 3  # the same session, reversibly
+    for bad in ({"sender_id": "a b"}, {"sender_id": True}, {"chat_id": 1.5}):
+        resp = await client.post("/v1/messages", json={**direct, **bad})
+        assert resp.status == 400, bad
