@@ -151,7 +151,11 @@ def cmd_memory_search(ctx: Context) -> int:
         async def work(service: Any) -> dict[str, Any]:
             await service.reindex(ctx.args.agent)
             hits = await service.search(ctx.args.agent, query, k=ctx.args.k)
-            return {"query": query, "results": [h.as_dict() for h in hits]}
+            from gateway.relevance import present  # memory loads only for the commands that use it
+
+            search = ctx.config.settings.memory.search
+            today = system_clock().date()
+            return {"query": query, "results": [present(h, search, today) for h in hits]}
 
         body = _with_memory(ctx, work)
     if ctx.as_json:

@@ -630,7 +630,20 @@ SCHEMAS: dict[str, Schema] = {
                         "start_line": {"type": "integer"},
                         "end_line": {"type": "integer"},
                         "heading": _NULLABLE_STR,
-                        "score": {"type": "number"},
+                        "score": {
+                            "type": "number",
+                            "minimum": 0,
+                            "maximum": 1,
+                            "description": "absolute relevance, comparable across queries: the weighted mean"
+                            " (memory.search.vector_weight, text_weight) of `vector_score` and `text_score`,"
+                            " after recency decay; a weak match scores low even when it is the only result",
+                        },
+                        "rank_score": {
+                            "type": "number",
+                            "description": "the rank fusion's value that orders the results (best first)",
+                        },
+                        "vector_score": {"type": "number", "description": "cosine similarity clamped to [0, 1]"},
+                        "text_score": {"type": "number", "description": "share of the query's term weight held"},
                         "snippet": STR,
                         "citation": STR,
                     },

@@ -8,12 +8,14 @@ import html
 import json
 import logging
 import re
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from config.errors import NeotaskError, NotFound
 from config.settings import Settings
+from gateway.relevance import relevance
 from gateway.tools import Tool, ToolBox, ToolError
 from gateway.turns import Conversations, Post
 from memory import MemoryService, SearchHit
@@ -104,7 +106,9 @@ class MemoryBridge:
         agent = run.agent_id or "main"
         hits = await self.memory.search(agent, post.content, k=recall.top_k, include_memory_md=True)
         daily = await asyncio.to_thread(self._daily_logs, agent) if recall.daily_logs and new_run else []
-        text = memory_message(hits, daily, recall.max_tokens)
+        today = self.conv.clock().astimezone(self.zone(agent)).date()
+        shown = [replace(h, score=relevance(h, self.settings.memory.search, today)) for h in hits]
+        text = memory_message(shown, daily, recall.max_tokens)
         if text is None:
             return []
         record = await self.conv.store.append(
@@ -183,7 +187,11 @@ class MemoryBridge:
         hits = await self.memory.search(
             run.agent_id or "main", query, k=k, include_memory_md=self.sees_memory_md(run.chat_type)
         )
-        results = [{"citation": h.citation, "score": round(h.score, 3), "snippet": h.snippet} for h in hits]
+        today = self.conv.clock().astimezone(self.zone(run.agent_id)).date()
+        search = self.settings.memory.search
+        results = [
+            {"citation": h.citation, "score": round(relevance(h, search, today), 3), "snippet": h.snippet} for h in hits
+        ]
         return json.dumps({"results": results}, ensure_ascii=False)
 
     async def _get(self, run: RunState, arguments: dict[str, Any]) -> str:

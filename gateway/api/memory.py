@@ -15,6 +15,7 @@ from config.errors import BadRequest
 from gateway import keys as K
 from gateway.http import json_response, parse_body, query_int
 from gateway.recall import MemoryBridge
+from gateway.relevance import present
 from memory import MemoryService
 
 routes = web.RouteTableDef()
@@ -55,7 +56,9 @@ async def search(request: web.Request) -> web.Response:
         raise BadRequest("query parameter 'q' is required: the text to search for", field="q")
     k = query_int(request, "k", settings.memory.search.top_k, low=1, high=settings.memory.search.candidates)
     hits = await request.app[MEMORY].search(_agent(request), query, k=k)
-    return json_response({"query": query, "results": [hit.as_dict() for hit in hits]})
+    today = request.app[K.CLOCK]().date()
+    results = [present(hit, settings.memory.search, today) for hit in hits]
+    return json_response({"query": query, "results": results})
 
 
 @routes.get("/v1/memory/files")
