@@ -83,18 +83,25 @@ async def reindex(request: web.Request) -> web.Response:
     if body.agent is not None and body.agent not in request.app[K.CONFIG].settings.agents:
         raise BadRequest(f"agent {body.agent!r} is not configured", field="agent")
     hub = request.app[K.HUB]
+    state: dict[str, Any] = {"running": True, "agent": body.agent, "force": body.force, "done": 0, "total": None}
+    request.app[K.EXTRAS]["reindex"] = state  # GET /v1/memory/status shows it while this runs
 
     def progress(done: int, total: int) -> None:
+        state.update(done=done, total=total)
         hub.publish({"type": "memory", "key": None, "run_id": None, "action": "progress", "done": done,
                      "total": total})  # fmt: skip
 
-    report = await request.app[MEMORY].reindex(body.agent, force=body.force, progress=progress)
+    try:
+        report = await request.app[MEMORY].reindex(body.agent, force=body.force, progress=progress)
+    finally:
+        state["running"] = False
     return json_response({"report": report.as_dict(), "status": request.app[MEMORY].status()})
 
 
 @routes.get("/v1/memory/status")
 async def status(request: web.Request) -> web.Response:
-    return json_response(request.app[MEMORY].status())
+    reindex = request.app[K.EXTRAS].get("reindex")
+    return json_response({**request.app[MEMORY].status(), "reindex": dict(reindex) if reindex else None})
 
 
 async def memory_context(app: web.Application) -> AsyncIterator[None]:
