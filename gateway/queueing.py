@@ -222,7 +222,10 @@ class TurnQueue:
         """The scope of ``batch``'s turn, which starts now."""
         if batch.mode == "steer":
             return TurnScope(horizon=None)
-        later = frozenset(c.seq for b in self._queued.get(batch.run.key, ()) for c in b.callers)
+        run_id = batch.run.run_id
+        later = frozenset(
+            c.seq for b in self._queued.get(batch.run.key, ()) if b.run.run_id == run_id for c in b.callers
+        )
         return TurnScope(horizon=batch.run.next_seq - 1, hidden=later)
 
     async def close(self) -> None:
