@@ -66,10 +66,12 @@ async def test_collect_answers_a_burst_with_one_turn_that_every_caller_sees(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
     client = await client_for(aiohttp_client, tmp_path, clock, openai_server)
-    openai_server.script(Hang(0.5, then=reply("first answer")))
+    gate = asyncio.Event()  # the first turn's model call answers once the burst is stored
+    openai_server.script(Hang(30, until=gate, then=reply("first answer")))
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "order 1"}))
     await openai_server.wait_for_requests(1)
     rest = await burst(client, [f"order {i}" for i in range(2, 7)])
+    gate.set()
     answers = await bodies([first, *rest])
     assert [a["message_seq"] for a in answers] == [1, 2, 3, 4, 5, 6]
     assert answers[0]["reply"] == {"content": "first answer", "seq": 7}
@@ -85,10 +87,12 @@ async def test_collect_is_the_default_and_a_failed_turn_fails_every_caller_with_
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
     client = await client_for(aiohttp_client, tmp_path, clock, openai_server)
-    openai_server.script(Hang(0.5), server_error(500))
+    gate = asyncio.Event()  # the first turn's model call answers once the burst is stored
+    openai_server.script(Hang(30, until=gate), server_error(500))
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "one"}))
     await openai_server.wait_for_requests(1)
     rest = await burst(client, ["two", "three"])
+    gate.set()
     assert (await first).status == 200
     for seq, call in zip((2, 3), rest, strict=True):
         resp = await call
@@ -105,10 +109,12 @@ async def test_followup_runs_one_turn_per_message_each_seeing_only_up_to_its_own
     client = await client_for(
         aiohttp_client, tmp_path, clock, openai_server, {"session": {"queue": {"mode": "followup"}}}
     )
-    openai_server.script(Hang(0.5, then=reply("first answer")))
+    gate = asyncio.Event()  # the first turn's model call answers once the burst is stored
+    openai_server.script(Hang(30, until=gate, then=reply("first answer")))
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "one"}))
     await openai_server.wait_for_requests(1)
     rest = await burst(client, ["two", "three"])
+    gate.set()
     answers = await bodies([first, *rest])
     assert [a["reply"]["content"] for a in answers] == ["first answer", "echo: two", "echo: three"]
     assert [a["reply"]["seq"] for a in answers] == [4, 5, 6]
@@ -125,10 +131,14 @@ async def test_steer_adds_a_message_to_the_running_turn_before_its_next_model_ca
     client = await client_for(
         aiohttp_client, tmp_path, clock, openai_server, {"agents": {"main": {"queue_mode": "steer"}}}
     )
-    openai_server.script(Hang(0.5, then=tool_call("update_plan", {"plan": "1. look"})), reply("both handled"))
+    gate = asyncio.Event()  # the first turn's model call answers once the burst is stored
+    openai_server.script(
+        Hang(30, until=gate, then=tool_call("update_plan", {"plan": "1. look"})), reply("both handled")
+    )
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "start a plan"}))
     await openai_server.wait_for_requests(1)
     rest = await burst(client, ["also check the logs"])
+    gate.set()
     answers = await bodies([first, *rest])
     assert [a["message_seq"] for a in answers] == [1, 2]
     assert answers[0]["reply"] == answers[1]["reply"] == {"content": "both handled", "seq": 5}
@@ -141,13 +151,13 @@ async def test_steer_adds_a_message_to_the_running_turn_before_its_next_model_ca
 async def test_steer_gives_a_message_the_turn_could_not_see_a_turn_of_its_own(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
-    client = await client_for(
-        aiohttp_client, tmp_path, clock, openai_server, {"session": {"queue": {"mode": "steer"}}}
-    )
-    openai_server.script(Hang(0.5, then=reply("first answer")))
+    client = await client_for(aiohttp_client, tmp_path, clock, openai_server, {"session": {"queue": {"mode": "steer"}}})
+    gate = asyncio.Event()  # the first turn's model call answers once the burst is stored
+    openai_server.script(Hang(30, until=gate, then=reply("first answer")))
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "one"}))
     await openai_server.wait_for_requests(1)
     rest = await burst(client, ["two"])
+    gate.set()
     answers = await bodies([first, *rest])
     assert [a["reply"]["content"] for a in answers] == ["first answer", "echo: two"]
     assert len(openai_server.chat_requests) == 2
@@ -163,10 +173,12 @@ async def test_the_session_setting_overrides_the_queue_mode_and_is_validated(
     ok = await client.patch(MAIN, json={"settings": {"queue_mode": "followup"}})
     assert ok.status == 200 and (await ok.json())["settings"]["queue_mode"] == "followup"
     openai_server.clear()
-    openai_server.script(Hang(0.5, then=reply("slow")))
+    gate = asyncio.Event()  # the first turn's model call answers once the burst is stored
+    openai_server.script(Hang(30, until=gate, then=reply("slow")))
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "a"}))
     await openai_server.wait_for_requests(1)
     rest = await burst(client, ["b", "c"])
+    gate.set()
     answers = await bodies([first, *rest])
     assert [a["reply"]["content"] for a in answers] == ["slow", "echo: b", "echo: c"]
 
@@ -178,13 +190,15 @@ async def test_busy_only_past_the_limit_of_waiting_calls_with_retry_after(
     client = await client_for(
         aiohttp_client, tmp_path, clock, openai_server, {"agents": {"main": {"max_queued_turns": limit}}}
     )
-    openai_server.script(Hang(0.5))
+    gate = asyncio.Event()  # the first turn's model call answers once the burst is stored
+    openai_server.script(Hang(30, until=gate))
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "running"}))
     await openai_server.wait_for_requests(1)
     waiting = await burst(client, [f"waiting {i}" for i in range(limit)])
     busy = await client.post(f"{MAIN}/messages", json={"content": "one too many"})
     assert busy.status == 429, await busy.text()
     assert busy.headers["Retry-After"] == "1" and (await busy.json())["error"]["retry_after_s"] == 1
+    gate.set()
     answers = await bodies([first, *waiting])
     assert all(a["reply"] is not None for a in answers)
     stored = [m["content"] for m in transcript(tmp_path, answers[0]["run_id"])]
