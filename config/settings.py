@@ -74,6 +74,9 @@ class ModelSettings(Model):
     max_retries: int = Field(2, ge=0)
 
 
+QueueMode = Literal["collect", "followup", "steer"]
+
+
 class SendRule(Model):
     """One rule of the ``sessions_send`` policy; a field left out matches anything."""
 
@@ -102,6 +105,7 @@ class AgentSettings(Model):
     system_prompt: str = "You are a helpful assistant."
     max_tool_rounds: int = Field(8, ge=1)
     max_queued_turns: int = Field(16, ge=1)
+    queue_mode: QueueMode | None = None
     model: ModelSettings = ModelSettings()
     tools: AgentToolsSettings = AgentToolsSettings()
 
@@ -145,8 +149,13 @@ class ResetOverride(Model):
 ChatType = Literal["direct", "group", "channel", "cron", "hook"]
 
 
+class QueueSettings(Model):
+    mode: QueueMode = "collect"
+
+
 class SessionSettings(Model):
     dm_scope: Literal["main", "per-peer", "per-channel-peer"] = "main"
+    queue: QueueSettings = QueueSettings()
     reset: ResetSettings = ResetSettings()
     reset_by_type: dict[ChatType, ResetOverride] = {}
     reset_by_channel: dict[str, ResetOverride] = {}
@@ -154,6 +163,7 @@ class SessionSettings(Model):
 
 class SchedulerSettings(Model):
     sweep_seconds: float = Field(60, gt=0)
+    reset_concurrency: int = Field(4, ge=1)
 
 
 class MemoryFlushSettings(Model):
@@ -255,6 +265,7 @@ class CronJob(Model):
     message: str
     isolated: bool = False
     deliver_to: str | None = None
+    inherit: bool = False  # isolated firings start without the previous firing's summary unless true
 
     @field_validator("id")
     @classmethod

@@ -65,6 +65,7 @@ def create_app(
     app.cleanup_ctx.append(hooks.hooks_context)
     app.cleanup_ctx.append(memory.memory_context)
     app.cleanup_ctx.append(scheduler.scheduler_context)
+    app.on_shutdown.append(_stop_turns)
     app.on_shutdown.append(_close_streams)
     for table in (
         system.routes,
@@ -116,6 +117,13 @@ async def _conversation_context(app: web.Application) -> AsyncIterator[None]:
     finally:
         for provider in providers.values():
             await provider.close()
+
+
+async def _stop_turns(app: web.Application) -> None:
+    """Runs once the sites stopped accepting, before the runner waits for in-flight requests:
+    running turns are stopped and their callers answered, so nothing waits for a model."""
+    if K.CONVERSATIONS in app:
+        await app[K.CONVERSATIONS].shutdown()
 
 
 async def _close_streams(app: web.Application) -> None:

@@ -37,6 +37,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_NOT_RUNNING = 3
+EXIT_BROKEN_PIPE = 141  # as a shell reports a tool that SIGPIPE ended (`neotask ... --json | head`)
 STOP_WAIT_S = 15.0
 START_WAIT_S = 30.0  # how long the CLI waits for a daemon that holds the lock but does not listen yet
 
@@ -195,7 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = Context(args, dict(os.environ))
     handler: Handler = args.handler
     try:
-        return handler(ctx)
+        status = handler(ctx)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except ApiError as exc:
         return _fail(f"{exc.code}: {exc.message}")
     except Unreachable as exc:
@@ -209,6 +215,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{exc.code}: {exc.message}")
     except KeyboardInterrupt:
         return 130
+
+
+def _drop_stdout() -> None:
+    """The reader went away: point stdout at /dev/null so the final flush has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _fail(message: str) -> int:

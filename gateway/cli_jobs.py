@@ -6,16 +6,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from config.clock import host_zone, iso, system_clock
 from gateway import offline
-from gateway.client import key_segment
+from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
 
 if TYPE_CHECKING:
     from gateway.cli import Context
+
+REINDEX_TIMEOUT_S = 3600.0  # a forced reindex of a large memory takes a while; the bar shows it moving
+PROGRESS_POLL_S = 0.2
 
 
 def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser], sessions_actions: Any) -> None:
@@ -110,7 +114,7 @@ def _with_memory(ctx: Context, work: Callable[[Any], Any]) -> Any:
 def cmd_memory_index(ctx: Context) -> int:
     client = ctx.client()
     if client is not None:
-        body = client.post("/v1/memory/reindex", {"agent": ctx.args.agent, "force": bool(ctx.args.force)})
+        body = _reindex_online(client, {"agent": ctx.args.agent, "force": bool(ctx.args.force)})
     else:
 
         async def work(service: Any) -> dict[str, Any]:
@@ -133,6 +137,44 @@ def cmd_memory_index(ctx: Context) -> int:
     return 0
 
 
+def _reindex_online(client: GatewayClient, request: dict[str, Any]) -> Any:
+    """POST /v1/memory/reindex (it answers when done) while polling /v1/memory/status, whose
+    ``reindex`` field the daemon keeps current, to draw the same progress bar as offline."""
+    caller = GatewayClient(client.base_url, token=client.token, timeout_s=REINDEX_TIMEOUT_S)
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["body"] = caller.post("/v1/memory/reindex", request)
+        except (ApiError, Unreachable) as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=call, name="reindex", daemon=True)
+    worker.start()
+    shown: tuple[int, int] | None = None
+    while worker.is_alive():
+        worker.join(PROGRESS_POLL_S)
+        if not worker.is_alive():
+            break
+        try:
+            state = client.get("/v1/memory/status").get("reindex") or {}
+        except (ApiError, Unreachable):
+            continue
+        if state.get("running") and isinstance(state.get("total"), int):
+            current = (int(state["done"]), int(state["total"]))
+            if current != shown:
+                shown = current
+                _progress_bar(*current)
+    if "error" in outcome:
+        raise outcome["error"]
+    report = outcome["body"].get("report") or {}
+    total = int(report.get("chunks_embedded", 0)) + int(report.get("chunks_reused", 0))
+    if shown is not None or total:
+        _progress_bar(total, total)
+        sys.stderr.write("\n")
+    return outcome["body"]
+
+
 def _progress_bar(done: int, total: int) -> None:
     width = 30
     filled = width * done // total if total else width
@@ -151,7 +193,11 @@ def cmd_memory_search(ctx: Context) -> int:
         async def work(service: Any) -> dict[str, Any]:
             await service.reindex(ctx.args.agent)
             hits = await service.search(ctx.args.agent, query, k=ctx.args.k)
-            return {"query": query, "results": [h.as_dict() for h in hits]}
+            from gateway.relevance import present  # memory loads only for the commands that use it
+
+            search = ctx.config.settings.memory.search
+            today = system_clock().date()
+            return {"query": query, "results": [present(h, search, today) for h in hits]}
 
         body = _with_memory(ctx, work)
     if ctx.as_json:

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from gateway.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
+from sessions.compactor import SummaryResult
 from sessions.records import RunState
 from sessions.thresholds import compaction_threshold
 
-_COMMAND = re.compile(r"^/([A-Za-z][A-Za-z_-]*)(?:[ \t]+(.*))?\s*$", re.S)
+_NAME = re.compile(r"^/([^\W\d_][\w-]*)$")
 
 HELP = {
     "new": "/new [text] - end this session and start a fresh one without the previous summary",
@@ -36,11 +38,16 @@ NextReset = Callable[[str], datetime | None]
 
 def parse_command(text: str) -> tuple[str, str] | None:
     """``("compact", "focus on decisions")`` for ``/compact focus on decisions``; None when the
-    text is not a command (``/path/to/file`` is not)."""
-    match = _COMMAND.match(text.strip())
+    text is not a command (``/path/to/file`` is not). The command word is NFKC-normalised, so a
+    full-width slash and letters typed with an IME (U+FF0F, U+FF53...) make ``/status``; a name in
+    any script is a command (an unknown one is answered with the help)."""
+    parts = text.strip().split(maxsplit=1)
+    if not parts:
+        return None
+    match = _NAME.match(unicodedata.normalize("NFKC", parts[0]))
     if match is None:
         return None
-    return match.group(1).lower(), (match.group(2) or "").strip()
+    return match.group(1).casefold(), (parts[1] if len(parts) > 1 else "").strip()
 
 
 @dataclass(frozen=True)
@@ -122,19 +129,28 @@ class Commands:
             run = self.store.active_run(call.key)
             if run is None:
                 return await self.answer(call, "Nothing to compact: this session has no active run.")
-            result = await self.conv.compact(run, None, trigger="manual", instructions=call.args or None)
-            if result is None:
+            summaries: list[SummaryResult] = []
+            result = await self.conv.compact(
+                run, None, trigger="manual", instructions=call.args or None, on_summary=summaries.append
+            )
+            failed = next((s for s in summaries if s.error), None)
+            model_note = (
+                f" The model failed to summarize ({failed.model}: {failed.error}), so the extractive summary was used."
+                if failed is not None
+                else ""
+            )
+            if result is None and not summaries:
                 minimum = self.conv.settings.compaction.min_to_compress
                 keep = self.conv.settings.compaction.keep_recent
-                text = (
-                    f"Nothing to compact yet: fewer than {minimum} messages come before the {keep} most recent"
-                    " ones (or a summary would not be shorter)."
-                )
+                text = f"Nothing to compact yet: fewer than {minimum} messages come before the {keep} most recent ones."
+                return await self.answer(call, text)
+            if result is None:
+                text = f"Nothing was compacted: the summary would not be shorter than the messages.{model_note}"
                 return await self.answer(call, text)
             text = (
                 f"Compacted messages {result.start_seq}-{result.end_seq} into a summary"
                 f" ({result.tokens_before} -> {result.tokens_after} tokens, {result.summarizer})."
-                " Send /uncompact to undo."
+                f"{model_note} Send /uncompact to undo."
             )
             outcome = await self.answer(call, text)
             outcome.events.append(result.event())
@@ -183,6 +199,12 @@ class Commands:
     async def _model(self, call: CommandCall) -> Outcome:
         entry = self.store.entry(call.key)
         agent_id = call.post.key.agent_id
+        if self.conv.provider(agent_id) is None and not call.args:
+            text = (
+                "No model is configured (store-only mode): messages are stored without replies. Set"
+                f" agents.{agent_id or 'main'}.model.base_url to answer through a model."
+            )
+            return await self.answer(call, text)
         if not call.args:
             return await self.answer(call, f"Model: {self.conv.model_name(call.key, agent_id)}")
         if entry is None:
@@ -247,6 +269,9 @@ class Commands:
                         await hook(run)
                 await self.store.complete(call.key, reason="new" if not inherit else "reset")
                 outcome.events.append({"type": "reset", "command": f"/{call.name}", "previous_run_id": run.run_id})
+                self.store.emit(
+                    "reset", run, reason="command", command=f"/{call.name}", previous_run_id=run.run_id, boundary=None
+                )
                 self.conv.metrics.resets.labels(word).inc()
             entry = self.store.entry(call.key)
             if entry is not None and entry.inherit_next != inherit:

@@ -24,14 +24,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
 from config.settings import LoggingSettings
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.logs import RepeatFilter, file_handler
+from gateway.runner import JsonErrorsAppRunner
 from sessions.damage import EXIT_STATE, DamagedState, check_writable
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
@@ -164,7 +163,9 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
     guard.max_connections = limits.max_connections
     if limits.reason is not None:
         log.warning(limits.reason)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace, keepalive_timeout=gateway.keepalive_timeout_s)
+    runner = JsonErrorsAppRunner(
+        app, access_log=None, shutdown_timeout=grace, keepalive_timeout=gateway.keepalive_timeout_s
+    )
     try:
         try:
             await runner.setup()  # cleanup contexts open here: the store recovers every active run

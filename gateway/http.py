@@ -10,6 +10,7 @@ import hmac
 import itertools
 import json
 import logging
+import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -63,7 +64,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except NeotaskError as exc:
         if exc.status >= 500:
             log.warning("%s %s -> %s %s: %s", request.method, request.path, exc.status, exc.code, exc.message)
-        return json_response(error_body(exc.code, exc.message, request_id, **exc.extra), status=exc.status)
+        retry = exc.extra.get("retry_after_s")
+        headers = {"Retry-After": str(max(1, math.ceil(retry)))} if isinstance(retry, int | float) else None
+        body = error_body(exc.code, exc.message, request_id, **exc.extra)
+        return json_response(body, status=exc.status, headers=headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

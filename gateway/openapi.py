@@ -60,7 +60,11 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "request_timeout": (408, "the request body did not arrive within `gateway.body_timeout_s`"),
     "response_not_latest": (409, "`previous_response_id` is not the latest response of its session (no forks)"),
     "payload_too_large": (413, "the body is larger than `gateway.max_body_bytes` (drained before the answer)"),
-    "session_busy": (429, "too many calls are waiting for a model turn on this key; `error.retry_after_s`"),
+    "session_busy": (
+        429,
+        "more than `agents.<id>.max_queued_turns` calls would wait for a model turn on this key; the `Retry-After`"
+        " header and `error.retry_after_s` say when to retry; nothing is stored",
+    ),
     "internal_error": (500, "the gateway failed on this request; see its log"),
     "insufficient_storage": (
         507,
@@ -72,13 +76,28 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "hook_secret_missing": (503, "the hook's `secret_env` is not set, so no signature can be checked"),
     "memory_not_ready": (503, "the memory index or embedding model is not ready yet"),
     "embedding_error": (503, "the embeddings endpoint failed"),
+    "shutting_down": (
+        503,
+        "the gateway is shutting down: a new message is refused unstored; a waiting or running turn is stopped and"
+        " its caller told `error.stored: true` with `error.message_seq`",
+    ),
     "history_disabled": (503, "the history index is off (`history.enabled: false`)"),
 }
 BODY_ERRORS = ("invalid_body", "invalid_field", "payload_too_large", "request_timeout")
 TURN_ERRORS = (
-    "session_paused", "run_closing", "session_busy", "provider_error", "insufficient_storage", "storage_unavailable",
+    "session_paused", "run_closing", "session_busy", "provider_error", "shutting_down", "insufficient_storage",
+    "storage_unavailable",
 )  # fmt: skip
 METHODS_OF_ANY = ("get", "post", "put", "patch", "delete")
+QUEUE_MODES_DOC = (
+    "Turns on one key run one at a time; what a message that arrives while a turn runs gets depends on the queue "
+    "mode (`settings.queue_mode` of the session, else `agents.<id>.queue_mode`, else `session.queue.mode`): "
+    "`collect` (default): the messages that waited are answered together by one turn once the running turn ends, "
+    "and every one of those calls answers that same `reply` with its own `message_seq`; `followup`: one turn per "
+    "message, each seeing the context only up to its own message; `steer`: the message joins the running turn (its "
+    "next model call, after a tool round, sees it) and the call answers that turn's `reply`; when the turn has no "
+    "further model call, the message gets a turn of its own."
+)
 
 
 @dataclass(frozen=True)
@@ -144,7 +163,9 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "system",
         "Events `message`, `reply`, `compaction`, `inheritance`, `reset`, `lifecycle`, `memory`; each `data:` is a "
         "JSON object with `type`, `key`, `run_id`, `at` and the event's fields; `id:` for `Last-Event-ID`; a "
-        "heartbeat comment every 15 s. Also takes the token as `?access_token=`.",
+        "heartbeat comment every 15 s. Also takes the token as `?access_token=`. `reset` comes from idle and daily "
+        "resets and from `/reset` and `/new` (`reason: command`, `command`); `inheritance` carries the new run as "
+        "`run_id` and the run it inherits from as `from_run_id`.",
         params=(
             Param("key", "only events of this session key", STR),
             Param("last_event_id", "resume after this event id", {"type": "integer"}),
@@ -152,7 +173,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         ),
         answer=None,
         media="text/event-stream",
-        errors=("invalid_field",),
+        errors=("invalid_field", "invalid_key"),
     ),
     ("POST", "/v1/messages"): Op(
         "Channel ingress",
@@ -168,7 +189,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Post a message to a key",
         "sessions",
         "A user message gets a model reply when a model is configured and `reply` is not false; a message starting "
-        "with `/` is a chat command.",
+        "with `/` is a chat command. " + QUEUE_MODES_DOC,
         body=MessageBody,
         params=(IDEMPOTENCY,),
         answer="MessageAnswer",
@@ -199,7 +220,13 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ),
     ("GET", "/v1/sessions/{key}"): Op("A session", "sessions", answer="Session", errors=KEY_ERRORS),
     ("PATCH", "/v1/sessions/{key}"): Op(
-        "Pin, label or set the model override", "sessions", body=PatchBody, answer="Session", errors=KEY_ERRORS
+        "Pin, label or set per-session settings",
+        "sessions",
+        "`settings` takes `model` (the model override) and `queue_mode` (`collect`, `followup` or `steer`); null "
+        "clears a setting.",
+        body=PatchBody,
+        answer="Session",
+        errors=KEY_ERRORS,
     ),
     ("DELETE", "/v1/sessions/{key}"): Op(
         "Complete the run and remove the entry; with `purge=true` erase the key for good",
@@ -587,6 +614,8 @@ _MESSAGE_ANSWER: Schema = {
         "run_id": _NULLABLE_STR,
         "message_seq": {"type": ["integer", "null"], "description": "messages.jsonl seq of the posted message"},
         "reply": {
+            "description": "the model's answer, or a command's; with queue mode `collect` or `steer` several calls "
+            "answer the same reply (same `seq`), each with its own `message_seq`",
             "oneOf": [
                 {
                     "type": "object",
@@ -594,7 +623,7 @@ _MESSAGE_ANSWER: Schema = {
                     "properties": {"content": STR, "seq": {"type": "integer"}},
                 },
                 {"type": "null"},
-            ]
+            ],
         },
         "events": {"type": "array", "items": _OBJ},
         "usage": _USAGE,
@@ -615,8 +644,11 @@ SCHEMAS: dict[str, Schema] = {
                     "request_id": STR,
                     "field": {"type": "string", "description": "invalid_field: the field"},
                     "rule": {"type": "string", "description": "invalid_key: the rule broken"},
-                    "message_seq": {"type": "integer", "description": "provider_error: seq of the stored message"},
-                    "stored": {"const": True, "description": "provider_error: the message is stored"},
+                    "message_seq": {
+                        "type": "integer",
+                        "description": "provider_error, shutting_down: seq of the stored message",
+                    },
+                    "stored": {"const": True, "description": "provider_error, shutting_down: the message is stored"},
                     "kind": {"type": "string", "description": "provider_error: the kind of failure"},
                     "retry_after_s": {"type": "number", "description": "session_busy: when to retry"},
                 },
@@ -804,7 +836,20 @@ SCHEMAS: dict[str, Schema] = {
                         "start_line": {"type": "integer"},
                         "end_line": {"type": "integer"},
                         "heading": _NULLABLE_STR,
-                        "score": {"type": "number"},
+                        "score": {
+                            "type": "number",
+                            "minimum": 0,
+                            "maximum": 1,
+                            "description": "absolute relevance, comparable across queries: the weighted mean"
+                            " (memory.search.vector_weight, text_weight) of `vector_score` and `text_score`,"
+                            " after recency decay; a weak match scores low even when it is the only result",
+                        },
+                        "rank_score": {
+                            "type": "number",
+                            "description": "the rank fusion's value that orders the results (best first)",
+                        },
+                        "vector_score": {"type": "number", "description": "cosine similarity clamped to [0, 1]"},
+                        "text_score": {"type": "number", "description": "share of the query's term weight held"},
                         "snippet": STR,
                         "citation": STR,
                     },

@@ -7,18 +7,29 @@ import asyncio
 import html
 import json
 import logging
+import re
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
+from gateway.relevance import relevance
 from gateway.tools import Tool, ToolBox, ToolError
 from gateway.transcript_memory import SESSIONS_DIR, is_transcript, run_citation
 from gateway.turns import Conversations, Post
 from memory import MemoryService, SearchHit
 from sessions.records import NewMessage, RunState
 from sessions.tokens import estimate_text
+
+# A flush turn that has nothing to keep sometimes says so through memory_append; such a line would
+# be recalled into every new session, so it is refused.
+NOTHING_TO_SAVE = re.compile(
+    r"^\W*(nothing|none|n/?a|no( new| durable| relevant| important)? (facts?|information|details?|memories))"
+    r"( (new |else |more )?(worth|to|important|relevant|durable|of note|here|for now)[\w\s]*)?\W*$",
+    re.IGNORECASE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +107,9 @@ class MemoryBridge:
         agent = run.agent_id or "main"
         hits = await self.memory.search(agent, post.content, k=recall.top_k, include_memory_md=True)
         daily = await asyncio.to_thread(self._daily_logs, agent) if recall.daily_logs and new_run else []
-        text = memory_message(hits, daily, recall.max_tokens)
+        today = self.conv.clock().astimezone(self.zone(agent)).date()
+        shown = [replace(h, score=relevance(h, self.settings.memory.search, today)) for h in hits]
+        text = memory_message(shown, daily, recall.max_tokens)
         if text is None:
             return []
         record = await self.conv.store.append(
@@ -179,8 +192,12 @@ class MemoryBridge:
         )
         if not self.sees_memory_md(run.chat_type):  # transcripts of runs: like MEMORY.md, direct only
             hits = [h for h in hits if not is_transcript(h.path)]
-        results = [{"citation": run_citation(h.citation), "score": round(h.score, 3), "snippet": h.snippet}
-                   for h in hits]  # fmt: skip
+        today = self.conv.clock().astimezone(self.zone(run.agent_id)).date()
+        search = self.settings.memory.search
+        results = [
+            {"citation": run_citation(h.citation), "score": round(relevance(h, search, today), 3), "snippet": h.snippet}
+            for h in hits
+        ]
         return json.dumps({"results": results}, ensure_ascii=False)
 
     async def _get(self, run: RunState, arguments: dict[str, Any]) -> str:
@@ -204,6 +221,8 @@ class MemoryBridge:
         text = arguments.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ToolError("'text' must be a non-empty string")
+        if NOTHING_TO_SAVE.match(text.strip()):
+            raise ToolError("that says there is nothing to save, so nothing was written; only save facts")
         agent = run.agent_id or "main"
         today = self.conv.clock().astimezone(self.zone(agent)).date()
         result = await self.memory.append_daily(agent, text, today=today)

@@ -8,6 +8,7 @@ summary, and leaves the entry idle; the next message starts a new run that inher
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -49,6 +50,9 @@ class Scheduling:
         self.deliver: Deliver | None = None
         self.forget_runs: Callable[[list[str]], Awaitable[object]] | None = None
         self._not_before: dict[str, tuple[str, datetime]] = {}  # key -> (run, no reset before this)
+        self._slots = asyncio.Semaphore(settings.scheduler.reset_concurrency)
+        self._closing = False
+        self.startup: asyncio.Task[int] | None = None
         commands.next_reset = self.next_reset
         conversations.before_post.append(self.check_on_arrival)
 
@@ -131,13 +135,40 @@ class Scheduling:
         return event
 
     async def sweep(self) -> int:
-        """Every active key whose reset is due (daily at the boundary, idle, or deferred)."""
-        done = 0
-        for key in [run.key for run in list(self.store.active_runs())]:
-            decision = self.decision(key)
-            if decision is not None and decision.due and await self.reset(key, decision):
-                done += 1
-        return done
+        """Every active key whose reset is due (daily at the boundary, idle, or deferred), at most
+        ``scheduler.reset_concurrency`` at a time (across sweeps); the number of keys reset."""
+
+        async def one(key: str) -> bool:
+            if self._closing:
+                return False
+            async with self._slots:
+                decision = self.decision(key)
+                if self._closing or decision is None or not decision.due:
+                    return False
+                return await self.reset(key, decision) is not None
+
+        keys = [run.key for run in list(self.store.active_runs())]
+        results = await asyncio.gather(*(one(key) for key in keys), return_exceptions=True)
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                log.error("reset of %s failed: %s", key, result, exc_info=result)
+        return sum(result is True for result in results)
+
+    def start(self) -> None:
+        """The resets that fell due while the daemon was down run in the background, so the port
+        is bound first; a message for such a key resets it first (``check_on_arrival``)."""
+        self.startup = asyncio.create_task(self.sweep(), name="resets due at start")
+
+    async def close(self, timeout: float) -> None:
+        """Start no more resets; give the running ones ``timeout`` seconds, then cancel them
+        (a reset cut short happens again at the next start)."""
+        self._closing = True
+        if self.startup is not None and not self.startup.done():
+            await asyncio.wait({self.startup}, timeout=timeout)
+            self.startup.cancel()
+            await asyncio.gather(self.startup, return_exceptions=True)
 
     async def sweep_job(self) -> None:
         await self.sweep()
@@ -172,6 +203,10 @@ class Scheduling:
             async with self.conv.exclusive(key.raw):
                 if self.store.active_run(key.raw) is not None:
                     await self.store.complete(key.raw, reason="cron")
+        entry = self.store.entry(key.raw)
+        if job.isolated and not job.inherit and entry is not None and entry.inherit_next:
+            entry.inherit_next = False  # this firing starts clean (cron.jobs[].inherit: false)
+            self.store.registry.touch(key.raw)
         post = Post(key=key, role="user", content=job.message, user_activity=False, name="cron")
         try:
             outcome = await dispatch(self.commands, post)

@@ -7,8 +7,10 @@ pieces, each folding in the summary of the pieces before it.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
 
-from gateway.provider import ChatProvider, ProviderError
+from gateway.provider import ChatProvider, Completion, ProviderError, Usage
 from sessions.compactor import SummaryRequest, SummaryResult, extractive
 from sessions.summarize import FINAL_PROMPT, SUMMARY_PROMPT, transcript
 from sessions.tokens import estimate_text
@@ -27,17 +29,34 @@ class ModelSummarizer:
     async def __call__(self, request: SummaryRequest) -> SummaryResult:
         if self.provider is None:
             return await extractive(request)
+        usage = Usage()
+        calls = 0
+        text = ""
+
+        def fallback(error: str, fallen: SummaryResult) -> SummaryResult:
+            return replace(
+                fallen, model=self.model, error=error, calls=calls,
+                input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+            )  # fmt: skip
+
         try:
-            text = await self._summarize(request)
+            async for completion in self._summarize(request):
+                usage = usage + completion.usage
+                calls += 1
+                text = completion.content
         except ProviderError as exc:
             log.warning("the model summary failed (%s); using the extractive summarizer", exc.message)
-            return await extractive(request)
+            return fallback(f"{exc.kind}: {exc.message}", await extractive(request))
         if not text.strip():
             log.warning("the model returned an empty summary; using the extractive summarizer")
-            return await extractive(request)
-        return SummaryResult(text.strip(), f"llm:{self.model}")
+            return fallback("the model returned an empty summary", await extractive(request))
+        return SummaryResult(
+            text.strip(), f"llm:{self.model}", model=self.model, calls=calls,
+            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+        )  # fmt: skip
 
-    async def _summarize(self, request: SummaryRequest) -> str:
+    async def _summarize(self, request: SummaryRequest) -> AsyncIterator[Completion]:
+        """One completion per piece; the last one's content is the summary."""
         assert self.provider is not None
         prompt = FINAL_PROMPT if request.purpose == "final" else SUMMARY_PROMPT
         if request.instructions:
@@ -56,7 +75,7 @@ class ModelSummarizer:
                 max_tokens=output,
             )
             previous = completion.content
-        return previous or ""
+            yield completion
 
     def _pieces(self, request: SummaryRequest, budget: int, previous: str | None) -> list[str]:
         """Split the transcript so each request (with the running summary) fits the budget."""

@@ -22,15 +22,16 @@ from datetime import timedelta
 from typing import Any
 
 from config.clock import Clock, iso
-from config.errors import Busy, Conflict, ProviderFailure
+from config.errors import Conflict, ProviderFailure, Unavailable
 from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
 from gateway.metrics import Metrics
 from gateway.provider import ChatProvider, Completion, ProviderError, ToolCall, Usage
+from gateway.queueing import Batch, Caller, QueueMode, TurnQueue, TurnScope
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compaction import compaction_due
-from sessions.compactor import CompactionResult, Compactor, Trigger
+from sessions.compactor import CompactionResult, Compactor, SummaryResult, Trigger
 from sessions.inheritance import find_inheritance
 from sessions.keys import SessionKey
 from sessions.records import NewMessage, Role, RunState, TaskKey
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 DeltaFn = Callable[[str], Awaitable[None]]
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 IDEMPOTENCY_WINDOW = timedelta(days=1)
+TOOL_LIMIT_PROMPT = (
+    "You have used all {rounds} tool rounds of this turn; no more tools can be called. Answer the user now"
+    " with what you have, and say what is left undone."
+)
+TOOL_LIMIT_REPLY = "(I reached the limit of {rounds} tool rounds before finishing. Send a message to let me continue.)"
 MAX_OVERFLOW_CYCLES = 2
 FLUSH_PROMPT = (
     "The conversation context is about to be compacted: older messages will be replaced by a summary."
@@ -150,8 +156,9 @@ class Conversations:
         self.clock = clock
         self.tools = ToolBox(store)
         self._turn_locks: dict[str, asyncio.Lock] = {}
-        self._pending: dict[str, int] = {}
         self._running: dict[str, asyncio.Task[Any]] = {}
+        self.queue = TurnQueue(self._batch_turn, self.turn_lock, self._closing_error)
+        self.closing = False
         self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self.run_starters: list[Callable[[RunState, Post], Awaitable[list[dict[str, Any]]]]] = []
         self.archive_text: Callable[[str, str], Awaitable[str | None]] | None = None
@@ -185,6 +192,13 @@ class Conversations:
         entry = self.store.entry(key)
         override = entry.settings.get("model") if entry else None
         return str(override or self.agent(agent_id).model.name)
+
+    def queue_mode(self, key: str, agent_id: str | None) -> QueueMode:
+        """The session's ``queue_mode`` setting, else the agent's, else ``session.queue.mode``."""
+        entry = self.store.entry(key)
+        override = entry.settings.get("queue_mode") if entry else None
+        mode = override or self.agent(agent_id).queue_mode or self.settings.session.queue.mode
+        return mode if mode in ("followup", "steer") else "collect"
 
     def needs_turn(self, post: Post) -> bool:
         answers = post.role == "user" or (post.role == "tool" and post.options is not None and post.options.answer_tool)
@@ -281,11 +295,10 @@ class Conversations:
     ) -> Outcome:
         key = post.key.raw
         turn = self.needs_turn(post)
-        if turn and self._pending.get(key, 0) >= self.agent(post.key.agent_id).max_queued_turns:
-            raise Busy(
-                f"session {key!r} already has {self._pending[key]} turns queued (max_queued_turns); retry later",
-                retry_after_s=1,
-            )
+        if self.closing:
+            raise Unavailable("the gateway is shutting down; nothing was stored, send later", code="shutting_down")
+        if turn:
+            self.queue.check_room(key, self.agent(post.key.agent_id).max_queued_turns)
         outcome = Outcome(key, None, None)
         for check in self.before_post:  # e.g. a reset that fell due while nobody wrote
             outcome.events.extend(await check(post))
@@ -357,8 +370,10 @@ class Conversations:
             await self.store.discard_run(run, remove_entry=entry is None)
             raise
         if found is not None:
-            outcome.events.append(found.event())
-            self.store.emit("inheritance", run, **{k: v for k, v in found.event().items() if k != "type"})
+            event = {**found.event(), "from_run_id": found.run_id}
+            outcome.events.append(event)  # run_id: the earlier run, as SPEC section 6 has it for replies
+            fields = {k: v for k, v in event.items() if k not in ("type", "run_id")}
+            self.store.emit("inheritance", run, **fields)  # run_id: the new run; from_run_id: the earlier
         entry = self.store.entry(key.raw)
         if entry is not None and not entry.inherit_next:
             entry.inherit_next = True
@@ -379,33 +394,58 @@ class Conversations:
         )
 
     async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
-        """Wait for the key's turn lock (FIFO), then run the turn. ``_pending`` counts the calls
-        queued or running, for the ``max_queued_turns`` limit."""
-        key = post.key.raw
-        self._pending[key] = self._pending.get(key, 0) + 1
+        """Wait for a turn that answers ``outcome``, as the key's queue mode says (gateway/queueing.py)."""
+        await self.queue.submit(run, outcome, on_delta, self.queue_mode(post.key.raw, post.key.agent_id), post.options)
+
+    async def _batch_turn(self, batch: Batch) -> None:
+        """Run one model turn for ``batch`` (the queue holds the key's turn lock) and answer its callers."""
+        run = batch.run
+        key = run.key
+        if self.store.run_state(run.run_id) is None:  # reset while the calls waited
+            batch.skip({"type": "turn_skipped", "reason": "the run ended before its turn"})
+            return
+        if run.status != "running":  # paused while the calls waited: no model turn until /resume
+            batch.skip({"type": "turn_skipped", "reason": "the session was paused before its turn"})
+            return
+        last = batch.last_seq
+        batch.scope = self.queue.scope_for(batch)
+        result = Outcome(key, run.run_id, last)
+        turn = asyncio.create_task(self._turn(run, result, batch.on_delta, scope=batch.scope, options=batch.options))
+        self._running[key] = turn
         try:
-            async with self.turn_lock(key):
-                if self.store.run_state(run.run_id) is None:  # reset while this call waited
-                    outcome.events.append({"type": "turn_skipped", "reason": "the run ended before its turn"})
-                    return
-                if run.status != "running":  # paused while this call waited: no model turn until /resume
-                    outcome.events.append({"type": "turn_skipped", "reason": "the session was paused before its turn"})
-                    return
-                turn = asyncio.create_task(self._turn(run, outcome, on_delta, post.options))
-                self._running[key] = turn
-                try:
-                    await turn
-                except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if not turn.cancelled() or (current is not None and current.cancelling()):
-                        raise
-                    outcome.events.append({"type": "stopped", "reason": "/stop cancelled the turn"})
-                finally:
-                    self._running.pop(key, None)
+            await turn
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not turn.cancelled() or (current is not None and current.cancelling()):
+                raise
+            if self.closing:
+                batch.fail(self._closing_error)
+                return
+            result.events.append({"type": "stopped", "reason": "/stop cancelled the turn"})
+        except ProviderFailure as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ProviderError):
+                raise
+            batch.fail(lambda caller: provider_failure(cause, caller.seq))
+            return
         finally:
-            self._pending[key] -= 1
-            if self._pending[key] == 0:
-                del self._pending[key]
+            if self._running.get(key) is turn:
+                del self._running[key]
+        batch.answer(result)
+
+    def _closing_error(self, caller: Caller) -> BaseException:
+        return Unavailable(
+            f"the gateway is shutting down: the turn was stopped; the message is stored (seq {caller.seq})",
+            code="shutting_down",
+            message_seq=caller.seq,
+            stored=True,
+        )
+
+    async def shutdown(self) -> None:
+        """Refuse new messages, stop every running turn (as /stop does) and answer the callers of
+        running and waiting turns 503 ``shutting_down`` with their stored seq."""
+        self.closing = True
+        await self.queue.close()
 
     def stop_turn(self, key: str) -> bool:
         """Cancel the key's running turn (``/stop``); False when none runs."""
@@ -418,7 +458,13 @@ class Conversations:
     # -- the model turn -------------------------------------------------------------------------
 
     async def _turn(
-        self, run: RunState, outcome: Outcome, on_delta: DeltaFn | None, options: TurnOptions | None = None
+        self,
+        run: RunState,
+        outcome: Outcome,
+        on_delta: DeltaFn | None,
+        *,
+        scope: TurnScope | None = None,
+        options: TurnOptions | None = None,
     ) -> None:
         agent = self.agent(run.agent_id)
         provider = self.provider(run.agent_id)
@@ -438,8 +484,17 @@ class Conversations:
                 await self.compact_if_due(run, outcome)
                 sent_tokens = run.context_tokens  # what is read now is what the model is sent
                 context = await self.store.read_context(run)
+                hidden = 0
+                if scope is not None:  # lines of later callers wait for their own turn
+                    shown = [line for line in context if scope.visible(line)]
+                    hidden = sum(int(line.get("tokens") or 0) for line in context if not scope.visible(line))
+                    context = shown
+                    scope.seen_upto = max((int(line["seq"]) for line in context if line.get("seq")), default=0)
                 messages = [{"role": "system", "content": system}, *map(to_openai, context)]
-                offered = tools if rounds < agent.max_tool_rounds else None
+                out_of_rounds = rounds >= agent.max_tool_rounds
+                offered = None if out_of_rounds else tools
+                if out_of_rounds:  # one last call without tools, asking for the answer
+                    messages.append({"role": "system", "content": TOOL_LIMIT_PROMPT.format(rounds=rounds)})
                 try:
                     completion = await provider.complete(
                         messages,
@@ -456,11 +511,11 @@ class Conversations:
                         raise
                     continue
                 total = total + completion.usage
-                await self._account(run, completion, overhead, sent_tokens)
+                await self._account(run, completion, overhead, sent_tokens - hidden)
                 if completion.tool_calls and offered:
                     rounds += 1
                     client = [c for c in completion.tool_calls if c.name in options.client_tool_names]
-                    seq = await self._run_tools(run, completion, client=options.client_tool_names)
+                    seq = await self._run_tools(run, completion, scope, client=options.client_tool_names)
                     if client:  # the client runs these and sends the results with its next call
                         outcome.reply = {
                             "content": completion.content,
@@ -470,31 +525,31 @@ class Conversations:
                         self.store.emit("reply", run, seq=seq, content=completion.content, model=completion.model)
                         break
                     continue
+                content = completion.content
+                if out_of_rounds:
+                    outcome.events.append({"type": "tool_limit", "max_tool_rounds": agent.max_tool_rounds})
+                    log.info("run %s: the turn used all %d tool rounds", run.run_id, rounds)
+                    if not content.strip():
+                        content = TOOL_LIMIT_REPLY.format(rounds=rounds)
                 record = await self.store.append(
                     run,
                     NewMessage(
                         role="assistant",
-                        content=completion.content,
+                        content=content,
                         usage=completion.usage.as_dict(),
                         reply_to=outcome.message_seq,
                     ),
                 )
                 self.metrics.messages.labels("assistant").inc()
-                outcome.reply = {"content": completion.content, "seq": record["seq"]}
-                self.store.emit("reply", run, seq=record["seq"], content=completion.content, model=completion.model)
+                outcome.reply = {"content": content, "seq": record["seq"]}
+                self.store.emit("reply", run, seq=record["seq"], content=content, model=completion.model)
                 break
         except asyncio.CancelledError:
             self.metrics.turns.labels("stopped").inc()
             raise
         except ProviderError as exc:
             self.metrics.turns.labels("provider_error").inc()
-            raise ProviderFailure(
-                f"the model call failed: {exc.message}; the message is stored (seq {outcome.message_seq})"
-                " and the session stays usable",
-                message_seq=outcome.message_seq,
-                stored=True,
-                kind=exc.kind,
-            ) from exc
+            raise provider_failure(exc, outcome.message_seq) from exc
         finally:
             outcome.usage = total.as_dict()
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
@@ -514,7 +569,14 @@ class Conversations:
             appended = run.context_tokens - sent_tokens
             self.store.calibrate_context(run, completion.usage.input_tokens, overhead, appended_since=appended)
 
-    async def _run_tools(self, run: RunState, completion: Completion, *, client: frozenset[str] = frozenset()) -> int:
+    async def _run_tools(
+        self,
+        run: RunState,
+        completion: Completion,
+        scope: TurnScope | None = None,
+        *,
+        client: frozenset[str] = frozenset(),
+    ) -> int:
         """Execute the calls, then store the assistant message and its results together under the
         key's append lock: a message posted meanwhile never lands between a call and its result,
         and a /stop during the tools leaves no call without its result. Calls of ``client`` tools
@@ -534,7 +596,12 @@ class Conversations:
 
         async def append_group() -> int:
             async with self.store.lock_for(run.key):
-                seqs = [(await self.store.append(run, message))["seq"] for message in group]
+                seqs = []
+                for message in group:
+                    record = await self.store.append(run, message)
+                    seqs.append(record["seq"])
+                    if scope is not None:
+                        scope.own.add(record["seq"])
             return int(seqs[0])
 
         stored = asyncio.ensure_future(append_group())
@@ -556,12 +623,23 @@ class Conversations:
         return await self.compact(run, outcome, trigger="auto")
 
     async def compact(
-        self, run: RunState, outcome: Outcome | None, *, trigger: Trigger, instructions: str | None = None
+        self,
+        run: RunState,
+        outcome: Outcome | None,
+        *,
+        trigger: Trigger,
+        instructions: str | None = None,
+        on_summary: Callable[[SummaryResult], None] | None = None,
     ) -> CompactionResult | None:
-        if trigger in ("auto", "manual"):
+        compactor = self.compactors[run.agent_id or "main"]
+        if trigger in ("auto", "manual") and await compactor.would_compact(run):  # flush only before a real cut
             await self.memory_flush(run)
-        result = await self.compactors[run.agent_id or "main"].compact(
-            run, trigger=trigger, threshold=self.threshold(run.agent_id), instructions=instructions
+        result = await compactor.compact(
+            run,
+            trigger=trigger,
+            threshold=self.threshold(run.agent_id),
+            instructions=instructions,
+            on_summary=on_summary,
         )
         if result is not None:
             self.metrics.compactions.labels(trigger).inc()
@@ -706,6 +784,15 @@ class Conversations:
         if run is None:
             raise Conflict(f"session {key!r} has no active run", code="no_active_run")
         return run
+
+
+def provider_failure(exc: ProviderError, message_seq: int | None) -> ProviderFailure:
+    return ProviderFailure(
+        f"the model call failed: {exc.message}; the message is stored (seq {message_seq}) and the session stays usable",
+        message_seq=message_seq,
+        stored=True,
+        kind=exc.kind,
+    )
 
 
 def _call_dict(call: ToolCall) -> dict[str, Any]:

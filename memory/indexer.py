@@ -248,7 +248,13 @@ class Indexer:
             group.append(change)
             if sum(len(c.chunks) for c in group) < WRITE_GROUP and i + 1 < len(changes):
                 continue
-            e, r = await self._write_group(target, [target, *reuse], group, known)
+            base = done
+
+            def embedded_so_far(count: int, base: int = base) -> None:
+                if progress:  # between embedding calls too, not only per written group
+                    progress(base + count, total)
+
+            e, r = await self._write_group(target, [target, *reuse], group, known, embedded_so_far)
             embedded += e
             reused += r
             done += e + r
@@ -270,7 +276,12 @@ class Indexer:
         )
 
     async def _write_group(
-        self, target: Any, cache_tables: list[Any], group: list[FileChange], known: dict[FileKey, FileState]
+        self,
+        target: Any,
+        cache_tables: list[Any],
+        group: list[FileChange],
+        known: dict[FileKey, FileState],
+        on_embedded: Callable[[int], None] | None = None,
     ) -> tuple[int, int]:
         store = self._store
         hashes = [c.content_hash for change in group for c in change.chunks]
@@ -288,6 +299,8 @@ class Indexer:
             self.embedded_total += len(part)
             for h, v in zip(part, vectors, strict=True):
                 cached[h] = v
+            if on_embedded is not None and i + len(part) < len(order):
+                on_embedded(i + len(part))
         dims = self.identity().dimensions
         tables = []
         for change in group:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sessions import layout
 from sessions.tokens import estimate_text
 
 Line = dict[str, Any]
@@ -102,3 +103,29 @@ def rolled_forward(last: Line, current: Sequence[Line], saved: Sequence[Line] | 
     if last.get("type") == "uncompact" and head != last.get("restored_head") and saved is not None:
         return restore_lines(saved, current)
     return None
+
+
+def archive_name(summary_id: int) -> str:
+    return f"{layout.COMPACTIONS}/{summary_id}.jsonl"
+
+
+def archive_of(record: dict[str, Any]) -> str:
+    """The archive a compaction record saved (or an uncompact record restored); records written
+    before archives were named by summary id name none and used the compaction number."""
+    named = record.get("archive")
+    if isinstance(named, str):
+        return named
+    number = record.get("reverts") if record.get("type") == "uncompact" else record.get("compaction_count")
+    return f"{layout.COMPACTIONS}/{number}.jsonl"
+
+
+def in_effect(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The compaction records not undone, oldest first: each uncompact undoes the latest."""
+    stack: list[dict[str, Any]] = []
+    for record in records:
+        if record.get("type") == "uncompact":
+            if stack:
+                stack.pop()
+        else:
+            stack.append(record)
+    return stack

@@ -1,7 +1,8 @@
 """Carrying out compactions (SPEC section 5): summarize, then commit on the writer thread.
 
 Commit order, chosen so a crash at any point leaves the old or the new context and recovery can
-roll forward: (1) the old context is saved to ``compactions/{n}.jsonl``; (2) the summary record is
+roll forward: (1) the old context is saved to ``compactions/{id}.jsonl`` (``id`` the summary id, so
+an archive is never overwritten, even after ``/uncompact``); (2) the summary record is
 appended to summaries.jsonl and synced — this is the commit point; (3) current.jsonl is replaced
 atomically. Recovery (``sessions.recovery``) redoes (3) when (2) happened without it.
 messages.jsonl is never touched.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,16 @@ from typing import Any, Literal
 from config.clock import iso
 from config.settings import CompactionSettings
 from sessions import layout
-from sessions.compaction import Line, is_summary, plan_compaction, restore_lines, summary_line
+from sessions.compaction import (
+    Line,
+    archive_name,
+    archive_of,
+    in_effect,
+    is_summary,
+    plan_compaction,
+    restore_lines,
+    summary_line,
+)
 from sessions.jsonl import encode, read_records, write_records_atomic
 from sessions.records import RunState
 from sessions.store import SessionStore
@@ -43,6 +54,11 @@ class SummaryRequest:
 class SummaryResult:
     text: str
     summarizer: str  # "llm:<model>" or "extractive"
+    model: str | None = None  # the model asked, also when it failed and the extractive text is used
+    error: str | None = None  # why the model's summary was not used
+    input_tokens: int = 0
+    output_tokens: int = 0
+    calls: int = 0  # model requests made (a long transcript is summarized in pieces)
 
 
 Summarizer = Callable[[SummaryRequest], Awaitable[SummaryResult]]
@@ -102,9 +118,11 @@ class Compactor:
         instructions: str | None = None,
         keep_recent: int | None = None,
         min_to_compress: int | None = None,
+        on_summary: Callable[[SummaryResult], None] | None = None,
     ) -> CompactionResult | None:
         """Summarize the older part of the context; None when there is too little to summarize or
-        the summary would free nothing (never progress, so callers never loop on it)."""
+        the summary would free nothing (never progress, so callers never loop on it).
+        ``on_summary`` is told what the summarizer gave (e.g. that the model failed)."""
         snapshot = await self.store.read_context(run)
         plan = plan_compaction(
             snapshot,
@@ -114,9 +132,11 @@ class Compactor:
         if plan is None:
             return None
         previous = str(plan.previous_summary["content"]) if plan.previous_summary else None
-        result = await self.summarizer(
-            SummaryRequest(plan.summarize, previous, instructions, "compaction", summary_budget(threshold))
+        result = await self.summarize(
+            run, SummaryRequest(plan.summarize, previous, instructions, "compaction", summary_budget(threshold))
         )
+        if on_summary is not None:
+            on_summary(result)
         summary_id, number = run.next_summary_id, run.compaction_count + 1
         head = summary_line(summary_id, result.text, covers_from=plan.covers_from, end_seq=plan.end_seq)
         record = {
@@ -134,6 +154,7 @@ class Compactor:
             "tokens_before": 0,
             "tokens_after": 0,
             "compaction_count": number,
+            "archive": archive_name(summary_id),
         }
         if instructions:
             record["instructions"] = instructions
@@ -149,7 +170,7 @@ class Compactor:
                 return None
             record.update(tokens_before=before, tokens_after=after, tokens_saved=before - after)
             (folder / layout.COMPACTIONS).mkdir(mode=0o700, exist_ok=True)
-            write_records_atomic(folder / layout.COMPACTIONS / f"{number}.jsonl", current)
+            write_records_atomic(folder / str(record["archive"]), current)
             _append_synced(folder / layout.SUMMARIES, record)
             self.store.writer.close_handle(folder / layout.CURRENT)
             write_records_atomic(folder / layout.CURRENT, new_lines)
@@ -174,6 +195,14 @@ class Compactor:
         self.store.emit("compaction", run, **{k: v for k, v in outcome.event().items() if k != "type"})
         return outcome
 
+    async def would_compact(self, run: RunState) -> bool:
+        """Whether a compaction now has messages to remove (it may still find the summary not shorter)."""
+        snapshot = await self.store.read_context(run)
+        plan = plan_compaction(
+            snapshot, keep_recent=self.settings.keep_recent, min_to_compress=self.settings.min_to_compress
+        )
+        return plan is not None
+
     async def uncompact(self, run: RunState) -> int | None:
         """Restore the context saved before the last compaction (plus what came after it);
         None when there is nothing to undo."""
@@ -186,7 +215,11 @@ class Compactor:
         created = iso(self.store.clock())
 
         def commit() -> tuple[int, int, int] | None:
-            saved = folder / layout.COMPACTIONS / f"{number}.jsonl"
+            undone = in_effect(read_records(folder / layout.SUMMARIES))
+            if not undone:
+                return None
+            archive = archive_of(undone[-1])
+            saved = folder / archive
             if not saved.exists():
                 return None
             restored = read_records(saved)
@@ -197,6 +230,8 @@ class Compactor:
                 "id": summary_id,
                 "type": "uncompact",
                 "reverts": number,
+                "reverts_id": undone[-1].get("id"),
+                "archive": archive,
                 "restored_head": head,
                 "created_at": created,
                 "compaction_count": number - 1,
@@ -227,7 +262,32 @@ class Compactor:
         context = await self.store.read_context(run)
         previous = str(context[0]["content"]) if context and is_summary(context[0]) else None
         body = tuple(context[1:] if previous else context)
-        return await self.summarizer(SummaryRequest(body, previous, None, "final", summary_budget(threshold)))
+        return await self.summarize(run, SummaryRequest(body, previous, None, "final", summary_budget(threshold)))
+
+    async def summarize(self, run: RunState, request: SummaryRequest) -> SummaryResult:
+        """Call the summarizer and record the call in tools.jsonl, like the model's other side-calls."""
+        started = time.perf_counter()
+        result = await self.summarizer(request)
+        await self.store.record_tool(
+            run,
+            tool_name="summarizer",
+            arguments={
+                "purpose": request.purpose,
+                "messages": len(request.lines),
+                "instructions": request.instructions,
+            },
+            result={"summarizer": result.summarizer, "chars": len(result.text)},
+            error=result.error,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            extra={
+                "kind": "final_summary" if request.purpose == "final" else "compaction",
+                "model": result.model,
+                "input_tokens": result.input_tokens,
+                "output_tokens": result.output_tokens,
+                "calls": result.calls,
+            },
+        )
+        return result
 
     async def _settle(self, run: RunState) -> None:
         entry = self.store.entry(run.key)

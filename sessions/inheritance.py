@@ -13,6 +13,7 @@ from typing import Any
 from config.settings import InheritanceSettings
 from sessions import layout
 from sessions.jsonl import read_records
+from sessions.ledger import run_metadata
 from sessions.records import TaskKey
 from sessions.store import SessionStore
 from sessions.tokens import estimate_text
@@ -79,6 +80,8 @@ async def find_inheritance(
         since=store.expiry_cutoff(settings.expiry_days),
     )
     for row in rows:
+        if run_metadata(row.get("metadata")).get("inherit") is False:  # its session was deleted
+            continue
         summary, plans = await _load(store, row, archive_text)
         if summary is None and not plans:
             continue

@@ -2,7 +2,11 @@
 
 A key is a ``:``-separated string such as ``agent:main:telegram:group:-100123:topic:7``. Each
 segment matches ``[A-Za-z0-9_.@+\\-/#]+``; a ``:`` inside an id is written ``%3A`` and a ``%`` as
-``%25`` so any id made of grammar characters, ``:`` and ``%`` round-trips. Everything here is pure:
+``%25`` so any id made of grammar characters, ``:`` and ``%`` round-trips. Channel ingress ids
+(``sender_id``, ``chat_id``, ``thread_id``) may hold any character: each one outside the grammar
+is written as the ``%XX`` escapes of its UTF-8 bytes (upper-case hex), so ``田中`` is
+``%E7%94%B0%E4%B8%AD`` (whitespace and control characters stay errors); ids decode back exactly,
+and an escape of a grammar character (``%41``) is not canonical and rejected. Everything here is pure:
 no I/O, no clock. A bad key raises :class:`config.errors.InvalidKey` whose message names the rule
 it broke and how to fix it; ``error.extra["rule"]`` carries the same rule as a stable identifier.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import urllib.parse
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -29,8 +34,12 @@ DEFAULT_AGENT = "main"
 
 _GRAMMAR = "[A-Za-z0-9_.@+-/#]"
 _SEGMENT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.@+-/#")
-_SEGMENT = re.compile(r"(?:[A-Za-z0-9_.@+\-/#]|%3A|%25)+")
-_ESCAPE = re.compile(r"%(3A|25)")
+_SEGMENT = re.compile(r"(?:[A-Za-z0-9_.@+\-/#]|%[0-9A-F]{2})+")
+_HEX_ESCAPE = re.compile(r"%([0-9A-F]{2})")
+_BAD_ESCAPE = (
+    "'%' must start the escape %3A (for ':'), %25 (for '%') or %XX (upper case) of a UTF-8 byte of a"
+    " character outside the grammar"
+)
 _WHITESPACE_CONTROLS = frozenset("\t\n\v\f\r")
 _SHAPES = (
     "agent:<agentId>:main, agent:<agentId>:dm:<peerId>, agent:<agentId>:<channel>:dm:<peerId>, "
@@ -132,15 +141,48 @@ def escape_segment(text: str) -> str:
     return text.replace("%", "%25").replace(":", "%3A")
 
 
+def encode_id(text: str) -> str:
+    """Write a channel ingress id as a key segment: every character outside the grammar becomes the
+    ``%XX`` escapes of its UTF-8 bytes (``:`` is ``%3A``, ``%`` is ``%25``, as in escape_segment);
+    whitespace and control characters are rejected as in a key. Reversible by :func:`unescape_segment`."""
+    if not text:
+        raise _fail(text, "empty_segment", "empty segment; an id cannot be empty", what="id")
+    out = []
+    for ch in text:
+        if ch in _SEGMENT_CHARS:
+            out.append(ch)
+            continue
+        problem = _char_problem(ch)
+        if problem is not None and problem[0] != "character":  # whitespace, controls: a client's mistake
+            raise _fail(text, *problem, what="id")
+        out.append("".join(f"%{b:02X}" for b in ch.encode()))
+    return "".join(out)
+
+
 def unescape_segment(segment: str) -> str:
-    """The id a valid segment stands for (inverse of :func:`escape_segment`)."""
+    """The id a valid segment stands for (inverse of :func:`escape_segment` and :func:`encode_id`)."""
     if "%" not in segment:
         return segment
-    return _ESCAPE.sub(lambda m: ":" if m.group(1) == "3A" else "%", segment)
+    return urllib.parse.unquote(segment, errors="strict")
+
+
+def _canonical_escapes(segment: str) -> bool:
+    """Every ``%XX`` escapes a byte that is not a grammar character, and together they are UTF-8."""
+    for match in _HEX_ESCAPE.finditer(segment):
+        byte = int(match.group(1), 16)
+        if byte < 0x80 and chr(byte) in _SEGMENT_CHARS:
+            return False
+    try:
+        urllib.parse.unquote_to_bytes(segment).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _check_segment(raw: str, segment: str, position: int) -> None:
     if _SEGMENT.fullmatch(segment):
+        if "%" in segment and not _canonical_escapes(segment):
+            raise _fail(raw, "bad_escape", _BAD_ESCAPE)
         return
     if not segment:
         raise _fail(
@@ -151,12 +193,8 @@ def _check_segment(raw: str, segment: str, position: int) -> None:
     i = 0
     while i < len(segment):
         if segment[i] == "%":
-            if segment[i + 1 : i + 3] not in ("3A", "25"):
-                raise _fail(
-                    raw,
-                    "bad_escape",
-                    "'%' must start the escape %3A (for ':') or %25 (for '%'), in upper case",
-                )
+            if not _HEX_ESCAPE.match(segment, i):
+                raise _fail(raw, "bad_escape", _BAD_ESCAPE)
             i += 3
             continue
         problem = _char_problem(segment[i])
@@ -215,11 +253,7 @@ def _parse(raw: str, agents: Collection[str] | None) -> SessionKey:
         parts = tuple(unescape_segment(s) for s in rest)
         return SessionKey(raw=raw, family="hook", chat_type="hook", hook_id=":".join(parts), hook_parts=parts)
     if family != "agent":
-        hint = (
-            f"; keys are case-sensitive, did you mean {family.lower()!r}?"
-            if family.lower() in FAMILIES
-            else ""
-        )
+        hint = f"; keys are case-sensitive, did you mean {family.lower()!r}?" if family.lower() in FAMILIES else ""
         raise _fail(raw, "unknown_family", f"unknown family {family!r} (expected agent, cron or hook){hint}")
     if len(rest) < 2:
         raise _bad_shape(raw, "agent", _SHAPES)
@@ -264,9 +298,7 @@ def _parse(raw: str, agents: Collection[str] | None) -> SessionKey:
     if key is None:
         if n == 5 and (tail[1], tail[3]) in (("group", "thread"), ("channel", "topic")):
             right = "topic" if tail[1] == "group" else "thread"
-            raise _bad_shape(
-                raw, "agent", f"a {tail[1]}'s thread written :{right}:<threadId>, not :{tail[3]}:"
-            )
+            raise _bad_shape(raw, "agent", f"a {tail[1]}'s thread written :{right}:<threadId>, not :{tail[3]}:")
         raise _bad_shape(raw, "agent", _SHAPES)
     _check_agent(raw, agent_id, agents)
     return key
@@ -302,9 +334,7 @@ def main_key(agent_id: str, *, agents: Collection[str] | None = None) -> str:
     return _build(["agent", agent_id, "main"], agents).raw
 
 
-def dm_key(
-    agent_id: str, peer_id: str, channel: str | None = None, *, agents: Collection[str] | None = None
-) -> str:
+def dm_key(agent_id: str, peer_id: str, channel: str | None = None, *, agents: Collection[str] | None = None) -> str:
     """``agent:<agentId>:dm:<peerId>``, or ``agent:<agentId>:<channel>:dm:<peerId>`` with a channel."""
     return _build(_dm_segments(agent_id, peer_id, channel), agents).raw
 
@@ -368,20 +398,22 @@ def route(
     ``:topic:``, a channel's ``:thread:``.
     """
     agent_id = _bound_agent(ingress, bindings) or ingress.agent_id or DEFAULT_AGENT
-    segments: list[str]
+    agent, channel = escape_segment(agent_id), escape_segment(ingress.channel)
+    thread = encode_id(ingress.thread_id) if ingress.thread_id is not None else None
+    segments: list[str]  # escaped already: ids through encode_id, names through escape_segment
     if ingress.chat_type == "direct":
         if dm_scope == "main":
-            segments = ["agent", agent_id, "main"]
+            segments = ["agent", agent, "main"]
         elif dm_scope == "per-peer":
-            segments = _dm_segments(agent_id, ingress.sender_id, None)
+            segments = _dm_segments(agent, encode_id(ingress.sender_id), None)
         elif dm_scope == "per-channel-peer":
-            segments = _dm_segments(agent_id, ingress.sender_id, ingress.channel)
+            segments = _dm_segments(agent, encode_id(ingress.sender_id), channel)
         else:
             raise ConfigError(f"session.dm_scope {dm_scope!r} is not one of main, per-peer, per-channel-peer")
     elif ingress.chat_type == "group":
-        segments = _group_segments(agent_id, ingress.channel, ingress.chat_id, ingress.thread_id)
+        segments = _group_segments(agent, channel, encode_id(ingress.chat_id), thread)
     elif ingress.chat_type == "channel":
-        segments = _channel_segments(agent_id, ingress.channel, ingress.chat_id, ingress.thread_id)
+        segments = _channel_segments(agent, channel, encode_id(ingress.chat_id), thread)
     else:
         raise BadRequest(f"chat_type {ingress.chat_type!r} is not one of direct, group, channel")
-    return _build(segments, agents)
+    return _parse(":".join(segments), agents)

@@ -8,6 +8,7 @@ tracked in ``PRAGMA user_version``.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -127,6 +128,15 @@ RUN_COLUMNS = (
 )  # fmt: skip
 
 
+def run_metadata(text: str | None) -> dict[str, Any]:
+    """The ``metadata`` column as a dict (empty when missing or not a JSON object)."""
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 @dataclass(frozen=True)
 class RunStats:
     total_messages: int
@@ -241,6 +251,19 @@ class Ledger:
             usage.get("cache_read_tokens", 0), usage.get("cache_write_tokens", 0), updated_at, uuid,
         ]  # fmt: skip
         await self._run(lambda c: c.execute(sql, values))
+
+    async def set_key_metadata(self, session_key: str, fields: dict[str, Any]) -> None:
+        """Merge ``fields`` into the ``metadata`` JSON of every run of the key: the durable home of
+        the entry fields sessions.json alone would hold (label, settings) and of ``inherit: false``
+        on the runs of a deleted key."""
+
+        def _set(c: sqlite3.Connection) -> None:
+            rows = c.execute("SELECT uuid, metadata FROM tasks WHERE session_key = ?", (session_key,)).fetchall()
+            for row in rows:
+                meta = json.dumps({**run_metadata(row["metadata"]), **fields}, ensure_ascii=False)
+                c.execute("UPDATE tasks SET metadata = ? WHERE uuid = ?", (meta, row["uuid"]))
+
+        await self._run(_set)
 
     async def set_pinned(self, session_key: str, pinned: bool) -> None:
         await self._run(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions import layout
-from sessions.compaction import last_seq, rolled_forward
+from sessions.compaction import archive_of, last_seq, rolled_forward
 from sessions.integrity import cut_lines, describe, scan_lines, seq_of
 from sessions.jsonl import (
     encode,
@@ -249,7 +249,7 @@ def _finish_interrupted_compaction(
     rewrite did not happen: redo the rewrite (roll forward)."""
     saved = None
     if last.get("type") == "uncompact":
-        path = folder / layout.COMPACTIONS / f"{last.get('reverts')}.jsonl"
+        path = folder / archive_of(last)
         saved = read_records(path) if path.exists() else None
     fixed = rolled_forward(last, current, saved)
     if fixed is None:

@@ -31,7 +31,7 @@ from sessions.deliveries import scan as scan_deliveries
 from sessions.faults import probe_writable, storage_error
 from sessions.jsonl import encode, fsync_dir, iter_records, read_records, write_atomic, write_json_atomic
 from sessions.layout import Home
-from sessions.ledger import Ledger, RunStats
+from sessions.ledger import Ledger, RunStats, run_metadata
 from sessions.records import USAGE_KEYS, NewMessage, RunState, TaskKey
 from sessions.recovery import Checkpoint, RecoveredRun, context_line, in_context, recover_all
 from sessions.registry import SessionEntry, SessionRegistry
@@ -251,6 +251,11 @@ class SessionStore:
                 updated_at=latest.get("updated_at") or latest["created_at"],
                 pinned=any(r.get("pinned") for r in key_rows),
             )
+            meta = run_metadata(latest.get("metadata"))
+            if isinstance(meta.get("label"), str):
+                entry.label = meta["label"]
+            if isinstance(meta.get("settings"), dict):
+                entry.settings = dict(meta["settings"])
             for usage_key in USAGE_KEYS:
                 setattr(entry, usage_key, sum(int(r.get(usage_key) or 0) for r in key_rows))
             completed = [r for r in key_rows if r["status"] in ("completed", "failed")]
@@ -491,6 +496,7 @@ class SessionStore:
             completed = (await self.complete(key, reason="delete")).run_id
         self.registry.remove(key)  # the key's lock stays: callers may be queued on it
         await self.registry.flush()
+        await self.ledger.set_key_metadata(key, {"inherit": False})  # a new session on the key starts clean
         return completed
 
     def _require_active(self, key: str) -> RunState:
@@ -730,6 +736,8 @@ class SessionStore:
         if settings is not None:
             merged = {**entry.settings, **settings}
             entry.settings = {k: v for k, v in merged.items() if v is not None}
+        if label is not None or clear_label or settings is not None:  # durable beyond sessions.json
+            await self.ledger.set_key_metadata(key, {"label": entry.label, "settings": entry.settings})
         entry.updated_at = iso(self.clock())
         self.registry.touch(key)
         await self.registry.flush()
@@ -801,6 +809,12 @@ class SessionStore:
             "parent_uuid": run.parent_uuid,
         }
 
+    def _entry_metadata(self, key: str) -> dict[str, Any]:
+        entry = self.entry(key)
+        if entry is None or (entry.label is None and not entry.settings):
+            return {}
+        return {"label": entry.label, "settings": entry.settings}
+
     def _ledger_row(self, run: RunState) -> dict[str, Any]:
         return {
             "uuid": run.run_id,
@@ -808,7 +822,7 @@ class SessionStore:
             **run.task_key.as_dict(),
             "created_at": run.started_at,
             "updated_at": run.started_at,
-            "metadata": json.dumps(self._metadata(run), ensure_ascii=False),
+            "metadata": json.dumps({**self._metadata(run), **self._entry_metadata(run.key)}, ensure_ascii=False),
             "session_key": run.key,
             "agent_id": run.agent_id,
             "channel": run.channel,
@@ -943,7 +957,8 @@ def _create_run_folder(folder: Path, metadata: dict[str, Any], *, opening: bool)
     if opening:
         (folder / leftovers.OPENING).touch(mode=0o600)
     write_json_atomic(folder / layout.METADATA, metadata)
-    (folder / layout.MESSAGES).touch(mode=0o600)
+    for name in (layout.MESSAGES, layout.CURRENT, layout.SUMMARIES, layout.TOOLS, layout.PLANNING):
+        (folder / name).touch(mode=0o600)  # the seed's layout, whole from the start
     fsync_dir(folder)
     fsync_dir(folder.parent)
 

@@ -15,7 +15,7 @@ from sessions.tokens import estimate_text
 
 _DETAIL = re.compile(
     r"https?://\S+"  # URLs
-    r"|(?:[\w.-]+/)+[\w.-]+"  # paths
+    r"|~?/?(?:[\w.-]+/)+[\w.-]+"  # paths, absolute ones with their leading / (or ~/)
     r"|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"  # uuids
     r"|#\d+|\b[A-Z]{2,}-\d+\b"  # issue refs, ticket ids
     r"|\b\d[\d.,:/-]*\d\b|\b\d\b"  # numbers, dates, versions

@@ -189,6 +189,10 @@ class Webhooks:
                 stored.set_exception(exc)
                 return
             stored_outcome = stored.result()
+            if isinstance(exc, NeotaskError) and exc.code == "shutting_down":  # the turn was stopped, not failed
+                log.info("hook %s: shutdown stopped the turn on %s (seq %s stored)", name, post.key.raw,
+                         stored_outcome.message_seq)  # fmt: skip
+                return
             if isinstance(exc, NeotaskError):
                 log.warning("hook %s: the turn on %s failed after seq %s was stored: %s", name,
                             post.key.raw, stored_outcome.message_seq, exc.message)  # fmt: skip

@@ -15,6 +15,7 @@ from config.errors import BadRequest
 from gateway import keys as K
 from gateway.http import json_response, parse_body, query_int
 from gateway.recall import MemoryBridge
+from gateway.relevance import present
 from gateway.transcript_memory import TranscriptSource
 from memory import MemoryService
 
@@ -56,7 +57,9 @@ async def search(request: web.Request) -> web.Response:
         raise BadRequest("query parameter 'q' is required: the text to search for", field="q")
     k = query_int(request, "k", settings.memory.search.top_k, low=1, high=settings.memory.search.candidates)
     hits = await request.app[MEMORY].search(_agent(request), query, k=k)
-    return json_response({"query": query, "results": [hit.as_dict() for hit in hits]})
+    today = request.app[K.CLOCK]().date()
+    results = [present(hit, settings.memory.search, today) for hit in hits]
+    return json_response({"query": query, "results": results})
 
 
 @routes.get("/v1/memory/files")
@@ -81,18 +84,25 @@ async def reindex(request: web.Request) -> web.Response:
     if body.agent is not None and body.agent not in request.app[K.CONFIG].settings.agents:
         raise BadRequest(f"agent {body.agent!r} is not configured", field="agent")
     hub = request.app[K.HUB]
+    state: dict[str, Any] = {"running": True, "agent": body.agent, "force": body.force, "done": 0, "total": None}
+    request.app[K.EXTRAS]["reindex"] = state  # GET /v1/memory/status shows it while this runs
 
     def progress(done: int, total: int) -> None:
+        state.update(done=done, total=total)
         hub.publish({"type": "memory", "key": None, "run_id": None, "action": "progress", "done": done,
                      "total": total})  # fmt: skip
 
-    report = await request.app[MEMORY].reindex(body.agent, force=body.force, progress=progress)
+    try:
+        report = await request.app[MEMORY].reindex(body.agent, force=body.force, progress=progress)
+    finally:
+        state["running"] = False
     return json_response({"report": report.as_dict(), "status": request.app[MEMORY].status()})
 
 
 @routes.get("/v1/memory/status")
 async def status(request: web.Request) -> web.Response:
-    return json_response(request.app[MEMORY].status())
+    reindex = request.app[K.EXTRAS].get("reindex")
+    return json_response({**request.app[MEMORY].status(), "reindex": dict(reindex) if reindex else None})
 
 
 async def memory_context(app: web.Application) -> AsyncIterator[None]:

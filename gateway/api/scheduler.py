@@ -54,8 +54,8 @@ async def cleanup(request: web.Request) -> web.Response:
 
 
 async def scheduler_context(app: web.Application) -> AsyncIterator[None]:
-    """Resets, cleanup and cron jobs; a sweep runs once at start so resets missed while the
-    daemon was down happen before it serves."""
+    """Resets, cleanup and cron jobs; a sweep runs once at start, in the background, so resets
+    missed while the daemon was down happen without keeping the port unbound."""
     settings = app[K.CONFIG].settings
     env: dict[str, str] = app[K.ENV]
     zone = host_zone(env)
@@ -87,13 +87,14 @@ async def scheduler_context(app: web.Application) -> AsyncIterator[None]:
     scheduling.forget_runs = app[K.EXTRAS].get("history_forget")
     app[SCHEDULER] = service
     _serve_archives(app)
-    await scheduling.sweep()
     await service.start()
+    scheduling.start()
     app[K.READY]["scheduler"] = True
     try:
         yield
     finally:
         app[K.READY]["scheduler"] = False
+        await scheduling.close(timeout=settings.gateway.shutdown_timeout_s / 4)
         await service.stop()
 
 

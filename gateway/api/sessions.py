@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
+import unicodedata
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from config.errors import BadRequest, NotFound
 from gateway import keys as K
 from gateway.api import history
 from gateway.commands import dispatch, parse_command
 from gateway.http import json_response, parse_body, query_int, read_json, validate
+from gateway.queueing import QUEUE_MODES
 from gateway.streaming import answer
 from gateway.turns import Post
 from gateway.views import session_view
@@ -32,14 +34,33 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
 
+def _int_as_text(value: object) -> object:
+    """Telegram and others send ids as integers: taken as their decimal text."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+ChannelId = Annotated[
+    str,
+    BeforeValidator(_int_as_text),
+    Field(min_length=1, max_length=200),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "string", "minLength": 1, "maxLength": 200}, {"type": "integer"}],
+            "description": "an integer is taken as its decimal text; characters outside the key grammar are"
+            " percent-encoded (UTF-8 %XX) in the key",
+        }
+    ),
+]
+
+
 class IngressBody(Strict):
     channel: str = Field(min_length=1, max_length=64)
     chat_type: Literal["direct", "group", "channel"]
-    chat_id: str = Field(min_length=1, max_length=200)
-    sender_id: str = Field(min_length=1, max_length=200)
+    chat_id: ChannelId
+    sender_id: ChannelId
     sender_name: str | None = Field(None, max_length=200)
     text: str
-    thread_id: str | None = Field(None, min_length=1, max_length=200)
+    thread_id: ChannelId | None = None
     agent_id: str | None = None
     reply: bool = True
     stream: bool = False
@@ -73,7 +94,7 @@ class FailBody(Strict):
     error: str = Field("failed by request", min_length=1, max_length=2000)
 
 
-SETTINGS_KEYS = {"model"}
+SETTINGS_KEYS = {"model", "queue_mode"}
 MAX_MODEL_NAME = 200  # like the label: a sessions.json entry stays under 2 KB
 
 
@@ -144,12 +165,16 @@ async def post_command(request: web.Request) -> web.StreamResponse:
     config = request.app[K.CONFIG]
     key = session_key(request)
     body = await parse_body(request, CommandBody, config.settings.gateway.max_body_bytes)
-    if parse_command(body.command) is None:
-        raise BadRequest("'command' must start with '/' and a command name, e.g. /status", field="command")
     cmid = client_message_id(request, body.client_message_id)
     post = Post(key=key, role="user", content=body.command, client_message_id=cmid)
     commands = request.app[K.COMMANDS]
-    outcome = await dispatch(commands, post)
+    if parse_command(body.command) is not None:
+        outcome = await dispatch(commands, post)
+    elif unicodedata.normalize("NFKC", body.command).lstrip().startswith("/"):  # e.g. "/2": answered with the help
+        word = body.command.split(maxsplit=1)[0]
+        outcome = await commands.run(post, unicodedata.normalize("NFKC", word)[1:], "")
+    else:
+        raise BadRequest("'command' must start with '/' and a command name, e.g. /status", field="command")
     return json_response(outcome.body())
 
 
@@ -238,6 +263,11 @@ async def patch_session(request: web.Request) -> web.Response:
             raise BadRequest(
                 f"settings.model must be a non-empty string of at most {MAX_MODEL_NAME} characters, or null",
                 field="settings.model",
+            )
+        mode = body.settings.get("queue_mode")
+        if mode is not None and mode not in QUEUE_MODES:
+            raise BadRequest(
+                f"settings.queue_mode must be one of {', '.join(QUEUE_MODES)}, or null", field="settings.queue_mode"
             )
     store = request.app[K.STORE]
     store.require_entry(key.raw)

@@ -11,6 +11,7 @@ from config.errors import BadRequest
 from gateway import keys as K
 from gateway.http import json_response
 from gateway.metrics import CONTENT_TYPE
+from sessions.keys import parse_key
 
 routes = web.RouteTableDef()
 HEARTBEAT_S = 15.0
@@ -56,6 +57,8 @@ async def metrics(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.StreamResponse:
     hub = request.app[K.HUB]
     key = request.query.get("key") or None
+    if key is not None:
+        parse_key(key, agents=request.app[K.CONFIG].settings.agents)  # 400 invalid_key naming the rule
     raw_last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
     last_id = None
     if raw_last:

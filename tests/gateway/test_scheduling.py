@@ -43,6 +43,8 @@ async def test_restart_after_the_boundary_resets_exactly_once(
 
     clock.set(ny(4, 10))
     client = await aiohttp_client(make_app(tmp_path, clock, NY))
+    startup = client.server.app[SCHEDULING].startup
+    assert startup is not None and await startup == 1
     entry = await (await client.get(MAIN)).json()
     assert entry["run_id"] is None and entry["status"] == "idle" and entry["last_run_id"] == first["run_id"]
     run = await (await client.get(f"/v1/runs/{first['run_id']}")).json()

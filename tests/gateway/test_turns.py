@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
+from gateway import keys as K
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 from tests.support.openai_server import (
@@ -175,12 +176,20 @@ async def test_too_many_waiting_turns_get_429_and_write_nothing(
 ) -> None:
     app = make_app(tmp_path, clock, {"agents": {"main": {"max_queued_turns": 2}}}, base_url=openai_server.base_url)
     client = await aiohttp_client(app)
-    openai_server.script(Hang(1.0))
-    calls = [asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": f"m{i}"})) for i in range(2)]
+    gate = asyncio.Event()
+    openai_server.script(Hang(30, until=gate))
+    calls = [asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "m0"}))]
     await openai_server.wait_for_requests(1)
-    await asyncio.sleep(0.1)
+    queue = client.server.app[K.CONVERSATIONS].queue
+    for i in (1, 2):  # one running and two waiting: within the limit of 2 waiting
+        calls.append(asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": f"m{i}"})))
+        async with asyncio.timeout(10):
+            while queue.waiting("agent:main:main") < i:
+                await asyncio.sleep(0.01)
     busy = await client.post(f"{MAIN}/messages", json={"content": "one too many"})
     assert busy.status == 429 and (await busy.json())["error"]["code"] == "session_busy"
+    assert busy.headers["Retry-After"] == "1"
+    gate.set()
     store_only = await client.post(f"{MAIN}/messages", json={"content": "no turn", "reply": False})
     assert store_only.status == 200
     for call in calls:

@@ -77,10 +77,12 @@ class Fail:
 
 @dataclass(frozen=True)
 class Hang:
-    """Wait ``seconds`` before answering (with ``then``, or the default); ended early by ``close``."""
+    """Wait ``seconds`` before answering (with ``then``, or the default); ended early by ``close``,
+    or by ``until`` being set (the test releases the request)."""
 
     seconds: float
     then: Behaviour | None = None
+    until: asyncio.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -332,16 +334,19 @@ class OpenAIServer:
         body = _error_body("Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
         return web.json_response(body, status=401)
 
-    async def _sleep(self, seconds: float) -> bool:
-        """Sleep unless the server is closing; False when it is."""
+    async def _sleep(self, seconds: float, until: asyncio.Event | None = None) -> bool:
+        """Sleep unless the server is closing (False) or ``until`` is set (True)."""
         if seconds <= 0:
             return not self._closing.is_set()
+        waits = [asyncio.ensure_future(self._closing.wait())]
+        if until is not None:
+            waits.append(asyncio.ensure_future(until.wait()))
         try:
-            async with asyncio.timeout(seconds):
-                await self._closing.wait()
-        except TimeoutError:
-            return True
-        return False
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        return not self._closing.is_set()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._read_json(request)
@@ -357,7 +362,7 @@ class OpenAIServer:
             return web.Response(status=503)
         behaviour = self._choose(recorded)
         while isinstance(behaviour, Hang):
-            if not await self._sleep(behaviour.seconds):
+            if not await self._sleep(behaviour.seconds, behaviour.until):
                 return web.Response(status=503)
             behaviour = behaviour.then or Reply()
         if isinstance(behaviour, Fail):

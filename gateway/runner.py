@@ -1,0 +1,60 @@
+"""The app runner the daemon uses: aiohttp's own, except that the errors its HTTP parser answers
+before any route or middleware runs (a header over 8 KB, a request line over 8,190 bytes, an
+obs-fold header, a malformed request) carry the JSON error body of every other error.
+
+aiohttp has no public hook for these: the parser's errors go to ``RequestHandler.handle_error``,
+which answers plain text. The runner's server makes its connection handlers of a subclass that
+answers JSON instead; everything else (logging, closing the connection) is aiohttp's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web, web_protocol, web_request
+
+from gateway.http import error_body, json_response
+
+_CODES = {400: "invalid_body", 413: "payload_too_large"}
+_HINT = "the request could not be parsed as HTTP/1.1 (headers at most 8190 bytes each, no obs-fold)"
+
+
+class JsonErrorHandler(web_protocol.RequestHandler):
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web_request.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        plain = super().handle_error(request, status, exc, message)  # logs it; raises if a response began
+        code = _CODES.get(status, "internal_error" if status >= 500 else "invalid_body")
+        if status >= 500:
+            text = "the gateway failed on this request; see its log"
+        else:
+            reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Bad Request"
+            detail = (message or "").strip().splitlines()[0] if message and message.strip() else _HINT
+            text = f"{reason}: {detail}; {_HINT}"
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        response = json_response(error_body(code, text, request_id), status=plain.status)
+        response.force_close()
+        return response
+
+
+class JsonErrorServer(web.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        kwargs: dict[str, Any] = self._kwargs
+        return JsonErrorHandler(self, loop=self._loop, **kwargs)
+
+
+class JsonErrorsAppRunner(web.AppRunner):
+    """``web.AppRunner`` whose parser errors answer ``{"error": {"code", "message", "request_id"}}``."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = JsonErrorServer  # the same server, handing out JSON-answering handlers
+        return server
