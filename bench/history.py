@@ -26,7 +26,8 @@ from pathlib import Path
 from bench.common import Report, Summary, fmt_seconds, now, parser, print_table, section
 from config.clock import system_clock
 from config.loader import build_settings, deep_merge, load_defaults
-from sessions.history import HistoryIndex, HistoryQuery, connect, create_schema, search
+from sessions.history import HistoryIndex, connect, create_schema
+from sessions.history_search import HistoryQuery, search
 from sessions.history_text import index_text
 from sessions.records import NewMessage, RunState, TaskKey
 from sessions.store import SessionStore

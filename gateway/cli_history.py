@@ -22,8 +22,9 @@ from gateway import offline
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
 from sessions.export import ExportFormat, export_lines, runs_of_key
-from sessions.history import HistoryIndex, HistoryQuery, history_path, rebuild_all
+from sessions.history import HistoryIndex, history_path, rebuild_all
 from sessions.history_doctor import check_home_index
+from sessions.history_search import HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.layout import Home

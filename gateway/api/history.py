@@ -20,7 +20,8 @@ from gateway.http import json_response, query_int
 from gateway.session_tools import SessionTools
 from gateway.turns import Conversations
 from sessions.export import ExportFormat, RunExport, export_lines, one_run, runs_of_key
-from sessions.history import HistoryIndex, HistoryQuery, catch_up, history_path, rebuild_all
+from sessions.history import HistoryIndex, catch_up, history_path, rebuild_all
+from sessions.history_search import HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.purge import purge_key

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from sessions.history import HistoryIndex, HistoryQuery, RunSource, history_path
+from sessions.history import HistoryIndex, RunSource, history_path
+from sessions.history_search import HistoryQuery
 from sessions.history_text import index_text, indexable, match_expression, query_terms, snippet
 from sessions.jsonl import encode
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sessions.history import HistoryIndex, HistoryQuery, history_path
+from sessions.history import HistoryIndex, history_path
 from sessions.history_doctor import INCOMPLETE, MISSING, STALE, check_home_index, check_index
+from sessions.history_search import HistoryQuery
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start
