@@ -274,6 +274,8 @@ class SessionStore:
                 entry = self._new_entry(run.key, run.agent_id, run.chat_type, run.channel)
                 self.registry.entries[run.key] = entry
             before = _reconciled_fields(entry)
+            if entry.run_id != run.run_id:  # started after the last rewrite: /new's flag was spent on it
+                entry.inherit_next = True
             entry.run_id, entry.status, entry.started_at = run.run_id, run.status, run.started_at
             rec = recovered.get(run.run_id)
             if rec and rec.last_message_at and (entry.last_interaction_at or "") < rec.last_message_at:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from config.settings import LoggingSettings
-from gateway.connections import connection_limits
+from gateway.connections import ConnectionGuard, GuardedSite, connection_limits
 from gateway.logs import RepeatFilter, file_handler
 from tests.faults.ops_support import call, limited_daemon, nofile_limit, write_config
 
@@ -30,6 +31,42 @@ def test_the_connection_cap_stays_under_the_descriptor_limit() -> None:
     assert roomy.max_connections == 8 and roomy.reason is None
     low = connection_limits(soft + 100, 16)
     assert low.max_connections == soft - 16 and low.reason is not None and f"ulimit -n {soft}" in low.reason
+
+
+async def test_at_the_cap_idle_connections_make_room_and_busy_ones_stay() -> None:
+    guard = ConnectionGuard(max_connections=3, header_timeout_s=30)
+    during: dict[str, object] = {}
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        during.update(guard.stats())
+        await release.wait()
+        return web.json_response({"ok": True})
+
+    app = web.Application(middlewares=[guard.middleware()])
+    app.router.add_get("/slow", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, guard)
+    await site.start()
+    try:
+        idle = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(2)]
+        async with aiohttp.ClientSession() as http:
+            busy = asyncio.create_task(http.get(f"http://127.0.0.1:{site.port}/slow"))
+            while not during:
+                await asyncio.sleep(0.01)
+            assert during["open"] == 3 and during["idle"] == 2  # the one in a request is not idle
+            more = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(3)]
+            for reader, _ in idle:  # the oldest idle ones were closed to make room
+                assert await asyncio.wait_for(reader.read(), 10) == b""
+            release.set()
+            resp = await busy
+            assert resp.status == 200 and await resp.json() == {"ok": True}
+            assert guard.evicted >= 3 and guard.refused == 0
+        for _, writer in idle + more:
+            writer.close()
+    finally:
+        await runner.cleanup()
 
 
 def test_repeated_lines_are_written_once_then_counted() -> None:
