@@ -76,7 +76,7 @@ export function mountSession(root, key, query) {
     try {
       const answer = await post(sessionPath(key, "/messages"), { content, client_message_id: messageId() });
       for (const e of answer.events || []) {
-        if (e.type === "inheritance") notify(e.comment || `Inherited the summary of run ${shortId(e.run_id)}`);
+        if (e.type === "inheritance") notify(e.comment || `Inherited the summary of run ${shortId(e.from_run_id || e.run_id)}`);
         if (e.type === "compaction") notify(`Context compacted (messages ${e.start_seq}–${e.end_seq}).`);
       }
       if (!answer.reply) status.textContent = "Stored.";
