@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import time
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -72,6 +73,7 @@ class SessionStore:
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.recovered: list[RecoveredRun] = []
+        self._probed: tuple[float, str | None] = (float("-inf"), None)  # (monotonic time, problem)
 
     # -- opening and closing --------------------------------------------------------------------
 
@@ -653,7 +655,15 @@ class SessionStore:
         writer thread: no thread is started per call (starting one waits for the GIL, which a
         loading model can hold for seconds), and the probe sees the disk as the appends do."""
         contexts = self.home.contexts
-        return await self.writer.call(lambda: probe_writable(contexts))
+        problem = await self.writer.call(lambda: probe_writable(contexts))
+        self._probed = (time.monotonic(), problem)
+        return problem
+
+    def recently_writable(self, max_age_s: float) -> bool:
+        """True when a probe within ``max_age_s`` found the store writable and no append has
+        failed since the last that succeeded (``/readyz`` then answers without a new probe)."""
+        at, problem = self._probed
+        return problem is None and self.writer.last_error is None and time.monotonic() - at < max_age_s
 
     async def record_tool(
         self,

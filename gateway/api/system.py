@@ -15,6 +15,7 @@ from sessions.keys import parse_key
 
 routes = web.RouteTableDef()
 HEARTBEAT_S = 15.0
+PROBE_EVERY_S = 1.0
 
 
 @routes.get("/healthz")
@@ -31,7 +32,9 @@ async def readyz(request: web.Request) -> web.Response:
     problems: dict[str, str] = {}
     store = request.app.get(K.STORE) if checks.get("store") else None
     if store is not None:
-        problem = await store.writable()
+        # a probe at most once a second while all is well (each one is a write and a sync);
+        # at every call once an append has failed, so recovery shows at once
+        problem = None if store.recently_writable(PROBE_EVERY_S) else await store.writable()
         checks["store_writable"] = problem is None
         if problem is not None:
             problems["store_writable"] = f"the store cannot write: {problem}"
