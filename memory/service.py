@@ -226,7 +226,10 @@ class MemoryService:
         query = query.strip()
         if not query:
             raise BadRequest("q must be a non-empty search query")
-        pool = await self.candidates(agent, query, include_memory_md=include_memory_md)
+        use_vector = self._vector_knows(query)
+        # the term share only decides with RRF or when the text side decides alone
+        with_share = s.fusion == "rrf" or not use_vector
+        pool = await self.candidates(agent, query, include_memory_md=include_memory_md, with_share=with_share)
         params = FusionParams(
             s.vector_weight,
             s.text_weight,
@@ -235,7 +238,7 @@ class MemoryService:
             s.recency_half_life_days,
             method=s.fusion,
             text_saturation=s.text_saturation,
-            use_vector=self._vector_knows(query),
+            use_vector=use_vector,
         )
         return fuse(pool, params, today=self._clock().date(), k=k)
 
@@ -256,9 +259,12 @@ class MemoryService:
             return False
         return not is_cjk_query(query) or is_multilingual(embedder.identity)
 
-    async def candidates(self, agent: str, query: str, *, include_memory_md: bool = True) -> list[Candidate]:
+    async def candidates(
+        self, agent: str, query: str, *, include_memory_md: bool = True, with_share: bool = True
+    ) -> list[Candidate]:
         """Both candidate pools of a query, merged, before fusion and abstention (for evaluation:
-        ``memory.fusion.fuse`` turns them into hits under any weights and thresholds)."""
+        ``memory.fusion.fuse`` turns them into hits under any weights and thresholds).
+        ``with_share=False`` leaves each candidate's term share at 0 (it costs stemming)."""
         agent = self._agent(agent)
         store = self._store
         assert store is not None, "MemoryService.start() was not awaited"
@@ -281,7 +287,7 @@ class MemoryService:
                 )
         finally:
             text_rows, text_vectors = await text_future
-        terms = query_terms(query)
+        terms = query_terms(query) if with_share else ((), ())
         in_text = {r["chunk_id"] for r in text_rows}
         full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
 
@@ -295,7 +301,7 @@ class MemoryService:
                 text=row["text"],  # the chunk's own lines: its context is indexed, not shown
                 cosine=min(1.0, max(0.0, cosine)),
                 # a chunk the full-text index does not match holds none of the query's terms
-                share=text_share(terms, row["content"]) if in_text_pool or not full_pool else 0.0,
+                share=text_share(terms, row["content"]) if with_share and (in_text_pool or not full_pool) else 0.0,
                 bm25=bm25,
             )
 
