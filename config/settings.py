@@ -33,6 +33,7 @@ class GatewaySettings(Model):
     tokens: tuple[str, ...] = ()
     max_body_bytes: int = Field(1048576, ge=1024)
     shutdown_timeout_s: float = Field(10, gt=0)
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
 
 class StorageSettings(Model):

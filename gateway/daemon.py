@@ -28,6 +28,7 @@ from aiohttp import web
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
+from gateway import eventloop
 from gateway.app import create_app
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
@@ -114,7 +115,7 @@ def run_daemon(
             for warning in config.warnings:
                 log.warning(warning)
             try:
-                return asyncio.run(_serve(config, bind_host, bind_port, env))
+                return eventloop.run(_serve(config, bind_host, bind_port, env), gateway.event_loop)
             finally:
                 # Shut down already: a repeated signal while the process exits must not kill it.
                 for signum in (signal.SIGTERM, signal.SIGINT):
