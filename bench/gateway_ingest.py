@@ -41,7 +41,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bench.load import Phase, key_prefix, prime, python_load, wrk_command, wrk_load, wrk_path, wrk_version
+from bench.load import Phase, cpu_seconds, key_prefix, prime, python_load, wrk_command, wrk_load, wrk_path, wrk_version
 from config.settings import Settings
 from gateway import eventloop
 from gateway.eventloop import LoopChoice, resolve
@@ -172,10 +172,13 @@ class Options:
 
 async def phase(server: Server, name: str, case: Case, opts: Options, *, seconds: float, tag: str) -> Phase:
     load = wrk_load if opts.client == "wrk" else python_load
-    return await load(
+    cpu_before = cpu_seconds(server.proc.pid)
+    result = await load(
         server.port, name, connections=case.connections, keys=case.keys, prefix=key_prefix(case.name),
         seconds=seconds, tag=tag,
     )  # fmt: skip
+    result.cpu_s = cpu_seconds(server.proc.pid) - cpu_before
+    return result
 
 
 def ms(seconds: float) -> str:
@@ -202,18 +205,24 @@ class CaseResult:
         return mean([g.p99 for g in self.gateways]) / mean([e.p99 for e in self.echoes])
 
 
+def cpu_per_request(phase: Phase) -> float:
+    """Server CPU per answered request: steadier than rates on a shared machine (information)."""
+    return phase.cpu_s / phase.ok if phase.ok else math.nan
+
+
 def rate(phases: Sequence[Phase]) -> float:
     elapsed = sum(p.elapsed for p in phases)
     return sum(p.ok for p in phases) / elapsed if elapsed else 0.0
 
 
 def report(case: Case, echoes: list[Phase], gateways: list[Phase]) -> CaseResult:
-    rows = [("round", "server", "req or msg/s", "p50", "p99", "mean", "ok", "failed")]
+    rows = [("round", "server", "req or msg/s", "p50", "p99", "mean", "ok", "failed", "CPU/request")]
     for i, (echo, gateway) in enumerate(zip(echoes, gateways, strict=True), 1):
         for p in (echo, gateway):
             rows.append(
-                (str(i), p.name, f"{p.rate:,.0f}", ms(p.p50), ms(p.p99), ms(p.mean), f"{p.ok:,}", str(p.failed))
-            )
+                (str(i), p.name, f"{p.rate:,.0f}", ms(p.p50), ms(p.p99), ms(p.mean), f"{p.ok:,}", str(p.failed),
+                 f"{cpu_per_request(p) * 1e6:,.0f} µs")
+            )  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print(
@@ -227,6 +236,8 @@ def report(case: Case, echoes: list[Phase], gateways: list[Phase]) -> CaseResult
     print("  per round: throughput " + ", ".join(f"{t:.2f}" for t, _ in per_round)
           + "; p99 " + ", ".join(f"{p:.1f}x" for _, p in per_round))  # fmt: skip
     result = CaseResult(case, echoes, gateways, True)
+    cpu = mean([cpu_per_request(g) for g in gateways]) / mean([cpu_per_request(e) for e in echoes])
+    print(f"  server CPU per request, gateway / echo: {cpu:.2f}x (information: less sensitive to other load)")
     print(f"  pooled: echo {rate(echoes):,.0f} req/s p99 {ms(mean([e.p99 for e in echoes]))};"
           f" gateway {rate(gateways):,.0f} msg/s p99 {ms(mean([g.p99 for g in gateways]))}")  # fmt: skip
     ok_t = case.min_throughput is None or result.throughput >= case.min_throughput

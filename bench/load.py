@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import os
 import re
 import shutil
 import statistics
@@ -44,10 +45,20 @@ class Phase:
     mean: float
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     in_flight_at_stop: int = 0  # requests the generator may have sent but not counted (wrk stops mid-flight)
+    cpu_s: float = math.nan  # CPU seconds the server process used during the phase (all its threads)
 
     @property
     def rate(self) -> float:
         return self.ok / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def key_prefix(case: str) -> str:

@@ -253,8 +253,7 @@ class Conversations:
                 outcome.events.extend(await hook(run, post, new_run))
             started = time.perf_counter()
             record = await self.store.append(run, self._new_message(post))
-            self.metrics.append_seconds.observe(time.perf_counter() - started)
-            self.metrics.messages.labels(post.role).inc()
+            self.metrics.message_stored(post.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         if post.client_message_id is not None:
             await self._idempotency_save(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])

@@ -62,6 +62,7 @@ class SessionStore:
         self.listeners: list[Listener] = []
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._files: dict[str, tuple[Path, Path, Path]] = {}  # run id -> (dir, messages, current)
         self.recovered: list[RecoveredRun] = []
 
     # -- opening and closing --------------------------------------------------------------------
@@ -340,6 +341,7 @@ class SessionStore:
             **_stats(run),
         )
         del self._runs[run.run_id]
+        self._files.pop(run.run_id, None)
         entry = self.entry(key)
         if entry is not None:
             entry.last_run_id, entry.run_id, entry.status = run.run_id, None, "idle"
@@ -408,11 +410,12 @@ class SessionStore:
         record = _message_record(run.next_seq, message, stamp)
         run.next_seq += 1
         data = encode(record)
-        durable = self.writer.append(run.dir / layout.MESSAGES, data, durable=True)
+        _, messages, current = self._run_files(run)
+        durable = self.writer.append(messages, data, durable=True)
         run.messages_bytes += len(data)
         if in_context(record):
             line = encode(context_line(record))
-            self.writer.append_nowait(run.dir / layout.CURRENT, line)
+            self.writer.append_nowait(current, line)
             run.context_bytes += len(line)
             run.context_tokens += record["tokens"]
             run.context_lines += 1
@@ -427,8 +430,15 @@ class SessionStore:
             self.sync_counters(entry, run)
             self.registry.touch(run.key)
         await durable
-        self._emit("message", run, **_event_fields(record))
+        self._emit("message", run, at=stamp, **_event_fields(record))
         return record
+
+    def _run_files(self, run: RunState) -> tuple[Path, Path, Path]:
+        """The run's folder and its two message stores, joined once per folder (not per append)."""
+        files = self._files.get(run.run_id)
+        if files is None or files[0] is not run.dir:
+            files = self._files[run.run_id] = (run.dir, run.dir / layout.MESSAGES, run.dir / layout.CURRENT)
+        return files
 
     async def record_tool(
         self,
@@ -597,8 +607,8 @@ class SessionStore:
             "pinned": int(bool((self.entry(run.key) or _NO_ENTRY).pinned)),
         }
 
-    def _emit(self, event_type: str, run: RunState, **fields: Any) -> None:
-        event = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": iso(self.clock()), **fields}
+    def _emit(self, event_type: str, run: RunState, *, at: str | None = None, **fields: Any) -> None:
+        event = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at or iso(self.clock()), **fields}
         for listener in list(self.listeners):
             listener(event)
 
@@ -667,17 +677,23 @@ def _message_record(seq: int, message: NewMessage, timestamp: str) -> dict[str, 
         "tokens": 0,
         "tool_name": message.tool_name,
     }
-    optional = {
-        "name": message.name,
-        "sender_id": message.sender_id,
-        "tool_call_id": message.tool_call_id,
-        "tool_calls": list(message.tool_calls) or None,
-        "command": True if message.command else None,
-        "usage": message.usage,
-        "kind": message.kind,
-        "client_message_id": message.client_message_id,
-    }
-    record.update({k: v for k, v in optional.items() if v is not None})
+    # Optional fields only when set, in this order (one test per field: this runs per message).
+    if message.name is not None:
+        record["name"] = message.name
+    if message.sender_id is not None:
+        record["sender_id"] = message.sender_id
+    if message.tool_call_id is not None:
+        record["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        record["tool_calls"] = list(message.tool_calls)
+    if message.command:
+        record["command"] = True
+    if message.usage is not None:
+        record["usage"] = message.usage
+    if message.kind is not None:
+        record["kind"] = message.kind
+    if message.client_message_id is not None:
+        record["client_message_id"] = message.client_message_id
     record["tokens"] = estimate_message(record)
     return record
 
