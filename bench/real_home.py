@@ -190,7 +190,7 @@ def describe(root: Path) -> str:
             f" {archived:,} archived; sessions.json {size:.1f} MB")  # fmt: skip
 
 
-async def run(root: Path, sessions: int, repeats: int, report: Report) -> None:
+async def run(root: Path, sessions: int, repeats: int, report: Report, *, restart: bool = True) -> None:
     if not (root / "contexts" / "sessions.json").exists():
         section(f"building a home of {sessions:,} sessions through the API of a real daemon")
         started = time.perf_counter()
@@ -224,6 +224,8 @@ async def run(root: Path, sessions: int, repeats: int, report: Report) -> None:
     )
     report.check(f"SessionStore.open of {active:,} sessions, median", opened, OPEN_AIM_S, unit=" s")
 
+    if not restart:
+        return
     section("restart the daemon until /healthz answers (information: includes Python start-up and imports)")
     daemon = Daemon(root, None)
     try:
@@ -234,18 +236,18 @@ async def run(root: Path, sessions: int, repeats: int, report: Report) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser("python -m bench.real_home", "Open a home built through the API (issue 14).")
-    p.add_argument("--sessions", type=int, default=None, help="sessions to build (10,000; --quick 300)")
+    p.add_argument("--sessions", type=int, default=None, help="sessions to build (10,000; --quick 100)")
     p.add_argument("--keep", type=Path, default=None, help="build the home here once and reuse it")
     args = p.parse_args(argv)
-    sessions = args.sessions or (300 if args.quick else 10_000)
+    sessions = args.sessions or (100 if args.quick else 10_000)
     repeats = 2 if args.quick else 5
     report = Report("bench.real_home")
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
-        asyncio.run(run(args.keep / "home", sessions, repeats, report))
+        asyncio.run(run(args.keep / "home", sessions, repeats, report, restart=not args.quick))
     else:
         with tempfile.TemporaryDirectory(prefix="neotask-bench-") as tmp:
-            asyncio.run(run(Path(tmp) / "home", sessions, repeats, report))
+            asyncio.run(run(Path(tmp) / "home", sessions, repeats, report, restart=not args.quick))
     return report.finish()
 
 
