@@ -252,8 +252,12 @@ class Conversations:
             for hook in self.before_append:  # e.g. auto-recall before the first user message
                 outcome.events.extend(await hook(run, post, new_run))
             started = time.perf_counter()
-            record = await self.store.append(run, self._new_message(post))
-            self.metrics.message_stored(post.role, time.perf_counter() - started)
+            record, durable = self.store.queue_append(run, self._new_message(post))
+        # Durable outside the lock: the seq and the file order are fixed already, and the key's
+        # next messages join this group commit instead of each waiting for the previous sync.
+        await durable
+        self.metrics.message_stored(post.role, time.perf_counter() - started)
+        self.store.emit_message(run, record)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         if post.client_message_id is not None:
             await self._idempotency_save(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])

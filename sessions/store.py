@@ -405,6 +405,16 @@ class SessionStore:
     async def append(self, run: RunState, message: NewMessage) -> dict[str, Any]:
         """Append a message; returns its messages.jsonl record once durable under the fsync
         policy. The seq is assigned here, on the loop, so arrival order is file order."""
+        record, durable = self.queue_append(run, message)
+        await durable
+        self.emit_message(run, record)
+        return record
+
+    def queue_append(self, run: RunState, message: NewMessage) -> tuple[dict[str, Any], asyncio.Future[None]]:
+        """The first half of ``append``: assign the seq and queue the line; the record and the
+        future that resolves once it is durable. A caller that holds the key's lock can release
+        it before awaiting, so the next message on the key joins the same group commit; it must
+        then call ``emit_message`` once the future resolved."""
         self.check_writable(run, message)
         stamp = iso(self.clock())
         record = _message_record(run.next_seq, message, stamp)
@@ -429,9 +439,10 @@ class SessionStore:
             entry.updated_at = stamp
             self.sync_counters(entry, run)
             self.registry.touch(run.key)
-        await durable
-        self._emit("message", run, at=stamp, **_event_fields(record))
-        return record
+        return record, durable
+
+    def emit_message(self, run: RunState, record: dict[str, Any]) -> None:
+        self._emit("message", run, at=record["timestamp"], **_event_fields(record))
 
     def _run_files(self, run: RunState) -> tuple[Path, Path, Path]:
         """The run's folder and its two message stores, joined once per folder (not per append)."""
