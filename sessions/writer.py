@@ -156,10 +156,15 @@ class AppendWriter:
             if self.fsync != "never":
                 _fsync_dir(path.parent)
         self._handles[path] = fd
+        return fd
+
+    def _trim_handles(self) -> None:
+        """Close the least recently used handles beyond ``max_open``; only between batches, once
+        every touched file is synced (a handle closed mid-batch would leave its sync to a closed,
+        or worse a reused, descriptor)."""
         while len(self._handles) > self.max_open:
             _, old = self._handles.popitem(last=False)
             os.close(old)
-        return fd
 
     def _run(self) -> None:
         stopping = False
@@ -184,6 +189,7 @@ class AppendWriter:
                     self._invoke(op)
                     done.append(op)
             self._sync(dirty)
+            self._trim_handles()
             self.stats.batches += 1
             self._resolve(done)
         for fd in self._handles.values():
