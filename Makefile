@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast lint bench install browser clean
+.PHONY: run test test-fast lint bench install browser wrk clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,7 +28,16 @@ browser:
 	  else echo "chromium missing and not root: browser tests will be skipped"; fi; \
 	fi
 
-test: $(STAMP) browser
+# wrk is the load generator of bench.gateway_ingest; its smoke test (slow) skips without it.
+wrk:
+	@if ! command -v wrk >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null) \
+	      || echo "wrk could not be installed: its bench smoke test will be skipped"; \
+	  else echo "wrk missing and not root: its bench smoke test will be skipped"; fi; \
+	fi
+
+test: $(STAMP) browser wrk
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

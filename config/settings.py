@@ -44,6 +44,7 @@ class GatewaySettings(Model):
     body_timeout_s: float = Field(60, gt=0)
     keepalive_timeout_s: float = Field(15, gt=0)
     openai_compat: OpenAICompatSettings = OpenAICompatSettings()
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     @field_validator("tokens")
     @classmethod

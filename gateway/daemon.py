@@ -27,6 +27,7 @@ from typing import Any
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
 from config.settings import LoggingSettings
+from gateway import eventloop
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.logs import RepeatFilter, file_handler
@@ -128,7 +129,7 @@ def run_daemon(
             for warning in config.warnings:
                 log.warning(warning)
             try:
-                return asyncio.run(_serve(config, bind_host, bind_port, env))
+                return eventloop.run(_serve(config, bind_host, bind_port, env), gateway.event_loop)
             finally:
                 # Shut down already: a repeated signal while the process exits must not kill it.
                 for signum in (signal.SIGTERM, signal.SIGINT):

@@ -37,9 +37,12 @@ def error_body(code: str, message: str, request_id: str, **extra: Any) -> dict[s
     return {"error": {"code": code, "message": message, "request_id": request_id, **extra}}
 
 
+_RESPONSE_ENCODER = json.JSONEncoder(ensure_ascii=False)  # what json.dumps(ensure_ascii=False) builds per call
+
+
 def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
-        text=json.dumps(data, ensure_ascii=False),
+        text=_RESPONSE_ENCODER.encode(data),
         status=status,
         content_type="application/json",
         headers=headers,
@@ -146,6 +149,11 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise PayloadTooLarge(
             f"the body is {request.content_length} bytes; the limit is {limit} (gateway.max_body_bytes)"
         )
+    if request.content_length is not None and "Content-Encoding" not in request.headers:
+        try:  # the common case, read at once (the length was checked above; aiohttp stops at it)
+            return await request.read()
+        except web_protocol.RequestPayloadError as exc:
+            raise BadRequest(f"the body could not be read: {str(exc).strip()}", code="invalid_body") from None
     chunks, size = [], 0
     try:
         async for chunk in request.content.iter_chunked(65536):

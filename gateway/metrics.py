@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -30,6 +32,16 @@ class Metrics:
             registry=self.registry,
         )
         self.active_sessions = Gauge("neotask_active_runs", "Runs running or paused", registry=self.registry)
+        self._stored_by_role: dict[str, Any] = {}
+
+    def message_stored(self, role: str, seconds: float) -> None:
+        """A posted message made durable in ``seconds``; the per-role child is looked up once
+        (``labels()`` takes a lock and builds a key on every call)."""
+        child = self._stored_by_role.get(role)
+        if child is None:
+            child = self._stored_by_role[role] = self.messages.labels(role)
+        child.inc()
+        self.append_seconds.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -314,13 +314,19 @@ class Conversations:
             try:
                 for hook in self.before_append:  # e.g. auto-recall before the first user message
                     outcome.events.extend(await hook(run, post, new_run))
-                record = await self.store.append(run, self._new_message(post))
+                message = self._new_message(post)
+                record, durable = self.store.queue_append(run, message)
+                if new_run:  # the run exists only for this message: a failure leaves nothing behind
+                    await self.store.finish_append(run, message, record, durable)
             except Exception:
-                if new_run:  # the run exists only for this message: it leaves nothing behind
+                if new_run:
                     await self.store.discard_run(run, remove_entry=not had_entry)
                 raise
-            self.metrics.append_seconds.observe(time.perf_counter() - started)
-            self.metrics.messages.labels(post.role).inc()
+        if not new_run:
+            # Durable outside the lock: the seq and the file order are fixed already, and the key's
+            # next messages join this group commit instead of each waiting for the previous sync.
+            await self.store.finish_append(run, message, record, durable)
+        self.metrics.message_stored(post.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         if post.client_message_id is not None:
             await self.remember(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])

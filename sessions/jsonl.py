@@ -15,8 +15,11 @@ log = logging.getLogger(__name__)
 _TAIL_CHUNK = 65536
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once: json.dumps builds one per call
+
+
 def encode(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    return (_ENCODER.encode(record) + "\n").encode("utf-8")
 
 
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:

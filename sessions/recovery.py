@@ -94,17 +94,18 @@ class FolderScan:
     names: frozenset[str]
     messages_size: int
     current_size: int
+    base: str = ""  # str(folder), kept: 10,000 runs are scanned at start and pathlib's joins add up
 
 
-def scan_folder(folder: Path, status: str) -> FolderScan | None:
-    base = str(folder)  # plain strings: pathlib's joins cost more than the reads here
+def scan_folder(folder: Path, status: str, base: str | None = None) -> FolderScan | None:
+    base = base or str(folder)  # plain strings: pathlib's joins cost more than the reads here
     try:
         names = frozenset(os.listdir(base))
     except FileNotFoundError:
         return None
-    messages = os.stat(os.path.join(base, layout.MESSAGES)).st_size if layout.MESSAGES in names else 0
-    current = os.stat(os.path.join(base, layout.CURRENT)).st_size if layout.CURRENT in names else 0
-    return FolderScan(folder, status, names, messages, current)
+    messages = os.stat(f"{base}/{layout.MESSAGES}").st_size if layout.MESSAGES in names else 0
+    current = os.stat(f"{base}/{layout.CURRENT}").st_size if layout.CURRENT in names else 0
+    return FolderScan(folder, status, names, messages, current, base)
 
 
 def scan_all(contexts: Path) -> list[FolderScan]:
@@ -113,11 +114,11 @@ def scan_all(contexts: Path) -> list[FolderScan]:
     for status in ("running", "paused"):
         base = contexts / status
         try:
-            children = sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
+            children = sorted((entry.name, entry.path) for entry in os.scandir(base) if entry.is_dir())
         except FileNotFoundError:
             continue
-        for name in children:
-            scan = scan_folder(base / name, status)
+        for name, path in children:
+            scan = scan_folder(base / name, status, path)
             if scan is not None:
                 scans.append(scan)
     return scans
@@ -135,7 +136,7 @@ def recover_run(
     scan = scan or scan_folder(folder, status)
     if scan is None:
         return None
-    base, names = str(folder), scan.names
+    base, names = scan.base or str(folder), scan.names
     if row is not None:
         metadata = row  # it holds every LEDGER_METADATA column
     else:
@@ -144,13 +145,13 @@ def recover_run(
         except (OSError, ValueError):
             log.error("run folder %s has no readable metadata.json; left for `neotask doctor`", folder)
             return None
-    run = RecoveredRun(run_id=os.path.basename(base), status=status, dir=folder, metadata=metadata)
+    run = RecoveredRun(run_id=folder.name, status=status, dir=folder, metadata=metadata)
 
-    messages = os.path.join(base, layout.MESSAGES)
     size = scan.messages_size
     if checkpoint is not None and size == checkpoint.messages_bytes and size > 0:
         run.next_seq, run.messages_bytes = checkpoint.message_count + 1, size  # exactly as checkpointed
     elif size:
+        messages = f"{base}/{layout.MESSAGES}"
         cut, last_message = repair_tail(messages)
         if cut:
             run.torn.append(layout.MESSAGES)
@@ -162,7 +163,7 @@ def recover_run(
 
     last_summary: dict[str, Any] | None = None
     if layout.SUMMARIES in names:
-        cut, last_summary = repair_tail(os.path.join(base, layout.SUMMARIES))
+        cut, last_summary = repair_tail(f"{base}/{layout.SUMMARIES}")
         if cut:
             run.torn.append(layout.SUMMARIES)
         if last_summary:
@@ -192,7 +193,7 @@ def recover_run(
 
     for name, attr, id_field in ((layout.TOOLS, "next_tool_seq", "seq"), (layout.PLANNING, "next_plan_id", "id")):
         if name in names:
-            cut, last = repair_tail(os.path.join(base, name))
+            cut, last = repair_tail(f"{base}/{name}")
             if cut:
                 run.torn.append(name)
             if last:

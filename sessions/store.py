@@ -72,6 +72,7 @@ class SessionStore:
         self.durable_listeners: list[DurableListener] = []  # (run, record) once the append is durable
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._files: dict[str, tuple[Path, Path, Path]] = {}  # run id -> (dir, messages, current)
         self.recovered: list[RecoveredRun] = []
         self._probed: tuple[float, str | None] = (float("-inf"), None)  # (monotonic time, problem)
 
@@ -481,6 +482,7 @@ class SessionStore:
             **_stats(run),
         )
         del self._runs[run.run_id]
+        self._files.pop(run.run_id, None)
         entry = self.entry(key)
         if entry is not None:
             entry.last_run_id, entry.run_id, entry.status = run.run_id, None, "idle"
@@ -550,18 +552,27 @@ class SessionStore:
         ``StorageUnavailable``; the writer cut the files back, and once every append that was
         pending meanwhile has settled, the seq and the counters go back to where they were:
         a failed message consumes no seq and is not counted."""
+        record, durable = self.queue_append(run, message)
+        return await self.finish_append(run, message, record, durable)
+
+    def queue_append(self, run: RunState, message: NewMessage) -> tuple[dict[str, Any], asyncio.Future[None]]:
+        """The first half of ``append``: assign the seq and queue the line; the record and the
+        future that resolves once it is durable. A caller that holds the key's lock can release
+        it before awaiting, so the next message on the key joins the same group commit; it must
+        then await ``finish_append``."""
         self.check_writable(run, message)
         stamp = iso(self.clock())
         record = _message_record(run.next_seq, message, stamp)
         run.next_seq += 1
         data = encode(record)
+        _, messages, current = self._run_files(run)
         line = encode(context_line(record)) if in_context(record) else b""
         undo = _Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
         durable = self.writer.append(
-            run.dir / layout.MESSAGES,
+            messages,
             data,
             durable=True,
-            also=(run.dir / layout.CURRENT, line) if line else None,
+            also=(current, line) if line else None,
             guarded=True,
         )
         run.appends_pending += 1
@@ -581,6 +592,13 @@ class SessionStore:
             entry.updated_at = stamp
             self.sync_counters(entry, run)
             self.registry.touch(run.key)
+        return record, durable
+
+    async def finish_append(
+        self, run: RunState, message: NewMessage, record: dict[str, Any], durable: asyncio.Future[None]
+    ) -> dict[str, Any]:
+        """The second half of ``append``: wait until the line is durable (a failed write raises the
+        typed storage error), then tell the listeners and the event hub."""
         try:
             await asyncio.shield(durable)
         except OSError as exc:
@@ -593,8 +611,15 @@ class SessionStore:
             self.writer.call(lambda: marker.unlink(missing_ok=True)).add_done_callback(_log_failure)
         for durable_listener in self.durable_listeners:
             durable_listener(run, record)
-        self._emit("message", run, **_event_fields(record))
+        self._emit("message", run, at=record["timestamp"], **_event_fields(record))
         return record
+
+    def _run_files(self, run: RunState) -> tuple[Path, Path, Path]:
+        """The run's folder and its two message stores, joined once per folder (not per append)."""
+        files = self._files.get(run.run_id)
+        if files is None or files[0] is not run.dir:
+            files = self._files[run.run_id] = (run.dir, run.dir / layout.MESSAGES, run.dir / layout.CURRENT)
+        return files
 
     async def _record_deliveries(self, run: RunState) -> None:
         """Before a run leaves the active set, make sure every client_message_id it stored has
@@ -843,8 +868,8 @@ class SessionStore:
             "pinned": int(bool((self.entry(run.key) or _NO_ENTRY).pinned)),
         }
 
-    def _emit(self, event_type: str, run: RunState, **fields: Any) -> None:
-        event = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": iso(self.clock()), **fields}
+    def _emit(self, event_type: str, run: RunState, *, at: str | None = None, **fields: Any) -> None:
+        event = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at or iso(self.clock()), **fields}
         for listener in list(self.listeners):
             listener(event)
 
@@ -924,18 +949,25 @@ def _message_record(seq: int, message: NewMessage, timestamp: str) -> dict[str, 
         "tokens": 0,
         "tool_name": message.tool_name,
     }
-    optional = {
-        "name": message.name,
-        "sender_id": message.sender_id,
-        "tool_call_id": message.tool_call_id,
-        "tool_calls": list(message.tool_calls) or None,
-        "command": True if message.command else None,
-        "usage": message.usage,
-        "kind": message.kind,
-        "client_message_id": message.client_message_id,
-        "reply_to": message.reply_to,
-    }
-    record.update({k: v for k, v in optional.items() if v is not None})
+    # Optional fields only when set, in this order (one test per field: this runs per message).
+    if message.name is not None:
+        record["name"] = message.name
+    if message.sender_id is not None:
+        record["sender_id"] = message.sender_id
+    if message.tool_call_id is not None:
+        record["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        record["tool_calls"] = list(message.tool_calls)
+    if message.command:
+        record["command"] = True
+    if message.usage is not None:
+        record["usage"] = message.usage
+    if message.kind is not None:
+        record["kind"] = message.kind
+    if message.client_message_id is not None:
+        record["client_message_id"] = message.client_message_id
+    if message.reply_to is not None:
+        record["reply_to"] = message.reply_to
     record["tokens"] = estimate_message(record)
     return record
 

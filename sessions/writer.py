@@ -5,6 +5,10 @@ Appends arrive from the event loop already in seq order (the seq is assigned on 
 before the append is queued), so the file order is the seq order. Under ``fsync: batch`` the thread
 takes every queued operation, writes them, then syncs each touched file once and resolves all
 their futures together: one sync covers every append that arrived meanwhile.
+
+Hand-offs are per batch, not per message, both ways: the loop collects the operations queued
+during one pass of its callbacks and passes them over in one queue item (one wake-up of the
+thread, one contest for the GIL), and the thread resolves a batch's futures in one callback.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class AppendWriter:
         self._barred: dict[Path, OSError] = {}  # guarded files whose last append failed
         self._stuck: set[Path] = set()  # files a failed append could not be cut back on
         self.last_error: OSError | None = None  # the last failed append, until one succeeds
+        self._outbox: list[_Append | _Call | _Reopen] = []  # queued on the loop, handed over once per loop pass
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -94,6 +99,7 @@ class AppendWriter:
         """Finish every queued operation, close the handles, stop the thread."""
         if self._thread is None:
             return
+        self._hand_over()
         self._queue.put(_STOP)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
@@ -121,22 +127,36 @@ class AppendWriter:
         lines carry consecutive numbers), every later append to ``path`` fails with the same
         error until ``reopen(path)`` is queued: nothing is written after a gap."""
         future = self._new_future()
-        self._queue.put(_Append(path, data, durable, future, also=also, guarded=guarded))
+        self._enqueue(_Append(path, data, durable, future, also=also, guarded=guarded))
         return future
 
     def reopen(self, path: Path) -> None:
         """Let appends to a guarded ``path`` be tried again (queued: it applies to what follows)."""
-        self._queue.put(_Reopen(path))
+        self._enqueue(_Reopen(path))
 
     def append_nowait(self, path: Path, data: bytes) -> None:
         """Queue a derived, non-durable append nobody waits for."""
-        self._queue.put(_Append(path, data, False, None))
+        self._enqueue(_Append(path, data, False, None))
 
     def call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Run ``fn`` on the writer thread after everything queued before it is written and synced."""
         future = self._new_future()
-        self._queue.put(_Call(fn, future))
+        self._enqueue(_Call(fn, future))
         return future
+
+    def _enqueue(self, op: _Append | _Call | _Reopen) -> None:
+        """Queue ``op`` behind everything queued before it; the first operation of a loop pass
+        schedules the hand-over of all of them."""
+        if self._loop is None or self._thread is None:
+            raise RuntimeError("the append writer is not running")
+        if not self._outbox:
+            self._loop.call_soon(self._hand_over)
+        self._outbox.append(op)
+
+    def _hand_over(self) -> None:
+        if self._outbox:
+            ops, self._outbox = self._outbox, []
+            self._queue.put(ops)
 
     def _new_future(self) -> asyncio.Future[Any]:
         if self._loop is None or self._thread is None:
@@ -167,20 +187,26 @@ class AppendWriter:
             if self.fsync != "never":
                 _fsync_dir(path.parent)
         self._handles[path] = fd
+        return fd
+
+    def _trim_handles(self) -> None:
+        """Close the least recently used handles beyond ``max_open``; only between batches, once
+        every touched file is synced (a handle closed mid-batch would leave its sync to a closed,
+        or worse a reused, descriptor)."""
         while len(self._handles) > self.max_open:
             _, old = self._handles.popitem(last=False)
             os.close(old)
-        return fd
 
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            batch = [self._queue.get()]
+            items = [self._queue.get()]
             while True:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            batch = [op for item in items for op in (item if isinstance(item, list) else (item,))]
             dirty: dict[int, list[_Append]] = {}
             done: list[_Append | _Call] = []
             for op in batch:
@@ -197,6 +223,7 @@ class AppendWriter:
                     self._invoke(op)
                     done.append(op)
             self._sync(dirty)
+            self._trim_handles()
             self.stats.batches += 1
             self._resolve(done)
         for fd in self._handles.values():

@@ -4,6 +4,8 @@ noisy; the figures are read by people from a full ``make bench`` run)."""
 from __future__ import annotations
 
 import asyncio
+import re
+import shutil
 
 import pytest
 
@@ -52,3 +54,73 @@ async def test_openai_compat_bench_runs_quick() -> None:
 
     status = await asyncio.to_thread(openai_compat.main, ["--quick"])
     assert status in (0, 1)
+
+
+# -- bench.gateway_ingest (issue 14) ------------------------------------------------------------
+
+
+def test_wrk_keys_are_one_per_connection_while_there_are_enough() -> None:
+    from bench.load import worker_keys
+
+    assert [worker_keys(i, 64, 64) for i in (0, 5, 63)] == [[0], [5], [63]]
+    assert {k for i in range(64) for k in worker_keys(i, 64, 1)} == {0}
+    spread = [worker_keys(i, 64, 1000) for i in range(64)]
+    assert sorted(k for keys in spread for k in keys) == list(range(1000))  # each key owned by one worker
+    assert all(len(keys) in (15, 16) for keys in spread)
+
+
+def test_wrk_result_line_is_parsed_into_a_phase() -> None:
+    from bench.load import parse_wrk
+
+    out = (
+        "Running 8s test @ http://127.0.0.1:1\n"
+        "NEOTASK-WRK requests=1000 duration_us=2000000 status=10 connect=0 read=1 write=0 timeout=2"
+        " p50_us=5000 p90_us=8000 p99_us=20000 max_us=30000 mean_us=6000\n"
+    )
+    phase = parse_wrk("gateway", out, 64)
+    assert (phase.ok, phase.failed, phase.elapsed) == (990, 12, 2.0)
+    assert (phase.p50, phase.p99, phase.mean) == (0.005, 0.02, 0.006)
+    assert phase.rate == 495.0 and phase.in_flight_at_stop == 64
+    with pytest.raises(RuntimeError, match="no result line"):
+        parse_wrk("gateway", "wrk: connection refused\n", 64)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_gateway_ingest_bench_runs_quick_with_the_python_client(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import gateway_ingest
+
+    status = await asyncio.to_thread(
+        gateway_ingest.main, ["--quick", "--client", "python", "--cases", "64x64,64x1", "--seconds", "1"]
+    )
+    out = capsys.readouterr().out
+    assert status in (0, 1), out  # 1 only says a target was missed on this machine
+    assert "load generator: the Python aiohttp client" in out
+    assert "64 connections on 1 key(s)" in out and "gateway msg/s / echo req/s" in out
+    assert re.search(r"stored messages: [\d,]+ \(acknowledged [\d,]+\): ok", out), out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make test installs it as root)")
+async def test_gateway_ingest_bench_runs_quick_with_wrk(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import gateway_ingest
+
+    status = await asyncio.to_thread(gateway_ingest.main, ["--quick", "--cases", "256x1000", "--seconds", "1"])
+    out = capsys.readouterr().out
+    assert status in (0, 1), out
+    assert "load generator: wrk" in out and "256 connections on 1,000 key(s)" in out
+    # wrk stops with requests in flight: the gateway may have stored those without wrk counting them
+    assert re.search(r"stored messages: [\d,]+ \(acknowledged [\d,]+, plus at most [\d,]+ in flight[^)]*\): ok", out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_real_home_bench_builds_through_the_api_and_opens(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import real_home
+
+    status = await asyncio.to_thread(real_home.main, ["--quick", "--sessions", "40"])
+    out = capsys.readouterr().out
+    assert status in (0, 1), out
+    assert "home: 40 running runs (4 compacted), 4 completed, 4 archived" in out, out
+    assert "SessionStore.open / plain read, 40 sessions" in out

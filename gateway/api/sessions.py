@@ -95,14 +95,24 @@ class FailBody(Strict):
 
 
 SETTINGS_KEYS = {"model", "queue_mode"}
+PARSED_KEYS_MAX = 16384  # parsed path keys kept per app (a frozen SessionKey per raw key)
 MAX_MODEL_NAME = 200  # like the label: a sessions.json entry stays under 2 KB
 
 
 def session_key(request: web.Request) -> SessionKey:
-    """The key in the path; ``cron:`` and ``hook:`` keys name no agent and run on ``main``."""
-    config = request.app[K.CONFIG]
-    key = parse_key(request.match_info["key"], agents=config.settings.agents)
-    return key if key.agent_id is not None else replace(key, agent_id="main")
+    """The key in the path; ``cron:`` and ``hook:`` keys name no agent and run on ``main``.
+    Parsed once per raw key (the agents are fixed at start); bad keys are not kept."""
+    raw = request.match_info["key"]
+    cache: dict[str, SessionKey] = request.app[K.EXTRAS].setdefault("parsed_keys", {})
+    key = cache.get(raw)
+    if key is None:
+        key = parse_key(raw, agents=request.app[K.CONFIG].settings.agents)
+        if key.agent_id is None:
+            key = replace(key, agent_id="main")
+        if len(cache) >= PARSED_KEYS_MAX:
+            cache.clear()
+        cache[raw] = key
+    return key
 
 
 def client_message_id(request: web.Request, body_value: str | None) -> str | None:
