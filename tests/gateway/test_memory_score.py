@@ -36,7 +36,7 @@ async def test_a_single_weak_match_does_not_score_1(
 
     strong = (await results("favourite tea genmaicha brewed degrees"))[0]
     weak = await results("what does the user drink")
-    assert len(weak) == 1 and weak[0]["rank_score"] == strong["rank_score"], "both rank first: fusion cannot tell"
+    assert len(weak) == 1  # the lone chunk is first for both queries; only the score tells them apart
     assert weak[0]["score"] < 0.5 < strong["score"] <= 1
     for hit in (strong, weak[0]):
         assert hit["score"] == pytest.approx(0.7 * hit["vector_score"] + 0.3 * hit["text_score"], abs=1e-6)
