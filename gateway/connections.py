@@ -20,7 +20,7 @@ import resource
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web, web_protocol
 from aiohttp.typedefs import Middleware
@@ -71,8 +71,8 @@ class GuardedProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TCPTransport is no subclass of asyncio.Transport, but has its methods
+        self.transport = cast(asyncio.Transport, transport)
         if not self.guard.admit(self):
             return
         self.inner.connection_made(transport)
