@@ -21,6 +21,7 @@ from config.loader import LoadedConfig
 from gateway import offline
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
+from sessions.damage import DamagedState
 from sessions.export import ExportFormat, export_lines, runs_of_key
 from sessions.history import HistoryIndex, history_path, rebuild_all
 from sessions.history_doctor import check_home_index
@@ -215,7 +216,10 @@ def offline_doctor(config: LoadedConfig, *, fix: bool) -> list[dict[str, Any]]:
 
     async def run() -> list[dict[str, Any]]:
         ledger = Ledger(home.tasks_db)
-        await ledger.open()
+        try:
+            await ledger.open()
+        except DamagedState:  # the doctor's own ledger check reports it (unreadable_ledger)
+            return []
         try:
             findings = await check_home_index(home.contexts, ledger, home, fix=fix)
         finally:
