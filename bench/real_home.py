@@ -184,7 +184,8 @@ def describe(root: Path) -> str:
     contexts = root / "contexts"
     counts = {s: sum(1 for _ in (contexts / s).iterdir()) for s in ("running", "paused", "completed")}
     archived = sum(1 for _ in (contexts / "archive").glob("*.tar.gz")) if (contexts / "archive").exists() else 0
-    summaries = sum(1 for _ in (contexts / "running").glob("*/summaries.jsonl"))
+    # summaries.jsonl exists from a run's start (seed layout): a compacted run has a line in it
+    summaries = sum(1 for p in (contexts / "running").glob("*/summaries.jsonl") if p.stat().st_size)
     size = (contexts / "sessions.json").stat().st_size / 1e6
     return (f"{counts['running']:,} running runs ({summaries:,} compacted), {counts['completed']:,} completed,"
             f" {archived:,} archived; sessions.json {size:.1f} MB")  # fmt: skip
