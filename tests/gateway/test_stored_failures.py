@@ -96,3 +96,30 @@ async def test_the_openai_route_says_stored_too(
     error = (await failed.json())["error"]
     assert error["code"] == "turn_failed" and error["stored"] is True and error["message_seq"] == 3
     assert contents(run_dir).count("plan it") == 1
+
+
+async def test_a_compaction_failing_after_a_store_only_message_says_stored(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    """No model turn (store-only), but the compaction the message makes due fails: its archive
+    folder ``compactions`` is a file, so the compacted lines cannot be saved."""
+    client: Client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    url = "/v1/sessions/agent%3Amain%3Amain/messages"
+    first = await client.post(url, json={"content": "opening"})
+    assert first.status == 200, await first.text()
+    run_dir = tmp_path / "contexts" / "running" / (await first.json())["run_id"]
+    (run_dir / "compactions").write_text("in the way\n")
+
+    for i in range(60):
+        body = {"content": f"message number {i} about ticket #{i} " + "x" * 100, "client_message_id": f"m{i}"}
+        resp = await client.post(url, json=body)
+        if resp.status != 200:
+            break
+    else:
+        pytest.fail("no compaction fell due")
+    assert resp.status == 500, await resp.text()
+    error = (await resp.json())["error"]
+    assert error["code"] == "turn_failed" and error["stored"] is True and error["message_seq"] == i + 2
+    again = await client.post(url, json=body)
+    assert again.status in (200, 500)
+    assert contents(run_dir).count(body["content"]) == 1  # stored once, whatever the retry answered
