@@ -857,7 +857,10 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
     strays = tuple(  # another folder of a held run, whose own folder is where the store has it
         f
         for f in folders
-        if f.run_id in live and f.state != live[f.run_id].status and (f.run_id, live[f.run_id].status) in on_disk
+        if f.run_id in live
+        and not f.young
+        and f.state != live[f.run_id].status
+        and (f.run_id, live[f.run_id].status) in on_disk
     )
     held = tuple(
         RunFolder(
