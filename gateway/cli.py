@@ -478,7 +478,8 @@ def cmd_doctor(ctx: Context) -> int:
     left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
     for action in left:  # what stops or damages the gateway, one line each, whatever the format
         detail = str(action["detail"])
-        hint = "; `neotask doctor --fix` fixes it" if action.get("fix") and "doctor --fix" not in detail else ""
+        fixable = action.get("fix") and action.get("fixable", True)  # else a restart or a person
+        hint = "; `neotask doctor --fix` fixes it" if fixable and "doctor --fix" not in detail else ""
         print(f"error: {detail}{hint}", file=sys.stderr)
     status = EXIT_STATE if left else EXIT_OK
     if ctx.as_json:

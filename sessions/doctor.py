@@ -84,6 +84,7 @@ class Finding:
     status: str | None = None  # the status a row or entry is set to
     fixed: bool = False
     lines: tuple[int, ...] = ()  # the bad lines of ``path`` (cut_lines)
+    manual: bool = False  # ``fix`` is for a person (upgrade) or a restart: --fix does not carry it out
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"check": self.check, "severity": self.severity, "detail": self.detail, "fix": self.fix}
@@ -91,6 +92,7 @@ class Finding:
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
         body["fixed"] = self.fixed
+        body["fixable"] = not self.manual  # False: the fix needs a restart or a person
         return body
 
 
@@ -153,6 +155,7 @@ def _check_folder(folder: RunFolder, row: Mapping[str, Any] | None, live: frozen
                 f"run folder {where} is not held by the running gateway",
                 RESTART,
                 run_id=run_id,
+                manual=True,
             )
         ]
     if row is None:
@@ -490,6 +493,7 @@ def ledger_finding(exc: DamagedState) -> Finding:
         else exc.todo,
         kind="rebuild_ledger" if fixable else None,
         path="contexts/tasks.db",
+        manual=not fixable,
     )
 
 
@@ -727,6 +731,7 @@ def check_home(
                 " as start-up recovery does",
                 kind=None if newer else "rebuild_sessions",
                 path="contexts/sessions.json",
+                manual=newer,
             )
         )
     if not fix:

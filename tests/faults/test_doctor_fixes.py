@@ -102,6 +102,7 @@ async def test_every_finding_has_a_fix_that_converges(tmp_path: Path, damage: Da
     found = await doctor(tmp_path, fix=False)
     assert check in {f.check for f in found}
     assert [f.check for f in found if f.fix is None] == []  # every finding offers a fix
+    assert all(f.as_dict()["fixable"] for f in found)  # and `--fix` carries it out
 
     fixed = await doctor(tmp_path, fix=True)
     assert [(f.check, f.detail) for f in fixed if not f.fixed] == []

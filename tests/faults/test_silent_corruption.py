@@ -181,6 +181,7 @@ async def test_a_newer_tasks_db_is_refused_not_rebuilt(tmp_path: Path, clock: Fa
     findings = await doctor_findings(tmp_path, fix=True)
     todo = "upgrade neotask, or restore a tasks.db written by this version"  # a person's fix: never rebuilt
     assert [(f.check, f.fix, f.fixed) for f in findings] == [("unreadable_ledger", todo, False)]
+    assert findings[0].as_dict()["fixable"] is False
     assert db.read_bytes() == before and not db.with_name("tasks.db.damaged").exists()
 
 
