@@ -65,6 +65,14 @@ class ProviderFailure(NeotaskError):
     default_code = "provider_error"
 
 
+class TurnFailed(NeotaskError):
+    """A turn failed for another reason than the model call (a tool, compaction, the store) after
+    the message was stored: the body carries ``stored: true`` and ``message_seq``; do not resend."""
+
+    status = 500
+    default_code = "turn_failed"
+
+
 class Unavailable(NeotaskError):
     status = 503
     default_code = "unavailable"

@@ -472,13 +472,15 @@ def cmd_doctor(ctx: Context) -> int:
     fix = bool(ctx.args.fix)
     client = ctx.client()
     body = client.post("/v1/admin/doctor", {"fix": fix}) if client else offline.run_doctor(ctx.config, fix=fix)
-    if client is None:
+    unreadable = any(a["check"] == "unreadable_ledger" and not a.get("fixed") for a in body.get("actions", []))
+    if client is None and not unreadable:  # the history check needs a readable tasks.db
         body["actions"] += cli_history.offline_doctor(ctx.config, fix=fix)
     actions = body.get("actions", [])
     left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
     for action in left:  # what stops or damages the gateway, one line each, whatever the format
         detail = str(action["detail"])
-        hint = "; `neotask doctor --fix` fixes it" if action.get("fix") and "doctor --fix" not in detail else ""
+        fixable = action.get("fix") and action.get("fixable", True)  # else a restart or a person
+        hint = "; `neotask doctor --fix` fixes it" if fixable and "doctor --fix" not in detail else ""
         print(f"error: {detail}{hint}", file=sys.stderr)
     status = EXIT_STATE if left else EXIT_OK
     if ctx.as_json:

@@ -171,7 +171,7 @@ def run_doctor(config: LoadedConfig, *, fix: bool) -> dict[str, Any]:
     cleared = doctor.clear_lock_dir(Home(config.home)) if fix else None
 
     def work() -> dict[str, Any]:
-        findings = doctor.check_home(config.home, fix=fix, now=iso(system_clock()))
+        findings = doctor.check_home(config.home, fix=fix, now=iso(system_clock()), settings=config.settings)
         return {"actions": [f.as_dict() for f in ([cleared] if cleared else []) + findings]}
 
     return locked(config, work)

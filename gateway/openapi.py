@@ -72,6 +72,12 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     ),
     "storage_unavailable": (503, "the store cannot write (read-only or refused): nothing was stored; send again later"),
     "provider_error": (502, "the model call failed; the message is stored (`error.message_seq`, `error.stored`)"),
+    "turn_failed": (
+        500,
+        "the turn failed after the message was stored (a tool, compaction, the store): `error.stored` is true and"
+        " `error.message_seq` its seq; do not send it again (a retry with the same `client_message_id` stores"
+        " nothing new)",
+    ),
     "unavailable": (503, "a resource the route needs is not ready"),
     "hook_secret_missing": (503, "the hook's `secret_env` is not set, so no signature can be checked"),
     "memory_not_ready": (503, "the memory index or embedding model is not ready yet"),
@@ -86,7 +92,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
 BODY_ERRORS = ("invalid_body", "invalid_field", "payload_too_large", "request_timeout")
 TURN_ERRORS = (
     "session_paused", "run_closing", "session_busy", "provider_error", "shutting_down", "insufficient_storage",
-    "storage_unavailable",
+    "storage_unavailable", "turn_failed",
 )  # fmt: skip
 METHODS_OF_ANY = ("get", "post", "put", "patch", "delete")
 QUEUE_MODES_DOC = (
@@ -646,9 +652,12 @@ SCHEMAS: dict[str, Schema] = {
                     "rule": {"type": "string", "description": "invalid_key: the rule broken"},
                     "message_seq": {
                         "type": "integer",
-                        "description": "provider_error, shutting_down: seq of the stored message",
+                        "description": "provider_error, turn_failed, shutting_down: seq of the stored message",
                     },
-                    "stored": {"const": True, "description": "provider_error, shutting_down: the message is stored"},
+                    "stored": {
+                        "const": True,
+                        "description": "provider_error, turn_failed, shutting_down: the message is stored",
+                    },
                     "kind": {"type": "string", "description": "provider_error: the kind of failure"},
                     "retry_after_s": {"type": "number", "description": "session_busy: when to retry"},
                 },

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from config.clock import Clock, iso
-from config.errors import Conflict, ProviderFailure, Unavailable
+from config.errors import Conflict, NeotaskError, ProviderFailure, TurnFailed, Unavailable
 from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
 from gateway.metrics import Metrics
@@ -335,9 +335,12 @@ class Conversations:
         if turn:
             await self._queued_turn(post, run, outcome, on_delta)
         elif self.settings.compaction.enabled and not run.hold_compaction and self._due(run):
-            async with self.turn_lock(key):
-                if self.store.run_state(run.run_id) is not None:
-                    await self.compact_if_due(run, outcome)
+            try:
+                async with self.turn_lock(key):
+                    if self.store.run_state(run.run_id) is not None:
+                        await self.compact_if_due(run, outcome)
+            except Exception as exc:
+                raise stored_failure(exc, key, outcome.message_seq) from exc
         return outcome
 
     async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
@@ -400,8 +403,13 @@ class Conversations:
         )
 
     async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
-        """Wait for a turn that answers ``outcome``, as the key's queue mode says (gateway/queueing.py)."""
-        await self.queue.submit(run, outcome, on_delta, self.queue_mode(post.key.raw, post.key.agent_id), post.options)
+        """Wait for a turn that answers ``outcome``, as the key's queue mode says (gateway/queueing.py).
+        The message is stored already: any failure answers ``stored: true`` with its seq."""
+        try:
+            mode = self.queue_mode(post.key.raw, post.key.agent_id)
+            await self.queue.submit(run, outcome, on_delta, mode, post.options)
+        except Exception as exc:
+            raise stored_failure(exc, post.key.raw, outcome.message_seq) from exc
 
     async def _batch_turn(self, batch: Batch) -> None:
         """Run one model turn for ``batch`` (the queue holds the key's turn lock) and answer its callers."""
@@ -798,6 +806,24 @@ def provider_failure(exc: ProviderError, message_seq: int | None) -> ProviderFai
         message_seq=message_seq,
         stored=True,
         kind=exc.kind,
+    )
+
+
+def stored_failure(exc: Exception, key: str, message_seq: int | None) -> NeotaskError:
+    """The error a caller gets when the turn after its stored message fails: one that says the
+    message is stored (never one inviting a resend); an error saying so already is kept."""
+    if isinstance(exc, NeotaskError) and exc.extra.get("stored"):
+        return exc
+    if isinstance(exc, NeotaskError):
+        what = f"{exc.code}: {exc.message}"
+    else:
+        log.error("the turn on %r failed after message seq %s was stored", key, message_seq, exc_info=exc)
+        what = f"{type(exc).__name__} (see the gateway log)"
+    return TurnFailed(
+        f"the turn failed after the message was stored (seq {message_seq}): {what}; do not send it again:"
+        " the session stays usable",
+        message_seq=message_seq,
+        stored=True,
     )
 
 

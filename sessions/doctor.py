@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -20,7 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from config.clock import iso
+from config.clock import iso, parse_iso, system_clock
+from config.errors import NeotaskError
+from config.settings import Settings
 from sessions import layout, leftovers
 from sessions.archive import read_member
 from sessions.compaction import last_seq
@@ -33,15 +36,19 @@ from sessions.permissions import tighten, wide_modes
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.store import SessionStore
 
+log = logging.getLogger(__name__)
+
 Severity = Literal["error", "warning", "info"]
 FixKind = Literal[
     "insert_row", "settle_row", "set_row_status", "idle_entry", "point_entry", "remove_tmp", "rebuild_ledger",
-    "cut_lines", "tighten_modes", "remove_folder", "restore_metadata", "set_aside",
+    "cut_lines", "tighten_modes", "remove_folder", "restore_metadata", "set_aside", "fail_run", "rebuild_sessions",
 ]  # fmt: skip
 FOLDER_FIXES = ("remove_folder", "restore_metadata", "set_aside")
 SET_ASIDE = "quarantine"  # contexts/quarantine/<state>-<uuid>: folders the doctor moved out of the way
 ACTIVE = ("running", "paused")
 LOST = "run folder missing"  # error_message of a run settled without its folder (as recovery writes it)
+DAMAGED = "damaged"  # error_message prefix of a run failed for damaged files (start-up or the doctor)
+RESTART = "restart the gateway (start-up recovery adopts the run), or stop it and run `neotask doctor --fix`"
 ONLINE_MIN_AGE_S = 60.0  # inside the daemon, younger files may belong to a write in progress
 
 
@@ -77,6 +84,7 @@ class Finding:
     status: str | None = None  # the status a row or entry is set to
     fixed: bool = False
     lines: tuple[int, ...] = ()  # the bad lines of ``path`` (cut_lines)
+    manual: bool = False  # ``fix`` is for a person (upgrade) or a restart: --fix does not carry it out
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"check": self.check, "severity": self.severity, "detail": self.detail, "fix": self.fix}
@@ -84,6 +92,7 @@ class Finding:
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
         body["fixed"] = self.fixed
+        body["fixable"] = not self.manual  # False: the fix needs a restart or a person
         return body
 
 
@@ -144,8 +153,9 @@ def _check_folder(folder: RunFolder, row: Mapping[str, Any] | None, live: frozen
                 "unrecovered_folder",
                 "warning",
                 f"run folder {where} is not held by the running gateway",
-                None,
+                RESTART,
                 run_id=run_id,
+                manual=True,
             )
         ]
     if row is None:
@@ -184,8 +194,8 @@ def _duplicates(
     keep: str | None = folder_for(str(row["status"])) if row is not None else None
     if keep not in {p.state for p in places}:
         keep = max((p.state for p in places), key=lambda s: ("running", "paused", "completed").index(s))
-    if live is not None and run_id in live:  # the daemon holds it: not a thing to move under it
-        return [Finding("duplicate_folder", "error", f"run {run_id} has folders in {states}", None, run_id=run_id)]
+    if live is not None and run_id in live:  # the daemon holds it: its own folder stays, the others go
+        keep = next(p.state for p in places if p.young)  # check_store marks the held one young
     return [
         Finding(
             "duplicate_folder",
@@ -271,12 +281,16 @@ def _check_entries(snap: Snapshot, active_runs: Mapping[str, RunFolder], ambiguo
 # -- the files themselves: every line, seqs, modes (blocking) ----------------------------------------
 
 
-def file_findings(home: Home, folders: Iterable[RunFolder]) -> list[Finding]:
-    """Line-level checks of every run folder's stores, then the modes of the home."""
+def file_findings(home: Home, folders: Iterable[RunFolder], recorded: frozenset[str] = frozenset()) -> list[Finding]:
+    """Line-level checks of every run folder's stores, then the modes of the home. The damage of a
+    completed run in ``recorded`` (failed with the reason in tasks.db) is known: not reported again."""
     findings: list[Finding] = []
     for folder in folders:
         if not folder.young:
-            findings.extend(_line_findings(home, folder))
+            found = _line_findings(home, folder)
+            if folder.state == "completed" and folder.run_id in recorded:
+                found = [f for f in found if f.kind != "fail_run"]
+            findings.extend(found)
     wide = wide_modes(home.root)
     if wide is not None:
         findings.append(
@@ -306,9 +320,10 @@ def _line_findings(home: Home, folder: RunFolder) -> list[Finding]:
                     "bad_line",
                     "error",
                     f"{where}/{describe(name, report.bad)}" + (": readers skip it" if report.bad[0].line else ""),
-                    f"cut the line(s) into {name}.torn" if report.bad[0].line else None,
-                    kind="cut_lines" if report.bad[0].line else None,
+                    f"cut the line(s) into {name}.torn" if report.bad[0].line else _fail_text(folder),
+                    kind="cut_lines" if report.bad[0].line else "fail_run",
                     run_id=folder.run_id,
+                    status=None if report.bad[0].line else folder.state,
                     path=relative,
                     lines=tuple(b.line for b in report.bad),
                 )
@@ -316,7 +331,18 @@ def _line_findings(home: Home, folder: RunFolder) -> list[Finding]:
         if report.gaps:
             torn = " (lines were cut into messages.jsonl.torn)" if (base / f"{name}.torn").exists() else ""
             detail = f"{where}/{describe(name, report.gaps)}{torn}"
-            findings.append(Finding("seq_gap", "warning", detail, None, run_id=folder.run_id, path=relative))
+            findings.append(
+                Finding(
+                    "seq_gap",
+                    "warning",
+                    detail,
+                    _fail_text(folder),
+                    kind="fail_run",
+                    run_id=folder.run_id,
+                    path=relative,
+                    status=folder.state,
+                )
+            )
         if name == layout.MESSAGES:
             held = report.last_seq
         elif name == layout.CURRENT and report.lines and not findings:  # bad lines may have held them
@@ -331,12 +357,23 @@ def _line_findings(home: Home, folder: RunFolder) -> list[Finding]:
                         f"{where}/messages.jsonl {ends} but current.jsonl holds seqs up to {context_seq}"
                         + (" (lines were cut into messages.jsonl.torn)" if kept else "")
                         + ("; the next start marks the run failed" if folder.state in ACTIVE else ""),
-                        None,
+                        _fail_text(folder),
+                        kind="fail_run",
                         run_id=folder.run_id,
                         path=f"contexts/{where}/messages.jsonl",
+                        status=folder.state,
                     )
                 )
     return findings
+
+
+def _fail_text(folder: RunFolder) -> str:
+    if folder.state in ACTIVE:
+        return (
+            "mark the run failed with this reason, as start-up recovery does (its folder goes to completed/,"
+            " the key goes on in a new run, nothing is deleted; inside the daemon: " + RESTART + ")"
+        )
+    return "mark the run failed in tasks.db with this reason (nothing is deleted), so it is not reported again"
 
 
 def fix_files(home: Home, finding: Finding) -> bool:
@@ -451,9 +488,12 @@ def ledger_finding(exc: DamagedState) -> Finding:
         "unreadable_ledger",
         "error",
         exc.message,
-        "move tasks.db aside (tasks.db.damaged) and rebuild it from the run folders and archives" if fixable else None,
+        "move tasks.db aside (tasks.db.damaged) and rebuild it from the run folders and archives"
+        if fixable
+        else exc.todo,
         kind="rebuild_ledger" if fixable else None,
         path="contexts/tasks.db",
+        manual=not fixable,
     )
 
 
@@ -512,6 +552,9 @@ def ledger_fix(finding: Finding, folders: Mapping[str, RunFolder], now: str) -> 
             " completed_at = CASE WHEN ? THEN COALESCE(completed_at, ?) ELSE NULL END WHERE uuid = ?"
         )
         values = (finding.status, now, finding.status not in ACTIVE, now, run_id)
+    elif finding.kind == "fail_run" and finding.status == "completed":  # a settled run: its row only
+        sql = "UPDATE tasks SET status = 'failed', updated_at = ?, error_message = ? WHERE uuid = ?"
+        values = (now, f"{DAMAGED}: {finding.detail}", run_id)
     else:
         return None
 
@@ -615,6 +658,7 @@ class _Plan:
     tmp: list[int] = field(default_factory=list)
     folders: list[int] = field(default_factory=list)
     files: list[int] = field(default_factory=list)
+    runs: list[int] = field(default_factory=list)  # active runs to fail (through a store)
 
 
 def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -> _Plan:
@@ -628,6 +672,8 @@ def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -
             plan.folders.append(index)
         elif finding.kind in ("cut_lines", "tighten_modes"):
             plan.files.append(index)
+        elif finding.kind == "fail_run" and finding.status in ACTIVE:
+            plan.runs.append(index)
         elif finding.kind is not None and (sql := ledger_fix(finding, folders, now)) is not None:
             plan.ledger.append((index, sql))
     return plan
@@ -636,8 +682,12 @@ def _plan(findings: list[Finding], folders: Mapping[str, RunFolder], now: str) -
 # -- over the files (no daemon) --------------------------------------------------------------------
 
 
-def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> list[Finding]:
-    """Check (and with ``fix`` repair) a home whose lock the caller holds (blocking)."""
+def check_home(
+    root: Path, *, fix: bool, now: str, min_age_s: float = 0.0, settings: Settings | None = None
+) -> list[Finding]:
+    """Check (and with ``fix`` repair) a home whose lock the caller holds (blocking). Fixes that
+    need the start-up recovery (an unreadable sessions.json, an active run to fail) open a
+    ``SessionStore`` over the home with ``settings`` (the defaults when None)."""
     home = Home(root)
     try:
         rows = read_rows(home.tasks_db)
@@ -653,7 +703,8 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
         finally:
             ledger.close_sync()
         detail = f"{damaged.detail} (moved to {aside.name}; {archived} archived run(s) restored from their archives)"
-        return [replace(damaged, detail=detail, fixed=True), *check_home(root, fix=True, now=now, min_age_s=min_age_s)]
+        again = check_home(root, fix=True, now=now, min_age_s=min_age_s, settings=settings)
+        return [replace(damaged, detail=detail, fixed=True), *again]
     registry = SessionRegistry(home.sessions_json, flush_ms=0)
     try:
         problem = registry.load()
@@ -666,11 +717,21 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
         tmp_files=scan_tmp(home, min_age_s=min_age_s),
         archives=scan_archives(home),
     )
-    findings = diagnose(snap) + file_findings(home, snap.folders)
+    findings = diagnose(snap) + file_findings(home, snap.folders, recorded_damage(rows))
     if problem not in (None, "missing"):
+        newer = problem.startswith("unsupported")  # rebuilding it would throw a newer neotask's entries away
         findings.append(
             Finding(
-                "unreadable_sessions_json", "error", f"sessions.json is {problem}", None, path="contexts/sessions.json"
+                "unreadable_sessions_json",
+                "error",
+                f"sessions.json is {problem}",
+                "upgrade neotask, or move the file aside to have it rebuilt from tasks.db and the run folders"
+                if newer
+                else "move it aside (sessions.json.damaged) and rebuild it from tasks.db and the run folders,"
+                " as start-up recovery does",
+                kind=None if newer else "rebuild_sessions",
+                path="contexts/sessions.json",
+                manual=newer,
             )
         )
     if not fix:
@@ -695,7 +756,64 @@ def check_home(root: Path, *, fix: bool, now: str, min_age_s: float = 0.0) -> li
     fixed.update(i for i in plan.tmp if remove_tmp(home, findings[i].path or ""))
     fixed.update(i for i in plan.folders if folder_fix(home, findings[i], snap.rows))
     fixed.update(i for i in plan.files if fix_files(home, findings[i]))
+    rebuild = [i for i, f in enumerate(findings) if f.kind == "rebuild_sessions"]
+    if plan.runs or rebuild:
+        for _ in rebuild:
+            set_aside_file(home.sessions_json)
+        failed = asyncio.run(_recover(root, settings, now, {findings[i].run_id or "": findings[i] for i in plan.runs}))
+        if failed is not None:
+            fixed.update(rebuild)
+            fixed.update(plan.entries if rebuild else ())  # the rebuilt entries follow the runs
+            fixed.update(i for i in plan.runs if findings[i].run_id in failed)
     return _mark(findings, fixed)
+
+
+def recorded_damage(rows: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+    """The runs failed for damaged files (the reason is in their tasks.db row)."""
+    return frozenset(
+        rid
+        for rid, row in rows.items()
+        if row.get("status") == "failed" and str(row.get("error_message") or "").startswith(DAMAGED)
+    )
+
+
+def set_aside_file(path: Path) -> Path:
+    """Rename ``path`` to ``<name>.damaged[-n]`` (kept for a person); the new name."""
+    target, n = path.with_name(f"{path.name}.damaged"), 1
+    while target.exists():
+        target, n = path.with_name(f"{path.name}.damaged-{n}"), n + 1
+    os.replace(path, target)
+    fsync_dir(path.parent)
+    return target
+
+
+async def _recover(root: Path, settings: Settings | None, now: str, damaged: Mapping[str, Finding]) -> set[str] | None:
+    """Run the start-up recovery over the home (it rebuilds a missing sessions.json and fails the
+    runs whose files it finds damaged), then fail the ``damaged`` runs it left active; the runs
+    no longer active afterwards (None when the store could not be opened)."""
+    from config.loader import build_settings, load_defaults  # only here: the daemon passes none
+
+    at = parse_iso(now) if now[:1].isdigit() else system_clock()
+    try:
+        store = await SessionStore.open(root, settings or build_settings(load_defaults()), clock=lambda: at)
+    except (NeotaskError, OSError, sqlite3.Error) as exc:
+        log.error("doctor: the home could not be opened to finish the fixes: %s", exc)
+        return None
+    done = set()
+    try:
+        for run_id, finding in damaged.items():
+            run = next((r for r in store.active_runs() if r.run_id == run_id), None)
+            if run is not None and store.active_run(run.key) is run:
+                try:
+                    await store.complete(run.key, error=f"{DAMAGED} (doctor): {finding.detail}", reason="damaged")
+                except (NeotaskError, OSError) as exc:
+                    log.error("doctor: run %s could not be failed: %s", run_id, exc)
+                    continue
+            if all(r.run_id != run_id for r in store.active_runs()):
+                done.add(run_id)
+    finally:
+        await store.close()
+    return done
 
 
 def _insert_row(row: dict[str, Any]) -> LedgerFix:
@@ -740,6 +858,15 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
     folders, tmp_files, archives = await asyncio.to_thread(_scan_files, home, min_age_s)
     rows = {r["uuid"]: r for r in await store.ledger.execute(_all_rows)}
     live = {run.run_id: run for run in store.active_runs()}
+    on_disk = {(f.run_id, f.state) for f in folders}
+    strays = tuple(  # another folder of a held run, whose own folder is where the store has it
+        f
+        for f in folders
+        if f.run_id in live
+        and not f.young
+        and f.state != live[f.run_id].status
+        and (f.run_id, live[f.run_id].status) in on_disk
+    )
     held = tuple(
         RunFolder(
             rid,
@@ -756,7 +883,7 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
         for rid, run in live.items()
     )
     snap = Snapshot(
-        folders=held + tuple(f for f in folders if f.run_id not in live),
+        folders=held + tuple(f for f in folders if f.run_id not in live) + strays,
         rows={rid: row for rid, row in rows.items() if rid not in live},
         entries={k: e.run_id for k, e in store.registry.entries.items()},
         tmp_files=tmp_files,
@@ -764,7 +891,7 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
         live=frozenset(live),
     )
     resting = tuple(f for f in folders if f.run_id not in live)  # the daemon does not write these
-    findings = diagnose(snap) + await asyncio.to_thread(file_findings, home, resting)
+    findings = diagnose(snap) + await asyncio.to_thread(file_findings, home, resting, recorded_damage(rows))
     if not fix:
         return findings
     now = iso(store.clock())
@@ -784,8 +911,12 @@ async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLI
     for index in plan.tmp:
         if await asyncio.to_thread(remove_tmp, home, findings[index].path or ""):
             fixed.add(index)
-    for index in plan.folders:  # never a folder the store holds (those are judged as present only)
-        if findings[index].run_id not in live and await asyncio.to_thread(folder_fix, home, findings[index], rows):
+    for index in plan.folders:  # never the folder the store holds (a held run's strays may go)
+        finding = findings[index]
+        held_run = live.get(finding.run_id or "")
+        if held_run is not None and (held_run.status == finding.status or held_run.dir.parent.name == finding.status):
+            continue
+        if await asyncio.to_thread(folder_fix, home, finding, rows):
             fixed.add(index)
     for index in plan.files:
         if await asyncio.to_thread(fix_files, home, findings[index]):

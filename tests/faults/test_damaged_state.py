@@ -222,14 +222,17 @@ async def test_a_seq_that_is_not_an_integer_fails_only_its_run(tmp_path: Path, w
 
 async def test_a_run_whose_files_cannot_be_read_is_failed_and_the_rest_opens(tmp_path: Path, clock: FakeClock) -> None:
     """Damage confined to one run (here a directory where its messages.jsonl belongs: unreadable
-    even to root) fails that run with the reason; the doctor names the file and offers no cut."""
+    even to root) fails that run with the reason; the doctor names the file and offers to fail the
+    run (as start-up does), not a cut."""
     runs = await seed_home(tmp_path, clock)
     path = messages_path(tmp_path, runs[MAIN])
     path.unlink()
     path.mkdir()
     findings = await asyncio.to_thread(check_home, tmp_path, fix=False, now="2026-11-30T12:00:00+00:00")
     bad = [f for f in findings if f.check == "bad_line"]
-    assert len(bad) == 1 and bad[0].fix is None and "messages.jsonl cannot be read: Is a directory" in bad[0].detail
+    assert (
+        len(bad) == 1 and bad[0].kind == "fail_run" and "messages.jsonl cannot be read: Is a directory" in bad[0].detail
+    )
 
     store = await open_store(tmp_path, clock)
     try:
