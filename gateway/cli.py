@@ -472,8 +472,7 @@ def cmd_doctor(ctx: Context) -> int:
     fix = bool(ctx.args.fix)
     client = ctx.client()
     body = client.post("/v1/admin/doctor", {"fix": fix}) if client else offline.run_doctor(ctx.config, fix=fix)
-    unreadable = any(a["check"] == "unreadable_ledger" and not a.get("fixed") for a in body.get("actions", []))
-    if client is None and not unreadable:  # the history check needs a readable tasks.db
+    if client is None:  # the history check skips an unreadable tasks.db: the ledger check reports it
         body["actions"] += cli_history.offline_doctor(ctx.config, fix=fix)
     actions = body.get("actions", [])
     left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
