@@ -8,11 +8,15 @@ a baseline in the same run, interleaved with the thing measured, and reports the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 now = time.perf_counter
 
@@ -131,3 +135,32 @@ class Report:
         for label in failed:
             print(f"  FAILED: {label}")
         return 1 if failed else 0
+
+
+class ServerProcess:
+    """A bench server in its own process (``python -m <module> --serve ...``) that prints
+    ``PORT <n>`` once it listens and exits when its stdin closes; ``port`` once it listens."""
+
+    def __init__(self, module: str, args: Sequence[str], *, what: str, stop_timeout_s: float) -> None:
+        cmd = [sys.executable, "-m", module, "--serve", *args]
+        root = Path(__file__).resolve().parents[1]
+        self.stop_timeout_s = stop_timeout_s
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"the {what} server did not start (said {line!r})")
+        self.port = int(line.split()[1])
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

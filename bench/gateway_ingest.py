@@ -41,6 +41,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from bench.common import ServerProcess
 from bench.load import Phase, cpu_seconds, key_prefix, prime, python_load, wrk_command, wrk_load, wrk_path, wrk_version
 from config.settings import Settings
 from gateway import eventloop
@@ -128,36 +129,17 @@ def configured_loop(choice: LoopChoice | None) -> LoopChoice:
     return resolve(settings.gateway.event_loop)
 
 
-class Server:
+class Server(ServerProcess):
     """A server subprocess; ``port`` once it listens."""
 
     def __init__(self, kind: str, home: Path | None, *, loop: str, fsync: str | None) -> None:
-        cmd = [sys.executable, "-m", "bench.gateway_ingest", "--serve", kind, "--loop", loop]
+        args = [kind, "--loop", loop]
         if home is not None:
-            cmd += ["--home", str(home)]
+            args += ["--home", str(home)]
         if fsync:
-            cmd += ["--fsync", fsync]
-        root = Path(__file__).resolve().parents[1]
+            args += ["--fsync", fsync]
         self.kind = kind
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            self.stop()
-            raise RuntimeError(f"the {kind} server did not start (said {line!r})")
-        self.port = int(line.split()[1])
-
-    def stop(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__("bench.gateway_ingest", args, what=kind, stop_timeout_s=30)
 
 
 # -- running the cases --------------------------------------------------------------------------

@@ -30,7 +30,6 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Report, fmt_seconds, percentile, print_table, section
+from bench.common import Report, ServerProcess, fmt_seconds, percentile, print_table, section
 
 now = time.perf_counter
 HOST = "127.0.0.1"
@@ -48,7 +47,6 @@ TURNS = 8
 SERVER_MAX_S = 900.0
 TARGET_OVERHEAD_S = 0.005
 APPENDS_PER_CALL = 2
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- servers (child processes) ------------------------------------------------------------------
@@ -105,28 +103,9 @@ async def _wait_for_parent() -> None:
         await asyncio.wait_for(stop.wait(), SERVER_MAX_S)
 
 
-class Server:
+class Server(ServerProcess):
     def __init__(self, *args: str) -> None:
-        cmd = [sys.executable, "-m", "bench.openai_compat", "--serve", *args]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            self.stop()
-            raise RuntimeError(f"the {args[0]} server did not start (said {line!r})")
-        self.port = int(line.split()[1])
-
-    def stop(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__("bench.openai_compat", args, what=args[0], stop_timeout_s=15)
 
 
 # -- the load -----------------------------------------------------------------------------------
