@@ -49,9 +49,6 @@ def _holder(lock_file: Path) -> str:
         return ""
 
 
-REDACTED = "***"
-
-
 # -- context shared by the commands -----------------------------------------------------------------
 
 
@@ -326,7 +323,7 @@ def cmd_sessions_list(ctx: Context) -> int:
         body = client.get("/v1/sessions", agent=args.agent, type=args.type, status=args.status, limit=args.limit)
     else:
         body = offline.list_sessions(
-            ctx.config, agent=args.agent, chat_type=args.type, status=args.status, limit=args.limit
+            ctx.config, ctx.env, agent=args.agent, chat_type=args.type, status=args.status, limit=args.limit
         )
     if ctx.as_json:
         ctx.print_json(body)
@@ -358,7 +355,7 @@ def cmd_sessions_list(ctx: Context) -> int:
 def cmd_sessions_show(ctx: Context) -> int:
     key = ctx.args.key
     client = ctx.client()
-    body = client.get(f"/v1/sessions/{key_segment(key)}") if client else offline.show_session(ctx.config, key)
+    body = client.get(f"/v1/sessions/{key_segment(key)}") if client else offline.show_session(ctx.config, ctx.env, key)
     if ctx.as_json:
         ctx.print_json(body)
         return EXIT_OK
@@ -380,16 +377,10 @@ def cmd_sessions_show(ctx: Context) -> int:
 
 def cmd_sessions_reset(ctx: Context) -> int:
     key = ctx.args.key
-    client = ctx.client()
-    if client is None:
-        body = offline.reset_session(ctx.config, key)
-        completed = body["completed_run_id"]
-    else:
-        client.get(f"/v1/sessions/{key_segment(key)}")  # an unknown key is an error, not a no-op
-        body = client.post(f"/v1/sessions/{key_segment(key)}/commands", {"command": "/reset"})
-        completed = next((e.get("previous_run_id") for e in body.get("events", []) if e.get("type") == "reset"), None)
+    body = _command(ctx, key, "/reset")  # as /reset does: memory flush, final summary, inherit next
+    completed = next((e.get("previous_run_id") for e in body.get("events", []) if e.get("type") == "reset"), None)
     if ctx.as_json:
-        ctx.print_json(body)
+        ctx.print_json({**body, "completed_run_id": completed, "status": "idle"})
     elif completed:
         ctx.print(f"reset {key}: completed run {completed}; the next message starts a new run")
     else:
@@ -399,13 +390,7 @@ def cmd_sessions_reset(ctx: Context) -> int:
 
 def cmd_sessions_compact(ctx: Context) -> int:
     key = ctx.args.key
-    command = " ".join(["/compact", *ctx.args.instructions])
-    client = ctx.client()
-    if client is None:
-        body = offline.run_command(ctx.config, key, command, ctx.env)
-    else:
-        client.get(f"/v1/sessions/{key_segment(key)}")
-        body = client.post(f"/v1/sessions/{key_segment(key)}/commands", {"command": command})
+    body = _command(ctx, key, " ".join(["/compact", *ctx.args.instructions]))
     if ctx.as_json:
         ctx.print_json(body)
     else:
@@ -413,10 +398,24 @@ def cmd_sessions_compact(ctx: Context) -> int:
     return EXIT_OK
 
 
+def _command(ctx: Context, key: str, command: str) -> dict[str, Any]:
+    """A chat command on an existing session, through the daemon or through the same Commands offline."""
+    client = ctx.client()
+    if client is None:
+        return offline.run_command(ctx.config, key, command, ctx.env)
+    client.get(f"/v1/sessions/{key_segment(key)}")  # an unknown key is an error, not a new session
+    body: dict[str, Any] = client.post(f"/v1/sessions/{key_segment(key)}/commands", {"command": command})
+    return body
+
+
 def cmd_sessions_delete(ctx: Context) -> int:
     key = ctx.args.key
     client = ctx.client()
-    body = client.delete(f"/v1/sessions/{key_segment(key)}") if client else offline.delete_session(ctx.config, key)
+    body = (
+        client.delete(f"/v1/sessions/{key_segment(key)}")
+        if client
+        else offline.delete_session(ctx.config, ctx.env, key)
+    )
     if ctx.as_json:
         ctx.print_json(body)
     else:
@@ -437,32 +436,49 @@ def cmd_config_check(ctx: Context) -> int:
         else:
             print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
+    try:  # what the daemon checks before it builds anything, beyond the file's own schema
+        from gateway.validation import check_config
+
+        warnings = [*config.warnings, *check_config(config, ctx.env)]
+    except ConfigError as exc:
+        if ctx.as_json:
+            ctx.print_json({"ok": False, "error": exc.message})
+        else:
+            print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
     source = str(config.config_path) if config.config_path else "defaults only (no config file)"
     if ctx.as_json:
-        ctx.print_json({"ok": True, "config_path": source, "home": str(config.home), "warnings": config.warnings})
+        ctx.print_json({"ok": True, "config_path": source, "home": str(config.home), "warnings": warnings})
         return EXIT_OK
     ctx.print(f"OK: {source}")
-    for warning in config.warnings:
+    for warning in warnings:
         ctx.print(f"warning: {warning}")
     return EXIT_OK
 
 
 def cmd_config_show(ctx: Context) -> int:
-    config = ctx.config
-    data = redacted(config.settings.model_dump(mode="json"))
+    """The running gateway's effective configuration when one runs (its ``--port``, the
+    environment it started with), else the files' (and this environment's); the first line (the
+    ``source`` field with ``--json``) says which."""
+    client = ctx.client()
+    if client is not None:
+        body = client.get("/v1/admin/config")
+        data, source = body["settings"], body["source"]
+        title = f"the running gateway's effective configuration ({client.base_url})"
+    else:
+        from gateway.validation import effective_config
+
+        config = ctx.config
+        data = effective_config(config)
+        source = {"kind": "files", "config_path": str(config.config_path) if config.config_path else None,
+                  "home": str(config.home)}  # fmt: skip
+        title = "the configuration from the files (no gateway running)"
     if ctx.as_json:
-        ctx.print_json(data)
+        ctx.print_json({"source": source, **data})
         return EXIT_OK
-    ctx.print(f"# effective configuration (home {config.home}, file {config.config_path or 'none'})")
+    ctx.print(f"# {title}: home {source['home']}, file {source['config_path'] or 'none'}")
     ctx.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
     return EXIT_OK
-
-
-def redacted(data: dict[str, Any]) -> dict[str, Any]:
-    gateway = data.get("gateway")
-    if isinstance(gateway, dict) and gateway.get("tokens"):
-        gateway["tokens"] = [REDACTED for _ in gateway["tokens"]]
-    return data
 
 
 # -- doctor ----------------------------------------------------------------------------------------

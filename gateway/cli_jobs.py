@@ -61,7 +61,7 @@ def cmd_cleanup(ctx: Context) -> int:
     if client is not None:
         body = client.post("/v1/admin/cleanup", {"dry_run": dry_run})
     else:
-        body = {"dry_run": dry_run, "actions": offline.with_store(ctx.config, _offline_cleanup(ctx, dry_run))}
+        body = {"dry_run": dry_run, "actions": offline.with_services(ctx.config, ctx.env, _offline_cleanup(dry_run))}
     if ctx.as_json:
         ctx.print_json(body)
         return 0
@@ -77,16 +77,10 @@ def cmd_cleanup(ctx: Context) -> int:
     return 0
 
 
-def _offline_cleanup(ctx: Context, dry_run: bool) -> Any:
-    from sessions.cleanup import run_cleanup
-
-    async def work(store: Any) -> list[dict[str, Any]]:
-        async def complete(key: str) -> None:
-            await store.complete(key, reason="cleanup")
-
-        return await run_cleanup(
-            store, ctx.config.settings.cleanup, now=system_clock(), dry_run=dry_run, complete=complete
-        )
+def _offline_cleanup(dry_run: bool) -> Any:
+    async def work(services: Any) -> list[dict[str, Any]]:  # as POST /v1/admin/cleanup does
+        actions: list[dict[str, Any]] = await services.scheduling.cleanup(dry_run=dry_run)
+        return actions
 
     return work
 
@@ -95,7 +89,7 @@ def _offline_cleanup(ctx: Context, dry_run: bool) -> Any:
 
 
 def _with_memory(ctx: Context, work: Callable[[Any], Any]) -> Any:
-    from gateway.api.memory import memory_uri, workspaces
+    from gateway.services import memory_uri, workspaces
     from memory import MemoryService
 
     config = ctx.config
@@ -231,17 +225,14 @@ async def _status(service: Any) -> dict[str, Any]:
 # -- cron ------------------------------------------------------------------------------------------
 
 
-def _service(ctx: Context, scheduling: Any = None) -> Any:
+def _service(ctx: Context) -> Any:
+    """The cron jobs as the scheduler plans them (for their next run times only)."""
     from scheduler.service import SchedulerService
 
     settings = ctx.config.settings
 
-    async def nothing() -> None:
+    async def nothing(*_: Any) -> None:
         return None
-
-    async def cron(job: Any) -> None:
-        if scheduling is not None:
-            await scheduling.run_cron(job)
 
     return SchedulerService(
         timezone=host_zone(ctx.env),
@@ -251,7 +242,7 @@ def _service(ctx: Context, scheduling: Any = None) -> Any:
         cleanup_at_hour=settings.cleanup.at_hour,
         cleanup=nothing,
         cron_jobs=settings.cron.jobs,
-        run_cron=cron,
+        run_cron=nothing,
         clock=system_clock,
     )
 
@@ -278,7 +269,7 @@ def cmd_cron_run(ctx: Context) -> int:
     if client is not None:
         body = client.post(f"/v1/scheduler/jobs/{key_segment(job_id)}/run", {})
     else:
-        body = offline.with_store(ctx.config, _offline_cron(ctx, job_id))
+        body = offline.with_services(ctx.config, ctx.env, _offline_cron(job_id))
     if ctx.as_json:
         ctx.print_json(body)
     else:
@@ -286,17 +277,10 @@ def cmd_cron_run(ctx: Context) -> int:
     return 0
 
 
-def _offline_cron(ctx: Context, job_id: str) -> Any:
-    async def work(store: Any) -> dict[str, Any]:
-        from gateway.scheduling import Scheduling
-
-        async with offline.commands_for(ctx.config, store, ctx.env) as commands:
-            scheduling = Scheduling(
-                commands.conv, commands, ctx.config.settings, clock=system_clock, host_zone=host_zone(ctx.env)
-            )
-            service = _service(ctx, scheduling)
-            resolved = service.resolve(job_id)
-            await service.run_now(resolved)
+def _offline_cron(job_id: str) -> Any:
+    async def work(services: Any) -> dict[str, Any]:  # as POST /v1/scheduler/jobs/{id}/run does
+        resolved = services.scheduler.resolve(job_id)
+        await services.scheduler.run_now(resolved)
         return {"job_id": resolved, "ran": True, "at": iso(system_clock())}
 
     return work

@@ -9,8 +9,8 @@ import re
 import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
 
+from gateway.hooks import CommandHooks, NextReset
 from gateway.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
 from sessions.compactor import SummaryResult
 from sessions.records import RunState
@@ -33,7 +33,6 @@ HELP = {
 
 MAX_MODEL_NAME = 200  # as PATCH /v1/sessions/{key} allows: a sessions.json entry stays small
 Handler = Callable[["CommandCall"], Awaitable[Outcome]]
-NextReset = Callable[[str], datetime | None]
 
 
 def parse_command(text: str) -> tuple[str, str] | None:
@@ -62,10 +61,10 @@ class CommandCall:
 
 
 class Commands:
-    def __init__(self, conversations: Conversations) -> None:
+    def __init__(self, conversations: Conversations, *, hooks: CommandHooks | None = None) -> None:
         self.conv = conversations
         self.store = conversations.store
-        self.next_reset: NextReset | None = None
+        self.next_reset: NextReset | None = (hooks or CommandHooks()).next_reset
         self.handlers: dict[str, Handler] = {
             "help": self._help,
             "status": self._status,
@@ -78,7 +77,6 @@ class Commands:
             "compact": self._compact,
             "uncompact": self._uncompact,
         }
-        self.before_reset: list[Callable[[RunState], Awaitable[None]]] = [conversations.memory_flush]
 
     async def run(self, post: Post, name: str, args: str) -> Outcome:
         handler = self.handlers.get(name, self._unknown)
@@ -265,8 +263,7 @@ class Commands:
                 )
                 outcome = await self.answer_locked(call, text, run=run)
                 if inherit:
-                    for hook in self.before_reset:
-                        await hook(run)
+                    await self.conv.memory_flush(run)
                 await self.store.complete(call.key, reason="new" if not inherit else "reset")
                 outcome.events.append({"type": "reset", "command": f"/{call.name}", "previous_run_id": run.run_id})
                 self.store.emit(

@@ -1,8 +1,9 @@
 """``deliver_to``: POST a turn's answer as JSON to a URL (webhooks now, cron jobs later).
 
-One ``aiohttp.ClientSession`` per app, opened and closed by the hooks cleanup context
-(``app[DELIVERY]``). Delivery runs off the request path (in the background task that ran the
-turn); failures are retried a couple of times and then logged, never raised into a request.
+One ``aiohttp.ClientSession`` per process, opened and closed by the composition root
+(``gateway/services.py``), for the daemon and the offline CLI alike. Delivery runs off the request
+path (in the background task that ran the turn); failures are retried a couple of times and
+then logged, never raised into a request.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,3 @@ class Deliverer:
 
 def _what(payload: dict[str, Any]) -> str:
     return f"the reply for {payload.get('session_key')!r} (seq {payload.get('message_seq')})"
-
-
-DELIVERY = web.AppKey("delivery", Deliverer)

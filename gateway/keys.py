@@ -1,4 +1,9 @@
-"""Typed application state keys (aiohttp ``web.AppKey``)."""
+"""Typed application state keys (aiohttp ``web.AppKey``).
+
+``SERVICES`` is the object graph the composition root built (``gateway/services.py``); the other
+keys name parts of it for the routes, set together by the one services cleanup context in
+``gateway/app.py``.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +16,32 @@ from config.loader import LoadedConfig
 from gateway.commands import Commands
 from gateway.events import EventHub
 from gateway.metrics import Metrics
+from gateway.openai_compat.service import OpenAICompat
+from gateway.scheduling import Scheduling
+from gateway.services import Services
 from gateway.turns import Conversations
+from gateway.webhook_intake import Webhooks
+from memory import MemoryService
+from scheduler.service import SchedulerService
+from sessions.history import HistoryIndex
+from sessions.keys import SessionKey
 from sessions.store import SessionStore
 
 CONFIG = web.AppKey("config", LoadedConfig)
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")
 ENV = web.AppKey("env", dict[str, str])
+SERVICES = web.AppKey("services", Services)
 STORE = web.AppKey("store", SessionStore)
 HUB = web.AppKey("hub", EventHub)
 METRICS = web.AppKey("metrics", Metrics)
 CONVERSATIONS = web.AppKey("conversations", Conversations)
 COMMANDS = web.AppKey("commands", Commands)
 READY = web.AppKey("ready", dict[str, bool])
-EXTRAS = web.AppKey("extras", dict[str, Any])
+MEMORY = web.AppKey("memory", MemoryService)
+HISTORY = web.AppKey("history", HistoryIndex)
+SCHEDULING = web.AppKey("scheduling", Scheduling)
+SCHEDULER = web.AppKey("scheduler", SchedulerService)
+WEBHOOKS = web.AppKey("webhooks", Webhooks)
+COMPAT = web.AppKey("openai_compat", OpenAICompat)
+REINDEX = web.AppKey("reindex", dict[str, Any])  # the running reindex's progress (GET /v1/memory/status)
+PARSED_KEYS = web.AppKey("parsed_keys", dict[str, SessionKey])  # a cache of the sessions routes

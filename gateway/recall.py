@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
 from gateway.relevance import relevance
-from gateway.tools import Tool, ToolBox, ToolError
+from gateway.tools import Tool, ToolError
 from gateway.transcript_memory import SESSIONS_DIR, is_transcript, run_citation
 from gateway.turns import Conversations, Post
 from memory import MemoryService, SearchHit
@@ -79,8 +79,6 @@ class MemoryBridge:
         self.conv = conversations
         self.settings = settings
         self.host_zone = host_zone
-        conversations.before_append.append(self.recall)
-        self.register_tools(conversations.tools)
 
     def zone(self, agent_id: str | None) -> ZoneInfo:
         name = self.conv.agent(agent_id).timezone
@@ -135,8 +133,9 @@ class MemoryBridge:
 
     # -- tools ----------------------------------------------------------------------------------
 
-    def register_tools(self, tools: ToolBox) -> None:
-        tools.register(
+    def tools(self) -> list[Tool]:
+        """memory_search, memory_get, memory_append (the composition root adds them to the toolbox)."""
+        return [
             Tool(
                 name="memory_search",
                 description="Search long-term memory (MEMORY.md and memory/*.md notes). Returns cited snippets.",
@@ -149,9 +148,7 @@ class MemoryBridge:
                     "required": ["query"],
                 },
                 run=self._search,
-            )
-        )
-        tools.register(
+            ),
             Tool(
                 name="memory_get",
                 description="Read lines of a memory file (a path from a memory_search citation).",
@@ -165,9 +162,7 @@ class MemoryBridge:
                     "required": ["path"],
                 },
                 run=self._get,
-            )
-        )
-        tools.register(
+            ),
             Tool(
                 name="memory_append",
                 description="Save a durable fact to today's memory log (memory/YYYY-MM-DD.md). One fact per call.",
@@ -177,8 +172,8 @@ class MemoryBridge:
                     "required": ["text"],
                 },
                 run=self._append,
-            )
-        )
+            ),
+        ]
 
     async def _search(self, run: RunState, arguments: dict[str, Any]) -> str:
         query = arguments.get("query")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -19,15 +18,14 @@ from zoneinfo import ZoneInfo
 from config.clock import Clock, iso, parse_iso
 from config.settings import CronJob, Settings
 from gateway.commands import Commands, dispatch
+from gateway.hooks import SchedulingHooks
 from gateway.turns import Conversations, Post
-from sessions.archive import Step
 from sessions.cleanup import run_cleanup
 from sessions.keys import cron_key, parse_key
 from sessions.registry import SessionEntry
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
 
 log = logging.getLogger(__name__)
-Deliver = Callable[[str, dict[str, Any]], Awaitable[bool]]
 
 
 class Scheduling:
@@ -39,22 +37,19 @@ class Scheduling:
         *,
         clock: Clock,
         host_zone: ZoneInfo,
+        hooks: SchedulingHooks | None = None,
     ) -> None:
         self.conv = conversations
         self.commands = commands
         self.store = conversations.store
-        self.archive_step: Step | None = None  # a test hook (gateway.crashpoints)
+        self.hooks = hooks or SchedulingHooks()
         self.settings = settings
         self.clock = clock
         self.host_zone = host_zone
-        self.deliver: Deliver | None = None
-        self.forget_runs: Callable[[list[str]], Awaitable[object]] | None = None
         self._not_before: dict[str, tuple[str, datetime]] = {}  # key -> (run, no reset before this)
         self._slots = asyncio.Semaphore(settings.scheduler.reset_concurrency)
         self._closing = False
         self.startup: asyncio.Task[int] | None = None
-        commands.next_reset = self.next_reset
-        conversations.before_post.append(self.check_on_arrival)
 
     # -- the rule, applied to an entry ----------------------------------------------------------
 
@@ -188,11 +183,11 @@ class Scheduling:
             now=self.clock(),
             dry_run=dry_run,
             complete=complete,
-            step=self.archive_step,
+            step=self.hooks.archive_step,
         )
         gone = [a["run_id"] for a in report if a["action"] == "delete_archive" and a["done"]]
-        if gone and self.forget_runs is not None:  # the history index follows deletes
-            await self.forget_runs(gone)
+        if gone and self.hooks.forget_runs is not None:  # the history index follows deletes
+            await self.hooks.forget_runs(gone)
         return report
 
     async def run_cron(self, job: CronJob) -> None:
@@ -217,5 +212,5 @@ class Scheduling:
             async with self.conv.exclusive(key.raw):
                 if self.store.active_run(key.raw) is not None:
                     await self.store.complete(key.raw, reason="cron")
-        if job.deliver_to and self.deliver is not None:
-            await self.deliver(job.deliver_to, outcome.body())
+        if job.deliver_to and self.hooks.deliver is not None:
+            await self.hooks.deliver(job.deliver_to, outcome.body())

@@ -18,7 +18,7 @@ from typing import Any
 
 from config.errors import NeotaskError
 from config.settings import SendRule, SessionToolsSettings
-from gateway.tools import Tool, ToolBox, ToolError
+from gateway.tools import Tool, ToolError
 from gateway.turns import Conversations, Outcome, Post
 from sessions.history import HistoryIndex, iter_run_messages, sources_from_rows
 from sessions.history_search import HistoryQuery
@@ -91,39 +91,61 @@ class SessionTools:
                 return info
         raise ToolError(f"no session {key!r} is visible from this session")
 
-    def register(self, tools: ToolBox) -> None:
+    def tools(self) -> list[Tool]:
+        """sessions_list, sessions_history, sessions_search, sessions_send (added by gateway/services.py)."""
         string = {"type": "string"}
-        tools.register(Tool(
-            "sessions_list",
-            "List the sessions (conversations) you may see, newest activity first, with their last activity.",
-            {"type": "object", "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 200}}},
-            self._list,
-        ))  # fmt: skip
-        tools.register(Tool(
-            "sessions_history",
-            "Read messages of a session (its current or latest run) or of one run, oldest first, paginated by "
-            "after_seq. Chat commands are left out.",
-            {"type": "object", "properties": {
-                "key": string, "run_id": string, "after_seq": {"type": "integer", "minimum": 0},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 500}}},
-            self._history,
-        ))  # fmt: skip
-        tools.register(Tool(
-            "sessions_search",
-            "Full-text search over the messages of every session you may see, old and archived runs included.",
-            {"type": "object", "properties": {"query": string, "key": string,
-                                              "limit": {"type": "integer", "minimum": 1, "maximum": 50}},
-             "required": ["query"]},
-            self._search,
-        ))  # fmt: skip
-        tools.register(Tool(
-            "sessions_send",
-            "Post a message into another session; with wait true, wait (up to timeout_s) for its reply.",
-            {"type": "object", "properties": {"key": string, "message": string, "wait": {"type": "boolean"},
-                                              "timeout_s": {"type": "number", "minimum": 1}},
-             "required": ["key", "message"]},
-            self._send,
-        ))  # fmt: skip
+        return [
+            Tool(
+                "sessions_list",
+                "List the sessions (conversations) you may see, newest activity first, with their last activity.",
+                {"type": "object", "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 200}}},
+                self._list,
+            ),
+            Tool(
+                "sessions_history",
+                "Read messages of a session (its current or latest run) or of one run, oldest first, paginated by "
+                "after_seq. Chat commands are left out.",
+                {
+                    "type": "object",
+                    "properties": {
+                        "key": string,
+                        "run_id": string,
+                        "after_seq": {"type": "integer", "minimum": 0},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 500},
+                    },
+                },
+                self._history,
+            ),
+            Tool(
+                "sessions_search",
+                "Full-text search over the messages of every session you may see, old and archived runs included.",
+                {
+                    "type": "object",
+                    "properties": {
+                        "query": string,
+                        "key": string,
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+                    },
+                    "required": ["query"],
+                },
+                self._search,
+            ),
+            Tool(
+                "sessions_send",
+                "Post a message into another session; with wait true, wait (up to timeout_s) for its reply.",
+                {
+                    "type": "object",
+                    "properties": {
+                        "key": string,
+                        "message": string,
+                        "wait": {"type": "boolean"},
+                        "timeout_s": {"type": "number", "minimum": 1},
+                    },
+                    "required": ["key", "message"],
+                },
+                self._send,
+            ),
+        ]
 
     # -- the tools ------------------------------------------------------------------------------
 

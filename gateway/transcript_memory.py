@@ -37,17 +37,21 @@ def summary_note(run_id: str, key: str, chat_type: str, ended_at: str, summary: 
 
 
 class TranscriptSource:
+    """``on_event`` is a store listener (``StoreHooks.listeners``, connected in gateway/services.py)."""
+
     def __init__(self, store: SessionStore, workspaces: dict[str, Path]) -> None:
         self.store = store
         self.workspaces = workspaces
         self.tasks: set[asyncio.Task[None]] = set()
-        store.listeners.append(self.on_event)
+        self.closed = False
 
     def path(self, agent_id: str | None, run_id: str) -> Path | None:
         workspace = self.workspaces.get(agent_id or "main")
         return None if workspace is None else workspace / SESSIONS_DIR / f"{run_id}.md"
 
     def on_event(self, event: dict[str, Any]) -> None:
+        if self.closed:
+            return
         if event.get("type") != "lifecycle" or event.get("action") not in ("completed", "failed"):
             return
         if event.get("reason") == "purge":
@@ -94,7 +98,6 @@ class TranscriptSource:
         await asyncio.to_thread(_remove)
 
     async def close(self) -> None:
+        self.closed = True
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.on_event in self.store.listeners:
-            self.store.listeners.remove(self.on_event)

@@ -25,6 +25,7 @@ from config.clock import Clock, iso
 from config.errors import Conflict, NeotaskError, ProviderFailure, TurnFailed, Unavailable
 from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
+from gateway.hooks import ConversationHooks
 from gateway.metrics import Metrics
 from gateway.provider import ChatProvider, Completion, ProviderError, ToolCall, Usage
 from gateway.queueing import Batch, Caller, QueueMode, TurnQueue, TurnScope
@@ -147,6 +148,8 @@ class Conversations:
         hub: EventHub,
         metrics: Metrics,
         clock: Clock,
+        tools: ToolBox | None = None,
+        hooks: ConversationHooks | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -154,18 +157,14 @@ class Conversations:
         self.hub = hub
         self.metrics = metrics
         self.clock = clock
-        self.tools = ToolBox(store)
+        self.hooks = hooks or ConversationHooks()
+        self.tools = tools if tools is not None else ToolBox(store)
         self._turn_locks: dict[str, asyncio.Lock] = {}
         self._running: dict[str, asyncio.Task[Any]] = {}
         self.queue = TurnQueue(self._batch_turn, self.turn_lock, self._closing_error)
         self.closing = False
         self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
-        self.run_starters: list[Callable[[RunState, Post], Awaitable[list[dict[str, Any]]]]] = []
-        self.archive_text: Callable[[str, str], Awaitable[str | None]] | None = None
-        self.before_post: list[Callable[[Post], Awaitable[list[dict[str, Any]]]]] = []
-        self.before_append: list[Callable[[RunState, Post, bool], Awaitable[list[dict[str, Any]]]]] = []
         self.compactors = {agent_id: self._compactor(agent_id) for agent_id in settings.agents}
-        store.final_summarizer = self._final_summary
 
     def _compactor(self, agent_id: str) -> Compactor:
         agent = self.settings.agents[agent_id]
@@ -300,7 +299,7 @@ class Conversations:
         if turn:
             self.queue.check_room(key, self.agent(post.key.agent_id).max_queued_turns)
         outcome = Outcome(key, None, None)
-        for check in self.before_post:  # e.g. a reset that fell due while nobody wrote
+        for check in self.hooks.before_post:  # e.g. a reset that fell due while nobody wrote
             outcome.events.extend(await check(post))
         async with self.store.lock_for(key):
             run = self.store.active_run(key)
@@ -312,7 +311,7 @@ class Conversations:
                 run = await self._start_run(post, outcome)
             started = time.perf_counter()
             try:
-                for hook in self.before_append:  # e.g. auto-recall before the first user message
+                for hook in self.hooks.before_append:  # e.g. auto-recall before the first user message
                     outcome.events.extend(await hook(run, post, new_run))
                 message = self._new_message(post)
                 record, durable = self.store.queue_append(run, message)
@@ -357,7 +356,7 @@ class Conversations:
                 key=key.raw,
                 task_key=task_key if key.family == "hook" else None,
                 settings=self.settings.inheritance,
-                archive_text=self.archive_text,
+                archive_text=self.hooks.archive_text,
             )
         run = await self.store.start_run(
             key.raw,
@@ -373,8 +372,6 @@ class Conversations:
                 await self.store.append(
                     run, NewMessage(role="system", content=found.message, kind="inheritance", user_activity=False)
                 )
-            for starter in self.run_starters:
-                outcome.events.extend(await starter(run, post))
         except Exception:  # the run exists only for the message being posted: it leaves nothing behind
             await self.store.discard_run(run, remove_entry=entry is None)
             raise
@@ -711,7 +708,8 @@ class Conversations:
         except (ProviderError, TimeoutError) as exc:
             log.warning("memory flush for run %s failed (%s); continuing", run.run_id, exc)
 
-    async def _final_summary(self, run: RunState, reason: str) -> str | None:
+    async def final_summary(self, run: RunState, reason: str) -> str | None:
+        """The store's ``final_summarizer`` hook: the text of final_summary.txt."""
         result = await self.compactors[run.agent_id or "main"].final_summary(run, self.threshold(run.agent_id))
         return f"{result.text}\n\n(summarizer: {result.summarizer})\n"
 

@@ -58,6 +58,9 @@ class SessionStore:
         ledger: Ledger,
         writer: AppendWriter,
         registry: SessionRegistry,
+        final_summarizer: FinalSummarizer | None = None,
+        listeners: Iterable[Listener] = (),
+        durable_listeners: Iterable[DurableListener] = (),
     ) -> None:
         self.home = home
         self.settings = settings
@@ -67,9 +70,9 @@ class SessionStore:
         self.registry = registry
         self.completion_hooks: dict[str, RunHook] = {}
         self.stop_hooks: dict[str, RunHook] = {}
-        self.final_summarizer: FinalSummarizer | None = None
-        self.listeners: list[Listener] = []
-        self.durable_listeners: list[DurableListener] = []  # (run, record) once the append is durable
+        self.final_summarizer: FinalSummarizer | None = final_summarizer
+        self.listeners: list[Listener] = list(listeners)
+        self.durable_listeners: list[DurableListener] = list(durable_listeners)  # (run, record) once durable
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._files: dict[str, tuple[Path, Path, Path]] = {}  # run id -> (dir, messages, current)
@@ -79,9 +82,18 @@ class SessionStore:
     # -- opening and closing --------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, root: Path, settings: Settings, *, clock: Clock) -> SessionStore:
+    async def open(
+        cls,
+        root: Path,
+        settings: Settings,
+        *,
+        clock: Clock,
+        final_summarizer: FinalSummarizer | None = None,
+        listeners: Iterable[Listener] = (),
+        durable_listeners: Iterable[DurableListener] = (),
+    ) -> SessionStore:
         """Recover every active run, then load (or rebuild) sessions.json. The caller holds the
-        home lock."""
+        home lock. The hooks are the composition root's (``gateway.hooks.StoreHooks``)."""
         home = Home(root)
         try:
             await asyncio.to_thread(home.ensure)
@@ -96,7 +108,17 @@ class SessionStore:
         writer = AppendWriter(settings.storage.fsync)
         writer.start()
         registry = SessionRegistry(home.sessions_json, flush_ms=settings.storage.sessions_flush_ms)
-        store = cls(home, settings, clock=clock, ledger=ledger, writer=writer, registry=registry)
+        store = cls(
+            home,
+            settings,
+            clock=clock,
+            ledger=ledger,
+            writer=writer,
+            registry=registry,
+            final_summarizer=final_summarizer,
+            listeners=listeners,
+            durable_listeners=durable_listeners,
+        )
         try:
             await store._recover()
         except sqlite3.DatabaseError as exc:  # pages the open did not read (the header was fine)

@@ -6,10 +6,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from gateway import keys as K
-from gateway.api.history import HISTORY
+from gateway import operations, validation
 from gateway.http import json_response, parse_body
-from sessions.doctor import check_store
-from sessions.history_doctor import check_index
+from gateway.keys import HISTORY
 
 routes = web.RouteTableDef()
 
@@ -19,15 +18,23 @@ class DoctorBody(BaseModel):
     fix: bool = False
 
 
+@routes.get("/v1/admin/config")
+async def effective_config(request: web.Request) -> web.Response:
+    """The running gateway's effective configuration (tokens redacted), with the address it
+    listens on (``neotask config show`` while a daemon runs)."""
+    config = request.app[K.CONFIG]
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    host, port = (str(sockname[0]), int(sockname[1])) if isinstance(sockname, tuple) else (None, None)
+    source = {"kind": "gateway", "config_path": str(config.config_path) if config.config_path else None,
+              "home": str(config.home)}  # fmt: skip
+    return json_response({"source": source, "settings": validation.effective_config(config, host=host, port=port)})
+
+
 @routes.post("/v1/admin/doctor")
 async def doctor(request: web.Request) -> web.Response:
     """Every finding as ``{check, severity, detail, fix, fixed}``; with ``fix: true`` the safe
     fixes are applied and marked ``fixed``."""
     config = request.app[K.CONFIG]
     body = await parse_body(request, DoctorBody, config.settings.gateway.max_body_bytes, optional=True)
-    store = request.app[K.STORE]
-    findings = await check_store(store, fix=body.fix)
-    history = request.app.get(HISTORY)
-    if history is not None:
-        findings += await check_index(history, store.ledger, store.home, fix=body.fix)
-    return json_response({"actions": [f.as_dict() for f in findings]})
+    actions = await operations.doctor(request.app[K.STORE], request.app.get(HISTORY), fix=body.fix)
+    return json_response({"actions": actions})

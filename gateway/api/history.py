@@ -1,6 +1,6 @@
 """Conversation history: search (``GET /v1/history/search``), export of sessions and runs
-(JSON Lines or Markdown, streamed), purge; and the history index's cleanup context, which feeds
-the index from the store's durable appends and rebuilds it when it is missing."""
+(JSON Lines or Markdown, streamed), purge. The index itself is built and fed by the composition
+root (``gateway/services.py``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 from aiohttp import web
 
@@ -17,74 +16,22 @@ from config.clock import iso, parse_iso
 from config.errors import BadRequest, Unavailable
 from gateway import keys as K
 from gateway.http import json_response, query_int
-from gateway.session_tools import SessionTools
-from gateway.turns import Conversations
+from gateway.keys import HISTORY
 from sessions.export import ExportFormat, RunExport, export_lines, one_run, runs_of_key
-from sessions.history import HistoryIndex, catch_up, history_path, rebuild_all
+from sessions.history import HistoryIndex
 from sessions.history_search import HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.purge import purge_key
-from sessions.records import RunState
-from sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
-HISTORY = web.AppKey("history", HistoryIndex)
 ROLES = ("user", "assistant", "tool", "system")
 EXPORT_CHUNK_LINES = 256
 
 
 def history_of(app: web.Application) -> HistoryIndex | None:
     return app.get(HISTORY)
-
-
-async def history_context(app: web.Application) -> AsyncIterator[None]:
-    """Open ``contexts/history.db`` after the store; feed it every durable append; rebuild it in
-    the background when it was missing; catch up active runs a crash left behind."""
-    settings = app[K.CONFIG].settings
-    conversations = app[K.CONVERSATIONS]
-    if not settings.history.enabled:
-        register_session_tools(conversations, None)
-        yield
-        return
-    store = app[K.STORE]
-    history = HistoryIndex(history_path(store.home.contexts), max_batch=settings.history.max_batch)
-    created = await history.open()
-    app[HISTORY] = history
-
-    def feed(run: RunState, record: dict[str, Any]) -> None:
-        history.feed(run.run_id, run.key, run.agent_id, record)
-
-    store.durable_listeners.append(feed)
-    app[K.EXTRAS]["history_forget"] = history.delete_runs
-    register_session_tools(conversations, history)
-    task = asyncio.create_task(_prepare(history, store, rebuild=created), name="history-rebuild")
-    try:
-        yield
-    finally:
-        store.durable_listeners.remove(feed)
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await history.close()
-
-
-def register_session_tools(conversations: Conversations, history: HistoryIndex | None) -> None:
-    if any(agent.tools.sessions.enabled for agent in conversations.settings.agents.values()):
-        SessionTools(conversations, history).register(conversations.tools)
-
-
-async def _prepare(history: HistoryIndex, store: SessionStore, *, rebuild: bool) -> None:
-    try:
-        if rebuild:
-            log.info("history index missing: rebuilding it from the run folders and archives")
-            await rebuild_all(history, store.ledger, store.home)
-        else:
-            runs = [(r.run_id, r.key, r.agent_id, r.dir, r.next_seq - 1) for r in store.active_runs()]
-            await catch_up(history, runs)
-    except Exception:  # the index is derived: a failed rebuild is logged; doctor --fix retries
-        log.exception("history index rebuild failed")
 
 
 def require_history(request: web.Request) -> HistoryIndex:
@@ -230,9 +177,5 @@ async def purge(request: web.Request, key: str) -> web.Response:
     async with conv.exclusive(key):
         runs = await store.ledger.list_runs(session_key=key, limit=1_000_000)
         tombstone = await purge_key(store, key, history=history_of(request.app))
-        transcripts = request.app[K.EXTRAS].get("transcripts")
-        if transcripts is not None:
-            for agent_id in {r.get("agent_id") for r in runs}:
-                await transcripts.forget(agent_id, [r["uuid"] for r in runs if r.get("agent_id") == agent_id])
+        await request.app[K.SERVICES].forget_transcripts(runs)
     return json_response({"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()})
-

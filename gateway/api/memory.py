@@ -1,45 +1,26 @@
-"""Memory routes (SPEC section 8): search, files, reindex, status; and the memory cleanup context."""
+"""Memory routes (SPEC section 8): search, files, reindex, status."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
-from config.clock import host_zone
 from config.errors import BadRequest
 from gateway import keys as K
 from gateway.http import json_response, parse_body, query_int
-from gateway.recall import MemoryBridge
+from gateway.keys import MEMORY
 from gateway.relevance import present
-from gateway.transcript_memory import TranscriptSource
-from memory import MemoryService
 
 routes = web.RouteTableDef()
-MEMORY = web.AppKey("memory", MemoryService)
 
 
 class ReindexBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     agent: str | None = None
     force: bool = False
-
-
-def workspaces(config: Any) -> dict[str, Path]:
-    home: Path = config.home
-    return {
-        agent_id: Path(agent.workspace).expanduser() if agent.workspace else home / "workspaces" / agent_id
-        for agent_id, agent in config.settings.agents.items()
-    }
-
-
-def memory_uri(config: Any) -> Path:
-    uri = config.settings.memory.uri
-    return Path(uri).expanduser() if uri else config.home / "memory.lance"
 
 
 def _agent(request: web.Request) -> str:
@@ -85,7 +66,7 @@ async def reindex(request: web.Request) -> web.Response:
         raise BadRequest(f"agent {body.agent!r} is not configured", field="agent")
     hub = request.app[K.HUB]
     state: dict[str, Any] = {"running": True, "agent": body.agent, "force": body.force, "done": 0, "total": None}
-    request.app[K.EXTRAS]["reindex"] = state  # GET /v1/memory/status shows it while this runs
+    request.app[K.REINDEX].update(state=state)  # GET /v1/memory/status shows it while this runs
 
     def progress(done: int, total: int) -> None:
         state.update(done=done, total=total)
@@ -101,25 +82,5 @@ async def reindex(request: web.Request) -> web.Response:
 
 @routes.get("/v1/memory/status")
 async def status(request: web.Request) -> web.Response:
-    reindex = request.app[K.EXTRAS].get("reindex")
+    reindex = request.app[K.REINDEX].get("state")
     return json_response({**request.app[MEMORY].status(), "reindex": dict(reindex) if reindex else None})
-
-
-async def memory_context(app: web.Application) -> AsyncIterator[None]:
-    config = app[K.CONFIG]
-    env: dict[str, str] = app[K.ENV]
-    service = MemoryService(config.settings.memory, workspaces(config), memory_uri(config), clock=app[K.CLOCK])
-    await service.start()
-    app[MEMORY] = service
-    MemoryBridge(service, app[K.CONVERSATIONS], config.settings, host_zone=host_zone(env))
-    app[K.EXTRAS]["memory_ready"] = lambda: service.ready
-    transcripts = None
-    if "sessions" in config.settings.memory.sources:
-        transcripts = TranscriptSource(app[K.STORE], workspaces(config))
-        app[K.EXTRAS]["transcripts"] = transcripts
-    try:
-        yield
-    finally:
-        if transcripts is not None:
-            await transcripts.close()
-        await service.close()

@@ -81,11 +81,11 @@ async def get_run(request: web.Request) -> web.Response:
 
 async def _run_records(request: web.Request, name: str) -> list[dict[str, Any]]:
     store = request.app[K.STORE]
-    reader = request.app[K.EXTRAS].get("archive_reader")
+    reader = request.app[K.SERVICES].archives.records
     row, folder = await store.locate_run(request.match_info["uuid"])
     if folder is not None:
         return await store.read_store(folder, name)
-    if reader is not None and row.get("archived_at"):
+    if row.get("archived_at"):
         records: list[dict[str, Any]] = await reader(row["uuid"], name)
         return records
     raise NotFound(f"run {row['uuid']} has no readable folder", code="run_not_found")
@@ -134,9 +134,8 @@ async def run_final_summary(request: web.Request) -> web.Response:
         path = folder / layout.FINAL_SUMMARY
         text = await _read_text(path)
     else:
-        reader = request.app[K.EXTRAS].get("archive_text_reader")
-        if reader is not None and row.get("archived_at"):
-            text = await reader(row["uuid"], layout.FINAL_SUMMARY)
+        if row.get("archived_at"):
+            text = await request.app[K.SERVICES].archives.text(row["uuid"], layout.FINAL_SUMMARY)
     if text is None:
         raise NotFound(
             f"run {row['uuid']} has no final summary (status {row['status']}); runs get one when they complete",

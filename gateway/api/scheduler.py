@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
-from zoneinfo import ZoneInfo
-
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
-from config.clock import host_zone
 from gateway import keys as K
-from gateway.crashpoints import crash_step
-from gateway.delivery import DELIVERY
 from gateway.http import json_response, parse_body, read_body
-from gateway.scheduling import Scheduling
-from scheduler.service import DailyJob, SchedulerService
-from sessions import archive
-from sessions.resets import daily_boundaries
+from gateway.keys import SCHEDULER, SCHEDULING
 
 routes = web.RouteTableDef()
-SCHEDULING = web.AppKey("scheduling", Scheduling)
-SCHEDULER = web.AppKey("scheduler", SchedulerService)
-DELIVERY_TIMEOUT_S = 10.0
 
 
 class CleanupBody(BaseModel):
@@ -51,63 +37,3 @@ async def cleanup(request: web.Request) -> web.Response:
     body = await parse_body(request, CleanupBody, limit, optional=True)
     actions = await request.app[SCHEDULING].cleanup(dry_run=body.dry_run)
     return json_response({"dry_run": body.dry_run, "actions": actions})
-
-
-async def scheduler_context(app: web.Application) -> AsyncIterator[None]:
-    """Resets, cleanup and cron jobs; a sweep runs once at start, in the background, so resets
-    missed while the daemon was down happen without keeping the port unbound."""
-    settings = app[K.CONFIG].settings
-    env: dict[str, str] = app[K.ENV]
-    zone = host_zone(env)
-    scheduling = Scheduling(app[K.CONVERSATIONS], app[K.COMMANDS], settings, clock=app[K.CLOCK], host_zone=zone)
-    scheduling.archive_step = crash_step(env)
-    deliverer = app.get(DELIVERY)
-    if deliverer is not None:
-
-        async def deliver(url: str, payload: dict[str, Any]) -> bool:
-            assert deliverer is not None
-            return await deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
-
-        scheduling.deliver = deliver
-    reset_zone = ZoneInfo(settings.session.reset.timezone) if settings.session.reset.timezone else zone
-    service = SchedulerService(
-        timezone=reset_zone,
-        daily_reset=DailyJob(
-            settings.session.reset.at_hour, scheduling.sweep_job, daily_boundaries(settings.session, host_zone=zone)
-        ),
-        sweep_seconds=settings.scheduler.sweep_seconds,
-        sweep=scheduling.sweep_job,
-        cleanup_at_hour=settings.cleanup.at_hour,
-        cleanup=scheduling.cleanup_job,
-        cron_jobs=settings.cron.jobs,
-        run_cron=scheduling.run_cron,
-        clock=app[K.CLOCK],
-    )
-    app[SCHEDULING] = scheduling
-    scheduling.forget_runs = app[K.EXTRAS].get("history_forget")
-    app[SCHEDULER] = service
-    _serve_archives(app)
-    await service.start()
-    scheduling.start()
-    app[K.READY]["scheduler"] = True
-    try:
-        yield
-    finally:
-        app[K.READY]["scheduler"] = False
-        await scheduling.close(timeout=settings.gateway.shutdown_timeout_s / 4)
-        await service.stop()
-
-
-def _serve_archives(app: web.Application) -> None:
-    """Archived runs stay readable through /v1/runs/{uuid}/... and for inheritance."""
-    store = app[K.STORE]
-
-    async def records(run_id: str, name: str) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(archive.read_records, store.home.archive_file(run_id), run_id, name)
-
-    async def text(run_id: str, name: str) -> str | None:
-        return await asyncio.to_thread(archive.read_member, store.home.archive_file(run_id), run_id, name)
-
-    app[K.EXTRAS]["archive_reader"] = records
-    app[K.EXTRAS]["archive_text_reader"] = text
-    app[K.CONVERSATIONS].archive_text = text

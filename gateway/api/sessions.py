@@ -13,13 +13,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from config.errors import BadRequest, NotFound
 from gateway import keys as K
+from gateway import operations
 from gateway.api import history
 from gateway.commands import dispatch, parse_command
 from gateway.http import json_response, parse_body, query_int, read_json, validate
+from gateway.operations import describe_session, matching_sessions
 from gateway.queueing import QUEUE_MODES
 from gateway.streaming import answer
 from gateway.turns import Post
-from gateway.views import session_view
 from sessions.keys import Ingress, SessionKey, parse_key, route
 from sessions.records import TaskKey
 from sessions.thresholds import compaction_threshold
@@ -103,7 +104,7 @@ def session_key(request: web.Request) -> SessionKey:
     """The key in the path; ``cron:`` and ``hook:`` keys name no agent and run on ``main``.
     Parsed once per raw key (the agents are fixed at start); bad keys are not kept."""
     raw = request.match_info["key"]
-    cache: dict[str, SessionKey] = request.app[K.EXTRAS].setdefault("parsed_keys", {})
+    cache: dict[str, SessionKey] = request.app[K.PARSED_KEYS]
     key = cache.get(raw)
     if key is None:
         key = parse_key(raw, agents=request.app[K.CONFIG].settings.agents)
@@ -212,18 +213,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     agent = request.query.get("agent")
     chat_type = request.query.get("type")
     status = request.query.get("status")
-    if status is not None and status not in ("running", "paused", "idle"):
-        raise BadRequest("'status' must be running, paused or idle", field="status")
-    if chat_type is not None and chat_type not in ("direct", "group", "channel", "cron", "hook"):
-        raise BadRequest("'type' must be direct, group, channel, cron or hook", field="type")
-    entries = [
-        e
-        for e in store.entries()
-        if (agent is None or e.agent_id == agent)
-        and (chat_type is None or e.chat_type == chat_type)
-        and (status is None or e.status == status)
-    ]
-    entries.sort(key=_sort_key, reverse=True)
+    entries = matching_sessions(store, agent=agent, chat_type=chat_type, status=status)
     cursor = request.query.get("cursor")
     if cursor:
         position = _decode_cursor(cursor)
@@ -234,18 +224,7 @@ async def list_sessions(request: web.Request) -> web.Response:
 
 
 def describe(request: web.Request, key: str) -> dict[str, Any]:
-    store = request.app[K.STORE]
-    conv = request.app[K.CONVERSATIONS]
-    next_reset = request.app[K.COMMANDS].next_reset
-    entry = store.require_entry(key)
-    return session_view(
-        entry,
-        store.active_run(key),
-        threshold=conv.threshold(entry.agent_id),
-        overhead=conv.context_overhead(entry.agent_id),
-        next_reset=next_reset(key) if next_reset else None,
-        model=conv.model_name(key, entry.agent_id) if conv.provider(entry.agent_id) else None,
-    )
+    return describe_session(request.app[K.COMMANDS], key)
 
 
 @routes.get("/v1/sessions/{key}")
@@ -293,13 +272,7 @@ async def delete_session(request: web.Request) -> web.Response:
     key = session_key(request)
     if history.purge_flag(request):
         return await history.purge(request, key.raw)
-    store = request.app[K.STORE]
-    conv = request.app[K.CONVERSATIONS]
-    store.require_entry(key.raw)
-    conv.stop_turn(key.raw)
-    async with conv.exclusive(key.raw):
-        completed = await store.delete(key.raw)
-    return json_response({"session_key": key.raw, "deleted": True, "completed_run_id": completed})
+    return json_response(await operations.delete_session(request.app[K.CONVERSATIONS], key.raw))
 
 
 @routes.get("/v1/sessions/{key}/context")

@@ -38,9 +38,10 @@ async def readyz(request: web.Request) -> web.Response:
         checks["store_writable"] = problem is None
         if problem is not None:
             problems["store_writable"] = f"the store cannot write: {problem}"
-    memory_ready = request.app[K.EXTRAS].get("memory_ready")
+    services = request.app.get(K.SERVICES)
+    memory_ready = services.memory_ready if services is not None else None
     if memory_ready is not None:
-        checks["memory"] = bool(memory_ready())
+        checks["memory"] = memory_ready
     ready = all(checks.values())
     body: dict[str, object] = {"ready": ready, "checks": checks}
     if problems:
@@ -69,7 +70,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             last_id = int(raw_last)
         except ValueError:
             raise BadRequest("Last-Event-ID must be an event id this stream sent", field="Last-Event-ID") from None
-    heartbeat = float(request.app[K.EXTRAS].get("heartbeat_s", HEARTBEAT_S))
+    heartbeat = HEARTBEAT_S
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )

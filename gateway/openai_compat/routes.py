@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -12,6 +12,7 @@ from aiohttp import web
 from config.errors import NeotaskError, NotFound
 from gateway import keys as K
 from gateway.http import REQUEST_ID, json_response, parse_body
+from gateway.keys import COMPAT
 from gateway.openai_compat.bodies import (
     ChatCompletionBody,
     ResponsesBody,
@@ -34,18 +35,8 @@ from gateway.openai_compat.shapes import (
 )
 
 routes = web.RouteTableDef()
-COMPAT = web.AppKey("openai_compat", OpenAICompat)
 SESSION_HEADER = "X-Neotask-Session-Key"
 STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-async def compat_context(app: web.Application) -> AsyncIterator[None]:
-    service = OpenAICompat(app[K.COMMANDS], clock=app[K.CLOCK])
-    app[COMPAT] = service
-    try:
-        yield
-    finally:
-        await service.close()
 
 
 def service(request: web.Request) -> OpenAICompat:

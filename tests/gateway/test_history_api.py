@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 from aiohttp.test_utils import TestClient
 
-from gateway.api.history import HISTORY
+from gateway.keys import HISTORY
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.api.memory import MEMORY
+from gateway.keys import MEMORY
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.api.scheduler import SCHEDULING
+from gateway.keys import SCHEDULING
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import pytest
 
 from config.settings import SendRule
-from gateway.api.history import HISTORY
+from gateway.keys import HISTORY
 from gateway.session_tools import KeyInfo, send_allowed, visible
 from sessions.records import RunState, TaskKey
 from tests.conftest import FakeClock

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gateway.api.scheduler import SCHEDULING
+from gateway.keys import SCHEDULING
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 from tests.support.openai_server import Hang, OpenAIServer, RecordedRequest

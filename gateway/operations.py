@@ -1,0 +1,92 @@
+"""Application-level operations that a route and the offline CLI both do, written once over the
+composition root's objects (``gateway/services.py``): the same call answers ``GET /v1/sessions``
+and ``neotask sessions list`` without a daemon, ``/reset`` and ``neotask sessions reset``, a cron
+job run now, the doctor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from config.errors import BadRequest
+from gateway.commands import Commands, dispatch
+from gateway.turns import Conversations, Outcome, Post
+from gateway.views import session_view
+from sessions.doctor import check_store
+from sessions.history import HistoryIndex
+from sessions.history_doctor import check_index
+from sessions.keys import SessionKey
+from sessions.registry import SessionEntry
+from sessions.store import SessionStore
+
+STATUSES = ("running", "paused", "idle")
+CHAT_TYPES = ("direct", "group", "channel", "cron", "hook")
+
+
+def sort_key(entry: SessionEntry) -> tuple[str, str]:
+    """Newest activity first (sorted in reverse), the key breaking ties."""
+    return (entry.last_interaction_at or entry.created_at, entry.key)
+
+
+def matching_sessions(
+    store: SessionStore, *, agent: str | None, chat_type: str | None, status: str | None
+) -> list[SessionEntry]:
+    """The entries a listing shows, newest activity first; a bad filter is a 400."""
+    if status is not None and status not in STATUSES:
+        raise BadRequest(f"'status' must be {', '.join(STATUSES[:-1])} or {STATUSES[-1]}", field="status")
+    if chat_type is not None and chat_type not in CHAT_TYPES:
+        raise BadRequest(f"'type' must be {', '.join(CHAT_TYPES[:-1])} or {CHAT_TYPES[-1]}", field="type")
+    entries = [
+        e
+        for e in store.entries()
+        if (agent is None or e.agent_id == agent)
+        and (chat_type is None or e.chat_type == chat_type)
+        and (status is None or e.status == status)
+    ]
+    entries.sort(key=sort_key, reverse=True)
+    return entries
+
+
+def describe_session(commands: Commands, key: str) -> dict[str, Any]:
+    """``GET /v1/sessions/{key}``: the entry with its token figures (the context plus the system
+    prompt and the tool schemas the model is sent), the next reset and the model."""
+    conv = commands.conv
+    store = conv.store
+    entry = store.require_entry(key)
+    return session_view(
+        entry,
+        store.active_run(key),
+        threshold=conv.threshold(entry.agent_id),
+        overhead=conv.context_overhead(entry.agent_id),
+        next_reset=commands.next_reset(key) if commands.next_reset else None,
+        model=conv.model_name(key, entry.agent_id) if conv.provider(entry.agent_id) else None,
+    )
+
+
+def describe_sessions(commands: Commands, entries: Iterable[SessionEntry]) -> list[dict[str, Any]]:
+    return [describe_session(commands, e.key) for e in entries]
+
+
+async def run_command(commands: Commands, key: SessionKey, command: str) -> Outcome:
+    """A chat command on an existing session (``/reset``, ``/compact ...``): an unknown key is
+    404, not a new session."""
+    commands.store.require_entry(key.raw)
+    return await dispatch(commands, Post(key=key, role="user", content=command))
+
+
+async def delete_session(conv: Conversations, key: str) -> dict[str, Any]:
+    """Stop the key's turn, complete its active run (final summary) and remove the entry."""
+    conv.store.require_entry(key)
+    conv.stop_turn(key)
+    async with conv.exclusive(key):
+        completed = await conv.store.delete(key)
+    return {"session_key": key, "deleted": True, "completed_run_id": completed}
+
+
+async def doctor(store: SessionStore, history: HistoryIndex | None, *, fix: bool) -> list[dict[str, Any]]:
+    """The doctor inside a running gateway (``POST /v1/admin/doctor``): the store's checks, then
+    the history index's."""
+    findings = await check_store(store, fix=fix)
+    if history is not None:
+        findings += await check_index(history, store.ledger, store.home, fix=fix)
+    return [f.as_dict() for f in findings]

@@ -1,0 +1,354 @@
+"""The composition root: the one place that builds the gateway's objects and connects their hooks.
+
+``open_services(config, env=..., clock=...)`` builds, from the settings, the process environment
+and a clock, in this order (closed in the reverse order):
+
+    event hub, metrics, model providers
+    history index (contexts/history.db)            when history.enabled
+    session store (recovery)                       hooks: final summary, event listeners, durable appends
+    tool box, Conversations, Commands              hooks: resets on arrival, auto-recall, archive reader
+    memory service, recall bridge, memory tools    when Parts.memory
+    transcript source                              when memory.sources has ``sessions``
+    session tools                                  when an agent enables them
+    deliverer (HTTP client), webhooks, OpenAI-compatible service
+    Scheduling (resets, cleanup, cron), SchedulerService (APScheduler: started only with Parts.timers)
+
+The daemon (``gateway/app.py``) opens it in one cleanup context; the offline CLI
+(``gateway/offline.py``) opens the same graph under the home lock with ``Parts(timers=False)``, so
+a reset, a compaction or a cron job run without a daemon goes through the same objects (final
+summary, memory flush, memory tools, delivery). Hooks are declared in ``gateway/hooks.py``; they
+are connected here and nowhere else. A hook that names an object built later (the store's final
+summarizer is ``Conversations.final_summary``; Conversations' ``before_post`` is
+``Scheduling.check_on_arrival``) is a closure over this function's locals, called only once
+everything is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import aiohttp
+
+from config.clock import Clock, host_zone, system_clock
+from config.loader import LoadedConfig
+from gateway.commands import Commands
+from gateway.crashpoints import crash_step
+from gateway.delivery import Deliverer
+from gateway.events import EventHub
+from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
+from gateway.metrics import Metrics
+from gateway.openai_compat.service import OpenAICompat
+from gateway.provider import ChatProvider
+from gateway.recall import MemoryBridge
+from gateway.scheduling import Scheduling
+from gateway.session_tools import SessionTools
+from gateway.tools import ToolBox
+from gateway.transcript_memory import TranscriptSource
+from gateway.turns import Conversations, Post
+from gateway.validation import check_config
+from gateway.webhook_intake import Webhooks
+from memory import MemoryService
+from scheduler.service import DailyJob, SchedulerService
+from sessions import archive
+from sessions.history import HistoryIndex, catch_up, history_path, rebuild_all
+from sessions.layout import Home
+from sessions.records import RunState
+from sessions.resets import daily_boundaries
+from sessions.store import SessionStore
+
+log = logging.getLogger(__name__)
+DELIVERY_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What to build besides the core. ``memory``: the memory index, auto-recall and the memory
+    tools; ``timers``: APScheduler's jobs, the start-up reset sweep and the history index rebuilt
+    in the background (without timers, the offline CLI, the index is brought level before use)."""
+
+    memory: bool = True
+    timers: bool = True
+
+
+def workspaces(config: LoadedConfig) -> dict[str, Path]:
+    home: Path = config.home
+    return {
+        agent_id: Path(agent.workspace).expanduser() if agent.workspace else home / "workspaces" / agent_id
+        for agent_id, agent in config.settings.agents.items()
+    }
+
+
+def memory_uri(config: LoadedConfig) -> Path:
+    uri = config.settings.memory.uri
+    return Path(uri).expanduser() if uri else config.home / "memory.lance"
+
+
+class Archives:
+    """Archived runs (``archive/<uuid>.tar.gz``) stay readable: the run routes and inheritance."""
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
+
+    async def records(self, run_id: str, name: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(archive.read_records, self.home.archive_file(run_id), run_id, name)
+
+    async def text(self, run_id: str, name: str) -> str | None:
+        return await asyncio.to_thread(archive.read_member, self.home.archive_file(run_id), run_id, name)
+
+
+@dataclass
+class Services:
+    """Everything the daemon and the CLI work with, built by :func:`open_services`."""
+
+    config: LoadedConfig
+    env: dict[str, str]
+    clock: Clock
+    host_zone: ZoneInfo
+    hub: EventHub
+    metrics: Metrics
+    providers: dict[str, ChatProvider]
+    store: SessionStore
+    archives: Archives
+    history: HistoryIndex | None
+    conversations: Conversations
+    commands: Commands
+    memory: MemoryService | None
+    transcripts: TranscriptSource | None
+    deliverer: Deliverer
+    webhooks: Webhooks
+    compat: OpenAICompat
+    scheduling: Scheduling
+    scheduler: SchedulerService
+
+    @property
+    def memory_ready(self) -> bool | None:
+        return None if self.memory is None else self.memory.ready
+
+    async def deliver(self, url: str, payload: Event) -> bool:
+        return await self.deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
+
+    async def forget_transcripts(self, runs: list[dict[str, Any]]) -> None:
+        """The memory notes of purged runs (rows of tasks.db) go with them."""
+        if self.transcripts is None:
+            return
+        for agent_id in {r.get("agent_id") for r in runs}:
+            await self.transcripts.forget(agent_id, [r["uuid"] for r in runs if r.get("agent_id") == agent_id])
+
+
+def providers_for(config: LoadedConfig, env: Mapping[str, str]) -> dict[str, ChatProvider]:
+    return {
+        agent_id: ChatProvider(agent.model, api_key=env.get(agent.model.api_key_env))
+        for agent_id, agent in config.settings.agents.items()
+        if agent.model.base_url
+    }
+
+
+@contextlib.asynccontextmanager
+async def open_services(
+    config: LoadedConfig,
+    *,
+    env: Mapping[str, str] | None = None,
+    clock: Clock = system_clock,
+    parts: Parts | None = None,
+) -> AsyncIterator[Services]:
+    """Build and start the object graph; close it in the reverse order on the way out. The caller
+    holds the home lock (the daemon's, or the CLI's own)."""
+    parts = parts or Parts()
+    env = dict(env or {})
+    settings = config.settings
+    for warning in check_config(config, env):
+        log.warning("%s", warning)
+    zone = host_zone(env)
+    async with contextlib.AsyncExitStack() as stack:
+        hub = EventHub()
+        metrics = Metrics()
+        providers = providers_for(config, env)
+        stack.push_async_callback(_close_providers, providers)
+
+        # Hooks naming objects built further down: called only once open_services has yielded.
+        history: HistoryIndex | None = None
+        transcripts: TranscriptSource | None = None
+        bridge: MemoryBridge | None = None
+        scheduling: Scheduling | None = None
+
+        def on_event(event: Event) -> None:
+            if transcripts is not None:
+                transcripts.on_event(event)
+
+        def feed(run: RunState, record: Event) -> None:
+            if history is not None:
+                history.feed(run.run_id, run.key, run.agent_id, record)
+
+        async def final_summary(run: RunState, reason: str) -> str | None:
+            return await conversations.final_summary(run, reason)
+
+        async def resets_due(post: Post) -> list[Event]:
+            return [] if scheduling is None else await scheduling.check_on_arrival(post)
+
+        async def recall(run: RunState, post: Post, new_run: bool) -> list[Event]:
+            return [] if bridge is None else await bridge.recall(run, post, new_run)
+
+        def next_reset(key: str) -> Any:
+            return None if scheduling is None else scheduling.next_reset(key)
+
+        store = await SessionStore.open(
+            config.home,
+            settings,
+            clock=clock,
+            final_summarizer=final_summary,
+            listeners=(hub.publish, on_event),
+            durable_listeners=(feed,) if settings.history.enabled else (),
+        )
+        stack.push_async_callback(store.close)
+        if settings.history.enabled:
+            history = HistoryIndex(history_path(store.home.contexts), max_batch=settings.history.max_batch)
+            created = await history.open()
+            stack.push_async_callback(history.close)
+        archives = Archives(store.home)
+        tools = ToolBox(store)
+        conversations = Conversations(
+            store,
+            settings,
+            providers=providers,
+            hub=hub,
+            metrics=metrics,
+            clock=clock,
+            tools=tools,
+            hooks=ConversationHooks(
+                before_post=(resets_due,),
+                before_append=(recall,) if parts.memory else (),
+                archive_text=archives.text,
+            ),
+        )
+        commands = Commands(conversations, hooks=CommandHooks(next_reset=next_reset))
+        if history is not None:
+            stack.push_async_callback(_settle_index, await _prepare_index(history, store, created, parts.timers))
+
+        memory: MemoryService | None = None
+        if parts.memory:
+            memory = MemoryService(settings.memory, workspaces(config), memory_uri(config), clock=clock)
+            await memory.start()
+            stack.push_async_callback(memory.close)
+            bridge = MemoryBridge(memory, conversations, settings, host_zone=zone)
+            for tool in bridge.tools():
+                tools.register(tool)
+        if "sessions" in settings.memory.sources:
+            transcripts = TranscriptSource(store, workspaces(config))
+            stack.push_async_callback(transcripts.close)
+        if any(agent.tools.sessions.enabled for agent in settings.agents.values()):
+            for tool in SessionTools(conversations, history).tools():
+                tools.register(tool)
+
+        client = await stack.enter_async_context(aiohttp.ClientSession(headers={"User-Agent": "neotask-gateway"}))
+        deliverer = Deliverer(client)
+        webhooks = Webhooks(conversations, settings, env, deliverer, clock=clock)
+        stack.push_async_callback(webhooks.close)
+        compat = OpenAICompat(commands, clock=clock)
+        stack.push_async_callback(compat.close)
+
+        async def deliver(url: str, payload: Event) -> bool:
+            return await deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
+
+        scheduling = Scheduling(
+            conversations,
+            commands,
+            settings,
+            clock=clock,
+            host_zone=zone,
+            hooks=SchedulingHooks(
+                deliver=deliver,
+                forget_runs=history.delete_runs if history is not None else None,
+                archive_step=crash_step(env),
+            ),
+        )
+        scheduler = scheduler_service(config, scheduling, zone, clock)
+        if parts.timers:
+            await scheduler.start()
+            scheduling.start()
+            stack.push_async_callback(scheduler.stop)
+            stack.push_async_callback(scheduling.close, settings.gateway.shutdown_timeout_s / 4)
+        if not providers:
+            log.info("no model configured: running in store-only mode")
+        yield Services(
+            config=config,
+            env=env,
+            clock=clock,
+            host_zone=zone,
+            hub=hub,
+            metrics=metrics,
+            providers=providers,
+            store=store,
+            archives=archives,
+            history=history,
+            conversations=conversations,
+            commands=commands,
+            memory=memory,
+            transcripts=transcripts,
+            deliverer=deliverer,
+            webhooks=webhooks,
+            compat=compat,
+            scheduling=scheduling,
+            scheduler=scheduler,
+        )
+
+
+def scheduler_service(config: LoadedConfig, scheduling: Scheduling, zone: ZoneInfo, clock: Clock) -> SchedulerService:
+    """The APScheduler jobs: the daily reset boundary and the sweep, cleanup, cron jobs."""
+    settings = config.settings
+    reset_zone = ZoneInfo(settings.session.reset.timezone) if settings.session.reset.timezone else zone
+    return SchedulerService(
+        timezone=reset_zone,
+        daily_reset=DailyJob(
+            settings.session.reset.at_hour, scheduling.sweep_job, daily_boundaries(settings.session, host_zone=zone)
+        ),
+        sweep_seconds=settings.scheduler.sweep_seconds,
+        sweep=scheduling.sweep_job,
+        cleanup_at_hour=settings.cleanup.at_hour,
+        cleanup=scheduling.cleanup_job,
+        cron_jobs=settings.cron.jobs,
+        run_cron=scheduling.run_cron,
+        clock=clock,
+    )
+
+
+async def _close_providers(providers: dict[str, ChatProvider]) -> None:
+    for provider in providers.values():
+        await provider.close()
+
+
+async def _prepare_index(
+    history: HistoryIndex, store: SessionStore, created: bool, background: bool
+) -> asyncio.Task[None] | None:
+    """Rebuild the index when it was missing, else catch up the active runs a crash left behind:
+    in the background (the daemon), or now (the CLI, which closes again soon)."""
+    if background:
+        return asyncio.create_task(_level_index(history, store, rebuild=created), name="history-rebuild")
+    await _level_index(history, store, rebuild=created)
+    return None
+
+
+async def _settle_index(task: asyncio.Task[None] | None) -> None:
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _level_index(history: HistoryIndex, store: SessionStore, *, rebuild: bool) -> None:
+    try:
+        if rebuild:
+            log.info("history index missing: rebuilding it from the run folders and archives")
+            await rebuild_all(history, store.ledger, store.home)
+        else:
+            runs = [(r.run_id, r.key, r.agent_id, r.dir, r.next_seq - 1) for r in store.active_runs()]
+            await catch_up(history, runs)
+    except Exception:  # the index is derived: a failed rebuild is logged; doctor --fix retries
+        log.exception("history index rebuild failed")
