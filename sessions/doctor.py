@@ -391,8 +391,9 @@ def fix_files(home: Home, finding: Finding) -> bool:
 
 
 def scan_folders(home: Home, *, min_age_s: float = 0.0, now: float | None = None) -> tuple[RunFolder, ...]:
-    """Every run folder (blocking). Folders changed within ``min_age_s`` are marked young and
-    judged only as present: a run being created has its folder before its tasks.db row."""
+    """Every run folder (blocking). Active folders changed within ``min_age_s`` are marked young
+    and judged only as present: a run being created has its folder before its tasks.db row. A
+    resting folder (completed, failed) always had its row first, so a young one is judged too."""
     now = time.time() if now is None else now
     found = []
     for state in FOLDERS:
@@ -405,7 +406,7 @@ def scan_folders(home: Home, *, min_age_s: float = 0.0, now: float | None = None
             if not child.is_dir():
                 continue
             stat = child.stat()
-            young = now - stat.st_mtime < min_age_s
+            young = state in ACTIVE and now - stat.st_mtime < min_age_s  # runs are created only there
             metadata = _read_metadata(Path(child.path))
             empty = metadata is None and leftovers.holds_no_message(Path(child.path))
             found.append(RunFolder(child.name, state, metadata, young, empty))
