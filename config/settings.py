@@ -12,6 +12,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.crontab import check_schedule
+
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -277,14 +279,12 @@ class CronJob(Model):
 
     @model_validator(mode="after")
     def _schedule_parses(self) -> CronJob:
-        from scheduler.service import crontab_trigger  # crontab semantics (Sunday = 0 or 7)
-
         try:
             _check_zone(self.timezone)
         except ValueError as exc:
             raise ValueError(f"cron job {self.id!r}: {exc}") from exc
         try:
-            crontab_trigger(self.schedule, ZoneInfo(self.timezone or "UTC"))
+            check_schedule(self.schedule)  # the grammar scheduler.service builds its triggers from
         except ValueError as exc:
             raise ValueError(f"cron job {self.id!r}: bad schedule {self.schedule!r}: {exc}") from exc
         return self

@@ -27,6 +27,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from config.clock import Clock, iso
+from config.crontab import check_schedule
 from config.errors import Conflict, NotFound
 from config.settings import CronJob
 
@@ -82,9 +83,8 @@ def crontab_trigger(schedule: str, zone: ZoneInfo) -> BaseTrigger:
     Unlike ``CronTrigger.from_crontab``, weekday numbers mean what they mean in crontab (0 and 7
     are Sunday), and when both day of month and day of week are restricted (neither starts with
     ``*``) the job fires on either, as cron does."""
+    check_schedule(schedule)  # the grammar the configuration was checked with
     fields = schedule.split()
-    if len(fields) != 5:
-        raise ValueError(f"cron schedule {schedule!r} must have 5 fields, not {len(fields)}")
     minute, hour, day, month, weekday_text = fields
     weekday = _weekday_field(weekday_text)
     if not day.startswith("*") and not weekday_text.startswith("*"):

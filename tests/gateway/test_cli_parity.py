@@ -113,11 +113,11 @@ def write_config(home: Path, server: OpenAIServer, **extra: Any) -> None:
 
 
 async def post(url: str, key: str, content: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{url}/v1/sessions/{quote(key, safe='')}/messages", json={"content": content}) as r:
-            assert r.status == 200, await r.text()
-            body: dict[str, Any] = await r.json()
-            return body
+    target = f"{url}/v1/sessions/{quote(key, safe='')}/messages"
+    async with aiohttp.ClientSession() as session, session.post(target, json={"content": content}) as r:
+        assert r.status == 200, await r.text()
+        body: dict[str, Any] = await r.json()
+        return body
 
 
 def entry(home: Path, key: str) -> dict[str, Any]:
