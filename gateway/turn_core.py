@@ -1,0 +1,169 @@
+"""The conversation engine's state and configuration (``ConversationCore``), under the layers
+``gateway/idempotency.py`` → ``gateway/compaction_triggers.py`` → ``gateway/model_turn.py`` →
+``gateway/turns.py`` (posting and per-key order), each a subclass of the one before."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from config.clock import Clock
+from config.errors import Conflict, Unavailable
+from config.settings import AgentSettings, Settings
+from gateway.events import EventHub
+from gateway.hooks import ConversationHooks
+from gateway.metrics import Metrics
+from gateway.posts import Post
+from gateway.provider import ChatProvider, Completion
+from gateway.queueing import Batch, Caller, QueueMode, TurnQueue
+from gateway.summarizer import ModelSummarizer
+from gateway.tools import ToolBox
+from sessions.compactor import Compactor
+from sessions.records import NewMessage, Role, RunState
+from sessions.store import SessionStore
+from sessions.thresholds import compaction_threshold
+from sessions.tokens import estimate_text
+
+log = logging.getLogger(__name__)
+
+
+class ConversationCore:
+    """The state of the conversation engine and what every layer reads: the agent's settings,
+    provider and model, the per-key turn locks, the context overhead, usage accounting."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        settings: Settings,
+        *,
+        providers: Mapping[str, ChatProvider],
+        hub: EventHub,
+        metrics: Metrics,
+        clock: Clock,
+        tools: ToolBox | None = None,
+        hooks: ConversationHooks | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.providers = providers
+        self.hub = hub
+        self.metrics = metrics
+        self.clock = clock
+        self.hooks = hooks or ConversationHooks()
+        self.tools = tools if tools is not None else ToolBox(store)
+        self._turn_locks: dict[str, asyncio.Lock] = {}
+        self._running: dict[str, asyncio.Task[Any]] = {}
+        self.queue = TurnQueue(self._batch_turn, self.turn_lock, self._closing_error)
+        self.closing = False
+        self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
+        self.compactors = {agent_id: self._compactor(agent_id) for agent_id in settings.agents}
+
+    def _compactor(self, agent_id: str) -> Compactor:
+        agent = self.settings.agents[agent_id]
+        summarizer = ModelSummarizer(
+            self.providers.get(agent_id),
+            model=self.settings.compaction.model or agent.model.name,
+            context_window=agent.model.context_window,
+            max_output_tokens=agent.model.max_output_tokens,
+        )
+        return Compactor(self.store, summarizer, self.settings.compaction)
+
+    def threshold(self, agent_id: str | None) -> int:
+        return compaction_threshold(self.settings.compaction, self.agent(agent_id).model)
+
+    def agent(self, agent_id: str | None) -> AgentSettings:
+        return self.settings.agents[agent_id or "main"]
+
+    def provider(self, agent_id: str | None) -> ChatProvider | None:
+        return self.providers.get(agent_id or "main")
+
+    def model_name(self, key: str, agent_id: str | None) -> str:
+        entry = self.store.entry(key)
+        override = entry.settings.get("model") if entry else None
+        return str(override or self.agent(agent_id).model.name)
+
+    def queue_mode(self, key: str, agent_id: str | None) -> QueueMode:
+        """The session's ``queue_mode`` setting, else the agent's, else ``session.queue.mode``."""
+        entry = self.store.entry(key)
+        override = entry.settings.get("queue_mode") if entry else None
+        mode = override or self.agent(agent_id).queue_mode or self.settings.session.queue.mode
+        return mode if mode in ("followup", "steer") else "collect"
+
+    def needs_turn(self, post: Post) -> bool:
+        answers = post.role == "user" or (post.role == "tool" and post.options is not None and post.options.answer_tool)
+        return answers and post.reply and self.provider(post.key.agent_id) is not None
+
+    def turn_lock(self, key: str) -> asyncio.Lock:
+        lock = self._turn_locks.get(key)
+        if lock is None:
+            lock = self._turn_locks[key] = asyncio.Lock()
+        return lock
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        """Both locks: no turn runs and nothing is appended while a lifecycle change happens."""
+        async with self.turn_lock(key), self.store.lock_for(key):
+            yield
+
+    def context_overhead(self, agent_id: str | None) -> int:
+        """Tokens of the system prompt and of the tool schemas the model is sent (none in
+        store-only mode), counted toward the threshold."""
+        agent = self.agent(agent_id)
+        tools = estimate_text(json.dumps(self.tools.schemas())) if self.provider(agent_id) else 0
+        return estimate_text(agent.system_prompt) + tools
+
+    async def _account(
+        self, run: RunState, completion: Completion, overhead: int, sent_tokens: int | None = None
+    ) -> None:
+        """Record usage; with ``sent_tokens`` (the context count when the prompt was read), also
+        calibrate the context count, keeping what was appended while the model answered."""
+        usage = completion.usage.as_dict()
+        await self.store.add_usage(run, usage)
+        for kind, value in usage.items():
+            if value:
+                self.metrics.tokens.labels(kind).inc(value)
+        if completion.usage.input_tokens and sent_tokens is not None:
+            appended = run.context_tokens - sent_tokens
+            self.store.calibrate_context(run, completion.usage.input_tokens, overhead, appended_since=appended)
+
+    async def _batch_turn(self, batch: Batch) -> None:
+        """Run one model turn for ``batch``: the posting layer's (``gateway/turns.py``)."""
+        raise NotImplementedError
+
+    def _closing_error(self, caller: Caller) -> BaseException:
+        return Unavailable(
+            f"the gateway is shutting down: the turn was stopped; the message is stored (seq {caller.seq})",
+            code="shutting_down",
+            message_seq=caller.seq,
+            stored=True,
+        )
+
+    async def command_line(
+        self,
+        run: RunState,
+        role: Role,
+        text: str,
+        *,
+        client_message_id: str | None = None,
+        reply_to: int | None = None,
+    ) -> dict[str, Any]:
+        """Store a chat command or its answer (``command: true``: never sent to the model)."""
+        message = NewMessage(
+            role=role,
+            content=text,
+            command=True,
+            user_activity=False,
+            client_message_id=client_message_id,
+            reply_to=reply_to,
+        )
+        return await self.store.append(run, message)
+
+    def ensure_active(self, key: str) -> RunState:
+        run = self.store.active_run(key)
+        if run is None:
+            raise Conflict(f"session {key!r} has no active run", code="no_active_run")
+        return run
