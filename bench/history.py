@@ -68,7 +68,8 @@ async def bench_ingest(report: Report, *, rounds: int, per_round: int, keys: int
         runs: dict[str, list[RunState]] = {}
         history = HistoryIndex(Path(on_home) / "contexts" / "history.db")
         for name, home in (("on", on_home), ("off", off_home)):
-            store = await SessionStore.open(Path(home), settings, clock=system_clock)
+            feed = () if name == "off" else (lambda run, rec: history.feed(run.run_id, run.key, run.agent_id, rec),)
+            store = await SessionStore.open(Path(home), settings, clock=system_clock, durable_listeners=feed)
             stores[name] = store
             runs[name] = [
                 await store.start_run(f"agent:main:dm:p{i}", agent_id="main", chat_type="direct", channel=None,
@@ -76,7 +77,6 @@ async def bench_ingest(report: Report, *, rounds: int, per_round: int, keys: int
                 for i in range(keys)
             ]  # fmt: skip
         await history.open()
-        stores["on"].durable_listeners.append(lambda run, rec: history.feed(run.run_id, run.key, run.agent_id, rec))
         rates: dict[str, list[float]] = {"on": [], "off": []}
         for r in range(rounds):
             order = ("on", "off") if r % 2 == 0 else ("off", "on")

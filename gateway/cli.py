@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from config.errors import ConfigError, NeotaskError
 from config.loader import LoadedConfig, load_config, resolve_home
-from gateway import cli_history, cli_jobs, offline
+from gateway import cli_admin, cli_history, cli_jobs, offline
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
 from sessions.damage import EXIT_STATE, DamagedState
@@ -174,16 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_jobs.add_commands(commands, both, actions)
     cli_history.add_commands(commands, both, actions)
 
-    config = commands.add_parser("config", help="check or show the configuration")
-    config_actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
-    check = config_actions.add_parser("check", parents=both, help="validate the configuration")
-    check.set_defaults(handler=cmd_config_check)
-    show = config_actions.add_parser("show", parents=both, help="the effective configuration (tokens redacted)")
-    show.set_defaults(handler=cmd_config_show)
-
-    doctor = commands.add_parser("doctor", parents=both, help="consistency checks over the home")
-    doctor.add_argument("--fix", action="store_true", help="apply the safe fixes")
-    doctor.set_defaults(handler=cmd_doctor)
+    cli_admin.add_commands(commands, both)
     return parser
 
 
@@ -422,97 +411,6 @@ def cmd_sessions_delete(ctx: Context) -> int:
         completed = body.get("completed_run_id")
         ctx.print(f"deleted {key}" + (f" (completed run {completed})" if completed else ""))
     return EXIT_OK
-
-
-# -- config ----------------------------------------------------------------------------------------
-
-
-def cmd_config_check(ctx: Context) -> int:
-    try:
-        config = ctx.config
-    except ConfigError as exc:
-        if ctx.as_json:
-            ctx.print_json({"ok": False, "error": exc.message})
-        else:
-            print(f"error: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    try:  # what the daemon checks before it builds anything, beyond the file's own schema
-        from gateway.validation import check_config
-
-        warnings = [*config.warnings, *check_config(config, ctx.env)]
-    except ConfigError as exc:
-        if ctx.as_json:
-            ctx.print_json({"ok": False, "error": exc.message})
-        else:
-            print(f"error: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    source = str(config.config_path) if config.config_path else "defaults only (no config file)"
-    if ctx.as_json:
-        ctx.print_json({"ok": True, "config_path": source, "home": str(config.home), "warnings": warnings})
-        return EXIT_OK
-    ctx.print(f"OK: {source}")
-    for warning in warnings:
-        ctx.print(f"warning: {warning}")
-    return EXIT_OK
-
-
-def cmd_config_show(ctx: Context) -> int:
-    """The running gateway's effective configuration when one runs (its ``--port``, the
-    environment it started with), else the files' (and this environment's); the first line (the
-    ``source`` field with ``--json``) says which."""
-    client = ctx.client()
-    if client is not None:
-        body = client.get("/v1/admin/config")
-        data, source = body["settings"], body["source"]
-        title = f"the running gateway's effective configuration ({client.base_url})"
-    else:
-        from gateway.validation import effective_config
-
-        config = ctx.config
-        data = effective_config(config)
-        source = {"kind": "files", "config_path": str(config.config_path) if config.config_path else None,
-                  "home": str(config.home)}  # fmt: skip
-        title = "the configuration from the files (no gateway running)"
-    if ctx.as_json:
-        ctx.print_json({"source": source, **data})
-        return EXIT_OK
-    ctx.print(f"# {title}: home {source['home']}, file {source['config_path'] or 'none'}")
-    ctx.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
-    return EXIT_OK
-
-
-# -- doctor ----------------------------------------------------------------------------------------
-
-
-def cmd_doctor(ctx: Context) -> int:
-    fix = bool(ctx.args.fix)
-    client = ctx.client()
-    body = client.post("/v1/admin/doctor", {"fix": fix}) if client else offline.run_doctor(ctx.config, fix=fix)
-    if client is None:  # the history check skips an unreadable tasks.db: the ledger check reports it
-        body["actions"] += cli_history.offline_doctor(ctx.config, fix=fix)
-    actions = body.get("actions", [])
-    left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
-    for action in left:  # what stops or damages the gateway, one line each, whatever the format
-        detail = str(action["detail"])
-        fixable = action.get("fix") and action.get("fixable", True)  # else a restart or a person
-        hint = "; `neotask doctor --fix` fixes it" if fixable and "doctor --fix" not in detail else ""
-        print(f"error: {detail}{hint}", file=sys.stderr)
-    status = EXIT_STATE if left else EXIT_OK
-    if ctx.as_json:
-        ctx.print_json(body)
-        return status
-    if not actions:
-        ctx.print("no problems found")
-        return EXIT_OK
-    header = ("CHECK", "SEVERITY", "DETAIL", "FIXED" if fix else "FIX (--fix)")
-    rows = [
-        (a["check"], a["severity"], a["detail"], ("yes" if a.get("fixed") else "no") if fix else (a.get("fix") or "-"))
-        for a in actions
-    ]
-    ctx.print(_table(header, rows))
-    fixed = sum(1 for a in actions if a.get("fixed"))
-    ctx.print(f"{len(actions)} finding(s)" + (f", {fixed} fixed" if fix else ""))
-    return status
 
 
 # -- output ----------------------------------------------------------------------------------------
