@@ -18,8 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from config.errors import BadRequest, ConfigError, InvalidKey
 from config.settings import HookMapping
-from gateway.keys import WEBHOOKS
 from gateway.delivery import Deliverer
+from gateway.keys import WEBHOOKS
 from gateway.webhooks import MissingPath, TemplateError, lookup, placeholders, plan, render, sign, text_of, verify
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
