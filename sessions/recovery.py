@@ -26,6 +26,7 @@ from sessions.jsonl import (
     repair_tail,
     write_records_atomic,
 )
+from sessions.records import ACTIVE_STATUSES, ActiveStatus, Counters, counters_of
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RecoveredRun:
     run_id: str
-    status: str
+    status: ActiveStatus
     dir: Path
     metadata: dict[str, Any]
     next_seq: int = 1
@@ -52,19 +53,9 @@ class RecoveredRun:
     checkpoint_used: bool = False
     damage: str | None = None  # why the run cannot go on (bad lines cut, messages lost): it is failed
 
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """Derived counters of a run as sessions.json last saw them (see ``SessionEntry``)."""
-
-    context_bytes: int
-    context_tokens: int
-    context_lines: int
-    last_context_seq: int
-    compaction_count: int
-    last_summary_id: int
-    messages_bytes: int
-    message_count: int
+    @property
+    def counters(self) -> Counters:
+        return counters_of(self)
 
 
 # tasks.db columns that hold what metadata.json holds: with a ledger row, metadata.json is not read
@@ -90,14 +81,14 @@ class FolderScan:
     """What a run folder holds, from the file system alone (names and store sizes)."""
 
     folder: Path
-    status: str
+    status: ActiveStatus
     names: frozenset[str]
     messages_size: int
     current_size: int
     base: str = ""  # str(folder), kept: 10,000 runs are scanned at start and pathlib's joins add up
 
 
-def scan_folder(folder: Path, status: str, base: str | None = None) -> FolderScan | None:
+def scan_folder(folder: Path, status: ActiveStatus, base: str | None = None) -> FolderScan | None:
     base = base or str(folder)  # plain strings: pathlib's joins cost more than the reads here
     try:
         names = frozenset(os.listdir(base))
@@ -111,7 +102,7 @@ def scan_folder(folder: Path, status: str, base: str | None = None) -> FolderSca
 def scan_all(contexts: Path) -> list[FolderScan]:
     """Every active run folder, scanned (only system calls)."""
     scans = []
-    for status in ("running", "paused"):
+    for status in ACTIVE_STATUSES:
         base = contexts / status
         try:
             children = sorted((entry.name, entry.path) for entry in os.scandir(base) if entry.is_dir())
@@ -126,9 +117,9 @@ def scan_all(contexts: Path) -> list[FolderScan]:
 
 def recover_run(
     folder: Path,
-    status: str,
+    status: ActiveStatus,
     row: dict[str, Any] | None = None,
-    checkpoint: Checkpoint | None = None,
+    checkpoint: Counters | None = None,
     scan: FolderScan | None = None,
 ) -> RecoveredRun | None:
     """Repair and count one active run. ``row`` (its tasks.db row) stands in for metadata.json;
@@ -282,7 +273,7 @@ def _bring_level(run: RecoveredRun) -> None:
 def recover_all(
     contexts: Path,
     rows: dict[str, dict[str, Any]] | None = None,
-    checkpoints: dict[str, Checkpoint] | None = None,
+    checkpoints: dict[str, Counters] | None = None,
 ) -> list[RecoveredRun]:
     rows, checkpoints = rows or {}, checkpoints or {}
     runs = []
