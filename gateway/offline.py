@@ -20,6 +20,8 @@ from sessions import doctor
 from sessions.keys import parse_key
 from sessions.layout import Home
 from sessions.lock import HomeLock
+from sessions.records import CHAT_TYPES as CHAT_TYPES
+from sessions.records import ENTRY_STATUSES
 from sessions.registry import SessionEntry
 from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
@@ -29,8 +31,7 @@ if TYPE_CHECKING:
     from gateway.commands import Commands
 
 T = TypeVar("T")
-STATUSES = ("running", "paused", "idle")
-CHAT_TYPES = ("direct", "group", "channel", "cron", "hook")
+STATUSES = ENTRY_STATUSES
 
 
 def locked(config: LoadedConfig, work: Callable[[], T]) -> T:
@@ -102,13 +103,11 @@ def reset_session(config: LoadedConfig, key: str) -> dict[str, Any]:
     raw = _check_key(config, key)
 
     async def work(store: SessionStore) -> dict[str, Any]:
-        entry = store.require_entry(raw)
+        store.require_entry(raw)
         completed = None
         if store.active_run(raw) is not None:
             completed = (await store.complete(raw, reason="reset")).run_id
-        if not entry.inherit_next:
-            entry.inherit_next = True
-            store.registry.touch(raw)
+        await store.set_inherit_next(raw, True)
         return {"session_key": raw, "completed_run_id": completed, "status": "idle"}
 
     return with_store(config, work)

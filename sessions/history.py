@@ -23,7 +23,7 @@ import sqlite3
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -436,7 +436,7 @@ def remove_files(path: Path) -> None:
             os.unlink(f"{path}{suffix}")
 
 
-def sources_from_rows(rows: Iterable[dict[str, Any]], home: Home) -> list[RunSource]:
+def sources_from_rows(rows: Iterable[Mapping[str, Any]], home: Home) -> list[RunSource]:
     """Rebuild sources from tasks.db rows: the run folder when it exists, else its archive
     (blocking: stats the files)."""
     out = []

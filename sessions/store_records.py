@@ -22,7 +22,6 @@ from sessions.records import (
     ResponseRef,
     RunRow,
     RunState,
-    RunStatus,
 )
 from sessions.store_base import StoreBase
 
@@ -37,7 +36,7 @@ class RecordStore(StoreBase):
         self,
         *,
         session_key: str | None = None,
-        statuses: Sequence[RunStatus] = (),
+        statuses: Sequence[str] = (),  # RunStatus values
         limit: int = 50,
         before: tuple[str, str] | None = None,
     ) -> list[RunRow]:

@@ -228,11 +228,10 @@ async def purge(request: web.Request, key: str) -> web.Response:
     store = request.app[K.STORE]
     conv.stop_turn(key)
     async with conv.exclusive(key):
-        runs = await store.ledger.list_runs(session_key=key, limit=1_000_000)
+        runs = await store.list_runs(session_key=key, limit=1_000_000)
         tombstone = await purge_key(store, key, history=history_of(request.app))
         transcripts = request.app[K.EXTRAS].get("transcripts")
         if transcripts is not None:
             for agent_id in {r.get("agent_id") for r in runs}:
                 await transcripts.forget(agent_id, [r["uuid"] for r in runs if r.get("agent_id") == agent_id])
     return json_response({"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()})
-

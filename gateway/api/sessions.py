@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from config.errors import BadRequest, NotFound
+from config.errors import BadRequest
 from gateway import keys as K
 from gateway.api import history
 from gateway.commands import dispatch, parse_command
@@ -21,7 +21,7 @@ from gateway.streaming import answer
 from gateway.turns import Post
 from gateway.views import session_view
 from sessions.keys import Ingress, SessionKey, parse_key, route
-from sessions.records import TaskKey
+from sessions.records import CHAT_TYPES, ENTRY_STATUSES, TaskKey
 from sessions.thresholds import compaction_threshold
 
 routes = web.RouteTableDef()
@@ -212,9 +212,9 @@ async def list_sessions(request: web.Request) -> web.Response:
     agent = request.query.get("agent")
     chat_type = request.query.get("type")
     status = request.query.get("status")
-    if status is not None and status not in ("running", "paused", "idle"):
+    if status is not None and status not in ENTRY_STATUSES:
         raise BadRequest("'status' must be running, paused or idle", field="status")
-    if chat_type is not None and chat_type not in ("direct", "group", "channel", "cron", "hook"):
+    if chat_type is not None and chat_type not in CHAT_TYPES:
         raise BadRequest("'type' must be direct, group, channel, cron or hook", field="type")
     entries = [
         e
@@ -359,9 +359,3 @@ def _lifecycle_route(action: str) -> None:
 
 for _action in ("pause", "resume", "complete", "fail", "stop"):
     _lifecycle_route(_action)
-
-
-def require_run_folder(found: Any, run_id: str) -> Any:
-    if found is None:
-        raise NotFound(f"run {run_id} has no readable folder", code="run_not_found")
-    return found
