@@ -34,7 +34,7 @@ from sessions.compaction import compaction_due
 from sessions.compactor import CompactionResult, Compactor, SummaryResult, Trigger
 from sessions.inheritance import find_inheritance
 from sessions.keys import SessionKey
-from sessions.records import NewMessage, Role, RunState, TaskKey
+from sessions.records import MessageRecord, NewMessage, Role, RunState, TaskKey
 from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
 from sessions.tokens import estimate_text
@@ -756,7 +756,7 @@ class Conversations:
         *,
         client_message_id: str | None = None,
         reply_to: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> MessageRecord:
         """Store a chat command or its answer (``command: true``: never sent to the model)."""
         message = NewMessage(
             role=role,

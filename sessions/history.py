@@ -97,7 +97,7 @@ class _Row:
 _STOP = object()
 
 
-def row_values(run_id: str, key: str, agent_id: str | None, record: dict[str, Any]) -> tuple[Any, ...] | None:
+def row_values(run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """The ``messages`` row of a messages.jsonl record, or None when it is not indexed."""
     if not indexable(record):
         return None
@@ -261,7 +261,7 @@ class HistoryIndex:
 
     # -- feeding (event loop, never blocks) -----------------------------------------------------
 
-    def feed(self, run_id: str, key: str, agent_id: str | None, record: dict[str, Any]) -> None:
+    def feed(self, run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> None:
         """Queue one durable message for indexing (commands and empty messages are dropped here)."""
         values = row_values(run_id, key, agent_id, record)
         if values is not None and self._thread is not None:

@@ -109,18 +109,6 @@ class MessageRecord(TypedDict):
     reply_to: NotRequired[int]
 
 
-class ToolRecord(TypedDict):
-    """A tools.jsonl line (plus the caller's extra keys)."""
-
-    seq: int
-    tool_name: str
-    arguments: Any
-    result: Any
-    error: str | None
-    timestamp: str
-    duration_ms: NotRequired[float]
-
-
 class PlanRecord(TypedDict):
     """A planning.jsonl line."""
 

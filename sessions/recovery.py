@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,12 +64,12 @@ LEDGER_METADATA = ("session_key", "agent_id", "chat_type", "channel", "task_type
                    "repository", "user", "parent_uuid", "created_at")  # fmt: skip
 
 
-def in_context(record: dict[str, Any]) -> bool:
+def in_context(record: Mapping[str, Any]) -> bool:
     """Whether a messages.jsonl line belongs in what the model sees."""
     return not record.get("command")
 
 
-def context_line(record: dict[str, Any]) -> dict[str, Any]:
+def context_line(record: Mapping[str, Any]) -> dict[str, Any]:
     """The current.jsonl line for a messages.jsonl line (OpenAI-compatible, plus seq/tokens)."""
     line = {k: v for k, v in record.items() if k not in ("timestamp", "client_message_id", "usage", "sender_id")}
     if line.get("tool_name") is None:

@@ -23,7 +23,9 @@ from sessions.jsonl import encode
 from sessions.records import (
     USAGE_KEYS,
     ContextRewrite,
+    MessageRecord,
     NewMessage,
+    PlanRecord,
     RunState,
 )
 from sessions.recovery import context_line, in_context
@@ -44,7 +46,7 @@ class AppendStore(RecordStore):
                 f"session {run.key!r} is paused; send /resume or POST /v1/sessions/{{key}}/resume first"
             )
 
-    async def append(self, run: RunState, message: NewMessage) -> dict[str, Any]:
+    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
         """Append a message; returns its messages.jsonl record once durable under the fsync
         policy. The seq is assigned here, on the loop, so arrival order is file order.
 
@@ -55,7 +57,7 @@ class AppendStore(RecordStore):
         record, durable = self.queue_append(run, message)
         return await self.finish_append(run, message, record, durable)
 
-    def queue_append(self, run: RunState, message: NewMessage) -> tuple[dict[str, Any], asyncio.Future[None]]:
+    def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
         """The first half of ``append``: assign the seq and queue the line; the record and the
         future that resolves once it is durable. A caller that holds the key's lock can release
         it before awaiting, so the next message on the key joins the same group commit; it must
@@ -95,8 +97,8 @@ class AppendStore(RecordStore):
         return record, durable
 
     async def finish_append(
-        self, run: RunState, message: NewMessage, record: dict[str, Any], durable: asyncio.Future[None]
-    ) -> dict[str, Any]:
+        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
+    ) -> MessageRecord:
         """The second half of ``append``: wait until the line is durable (a failed write raises the
         typed storage error), then tell the listeners and the event hub."""
         try:
@@ -216,8 +218,8 @@ class AppendStore(RecordStore):
         await self.writer.append(run.dir / layout.TOOLS, encode(record), durable=True)
         return record
 
-    async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> dict[str, Any]:
-        record = {
+    async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
+        record: PlanRecord = {
             "id": run.next_plan_id,
             "plan_type": plan_type,
             "plan_content": plan_content,
@@ -294,8 +296,8 @@ class _Undo:
     last_context_seq: int
 
 
-def _message_record(seq: int, message: NewMessage, timestamp: str) -> dict[str, Any]:
-    record: dict[str, Any] = {
+def _message_record(seq: int, message: NewMessage, timestamp: str) -> MessageRecord:
+    record: MessageRecord = {
         "seq": seq,
         "role": message.role,
         "content": message.content,
@@ -333,7 +335,7 @@ def _deliveries(run: RunState) -> RunDeliveries:
     return deliveries
 
 
-def _event_fields(record: dict[str, Any]) -> dict[str, Any]:
+def _event_fields(record: MessageRecord) -> dict[str, Any]:
     return {k: record[k] for k in ("seq", "role", "content", "name", "kind", "command") if k in record}
 
 

@@ -17,7 +17,7 @@ from config.errors import NotFound
 from config.settings import Settings
 from sessions.layout import Home
 from sessions.ledger import Ledger
-from sessions.records import RunState, copy_counters
+from sessions.records import MessageRecord, RunState, copy_counters
 from sessions.recovery import RecoveredRun
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.writer import AppendWriter
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 METADATA_FORMAT_VERSION = 1
 Listener = Callable[[dict[str, Any]], object]
-DurableListener = Callable[[RunState, dict[str, Any]], object]
+DurableListener = Callable[[RunState, MessageRecord], object]
 RunHook = Callable[[RunState], Awaitable[None]]
 FinalSummarizer = Callable[[RunState, str], Awaitable[str | None]]
 

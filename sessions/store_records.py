@@ -50,9 +50,9 @@ class RecordStore(StoreBase):
 
     # -- reading stores -------------------------------------------------------------------------
 
-    async def locate_run(self, run_id: str) -> tuple[dict[str, Any], Path | None]:
+    async def locate_run(self, run_id: str) -> tuple[RunRow, Path | None]:
         """The ledger row and the folder (None when archived or missing)."""
-        row = await self.ledger.get_run(run_id)
+        row = await self.get_run(run_id)
         if row is None:
             raise NotFound(f"no run {run_id!r}; list runs with GET /v1/runs", code="run_not_found")
         active = self._runs.get(run_id)

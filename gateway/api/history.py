@@ -9,7 +9,6 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 from aiohttp import web
 
@@ -25,7 +24,7 @@ from sessions.history_search import HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.purge import purge_key
-from sessions.records import RunState
+from sessions.records import MessageRecord, RunState
 from sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ async def history_context(app: web.Application) -> AsyncIterator[None]:
     created = await history.open()
     app[HISTORY] = history
 
-    def feed(run: RunState, record: dict[str, Any]) -> None:
+    def feed(run: RunState, record: MessageRecord) -> None:
         history.feed(run.run_id, run.key, run.agent_id, record)
 
     store.durable_listeners.append(feed)
