@@ -32,8 +32,8 @@ from sessions.compaction import (
     summary_line,
 )
 from sessions.jsonl import encode, read_records, write_records_atomic
+from sessions.protocol import StoreProtocol
 from sessions.records import ContextRewrite, RunState
-from sessions.store import SessionStore
 from sessions.summarize import extractive_summary
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def summary_budget(threshold: int) -> int:
 
 
 class Compactor:
-    def __init__(self, store: SessionStore, summarizer: Summarizer, settings: CompactionSettings) -> None:
+    def __init__(self, store: StoreProtocol, summarizer: Summarizer, settings: CompactionSettings) -> None:
         self.store = store
         self.summarizer = summarizer
         self.settings = settings

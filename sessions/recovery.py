@@ -140,7 +140,8 @@ def recover_run(
     run = RecoveredRun(run_id=folder.name, status=status, dir=folder, metadata=metadata)
 
     size = scan.messages_size
-    if checkpoint is not None and size == checkpoint.messages_bytes and size > 0:
+    messages_as_checkpointed = checkpoint is not None and size == checkpoint.messages_bytes and size > 0
+    if checkpoint is not None and messages_as_checkpointed:
         run.next_seq, run.messages_bytes = checkpoint.message_count + 1, size  # exactly as checkpointed
     elif size:
         messages = f"{base}/{layout.MESSAGES}"
@@ -180,7 +181,9 @@ def recover_run(
         where = "is missing" if run.next_seq == 1 else f"ends at seq {run.next_seq - 1}"
         _add_damage(run, f"messages.jsonl {where} but current.jsonl or summaries.jsonl hold seqs up to {held}")
         run.next_seq = held + 1  # never hand out a seq twice
-    if run.last_context_seq < run.next_seq - 1:
+    # Both stores exactly as checkpointed: they were level then (a command after the last context
+    # line leaves last_context_seq below the last seq, as it does while the run is live).
+    if run.last_context_seq < run.next_seq - 1 and not (messages_as_checkpointed and run.checkpoint_used):
         _bring_level(run)
 
     for name, attr, id_field in ((layout.TOOLS, "next_tool_seq", "seq"), (layout.PLANNING, "next_plan_id", "id")):
@@ -267,8 +270,8 @@ def _bring_level(run: RecoveredRun) -> None:
         run.context_tokens += sum(int(line.get("tokens", 0)) for line in missing)
         run.context_lines += len(missing)
         run.levelled = len(missing)
+        run.last_context_seq = max(run.last_context_seq, _int(missing[-1].get("seq")))
         log.info("run %s: brought current.jsonl level with %d message(s)", run.run_id, len(missing))
-    run.last_context_seq = run.next_seq - 1
 
 
 def recover_all(
