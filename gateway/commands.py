@@ -270,10 +270,7 @@ class Commands:
                     "reset", run, reason="command", command=f"/{call.name}", previous_run_id=run.run_id, boundary=None
                 )
                 self.conv.metrics.resets.labels(word).inc()
-            entry = self.store.entry(call.key)
-            if entry is not None and entry.inherit_next != inherit:
-                entry.inherit_next = inherit
-                self.store.registry.touch(call.key)
+            await self.store.set_inherit_next(call.key, inherit)
         if not call.args:
             return outcome
         follow = await dispatch(self, replace(call.post, content=call.args, client_message_id=None))

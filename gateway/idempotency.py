@@ -64,17 +64,10 @@ class Idempotency(ConversationCore):
         return {"run_id": found.run_id, "message_seq": found.seq, "response": None, "reply": found.reply}
 
     async def _idempotency_lookup(self, key: str, cmid: str) -> dict[str, Any] | None:
-        since = iso(self.clock() - IDEMPOTENCY_WINDOW)
-
-        def _find(conn: Any) -> dict[str, Any] | None:
-            row = conn.execute(
-                "SELECT run_id, message_seq, response FROM idempotency"
-                " WHERE session_key = ? AND client_message_id = ? AND created_at >= ?",
-                (key, cmid, since),
-            ).fetchone()
-            return dict(row) if row else None
-
-        return await self.store.ledger.execute(_find)
+        found = await self.store.find_idempotency(key, cmid, since=iso(self.clock() - IDEMPOTENCY_WINDOW))
+        if found is None:
+            return None
+        return {"run_id": found.run_id, "message_seq": found.message_seq, "response": found.response}
 
     async def remember_delivery(self, key: str, cmid: str, *, run_id: str, seq: int) -> None:
         """Record that ``seq`` was stored as delivery ``cmid`` without an answer, as if it had been
@@ -84,29 +77,14 @@ class Idempotency(ConversationCore):
     async def remember(
         self, key: str, cmid: str, outcome: Outcome | None, *, run_id: str | None = None, seq: int | None = None
     ) -> None:
-        now = iso(self.clock())
-        response = json.dumps(outcome.body(), ensure_ascii=False) if outcome is not None else None
-        run_id = outcome.run_id if outcome is not None else run_id
-        seq = outcome.message_seq if outcome is not None else seq
-
-        # Without an outcome this is a new delivery (none within the window): it replaces an
-        # expired row whole, so its window starts now and the old answer is not replayed.
-        update = (
-            " response = COALESCE(excluded.response, idempotency.response)"
-            if outcome is not None
-            else " created_at = excluded.created_at, response = NULL"
-        )
-
-        def _save(conn: Any) -> None:
-            conn.execute(
-                "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
-                " run_id = excluded.run_id, message_seq = excluded.message_seq," + update,
-                (key, cmid, now, run_id, seq, response),
-            )
-
         try:
-            await self.store.ledger.execute(_save)
+            if outcome is None:  # a new delivery (none within the window): its window starts now
+                await self.store.remember_delivery(key, cmid, run_id=run_id, seq=seq)
+            else:
+                body = json.dumps(outcome.body(), ensure_ascii=False)
+                await self.store.remember_reply(
+                    key, cmid, run_id=outcome.run_id, seq=outcome.message_seq, response=body
+                )
         except sqlite3.Error as exc:
             # The message is durable and carries its client_message_id: a redelivery is still
             # recognised from the transcript, so the caller gets its answer, not an error.

@@ -21,14 +21,14 @@ from sessions import doctor
 from sessions.keys import parse_key
 from sessions.layout import Home
 from sessions.lock import HomeLock
+from sessions.records import CHAT_TYPES as CHAT_TYPES
+from sessions.records import ENTRY_STATUSES as STATUSES
 from sessions.store import SessionStore
 
 if TYPE_CHECKING:
     from gateway.services import Services
 
 T = TypeVar("T")
-STATUSES = ("running", "paused", "idle")
-CHAT_TYPES = ("direct", "group", "channel", "cron", "hook")
 
 
 def locked(config: LoadedConfig, work: Callable[[], T]) -> T:

@@ -16,11 +16,11 @@ from sessions.doctor import check_store
 from sessions.history import HistoryIndex
 from sessions.history_doctor import check_index
 from sessions.keys import SessionKey
+from sessions.records import CHAT_TYPES, ENTRY_STATUSES
 from sessions.registry import SessionEntry
 from sessions.store import SessionStore
 
-STATUSES = ("running", "paused", "idle")
-CHAT_TYPES = ("direct", "group", "channel", "cron", "hook")
+STATUSES = ENTRY_STATUSES
 
 
 def sort_key(entry: SessionEntry) -> tuple[str, str]:

@@ -117,11 +117,8 @@ class Scheduling:
             await self.conv.memory_flush(run)
             reason = again.reason or "daily"
             await self.store.complete(key, reason=f"reset:{reason}")
-            entry = self.store.entry(key)
-            if entry is not None and again.boundary is not None:
-                entry.last_reset_boundary = iso(again.boundary)
-                self.store.registry.touch(key)
-                await self.store.registry.flush()
+            if again.boundary is not None:
+                await self.store.set_reset_boundary(key, iso(again.boundary))
         self.conv.metrics.resets.labels(reason).inc()
         event = {"type": "reset", "reason": reason, "previous_run_id": run.run_id,
                  "boundary": iso(again.boundary) if again.boundary else None}  # fmt: skip
@@ -198,10 +195,8 @@ class Scheduling:
             async with self.conv.exclusive(key.raw):
                 if self.store.active_run(key.raw) is not None:
                     await self.store.complete(key.raw, reason="cron")
-        entry = self.store.entry(key.raw)
-        if job.isolated and not job.inherit and entry is not None and entry.inherit_next:
-            entry.inherit_next = False  # this firing starts clean (cron.jobs[].inherit: false)
-            self.store.registry.touch(key.raw)
+        if job.isolated and not job.inherit:  # this firing starts clean (cron.jobs[].inherit: false)
+            await self.store.set_inherit_next(key.raw, False)
         post = Post(key=key, role="user", content=job.message, user_activity=False, name="cron")
         try:
             outcome = await dispatch(self.commands, post)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,11 +61,6 @@ def send_allowed(rules: tuple[SendRule, ...], default: str, *, key: str, channel
     return default == "allow"
 
 
-def _known_keys(conn: sqlite3.Connection) -> list[tuple[str, str | None, str | None]]:
-    sql = "SELECT session_key, max(agent_id), max(chat_type) FROM tasks WHERE session_key IS NOT NULL GROUP BY 1"
-    return [(r[0], r[1], r[2]) for r in conn.execute(sql)]
-
-
 class SessionTools:
     def __init__(self, conversations: Conversations, history: HistoryIndex | None) -> None:
         self.conv = conversations
@@ -81,8 +75,8 @@ class SessionTools:
 
     async def keys(self, run: RunState) -> list[KeyInfo]:
         found = {e.key: KeyInfo(e.key, e.agent_id, e.chat_type) for e in self.store.entries()}
-        for key, agent_id, chat_type in await self.store.ledger.execute(_known_keys):
-            found.setdefault(key, KeyInfo(key, agent_id, chat_type or "direct"))
+        for known in await self.store.known_keys():
+            found.setdefault(known.key, KeyInfo(known.key, known.agent_id, known.chat_type or "direct"))
         return visible(run, sorted(found.values(), key=lambda k: k.key), self.settings(run).visibility)
 
     async def require_visible(self, run: RunState, key: str) -> KeyInfo:
@@ -177,14 +171,15 @@ class SessionTools:
             entry = self.store.entry(key)
             run_id = (entry.run_id or entry.last_run_id) if entry else None
             if run_id is None:
-                rows = await self.store.ledger.list_runs(session_key=key, limit=1)
+                rows = await self.store.list_runs(session_key=key, limit=1)
                 run_id = rows[0]["uuid"] if rows else None
             if run_id is None:
                 raise ToolError(f"session {key!r} has no run")
-        row = await self.store.ledger.get_run(run_id)
-        if row is None or not row.get("session_key"):
+        row = await self.store.get_run(run_id)
+        run_key = row.get("session_key") if row is not None else None
+        if row is None or not run_key:
             raise ToolError(f"no run {run_id!r}")
-        await self.require_visible(run, row["session_key"])
+        await self.require_visible(run, run_key)
         sources = await asyncio.to_thread(sources_from_rows, [row], self.store.home)
         if not sources:
             raise ToolError(f"run {run_id} has no readable transcript")

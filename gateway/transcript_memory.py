@@ -61,7 +61,7 @@ class TranscriptSource:
         task.add_done_callback(self.tasks.discard)
 
     async def write(self, run_id: str, key: str, ended_at: str) -> None:
-        row = await self.store.ledger.get_run(run_id)
+        row = await self.store.get_run(run_id)
         if row is None:
             return
         target = self.path(row.get("agent_id"), run_id)

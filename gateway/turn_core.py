@@ -23,7 +23,7 @@ from gateway.queueing import Batch, Caller, QueueMode, TurnQueue
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compactor import Compactor
-from sessions.records import NewMessage, Role, RunState
+from sessions.records import MessageRecord, NewMessage, Role, RunState
 from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
 from sessions.tokens import estimate_text
@@ -150,7 +150,7 @@ class ConversationCore:
         *,
         client_message_id: str | None = None,
         reply_to: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> MessageRecord:
         """Store a chat command or its answer (``command: true``: never sent to the model)."""
         message = NewMessage(
             role=role,

@@ -165,10 +165,7 @@ class Conversations(ModelTurns):
             outcome.events.append(event)  # run_id: the earlier run, as SPEC section 6 has it for replies
             fields = {k: v for k, v in event.items() if k not in ("type", "run_id")}
             self.store.emit("inheritance", run, **fields)  # run_id: the new run; from_run_id: the earlier
-        entry = self.store.entry(key.raw)
-        if entry is not None and not entry.inherit_next:
-            entry.inherit_next = True
-            self.store.registry.touch(key.raw)
+        await self.store.set_inherit_next(key.raw, True)
         return run
 
     def _new_message(self, post: Post) -> NewMessage:

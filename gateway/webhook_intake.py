@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from config.clock import Clock, iso
+from config.clock import Clock
 from config.errors import NeotaskError, NotFound, Unavailable
 from config.settings import HookMapping, Settings
 from gateway.delivery import Deliverer
@@ -116,25 +116,13 @@ class Webhooks:
                 return None
 
     async def _seen(self, delivery_id: str) -> dict[str, Any] | None:
-        def _find(conn: Any) -> dict[str, Any] | None:
-            row = conn.execute(
-                "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = ?", (delivery_id,)
-            ).fetchone()
-            return dict(row) if row else None
-
-        return await self.conv.store.ledger.execute(_find)
+        found = await self.conv.store.hook_delivery(delivery_id)
+        return None if found is None else {"session_key": found.session_key, "message_seq": found.message_seq}
 
     async def _record(self, delivery_id: str, name: str, outcome: Outcome) -> None:
-        row = (delivery_id, name, iso(self.clock()), outcome.session_key, outcome.message_seq)
-
-        def _insert(conn: Any) -> None:
-            conn.execute(
-                "INSERT INTO hook_deliveries (delivery_id, hook, created_at, session_key, message_seq)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (delivery_id) DO NOTHING",
-                row,
-            )
-
-        await self.conv.store.ledger.execute(_insert)
+        await self.conv.store.record_hook_delivery(
+            delivery_id, name, session_key=outcome.session_key, message_seq=outcome.message_seq
+        )
 
     # -- storing now, the turn in the background ------------------------------------------------
 

@@ -17,11 +17,10 @@ from typing import Literal
 
 from config.clock import iso
 from config.settings import CleanupSettings
+from sessions.records import ACTIVE_STATUSES, FINISHED_STATUSES
 
 CleanupKind = Literal["complete", "archive", "delete_archive"]
 
-ACTIVE_STATUSES = frozenset({"running", "paused"})
-FINISHED_STATUSES = frozenset({"completed", "failed"})
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from sessions.compaction import (
     summary_line,
 )
 from sessions.jsonl import encode, read_records, write_records_atomic
-from sessions.records import RunState
-from sessions.store import SessionStore
+from sessions.protocol import StoreProtocol
+from sessions.records import ContextRewrite, RunState
 from sessions.summarize import extractive_summary
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def summary_budget(threshold: int) -> int:
 
 
 class Compactor:
-    def __init__(self, store: SessionStore, summarizer: Summarizer, settings: CompactionSettings) -> None:
+    def __init__(self, store: StoreProtocol, summarizer: Summarizer, settings: CompactionSettings) -> None:
         self.store = store
         self.summarizer = summarizer
         self.settings = settings
@@ -159,9 +159,8 @@ class Compactor:
         if instructions:
             record["instructions"] = instructions
         folder = run.dir
-        tokens_at_call = run.context_tokens
 
-        def commit() -> tuple[int, int, int, int] | None:
+        def commit() -> ContextRewrite | None:
             current = read_records(folder / layout.CURRENT)
             before = sum(int(x.get("tokens", 0)) for x in current)
             new_lines = [head, *(x for x in current if x.get("seq") is not None and x["seq"] > plan.end_seq)]
@@ -172,25 +171,17 @@ class Compactor:
             (folder / layout.COMPACTIONS).mkdir(mode=0o700, exist_ok=True)
             write_records_atomic(folder / str(record["archive"]), current)
             _append_synced(folder / layout.SUMMARIES, record)
-            self.store.writer.close_handle(folder / layout.CURRENT)
             write_records_atomic(folder / layout.CURRENT, new_lines)
-            return before, after, len(new_lines) - len(current), (folder / layout.CURRENT).stat().st_size
+            size = (folder / layout.CURRENT).stat().st_size
+            return ContextRewrite(after, len(new_lines) - len(current), size, number, summary_id, tokens_before=before)
 
-        bytes_at_call = run.context_bytes
-        done = await self.store.writer.call(commit)
+        done = await self.store.commit_context_rewrite(run, commit)
         if done is None:
             log.info("compaction of run %s would free nothing; skipped", run.run_id)
             return None
-        before, after, line_delta, size = done
-        run.context_bytes = size + (run.context_bytes - bytes_at_call)
-        run.context_tokens = after + (run.context_tokens - tokens_at_call)
-        run.context_lines += line_delta
-        run.compaction_count = number
-        run.next_summary_id = summary_id + 1
-        await self._settle(run)
         outcome = CompactionResult(
-            summary_id, number, plan.start_seq, plan.end_seq, len(plan.summarize), before, after,
-            result.summarizer, trigger,
+            summary_id, number, plan.start_seq, plan.end_seq, len(plan.summarize), done.tokens_before,
+            done.tokens_after, result.summarizer, trigger,
         )  # fmt: skip
         self.store.emit("compaction", run, **{k: v for k, v in outcome.event().items() if k != "type"})
         return outcome
@@ -211,10 +202,9 @@ class Compactor:
             return None
         folder = run.dir
         summary_id = run.next_summary_id
-        tokens_at_call = run.context_tokens
         created = iso(self.store.clock())
 
-        def commit() -> tuple[int, int, int] | None:
+        def commit() -> ContextRewrite | None:
             undone = in_effect(read_records(folder / layout.SUMMARIES))
             if not undone:
                 return None
@@ -237,23 +227,14 @@ class Compactor:
                 "compaction_count": number - 1,
             }
             _append_synced(folder / layout.SUMMARIES, record)
-            self.store.writer.close_handle(folder / layout.CURRENT)
             write_records_atomic(folder / layout.CURRENT, new_lines)
             tokens = sum(int(x.get("tokens", 0)) for x in new_lines)
-            return tokens, len(new_lines) - len(current), (folder / layout.CURRENT).stat().st_size
+            size = (folder / layout.CURRENT).stat().st_size
+            return ContextRewrite(tokens, len(new_lines) - len(current), size, number - 1, summary_id)
 
-        bytes_at_call = run.context_bytes
-        done = await self.store.writer.call(commit)
-        if done is None:
+        if await self.store.commit_context_rewrite(run, commit) is None:
             return None
-        tokens, line_delta, size = done
-        run.context_bytes = size + (run.context_bytes - bytes_at_call)
-        run.context_tokens = tokens + (run.context_tokens - tokens_at_call)
-        run.context_lines += line_delta
-        run.compaction_count = number - 1
-        run.next_summary_id = summary_id + 1
         run.hold_compaction = True
-        await self._settle(run)
         self.store.emit("compaction", run, action="uncompact", reverts=number, compaction=number - 1)
         return number
 
@@ -288,13 +269,6 @@ class Compactor:
             },
         )
         return result
-
-    async def _settle(self, run: RunState) -> None:
-        entry = self.store.entry(run.key)
-        if entry is not None:
-            self.store.sync_counters(entry, run)
-            self.store.registry.touch(run.key)
-        await self.store.ledger.update_run(run.run_id, compaction_count=run.compaction_count)
 
 
 def _append_synced(path: Path, record: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ to the row.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ class RunDeliveries:
     replies: dict[int, dict[str, Any]] = field(default_factory=dict)
     scanned: bool = False
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: Mapping[str, Any]) -> None:
         cmid = record.get("client_message_id")
         if isinstance(cmid, str):
             self.by_id.setdefault(cmid, (int(record["seq"]), str(record.get("timestamp") or "")))

@@ -33,6 +33,7 @@ from sessions.jsonl import fsync_dir, read_records, write_json_atomic
 from sessions.layout import FOLDERS, Home, folder_for
 from sessions.ledger import MIGRATIONS, Ledger, check_schema, check_version
 from sessions.permissions import tighten, wide_modes
+from sessions.records import ACTIVE_STATUSES
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.store import SessionStore
 
@@ -45,7 +46,7 @@ FixKind = Literal[
 ]  # fmt: skip
 FOLDER_FIXES = ("remove_folder", "restore_metadata", "set_aside")
 SET_ASIDE = "quarantine"  # contexts/quarantine/<state>-<uuid>: folders the doctor moved out of the way
-ACTIVE = ("running", "paused")
+ACTIVE = ACTIVE_STATUSES
 LOST = "run folder missing"  # error_message of a run settled without its folder (as recovery writes it)
 DAMAGED = "damaged"  # error_message prefix of a run failed for damaged files (start-up or the doctor)
 RESTART = "restart the gateway (start-up recovery adopts the run), or stop it and run `neotask doctor --fix`"
@@ -516,7 +517,7 @@ def set_ledger_aside(home: Home) -> Path:
 def rebuild_archived_rows(home: Home, ledger: Ledger, now: str) -> int:
     """Insert a completed row for every archived run that has none (from the archive's
     metadata.json); how many were inserted."""
-    known = {r["uuid"] for r in ledger.all_runs_sync()}
+    known = {r["uuid"] for r in ledger.submit(_all_rows)}
     inserted = 0
     for run_id in sorted(scan_archives(home) - known):
         text = read_member(home.archive_file(run_id), run_id, layout.METADATA)

@@ -23,7 +23,7 @@ import sqlite3
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +97,7 @@ class _Row:
 _STOP = object()
 
 
-def row_values(run_id: str, key: str, agent_id: str | None, record: dict[str, Any]) -> tuple[Any, ...] | None:
+def row_values(run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """The ``messages`` row of a messages.jsonl record, or None when it is not indexed."""
     if not indexable(record):
         return None
@@ -261,7 +261,7 @@ class HistoryIndex:
 
     # -- feeding (event loop, never blocks) -----------------------------------------------------
 
-    def feed(self, run_id: str, key: str, agent_id: str | None, record: dict[str, Any]) -> None:
+    def feed(self, run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> None:
         """Queue one durable message for indexing (commands and empty messages are dropped here)."""
         values = row_values(run_id, key, agent_id, record)
         if values is not None and self._thread is not None:
@@ -436,7 +436,7 @@ def remove_files(path: Path) -> None:
             os.unlink(f"{path}{suffix}")
 
 
-def sources_from_rows(rows: Iterable[dict[str, Any]], home: Home) -> list[RunSource]:
+def sources_from_rows(rows: Iterable[Mapping[str, Any]], home: Home) -> list[RunSource]:
     """Rebuild sources from tasks.db rows: the run folder when it exists, else its archive
     (blocking: stats the files)."""
     out = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ _TAIL_CHUNK = 65536
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once: json.dumps builds one per call
 
 
-def encode(record: dict[str, Any]) -> bytes:
+def encode(record: Mapping[str, Any]) -> bytes:
     return (_ENCODER.encode(record) + "\n").encode("utf-8")
 
 

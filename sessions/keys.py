@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from config.errors import BadRequest, ConfigError, InvalidKey
+from sessions.records import ChatType as ChatType
+from sessions.records import IngressChatType as IngressChatType
 
-ChatType = Literal["direct", "group", "channel", "cron", "hook"]
 Family = Literal["agent", "cron", "hook"]
-IngressChatType = Literal["direct", "group", "channel"]
 DmScope = Literal["main", "per-peer", "per-channel-peer"]
 
 MAX_KEY_LENGTH = 256

@@ -331,14 +331,6 @@ class Ledger:
         values.append(since)
         return await self._run(lambda c: [dict(r) for r in c.execute(sql, values)])
 
-    def all_runs_sync(self) -> list[dict[str, Any]]:
-        return self.submit(lambda c: [dict(r) for r in c.execute("SELECT * FROM tasks")])
-
-    def active_runs_sync(self) -> list[dict[str, Any]]:
-        return self.submit(
-            lambda c: [dict(r) for r in c.execute("SELECT * FROM tasks WHERE status IN ('running', 'paused')")]
-        )
-
     async def execute(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run custom SQL on the ledger thread (idempotency records, cleanup, doctor)."""
         return await self._run(fn)

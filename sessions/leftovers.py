@@ -16,9 +16,10 @@ from pathlib import Path
 
 from sessions import layout
 from sessions.jsonl import fsync_dir
+from sessions.records import ACTIVE_STATUSES
 
 log = logging.getLogger(__name__)
-ACTIVE = ("running", "paused")
+ACTIVE = ACTIVE_STATUSES
 OPENING = ".opening"  # in a run folder until the message that opened the run is durable
 
 

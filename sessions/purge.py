@@ -116,4 +116,3 @@ async def tombstones(store: SessionStore, key: str | None = None) -> list[dict[s
         return [dict(r) for r in conn.execute(sql + " ORDER BY id", params)]
 
     return await store.ledger.execute(_read)
-

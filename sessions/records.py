@@ -1,14 +1,203 @@
-"""Value types the session engine takes and returns."""
+"""Value types the session engine takes and returns: the vocabulary (chat types, statuses), the
+records that cross module boundaries (message lines, tasks.db rows, ledger records), and the
+derived counters every layer of the store keeps the same way."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, Protocol, TypedDict, get_args
+
+from config.settings import ChatType
+from sessions.deliveries import RunDeliveries
 
 Role = Literal["user", "assistant", "tool", "system"]
 ROLES: tuple[Role, ...] = ("user", "assistant", "tool", "system")
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+# ChatType is declared once, in config.settings (config imports nothing of the project).
+CHAT_TYPES: tuple[ChatType, ...] = get_args(ChatType)
+IngressChatType = Literal["direct", "group", "channel"]  # what a channel may post as
+RunStatus = Literal["running", "paused", "completed", "failed"]  # a run (tasks.db ``status``)
+RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
+ActiveStatus = Literal["running", "paused"]  # a run with a folder under running/ or paused/
+ACTIVE_STATUSES: tuple[ActiveStatus, ...] = get_args(ActiveStatus)
+FINISHED_STATUSES: tuple[RunStatus, ...] = ("completed", "failed")
+EntryStatus = Literal["running", "paused", "idle"]  # a key (sessions.json ``status``)
+ENTRY_STATUSES: tuple[EntryStatus, ...] = get_args(EntryStatus)
+
+__all__ = ["ChatType"]  # re-exported: the sessions layer names it from here
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """The eight counters derived from a run's stores. The run state keeps them live, sessions.json
+    checkpoints them per key, recovery trusts a checkpoint whose store sizes still match (and
+    recounts otherwise), and tasks.db's statistics columns are computed from them."""
+
+    context_tokens: int = 0
+    message_count: int = 0
+    compaction_count: int = 0
+    context_bytes: int = 0  # current.jsonl's size once queued appends land
+    context_lines: int = 0
+    last_context_seq: int = 0
+    last_summary_id: int = 0
+    messages_bytes: int = 0  # messages.jsonl's size, likewise
+
+
+COUNTER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Counters))
+
+
+class Counted(Protocol):
+    """What keeps a run's counters as it counts them (the run state, a recovered run): the next
+    seq and summary id rather than the last ones."""
+
+    next_seq: int
+    next_summary_id: int
+    context_tokens: int
+    compaction_count: int
+    context_bytes: int
+    context_lines: int
+    last_context_seq: int
+    messages_bytes: int
+
+
+def counters_of(run: Counted) -> Counters:
+    return Counters(
+        context_tokens=run.context_tokens,
+        message_count=run.next_seq - 1,
+        compaction_count=run.compaction_count,
+        context_bytes=run.context_bytes,
+        context_lines=run.context_lines,
+        last_context_seq=run.last_context_seq,
+        last_summary_id=run.next_summary_id - 1,
+        messages_bytes=run.messages_bytes,
+    )
+
+
+def restore_counters(run: Counted, counters: Counters) -> None:
+    """The inverse of ``counters_of``."""
+    run.next_seq, run.next_summary_id = counters.message_count + 1, counters.last_summary_id + 1
+    run.context_tokens, run.compaction_count = counters.context_tokens, counters.compaction_count
+    run.context_bytes, run.context_lines = counters.context_bytes, counters.context_lines
+    run.last_context_seq, run.messages_bytes = counters.last_context_seq, counters.messages_bytes
+
+
+def copy_counters(source: Any, target: Any) -> None:
+    """Copy the counters by name (no value is built: this runs once per append)."""
+    for name in COUNTER_FIELDS:
+        setattr(target, name, getattr(source, name))
+
+
+class MessageRecord(TypedDict):
+    """A messages.jsonl line (the optional keys only when set)."""
+
+    seq: int
+    role: Role
+    content: str
+    timestamp: str
+    tokens: int
+    tool_name: str | None
+    name: NotRequired[str]
+    sender_id: NotRequired[str]
+    tool_call_id: NotRequired[str]
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    command: NotRequired[bool]
+    usage: NotRequired[dict[str, int]]
+    kind: NotRequired[str]
+    client_message_id: NotRequired[str]
+    reply_to: NotRequired[int]
+
+
+class PlanRecord(TypedDict):
+    """A planning.jsonl line."""
+
+    id: int
+    plan_type: str
+    plan_content: str
+    created_at: str
+
+
+class RunRow(TypedDict, total=False):
+    """A tasks.db ``tasks`` row (``SELECT *``); ``uuid``, ``status`` and ``created_at`` are always set."""
+
+    uuid: str
+    status: RunStatus
+    task_type: str
+    task_identifier: str | None
+    repository: str | None
+    user: str | None
+    created_at: str
+    updated_at: str | None
+    completed_at: str | None
+    metadata: str | None
+    total_messages: int
+    total_summaries: int
+    total_tool_calls: int
+    final_token_count: int | None
+    final_message_count: int | None
+    error_message: str | None
+    session_key: str | None
+    agent_id: str | None
+    channel: str | None
+    chat_type: str | None
+    parent_uuid: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    compaction_count: int
+    pinned: int
+    archived_at: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """What a ``client_message_id`` of a key was stored as, and the reply body once answered."""
+
+    run_id: str | None
+    message_seq: int | None
+    response: str | None  # the JSON reply body, None while the turn has not answered
+
+
+@dataclass(frozen=True, slots=True)
+class HookDelivery:
+    """A webhook delivery id already stored: where its message went."""
+
+    session_key: str | None
+    message_seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class KnownKey:
+    """A key some run of tasks.db was on (sessions.json may have lost or deleted its entry)."""
+
+    key: str
+    agent_id: str | None
+    chat_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompatConversation:
+    """What a key's OpenAI-compatible client held after its last call (``openai_conversations``)."""
+
+    epoch: int
+    base_count: int
+    request_count: int
+    request_digest: str
+    answered_count: int
+    answered_digest: str
+    answer: str | None = None  # the call's answer (JSON), replayed to a retry; None: not answered
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseRef:
+    """An OpenAI-compatible response id and the message it answered (``openai_responses``)."""
+
+    response_id: str
+    session_key: str
+    run_id: str | None
+    seq: int | None
 
 
 @dataclass(frozen=True)
@@ -64,7 +253,7 @@ class RunState:
     agent_id: str | None
     chat_type: str
     channel: str | None
-    status: str
+    status: RunStatus
     dir: Path
     started_at: str
     task_key: TaskKey
@@ -86,9 +275,29 @@ class RunState:
     appends_pending: int = 0  # messages queued and not yet durable (or failed)
     failed_seq: int | None = None  # the lowest seq of the appends that failed while others were pending
     failed_context_seq: int = 0  # last_context_seq as it was before that append
-    deliveries: Any = None  # sessions.deliveries.RunDeliveries, made on first use
+    deliveries: RunDeliveries | None = None  # made on first use
     opening: bool = False  # started for a message not yet durable (its folder carries a marker)
 
     @property
     def message_count(self) -> int:
         return self.next_seq - 1
+
+    @property
+    def last_summary_id(self) -> int:
+        return self.next_summary_id - 1
+
+    @property
+    def counters(self) -> Counters:
+        return counters_of(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRewrite:
+    """What a compaction or an uncompact did to current.jsonl, as its commit measured it."""
+
+    tokens_after: int  # the rewritten context's tokens
+    line_delta: int  # lines added (negative: removed)
+    context_bytes: int  # current.jsonl's size after the rewrite
+    compaction_count: int
+    summary_id: int  # the summaries.jsonl record the commit appended
+    tokens_before: int = 0

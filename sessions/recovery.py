@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from sessions.jsonl import (
     repair_tail,
     write_records_atomic,
 )
+from sessions.records import ACTIVE_STATUSES, ActiveStatus, Counters, counters_of
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RecoveredRun:
     run_id: str
-    status: str
+    status: ActiveStatus
     dir: Path
     metadata: dict[str, Any]
     next_seq: int = 1
@@ -52,19 +54,9 @@ class RecoveredRun:
     checkpoint_used: bool = False
     damage: str | None = None  # why the run cannot go on (bad lines cut, messages lost): it is failed
 
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """Derived counters of a run as sessions.json last saw them (see ``SessionEntry``)."""
-
-    context_bytes: int
-    context_tokens: int
-    context_lines: int
-    last_context_seq: int
-    compaction_count: int
-    last_summary_id: int
-    messages_bytes: int
-    message_count: int
+    @property
+    def counters(self) -> Counters:
+        return counters_of(self)
 
 
 # tasks.db columns that hold what metadata.json holds: with a ledger row, metadata.json is not read
@@ -72,12 +64,12 @@ LEDGER_METADATA = ("session_key", "agent_id", "chat_type", "channel", "task_type
                    "repository", "user", "parent_uuid", "created_at")  # fmt: skip
 
 
-def in_context(record: dict[str, Any]) -> bool:
+def in_context(record: Mapping[str, Any]) -> bool:
     """Whether a messages.jsonl line belongs in what the model sees."""
     return not record.get("command")
 
 
-def context_line(record: dict[str, Any]) -> dict[str, Any]:
+def context_line(record: Mapping[str, Any]) -> dict[str, Any]:
     """The current.jsonl line for a messages.jsonl line (OpenAI-compatible, plus seq/tokens)."""
     line = {k: v for k, v in record.items() if k not in ("timestamp", "client_message_id", "usage", "sender_id")}
     if line.get("tool_name") is None:
@@ -90,14 +82,14 @@ class FolderScan:
     """What a run folder holds, from the file system alone (names and store sizes)."""
 
     folder: Path
-    status: str
+    status: ActiveStatus
     names: frozenset[str]
     messages_size: int
     current_size: int
     base: str = ""  # str(folder), kept: 10,000 runs are scanned at start and pathlib's joins add up
 
 
-def scan_folder(folder: Path, status: str, base: str | None = None) -> FolderScan | None:
+def scan_folder(folder: Path, status: ActiveStatus, base: str | None = None) -> FolderScan | None:
     base = base or str(folder)  # plain strings: pathlib's joins cost more than the reads here
     try:
         names = frozenset(os.listdir(base))
@@ -111,7 +103,7 @@ def scan_folder(folder: Path, status: str, base: str | None = None) -> FolderSca
 def scan_all(contexts: Path) -> list[FolderScan]:
     """Every active run folder, scanned (only system calls)."""
     scans = []
-    for status in ("running", "paused"):
+    for status in ACTIVE_STATUSES:
         base = contexts / status
         try:
             children = sorted((entry.name, entry.path) for entry in os.scandir(base) if entry.is_dir())
@@ -126,9 +118,9 @@ def scan_all(contexts: Path) -> list[FolderScan]:
 
 def recover_run(
     folder: Path,
-    status: str,
+    status: ActiveStatus,
     row: dict[str, Any] | None = None,
-    checkpoint: Checkpoint | None = None,
+    checkpoint: Counters | None = None,
     scan: FolderScan | None = None,
 ) -> RecoveredRun | None:
     """Repair and count one active run. ``row`` (its tasks.db row) stands in for metadata.json;
@@ -148,7 +140,8 @@ def recover_run(
     run = RecoveredRun(run_id=folder.name, status=status, dir=folder, metadata=metadata)
 
     size = scan.messages_size
-    if checkpoint is not None and size == checkpoint.messages_bytes and size > 0:
+    messages_as_checkpointed = checkpoint is not None and size == checkpoint.messages_bytes and size > 0
+    if checkpoint is not None and messages_as_checkpointed:
         run.next_seq, run.messages_bytes = checkpoint.message_count + 1, size  # exactly as checkpointed
     elif size:
         messages = f"{base}/{layout.MESSAGES}"
@@ -188,7 +181,9 @@ def recover_run(
         where = "is missing" if run.next_seq == 1 else f"ends at seq {run.next_seq - 1}"
         _add_damage(run, f"messages.jsonl {where} but current.jsonl or summaries.jsonl hold seqs up to {held}")
         run.next_seq = held + 1  # never hand out a seq twice
-    if run.last_context_seq < run.next_seq - 1:
+    # Both stores exactly as checkpointed: they were level then (a command after the last context
+    # line leaves last_context_seq below the last seq, as it does while the run is live).
+    if run.last_context_seq < run.next_seq - 1 and not (messages_as_checkpointed and run.checkpoint_used):
         _bring_level(run)
 
     for name, attr, id_field in ((layout.TOOLS, "next_tool_seq", "seq"), (layout.PLANNING, "next_plan_id", "id")):
@@ -275,14 +270,14 @@ def _bring_level(run: RecoveredRun) -> None:
         run.context_tokens += sum(int(line.get("tokens", 0)) for line in missing)
         run.context_lines += len(missing)
         run.levelled = len(missing)
+        run.last_context_seq = max(run.last_context_seq, _int(missing[-1].get("seq")))
         log.info("run %s: brought current.jsonl level with %d message(s)", run.run_id, len(missing))
-    run.last_context_seq = run.next_seq - 1
 
 
 def recover_all(
     contexts: Path,
     rows: dict[str, dict[str, Any]] | None = None,
-    checkpoints: dict[str, Checkpoint] | None = None,
+    checkpoints: dict[str, Counters] | None = None,
 ) -> list[RecoveredRun]:
     rows, checkpoints = rows or {}, checkpoints or {}
     runs = []

@@ -14,11 +14,11 @@ from typing import Any
 
 from sessions.damage import DamagedState
 from sessions.jsonl import write_atomic
+from sessions.records import COUNTER_FIELDS, Counters
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 
 
 @dataclass(slots=True)
@@ -32,7 +32,7 @@ class SessionEntry:
     created_at: str
     updated_at: str
     run_id: str | None = None
-    status: str = "idle"  # running | paused | idle
+    status: str = "idle"  # an EntryStatus (sessions.records)
     started_at: str | None = None
     last_interaction_at: str | None = None
     last_user_activity_at: str | None = None
@@ -49,13 +49,19 @@ class SessionEntry:
     last_run_id: str | None = None
     last_reset_boundary: str | None = None
     inherit_next: bool = True  # False after /new: the next run starts without inheritance
-    # A checkpoint of the active run's derived counters: when current.jsonl still has this size at
-    # start-up (and the compaction count agrees), recovery trusts them instead of re-reading it.
+    # With context_tokens, message_count and compaction_count above: the active run's ``Counters``,
+    # checkpointed. When current.jsonl still has this size at start-up (and the compaction count
+    # agrees), recovery trusts them instead of re-reading it.
     context_bytes: int = 0
     context_lines: int = 0
     last_context_seq: int = 0
     last_summary_id: int = 0
     messages_bytes: int = 0
+
+    @property
+    def counters(self) -> Counters:
+        """The checkpoint of the active run's counters (the fields ``COUNTER_FIELDS`` names)."""
+        return Counters(**{name: getattr(self, name) for name in COUNTER_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

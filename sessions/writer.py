@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from sessions.jsonl import fsync_dir
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -185,7 +187,7 @@ class AppendWriter:
         except FileNotFoundError:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             if self.fsync != "never":
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
         self._handles[path] = fd
         return fd
 
@@ -370,11 +372,3 @@ def _settle(ops: list[_Append | _Call]) -> None:
             future.set_exception(op.error)
         else:
             future.set_result(op.result if isinstance(op, _Call) else None)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

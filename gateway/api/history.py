@@ -175,7 +175,7 @@ async def purge(request: web.Request, key: str) -> web.Response:
     store = request.app[K.STORE]
     conv.stop_turn(key)
     async with conv.exclusive(key):
-        runs = await store.ledger.list_runs(session_key=key, limit=1_000_000)
+        runs = await store.list_runs(session_key=key, limit=1_000_000)
         tombstone = await purge_key(store, key, history=history_of(request.app))
         await request.app[K.SERVICES].forget_transcripts(runs)
     return json_response({"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()})

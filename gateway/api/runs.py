@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -14,9 +15,10 @@ from config.errors import BadRequest, Conflict, NotFound
 from gateway import keys as K
 from gateway.http import json_response, parse_body, query_int
 from sessions import layout
+from sessions.records import RUN_STATUSES
 
 routes = web.RouteTableDef()
-STATUSES = ("running", "paused", "completed", "failed")
+STATUSES = RUN_STATUSES
 STORES = {"summaries": layout.SUMMARIES, "tools": layout.TOOLS, "planning": layout.PLANNING}
 
 
@@ -34,7 +36,7 @@ class PlanBody(BaseModel):
     plan_content: str = Field(min_length=1)
 
 
-def run_body(row: dict[str, Any]) -> dict[str, Any]:
+def run_body(row: Mapping[str, Any]) -> dict[str, Any]:
     body = dict(row)
     body["pinned"] = bool(body.get("pinned"))
     if isinstance(body.get("metadata"), str):
@@ -59,7 +61,7 @@ async def list_runs(request: web.Request) -> web.Response:
             before = (str(at), str(uuid))
         except (ValueError, TypeError):
             raise BadRequest("'cursor' is not one this API returned", field="cursor") from None
-    rows = await store.ledger.list_runs(
+    rows = await store.list_runs(
         session_key=request.query.get("key") or None, statuses=statuses, limit=limit + 1, before=before
     )
     page = rows[:limit]

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from config.errors import BadRequest, NotFound
+from config.errors import BadRequest
 from gateway import keys as K
 from gateway import operations
 from gateway.api import history
@@ -332,9 +332,3 @@ def _lifecycle_route(action: str) -> None:
 
 for _action in ("pause", "resume", "complete", "fail", "stop"):
     _lifecycle_route(_action)
-
-
-def require_run_folder(found: Any, run_id: str) -> Any:
-    if found is None:
-        raise NotFound(f"run {run_id} has no readable folder", code="run_not_found")
-    return found

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sessions.records import CompatConversation
+
 _SEED = hashlib.sha256(b"neotask-openai-conversation-v1").hexdigest()
 
 Role = Literal["user", "assistant", "tool"]
@@ -45,17 +47,8 @@ class ChatMessage:
         return json.dumps([self.role, self.content.strip(), calls, self.tool_call_id or ""], ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class Record:
-    """What the key's client held after its last call (table ``openai_conversations``)."""
-
-    epoch: int
-    base_count: int
-    request_count: int
-    request_digest: str
-    answered_count: int
-    answered_digest: str
-    answer: str | None = None  # the call's answer (JSON), replayed to a retry; None: not answered
+# What the key's client held after its last call (table ``openai_conversations``): the store's record.
+Record = CompatConversation
 
 
 @dataclass(frozen=True)

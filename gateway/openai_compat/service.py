@@ -87,7 +87,7 @@ class OpenAICompat:
         self.conv = commands.conv
         self.store = commands.store
         self.settings = commands.conv.settings
-        self.records = CompatRecords(self.store.ledger, clock)
+        self.records = CompatRecords(self.store)
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -242,10 +242,7 @@ class OpenAICompat:
             run = self.store.active_run(key)
             if run is not None:
                 await self.store.complete(key, reason="openai-diverged")
-            entry = self.store.entry(key)
-            if entry is not None and entry.inherit_next:
-                entry.inherit_next = False
-                self.store.registry.touch(key)
+            await self.store.set_inherit_next(key, False)
             return run.run_id if run is not None else None
 
     def _end_later(self, key: str) -> None:
