@@ -231,6 +231,22 @@ class _ToolCallAssembler:
         )
 
 
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of a byte stream (``\n``, ``\r\n`` or ``\r`` ends), split on bytes and decoded
+    per line: cheaper than httpx's text and line decoders stacked on every small chunk."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        if b"\r" in pending:
+            cut = len(pending) - 1 if pending.endswith(b"\r") else len(pending)  # \r\n may span chunks
+            pending = pending[:cut].replace(b"\r\n", b"\n").replace(b"\r", b"\n") + pending[cut:]
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield line.decode("utf-8", "replace")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8", "replace")
+
+
 async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
     """The ``data`` of each server-sent event (multi-line data joined with newlines)."""
     data: list[str] = []
@@ -362,7 +378,7 @@ class ChatProvider:
             await self._client.post(_PATH, cast_to=httpx2.Response, content=body, stream=True, stream_cls=None),
         )
         try:
-            events, done = _sse_data(response.aiter_lines()), False
+            events, done = _sse_data(_lines(response.aiter_bytes())), False
             async for payload in events:
                 if payload.strip() == "[DONE]":
                     done = True
