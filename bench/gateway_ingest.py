@@ -17,8 +17,9 @@ then rounds that alternate echo and gateway so drift on a noisy machine hits bot
 pooled ratios are printed. Every acknowledged message is then counted in the messages.jsonl files.
 
 ``python -m bench.gateway_ingest [--quick] [--seconds S] [--rounds N] [--client wrk|python]
-[--cases 64x64,64x1,256x1000] [--profile] [--site guarded|plain]``. ``--profile`` records the gateway with py-spy during one
-extra 64x64 phase and prints where its time goes.
+[--cases 64x64,64x1,256x1000] [--profile] [--site guarded|plain]``. ``--profile`` records the gateway
+with py-spy during one extra 64x64 phase and prints where its time goes. ``--site plain`` serves the
+gateway without the daemon's connection guard (to measure what the guard costs).
 """
 
 from __future__ import annotations
