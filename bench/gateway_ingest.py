@@ -17,8 +17,9 @@ then rounds that alternate echo and gateway so drift on a noisy machine hits bot
 pooled ratios are printed. Every acknowledged message is then counted in the messages.jsonl files.
 
 ``python -m bench.gateway_ingest [--quick] [--seconds S] [--rounds N] [--client wrk|python]
-[--cases 64x64,64x1,256x1000] [--profile]``. ``--profile`` records the gateway with py-spy during one
-extra 64x64 phase and prints where its time goes.
+[--cases 64x64,64x1,256x1000] [--profile] [--site guarded|plain]``. ``--profile`` records the gateway
+with py-spy during one extra 64x64 phase and prints where its time goes. ``--site plain`` serves the
+gateway without the daemon's connection guard (to measure what the guard costs).
 """
 
 from __future__ import annotations
@@ -99,15 +100,31 @@ def _gateway_app(home: Path, fsync: str | None) -> web.Application:
     return create_app(config, env={})
 
 
-async def _serve(kind: str, home: Path | None, fsync: str | None) -> None:
-    app = _gateway_app(home, fsync) if kind == "gateway" and home is not None else _echo_app()
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, 0))  # a free loopback port, told to the parent on stdout
-    port = sock.getsockname()[1]
-    await web.SockSite(runner, sock, backlog=1024).start()
+async def _serve(kind: str, home: Path | None, fsync: str | None, site: str = "guarded") -> None:
+    """Serve the echo, or the gateway as the daemon does (``site`` guarded: its runner and its
+    ``GuardedSite``, a protocol wrapper per connection; plain: aiohttp's own runner and site, to
+    measure what the guard costs)."""
+    from gateway.connections import GUARD, GuardedSite
+    from gateway.runner import JsonErrorsAppRunner
+
+    gateway = kind == "gateway" and home is not None
+    app = _gateway_app(home, fsync) if gateway and home is not None else _echo_app()
+    if gateway and site == "guarded":
+        keepalive = _gateway_settings(fsync).gateway.keepalive_timeout_s
+        runner: web.AppRunner = JsonErrorsAppRunner(app, access_log=None, handle_signals=False,
+                                                    keepalive_timeout=keepalive)  # fmt: skip
+        await runner.setup()
+        served: web.BaseSite = GuardedSite(runner, HOST, 0, app[GUARD], backlog=1024)
+        await served.start()
+        port = runner.addresses[0][1]
+    else:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((HOST, 0))  # a free loopback port, told to the parent on stdout
+        port = sock.getsockname()[1]
+        await web.SockSite(runner, sock, backlog=1024).start()
     print(f"PORT {port}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -132,8 +149,8 @@ def configured_loop(choice: LoopChoice | None) -> LoopChoice:
 class Server(ServerProcess):
     """A server subprocess; ``port`` once it listens."""
 
-    def __init__(self, kind: str, home: Path | None, *, loop: str, fsync: str | None) -> None:
-        args = [kind, "--loop", loop]
+    def __init__(self, kind: str, home: Path | None, *, loop: str, fsync: str | None, site: str = "guarded") -> None:
+        args = [kind, "--loop", loop, "--site", site]
         if home is not None:
             args += ["--home", str(home)]
         if fsync:
@@ -334,20 +351,22 @@ async def profiled(server: Server, opts: Options, tmp: Path) -> Phase | None:
     return result
 
 
-async def run(cases: Sequence[Case], opts: Options, *, loop: str, fsync: str | None) -> bool:
+async def run(cases: Sequence[Case], opts: Options, *, loop: str, fsync: str | None, site: str) -> bool:
     if opts.client == "wrk":
         sample = wrk_command(0, connections=64, keys=64, prefix=key_prefix("64x64"), seconds=opts.seconds, tag="r1")
         print(f"  load generator: {wrk_version()}; per phase, e.g.: {' '.join(sample)}")
     else:
         print("  load generator: the Python aiohttp client (wrk not found: apt-get install wrk measures better;"
               " this client holds the echo near 4,000 req/s)")  # fmt: skip
-    print(f"  servers: event loop {loop}, storage.fsync {fsync or 'batch (default)'}", flush=True)
+    print(f"  servers: event loop {loop}, storage.fsync {fsync or 'batch (default)'}, gateway site {site}"
+          f" ({'the daemon runner and its connection guard' if site == 'guarded' else 'aiohttp runner, no guard'})",
+          flush=True)  # fmt: skip
     results: list[CaseResult] = []
     with tempfile.TemporaryDirectory(prefix="neotask-bench-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
         echo = Server("echo", None, loop=loop, fsync=None)
-        gateway = Server("gateway", home, loop=loop, fsync=fsync)
+        gateway = Server("gateway", home, loop=loop, fsync=fsync, site=site)
         stored_phases: list[Phase] = []
         try:
             for case in cases:
@@ -379,12 +398,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the servers' event loop (default: the config's gateway.event_loop)")  # fmt: skip
     parser.add_argument("--fsync", choices=("batch", "always", "never"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help="also profile the gateway with py-spy")
+    parser.add_argument("--site", choices=("guarded", "plain"), default="guarded",
+                        help="guarded (default): the gateway served as the daemon serves it (its runner, keep-alive"
+                        " and connection guard); plain: aiohttp's runner and site, to measure the guard")  # fmt: skip
     parser.add_argument("--serve", choices=("echo", "gateway"), help=argparse.SUPPRESS)
     parser.add_argument("--home", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     loop = configured_loop(args.loop)
     if args.serve:
-        eventloop.run(_serve(args.serve, args.home, args.fsync), loop)
+        eventloop.run(_serve(args.serve, args.home, args.fsync, args.site), loop)
         return 0
     unknown = [c for c in args.cases.split(",") if c not in CASES]
     if unknown:
@@ -401,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cases = [CASES[c] for c in args.cases.split(",")]
     print("\n== gateway ingest: store-only messages over HTTP vs a bare aiohttp JSON echo", flush=True)
-    passed = asyncio.run(run(cases, opts, loop=loop, fsync=args.fsync))
+    passed = asyncio.run(run(cases, opts, loop=loop, fsync=args.fsync, site=args.site))
     return 0 if passed else 1
 
 

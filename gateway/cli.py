@@ -30,6 +30,7 @@ from gateway.tables import table as _table
 from sessions.damage import EXIT_STATE, DamagedState
 from sessions.layout import PRIVATE_UMASK
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked, read_gateway_json
+from sessions.records import CHAT_TYPES, ENTRY_STATUSES
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -153,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     actions = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", parents=both, help="sessions, newest activity first")
     listing.add_argument("--agent")
-    listing.add_argument("--type", choices=offline.CHAT_TYPES)
-    listing.add_argument("--status", choices=offline.STATUSES)
+    listing.add_argument("--type", choices=CHAT_TYPES)
+    listing.add_argument("--status", choices=ENTRY_STATUSES)
     listing.add_argument("--limit", type=int, default=50)
     listing.set_defaults(handler=cmd_sessions_list)
     for name, handler, text in (

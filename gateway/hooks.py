@@ -29,11 +29,11 @@ from sessions.archive import Step
 
 if TYPE_CHECKING:
     from gateway.turns import Post
-    from sessions.records import RunState
+    from sessions.records import MessageRecord, RunState
 
 Event = dict[str, Any]
 Listener = Callable[[Event], object]
-DurableListener = Callable[["RunState", Event], object]
+DurableListener = Callable[["RunState", "MessageRecord"], object]
 FinalSummarizer = Callable[["RunState", str], Awaitable[str | None]]
 BeforePost = Callable[["Post"], Awaitable[list[Event]]]
 BeforeAppend = Callable[["RunState", "Post", bool], Awaitable[list[Event]]]

@@ -133,6 +133,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     """The raw body, at most ``limit`` bytes; a larger one is drained (so the client reads our
     answer) and refused with 413. The whole body must arrive within ``gateway.body_timeout_s``
     (408 ``request_timeout`` otherwise: a slow sender cannot hold a connection and a handler)."""
+    if request.content.is_eof():  # the whole body came with the head: nothing to wait for, no timer
+        return await _read_body(request, limit)
     seconds = request.app.get(BODY_TIMEOUT)
     try:
         async with asyncio.timeout(seconds):

@@ -21,8 +21,6 @@ from sessions import doctor
 from sessions.keys import parse_key
 from sessions.layout import Home
 from sessions.lock import HomeLock
-from sessions.records import CHAT_TYPES as CHAT_TYPES
-from sessions.records import ENTRY_STATUSES as STATUSES
 from sessions.store import SessionStore
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ from scheduler.service import DailyJob, SchedulerService
 from sessions import archive
 from sessions.history import HistoryIndex, catch_up, history_path, rebuild_all
 from sessions.layout import Home
-from sessions.records import RunState
+from sessions.records import MessageRecord, RunRow, RunState
 from sessions.resets import daily_boundaries
 from sessions.store import SessionStore
 
@@ -134,7 +134,7 @@ class Services:
     async def deliver(self, url: str, payload: Event) -> bool:
         return await self.deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
 
-    async def forget_transcripts(self, runs: list[dict[str, Any]]) -> None:
+    async def forget_transcripts(self, runs: Sequence[RunRow]) -> None:
         """The memory notes of purged runs (rows of tasks.db) go with them."""
         if self.transcripts is None:
             return
@@ -182,7 +182,7 @@ async def open_services(
             if transcripts is not None:
                 transcripts.on_event(event)
 
-        def feed(run: RunState, record: Event) -> None:
+        def feed(run: RunState, record: MessageRecord) -> None:
             if history is not None:
                 history.feed(run.run_id, run.key, run.agent_id, record)
 

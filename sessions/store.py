@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
