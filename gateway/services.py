@@ -131,9 +131,6 @@ class Services:
     def memory_ready(self) -> bool | None:
         return None if self.memory is None else self.memory.ready
 
-    async def deliver(self, url: str, payload: Event) -> bool:
-        return await self.deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
-
     async def forget_transcripts(self, runs: list[dict[str, Any]]) -> None:
         """The memory notes of purged runs (rows of tasks.db) go with them."""
         if self.transcripts is None:
@@ -210,7 +207,14 @@ async def open_services(
         if settings.history.enabled:
             history = HistoryIndex(history_path(store.home.contexts), max_batch=settings.history.max_batch)
             created = await history.open()
-            stack.push_async_callback(history.close)
+
+            async def close_history() -> None:  # the store's appends stop feeding it first
+                nonlocal history
+                index, history = history, None
+                if index is not None:
+                    await index.close()
+
+            stack.push_async_callback(close_history)
         archives = Archives(store.home)
         tools = ToolBox(store)
         conversations = Conversations(
