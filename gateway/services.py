@@ -174,17 +174,22 @@ async def open_services(
         transcripts: TranscriptSource | None = None
         bridge: MemoryBridge | None = None
         scheduling: Scheduling | None = None
+        conversations: Conversations | None = None
 
-        def on_event(event: Event) -> None:
+        def on_event(event: Event) -> None:  # not the store's recovery at open: from the graph on
+            if conversations is None:
+                return
+            hub.publish(event)
             if transcripts is not None:
                 transcripts.on_event(event)
 
         def feed(run: RunState, record: Event) -> None:
-            if history is not None:
+            if history is not None and conversations is not None:
                 history.feed(run.run_id, run.key, run.agent_id, record)
 
         async def final_summary(run: RunState, reason: str) -> str | None:
-            return await conversations.final_summary(run, reason)
+            # None during the store's own recovery (a damaged run failed at open): no summary then
+            return None if conversations is None else await conversations.final_summary(run, reason)
 
         async def resets_due(post: Post) -> list[Event]:
             return [] if scheduling is None else await scheduling.check_on_arrival(post)
@@ -200,7 +205,7 @@ async def open_services(
             settings,
             clock=clock,
             final_summarizer=final_summary,
-            listeners=(hub.publish, on_event),
+            listeners=(on_event,),
             durable_listeners=(feed,) if settings.history.enabled else (),
         )
         stack.push_async_callback(store.close)
