@@ -143,9 +143,7 @@ LIMIT = Param("limit", "page size", _int(1, 500, 50))
 CURSOR = Param("cursor", "`next_cursor` of the previous page (opaque)", STR)
 AGENT = Param("agent", "agent id", STR)
 IDEMPOTENCY = Param(
-    "Idempotency-Key",
-    "same as `client_message_id` (1 to 200 characters)",
-    {"type": "string", "maxLength": 200},
+    "Idempotency-Key", "same as `client_message_id` (1 to 200 characters)", {"type": "string", "maxLength": 200},
     where="header",
 )
 KEY_ERRORS = ("invalid_key", "session_not_found")
@@ -347,13 +345,8 @@ OPERATIONS: dict[tuple[str, str], Op] = {
             Param("webhook-signature", "Standard Webhooks `v1,<base64>` entries, space-separated", STR, where="header"),
         ),
         errors=(
-            "invalid_signature",
-            "hook_not_found",
-            "hook_secret_missing",
-            "invalid_key",
-            *TURN_ERRORS[:3],
-            "insufficient_storage",
-            "storage_unavailable",
+            "invalid_signature", "hook_not_found", "hook_secret_missing", "invalid_key", *TURN_ERRORS[:3],
+            "insufficient_storage", "storage_unavailable",
         ),
         extra_answers=((200, "HookAnswer", "a duplicate delivery: `status: duplicate`, nothing stored"),),
     ),

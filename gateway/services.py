@@ -131,9 +131,6 @@ class Services:
     def memory_ready(self) -> bool | None:
         return None if self.memory is None else self.memory.ready
 
-    async def deliver(self, url: str, payload: Event) -> bool:
-        return await self.deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
-
     async def forget_transcripts(self, runs: Sequence[RunRow]) -> None:
         """The memory notes of purged runs (rows of tasks.db) go with them."""
         if self.transcripts is None:
@@ -177,17 +174,22 @@ async def open_services(
         transcripts: TranscriptSource | None = None
         bridge: MemoryBridge | None = None
         scheduling: Scheduling | None = None
+        conversations: Conversations | None = None
 
-        def on_event(event: Event) -> None:
+        def on_event(event: Event) -> None:  # not the store's recovery at open: from the graph on
+            if conversations is None:
+                return
+            hub.publish(event)
             if transcripts is not None:
                 transcripts.on_event(event)
 
         def feed(run: RunState, record: MessageRecord) -> None:
-            if history is not None:
+            if history is not None and conversations is not None:
                 history.feed(run.run_id, run.key, run.agent_id, record)
 
         async def final_summary(run: RunState, reason: str) -> str | None:
-            return await conversations.final_summary(run, reason)
+            # None during the store's own recovery (a damaged run failed at open): no summary then
+            return None if conversations is None else await conversations.final_summary(run, reason)
 
         async def resets_due(post: Post) -> list[Event]:
             return [] if scheduling is None else await scheduling.check_on_arrival(post)
@@ -203,14 +205,21 @@ async def open_services(
             settings,
             clock=clock,
             final_summarizer=final_summary,
-            listeners=(hub.publish, on_event),
+            listeners=(on_event,),
             durable_listeners=(feed,) if settings.history.enabled else (),
         )
         stack.push_async_callback(store.close)
         if settings.history.enabled:
             history = HistoryIndex(history_path(store.home.contexts), max_batch=settings.history.max_batch)
             created = await history.open()
-            stack.push_async_callback(history.close)
+
+            async def close_history() -> None:  # the store's appends stop feeding it first
+                nonlocal history
+                index, history = history, None
+                if index is not None:
+                    await index.close()
+
+            stack.push_async_callback(close_history)
         archives = Archives(store.home)
         tools = ToolBox(store)
         conversations = Conversations(

@@ -4,9 +4,12 @@ one place, the timers only when asked for."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import cast
 
 from gateway import operations
+from gateway.events import Event
 from gateway.services import Parts, open_services
 from gateway.turns import Post
 from sessions.keys import parse_key
@@ -31,7 +34,7 @@ async def test_without_timers_a_reset_writes_the_final_summary_and_its_events_re
         entry = services.store.entry(key.raw)
         assert entry is not None and entry.inherit_next
         # the store's listeners hook reaches the event hub
-        replay = services.hub.subscribe(key=None, last_event_id=0, heartbeat_s=60)
+        replay = cast(AsyncGenerator[Event | None], services.hub.subscribe(key=None, last_event_id=0, heartbeat_s=60))
         first = await anext(replay)
         assert first is not None and first.data["type"] == "lifecycle" and first.data["action"] == "start"
         await replay.aclose()

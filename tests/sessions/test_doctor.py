@@ -217,7 +217,7 @@ async def test_check_store_fixes_through_the_store(tmp_path: Path, clock: FakeCl
     try:
         old = await asyncio.to_thread(_plant_orphan, tmp_path)
         await _aged(tmp_path / "contexts" / "completed" / old)
-        young = await asyncio.to_thread(_plant_orphan, tmp_path)
+        young = await asyncio.to_thread(_plant_orphan, tmp_path, "running")  # a run being created
         entry = store.entry("cron:nightly")
         assert entry is not None
         entry.run_id = str(uuid.uuid4())
