@@ -13,6 +13,7 @@ from config.errors import NeotaskError
 from gateway.provider import ToolCall
 from sessions.records import RunState
 from sessions.store import SessionStore
+from sessions.tokens import estimate_text
 
 ToolFn = Callable[[RunState, dict[str, Any]], Awaitable[str]]
 
@@ -39,6 +40,7 @@ class ToolBox:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
         self._tools: dict[str, Tool] = {}
+        self._schema_tokens: int | None = None
         self.register(
             Tool(
                 name="update_plan",
@@ -61,6 +63,14 @@ class ToolBox:
 
     def register(self, tool: Tool) -> None:
         self._tools[tool.name] = tool
+        self._schema_tokens = None
+
+    def schema_tokens(self) -> int:
+        """The token estimate of every tool schema as the model is sent them (computed once per
+        set of tools: it is counted toward the threshold on every turn)."""
+        if self._schema_tokens is None:
+            self._schema_tokens = estimate_text(json.dumps(self.schemas()))
+        return self._schema_tokens
 
     def has(self, name: str) -> bool:
         return name in self._tools

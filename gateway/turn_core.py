@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -113,7 +112,7 @@ class ConversationCore:
         """Tokens of the system prompt and of the tool schemas the model is sent (none in
         store-only mode), counted toward the threshold."""
         agent = self.agent(agent_id)
-        tools = estimate_text(json.dumps(self.tools.schemas())) if self.provider(agent_id) else 0
+        tools = self.tools.schema_tokens() if self.provider(agent_id) else 0
         return estimate_text(agent.system_prompt) + tools
 
     async def _account(
