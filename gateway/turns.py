@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from config.clock import Clock, iso
-from config.errors import Conflict, NeotaskError, ProviderFailure, TurnFailed, Unavailable
+from config.errors import NeotaskError, NoActiveRun, ProviderFailure, ShuttingDown, TurnFailed
 from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
 from gateway.metrics import Metrics
@@ -296,7 +296,7 @@ class Conversations:
         key = post.key.raw
         turn = self.needs_turn(post)
         if self.closing:
-            raise Unavailable("the gateway is shutting down; nothing was stored, send later", code="shutting_down")
+            raise ShuttingDown("the gateway is shutting down; nothing was stored, send later")
         if turn:
             self.queue.check_room(key, self.agent(post.key.agent_id).max_queued_turns)
         outcome = Outcome(key, None, None)
@@ -448,9 +448,8 @@ class Conversations:
         batch.answer(result)
 
     def _closing_error(self, caller: Caller) -> BaseException:
-        return Unavailable(
+        return ShuttingDown(
             f"the gateway is shutting down: the turn was stopped; the message is stored (seq {caller.seq})",
-            code="shutting_down",
             message_seq=caller.seq,
             stored=True,
         )
@@ -796,7 +795,7 @@ class Conversations:
     def ensure_active(self, key: str) -> RunState:
         run = self.store.active_run(key)
         if run is None:
-            raise Conflict(f"session {key!r} has no active run", code="no_active_run")
+            raise NoActiveRun(f"session {key!r} has no active run")
         return run
 
 

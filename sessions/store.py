@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import Clock, iso
-from config.errors import Conflict, NeotaskError, NotFound, SessionPaused, StorageUnavailable
+from config.errors import (
+    NeotaskError,
+    NoActiveRun,
+    RunActive,
+    RunClosing,
+    RunNotFound,
+    SessionNotFound,
+    SessionPaused,
+    StorageUnavailable,
+)
 from config.settings import Settings
 from sessions import layout, leftovers
 from sessions.damage import ledger_error, storage_damage
@@ -299,7 +308,7 @@ class SessionStore:
     def require_entry(self, key: str) -> SessionEntry:
         entry = self.entry(key)
         if entry is None:
-            raise NotFound(f"no session with key {key!r}; post a message to create it", code="session_not_found")
+            raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
         return entry
 
     def entries(self) -> Iterable[SessionEntry]:
@@ -342,7 +351,7 @@ class SessionStore:
         removes a marked folder that holds no message (a crash or a storage error came between)."""
         entry = self.entry(key)
         if entry is not None and entry.run_id is not None:
-            raise Conflict(f"session {key!r} already has an active run {entry.run_id}", code="run_active")
+            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
         now = iso(self.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
@@ -509,7 +518,7 @@ class SessionStore:
         self.require_entry(key)
         run = self.active_run(key)
         if run is None:
-            raise Conflict(f"session {key!r} has no active run", code="no_active_run")
+            raise NoActiveRun(f"session {key!r} has no active run")
         return run
 
     async def _move(self, run: RunState, status: str) -> None:
@@ -538,7 +547,7 @@ class SessionStore:
 
     def check_writable(self, run: RunState, message: NewMessage) -> None:
         if run.closing:
-            raise Conflict(f"run {run.run_id} is completing; retry on the next run", code="run_closing")
+            raise RunClosing(f"run {run.run_id} is completing; retry on the next run")
         if run.status == "paused" and not message.command:
             raise SessionPaused(
                 f"session {run.key!r} is paused; send /resume or POST /v1/sessions/{{key}}/resume first"
@@ -786,7 +795,7 @@ class SessionStore:
         """The ledger row and the folder (None when archived or missing)."""
         row = await self.ledger.get_run(run_id)
         if row is None:
-            raise NotFound(f"no run {run_id!r}; list runs with GET /v1/runs", code="run_not_found")
+            raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")
         active = self._runs.get(run_id)
         if active is not None:
             return row, active.dir

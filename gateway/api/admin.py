@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gateway import keys as K
 from gateway.api.history import HISTORY
+from gateway.contract import operation
 from gateway.http import json_response, parse_body
 from sessions.doctor import check_store
 from sessions.history_doctor import check_index
@@ -20,6 +21,7 @@ class DoctorBody(BaseModel):
 
 
 @routes.post("/v1/admin/doctor")
+@operation("Consistency checks (answers the actions)", "admin", body=DoctorBody, body_required=False)
 async def doctor(request: web.Request) -> web.Response:
     """Every finding as ``{check, severity, detail, fix, fixed}``; with ``fix: true`` the safe
     fixes are applied and marked ``fixed``."""
