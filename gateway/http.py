@@ -273,15 +273,3 @@ def describe_validation(exc: ValidationError) -> str:
             parts.append(f"field '{where}': {err['msg']}")
     return "; ".join(parts) + " (see GET /openapi.json for the accepted fields)"
 
-
-def query_int(request: web.Request, name: str, default: int, *, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter '{name}' must be an integer", field=name) from None
-    if not low <= value <= high:
-        raise BadRequest(f"query parameter '{name}' must be between {low} and {high}", field=name)
-    return value

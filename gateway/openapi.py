@@ -203,6 +203,14 @@ def error_codes(document: Mapping[str, Any]) -> set[str]:
     }
 
 
+def errors_markdown() -> str:
+    """The table of docs/errors.md: every HTTP error code, its status, its class and its meaning."""
+    rows = ["| status | code | class | meaning |", "|---|---|---|---|"]
+    for code, cls in sorted(error_catalogue().items(), key=lambda item: (item[1].status, item[0])):
+        rows.append(f"| {cls.status} | `{code}` | `{cls.__name__}` | {cls.doc} |")
+    return "\n".join(rows) + "\n"
+
+
 def error_schema() -> Schema:
     return {
         "type": "object",
@@ -244,3 +252,9 @@ INFO = (
     "`/hooks/*`, `/healthz`, `/readyz`, `/openapi.json` and `/ui` do not. Any unknown path answers 404 "
     "`not_found`. A session key travels as one percent-encoded path segment (`/` as %2F)."
 )
+
+
+if __name__ == "__main__":  # python -m gateway.openapi > the table of docs/errors.md
+    import gateway.app  # noqa: F401  (every route module and error class loaded)
+
+    print(errors_markdown(), end="")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import pkgutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,3 +200,10 @@ def test_an_app_without_routes_still_gets_a_document() -> None:
     document = openapi.build([])
     assert document["paths"] == {}
     assert "Error" in document["components"]["schemas"]
+
+
+def test_docs_errors_md_is_the_table_of_the_classes() -> None:
+    import gateway.app  # noqa: F401
+
+    text = (Path(__file__).resolve().parents[2] / "docs/errors.md").read_text(encoding="utf-8")
+    assert text.endswith("\n\n" + openapi.errors_markdown()), "regenerate it: python -m gateway.openapi"
