@@ -229,7 +229,7 @@ class Webhooks:
                 error = {"code": exc.code, "message": exc.message}
             else:
                 log.exception("hook %s: the turn on %s failed", name, post.key.raw)
-                error = {"code": "internal_error", "message": "the gateway failed on this turn; see its log"}
+                error = {"code": NeotaskError.code, "message": "the gateway failed on this turn; see its log"}
             if turn and mapping.deliver_to:
                 body = {**stored_outcome.body(), "error": error}
                 await self.deliverer.deliver(mapping.deliver_to, body, timeout=self.deliver_timeout_s)
