@@ -14,8 +14,9 @@ from gateway.commands import dispatch
 from gateway.contract import OBJ, STR, Answer, ref
 from gateway.http import REQUEST_ID, error_body, json_response
 from gateway.turns import Post
+from sessions.records import USAGE_KEYS
 
-_USAGE = {k: {"type": "integer"} for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")}
+_USAGE = {k: {"type": "integer"} for k in USAGE_KEYS}
 MESSAGE_ANSWER = Answer(
     "MessageAnswer",
     {

@@ -23,7 +23,7 @@ from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer
 from gateway.turns import Post
 from gateway.views import SESSION, session_view
 from sessions.keys import Ingress, SessionKey, parse_key, route
-from sessions.records import TaskKey
+from sessions.records import Role, TaskKey
 from sessions.thresholds import compaction_threshold
 
 routes = web.RouteTableDef()
@@ -70,7 +70,7 @@ class IngressBody(Strict):
 
 
 class MessageBody(Strict):
-    role: Literal["user", "assistant", "tool", "system"] = "user"
+    role: Role = "user"
     content: str
     name: str | None = Field(None, max_length=200)
     tool_name: str | None = Field(None, max_length=200)
