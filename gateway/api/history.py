@@ -49,7 +49,7 @@ SEARCH_KEY = Param("key", "only this session key")
 ROLE = ChoiceParam("role", "only this role", choices=ROLES)
 SINCE = Param("since", "only messages at or after this ISO 8601 time")
 UNTIL = Param("until", "only messages before this ISO 8601 time")
-SEARCH_LIMIT = IntParam("limit", "page size, 1 to history.max_limit", default=20, low=1, high=1000)
+SEARCH_LIMIT = IntParam("limit", "page size, 1 to history.max_limit", default=20, low=1, high=None)
 FORMAT = ChoiceParam("format", "jsonl (default) or md", choices=("jsonl", "md"), default="jsonl")
 PURGE = FlagParam("purge", "erase everything of the key")
 HISTORY_SEARCH = Answer(

@@ -208,3 +208,34 @@ def test_docs_errors_md_is_the_table_of_the_classes() -> None:
 
     text = (Path(__file__).resolve().parents[2] / "docs/errors.md").read_text(encoding="utf-8")
     assert text.endswith("\n\n" + openapi.errors_markdown()), "regenerate it: python -m gateway.openapi"
+
+
+async def test_each_published_limit_and_enum_is_the_one_the_handler_enforces(client: Client) -> None:
+    """For every described GET route without path parameters: a value just past an integer
+    parameter's published maximum, and one outside a parameter's published enum, is refused with
+    400 invalid_field naming that parameter; the published maximum itself is taken."""
+    headers = {"Authorization": "Bearer s3cret"}
+    checked = []
+    for method, path, handler in openapi.route_list(client.app.router.routes()):
+        described = operation_of(handler)
+        if method != "GET" or "{" in path or described is None:
+            continue
+        required = {p.name: "x" for p in described.params if p.required}
+        for param in described.params:
+            if param.where != "query" or param.required:
+                continue
+            schema = param.schema
+            if schema.get("type") == "integer" and "maximum" in schema:
+                top = {**required, param.name: str(schema["maximum"])}
+                accepted = await client.get(path, params=top, headers=headers)
+                assert accepted.status != 400, (path, param.name, await accepted.text())
+                bad = str(schema["maximum"] + 1)
+            elif "enum" in schema:
+                bad = "not-" + "-".join(schema["enum"])
+            else:
+                continue
+            resp = await client.get(path, params={**required, param.name: bad}, headers=headers)
+            error = (await resp.json())["error"]
+            assert (resp.status, error["code"], error.get("field")) == (400, "invalid_field", param.name), path
+            checked.append(f"{path}?{param.name}")
+    assert {"/v1/sessions?limit", "/v1/sessions?status", "/v1/sessions?type", "/v1/runs?limit"} <= set(checked)
