@@ -1,8 +1,11 @@
-"""The error hierarchy shared by every package.
+"""The error hierarchy shared by every package: one class per error code.
 
-Each error carries its HTTP status and a snake_case code; the gateway has one middleware that
-turns any ``NeotaskError`` into the JSON error body. Domain code raises these and never imports
-``aiohttp.web``.
+Each class carries its HTTP ``status``, its snake_case ``code`` and ``doc`` (what the code means,
+for ``/openapi.json`` and docs/errors.md); a code is written here once and nowhere else. The gateway
+has one middleware that turns any ``NeotaskError`` into the JSON error body (the OpenAI shape on
+the OpenAI-compatible routes). Domain code raises these and never imports ``aiohttp.web``.
+A family class (``BadRequest``, ``NotFound``, ``Conflict``, ``Unavailable``) is itself the class
+of its generic code, and ``except NotFound`` still catches every more precise not-found.
 """
 
 from __future__ import annotations
@@ -12,57 +15,207 @@ from typing import Any, ClassVar
 
 class NeotaskError(Exception):
     status: ClassVar[int] = 500
-    default_code: ClassVar[str] = "internal_error"
+    code: ClassVar[str] = "internal_error"
+    doc: ClassVar[str] = "the gateway failed on this request; see its log"
+    http: ClassVar[bool] = True  # False: raised at start-up or by the CLI, never an HTTP answer
 
-    def __init__(self, message: str, *, code: str | None = None, **extra: Any) -> None:
+    def __init__(self, message: str, **extra: Any) -> None:
+        if "code" in extra:
+            raise TypeError(f"no code= for {extra['code']!r}: raise the class of that code (config/errors.py)")
         super().__init__(message)
         self.message = message
-        self.code = code or self.default_code
         self.extra: dict[str, Any] = extra
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" not in cls.__dict__:  # a refinement for the code's own use (e.g. ProviderError): same code
+            return
+        other = _BY_CODE.get(cls.code)
+        if other is not None and other.__qualname__ != cls.__qualname__:  # a module reloaded is the same class
+            raise TypeError(f"error code {cls.code!r} is defined twice: {other.__name__} and {cls.__name__}")
+        _BY_CODE[cls.code] = cls
+
+
+_BY_CODE: dict[str, type[NeotaskError]] = {NeotaskError.code: NeotaskError}
+
+
+def error_classes(*, http_only: bool = True) -> dict[str, type[NeotaskError]]:
+    """Every error class by its code (those an HTTP answer can carry, unless ``http_only`` is
+    false). The classes of this module are all here; others register when their module loads."""
+    return {code: cls for code, cls in sorted(_BY_CODE.items()) if cls.http or not http_only}
+
+
+# -- 400 ------------------------------------------------------------------------------------------
 
 
 class BadRequest(NeotaskError):
     status = 400
-    default_code = "invalid_field"
+    code = "invalid_field"
+    doc = "a missing, unknown or wrong field or query parameter; `error.field` names it"
+
+
+class InvalidBody(BadRequest):
+    code = "invalid_body"
+    doc = "invalid JSON, invalid UTF-8, a wrong content type, or not a JSON object"
 
 
 class InvalidKey(BadRequest):
-    default_code = "invalid_key"
+    code = "invalid_key"
+    doc = "the session key breaks a rule of SPEC section 1; `error.rule` names it"
 
 
-class ConfigError(NeotaskError):
-    """A configuration file, variable or flag is wrong; the message names the key."""
+# -- 401, 403 -------------------------------------------------------------------------------------
 
-    default_code = "invalid_config"
+
+class Unauthorized(NeotaskError):
+    status = 401
+    code = "unauthorized"
+    doc = "missing or wrong bearer token (only when `gateway.tokens` is set)"
+
+
+class InvalidSignature(Unauthorized):
+    code = "invalid_signature"
+    doc = (
+        "a missing, wrong or stale webhook signature (`X-Hub-Signature-256`, or Standard"
+        " Webhooks `webhook-signature` with `webhook-timestamp` outside the hook's tolerance_s)"
+    )
+
+
+class HostNotAllowed(NeotaskError):
+    status = 403
+    code = "host_not_allowed"
+    doc = "the `Host` header is not a loopback name nor in `gateway.allowed_hosts` (no tokens)"
+
+
+# -- 404, 405, 408 --------------------------------------------------------------------------------
 
 
 class NotFound(NeotaskError):
     status = 404
-    default_code = "not_found"
+    code = "not_found"
+    doc = "no such route"
+
+
+class HookNotFound(NotFound):
+    code = "hook_not_found"
+    doc = "no webhook with this name under `hooks:`"
+
+
+class SessionNotFound(NotFound):
+    code = "session_not_found"
+    doc = "no session with this key"
+
+
+class RunNotFound(NotFound):
+    code = "run_not_found"
+    doc = "no run with this uuid (or its folder is gone)"
+
+
+class FinalSummaryNotFound(NotFound):
+    code = "final_summary_not_found"
+    doc = "the run has no final summary (yet)"
+
+
+class UnknownAgent(NotFound):
+    code = "unknown_agent"
+    doc = "the agent is not configured"
+
+
+class MemoryFileNotFound(NotFound):
+    code = "memory_file_not_found"
+    doc = "no such memory file"
+
+
+class JobNotFound(NotFound):
+    code = "job_not_found"
+    doc = "no such scheduler job"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+    doc = "OpenAI-compatible routes: `model` names no agent (GET /v1/models lists them)"
+
+
+class ResponseNotFound(NotFound):
+    code = "response_not_found"
+    doc = "`previous_response_id` names no stored response (or one made with `store: false`)"
+
+
+class MethodNotAllowed(NeotaskError):
+    status = 405
+    code = "method_not_allowed"
+    doc = "the path exists but not with this method; `Allow` lists the methods it takes"
+
+
+class RequestTimeout(NeotaskError):
+    status = 408
+    code = "request_timeout"
+    doc = "the request body did not arrive within `gateway.body_timeout_s`"
+
+
+# -- 409 ------------------------------------------------------------------------------------------
 
 
 class Conflict(NeotaskError):
     status = 409
-    default_code = "conflict"
+    code = "conflict"
+    doc = "the request conflicts with the session's state"
+
+
+class RunActive(Conflict):
+    code = "run_active"
+    doc = "the session already has an active run"
 
 
 class SessionPaused(Conflict):
-    default_code = "session_paused"
+    code = "session_paused"
+    doc = "the session is paused; resume it first"
+
+
+class NoActiveRun(Conflict):
+    code = "no_active_run"
+    doc = "the session has no active run"
+
+
+class RunClosing(Conflict):
+    code = "run_closing"
+    doc = "the run is completing; retry on the next run"
+
+
+class RunNotActive(Conflict):
+    code = "run_not_active"
+    doc = "tool calls and plans are recorded on active runs only"
+
+
+class JobRunning(Conflict):
+    code = "job_running"
+    doc = "the job is already running"
+
+
+class ResponseNotLatest(Conflict):
+    code = "response_not_latest"
+    doc = "`previous_response_id` is not the latest response of its session (no forks)"
+
+
+# -- 413, 429 -------------------------------------------------------------------------------------
 
 
 class PayloadTooLarge(NeotaskError):
     status = 413
-    default_code = "payload_too_large"
+    code = "payload_too_large"
+    doc = "the body is larger than `gateway.max_body_bytes` (drained before the answer)"
 
 
 class Busy(NeotaskError):
     status = 429
-    default_code = "session_busy"
+    code = "session_busy"
+    doc = (
+        "more than `agents.<id>.max_queued_turns` calls would wait for a model turn on this key; the `Retry-After`"
+        " header and `error.retry_after_s` say when to retry; nothing is stored"
+    )
 
 
-class ProviderFailure(NeotaskError):
-    status = 502
-    default_code = "provider_error"
+# -- 5xx ------------------------------------------------------------------------------------------
 
 
 class TurnFailed(NeotaskError):
@@ -70,22 +223,75 @@ class TurnFailed(NeotaskError):
     the message was stored: the body carries ``stored: true`` and ``message_seq``; do not resend."""
 
     status = 500
-    default_code = "turn_failed"
+    code = "turn_failed"
+    doc = (
+        "the turn failed after the message was stored (a tool, compaction, the store): `error.stored` is true and"
+        " `error.message_seq` its seq; do not send it again (a retry with the same `client_message_id` stores"
+        " nothing new)"
+    )
+
+
+class ProviderFailure(NeotaskError):
+    status = 502
+    code = "provider_error"
+    doc = "the model call failed; the message is stored (`error.message_seq`, `error.stored`)"
 
 
 class Unavailable(NeotaskError):
     status = 503
-    default_code = "unavailable"
+    code = "unavailable"
+    doc = "a resource the route needs is not ready"
+
+
+class StorageUnavailable(Unavailable):
+    """The store cannot write (read-only or refused): nothing was stored."""
+
+    code = "storage_unavailable"
+    doc = "the store cannot write (read-only or refused): nothing was stored; send again later"
+
+
+class HookSecretMissing(Unavailable):
+    code = "hook_secret_missing"
+    doc = "the hook's `secret_env` is not set, so no signature can be checked"
+
+
+class MemoryNotReady(Unavailable):
+    code = "memory_not_ready"
+    doc = "the memory index or embedding model is not ready yet"
+
+
+class EmbeddingError(Unavailable):
+    code = "embedding_error"
+    doc = "the embeddings endpoint failed"
+
+
+class ShuttingDown(Unavailable):
+    code = "shutting_down"
+    doc = (
+        "the gateway is shutting down: a new message is refused unstored; a waiting or running turn is stopped and"
+        " its caller told `error.stored: true` with `error.message_seq`"
+    )
+
+
+class HistoryDisabled(Unavailable):
+    code = "history_disabled"
+    doc = "the history index is off (`history.enabled: false`)"
 
 
 class InsufficientStorage(NeotaskError):
     """The disk is full: nothing was stored, nothing half written, no seq consumed."""
 
     status = 507
-    default_code = "insufficient_storage"
+    code = "insufficient_storage"
+    doc = "the disk is full: nothing was stored, nothing half written, no seq consumed; send again once space frees"
 
 
-class StorageUnavailable(Unavailable):
-    """The store cannot write (read-only or refused): nothing was stored."""
+# -- not HTTP -------------------------------------------------------------------------------------
 
-    default_code = "storage_unavailable"
+
+class ConfigError(NeotaskError):
+    """A configuration file, variable or flag is wrong; the message names the key."""
+
+    code = "invalid_config"
+    doc = "a configuration file, variable or flag is wrong (start-up and CLI only)"
+    http = False

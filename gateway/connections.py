@@ -25,6 +25,7 @@ from typing import Any, cast
 from aiohttp import web, web_protocol
 from aiohttp.typedefs import Middleware
 
+from config.errors import Unavailable
 from gateway.http import Handler
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class ConnectionGuard:
 
 def _refuse(conn: GuardedProtocol) -> None:
     message = "too many open connections (gateway.max_connections); retry shortly"
-    body = json.dumps({"error": {"code": "unavailable", "message": message, "request_id": uuid.uuid4().hex[:12]}})
+    body = json.dumps({"error": {"code": Unavailable.code, "message": message, "request_id": uuid.uuid4().hex[:12]}})
     head = (
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
         f"Retry-After: 1\r\nContent-Length: {len(body)}\r\n\r\n"

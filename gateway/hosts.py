@@ -14,16 +14,11 @@ from collections.abc import Iterable
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
-from config.errors import NeotaskError
+from config.errors import HostNotAllowed
 from config.settings import GatewaySettings
 from gateway.http import Handler
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-class HostNotAllowed(NeotaskError):
-    status = 403
-    default_code = "host_not_allowed"
 
 
 def host_name(header: str) -> str:

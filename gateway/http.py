@@ -20,7 +20,16 @@ from aiohttp import web, web_protocol
 from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
 
-from config.errors import BadRequest, NeotaskError, PayloadTooLarge
+from config.errors import (
+    BadRequest,
+    InvalidBody,
+    MethodNotAllowed,
+    NeotaskError,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unauthorized,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +58,29 @@ def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | Non
     )
 
 
-_FRAMEWORK_CODES = {
-    400: ("invalid_body", "the request could not be parsed"),
-    401: ("unauthorized", "send Authorization: Bearer <token>"),
-    404: ("not_found", "no such route; see GET /openapi.json for the API"),
-    405: ("method_not_allowed", "this route does not take that method; see GET /openapi.json"),
-    413: ("payload_too_large", "the body is larger than gateway.max_body_bytes"),
+# aiohttp's own refusals (no route, wrong method, ...) answered with the code of our class for that status
+FRAMEWORK_ERRORS: dict[int, tuple[type[NeotaskError], str]] = {
+    400: (InvalidBody, "the request could not be parsed"),
+    401: (Unauthorized, "send Authorization: Bearer <token>"),
+    404: (NotFound, "no such route; see GET /openapi.json for the API"),
+    405: (MethodNotAllowed, "this route does not take that method; see GET /openapi.json"),
+    413: (PayloadTooLarge, "the body is larger than gateway.max_body_bytes"),
 }
+
+
+def framework_error(exc: web.HTTPException) -> tuple[str, str, dict[str, str]]:
+    """(code, message, headers to keep) of an aiohttp refusal; ``http_error`` for a status no
+    class stands for (aiohttp raises none of those on the gateway's routes)."""
+    known = FRAMEWORK_ERRORS.get(exc.status)
+    code, hint = (known[0].code, known[1]) if known else ("http_error", exc.reason)
+    message = hint if exc.status in (404, 405) else f"{exc.reason}: {hint}"
+    return code, message, {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+
+
+def retry_headers(exc: NeotaskError) -> dict[str, str] | None:
+    """``Retry-After`` (whole seconds, at least 1) when the error says when to retry."""
+    retry = exc.extra.get("retry_after_s")
+    return {"Retry-After": str(max(1, math.ceil(retry)))} if isinstance(retry, int | float) else None
 
 
 @web.middleware
@@ -67,22 +92,17 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except NeotaskError as exc:
         if exc.status >= 500:
             log.warning("%s %s -> %s %s: %s", request.method, request.path, exc.status, exc.code, exc.message)
-        retry = exc.extra.get("retry_after_s")
-        headers = {"Retry-After": str(max(1, math.ceil(retry)))} if isinstance(retry, int | float) else None
         body = error_body(exc.code, exc.message, request_id, **exc.extra)
-        return json_response(body, status=exc.status, headers=headers)
+        return json_response(body, status=exc.status, headers=retry_headers(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code, hint = _FRAMEWORK_CODES.get(exc.status, ("http_error", exc.reason))
-        message = hint if exc.status in (404, 405) else f"{exc.reason}: {hint}"
-        headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow",)}
+        code, message, headers = framework_error(exc)
         return json_response(error_body(code, message, request_id), status=exc.status, headers=headers)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_response(
-            error_body("internal_error", "the gateway failed on this request; see its log", request_id), status=500
-        )
+        body = error_body(NeotaskError.code, NeotaskError.doc, request_id)
+        return json_response(body, status=NeotaskError.status)
     response.headers.setdefault("X-Request-Id", request_id)
     return response
 
@@ -103,11 +123,6 @@ def auth_middleware(tokens: tuple[str, ...]) -> Middleware:
     return middleware
 
 
-class Unauthorized(NeotaskError):
-    status = 401
-    default_code = "unauthorized"
-
-
 def _needs_token(path: str) -> bool:
     return path.startswith("/v1/") or path == "/metrics"
 
@@ -119,11 +134,6 @@ def _offered_token(request: web.Request) -> str | None:
     if request.path == "/v1/events":
         return request.query.get("access_token")
     return None
-
-
-class RequestTimeout(NeotaskError):
-    status = 408
-    default_code = "request_timeout"
 
 
 BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
@@ -155,7 +165,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         try:  # the common case, read at once (the length was checked above; aiohttp stops at it)
             return await request.read()
         except web_protocol.RequestPayloadError as exc:
-            raise BadRequest(f"the body could not be read: {str(exc).strip()}", code="invalid_body") from None
+            raise InvalidBody(f"the body could not be read: {str(exc).strip()}") from None
     chunks, size = [], 0
     try:
         async for chunk in request.content.iter_chunked(65536):
@@ -166,8 +176,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
             chunks.append(chunk)
     except web_protocol.RequestPayloadError as exc:  # e.g. a body its Content-Encoding does not decode
         encoding = request.headers.get("Content-Encoding") or "none"
-        raise BadRequest(f"the body could not be read (Content-Encoding {encoding}): {str(exc).strip()}",
-                         code="invalid_body") from None  # fmt: skip
+        raise InvalidBody(
+            f"the body could not be read (Content-Encoding {encoding}): {str(exc).strip()}"
+        ) from None
     return b"".join(chunks)
 
 
@@ -190,26 +201,25 @@ def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
     invalid UTF-8, an empty body, invalid JSON, nesting too deep to parse, or a ``\\u`` escape of
     an unpaired surrogate (no UTF-8 file can store it). ``hint`` is added to the content-type error."""
     if content_type != "application/json":
-        raise BadRequest(f"content type must be application/json, not {content_type or 'missing'}{hint}",
-                         code="invalid_body")  # fmt: skip
+        raise InvalidBody(f"content type must be application/json, not {content_type or 'missing'}{hint}")  # fmt: skip
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BadRequest(f"the body is not valid UTF-8 (byte {exc.start})", code="invalid_body") from None
+        raise InvalidBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
     if not text.strip():
-        raise BadRequest("the body is empty; send a JSON object", code="invalid_body")
+        raise InvalidBody("the body is empty; send a JSON object")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                         code="invalid_body") from None  # fmt: skip
+        raise InvalidBody(
+            f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     except RecursionError:
-        raise BadRequest("the body's JSON is nested too deeply", code="invalid_body") from None
+        raise InvalidBody("the body's JSON is nested too deeply") from None
     if _SURROGATE_ESCAPE.search(text) and not _encodable(data):
-        raise BadRequest(
+        raise InvalidBody(
             "the body has a \\u escape of an unpaired surrogate (\\ud800-\\udfff); send the character itself"
             " or a complete surrogate pair",
-            code="invalid_body",
         )
     return data
 
@@ -236,7 +246,7 @@ async def parse_body(request: web.Request, model: type[M], limit: int, *, option
     else:
         data = await read_json(request, limit)
     if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object", code="invalid_body")
+        raise InvalidBody("the body must be a JSON object")
     return validate(model, data)
 
 
@@ -265,15 +275,3 @@ def describe_validation(exc: ValidationError) -> str:
             parts.append(f"field '{where}': {err['msg']}")
     return "; ".join(parts) + " (see GET /openapi.json for the accepted fields)"
 
-
-def query_int(request: web.Request, name: str, default: int, *, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter '{name}' must be an integer", field=name) from None
-    if not low <= value <= high:
-        raise BadRequest(f"query parameter '{name}' must be between {low} and {high}", field=name)
-    return value

@@ -15,9 +15,10 @@ from typing import Any
 
 from aiohttp import web, web_protocol, web_request
 
+from config.errors import InvalidBody, NeotaskError, PayloadTooLarge
 from gateway.http import error_body, json_response
 
-_CODES = {400: "invalid_body", 413: "payload_too_large"}
+_ERRORS: dict[int, type[NeotaskError]] = {400: InvalidBody, 413: PayloadTooLarge}
 _HINT = "the request could not be parsed as HTTP/1.1 (headers at most 8190 bytes each, no obs-fold)"
 
 
@@ -32,9 +33,9 @@ class JsonErrorHandler(web_protocol.RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         plain = super().handle_error(request, status, exc, message)  # logs it; raises if a response began
-        code = _CODES.get(status, "internal_error" if status >= 500 else "invalid_body")
+        code = _ERRORS.get(status, NeotaskError if status >= 500 else InvalidBody).code
         if status >= 500:
-            text = "the gateway failed on this request; see its log"
+            text = NeotaskError.doc
         else:
             reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Bad Request"
             detail = (message or "").strip().splitlines()[0] if message and message.strip() else _HINT

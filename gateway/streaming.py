@@ -11,8 +11,52 @@ from aiohttp import web
 from config.errors import NeotaskError
 from gateway import keys as K
 from gateway.commands import dispatch
+from gateway.contract import OBJ, STR, Answer, ref
 from gateway.http import REQUEST_ID, error_body, json_response
 from gateway.turns import Post
+from sessions.records import USAGE_KEYS
+
+_USAGE = {k: {"type": "integer"} for k in USAGE_KEYS}
+MESSAGE_ANSWER = Answer(
+    "MessageAnswer",
+    {
+        "type": "object",
+        "required": ["session_key", "run_id", "message_seq", "reply", "events", "usage"],
+        "properties": {
+            "session_key": STR,
+            "run_id": {"type": ["string", "null"]},
+            "message_seq": {"type": ["integer", "null"], "description": "messages.jsonl seq of the posted message"},
+            "reply": {
+                "description": "the model's answer, or a command's; with queue mode `collect` or `steer` several "
+                "calls answer the same reply (same `seq`), each with its own `message_seq`",
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "required": ["content", "seq"],
+                        "properties": {"content": STR, "seq": {"type": "integer"}},
+                    },
+                    {"type": "null"},
+                ],
+            },
+            "events": {"type": "array", "items": OBJ},
+            "usage": {"type": "object", "properties": _USAGE},
+        },
+    },
+)
+STREAM_EVENT = Answer(
+    "StreamEvent",
+    {
+        "type": "string",
+        "description": '`event: delta` with `data: {"content": "..."}` per text delta, then one `event: final` whose '
+        "data is a `MessageAnswer`; a failure after the stream started is an `event: error` with an `Error`.",
+        "x-events": {
+            "delta": {"type": "object", "properties": {"content": STR}},
+            "final": MESSAGE_ANSWER.ref,
+            "error": ref("Error"),
+        },
+    },
+    parts=(MESSAGE_ANSWER,),
+)
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

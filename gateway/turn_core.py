@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from config.clock import Clock
-from config.errors import Conflict, Unavailable
+from config.errors import NoActiveRun, ShuttingDown
 from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
 from gateway.hooks import ConversationHooks
@@ -134,9 +134,8 @@ class ConversationCore:
         raise NotImplementedError
 
     def _closing_error(self, caller: Caller) -> BaseException:
-        return Unavailable(
+        return ShuttingDown(
             f"the gateway is shutting down: the turn was stopped; the message is stored (seq {caller.seq})",
-            code="shutting_down",
             message_seq=caller.seq,
             stored=True,
         )
@@ -164,5 +163,5 @@ class ConversationCore:
     def ensure_active(self, key: str) -> RunState:
         run = self.store.active_run(key)
         if run is None:
-            raise Conflict(f"session {key!r} has no active run", code="no_active_run")
+            raise NoActiveRun(f"session {key!r} has no active run")
         return run

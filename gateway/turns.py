@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from config.errors import ProviderFailure, Unavailable
+from config.errors import ProviderFailure, ShuttingDown
 from gateway.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
 from gateway.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
 from gateway.model_turn import ModelTurns, provider_failure, stored_failure
@@ -80,7 +80,7 @@ class Conversations(ModelTurns):
         key = post.key.raw
         turn = self.needs_turn(post)
         if self.closing:
-            raise Unavailable("the gateway is shutting down; nothing was stored, send later", code="shutting_down")
+            raise ShuttingDown("the gateway is shutting down; nothing was stored, send later")
         if turn:
             self.queue.check_room(key, self.agent(post.key.agent_id).max_queued_turns)
         outcome = Outcome(key, None, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from gateway.contract import NULLABLE_STR, OBJ, STR, Answer
 from sessions.records import RunState
 from sessions.registry import SessionEntry
 
@@ -34,3 +35,26 @@ def session_view(
     body["next_reset"] = next_reset.isoformat() if next_reset else None
     body["model"] = model
     return body
+
+
+SESSION = Answer(
+    "Session",
+    {
+        "type": "object",
+        "properties": {
+            "key": STR,
+            "agent_id": NULLABLE_STR,
+            "chat_type": STR,
+            "status": STR,
+            "run_id": NULLABLE_STR,
+            "pinned": {"type": "boolean"},
+            "label": NULLABLE_STR,
+            "settings": OBJ,
+            "tokens": OBJ,
+            "threshold": {"type": "integer"},
+            "compactions": {"type": "integer"},
+            "next_reset": NULLABLE_STR,
+            "model": NULLABLE_STR,
+        },
+    },
+)

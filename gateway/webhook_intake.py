@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from config.clock import Clock
-from config.errors import NeotaskError, NotFound, Unavailable
+from config.errors import HookNotFound, HookSecretMissing, NeotaskError, ShuttingDown
 from config.settings import HookMapping, Settings
 from gateway.delivery import Deliverer
 from gateway.http import json_response
@@ -49,8 +49,7 @@ class Webhooks:
         mapping = self.settings.hooks.get(name)
         if mapping is None:
             known = ", ".join(sorted(self.settings.hooks)) or "none"
-            raise NotFound(f"no webhook named {name!r} (configured: {known}); add it under hooks.{name}",
-                           code="hook_not_found")  # fmt: skip
+            raise HookNotFound(f"no webhook named {name!r} (configured: {known}); add it under hooks.{name}")
         return mapping
 
     def secret(self, name: str, mapping: HookMapping) -> bytes | None:
@@ -59,10 +58,9 @@ class Webhooks:
             return None
         value = self.env.get(mapping.secret_env)
         if not value:
-            raise Unavailable(
+            raise HookSecretMissing(
                 f"webhook {name!r} cannot check signatures: set the environment variable {mapping.secret_env}"
                 f" (hooks.{name}.secret_env) to the hook's secret and restart the gateway",
-                code="hook_secret_missing",
             )
         return value.encode()
 
@@ -152,7 +150,7 @@ class Webhooks:
                 stored.set_exception(exc)
                 return
             stored_outcome = stored.result()
-            if isinstance(exc, NeotaskError) and exc.code == "shutting_down":  # the turn was stopped, not failed
+            if isinstance(exc, ShuttingDown):  # the turn was stopped, not failed
                 log.info("hook %s: shutdown stopped the turn on %s (seq %s stored)", name, post.key.raw,
                          stored_outcome.message_seq)  # fmt: skip
                 return
@@ -162,7 +160,7 @@ class Webhooks:
                 error = {"code": exc.code, "message": exc.message}
             else:
                 log.exception("hook %s: the turn on %s failed", name, post.key.raw)
-                error = {"code": "internal_error", "message": "the gateway failed on this turn; see its log"}
+                error = {"code": NeotaskError.code, "message": "the gateway failed on this turn; see its log"}
             if turn and mapping.deliver_to:
                 body = {**stored_outcome.body(), "error": error}
                 await self.deliverer.deliver(mapping.deliver_to, body, timeout=self.deliver_timeout_s)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from config.errors import BadRequest
+from config.errors import BadRequest, InvalidKey
 from config.settings import HookMapping
 from gateway.http import decode_json
 from sessions.keys import SessionKey, escape_segment, hook_key, parse_key
@@ -244,8 +244,8 @@ def plan(
     raw_key = field("key_template", escape=escape_segment)
     key = parse_key(raw_key if raw_key is not None else hook_key(new_id()), agents=agents)
     if key.family != "hook":
-        raise BadRequest(
-            f"hooks.{name}.key_template made {key.raw!r}; a webhook key must start with 'hook:'", code="invalid_key"
+        raise InvalidKey(
+            f"hooks.{name}.key_template made {key.raw!r}; a webhook key must start with 'hook:'"
         )
     message = field("message_template")
     if message is None:

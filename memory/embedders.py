@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from config.errors import ConfigError, Unavailable
+from config.errors import ConfigError, EmbeddingError, MemoryNotReady
 from config.settings import EmbeddingSettings
 from memory.chunking import estimate_tokens
 
@@ -121,7 +121,7 @@ class SentenceTransformerEmbedder:
 
     def _require(self) -> None:
         if self._model is None:
-            raise Unavailable("the embedding model is not loaded yet", code="memory_not_ready")
+            raise MemoryNotReady("the embedding model is not loaded yet")
 
     def load_sync(self) -> None:
         if self._model is not None:
@@ -203,7 +203,7 @@ class UniversalSentenceEncoderEmbedder:
     @property
     def identity(self) -> EmbedderIdentity:
         if self._model is None:
-            raise Unavailable("the embedding model is not loaded yet", code="memory_not_ready")
+            raise MemoryNotReady("the embedding model is not loaded yet")
         return EmbedderIdentity("universal-sentence-encoder", USE_MODEL, 512)
 
     @property
@@ -295,7 +295,7 @@ class OpenAIEmbedder:
     @property
     def identity(self) -> EmbedderIdentity:
         if not self._started:
-            raise Unavailable("the embeddings endpoint was not probed yet", code="memory_not_ready")
+            raise MemoryNotReady("the embeddings endpoint was not probed yet")
         return EmbedderIdentity("openai", self._model, self._dims)
 
     @property
@@ -321,8 +321,8 @@ class OpenAIEmbedder:
         try:
             response = await self._client.embeddings.create(**kwargs)
         except OpenAIError as exc:
-            raise Unavailable(
-                f"embeddings request to {self._base_url or 'OpenAI'} failed: {exc}", code="embedding_error"
+            raise EmbeddingError(
+                f"embeddings request to {self._base_url or 'OpenAI'} failed: {exc}"
             ) from exc
         rows = sorted(response.data, key=lambda d: d.index)
         return _normalise(np.asarray([row.embedding for row in rows], dtype=np.float32))
@@ -330,14 +330,11 @@ class OpenAIEmbedder:
     async def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.zeros((0, self._dims), dtype=np.float32)
-        parts = [
-            await self._request(texts[i : i + self._batch_size]) for i in range(0, len(texts), self._batch_size)
-        ]
+        parts = [await self._request(texts[i : i + self._batch_size]) for i in range(0, len(texts), self._batch_size)]
         out = np.concatenate(parts, axis=0)
         if self._dims and out.shape[1] != self._dims:
-            raise Unavailable(
+            raise EmbeddingError(
                 f"embeddings endpoint returned {out.shape[1]} dimensions, expected {self._dims}",
-                code="embedding_error",
             )
         return out
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from config.clock import Clock, iso
-from config.errors import BadRequest, NeotaskError, NotFound
+from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownAgent
 from config.settings import MemorySettings
 from memory import sources
 from memory.embedders import Embedder, build_embedder, is_multilingual
@@ -318,7 +318,7 @@ class MemoryService:
 
     def _agent(self, agent: str) -> str:
         if agent not in self._workspaces:
-            raise NotFound(f"agent {agent!r} is not configured", code="unknown_agent")
+            raise UnknownAgent(f"agent {agent!r} is not configured")
         return agent
 
     def list_files(self, agent: str) -> list[MemoryFile]:
@@ -332,7 +332,7 @@ class MemoryService:
         try:
             return sources.read_text_inside(f.abs, sources.allowed_roots(workspace, self.settings.extra_paths))
         except FileNotFoundError as exc:
-            raise NotFound(f"memory file {path!r} does not exist", code="memory_file_not_found") from exc
+            raise MemoryFileNotFound(f"memory file {path!r} does not exist") from exc
 
     async def get(
         self,
@@ -347,7 +347,7 @@ class MemoryService:
         With ``include_memory_md=False`` (sessions whose chat type may not see it) MEMORY.md is
         NotFound."""
         if not include_memory_md and path == sources.MEMORY_MD:
-            raise NotFound("MEMORY.md is not available in this session", code="memory_file_not_found")
+            raise MemoryFileNotFound("MEMORY.md is not available in this session")
         text = await asyncio.to_thread(self.read_file, agent, path)
         return sources.line_slice(text, start_line, end_line)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path, PurePosixPath
 
-from config.errors import BadRequest, NotFound
+from config.errors import BadRequest, MemoryFileNotFound
 from memory.records import AppendResult, MemoryFile
 
 MEMORY_MD = "MEMORY.md"
@@ -109,7 +109,7 @@ def resolve(workspace: Path, rel: str, extra_paths: Iterable[str] = ()) -> Sourc
         raise BadRequest(f"path {rel!r} is not a memory file (MEMORY.md or memory/**/*.md)")
     if not inside(workspace / pure, allowed_roots(workspace, extra_paths)):
         raise BadRequest(f"path {rel!r} is outside the agent's workspace (a symlink out of it is not followed)")
-    raise NotFound(f"memory file {rel!r} does not exist", code="memory_file_not_found")
+    raise MemoryFileNotFound(f"memory file {rel!r} does not exist")
 
 
 def list_files(workspace: Path, extra_paths: Iterable[str] = ()) -> list[MemoryFile]:

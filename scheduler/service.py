@@ -28,7 +28,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from config.clock import Clock, iso
 from config.crontab import check_schedule
-from config.errors import Conflict, NotFound
+from config.errors import JobNotFound, JobRunning
 from config.settings import CronJob
 
 logger = logging.getLogger(__name__)
@@ -334,14 +334,14 @@ class SchedulerService:
             if candidate in self._jobs:
                 return candidate
         known = ", ".join(self._jobs)
-        raise NotFound(f"no scheduler job {job_id!r}; jobs: {known}", code="job_not_found")
+        raise JobNotFound(f"no scheduler job {job_id!r}; jobs: {known}")
 
     async def run_now(self, job_id: str) -> None:
         """Run a job at once, in the caller's task (``neotask cron run ID``). A cron job may be
         named by its bare id. Unknown → ``NotFound``; already running → ``Conflict``."""
         job = self._jobs[self.resolve(job_id)]
         if job.guard in self._running:
-            raise Conflict(f"job {job.id!r} is already running", code="job_running")
+            raise JobRunning(f"job {job.id!r} is already running")
         await self._fire(job.id)
 
     async def _fire(self, job_id: str) -> None:

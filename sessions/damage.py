@@ -24,7 +24,9 @@ class DamagedState(NeotaskError):
     """A file of the home cannot be used as it is; ``path`` names it, the message says what to do."""
 
     status = 503
-    default_code = "damaged_state"
+    code = "damaged_state"
+    doc = "a file of the home cannot be used as it is (start-up and CLI only)"
+    http = False
 
     def __init__(self, path: Path | str, problem: str, todo: str) -> None:
         super().__init__(f"{path}: {problem}: {todo}")

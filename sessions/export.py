@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from config.errors import NotFound
+from config.errors import RunNotFound, SessionNotFound
 from sessions import archive, layout
 from sessions.history import RunSource, iter_run_messages, sources_from_rows
 from sessions.jsonl import read_records
@@ -145,15 +145,15 @@ async def runs_of_key(store: SessionStore, key: str) -> list[RunExport]:
     sql = "SELECT * FROM tasks WHERE session_key = ? ORDER BY created_at, rowid"
     rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute(sql, (key,))])
     if not rows:
-        raise NotFound(f"no session or run with key {key!r}", code="session_not_found")
+        raise SessionNotFound(f"no session or run with key {key!r}")
     return await asyncio.to_thread(_sources, rows, store.home)
 
 
 async def one_run(store: SessionStore, run_id: str) -> RunExport:
     row = await store.ledger.get_run(run_id)
     if row is None:
-        raise NotFound(f"no run {run_id!r}; list runs with GET /v1/runs", code="run_not_found")
+        raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")
     found = await asyncio.to_thread(_sources, [row], store.home)
     if not found:
-        raise NotFound(f"run {run_id} has no readable folder or archive", code="run_not_found")
+        raise RunNotFound(f"run {run_id} has no readable folder or archive")
     return found[0]

@@ -15,7 +15,9 @@ EXIT_LOCKED = 73  # EX_CANTCREAT: what a second daemon exits with
 
 
 class HomeLocked(Conflict):
-    default_code = "gateway_running"
+    code = "gateway_running"
+    doc = "another daemon holds this home's gateway.lock (start-up only)"
+    http = False
 
 
 class HomeLock:

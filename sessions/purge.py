@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import iso
-from config.errors import NotFound
+from config.errors import SessionNotFound
 from sessions import layout
 from sessions.history import HistoryIndex
 from sessions.jsonl import fsync_dir
@@ -74,7 +74,7 @@ async def purge_key(store: SessionStore, key: str, *, history: HistoryIndex | No
     """Erase ``key`` (NotFound when neither an entry nor a run of it exists)."""
     rows = await store.ledger.execute(lambda c: _key_rows(c, key))
     if store.entry(key) is None and not rows:
-        raise NotFound(f"no session or run with key {key!r}", code="session_not_found")
+        raise SessionNotFound(f"no session or run with key {key!r}")
     if store.active_run(key) is not None:
         await store.complete(key, reason="purge", summarize=False)
         rows = await store.ledger.execute(lambda c: _key_rows(c, key))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import iso
-from config.errors import Conflict, SessionPaused
+from config.errors import RunClosing, SessionPaused
 from sessions import layout, leftovers
 from sessions.deliveries import Delivery, RunDeliveries
 from sessions.deliveries import scan as scan_deliveries
@@ -40,7 +40,7 @@ class AppendStore(RecordStore):
 
     def check_writable(self, run: RunState, message: NewMessage) -> None:
         if run.closing:
-            raise Conflict(f"run {run.run_id} is completing; retry on the next run", code="run_closing")
+            raise RunClosing(f"run {run.run_id} is completing; retry on the next run")
         if run.status == "paused" and not message.command:
             raise SessionPaused(
                 f"session {run.key!r} is paused; send /resume or POST /v1/sessions/{{key}}/resume first"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import Clock, iso
-from config.errors import NotFound
+from config.errors import SessionNotFound
 from config.settings import Settings
 from sessions.layout import Home
 from sessions.ledger import Ledger
@@ -59,7 +59,7 @@ class StoreBase:
     def require_entry(self, key: str) -> SessionEntry:
         entry = self.entry(key)
         if entry is None:
-            raise NotFound(f"no session with key {key!r}; post a message to create it", code="session_not_found")
+            raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
         return entry
 
     def entries(self) -> Iterable[SessionEntry]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import iso
-from config.errors import Conflict, NeotaskError, StorageUnavailable
+from config.errors import NeotaskError, NoActiveRun, RunActive, StorageUnavailable
 from sessions import layout, leftovers
 from sessions.faults import storage_error
 from sessions.jsonl import fsync_dir, write_atomic, write_json_atomic
@@ -46,7 +46,7 @@ class LifecycleStore(AppendStore):
         removes a marked folder that holds no message (a crash or a storage error came between)."""
         entry = self.entry(key)
         if entry is not None and entry.run_id is not None:
-            raise Conflict(f"session {key!r} already has an active run {entry.run_id}", code="run_active")
+            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
         now = iso(self.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
@@ -205,7 +205,7 @@ class LifecycleStore(AppendStore):
         self.require_entry(key)
         run = self.active_run(key)
         if run is None:
-            raise Conflict(f"session {key!r} has no active run", code="no_active_run")
+            raise NoActiveRun(f"session {key!r} has no active run")
         return run
 
     async def _move(self, run: RunState, status: RunStatus) -> None:

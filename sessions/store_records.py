@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from config.clock import iso
-from config.errors import NotFound
+from config.errors import RunNotFound
 from sessions import layout
 from sessions.jsonl import iter_records, read_records
 from sessions.records import (
@@ -54,7 +54,7 @@ class RecordStore(StoreBase):
         """The ledger row and the folder (None when archived or missing)."""
         row = await self.get_run(run_id)
         if row is None:
-            raise NotFound(f"no run {run_id!r}; list runs with GET /v1/runs", code="run_not_found")
+            raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")
         active = self._runs.get(run_id)
         if active is not None:
             return row, active.dir

@@ -1,4 +1,5 @@
-"""Administration: consistency checks over the home (``POST /v1/admin/doctor``)."""
+"""Administration: consistency checks over the home (``POST /v1/admin/doctor``) and the running
+gateway's effective configuration (``GET /v1/admin/config``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gateway import keys as K
 from gateway import operations, validation
+from gateway.contract import operation
 from gateway.http import json_response, parse_body
 from gateway.keys import HISTORY
 
@@ -19,6 +21,13 @@ class DoctorBody(BaseModel):
 
 
 @routes.get("/v1/admin/config")
+@operation(
+    "The running gateway's effective configuration",
+    "admin",
+    "Tokens redacted; `source` names the gateway, its config file and home, `settings` the merged"
+    " settings with the address the gateway really listens on (what `neotask config show` prints"
+    " while a daemon runs).",
+)
 async def effective_config(request: web.Request) -> web.Response:
     """The running gateway's effective configuration (tokens redacted), with the address it
     listens on (``neotask config show`` while a daemon runs)."""
@@ -31,6 +40,7 @@ async def effective_config(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/admin/doctor")
+@operation("Consistency checks (answers the actions)", "admin", body=DoctorBody, body_required=False)
 async def doctor(request: web.Request) -> web.Response:
     """Every finding as ``{check, severity, detail, fix, fixed}``; with ``fix: true`` the safe
     fixes are applied and marked ``fixed``."""

@@ -13,9 +13,21 @@ from collections.abc import Iterator
 from aiohttp import web
 
 from config.clock import iso, parse_iso
-from config.errors import BadRequest, Unavailable
+from config.errors import BadRequest, HistoryDisabled, InvalidKey, RunNotFound, SessionNotFound
 from gateway import keys as K
-from gateway.http import json_response, query_int
+from gateway.contract import (
+    AGENT,
+    CURSOR,
+    NULLABLE_STR,
+    STR,
+    Answer,
+    ChoiceParam,
+    FlagParam,
+    IntParam,
+    Param,
+    operation,
+)
+from gateway.http import json_response
 from gateway.keys import HISTORY
 from sessions.export import ExportFormat, RunExport, export_lines, one_run, runs_of_key
 from sessions.history import HistoryIndex
@@ -23,11 +35,68 @@ from sessions.history_search import HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.purge import purge_key
+from sessions.records import ROLES
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
-ROLES = ("user", "assistant", "tool", "system")
 EXPORT_CHUNK_LINES = 256
+Q = Param("q", "the words to find", required=True)
+SEARCH_KEY = Param("key", "only this session key")
+ROLE = ChoiceParam("role", "only this role", choices=ROLES)
+SINCE = Param("since", "only messages at or after this ISO 8601 time")
+UNTIL = Param("until", "only messages before this ISO 8601 time")
+SEARCH_LIMIT = IntParam("limit", "page size, 1 to history.max_limit", default=20, low=1, high=None)
+FORMAT = ChoiceParam("format", "jsonl (default) or md", choices=("jsonl", "md"), default="jsonl")
+PURGE = FlagParam("purge", "erase everything of the key")
+HISTORY_SEARCH = Answer(
+    "HistorySearch",
+    {
+        "type": "object",
+        "properties": {
+            "query": STR,
+            "next_cursor": NULLABLE_STR,
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "session_key": STR,
+                        "run_id": STR,
+                        "seq": {"type": "integer"},
+                        "role": STR,
+                        "timestamp": NULLABLE_STR,
+                        "snippet": {"type": "string", "description": "HTML-escaped, matches in <mark>"},
+                        "score": {"type": "number", "description": "BM25, higher is better"},
+                        "agent_id": NULLABLE_STR,
+                        "tool_result": {"type": "boolean"},
+                        "link": {"type": "string", "description": "the console page of the message"},
+                    },
+                },
+            },
+        },
+    },
+)
+DELETED = Answer(
+    "Deleted",
+    {
+        "type": "object",
+        "properties": {
+            "session_key": STR,
+            "deleted": {"const": True},
+            "completed_run_id": NULLABLE_STR,
+            "purged": {"type": "boolean", "description": "present with `purge=true`"},
+            "tombstone": {
+                "type": "object",
+                "properties": {
+                    "session_key": STR,
+                    "deleted_at": STR,
+                    "runs": {"type": "integer"},
+                    "messages": {"type": "integer"},
+                },
+            },
+        },
+    },
+)
 
 
 def history_of(app: web.Application) -> HistoryIndex | None:
@@ -37,18 +106,20 @@ def history_of(app: web.Application) -> HistoryIndex | None:
 def require_history(request: web.Request) -> HistoryIndex:
     history = history_of(request.app)
     if history is None:
-        raise Unavailable("the history index is off (history.enabled: false)", code="history_disabled")
+        raise HistoryDisabled("the history index is off (history.enabled: false)")
     return history
 
 
-def _when(request: web.Request, name: str) -> str | None:
-    raw = request.query.get(name)
+def _when(request: web.Request, param: Param) -> str | None:
+    raw = param.raw(request)
     if not raw:
         return None
     try:
         return iso(parse_iso(raw))
     except ValueError:
-        raise BadRequest(f"'{name}' must be an ISO 8601 time, e.g. 2026-11-30T09:00:00+00:00", field=name) from None
+        raise BadRequest(
+            f"'{param.name}' must be an ISO 8601 time, e.g. 2026-11-30T09:00:00+00:00", field=param.name
+        ) from None
 
 
 def _cursor(raw: str | None) -> int:
@@ -70,25 +141,35 @@ def encode_cursor(offset: int) -> str:
 def parse_query(request: web.Request) -> HistoryQuery:
     """The search parameters of a request, validated (nothing is searched on a bad one)."""
     settings = request.app[K.CONFIG].settings
-    q = request.query.get("q", "")
+    q = Q.raw(request) or ""
     if match_expression(q) is None:
         raise BadRequest("query parameter 'q' is required: words to search for", field="q")
-    agent = request.query.get("agent") or None
+    agent = AGENT.raw(request) or None
     if agent is not None and agent not in settings.agents:
         raise BadRequest(f"agent {agent!r} is not configured", field="agent")
-    key = request.query.get("key") or None
+    key = SEARCH_KEY.raw(request) or None
     if key is not None:
         key = parse_key(key, agents=settings.agents).raw
-    role = request.query.get("role") or None
-    if role is not None and role not in ROLES:
-        raise BadRequest(f"'role' must be one of {', '.join(ROLES)}", field="role")
-    since, until = _when(request, "since"), _when(request, "until")
-    limit = query_int(request, "limit", 20, low=1, high=settings.history.max_limit)
-    offset = _cursor(request.query.get("cursor"))
+    role = ROLE.read(request)
+    since, until = _when(request, SINCE), _when(request, UNTIL)
+    limit = SEARCH_LIMIT.read(request, high=settings.history.max_limit)
+    offset = _cursor(CURSOR.raw(request))
     return HistoryQuery(q=q, agent=agent, key=key, role=role, since=since, until=until, limit=limit, offset=offset)
 
 
 @routes.get("/v1/history/search")
+@operation(
+    "Full-text search over every message of every run",
+    "history",
+    "SQLite FTS5 over active, completed and archived runs (`contexts/history.db`); Latin words are stemmed, "
+    "Japanese/Chinese/Korean text matches by character bigrams. Every word must match. Commands are not "
+    "indexed; tool results are, marked `tool_result: true`. Best first (BM25; a query matching over 1,000 "
+    "messages ranks its newest 300 by term frequency); `snippet` is HTML-escaped text "
+    "with each match in `<mark>`; `link` opens the message in the console.",
+    params=(Q, AGENT, SEARCH_KEY, ROLE, SINCE, UNTIL, SEARCH_LIMIT, CURSOR),
+    answer=HISTORY_SEARCH,
+    errors=(BadRequest, InvalidKey, HistoryDisabled),
+)
 async def search(request: web.Request) -> web.Response:
     query = parse_query(request)
     history = require_history(request)
@@ -102,10 +183,7 @@ async def search(request: web.Request) -> web.Response:
 
 
 def export_format(request: web.Request) -> ExportFormat:
-    fmt = request.query.get("format") or "jsonl"
-    if fmt not in ("jsonl", "md"):
-        raise BadRequest("'format' must be jsonl or md", field="format")
-    return "md" if fmt == "md" else "jsonl"
+    return "md" if FORMAT.read(request) == "md" else "jsonl"
 
 
 def _take(lines: Iterator[str], count: int) -> str:
@@ -141,6 +219,16 @@ def _safe_name(text: str) -> str:
 
 
 @routes.get("/v1/sessions/{key}/export")
+@operation(
+    "Export every run of a key (streamed)",
+    "history",
+    "JSON Lines (`type`: `run`, `message`, `compaction`, `uncompact`, `final_summary`) or Markdown, oldest run "
+    "first, archived runs included; commands, tool calls and results, summaries and compaction markers kept.",
+    params=(FORMAT,),
+    answer=None,
+    media="application/x-ndjson",
+    errors=(BadRequest, InvalidKey, SessionNotFound),
+)
 async def export_session(request: web.Request) -> web.StreamResponse:
     settings = request.app[K.CONFIG].settings
     key = parse_key(request.match_info["key"], agents=settings.agents).raw
@@ -150,6 +238,15 @@ async def export_session(request: web.Request) -> web.StreamResponse:
 
 
 @routes.get("/v1/runs/{uuid}/export")
+@operation(
+    "Export one run (streamed)",
+    "history",
+    "As `GET /v1/sessions/{key}/export`, for one run (archived runs too).",
+    params=(FORMAT,),
+    answer=None,
+    media="application/x-ndjson",
+    errors=(BadRequest, RunNotFound),
+)
 async def export_run(request: web.Request) -> web.StreamResponse:
     fmt = export_format(request)
     run = await one_run(request.app[K.STORE], request.match_info["uuid"])
@@ -158,15 +255,6 @@ async def export_run(request: web.Request) -> web.StreamResponse:
 
 
 # -- purge ----------------------------------------------------------------------------------------
-
-
-def purge_flag(request: web.Request) -> bool:
-    raw = request.query.get("purge")
-    if raw is None or raw in ("false", "0"):
-        return False
-    if raw in ("true", "1", ""):
-        return True
-    raise BadRequest("'purge' must be true or false", field="purge")
 
 
 async def purge(request: web.Request, key: str) -> web.Response:

@@ -13,8 +13,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from config.errors import (
+    HookNotFound,
+    HookSecretMissing,
+    InsufficientStorage,
+    InvalidKey,
+    InvalidSignature,
+    StorageUnavailable,
+)
 from config.settings import HookMapping
-from gateway.http import Unauthorized, read_body
+from gateway.contract import NULLABLE_STR, STR, TURN_ERRORS, Answer, Param, operation
+from gateway.http import read_body
 from gateway.keys import WEBHOOKS
 from gateway.webhook_intake import Webhooks
 from gateway.webhooks import (
@@ -31,9 +40,45 @@ routes = web.RouteTableDef()
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 DELIVERY_HEADER = "X-GitHub-Delivery"
+HOOK_PARAMS = (
+    Param(SIGNATURE_HEADER, "`sha256=<hex>` (required when the hook has a secret)", "header"),
+    Param(DELIVERY_HEADER, "delivery id, for duplicates", "header"),
+    Param(STANDARD_ID, "Standard Webhooks delivery id (signed)", "header"),
+    Param(STANDARD_TIMESTAMP, "Standard Webhooks unix seconds (signed; within `tolerance_s`)", "header"),
+    Param(STANDARD_SIGNATURE, "Standard Webhooks `v1,<base64>` entries, space-separated", "header"),
+)
+STORAGE_ERRORS = (InsufficientStorage, StorageUnavailable)
+HOOK_ANSWER = Answer(
+    "HookAnswer",
+    {
+        "type": "object",
+        "properties": {
+            "status": {"enum": ["accepted", "duplicate"]},
+            "session_key": STR,
+            "run_id": NULLABLE_STR,
+            "message_seq": {"type": ["integer", "null"]},
+            "delivery_id": STR,
+        },
+    },
+)
 
 
 @routes.post("/hooks/{name}")
+@operation(
+    "Webhook",
+    "hooks",
+    "HMAC-SHA256 of the raw body in `X-Hub-Signature-256` with the hook's secret, or a Standard Webhooks "
+    "timestamped signature (`webhook-id`, `webhook-timestamp` within the hook's `tolerance_s`, "
+    "`webhook-signature`). Answers 202 once stored and runs the turn in the background; a repeated delivery id "
+    "(`X-GitHub-Delivery` or `webhook-id`), or a signature seen before (a replay with the id dropped or changed), "
+    "answers 200 `duplicate` without storing.",
+    body={"description": "any JSON payload; the hook's templates read it"},
+    status=202,
+    answer=HOOK_ANSWER,
+    params=HOOK_PARAMS,
+    errors=(InvalidSignature, HookNotFound, HookSecretMissing, InvalidKey, *TURN_ERRORS[:3], *STORAGE_ERRORS),
+    extra_answers=((200, HOOK_ANSWER, "a duplicate delivery: `status: duplicate`, nothing stored"),),
+)
 async def receive_hook(request: web.Request) -> web.Response:
     hooks = request.app[WEBHOOKS]
     name = request.match_info["name"]
@@ -64,20 +109,18 @@ def _check_signature(
                 tolerance_s=mapping.tolerance_s,
             )
         except SignatureError as exc:
-            raise Unauthorized(str(exc), code="invalid_signature") from None
+            raise InvalidSignature(str(exc)) from None
     if mapping.require_timestamp:
-        raise Unauthorized(
+        raise InvalidSignature(
             f"webhook {name!r} takes timestamped signatures only (hooks.{name}.require_timestamp): send"
             f" {STANDARD_ID}, {STANDARD_TIMESTAMP} and {STANDARD_SIGNATURE} (Standard Webhooks)",
-            code="invalid_signature",
         )
     offered = headers.get(SIGNATURE_HEADER)
     if not verify(secret, body, offered):
-        raise Unauthorized(
+        raise InvalidSignature(
             f"{'a wrong' if offered else 'no'} {SIGNATURE_HEADER} header: send 'sha256=' and the hex HMAC-SHA256 of"
             f" the raw body keyed with the secret in {mapping.secret_env} (or a Standard Webhooks"
             f" {STANDARD_SIGNATURE})",
-            code="invalid_signature",
         )
     assert offered is not None
     return offered.strip().lower()

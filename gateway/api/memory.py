@@ -8,13 +8,53 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
-from config.errors import BadRequest
+from config.errors import BadRequest, EmbeddingError, MemoryFileNotFound, MemoryNotReady
 from gateway import keys as K
-from gateway.http import json_response, parse_body, query_int
+from gateway.contract import AGENT, NULLABLE_STR, STR, Answer, IntParam, Param, operation
+from gateway.http import json_response, parse_body
 from gateway.keys import MEMORY
 from gateway.relevance import present
 
 routes = web.RouteTableDef()
+QUERY = Param("q", "the query", required=True)
+MEMORY_AGENT = Param("agent", "agent id (default main)")
+TOP_K = IntParam("k", "how many results, 1 to memory.search.candidates", default=None, low=1, high=None)
+MEMORY_SEARCH = Answer(
+    "MemorySearch",
+    {
+        "type": "object",
+        "properties": {
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "path": STR,
+                        "start_line": {"type": "integer"},
+                        "end_line": {"type": "integer"},
+                        "heading": NULLABLE_STR,
+                        "score": {
+                            "type": "number",
+                            "minimum": 0,
+                            "maximum": 1,
+                            "description": "absolute relevance, comparable across queries: the weighted mean"
+                            " (memory.search.vector_weight, text_weight) of `vector_score` and `text_score`,"
+                            " after recency decay; a weak match scores low even when it is the only result",
+                        },
+                        "rank_score": {
+                            "type": "number",
+                            "description": "the rank fusion's value that orders the results (best first)",
+                        },
+                        "vector_score": {"type": "number", "description": "cosine similarity clamped to [0, 1]"},
+                        "text_score": {"type": "number", "description": "share of the query's term weight held"},
+                        "snippet": STR,
+                        "citation": STR,
+                    },
+                },
+            }
+        },
+    },
+)
 
 
 class ReindexBody(BaseModel):
@@ -23,27 +63,35 @@ class ReindexBody(BaseModel):
     force: bool = False
 
 
-def _agent(request: web.Request) -> str:
-    agent = request.query.get("agent") or "main"
+def _agent(request: web.Request, param: Param = AGENT) -> str:
+    agent = param.raw(request) or "main"
     if agent not in request.app[K.CONFIG].settings.agents:
         raise BadRequest(f"agent {agent!r} is not configured", field="agent")
     return agent
 
 
 @routes.get("/v1/memory/search")
+@operation(
+    "Hybrid memory search",
+    "memory",
+    answer=MEMORY_SEARCH,
+    params=(QUERY, MEMORY_AGENT, TOP_K),
+    errors=(BadRequest, MemoryNotReady, EmbeddingError),
+)
 async def search(request: web.Request) -> web.Response:
     settings = request.app[K.CONFIG].settings
-    query = request.query.get("q", "")
+    query = QUERY.raw(request) or ""
     if not query.strip():
         raise BadRequest("query parameter 'q' is required: the text to search for", field="q")
-    k = query_int(request, "k", settings.memory.search.top_k, low=1, high=settings.memory.search.candidates)
-    hits = await request.app[MEMORY].search(_agent(request), query, k=k)
+    k = TOP_K.read(request, high=settings.memory.search.candidates, default=settings.memory.search.top_k)
+    hits = await request.app[MEMORY].search(_agent(request, MEMORY_AGENT), query, k=k)
     today = request.app[K.CLOCK]().date()
     results = [present(hit, settings.memory.search, today) for hit in hits]
     return json_response({"query": query, "results": results})
 
 
 @routes.get("/v1/memory/files")
+@operation("Memory files", "memory", params=(AGENT,), errors=(BadRequest,))
 async def files(request: web.Request) -> web.Response:
     agent = _agent(request)
     found = await asyncio.to_thread(request.app[MEMORY].list_files, agent)  # walks the workspace
@@ -51,6 +99,7 @@ async def files(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/memory/files/{path:.+}")
+@operation("A memory file's text", "memory", params=(AGENT,), errors=(BadRequest, MemoryFileNotFound))
 async def read_file(request: web.Request) -> web.Response:
     agent = _agent(request)
     path = request.match_info["path"]
@@ -59,6 +108,9 @@ async def read_file(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/memory/reindex")
+@operation(
+    "Reindex memory", "memory", body=ReindexBody, body_required=False, errors=(MemoryNotReady, EmbeddingError)
+)
 async def reindex(request: web.Request) -> web.Response:
     limit = request.app[K.CONFIG].settings.gateway.max_body_bytes
     body = await parse_body(request, ReindexBody, limit, optional=True)
@@ -81,6 +133,7 @@ async def reindex(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/memory/status")
+@operation("Memory index state", "memory")
 async def status(request: web.Request) -> web.Response:
     reindex = request.app[K.REINDEX].get("state")
     return json_response({**request.app[MEMORY].status(), "reindex": dict(reindex) if reindex else None})

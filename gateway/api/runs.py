@@ -11,15 +11,49 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from config.errors import BadRequest, Conflict, NotFound
+from config.errors import BadRequest, FinalSummaryNotFound, RunNotActive, RunNotFound
 from gateway import keys as K
-from gateway.http import json_response, parse_body, query_int
+from gateway.contract import CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, Answer, ChoiceParam, IntParam, Param, operation
+from gateway.http import json_response, parse_body
 from sessions import layout
 from sessions.records import RUN_STATUSES
 
 routes = web.RouteTableDef()
-STATUSES = RUN_STATUSES
 STORES = {"summaries": layout.SUMMARIES, "tools": layout.TOOLS, "planning": layout.PLANNING}
+RUN_KEY = Param("key", "session key")
+RUN_STATUS = ChoiceParam("status", "run statuses", choices=RUN_STATUSES, many=True)
+AFTER_SEQ = IntParam("after_seq", "messages after this seq", default=0, low=0, high=2**62)
+PAGE = IntParam("limit", "page size", default=100, low=1, high=1000)
+RUN = Answer(
+    "Run",
+    {
+        "type": "object",
+        "properties": {"uuid": STR, "status": STR, "pinned": {"type": "boolean"}, "archived": {"type": "boolean"}},
+    },
+)
+RUN_LIST = Answer(
+    "RunList",
+    {"type": "object", "properties": {"runs": {"type": "array", "items": RUN.ref}, "next_cursor": NULLABLE_STR}},
+    parts=(RUN,),
+)
+RUN_MESSAGES = Answer(
+    "RunMessages",
+    {
+        "type": "object",
+        "properties": {
+            "run_id": STR,
+            "messages": {"type": "array", "items": OBJ},
+            "next_after_seq": {"type": ["integer", "null"]},
+        },
+    },
+)
+RUN_RECORDS = Answer(
+    "RunRecords",
+    {"type": "object", "properties": {"run_id": STR}, "additionalProperties": {"type": "array", "items": OBJ}},
+)
+FINAL_SUMMARY = Answer(
+    "FinalSummary", {"type": "object", "properties": {"run_id": STR, "status": STR, "final_summary": STR}}
+)
 
 
 class ToolBody(BaseModel):
@@ -47,22 +81,26 @@ def run_body(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @routes.get("/v1/runs")
+@operation(
+    "List runs (archived ones too)",
+    "runs",
+    answer=RUN_LIST,
+    errors=(BadRequest,),
+    params=(RUN_KEY, RUN_STATUS, LIMIT, CURSOR),
+)
 async def list_runs(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
-    limit = query_int(request, "limit", 50, low=1, high=500)
-    statuses = [s for s in request.query.get("status", "").split(",") if s]
-    bad = [s for s in statuses if s not in STATUSES]
-    if bad:
-        raise BadRequest(f"'status' must be among {', '.join(STATUSES)}", field="status")
+    limit = LIMIT.read(request)
+    statuses = RUN_STATUS.read_many(request)
     before = None
-    if cursor := request.query.get("cursor"):
+    if cursor := CURSOR.raw(request):
         try:
             at, uuid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
             before = (str(at), str(uuid))
         except (ValueError, TypeError):
             raise BadRequest("'cursor' is not one this API returned", field="cursor") from None
     rows = await store.list_runs(
-        session_key=request.query.get("key") or None, statuses=statuses, limit=limit + 1, before=before
+        session_key=RUN_KEY.raw(request) or None, statuses=statuses, limit=limit + 1, before=before
     )
     page = rows[:limit]
     next_cursor = None
@@ -75,6 +113,7 @@ async def list_runs(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/runs/{uuid}")
+@operation("A run's ledger row", "runs", answer=RUN)
 async def get_run(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
     row, _ = await store.locate_run(request.match_info["uuid"])
@@ -90,14 +129,17 @@ async def _run_records(request: web.Request, name: str) -> list[dict[str, Any]]:
     if row.get("archived_at"):
         records: list[dict[str, Any]] = await reader(row["uuid"], name)
         return records
-    raise NotFound(f"run {row['uuid']} has no readable folder", code="run_not_found")
+    raise RunNotFound(f"run {row['uuid']} has no readable folder")
 
 
 @routes.get("/v1/runs/{uuid}/messages")
+@operation(
+    "A run's messages, by seq", "runs", answer=RUN_MESSAGES, errors=(BadRequest,), params=(AFTER_SEQ, PAGE)
+)
 async def run_messages(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
-    after = query_int(request, "after_seq", 0, low=0, high=2**62)
-    limit = query_int(request, "limit", 100, low=1, high=1000)
+    after = AFTER_SEQ.read(request)
+    limit = PAGE.read(request)
     row, folder = await store.locate_run(request.match_info["uuid"])
     if folder is not None:
         records = await store.read_messages(folder, after_seq=after, limit=limit + 1)
@@ -120,7 +162,8 @@ def _store_route(path: str, name: str) -> None:
         return json_response({"run_id": request.match_info["uuid"], path: records})
 
     handler.__name__ = f"run_{path}"
-    routes.get(f"/v1/runs/{{uuid}}/{path}")(handler)
+    describe = operation(f"A run's {path} records", "runs", answer=RUN_RECORDS)
+    routes.get(f"/v1/runs/{{uuid}}/{path}")(describe(handler))
 
 
 for _path, _name in STORES.items():
@@ -128,6 +171,7 @@ for _path, _name in STORES.items():
 
 
 @routes.get("/v1/runs/{uuid}/final-summary")
+@operation("A completed run's final summary", "runs", answer=FINAL_SUMMARY, errors=(FinalSummaryNotFound,))
 async def run_final_summary(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
     row, folder = await store.locate_run(request.match_info["uuid"])
@@ -139,9 +183,8 @@ async def run_final_summary(request: web.Request) -> web.Response:
         if row.get("archived_at"):
             text = await request.app[K.SERVICES].archives.text(row["uuid"], layout.FINAL_SUMMARY)
     if text is None:
-        raise NotFound(
+        raise FinalSummaryNotFound(
             f"run {row['uuid']} has no final summary (status {row['status']}); runs get one when they complete",
-            code="final_summary_not_found",
         )
     return json_response({"run_id": row["uuid"], "status": row["status"], "final_summary": text})
 
@@ -162,14 +205,14 @@ def _active_run(request: web.Request) -> Any:
     store = request.app[K.STORE]
     run = store.run_state(request.match_info["uuid"])
     if run is None:
-        raise Conflict(
+        raise RunNotActive(
             f"run {request.match_info['uuid']} is not active; tool calls and plans are recorded on active runs",
-            code="run_not_active",
         )
     return run
 
 
 @routes.post("/v1/runs/{uuid}/tools")
+@operation("Record a tool call", "runs", body=ToolBody, status=201, errors=(RunNotActive,))
 async def record_tool(request: web.Request) -> web.Response:
     config = request.app[K.CONFIG]
     store = request.app[K.STORE]
@@ -183,6 +226,7 @@ async def record_tool(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/runs/{uuid}/planning")
+@operation("Record a plan", "runs", body=PlanBody, status=201, errors=(RunNotActive,))
 async def record_plan(request: web.Request) -> web.Response:
     config = request.app[K.CONFIG]
     store = request.app[K.STORE]

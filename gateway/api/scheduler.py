@@ -5,7 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from config.errors import JobNotFound, JobRunning, PayloadTooLarge
 from gateway import keys as K
+from gateway.contract import operation
 from gateway.http import json_response, parse_body, read_body
 from gateway.keys import SCHEDULER, SCHEDULING
 
@@ -18,11 +20,13 @@ class CleanupBody(BaseModel):
 
 
 @routes.get("/v1/scheduler/jobs")
+@operation("Scheduled jobs and their next run times", "scheduler")
 async def list_jobs(request: web.Request) -> web.Response:
     return json_response({"jobs": [job.as_json() for job in request.app[SCHEDULER].jobs()]})
 
 
 @routes.post("/v1/scheduler/jobs/{job_id}/run")
+@operation("Run a job now", "scheduler", errors=(JobNotFound, JobRunning, PayloadTooLarge))
 async def run_job(request: web.Request) -> web.Response:
     await read_body(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
     scheduler = request.app[SCHEDULER]
@@ -32,6 +36,7 @@ async def run_job(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/admin/cleanup")
+@operation("Cleanup (answers the actions)", "admin", body=CleanupBody, body_required=False)
 async def cleanup(request: web.Request) -> web.Response:
     limit = request.app[K.CONFIG].settings.gateway.max_body_bytes
     body = await parse_body(request, CleanupBody, limit, optional=True)

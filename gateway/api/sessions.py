@@ -11,18 +11,21 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from config.errors import BadRequest
+from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, SessionNotFound
 from gateway import keys as K
 from gateway import operations
 from gateway.api import history
 from gateway.commands import dispatch, parse_command
-from gateway.http import json_response, parse_body, query_int, read_json, validate
-from gateway.operations import describe_session, matching_sessions
+from gateway.contract import AGENT, CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, TURN_ERRORS, Answer, ChoiceParam, Param
+from gateway.contract import operation as op
+from gateway.http import json_response, parse_body, read_json, validate
+from gateway.operations import describe_session, matching_sessions, sort_key
 from gateway.queueing import QUEUE_MODES
-from gateway.streaming import answer
+from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer
 from gateway.turns import Post
+from gateway.views import SESSION
 from sessions.keys import Ingress, SessionKey, parse_key, route
-from sessions.records import TaskKey
+from sessions.records import CHAT_TYPES, ENTRY_STATUSES, Role, TaskKey
 from sessions.thresholds import compaction_threshold
 
 routes = web.RouteTableDef()
@@ -69,7 +72,7 @@ class IngressBody(Strict):
 
 
 class MessageBody(Strict):
-    role: Literal["user", "assistant", "tool", "system"] = "user"
+    role: Role = "user"
     content: str
     name: str | None = Field(None, max_length=200)
     tool_name: str | None = Field(None, max_length=200)
@@ -95,6 +98,47 @@ class FailBody(Strict):
     error: str = Field("failed by request", min_length=1, max_length=2000)
 
 
+IDEMPOTENCY = Param(
+    "Idempotency-Key",
+    f"same as `client_message_id` (1 to {MAX_CLIENT_MESSAGE_ID} characters)",
+    "header",
+    schema={"type": "string", "maxLength": MAX_CLIENT_MESSAGE_ID},
+)
+CHAT_TYPE = ChoiceParam("type", "chat type", choices=CHAT_TYPES, blank=False)
+ENTRY_STATUS = ChoiceParam("status", "entry status", choices=ENTRY_STATUSES, blank=False)
+KEY_ERRORS = (InvalidKey, SessionNotFound)
+QUEUE_MODES_DOC = (
+    "Turns on one key run one at a time; what a message that arrives while a turn runs gets depends on the queue "
+    "mode (`settings.queue_mode` of the session, else `agents.<id>.queue_mode`, else `session.queue.mode`): "
+    "`collect` (default): the messages that waited are answered together by one turn once the running turn ends, "
+    "and every one of those calls answers that same `reply` with its own `message_seq`; `followup`: one turn per "
+    "message, each seeing the context only up to its own message; `steer`: the message joins the running turn (its "
+    "next model call, after a tool round, sees it) and the call answers that turn's `reply`; when the turn has no "
+    "further model call, the message gets a turn of its own."
+)
+SESSION_LIST = Answer(
+    "SessionList",
+    {
+        "type": "object",
+        "properties": {"sessions": {"type": "array", "items": SESSION.ref}, "next_cursor": NULLABLE_STR},
+    },
+    parts=(SESSION,),
+)
+CONTEXT = Answer(
+    "Context",
+    {
+        "type": "object",
+        "properties": {
+            "session_key": STR,
+            "run_id": NULLABLE_STR,
+            "messages": {"type": "array", "items": OBJ},
+            "tokens": {"type": "integer"},
+            "threshold": {"type": "integer"},
+        },
+    },
+)
+LIFECYCLE = Answer("Lifecycle", {"type": "object", "properties": {"session_key": STR, "run_id": STR, "status": STR}})
+STOPPED = Answer("Stopped", {"type": "object", "properties": {"session_key": STR, "stopped": {"type": "boolean"}}})
 SETTINGS_KEYS = {"model", "queue_mode"}
 PARSED_KEYS_MAX = 16384  # parsed path keys kept per app (a frozen SessionKey per raw key)
 MAX_MODEL_NAME = 200  # like the label: a sessions.json entry stays under 2 KB
@@ -118,7 +162,7 @@ def session_key(request: web.Request) -> SessionKey:
 
 def client_message_id(request: web.Request, body_value: str | None) -> str | None:
     """The body's ``client_message_id``, else the ``Idempotency-Key`` header, capped alike."""
-    header = request.headers.get("Idempotency-Key")
+    header = IDEMPOTENCY.raw(request)
     if header is not None and len(header) > MAX_CLIENT_MESSAGE_ID:
         raise BadRequest(
             f"the Idempotency-Key header is at most {MAX_CLIENT_MESSAGE_ID} characters, like client_message_id",
@@ -128,6 +172,16 @@ def client_message_id(request: web.Request, body_value: str | None) -> str | Non
 
 
 @routes.post("/v1/messages")
+@op(
+    "Channel ingress",
+    "sessions",
+    "Routed to a session key by `session.dm_scope` and `bindings` (SPEC section 1).",
+    body=IngressBody,
+    params=(IDEMPOTENCY,),
+    answer=MESSAGE_ANSWER,
+    stream=STREAM_EVENT,
+    errors=(InvalidKey, *TURN_ERRORS),
+)
 async def ingress(request: web.Request) -> web.StreamResponse:
     config = request.app[K.CONFIG]
     body = await parse_body(request, IngressBody, config.settings.gateway.max_body_bytes)
@@ -151,6 +205,17 @@ async def ingress(request: web.Request) -> web.StreamResponse:
 
 
 @routes.post("/v1/sessions/{key}/messages")
+@op(
+    "Post a message to a key",
+    "sessions",
+    "A user message gets a model reply when a model is configured and `reply` is not false; a message starting "
+    "with `/` is a chat command. " + QUEUE_MODES_DOC,
+    body=MessageBody,
+    params=(IDEMPOTENCY,),
+    answer=MESSAGE_ANSWER,
+    stream=STREAM_EVENT,
+    errors=(InvalidKey, *TURN_ERRORS),
+)
 async def post_message(request: web.Request) -> web.StreamResponse:
     config = request.app[K.CONFIG]
     key = session_key(request)
@@ -172,6 +237,15 @@ async def post_message(request: web.Request) -> web.StreamResponse:
 
 
 @routes.post("/v1/sessions/{key}/commands")
+@op(
+    "Run a chat command",
+    "sessions",
+    "The command's answer is in `reply.content`, in store-only mode too.",
+    body=CommandBody,
+    params=(IDEMPOTENCY,),
+    answer=MESSAGE_ANSWER,
+    errors=(InvalidKey, NoActiveRun, *TURN_ERRORS),
+)
 async def post_command(request: web.Request) -> web.StreamResponse:
     config = request.app[K.CONFIG]
     key = session_key(request)
@@ -189,10 +263,6 @@ async def post_command(request: web.Request) -> web.StreamResponse:
     return json_response(outcome.body())
 
 
-def _sort_key(entry: Any) -> tuple[str, str]:
-    return (entry.last_interaction_at or entry.created_at, entry.key)
-
-
 def _encode_cursor(position: tuple[str, str]) -> str:
     return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
 
@@ -207,19 +277,26 @@ def _decode_cursor(cursor: str) -> tuple[str, str]:
 
 
 @routes.get("/v1/sessions")
+@op(
+    "List sessions, newest interaction first",
+    "sessions",
+    answer=SESSION_LIST,
+    errors=(BadRequest,),
+    params=(AGENT, CHAT_TYPE, ENTRY_STATUS, LIMIT, CURSOR),
+)
 async def list_sessions(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
-    limit = query_int(request, "limit", 50, low=1, high=500)
-    agent = request.query.get("agent")
-    chat_type = request.query.get("type")
-    status = request.query.get("status")
+    limit = LIMIT.read(request)
+    agent = AGENT.raw(request)
+    chat_type = CHAT_TYPE.read(request)
+    status = ENTRY_STATUS.read(request)
     entries = matching_sessions(store, agent=agent, chat_type=chat_type, status=status)
-    cursor = request.query.get("cursor")
+    cursor = CURSOR.raw(request)
     if cursor:
         position = _decode_cursor(cursor)
-        entries = [e for e in entries if _sort_key(e) < position]
+        entries = [e for e in entries if sort_key(e) < position]
     page = entries[:limit]
-    next_cursor = _encode_cursor(_sort_key(page[-1])) if len(entries) > limit else None
+    next_cursor = _encode_cursor(sort_key(page[-1])) if len(entries) > limit else None
     return json_response({"sessions": [describe(request, e.key) for e in page], "next_cursor": next_cursor})
 
 
@@ -228,18 +305,28 @@ def describe(request: web.Request, key: str) -> dict[str, Any]:
 
 
 @routes.get("/v1/sessions/{key}")
+@op("A session", "sessions", answer=SESSION, errors=KEY_ERRORS)
 async def get_session(request: web.Request) -> web.Response:
     key = session_key(request)
     return json_response(describe(request, key.raw))
 
 
 @routes.patch("/v1/sessions/{key}")
+@op(
+    "Pin, label or set per-session settings",
+    "sessions",
+    "`settings` takes `model` (the model override) and `queue_mode` (`collect`, `followup` or `steer`); null "
+    "clears a setting.",
+    body=PatchBody,
+    answer=SESSION,
+    errors=KEY_ERRORS,
+)
 async def patch_session(request: web.Request) -> web.Response:
     config = request.app[K.CONFIG]
     key = session_key(request)
     data = await read_json(request, config.settings.gateway.max_body_bytes)
     if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object", code="invalid_body")
+        raise InvalidBody("the body must be a JSON object")
     body = validate(PatchBody, data)
     if body.settings is not None:
         unknown = set(body.settings) - SETTINGS_KEYS
@@ -268,14 +355,25 @@ async def patch_session(request: web.Request) -> web.Response:
 
 
 @routes.delete("/v1/sessions/{key}")
+@op(
+    "Complete the run and remove the entry; with `purge=true` erase the key for good",
+    "sessions",
+    "`purge=true` removes every run of the key (folders and archives), its history index rows, idempotency "
+    "and webhook delivery records and its sessions.json entry, and leaves a tombstone in tasks.db (key, time, "
+    "counts; no content). A purge also works on a key whose entry is already gone but whose runs remain.",
+    params=(history.PURGE,),
+    answer=history.DELETED,
+    errors=(*KEY_ERRORS, BadRequest),
+)
 async def delete_session(request: web.Request) -> web.Response:
     key = session_key(request)
-    if history.purge_flag(request):
+    if history.PURGE.read(request):
         return await history.purge(request, key.raw)
     return json_response(await operations.delete_session(request.app[K.CONVERSATIONS], key.raw))
 
 
 @routes.get("/v1/sessions/{key}/context")
+@op("The context as the model will see it", "sessions", answer=CONTEXT, errors=KEY_ERRORS)
 async def get_context(request: web.Request) -> web.Response:
     key = session_key(request)
     store = request.app[K.STORE]
@@ -327,7 +425,16 @@ def _lifecycle_route(action: str) -> None:
         return await _lifecycle(request, action)
 
     handler.__name__ = f"{action}_session"
-    routes.post(f"/v1/sessions/{{key}}/{action}")(handler)
+    fail = action == "fail"
+    describe = op(
+        "Lifecycle: fail the run" if fail else f"Lifecycle: {action}",
+        "sessions",
+        body=FailBody if fail else None,
+        body_required=False,
+        answer=STOPPED if action == "stop" else LIFECYCLE,
+        errors=(*KEY_ERRORS, NoActiveRun),
+    )
+    routes.post(f"/v1/sessions/{{key}}/{action}")(describe(handler))
 
 
 for _action in ("pause", "resume", "complete", "fail", "stop"):

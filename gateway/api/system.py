@@ -7,8 +7,9 @@ import contextlib
 
 from aiohttp import web
 
-from config.errors import BadRequest
+from config.errors import BadRequest, InvalidKey
 from gateway import keys as K
+from gateway.contract import STR, Answer, Param, operation
 from gateway.http import json_response
 from gateway.metrics import CONTENT_TYPE
 from sessions.keys import parse_key
@@ -16,14 +17,42 @@ from sessions.keys import parse_key
 routes = web.RouteTableDef()
 HEARTBEAT_S = 15.0
 PROBE_EVERY_S = 1.0
+HEALTH = Answer("Health", {"type": "object", "properties": {"status": {"const": "ok"}}})
+READINESS = Answer(
+    "Readiness",
+    {
+        "type": "object",
+        "properties": {
+            "ready": {"type": "boolean"},
+            "checks": {"type": "object", "additionalProperties": {"type": "boolean"}},
+            "problems": {
+                "type": "object",
+                "description": "why a check failed, e.g. `store_writable` on a full or read-only disk",
+                "additionalProperties": {"type": "string"},
+            },
+        },
+    },
+)
+EVENT_KEY = Param("key", "only events of this session key", schema=dict(STR))
+LAST_EVENT_ID = Param("last_event_id", "resume after this event id", schema={"type": "integer"})
+LAST_EVENT_ID_HEADER = Param("Last-Event-ID", "resume after this event id", "header", schema={"type": "integer"})
 
 
 @routes.get("/healthz")
+@operation("Liveness (after recovery)", "system", answer=HEALTH)
 async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
 @routes.get("/readyz")
+@operation(
+    "Readiness: store (and that it can write now), scheduler and memory index",
+    "system",
+    "`checks.store_writable` is false while a small file cannot be written and synced in contexts/ (a full "
+    "or read-only disk); it turns true by itself once the disk can write. `/healthz` stays liveness only.",
+    answer=READINESS,
+    extra_answers=((503, READINESS, "not ready; `checks` says what is missing"),),
+)
 async def readyz(request: web.Request) -> web.Response:
     """Liveness is ``/healthz``; readiness adds that the store can write right now (a small file
     is written and synced in contexts/), so a full or read-only disk makes the gateway unready
@@ -50,6 +79,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 @routes.get("/metrics")
+@operation("Prometheus metrics", "system", answer=None, media="text/plain")
 async def metrics(request: web.Request) -> web.Response:
     registry = request.app[K.METRICS]
     store = request.app[K.STORE]
@@ -58,12 +88,25 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/events")
+@operation(
+    "Server-sent events",
+    "system",
+    "Events `message`, `reply`, `compaction`, `inheritance`, `reset`, `lifecycle`, `memory`; each `data:` is a "
+    "JSON object with `type`, `key`, `run_id`, `at` and the event's fields; `id:` for `Last-Event-ID`; a "
+    "heartbeat comment every 15 s. Also takes the token as `?access_token=`. `reset` comes from idle and daily "
+    "resets and from `/reset` and `/new` (`reason: command`, `command`); `inheritance` carries the new run as "
+    "`run_id` and the run it inherits from as `from_run_id`.",
+    params=(EVENT_KEY, LAST_EVENT_ID, LAST_EVENT_ID_HEADER),
+    answer=None,
+    media="text/event-stream",
+    errors=(BadRequest, InvalidKey),
+)
 async def events(request: web.Request) -> web.StreamResponse:
     hub = request.app[K.HUB]
-    key = request.query.get("key") or None
+    key = EVENT_KEY.raw(request) or None
     if key is not None:
         parse_key(key, agents=request.app[K.CONFIG].settings.agents)  # 400 invalid_key naming the rule
-    raw_last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+    raw_last = LAST_EVENT_ID_HEADER.raw(request) or LAST_EVENT_ID.raw(request)
     last_id = None
     if raw_last:
         try:

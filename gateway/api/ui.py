@@ -13,7 +13,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from config.errors import NotFound
 from gateway import keys as K
+from gateway.contract import operation
 
 routes = web.RouteTableDef()
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -40,11 +42,13 @@ _HTML_TAG = '<html lang="en">'
 
 
 @routes.get("/ui")
+@operation("The web console", "ui", answer=None, media="text/html")
 async def console_page(request: web.Request) -> web.Response:
     return await _index(request)
 
 
 @routes.get("/ui/{file:.*}")
+@operation("The web console's scripts and styles (no token)", "ui", answer=None, media="*/*", errors=(NotFound,))
 async def console_file(request: web.Request) -> web.StreamResponse:
     name = request.match_info["file"]
     if name in ("", INDEX):

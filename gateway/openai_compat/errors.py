@@ -9,13 +9,12 @@ auth, so a missing token gets this shape too.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from aiohttp import web
 
 from config.errors import NeotaskError
-from gateway.http import _FRAMEWORK_CODES, REQUEST_ID, Handler, json_response
+from gateway.http import REQUEST_ID, Handler, framework_error, json_response, retry_headers
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +71,9 @@ async def openai_errors_middleware(request: web.Request, handler: Handler) -> we
     except NeotaskError as exc:
         if exc.status >= 500:
             log.warning("%s %s -> %s %s: %s", request.method, request.path, exc.status, exc.code, exc.message)
-        retry_after = exc.extra.get("retry_after_s")
-        headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if isinstance(retry_after, int | float) else None
-        return json_response(from_exception(exc, request_id), status=exc.status, headers=headers)
+        return json_response(from_exception(exc, request_id), status=exc.status, headers=retry_headers(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code, hint = _FRAMEWORK_CODES.get(exc.status, ("http_error", exc.reason))
-        message = hint if exc.status in (404, 405) else f"{exc.reason}: {hint}"
-        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        code, message, headers = framework_error(exc)
         return json_response(openai_error(exc.status, code, message, request_id), status=exc.status, headers=headers)

@@ -9,8 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from config.errors import NeotaskError, NotFound
+from config.errors import InvalidKey, ModelNotFound, NeotaskError, NotFound, ResponseNotFound, ResponseNotLatest
+from gateway import contract
 from gateway import keys as K
+from gateway.contract import OBJ, STR, TURN_ERRORS, operation
 from gateway.http import REQUEST_ID, json_response, parse_body
 from gateway.keys import COMPAT
 from gateway.openai_compat.bodies import (
@@ -36,6 +38,56 @@ from gateway.openai_compat.shapes import (
 
 routes = web.RouteTableDef()
 SESSION_HEADER = "X-Neotask-Session-Key"
+SESSION_PARAM = contract.Param(
+    SESSION_HEADER, "the session key to post into (else `user`, else a one-off run)", "header"
+)
+COMPAT_ERRORS = (NotFound, ModelNotFound, InvalidKey)
+CHAT_COMPLETION = contract.Answer(
+    "ChatCompletion",
+    {
+        "type": "object",
+        "description": "OpenAI's `chat.completion`",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": STR,
+            "object": {"const": "chat.completion"},
+            "created": {"type": "integer"},
+            "model": STR,
+            "choices": {"type": "array", "items": OBJ},
+            "usage": OBJ,
+        },
+    },
+)
+OPENAI_RESPONSE = contract.Answer(
+    "OpenAIResponse",
+    {
+        "type": "object",
+        "description": "OpenAI's Responses `response` object",
+        "required": ["id", "object", "created_at", "status", "model", "output"],
+        "properties": {
+            "id": STR,
+            "object": {"const": "response"},
+            "created_at": {"type": "integer"},
+            "status": STR,
+            "model": STR,
+            "output": {"type": "array", "items": OBJ},
+            "previous_response_id": contract.NULLABLE_STR,
+            "usage": {"oneOf": [OBJ, {"type": "null"}]},
+        },
+    },
+)
+MODEL = contract.Answer(
+    "Model",
+    {
+        "type": "object",
+        "properties": {"id": STR, "object": {"const": "model"}, "created": {"type": "integer"}, "owned_by": STR},
+    },
+)
+MODEL_LIST = contract.Answer(
+    "ModelList",
+    {"type": "object", "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": MODEL.ref}}},
+    parts=(MODEL,),
+)
 STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -73,6 +125,9 @@ def _model(request: web.Request, agent_id: str) -> dict[str, Any]:
 
 
 @routes.get("/v1/models")
+@operation(
+    "OpenAI-compatible model list: one `neotask/<agent id>` per agent", "openai", answer=MODEL_LIST, errors=(NotFound,)
+)
 async def list_models(request: web.Request) -> web.Response:
     service(request)
     agents = request.app[K.CONFIG].settings.agents
@@ -80,6 +135,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/models/{model:.+}")
+@operation("One OpenAI-compatible model (an agent)", "openai", answer=MODEL, errors=(NotFound, ModelNotFound))
 async def get_model(request: web.Request) -> web.Response:
     agent_id = service(request).agent_for(request.match_info["model"])
     return json_response(_model(request, agent_id))
@@ -89,6 +145,21 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/chat/completions")
+@operation(
+    "OpenAI-compatible chat completions",
+    "openai",
+    "Off unless `gateway.openai_compat.enabled` (then 404 `not_found`). OpenAI's body and answer "
+    "(`chat.completion`; with `stream: true` server-sent `chat.completion.chunk` events ending with "
+    "`data: [DONE]`, and a usage chunk with `stream_options.include_usage`). The session: the "
+    "`X-Neotask-Session-Key` header, else `user` (`agent:<id>:openai:dm:<user>`), else a one-off run. "
+    "Only what is new in the resent history is stored; a diverged history starts a new run and answers "
+    "`X-Neotask-New-Run: diverged`. Errors are OpenAI's shape (`message`, `type`, `code`, `param`) plus "
+    "`request_id`. See docs/openai-compat.md.",
+    body=ChatCompletionBody,
+    params=(SESSION_PARAM,),
+    answer=CHAT_COMPLETION,
+    errors=(*COMPAT_ERRORS, *TURN_ERRORS),
+)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     compat = service(request)
     body = await parse_body(request, ChatCompletionBody, request.app[K.CONFIG].settings.gateway.max_body_bytes)
@@ -96,7 +167,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     instructions, messages = chat_conversation(body.messages)
     tools = chat_tools(body.tools, compat.own_tools())
     choice = tool_choice(body.tool_choice, {t["function"]["name"] for t in tools})
-    target = compat.target(agent_id, header_key=request.headers.get(SESSION_HEADER), user=body.user)
+    target = compat.target(agent_id, header_key=SESSION_PARAM.raw(request), user=body.user)
     call = Call(target, instructions, messages, tools, choice)
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", _created(request)
     if not body.stream:
@@ -170,6 +241,18 @@ class _Stream:
 
 
 @routes.post("/v1/responses")
+@operation(
+    "OpenAI-compatible Responses",
+    "openai",
+    "Off unless `gateway.openai_compat.enabled`. `previous_response_id` continues the session of that "
+    "response (each id maps to its session key and seq); `store: false` keeps no id; `stream: true` answers "
+    "`response.*` server-sent events. Without `previous_response_id` the session is chosen as for chat "
+    "completions, or a new one-off session.",
+    body=ResponsesBody,
+    params=(SESSION_PARAM,),
+    answer=OPENAI_RESPONSE,
+    errors=(*COMPAT_ERRORS, ResponseNotFound, ResponseNotLatest, *TURN_ERRORS),
+)
 async def create_response(request: web.Request) -> web.StreamResponse:
     compat = service(request)
     body = await parse_body(request, ResponsesBody, request.app[K.CONFIG].settings.gateway.max_body_bytes)
@@ -182,7 +265,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         target = compat.target(agent_id, header_key=ref.session_key, user=body.user)
     else:
         agent_id = compat.agent_for(body.model)
-        target = compat.target(agent_id, header_key=request.headers.get(SESSION_HEADER), user=body.user)
+        target = compat.target(agent_id, header_key=SESSION_PARAM.raw(request), user=body.user)
     call = Call(target, instructions, messages, tools, choice)
     created = _created(request)
     echo = body.model_dump(include={"instructions", "previous_response_id", "store", "user", "tools", "tool_choice"})

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from config.clock import Clock
-from config.errors import BadRequest, Busy, Conflict, NotFound, ProviderFailure
+from config.errors import (
+    BadRequest,
+    Busy,
+    ModelNotFound,
+    ProviderFailure,
+    ResponseNotFound,
+    ResponseNotLatest,
+)
 from gateway.commands import Commands, dispatch
 from gateway.openai_compat import history
 from gateway.openai_compat.history import ChatMessage, Plan
@@ -99,8 +106,7 @@ class OpenAICompat:
         agent_id = model.removeprefix(MODEL_PREFIX)
         if agent_id not in self.settings.agents:
             listed = ", ".join(MODEL_PREFIX + a for a in self.settings.agents)
-            raise NotFound(f"the model {model!r} does not exist; GET /v1/models lists: {listed}",
-                           code="model_not_found", param="model")  # fmt: skip
+            raise ModelNotFound(f"the model {model!r} does not exist; GET /v1/models lists: {listed}", param="model")
         return agent_id
 
     def own_tools(self) -> set[str]:
@@ -272,13 +278,17 @@ class OpenAICompat:
     async def previous(self, response_id: str) -> ResponseRef:
         ref = await self.records.response(response_id)
         if ref is None:
-            raise NotFound(f"no stored response {response_id!r} (responses made with store: false are not kept)",
-                           code="response_not_found", param="previous_response_id")  # fmt: skip
+            raise ResponseNotFound(
+                f"no stored response {response_id!r} (responses made with store: false are not kept)",
+                param="previous_response_id",
+            )
         latest = await self.records.latest_response(ref.session_key)
         if latest != response_id:
-            raise Conflict(f"response {response_id!r} is not the latest of its session ({latest}); continuing from an"
-                           " earlier response (a fork) is not supported", code="response_not_latest",
-                           param="previous_response_id")  # fmt: skip
+            raise ResponseNotLatest(
+                f"response {response_id!r} is not the latest of its session ({latest}); continuing from an"
+                " earlier response (a fork) is not supported",
+                param="previous_response_id",
+            )
         return ref
 
     async def respond(

@@ -21,11 +21,6 @@ def url_key(key: str) -> str:
     return quote(key, safe="")
 
 
-@pytest.fixture
-async def client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> Client:
-    return await aiohttp_client(make_app(tmp_path, clock))
-
-
 async def test_health_and_store_only_message(client: Client, tmp_path: Path) -> None:
     assert (await client.get("/healthz")).status == 200
     for _ in range(100):  # the memory index finishes its first pass in the background

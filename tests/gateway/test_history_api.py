@@ -41,11 +41,6 @@ async def flushed(client: Client) -> None:
     await client.app[HISTORY].flush()
 
 
-@pytest.fixture
-async def client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> Client:
-    return await aiohttp_client(make_app(tmp_path, clock))
-
-
 async def test_search_finds_messages_of_active_completed_and_archived_runs(client: Client, clock: FakeClock) -> None:
     first = await post(client, KEY, "We decided to ship the parser on Friday")
     await post(client, KEY, "/status")

@@ -34,8 +34,13 @@ WEATHER = {
 
 
 @pytest.fixture
-async def client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer) -> Client:
-    return await aiohttp_client(make_app(tmp_path, clock, ON, base_url=openai_server.base_url))
+def gateway_overrides() -> dict[str, Any]:
+    return ON
+
+
+@pytest.fixture
+def gateway_base_url(openai_server: OpenAIServer) -> str:
+    return openai_server.base_url
 
 
 @pytest.fixture

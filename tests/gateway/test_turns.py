@@ -29,8 +29,8 @@ MAIN = "/v1/sessions/agent%3Amain%3Amain"
 
 
 @pytest.fixture
-async def client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer) -> Client:
-    return await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
+def gateway_base_url(openai_server: OpenAIServer) -> str:
+    return openai_server.base_url
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:

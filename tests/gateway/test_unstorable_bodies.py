@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FakeClock
-from tests.gateway.helpers import make_app, tree_digest
+from tests.gateway.conftest import Client, settled
+from tests.gateway.helpers import tree_digest
 
 MESSAGES = "/v1/sessions/agent%3Amain%3Amain/messages"
 HOOK = "/hooks/plain"
@@ -27,11 +27,15 @@ BAD_BODIES = [
 
 
 @pytest.fixture
-async def client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> Any:
-    app = make_app(tmp_path, clock, {"hooks": {"plain": {"message_template": "${text}"}}})
-    client = await aiohttp_client(app)
+def gateway_overrides() -> dict[str, Any]:
+    return {"hooks": {"plain": {"message_template": "${text}"}}}
+
+
+@pytest.fixture
+async def client(client: Client) -> Client:
     ok = await client.post(MESSAGES, json={"content": "first"})  # an active run the bad bodies could touch
     assert ok.status == 200
+    await settled(client)
     return client
 
 

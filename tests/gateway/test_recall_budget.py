@@ -1,4 +1,4 @@
-"""Review finding in auto-recall: the ``<relevant-memories>`` message stays within
+"""Auto-recall: the ``<relevant-memories>`` message stays within
 ``memory.recall.max_tokens`` when a daily log must be cut (Japanese text counts two characters
 per token, and escaping lengthens text)."""
 

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 
 from gateway.openapi import build
-from tests.conftest import FakeClock
-from tests.gateway.helpers import make_app, tree_digest
+from tests.gateway.conftest import Client, settled
+from tests.gateway.helpers import tree_digest
 
 MAIN = "/v1/sessions/agent%3Amain%3Amain"
 
 
 @pytest.fixture
-async def client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> Any:
-    client = await aiohttp_client(make_app(tmp_path, clock))
+async def client(client: Client) -> Client:
     assert (await client.post(f"{MAIN}/messages", json={"content": "hello"})).status == 200
+    await settled(client)
     return client
 
 

@@ -1,4 +1,4 @@
-"""Review findings in model turns, against the real local OpenAI-compatible server and real files:
+"""Model turns interleaved with other requests, against the real local OpenAI-compatible server and real files:
 messages that arrive during a tool round, /stop inside a tool round, the token count after a model
 call and after a memory flush, a turn that waits while its session is paused, and redelivery of a
 client_message_id after the idempotency window."""
@@ -10,18 +10,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from gateway import keys as K
 from gateway.tools import Tool
 from sessions.records import RunState
 from tests.conftest import FakeClock
-from tests.gateway.helpers import make_app
 from tests.support.openai_server import Hang, OpenAIServer, reply, tool_call
 
 Client = TestClient[Any, Any]
 KEY = "agent:main:main"
 MAIN = "/v1/sessions/agent%3Amain%3Amain"
+
+
+@pytest.fixture
+def gateway_base_url(openai_server: OpenAIServer) -> str:
+    return openai_server.base_url
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
@@ -54,9 +59,8 @@ def gated_tool(started: asyncio.Event, gate: asyncio.Event) -> Tool:
 
 
 async def test_a_message_stored_during_a_tool_round_does_not_split_the_call_from_its_result(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+    client: Client, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
-    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
     started, gate = asyncio.Event(), asyncio.Event()
     client.app[K.CONVERSATIONS].tools.register(gated_tool(started, gate))
     openai_server.script(tool_call("wait_gate", id="call_1"), reply("done"))
@@ -75,9 +79,8 @@ async def test_a_message_stored_during_a_tool_round_does_not_split_the_call_from
 
 
 async def test_stop_during_a_tool_round_leaves_no_call_without_its_result(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+    client: Client, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
-    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
     started, gate = asyncio.Event(), asyncio.Event()
     client.app[K.CONVERSATIONS].tools.register(gated_tool(started, gate))
     openai_server.script(tool_call("wait_gate", id="call_1"))
@@ -97,9 +100,8 @@ async def test_stop_during_a_tool_round_leaves_no_call_without_its_result(
 
 
 async def test_calibration_keeps_the_messages_stored_during_the_model_call(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+    client: Client, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
-    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
     openai_server.script(Hang(0.3, then=reply("first answer")))
     turn = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "one"}))
     await openai_server.wait_for_requests(1)
@@ -114,9 +116,8 @@ async def test_calibration_keeps_the_messages_stored_during_the_model_call(
 
 
 async def test_a_memory_flush_does_not_count_its_own_prompt_as_context(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+    client: Client, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
-    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
     for i in range(3):
         await client.post(f"{MAIN}/messages", json={"content": f"note {i} " + "words " * 20, "reply": False})
     run = client.app[K.STORE].active_run(KEY)
@@ -128,9 +129,8 @@ async def test_a_memory_flush_does_not_count_its_own_prompt_as_context(
 
 
 async def test_a_turn_that_waited_while_the_session_was_paused_is_skipped(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+    client: Client, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
 ) -> None:
-    client = await aiohttp_client(make_app(tmp_path, clock, base_url=openai_server.base_url))
     openai_server.script(Hang(0.5, then=reply("first answer")))
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "one"}))
     await openai_server.wait_for_requests(1)
@@ -146,11 +146,11 @@ async def test_a_turn_that_waited_while_the_session_was_paused_is_skipped(
     assert len(openai_server.chat_requests) == 1
 
 
+@pytest.mark.parametrize("gateway_base_url", [None])  # store-only
+@pytest.mark.parametrize("gateway_overrides", [{"session": {"reset": {"mode": "none"}}}])
 async def test_a_client_message_id_reused_after_the_window_is_deduplicated_again(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+    client: Client, tmp_path: Path, clock: FakeClock
 ) -> None:
-    overrides = {"session": {"reset": {"mode": "none"}}}
-    client = await aiohttp_client(make_app(tmp_path, clock, overrides))
     payload = {"content": "deliver me", "client_message_id": "m-1"}
     first = await (await client.post(f"{MAIN}/messages", json=payload)).json()
     clock.advance(days=2)

@@ -10,20 +10,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from gateway.keys import MEMORY
-from tests.conftest import FakeClock
-from tests.gateway.helpers import make_app
+from tests.gateway.conftest import Client
 
 SLOW_S = 1.3  # longer than tests/conftest.py BLOCKING_LIMIT_S
 
 
 @pytest.fixture
-async def client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> Any:
+def gateway_app(gateway_app: web.Application, tmp_path: Path) -> web.Application:
     workspace = tmp_path / "workspaces/main"
     (workspace / "memory").mkdir(parents=True)
     (workspace / "MEMORY.md").write_text("# Facts\n\nThe sky is blue.\n", encoding="utf-8")
-    client = await aiohttp_client(make_app(tmp_path, clock))
+    return gateway_app
+
+
+@pytest.fixture
+async def client(client: Client) -> Client:
     for _ in range(600):  # the first index pass loads the embedding model; closing during that load blocks
         if (await client.get("/readyz")).status == 200:
             break

@@ -1,0 +1,219 @@
+"""A route's contract, written beside its handler.
+
+``@operation(...)`` under ``@routes.get(...)`` says what a handler takes and answers: its summary,
+its body (the pydantic model the handler validates with), its query and header parameters (the
+``Param`` objects the handler reads and validates with), its answer schema and the error classes it
+can raise. ``gateway/openapi.py`` only assembles the document from the registered handlers, so a
+limit, an enum or an error code is written once and the published schema cannot drift from the
+validation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from config.errors import (
+    BadRequest,
+    Busy,
+    InsufficientStorage,
+    InvalidKey,
+    NeotaskError,
+    ProviderFailure,
+    RunClosing,
+    RunNotFound,
+    SessionPaused,
+    ShuttingDown,
+    StorageUnavailable,
+    TurnFailed,
+)
+
+Schema = dict[str, Any]
+Errors = tuple[type[NeotaskError], ...]
+H = TypeVar("H", bound=Callable[..., Any])
+STR: Schema = {"type": "string"}
+NULLABLE_STR: Schema = {"type": ["string", "null"]}
+OBJ: Schema = {"type": "object"}
+ATTRIBUTE = "__neotask_operation__"
+
+# What a posted message can meet once its key is valid (SPEC section 4); shared by every route
+# that runs a turn.
+TURN_ERRORS: Errors = (
+    SessionPaused, RunClosing, Busy, ProviderFailure, ShuttingDown, InsufficientStorage, StorageUnavailable,
+    TurnFailed,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A named answer schema (a ``components/schemas`` entry); ``parts`` are the answers its
+    ``$ref``s name, so the document carries them too."""
+
+    name: str
+    schema: Schema
+    parts: tuple[Answer, ...] = ()
+
+    @property
+    def ref(self) -> Schema:
+        return ref(self.name)
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+OBJECT = Answer("Object", OBJ)
+
+
+def either(choices: tuple[str, ...]) -> str:
+    return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
+
+
+@dataclass(frozen=True, eq=False)
+class Param:
+    """A query or header parameter; the subclasses read and validate it too."""
+
+    name: str
+    description: str
+    where: Literal["query", "header", "path"] = "query"
+    required: bool = False
+    schema: Schema = field(default_factory=lambda: dict(STR))
+
+    def raw(self, request: web.Request) -> str | None:
+        return request.headers.get(self.name) if self.where == "header" else request.query.get(self.name)
+
+    def refuse(self, why: str) -> BadRequest:
+        what = f"query parameter '{self.name}'" if self.where == "query" else f"the {self.name} header"
+        return BadRequest(f"{what} {why}", field=self.name)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class IntParam(Param):
+    """An integer in [low, high]; ``high`` or ``default`` None: given by the settings at read time."""
+
+    default: int | None
+    low: int
+    high: int | None
+
+    def __post_init__(self) -> None:
+        schema: Schema = {"type": "integer", "minimum": self.low}
+        if self.high is not None:
+            schema["maximum"] = self.high
+        if self.default is not None:
+            schema["default"] = self.default
+        object.__setattr__(self, "schema", schema)
+
+    def read(self, request: web.Request, *, high: int | None = None, default: int | None = None) -> int:
+        top = high if high is not None else self.high
+        fallback = default if default is not None else self.default
+        assert top is not None and fallback is not None, f"{self.name}: no bound or default given"
+        raw = self.raw(request)
+        if raw is None or raw == "":
+            return fallback
+        try:
+            value = int(raw)
+        except ValueError:
+            raise self.refuse("must be an integer") from None
+        if not self.low <= value <= top:
+            raise self.refuse(f"must be between {self.low} and {top}")
+        return value
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ChoiceParam(Param):
+    """One of ``choices`` (``many``: a comma-separated list of them). ``blank``: an empty value
+    counts as absent (else it is refused like any value not among the choices)."""
+
+    choices: tuple[str, ...]
+    default: str | None = None
+    many: bool = False
+    blank: bool = True
+
+    def __post_init__(self) -> None:
+        schema: Schema = {"type": "string", "enum": list(self.choices)}
+        if self.many:
+            schema = {"type": "string", "description": f"comma-separated: {', '.join(self.choices)}"}
+        if self.default is not None:
+            schema["default"] = self.default
+        object.__setattr__(self, "schema", schema)
+
+    def read(self, request: web.Request) -> str | None:
+        raw = self.raw(request)
+        if raw is None or (raw == "" and self.blank):
+            return self.default
+        if raw not in self.choices:
+            raise BadRequest(f"'{self.name}' must be {either(self.choices)}", field=self.name)
+        return raw
+
+    def read_many(self, request: web.Request) -> list[str]:
+        values = [v for v in (self.raw(request) or "").split(",") if v]
+        if any(v not in self.choices for v in values):
+            raise BadRequest(f"'{self.name}' must be among {', '.join(self.choices)}", field=self.name)
+        return values
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class FlagParam(Param):
+    """A boolean: ``true``, ``1`` or an empty value; ``false`` or ``0``; absent is false."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schema", {"type": "boolean", "default": False})
+
+    def read(self, request: web.Request) -> bool:
+        raw = self.raw(request)
+        if raw is None or raw in ("false", "0"):
+            return False
+        if raw in ("true", "1", ""):
+            return True
+        raise BadRequest(f"'{self.name}' must be true or false", field=self.name)
+
+
+LIMIT = IntParam("limit", "page size", default=50, low=1, high=500)
+CURSOR = Param("cursor", "`next_cursor` of the previous page (opaque)")
+AGENT = Param("agent", "agent id")
+
+# Path parameters, by name, and the errors their parsing raises.
+PATH_PARAMS: dict[str, Param] = {
+    "key": Param("key", "the session key as ONE percent-encoded segment (`:` as %3A, `/` as %2F)", "path", True),
+    "uuid": Param("uuid", "the run id", "path", True, {"type": "string", "format": "uuid"}),
+    "job_id": Param("job_id", "a job id of GET /v1/scheduler/jobs", "path", True),
+}
+PATH_ERRORS: dict[str, Errors] = {"key": (InvalidKey,), "uuid": (RunNotFound,)}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What one handler takes and answers."""
+
+    summary: str
+    tag: str
+    description: str = ""
+    body: type[BaseModel] | Schema | None = None  # the handler's pydantic model, or a plain schema
+    body_required: bool = True
+    params: tuple[Param, ...] = ()
+    status: int = 200
+    answer: Answer | None = OBJECT  # None: no JSON body (see ``media``)
+    media: str = "application/json"
+    stream: Answer | None = None  # `stream: true` in the body answers these server-sent events instead
+    errors: Errors = ()
+    extra_answers: tuple[tuple[int, Answer, str], ...] = ()  # (status, answer, description)
+
+
+def operation(summary: str, tag: str, description: str = "", **fields: Any) -> Callable[[H], H]:
+    """Describe the handler below (put it under ``@routes.<method>(...)``)."""
+    described = Operation(summary, tag, description, **fields)
+
+    def mark(handler: H) -> H:
+        setattr(handler, ATTRIBUTE, described)
+        return handler
+
+    return mark
+
+
+def operation_of(handler: Any) -> Operation | None:
+    found = getattr(handler, ATTRIBUTE, None)
+    return found if isinstance(found, Operation) else None
