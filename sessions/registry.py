@@ -14,7 +14,7 @@ from typing import Any
 
 from sessions.damage import DamagedState
 from sessions.jsonl import write_atomic
-from sessions.records import COUNTER_FIELDS, Counters
+from sessions.records import Counters, counter_values
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class SessionEntry:
 
     @property
     def counters(self) -> Counters:
-        """The checkpoint of the active run's counters (the fields ``COUNTER_FIELDS`` names)."""
-        return Counters(**{name: getattr(self, name) for name in COUNTER_FIELDS})
+        """The checkpoint of the active run's counters (the fields ``Counters`` names)."""
+        return Counters._make(counter_values(self))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

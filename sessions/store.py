@@ -21,7 +21,15 @@ from sessions.damage import ledger_error, storage_damage
 from sessions.layout import Home
 from sessions.ledger import Ledger, run_metadata
 from sessions.protocol import StoreProtocol
-from sessions.records import ACTIVE_STATUSES, FINISHED_STATUSES, USAGE_KEYS, RunState, TaskKey, restore_counters
+from sessions.records import (
+    ACTIVE_STATUSES,
+    FINISHED_STATUSES,
+    USAGE_KEYS,
+    RunState,
+    TaskKey,
+    counter_values,
+    restore_counters,
+)
 from sessions.recovery import RecoveredRun, recover_all
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.store_base import DurableListener, FinalSummarizer, Listener, RunHook
@@ -313,7 +321,7 @@ def _active_rows(conn: Any) -> list[dict[str, Any]]:
 
 def _reconciled_fields(entry: SessionEntry) -> tuple[Any, ...]:
     """What ``_reconcile_entries`` may change in an entry (to rewrite only the entries it did)."""
-    return (entry.run_id, entry.status, entry.started_at, entry.last_interaction_at, entry.counters)
+    return (entry.run_id, entry.status, entry.started_at, entry.last_interaction_at, counter_values(entry))
 
 
 def _conforms(store: SessionStore) -> StoreProtocol:

@@ -1,5 +1,5 @@
-"""Review findings in the session store on real files: the sessions.json checkpoint of a new run,
-and the per-key lock across a delete."""
+"""The session store on real files: the sessions.json checkpoint of a new run, and the per-key lock
+across a delete."""
 
 from __future__ import annotations
 
