@@ -101,7 +101,9 @@ def _with_memory(ctx: Context, work: Callable[[Any], Any]) -> Any:
     config = ctx.config
 
     async def run() -> Any:
-        service = MemoryService(config.settings.memory, workspaces(config), memory_uri(config), clock=system_clock)
+        service = MemoryService(
+            config.settings.memory, workspaces(config), memory_uri(config), clock=system_clock, env=ctx.env
+        )
         await service.start()
         try:
             return await work(service)

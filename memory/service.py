@@ -33,7 +33,9 @@ class MemoryService:
 
     ``workspaces`` maps agent id → workspace folder (``MEMORY.md``, ``memory/**/*.md``).
     ``uri`` is the LanceDB folder (``memory.uri``). ``embedder`` defaults to the one
-    ``settings.embedding`` describes; an embedder passed in is not closed by :meth:`close`.
+    ``settings.embedding`` describes, built with ``env`` (the caller's environment: the API key
+    and the offline flag, see :func:`memory.embedders.build_embedder`; None: an empty one); an
+    embedder passed in is not closed by :meth:`close`.
     """
 
     def __init__(
@@ -44,8 +46,10 @@ class MemoryService:
         *,
         clock: Clock,
         embedder: Embedder | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
+        self._env = dict(env or {})
         self._workspaces = {agent: Path(p) for agent, p in workspaces.items()}
         self._uri = Path(uri)
         self._clock = clock
@@ -74,7 +78,7 @@ class MemoryService:
 
     async def start(self) -> None:
         """Open the index; load the model, index and watch in the background (not awaited)."""
-        self._embedder = self._embedder_arg or build_embedder(self.settings.embedding)
+        self._embedder = self._embedder_arg or build_embedder(self.settings.embedding, self._env)
         self._store = await self._call(ChunkStore, self._uri)
         self._indexer = Indexer(self.settings, self._workspaces, self._store, self._embedder, self._db)
         await self._indexer.load_known()

@@ -108,7 +108,9 @@ async def status(request: web.Request) -> web.Response:
 async def memory_context(app: web.Application) -> AsyncIterator[None]:
     config = app[K.CONFIG]
     env: dict[str, str] = app[K.ENV]
-    service = MemoryService(config.settings.memory, workspaces(config), memory_uri(config), clock=app[K.CLOCK])
+    service = MemoryService(
+        config.settings.memory, workspaces(config), memory_uri(config), clock=app[K.CLOCK], env=env
+    )
     await service.start()
     app[MEMORY] = service
     MemoryBridge(service, app[K.CONVERSATIONS], config.settings, host_zone=host_zone(env))
