@@ -197,9 +197,7 @@ def cmd_memory_search(ctx: Context) -> int:
             hits = await service.search(ctx.args.agent, query, k=ctx.args.k)
             from gateway.relevance import present  # memory loads only for the commands that use it
 
-            search = ctx.config.settings.memory.search
-            today = system_clock().date()
-            return {"query": query, "results": [present(h, search, today) for h in hits]}
+            return {"query": query, "results": [present(h) for h in hits]}
 
         body = _with_memory(ctx, work)
     if ctx.as_json:

@@ -849,16 +849,16 @@ SCHEMAS: dict[str, Schema] = {
                             "type": "number",
                             "minimum": 0,
                             "maximum": 1,
-                            "description": "absolute relevance, comparable across queries: the weighted mean"
-                            " (memory.search.vector_weight, text_weight) of `vector_score` and `text_score`,"
-                            " after recency decay; a weak match scores low even when it is the only result",
-                        },
-                        "rank_score": {
-                            "type": "number",
-                            "description": "the rank fusion's value that orders the results (best first)",
+                            "description": "memory's one score, which orders the results (best first); with"
+                            " memory.search.fusion `score` (default) absolute relevance, comparable across"
+                            " queries: the weighted mean of `vector_score` and `text_score`, after recency"
+                            " decay, so a weak match scores low even when it is the only result",
                         },
                         "vector_score": {"type": "number", "description": "cosine similarity clamped to [0, 1]"},
-                        "text_score": {"type": "number", "description": "share of the query's term weight held"},
+                        "text_score": {
+                            "type": "number",
+                            "description": "full-text strength BM25 / (BM25 + memory.search.text_saturation)",
+                        },
                         "snippet": STR,
                         "citation": STR,
                     },

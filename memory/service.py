@@ -18,7 +18,15 @@ from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import MemorySettings
 from memory import sources
 from memory.embedders import Embedder, build_embedder, is_multilingual
-from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query, merge_pools, query_terms, text_share
+from memory.fusion import (
+    Candidate,
+    FusionParams,
+    fuse,
+    is_cjk_query,
+    merge_pools,
+    query_terms,
+    text_share,
+)
 from memory.indexer import Indexer, Progress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.store import ChunkStore
@@ -231,9 +239,7 @@ class MemoryService:
         if not query:
             raise BadRequest("q must be a non-empty search query")
         use_vector = self._vector_knows(query)
-        # the term share only decides with RRF or when the text side decides alone
-        with_share = s.fusion == "rrf" or not use_vector
-        pool = await self.candidates(agent, query, include_memory_md=include_memory_md, with_share=with_share)
+        pool = await self.candidates(agent, query, include_memory_md=include_memory_md)
         params = FusionParams(
             s.vector_weight,
             s.text_weight,
@@ -291,31 +297,9 @@ class MemoryService:
                 )
         finally:
             text_rows, text_vectors = await text_future
-        terms = query_terms(query) if with_share else ((), ())
-        in_text = {r["chunk_id"] for r in text_rows}
-        full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
-
-        def cand(row: dict[str, Any], cosine: float, in_text_pool: bool, bm25: float = 0.0) -> Candidate:
-            return Candidate(
-                chunk_id=row["chunk_id"],
-                path=row["path"],
-                start_line=int(row["start_line"]),
-                end_line=int(row["end_line"]),
-                heading=row["heading"],
-                text=row["text"],  # the chunk's own lines: its context is indexed, not shown
-                cosine=min(1.0, max(0.0, cosine)),
-                # a chunk the full-text index does not match holds none of the query's terms
-                share=text_share(terms, row["content"]) if with_share and (in_text_pool or not full_pool) else 0.0,
-                bm25=bm25,
-            )
-
-        text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
-        return merge_pools(
-            [(cand(r, 1.0 - r["_distance"], r["chunk_id"] in in_text), -float(r["_distance"])) for r in vec_rows],
-            [
-                (cand(r, float(c), True, float(r["_score"])), float(r["_score"]))
-                for r, c in zip(text_rows, text_cos, strict=True)
-            ],
+        # stemming the candidates' words takes a few milliseconds: off the event loop
+        return await loop.run_in_executor(
+            self._reads, _merge, query, vector, vec_rows, text_rows, text_vectors, n, with_share
         )
 
     # --- files -------------------------------------------------------------------------------
@@ -367,3 +351,45 @@ class MemoryService:
         if result.appended:
             self._notify({agent})
         return result
+
+
+def _merge(
+    query: str,
+    vector: np.ndarray[Any, Any] | None,
+    vec_rows: list[dict[str, Any]],
+    text_rows: list[dict[str, Any]],
+    text_vectors: np.ndarray[Any, Any],
+    n: int,
+    with_share: bool,
+) -> list[Candidate]:
+    """The two pools' rows as candidates, each with its cosine, BM25 score and term share."""
+    terms = query_terms(query) if with_share else ((), ())
+    in_text = {r["chunk_id"] for r in text_rows}
+    full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
+
+    def cand(row: dict[str, Any], cosine: float, share_needed: bool, bm25: float = 0.0) -> Candidate:
+        return Candidate(
+            chunk_id=row["chunk_id"],
+            path=row["path"],
+            start_line=int(row["start_line"]),
+            end_line=int(row["end_line"]),
+            heading=row["heading"],
+            text=row["text"],  # the chunk's own lines: its context is indexed, not shown
+            cosine=min(1.0, max(0.0, cosine)),
+            share=text_share(terms, row["content"]) if with_share and share_needed else 0.0,
+            bm25=bm25,
+        )
+
+    text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
+    return merge_pools(
+        # a chunk the full-text index does not match holds none of the query's terms; one in the
+        # text pool gets its share there
+        [
+            (cand(r, 1.0 - r["_distance"], not full_pool and r["chunk_id"] not in in_text), -float(r["_distance"]))
+            for r in vec_rows
+        ],
+        [
+            (cand(r, float(c), True, float(r["_score"])), float(r["_score"]))
+            for r, c in zip(text_rows, text_cos, strict=True)
+        ],
+    )

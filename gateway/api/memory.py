@@ -57,9 +57,7 @@ async def search(request: web.Request) -> web.Response:
         raise BadRequest("query parameter 'q' is required: the text to search for", field="q")
     k = query_int(request, "k", settings.memory.search.top_k, low=1, high=settings.memory.search.candidates)
     hits = await request.app[MEMORY].search(_agent(request), query, k=k)
-    today = request.app[K.CLOCK]().date()
-    results = [present(hit, settings.memory.search, today) for hit in hits]
-    return json_response({"query": query, "results": results})
+    return json_response({"query": query, "results": [present(hit) for hit in hits]})
 
 
 @routes.get("/v1/memory/files")

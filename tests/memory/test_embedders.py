@@ -66,7 +66,9 @@ async def test_build_embedder_takes_the_key_from_the_environment_passed_in(
     openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MY_EMBED_KEY", "sk-from-os-environ")  # never read: only the env passed in counts
-    settings = EmbeddingSettings(provider="openai", model="m", base_url=openai_server.base_url, api_key_env="MY_EMBED_KEY")
+    settings = EmbeddingSettings(
+        provider="openai", model="m", base_url=openai_server.base_url, api_key_env="MY_EMBED_KEY"
+    )
     for env, expected in (({"MY_EMBED_KEY": "sk-passed-in"}, "Bearer sk-passed-in"), ({}, "Bearer unused")):
         embedder = build_embedder(settings, env)
         assert isinstance(embedder, OpenAIEmbedder)
