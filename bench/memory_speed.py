@@ -248,7 +248,7 @@ async def breakdown(
         t2 = time.perf_counter()
         await asyncio.to_thread(store.text_pool, table, q, "main", 100, True)
         t3 = time.perf_counter()
-        pool = await service.candidates("main", q, with_share=False)
+        pool = await service.candidates("main", q)
         t4 = time.perf_counter()
         fuse(pool, params, today=clock().date(), k=6)
         t5 = time.perf_counter()
@@ -287,7 +287,8 @@ async def ann_options(
                     q = table.search(v, vector_column_name="vector").distance_type("cosine").nprobes(nprobes)
                     if refine:
                         q = q.refine_factor(refine)
-                    rows = q.where("agent = 'main'", prefilter=True).limit(100).select(["chunk_id"]).to_list()
+                    q = q.where("agent = 'main'", prefilter=True).limit(100)
+                    rows = q.select(["chunk_id", "_distance"]).to_list()
                     return [r["chunk_id"] for r in rows]
 
                 t1 = time.perf_counter()

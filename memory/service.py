@@ -332,10 +332,9 @@ class MemoryService:
         include_memory_md: bool = True,
     ) -> str:
         """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file.
-        With ``include_memory_md=False`` (sessions whose chat type may not see it) MEMORY.md is
-        NotFound."""
+        With ``include_memory_md=False`` (the caller may not show it) MEMORY.md is NotFound."""
         if not include_memory_md and path == sources.MEMORY_MD:
-            raise NotFound("MEMORY.md is not available in this session", code="memory_file_not_found")
+            raise NotFound("MEMORY.md is not available here", code="memory_file_not_found")
         text = await asyncio.to_thread(self.read_file, agent, path)
         return sources.line_slice(text, start_line, end_line)
 
