@@ -10,7 +10,9 @@ two candidate pools (100 per side) are fetched once, then every method is scored
 service's own fusion code (``memory.fusion.fuse``):
 
 - ``vector``: cosine only; ``text``: LanceDB's BM25 only;
-- ``rrf``: weighted reciprocal rank fusion; ``score``: weighted mean of cosine and saturated BM25;
+- ``rrf``: weighted reciprocal rank fusion; ``score`` (shipped): weighted mean of the cosine and
+  the text strength (``memory.fusion.text_strength``: the cube of the share of the query's terms
+  held, and BM25 through a Hill curve);
 - ``bm25``: an independent baseline, ``bm25s`` (Snowball stemmer, English stop words) over the
   chunks' own text, i.e. the turns without their added context.
 
@@ -186,7 +188,8 @@ def methods(defaults: FusionParams) -> dict[str, FusionParams]:
     zero = replace(defaults, min_score=0.0, min_text_score=0.0, recency_half_life_days=None)
     return {
         "vector": replace(zero, method="score", vector_weight=1.0, text_weight=0.0),
-        "text": replace(zero, method="score", vector_weight=0.0, text_weight=1.0),
+        # the full-text side alone: LanceDB's BM25 order (a rank fusion with no vector weight)
+        "text": replace(zero, method="rrf", vector_weight=0.0, text_weight=1.0),
         "rrf 0.7/0.3 (before)": replace(zero, method="rrf", vector_weight=0.7, text_weight=0.3),
         "rrf 0.5/0.5": replace(zero, method="rrf", vector_weight=0.5, text_weight=0.5),
         "rrf 0.3/0.7": replace(zero, method="rrf", vector_weight=0.3, text_weight=0.7),
@@ -196,8 +199,8 @@ def methods(defaults: FusionParams) -> dict[str, FusionParams]:
 
 def grid() -> list[FusionParams]:
     out = []
-    for wt in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
-        for sat in (5.0, 10.0, 20.0, 40.0, 80.0):
+    for wt in (0.1, 0.2, 0.3, 0.4):
+        for sat in (10.0, 20.0, 40.0, 80.0):
             out.append(FusionParams(round(1 - wt, 2), wt, 0.0, 0.0, method="score", text_saturation=sat))
     for wt in (0.5, 0.6, 0.7, 0.8, 0.9):
         out.append(FusionParams(round(1 - wt, 2), wt, 0.0, 0.0, method="rrf"))

@@ -10,7 +10,9 @@ run on the same machine, with the same torch thread count (1):
 2. edit one paragraph and reindex: chunks re-embedded (target: at most 3);
 3. search at 20,000 chunks: p95 of ``MemoryService.search`` vs p95 of (raw query encode + raw
    LanceDB vector query), interleaved (target: at most 2x, and under 60 ms);
-4. the flat vector scan against an IVF-PQ index at that size (why ``ANN_MIN_ROWS`` is what it is).
+4. where a search's time goes (query embedding, vector query, full-text query, fusion), and ANN
+   indices (IVF-PQ, IVF-HNSW-SQ) at that size: build time, latency and recall of the exact pool
+   (why ``ANN_MIN_ROWS`` is what it is).
 
 Results go to stdout and ``bench/out/memory_speed.json``.
 """
@@ -24,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -200,18 +203,10 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local) 
         t2 = time.perf_counter()
         base_lat.append(t2 - t0)
         flat.append(t2 - t1)
-    # an IVF-PQ index on the same table: how much it saves at this size
-    t0 = time.perf_counter()
-    await asyncio.to_thread(
-        lambda: table.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=dims // 8))
-    )
-    ann_build = time.perf_counter() - t0
-    ann: list[float] = []
-    vecs_q = await asyncio.to_thread(embedder.encode_sync, qs)
-    for v in vecs_q:
-        t0 = time.perf_counter()
-        await asyncio.to_thread(lambda v=v: table.search(v).distance_type("cosine").limit(100).nprobes(20).to_arrow())
-        ann.append(time.perf_counter() - t0)
+    parts = await breakdown(service, store, table, embedder, qs)
+    vectors = parts.pop("_vectors")
+    exact = [_ids(await asyncio.to_thread(store.vector_pool, table, v, "main", 100, True)) for v in vectors]
+    ann = await ann_options(store, table, embedder, qs, exact, dims)
     await service.close()
     return {
         "rows": count,
@@ -220,9 +215,91 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local) 
         "baseline_p95_ms": percentile(base_lat, 95) * 1000,
         "search_ratio": percentile(ours, 95) / percentile(base_lat, 95),
         "flat_vector_p95_ms": percentile(flat, 95) * 1000,
-        "ivf_pq_p95_ms": percentile(ann, 95) * 1000,
-        "ivf_pq_build_s": ann_build,
+        "breakdown_p95_ms": parts,
+        "ann": ann,
     }
+
+
+def _ids(rows: list[dict[str, Any]]) -> list[str]:
+    return [r["chunk_id"] for r in rows]
+
+
+async def breakdown(
+    service: MemoryService, store: Any, table: Any, embedder: Local, qs: list[str]
+) -> dict[str, Any]:
+    """Where a search's time goes, each part timed alone, one after the other (p95, ms): the query
+    embedding, the vector query (prefiltered to the agent, 100 rows), the full-text query, the
+    fusion of the two pools; and the whole ``candidates`` call, which overlaps the text query with
+    the other two."""
+    from memory.fusion import FusionParams, fuse
+
+    s = MemorySettings().search
+    params = FusionParams(
+        s.vector_weight, s.text_weight, s.min_score, s.min_text_score, method=s.fusion,
+        text_saturation=s.text_saturation,
+    )  # fmt: skip
+    times: dict[str, list[float]] = {"embed": [], "vector": [], "fts": [], "candidates": [], "fusion": []}
+    vectors = []
+    for q in qs:
+        t0 = time.perf_counter()
+        v = await embedder.embed([q])
+        t1 = time.perf_counter()
+        await asyncio.to_thread(store.vector_pool, table, v[0], "main", 100, True)
+        t2 = time.perf_counter()
+        await asyncio.to_thread(store.text_pool, table, q, "main", 100, True)
+        t3 = time.perf_counter()
+        pool = await service.candidates("main", q)
+        t4 = time.perf_counter()
+        fuse(pool, params, today=clock().date(), k=6)
+        t5 = time.perf_counter()
+        for name, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+            times[name].append(dt)
+        vectors.append(v[0])
+    out: dict[str, Any] = {name: percentile(ts, 95) * 1000 for name, ts in times.items()}
+    out["_vectors"] = vectors
+    return out
+
+
+async def ann_options(
+    store: Any, table: Any, embedder: Local, qs: list[str], exact: list[list[str]], dims: int
+) -> list[dict[str, Any]]:
+    """ANN indices on the same table: build time, p95 of the service's own vector query (agent
+    prefilter, 100 rows) and recall of the exact top 10 / top 100, per search setting."""
+    from lancedb.index import IvfHnswSq
+
+    vectors = await asyncio.to_thread(embedder.encode_sync, qs)
+    out: list[dict[str, Any]] = []
+    indices = [
+        ("IVF-PQ", IvfPq(distance_type="cosine", num_sub_vectors=max(1, dims // 8))),
+        ("IVF-HNSW-SQ", IvfHnswSq(distance_type="cosine")),
+    ]
+    for name, config in indices:
+        t0 = time.perf_counter()
+        await asyncio.to_thread(partial(table.create_index, "vector", config=config, replace=True))
+        build = time.perf_counter() - t0
+        for nprobes, refine in ((10, None), (20, None), (20, 5), (50, 5)):
+            lat: list[float] = []
+            r10: list[float] = []
+            r100: list[float] = []
+            for v, truth in zip(vectors, exact, strict=True):
+
+                def query(v: Any = v, nprobes: int = nprobes, refine: int | None = refine) -> list[str]:
+                    q = table.search(v, vector_column_name="vector").distance_type("cosine").nprobes(nprobes)
+                    if refine:
+                        q = q.refine_factor(refine)
+                    q = q.where("agent = 'main'", prefilter=True).limit(100)
+                    rows = q.select(["chunk_id", "_distance"]).to_list()
+                    return [r["chunk_id"] for r in rows]
+
+                t1 = time.perf_counter()
+                got = await asyncio.to_thread(query)
+                lat.append(time.perf_counter() - t1)
+                r10.append(len(set(got[:10]) & set(truth[:10])) / max(1, len(truth[:10])))
+                r100.append(len(set(got) & set(truth)) / max(1, len(truth)))
+            out.append({"index": name, "build_s": build, "nprobes": nprobes, "refine_factor": refine,
+                        "p95_ms": percentile(lat, 95) * 1000, "recall@10": sum(r10) / len(r10),
+                        "recall@100": sum(r100) / len(r100)})  # fmt: skip
+    return out
 
 
 async def run(quick: bool, which: str, search_only: bool = False) -> dict[str, Any]:
@@ -259,8 +336,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"search at {s['rows']} chunks: p50 {s['search_p50_ms']:.1f} ms, p95 {s['search_p95_ms']:.1f} ms; "
           f"raw encode + raw LanceDB query p95 {s['baseline_p95_ms']:.1f} ms -> ratio {s['search_ratio']:.2f} "
           f"(target <= 2)")  # fmt: skip
-    print(f"vector query alone at {s['rows']} rows: flat scan p95 {s['flat_vector_p95_ms']:.1f} ms, "
-          f"IVF-PQ p95 {s['ivf_pq_p95_ms']:.1f} ms (built in {s['ivf_pq_build_s']:.1f} s)")  # fmt: skip
+    b = s["breakdown_p95_ms"]
+    print(f"where a search's time goes at {s['rows']} rows (p95, each part alone): "
+          f"query embedding {b['embed']:.1f} ms, vector query {b['vector']:.1f} ms, "
+          f"full-text query {b['fts']:.1f} ms, both pools together (candidates) {b['candidates']:.1f} ms, "
+          f"fusion {b['fusion']:.2f} ms")  # fmt: skip
+    print(f"vector query alone, flat scan p95 {s['flat_vector_p95_ms']:.1f} ms; ANN (recall of the exact pool):")
+    for a in s["ann"]:
+        print(f"  {a['index']:<12} built in {a['build_s']:5.1f} s  nprobes {a['nprobes']:>3} "
+              f"refine {a['refine_factor']!s:>4}: p95 {a['p95_ms']:6.1f} ms, recall@10 {a['recall@10']:.3f}, "
+              f"recall@100 {a['recall@100']:.3f}")  # fmt: skip
     checks = {
         "index <= 1.25x raw encode": i["index_ratio"] <= 1.25,
         "edit re-embeds <= 3 chunks": i["edit_reembedded"] <= 3,

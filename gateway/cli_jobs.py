@@ -95,7 +95,9 @@ def _with_memory(ctx: Context, work: Callable[[Any], Any]) -> Any:
     config = ctx.config
 
     async def run() -> Any:
-        service = MemoryService(config.settings.memory, workspaces(config), memory_uri(config), clock=system_clock)
+        service = MemoryService(
+            config.settings.memory, workspaces(config), memory_uri(config), clock=system_clock, env=ctx.env
+        )
         await service.start()
         try:
             return await work(service)
@@ -189,9 +191,7 @@ def cmd_memory_search(ctx: Context) -> int:
             hits = await service.search(ctx.args.agent, query, k=ctx.args.k)
             from gateway.relevance import present  # memory loads only for the commands that use it
 
-            search = ctx.config.settings.memory.search
-            today = system_clock().date()
-            return {"query": query, "results": [present(h, search, today) for h in hits]}
+            return {"query": query, "results": [present(h) for h in hits]}
 
         body = _with_memory(ctx, work)
     if ctx.as_json:

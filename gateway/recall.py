@@ -8,14 +8,13 @@ import html
 import json
 import logging
 import re
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
-from gateway.relevance import relevance
+from gateway.relevance import tool_result
 from gateway.tools import Tool, ToolError
 from gateway.transcript_memory import SESSIONS_DIR, is_transcript, run_citation
 from gateway.turns import Conversations, Post
@@ -105,9 +104,7 @@ class MemoryBridge:
         agent = run.agent_id or "main"
         hits = await self.memory.search(agent, post.content, k=recall.top_k, include_memory_md=True)
         daily = await asyncio.to_thread(self._daily_logs, agent) if recall.daily_logs and new_run else []
-        today = self.conv.clock().astimezone(self.zone(agent)).date()
-        shown = [replace(h, score=relevance(h, self.settings.memory.search, today)) for h in hits]
-        text = memory_message(shown, daily, recall.max_tokens)
+        text = memory_message(hits, daily, recall.max_tokens)
         if text is None:
             return []
         record = await self.conv.store.append(
@@ -187,12 +184,7 @@ class MemoryBridge:
         )
         if not self.sees_memory_md(run.chat_type):  # transcripts of runs: like MEMORY.md, direct only
             hits = [h for h in hits if not is_transcript(h.path)]
-        today = self.conv.clock().astimezone(self.zone(run.agent_id)).date()
-        search = self.settings.memory.search
-        results = [
-            {"citation": run_citation(h.citation), "score": round(relevance(h, search, today), 3), "snippet": h.snippet}
-            for h in hits
-        ]
+        results = [tool_result(h, run_citation(h.citation)) for h in hits]
         return json.dumps({"results": results}, ensure_ascii=False)
 
     async def _get(self, run: RunState, arguments: dict[str, Any]) -> str:

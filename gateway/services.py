@@ -242,7 +242,7 @@ async def open_services(
 
         memory: MemoryService | None = None
         if parts.memory:
-            memory = MemoryService(settings.memory, workspaces(config), memory_uri(config), clock=clock)
+            memory = MemoryService(settings.memory, workspaces(config), memory_uri(config), clock=clock, env=env)
             await memory.start()
             stack.push_async_callback(memory.close)
             bridge = MemoryBridge(memory, conversations, settings, host_zone=zone)

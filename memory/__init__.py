@@ -23,8 +23,8 @@ Methods:
 - ``search(agent, query, *, k=None, include_memory_md=True) -> list[SearchHit]``: hybrid search
   (SPEC section 9). ``k`` defaults to ``memory.search.top_k`` and must be in
   ``1..memory.search.candidates`` (else ``BadRequest``); an unknown agent is ``NotFound``. Returns an
-  empty list when nothing clears the abstention thresholds. Pass ``include_memory_md=False`` for
-  sessions whose chat type is not in ``memory.recall.chat_types``. ``SearchHit.as_dict()`` has the
+  empty list when nothing clears the abstention thresholds. ``include_memory_md=False`` leaves
+  ``MEMORY.md`` out (the caller decides who may see it). ``SearchHit.as_dict()`` has the
   HTTP fields (``path, start_line, end_line, heading, score, snippet, citation``) plus
   ``vector_score``, ``text_score`` and ``chunk_id``.
 - ``reindex(agent=None, *, force=False, progress=None) -> IndexReport``: index now and wait.

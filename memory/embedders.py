@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,13 +92,18 @@ class SentenceTransformerEmbedder:
     """A local sentence-transformers model on one torch thread.
 
     ``model`` is a Hugging Face name or a local path; None means the packaged all-MiniLM-L6-v2,
-    loaded offline. ``batch_size`` is the encode batch. All inference (and loading) happens on a
+    always loaded from the package's folder. ``offline`` loads a named model from the local cache
+    only (never the hub); ``build_embedder`` sets it from ``HF_HUB_OFFLINE`` in the environment it
+    is given. ``batch_size`` is the encode batch. All inference (and loading) happens on a
     private single-thread executor; :meth:`encode_sync` is the same call for code that already
     runs off the loop (benchmarks).
     """
 
-    def __init__(self, model: str | None = None, *, batch_size: int = 32, threads: int = 1) -> None:
+    def __init__(
+        self, model: str | None = None, *, batch_size: int = 32, threads: int = 1, offline: bool = False
+    ) -> None:
         self._name = model
+        self._offline = offline
         self._batch_size = batch_size
         self._threads = threads
         self._model: Any = None
@@ -129,13 +133,12 @@ class SentenceTransformerEmbedder:
         import torch
 
         torch.set_num_threads(self._threads)
-        if self._name is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the packaged model never needs the hub
+        if self._name is None:  # the packaged model: a local folder, never the hub
             source, local_only = str(packaged_model_path()), True
+        elif Path(self._name).expanduser().is_dir():
+            source, local_only = str(Path(self._name).expanduser()), True
         else:
-            source, local_only = self._name, Path(self._name).expanduser().is_dir()
-            if local_only:
-                source = str(Path(self._name).expanduser())
+            source, local_only = self._name, self._offline
         from sentence_transformers import SentenceTransformer
 
         try:
@@ -264,9 +267,9 @@ def is_multilingual(identity: EmbedderIdentity) -> bool:
 class OpenAIEmbedder:
     """The embeddings endpoint of OpenAI or any OpenAI-compatible server (vLLM, Ollama, ...).
 
-    The API key is read from the environment variable named by ``api_key_env`` when the embedder
-    is built (a local server may need none). ``dimensions`` is sent when set; otherwise the size is
-    learned from a probe request in :meth:`start`.
+    ``api_key`` is given by the caller (``build_embedder`` takes it from the environment it is
+    passed, under the name ``api_key_env``; a local server may need none). ``dimensions`` is sent
+    when set; otherwise the size is learned from a probe request in :meth:`start`.
     """
 
     def __init__(
@@ -342,15 +345,25 @@ class OpenAIEmbedder:
         await self._client.close()
 
 
-def build_embedder(settings: EmbeddingSettings) -> Embedder:
-    """The embedder ``memory.embedding`` describes (not started)."""
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = None) -> Embedder:
+    """The embedder ``memory.embedding`` describes (not started).
+
+    ``env`` is the environment the caller was started with (the daemon's and the CLI's): the API
+    key is ``env[settings.api_key_env]`` and ``HF_HUB_OFFLINE`` (1/true/yes/on) keeps a named
+    sentence-transformers model off the hub. Nothing is read from ``os.environ``: without ``env``
+    there is no key and no offline flag."""
+    env = env or {}
     if settings.provider == "openai":
         if not settings.model:
             raise ConfigError("memory.embedding.model is required when memory.embedding.provider is openai")
         return OpenAIEmbedder(
             model=settings.model,
             base_url=settings.base_url,
-            api_key=os.environ.get(settings.api_key_env),
+            api_key=env.get(settings.api_key_env) or None,
             dimensions=settings.dimensions,
             batch_size=settings.batch_size,
         )
@@ -361,4 +374,6 @@ def build_embedder(settings: EmbeddingSettings) -> Embedder:
                 "(the package ships one model)"
             )
         return UniversalSentenceEncoderEmbedder(batch_size=settings.batch_size)
-    return SentenceTransformerEmbedder(settings.model, batch_size=min(settings.batch_size, 32))
+    return SentenceTransformerEmbedder(
+        settings.model, batch_size=min(settings.batch_size, 32), offline=_truthy(env.get("HF_HUB_OFFLINE"))
+    )

@@ -27,6 +27,13 @@ _CJK_CONTENT = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u30a0-\u30ff\u31f0-\u31f
 _HIRAGANA = re.compile(r"[\u3040-\u309f]+")
 _DAILY = re.compile(r"(?:^|/)memory/(?:.*/)?(\d{4})-(\d{2})-(\d{2})\.md$")
 
+# English stop words: NLTK's English list (nltk.corpus.stopwords, the short forms such as "don"
+# left out: the word pattern splits them) plus words every question put to memory carries ("tell",
+# "remember", "did", "said"). Kept rather than a list from an installed package: scikit-learn's
+# (also the base of sentence-transformers') stops content words that memory questions are about
+# ("name", "first", "last", "call", "move", "bill", "fire", "system"), which scikit-learn's own
+# documentation warns of, and NLTK is not a dependency. LanceDB's full-text index uses its own
+# (Lucene's) list; this one only decides the term share (``text_share``).
 _STOP = frozenset(
     [
         "a", "about", "above", "after", "again", "against", "all", "am", "an", "and", "any", "are",
@@ -44,6 +51,9 @@ _STOP = frozenset(
         "said", "s", "t", "d", "ll", "m", "re", "ve",
     ]
 )
+# Lone kanji that carry no topic (pronouns, "thing", "time"...). No installed package ships a
+# Japanese stop-word list (ICU segments words, it does not filter them), and a run this short is a
+# term only when it stands alone between kana, so these twelve are all a query needs.
 _CJK_STOP = frozenset(["私", "僕", "俺", "何", "誰", "事", "時", "方", "所", "物", "今", "為"])
 
 
@@ -149,7 +159,7 @@ class FusionParams:
     min_text_score: float
     recency_half_life_days: float | None = None
     method: str = "rrf"  # rrf | score
-    text_saturation: float = 10.0  # score fusion: the BM25 score that counts as a half match
+    text_saturation: float = 40.0  # score fusion: the BM25 score that counts as a half match
     use_vector: bool = True  # False: the query is in a language the embedder does not know
 
 
@@ -206,29 +216,41 @@ def passes(c: Candidate, p: FusionParams) -> bool:
     return (p.min_score > 0 and first >= p.min_score) or (p.min_text_score > 0 and c.share >= p.min_text_score)
 
 
-def text_strength(bm25: float, saturation: float) -> float:
-    """A BM25 score squashed into [0, 1): ``bm25 / (bm25 + saturation)``.
+# Both halves of the text strength are cubed: a weak match (one common word such as a name held by
+# thousands of turns) must not reorder chunks the vector side finds equally close, while a match
+# of most of the query, or a strong BM25 score, counts nearly fully (bench/memory_eval: with
+# exponent 1 the text side's weak matches cost the hybrid 2-3 points @25 on conversations).
+SHARE_POWER = 3
+BM25_HILL = 3
 
-    No per-query rescaling: a chunk matching only a common word has a small BM25 score and stays
-    near 0 even when it is the best match there is, and ``saturation`` is the score that counts
-    as a half match (BM25 adds about one IDF, 2-10, per matched rare word)."""
+
+def text_strength(bm25: float, share: float, saturation: float) -> float:
+    """How strongly a chunk matches the query's words, absolute, in [0, 1): the mean of
+
+    - ``share ** 3``, the cube of the share of the query's content terms the chunk holds (it does
+      not grow with the corpus: 1 of 3 terms gives 0.04, 2 of 3 gives 0.30, all gives 1), and
+    - ``bm25**3 / (bm25**3 + saturation**3)``, the BM25 score through a Hill curve whose midpoint
+      is ``saturation`` (it rewards rare words, which the share cannot tell from common ones).
+
+    A chunk the full-text index does not match (``bm25 <= 0``) has no text strength."""
     if bm25 <= 0:
         return 0.0
-    return bm25 / (bm25 + saturation)
+    hill = bm25**BM25_HILL / (bm25**BM25_HILL + saturation**BM25_HILL)
+    return (min(1.0, max(0.0, share)) ** SHARE_POWER + hill) / 2
 
 
 def fused_score(c: Candidate, p: FusionParams) -> float:
     """Score fusion: the weighted mean of the cosine (clamped to [0, 1]) and the text strength.
 
-    Both sides are absolute, so the fused score means the same for every query: 0.5 is "as
-    similar as a close paraphrase or a strong word match", and a lone weak result scores low.
+    Both sides are absolute, so the fused score means the same for every query: a lone weak
+    result scores low, a close paraphrase or a match of most of the query's words scores high.
     When the query's language is one the embedder does not know (``use_vector`` false) the text
     side decides alone."""
     wv = p.vector_weight if p.use_vector else 0.0
     top = wv + p.text_weight
     if top <= 0:
         return 0.0
-    return (wv * c.cosine + p.text_weight * text_strength(c.bm25, p.text_saturation)) / top
+    return (wv * c.cosine + p.text_weight * text_strength(c.bm25, c.share, p.text_saturation)) / top
 
 
 def rrf_score(c: Candidate, p: FusionParams) -> float:
@@ -275,7 +297,7 @@ def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, 
                 citation=f"{c.path}#L{c.start_line}-L{c.end_line}",
                 vector_score=round(c.cosine, 6),
                 text_score=round(
-                    text_strength(c.bm25, params.text_saturation) if params.method == "score" else c.share, 6
+                    text_strength(c.bm25, c.share, params.text_saturation) if params.method == "score" else c.share, 6
                 ),
                 chunk_id=c.chunk_id,
             )

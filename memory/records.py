@@ -10,10 +10,11 @@ from typing import Any
 class SearchHit:
     """One search result; the first seven fields are the SPEC's response shape.
 
-    ``score`` is the fused score in [0, 1] (after any recency decay; with score fusion the
-    weighted mean of the two below, absolute, so comparable across queries); ``vector_score`` is
-    the cosine similarity clamped to [0, 1] and ``text_score`` the full-text strength
-    ``BM25 / (BM25 + text_saturation)`` (with RRF: the share of the query's terms the chunk holds),
+    ``score`` is the one fused score in [0, 1] that orders the results and that every caller shows
+    (after any recency decay; with score fusion the weighted mean of the two below, absolute, so
+    comparable across queries; with RRF the rank fusion's value); ``vector_score`` is the cosine
+    similarity clamped to [0, 1] and ``text_score`` the text strength
+    (``memory.fusion.text_strength``; with RRF: the share of the query's terms the chunk holds),
     both also in [0, 1].
     """
 

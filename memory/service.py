@@ -18,7 +18,15 @@ from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownA
 from config.settings import MemorySettings
 from memory import sources
 from memory.embedders import Embedder, build_embedder, is_multilingual
-from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query, merge_pools, query_terms, text_share
+from memory.fusion import (
+    Candidate,
+    FusionParams,
+    fuse,
+    is_cjk_query,
+    merge_pools,
+    query_terms,
+    text_share,
+)
 from memory.indexer import Indexer, Progress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.store import ChunkStore
@@ -33,7 +41,9 @@ class MemoryService:
 
     ``workspaces`` maps agent id → workspace folder (``MEMORY.md``, ``memory/**/*.md``).
     ``uri`` is the LanceDB folder (``memory.uri``). ``embedder`` defaults to the one
-    ``settings.embedding`` describes; an embedder passed in is not closed by :meth:`close`.
+    ``settings.embedding`` describes, built with ``env`` (the caller's environment: the API key
+    and the offline flag, see :func:`memory.embedders.build_embedder`; None: an empty one); an
+    embedder passed in is not closed by :meth:`close`.
     """
 
     def __init__(
@@ -44,8 +54,10 @@ class MemoryService:
         *,
         clock: Clock,
         embedder: Embedder | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
+        self._env = dict(env or {})
         self._workspaces = {agent: Path(p) for agent, p in workspaces.items()}
         self._uri = Path(uri)
         self._clock = clock
@@ -74,7 +86,7 @@ class MemoryService:
 
     async def start(self) -> None:
         """Open the index; load the model, index and watch in the background (not awaited)."""
-        self._embedder = self._embedder_arg or build_embedder(self.settings.embedding)
+        self._embedder = self._embedder_arg or build_embedder(self.settings.embedding, self._env)
         self._store = await self._call(ChunkStore, self._uri)
         self._indexer = Indexer(self.settings, self._workspaces, self._store, self._embedder, self._db)
         await self._indexer.load_known()
@@ -227,9 +239,7 @@ class MemoryService:
         if not query:
             raise BadRequest("q must be a non-empty search query")
         use_vector = self._vector_knows(query)
-        # the term share only decides with RRF or when the text side decides alone
-        with_share = s.fusion == "rrf" or not use_vector
-        pool = await self.candidates(agent, query, include_memory_md=include_memory_md, with_share=with_share)
+        pool = await self.candidates(agent, query, include_memory_md=include_memory_md)
         params = FusionParams(
             s.vector_weight,
             s.text_weight,
@@ -287,31 +297,9 @@ class MemoryService:
                 )
         finally:
             text_rows, text_vectors = await text_future
-        terms = query_terms(query) if with_share else ((), ())
-        in_text = {r["chunk_id"] for r in text_rows}
-        full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
-
-        def cand(row: dict[str, Any], cosine: float, in_text_pool: bool, bm25: float = 0.0) -> Candidate:
-            return Candidate(
-                chunk_id=row["chunk_id"],
-                path=row["path"],
-                start_line=int(row["start_line"]),
-                end_line=int(row["end_line"]),
-                heading=row["heading"],
-                text=row["text"],  # the chunk's own lines: its context is indexed, not shown
-                cosine=min(1.0, max(0.0, cosine)),
-                # a chunk the full-text index does not match holds none of the query's terms
-                share=text_share(terms, row["content"]) if with_share and (in_text_pool or not full_pool) else 0.0,
-                bm25=bm25,
-            )
-
-        text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
-        return merge_pools(
-            [(cand(r, 1.0 - r["_distance"], r["chunk_id"] in in_text), -float(r["_distance"])) for r in vec_rows],
-            [
-                (cand(r, float(c), True, float(r["_score"])), float(r["_score"]))
-                for r, c in zip(text_rows, text_cos, strict=True)
-            ],
+        # stemming the candidates' words takes a few milliseconds: off the event loop
+        return await loop.run_in_executor(
+            self._reads, _merge, query, vector, vec_rows, text_rows, text_vectors, n, with_share
         )
 
     # --- files -------------------------------------------------------------------------------
@@ -344,10 +332,9 @@ class MemoryService:
         include_memory_md: bool = True,
     ) -> str:
         """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file.
-        With ``include_memory_md=False`` (sessions whose chat type may not see it) MEMORY.md is
-        NotFound."""
+        With ``include_memory_md=False`` (the caller may not show it) MEMORY.md is NotFound."""
         if not include_memory_md and path == sources.MEMORY_MD:
-            raise MemoryFileNotFound("MEMORY.md is not available in this session")
+            raise MemoryFileNotFound("MEMORY.md is not available here")
         text = await asyncio.to_thread(self.read_file, agent, path)
         return sources.line_slice(text, start_line, end_line)
 
@@ -363,3 +350,45 @@ class MemoryService:
         if result.appended:
             self._notify({agent})
         return result
+
+
+def _merge(
+    query: str,
+    vector: np.ndarray[Any, Any] | None,
+    vec_rows: list[dict[str, Any]],
+    text_rows: list[dict[str, Any]],
+    text_vectors: np.ndarray[Any, Any],
+    n: int,
+    with_share: bool,
+) -> list[Candidate]:
+    """The two pools' rows as candidates, each with its cosine, BM25 score and term share."""
+    terms = query_terms(query) if with_share else ((), ())
+    in_text = {r["chunk_id"] for r in text_rows}
+    full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
+
+    def cand(row: dict[str, Any], cosine: float, share_needed: bool, bm25: float = 0.0) -> Candidate:
+        return Candidate(
+            chunk_id=row["chunk_id"],
+            path=row["path"],
+            start_line=int(row["start_line"]),
+            end_line=int(row["end_line"]),
+            heading=row["heading"],
+            text=row["text"],  # the chunk's own lines: its context is indexed, not shown
+            cosine=min(1.0, max(0.0, cosine)),
+            share=text_share(terms, row["content"]) if with_share and share_needed else 0.0,
+            bm25=bm25,
+        )
+
+    text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
+    return merge_pools(
+        # a chunk the full-text index does not match holds none of the query's terms; one in the
+        # text pool gets its share there
+        [
+            (cand(r, 1.0 - r["_distance"], not full_pool and r["chunk_id"] not in in_text), -float(r["_distance"]))
+            for r in vec_rows
+        ],
+        [
+            (cand(r, float(c), True, float(r["_score"])), float(r["_score"]))
+            for r, c in zip(text_rows, text_cos, strict=True)
+        ],
+    )

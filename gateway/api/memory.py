@@ -35,18 +35,18 @@ MEMORY_SEARCH = Answer(
                         "heading": NULLABLE_STR,
                         "score": {
                             "type": "number",
-                            "minimum": 0,
-                            "maximum": 1,
-                            "description": "absolute relevance, comparable across queries: the weighted mean"
-                            " (memory.search.vector_weight, text_weight) of `vector_score` and `text_score`,"
-                            " after recency decay; a weak match scores low even when it is the only result",
-                        },
-                        "rank_score": {
-                            "type": "number",
-                            "description": "the rank fusion's value that orders the results (best first)",
+                            "description": "memory's one score, which orders the results (best first); with"
+                            " memory.search.fusion `score` (default) absolute relevance in [0, 1], comparable"
+                            " across queries: the weighted mean of `vector_score` and `text_score`, after recency"
+                            " decay, so a weak match scores low even when it is the only result; with `rrf` the"
+                            " reciprocal rank fusion's value (orders, not comparable across queries)",
                         },
                         "vector_score": {"type": "number", "description": "cosine similarity clamped to [0, 1]"},
-                        "text_score": {"type": "number", "description": "share of the query's term weight held"},
+                        "text_score": {
+                            "type": "number",
+                            "description": "full-text strength in [0, 1]: the mean of the cube of the query's term"
+                            " share the chunk holds and BM25³ / (BM25³ + memory.search.text_saturation³)",
+                        },
                         "snippet": STR,
                         "citation": STR,
                     },
@@ -85,9 +85,7 @@ async def search(request: web.Request) -> web.Response:
         raise BadRequest("query parameter 'q' is required: the text to search for", field="q")
     k = TOP_K.read(request, high=settings.memory.search.candidates, default=settings.memory.search.top_k)
     hits = await request.app[MEMORY].search(_agent(request, MEMORY_AGENT), query, k=k)
-    today = request.app[K.CLOCK]().date()
-    results = [present(hit, settings.memory.search, today) for hit in hits]
-    return json_response({"query": query, "results": results})
+    return json_response({"query": query, "results": [present(hit) for hit in hits]})
 
 
 @routes.get("/v1/memory/files")

@@ -1,5 +1,5 @@
-"""Memory search scores comparable across queries (issue 13, item 16): the gateway presents
-``score`` as absolute relevance, not the rank fusion's value, so a lone weak match scores low.
+"""Memory search scores comparable across queries (issue 13, item 16): ``score`` is memory's one
+fused score, absolute relevance, so a lone weak match scores low; the gateway adds nothing to it.
 Embeddings come from the local OpenAI-compatible server (feature hashing), so no model loads."""
 
 from __future__ import annotations
@@ -39,4 +39,5 @@ async def test_a_single_weak_match_does_not_score_1(
     assert len(weak) == 1  # the lone chunk is first for both queries; only the score tells them apart
     assert weak[0]["score"] < 0.5 < strong["score"] <= 1
     for hit in (strong, weak[0]):
-        assert hit["score"] == pytest.approx(0.7 * hit["vector_score"] + 0.3 * hit["text_score"], abs=1e-6)
+        assert hit["score"] == pytest.approx(0.8 * hit["vector_score"] + 0.2 * hit["text_score"], abs=1e-6)
+        assert "rank_score" not in hit  # one score

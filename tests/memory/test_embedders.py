@@ -62,15 +62,34 @@ async def test_openai_embedder_failure_is_unavailable(openai_server: OpenAIServe
         await embedder.close()
 
 
-def test_build_embedder_reads_the_key_env_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MY_EMBED_KEY", "sk-test")
+async def test_build_embedder_takes_the_key_from_the_environment_passed_in(
+    openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_EMBED_KEY", "sk-from-os-environ")  # never read: only the env passed in counts
     settings = EmbeddingSettings(
-        provider="openai", model="m", base_url="http://127.0.0.1:9/v1", api_key_env="MY_EMBED_KEY"
+        provider="openai", model="m", base_url=openai_server.base_url, api_key_env="MY_EMBED_KEY"
     )
-    embedder = build_embedder(settings)
-    assert isinstance(embedder, OpenAIEmbedder)
+    for env, expected in (({"MY_EMBED_KEY": "sk-passed-in"}, "Bearer sk-passed-in"), ({}, "Bearer unused")):
+        embedder = build_embedder(settings, env)
+        assert isinstance(embedder, OpenAIEmbedder)
+        try:
+            await embedder.start()
+        finally:
+            await embedder.close()
+        assert openai_server.requests[-1].headers["Authorization"] == expected
+
+
+def test_build_embedder_takes_the_offline_flag_from_the_environment_passed_in() -> None:
+    settings = EmbeddingSettings(model="org/a-model-that-is-not-in-the-cache")
+    online = build_embedder(settings, {})
+    offline = build_embedder(settings, {"HF_HUB_OFFLINE": "1"})
+    assert isinstance(online, SentenceTransformerEmbedder) and isinstance(offline, SentenceTransformerEmbedder)
+    # offline, a model missing from the local cache fails at once instead of asking the hub
+    with pytest.raises(ConfigError, match="cannot load"):
+        offline.load_sync()
+    asyncio.run(online.close())
+    asyncio.run(offline.close())
     assert isinstance(build_embedder(EmbeddingSettings()), SentenceTransformerEmbedder)
-    asyncio.run(embedder.close())
 
 
 @pytest.mark.slow

@@ -150,19 +150,38 @@ S = FusionParams(vector_weight=0.4, text_weight=0.6, min_score=0.3, min_text_sco
                  text_saturation=10.0)  # fmt: skip
 
 
-def scored(cid: str, cosine: float, bm25: float, **kw: int | None) -> Candidate:
-    return replace(cand(cid, cosine, **kw), bm25=bm25)
+def scored(cid: str, cosine: float, bm25: float, share: float = 1.0, **kw: int | None) -> Candidate:
+    return replace(cand(cid, cosine, share, **kw), bm25=bm25)
 
 
-@pytest.mark.parametrize(("bm25", "strength"), [(0.0, 0.0), (-1.0, 0.0), (10.0, 0.5), (30.0, 0.75), (1e9, 1.0)])
-def test_text_strength_is_an_absolute_squash(bm25: float, strength: float) -> None:
-    assert text_strength(bm25, 10.0) == pytest.approx(strength, abs=1e-6)
+@pytest.mark.parametrize(
+    ("bm25", "share", "strength"),
+    [
+        (0.0, 1.0, 0.0),  # the full-text index does not match it: no strength, whatever the share
+        (-1.0, 1.0, 0.0),
+        (10.0, 0.0, 0.25),  # BM25 at the saturation point is half a BM25 match
+        (10.0, 1.0, 0.75),
+        (20.0, 1 / 3, (1 / 27 + 8 / 9) / 2),
+        (1e9, 1.0, 1.0),
+    ],
+)
+def test_text_strength_is_absolute(bm25: float, share: float, strength: float) -> None:
+    assert text_strength(bm25, share, 10.0) == pytest.approx(strength, abs=1e-6)
+
+
+def test_a_weak_word_match_barely_counts() -> None:
+    """One word of three, and a common one (a name every turn of a chat holds): a few hundredths at
+    most, so it cannot reorder chunks the vector side finds equally close."""
+    assert text_strength(6.0, 1 / 3, 40.0) < 0.03
+    assert text_strength(6.0, 1 / 3, 40.0) < text_strength(6.0, 1.0, 40.0) / 20
+    assert text_strength(40.0, 1.0, 40.0) == pytest.approx(0.75)
 
 
 def test_a_single_weak_result_does_not_score_one() -> None:
-    weak = scored("a", cosine=0.2, bm25=1.5, vr=1, tr=1)  # best of both pools, and still weak
+    weak = scored("a", cosine=0.2, bm25=1.5, share=0.5, vr=1, tr=1)  # best of both pools, and still weak
     hits = fuse([weak], replace(S, min_score=0.0), today=TODAY, k=5)
-    assert len(hits) == 1 and hits[0].score == pytest.approx(0.4 * 0.2 + 0.6 * 1.5 / 11.5, abs=1e-6)
+    expected = 0.4 * 0.2 + 0.6 * (0.5**3 + 1.5**3 / (1.5**3 + 10.0**3)) / 2
+    assert len(hits) == 1 and hits[0].score == pytest.approx(expected, abs=1e-6)
     assert hits[0].score < 0.25
     assert fuse([weak], S, today=TODAY, k=5) == []  # and abstention drops it
 
@@ -182,10 +201,10 @@ def test_a_strong_word_match_beats_a_vague_vector_neighbour() -> None:
 
 def test_a_language_the_embedder_does_not_know_is_decided_on_the_text_side() -> None:
     unrelated = scored("u", cosine=0.65, bm25=0.0, vr=1)  # what MiniLM gives any Japanese pair
-    matched = scored("m", cosine=0.40, bm25=8.0, vr=2, tr=1)
+    matched = scored("m", cosine=0.40, bm25=8.0, share=0.5, vr=2, tr=1)
     blind = replace(S, use_vector=False)
     assert [h.chunk_id for h in fuse([unrelated, matched], blind, today=TODAY, k=5)] == ["m"]
-    assert fused_score(matched, blind) == pytest.approx(text_strength(8.0, 10.0))
+    assert fused_score(matched, blind) == pytest.approx(text_strength(8.0, 0.5, 10.0))
     assert {h.chunk_id for h in fuse([unrelated, matched], replace(S, min_score=0.0), today=TODAY, k=5)} == {"u", "m"}
 
 
