@@ -89,15 +89,12 @@ def _offline_cleanup(dry_run: bool) -> Any:
 
 
 def _with_memory(ctx: Context, work: Callable[[Any], Any]) -> Any:
-    from gateway.services import memory_uri, workspaces
-    from memory import MemoryService
+    from gateway.services import memory_service
 
     config = ctx.config
 
     async def run() -> Any:
-        service = MemoryService(
-            config.settings.memory, workspaces(config), memory_uri(config), clock=system_clock, env=ctx.env
-        )
+        service = memory_service(config, ctx.env, system_clock)
         await service.start()
         try:
             return await work(service)

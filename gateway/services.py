@@ -90,6 +90,11 @@ def memory_uri(config: LoadedConfig) -> Path:
     return Path(uri).expanduser() if uri else config.home / "memory.lance"
 
 
+def memory_service(config: LoadedConfig, env: Mapping[str, str], clock: Clock) -> MemoryService:
+    """The memory index as the daemon builds it (the offline ``memory`` commands open only this)."""
+    return MemoryService(config.settings.memory, workspaces(config), memory_uri(config), clock=clock, env=env)
+
+
 class Archives:
     """Archived runs (``archive/<uuid>.tar.gz``) stay readable: the run routes and inheritance."""
 
@@ -242,7 +247,7 @@ async def open_services(
 
         memory: MemoryService | None = None
         if parts.memory:
-            memory = MemoryService(settings.memory, workspaces(config), memory_uri(config), clock=clock, env=env)
+            memory = memory_service(config, env, clock)
             await memory.start()
             stack.push_async_callback(memory.close)
             bridge = MemoryBridge(memory, conversations, settings, host_zone=zone)
