@@ -388,7 +388,7 @@ def cmd_sessions_compact(ctx: Context) -> int:
     return EXIT_OK
 
 
-def _command(ctx: Context, key: str, command: str) -> dict[str, Any]:
+def _command(ctx: Context, key: str, command: str) -> Mapping[str, Any]:
     """A chat command on an existing session, through the daemon or through the same Commands offline."""
     client = ctx.client()
     if client is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -25,7 +26,7 @@ class Deliverer:
         self.retries = retries
         self.backoff_s = backoff_s
 
-    async def deliver(self, url: str, payload: dict[str, Any], *, timeout: float) -> bool:
+    async def deliver(self, url: str, payload: Mapping[str, Any], *, timeout: float) -> bool:
         """POST ``payload`` to ``url``; True once a 2xx answers. A connection error, a timeout, a
         5xx, 408, 425 or 429 is retried ``retries`` times with growing pauses; anything else, or
         the last failure, is logged and answers False."""
@@ -44,7 +45,7 @@ class Deliverer:
             await asyncio.sleep(self.backoff_s * attempt)
         return False
 
-    async def _attempt(self, url: str, payload: dict[str, Any], timeout: float) -> tuple[bool, str] | None:
+    async def _attempt(self, url: str, payload: Mapping[str, Any], timeout: float) -> tuple[bool, str] | None:
         try:
             async with self.session.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if 200 <= resp.status < 300:
@@ -59,5 +60,5 @@ class Deliverer:
             return True, f"{type(exc).__name__}: {exc}"
 
 
-def _what(payload: dict[str, Any]) -> str:
+def _what(payload: Mapping[str, Any]) -> str:
     return f"the reply for {payload.get('session_key')!r} (seq {payload.get('message_seq')})"

@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import json
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ SUBSCRIBER_QUEUE = 1000
 @dataclass(frozen=True)
 class Event:
     id: int
-    data: dict[str, Any]
+    data: Mapping[str, Any]
 
     def encode(self) -> bytes:
         payload = json.dumps(self.data, ensure_ascii=False)
@@ -38,7 +38,7 @@ class EventHub:
         self._subscribers: set[_Subscriber] = set()
         self.closed = False
 
-    def publish(self, data: dict[str, Any]) -> Event:
+    def publish(self, data: Mapping[str, Any]) -> Event:
         event = Event(next(self._ids), data)
         self._buffer.append(event)
         for sub in list(self._subscribers):

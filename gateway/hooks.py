@@ -28,18 +28,19 @@ from typing import TYPE_CHECKING, Any
 from sessions.archive import Step
 
 if TYPE_CHECKING:
+    from gateway.posts import ReplyBody
     from gateway.turns import Post
-    from sessions.records import MessageRecord, RunState
+    from sessions.records import MessageRecord, RunState, StoreEvent
 
 Event = dict[str, Any]
-Listener = Callable[[Event], object]
+Listener = Callable[["StoreEvent"], object]
 DurableListener = Callable[["RunState", "MessageRecord"], object]
 FinalSummarizer = Callable[["RunState", str], Awaitable[str | None]]
 BeforePost = Callable[["Post"], Awaitable[list[Event]]]
 BeforeAppend = Callable[["RunState", "Post", bool], Awaitable[list[Event]]]
 ArchiveText = Callable[[str, str], Awaitable[str | None]]
 NextReset = Callable[[str], datetime | None]
-Deliver = Callable[[str, Event], Awaitable[bool]]
+Deliver = Callable[[str, "ReplyBody"], Awaitable[bool]]
 ForgetRuns = Callable[[list[str]], Awaitable[object]]
 
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from config.clock import iso
-from gateway.posts import Outcome, Post, outcome_from
+from gateway.posts import Outcome, Post, ReplyBody, outcome_from
 from gateway.turn_core import ConversationCore
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class Idempotency(ConversationCore):
         marker = (post.key.raw, post.client_message_id)
         if marker in self._inflight:  # the same delivery is being handled right now
             return outcome_from(await asyncio.shield(self._inflight[marker]))
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[ReplyBody] = asyncio.get_running_loop().create_future()
         self._inflight[marker] = future
         try:
             outcome = await work()

@@ -24,6 +24,7 @@ from sessions.lock import HomeLock
 from sessions.store import SessionStore
 
 if TYPE_CHECKING:
+    from gateway.posts import ReplyBody
     from gateway.services import Services
 
 T = TypeVar("T")
@@ -96,13 +97,13 @@ def show_session(config: LoadedConfig, env: Mapping[str, str], key: str) -> dict
     return with_services(config, env, work)
 
 
-def run_command(config: LoadedConfig, key: str, command: str, env: Mapping[str, str]) -> dict[str, Any]:
+def run_command(config: LoadedConfig, key: str, command: str, env: Mapping[str, str]) -> ReplyBody:
     """A chat command (``/reset``, ``/compact``) through the daemon's ``Commands``: its body."""
     from gateway import operations
 
     parsed = parse_key(key, agents=config.settings.agents)
 
-    async def work(services: Services) -> dict[str, Any]:
+    async def work(services: Services) -> ReplyBody:
         return (await operations.run_command(services.commands, parsed, command)).body()
 
     return with_services(config, env, work)

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from gateway.provider import Usage
 from sessions.keys import SessionKey
@@ -52,6 +52,27 @@ class Post:
     options: TurnOptions | None = None
 
 
+class Reply(TypedDict):
+    """The model's (or a command's) answer in a reply body: its text and the seq it was stored at
+    (None when nothing was stored); ``tool_calls`` when the turn ends on calls the client runs."""
+
+    content: str
+    seq: int | None
+    tool_calls: NotRequired[list[dict[str, Any]]]
+
+
+class ReplyBody(TypedDict):
+    """What ``POST /v1/messages`` and the session routes answer, a redelivery replays, a webhook
+    or cron job delivers to ``deliver_to`` (SPEC section 8)."""
+
+    session_key: str
+    run_id: str | None
+    message_seq: int | None
+    reply: Reply | None
+    events: list[dict[str, Any]]
+    usage: dict[str, int]
+
+
 @dataclass
 class Outcome:
     """What a message or command call answers (SPEC section 8)."""
@@ -59,11 +80,11 @@ class Outcome:
     session_key: str
     run_id: str | None
     message_seq: int | None
-    reply: dict[str, Any] | None = None
+    reply: Reply | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=lambda: Usage().as_dict())
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ReplyBody:
         return {
             "session_key": self.session_key,
             "run_id": self.run_id,
@@ -95,7 +116,7 @@ def to_openai(line: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def outcome_from(body: dict[str, Any]) -> Outcome:
+def outcome_from(body: Mapping[str, Any]) -> Outcome:
     return Outcome(
         session_key=body["session_key"],
         run_id=body.get("run_id"),

@@ -105,7 +105,7 @@ class Batch:
             if unseen:
                 caller.answered.set_result(False)
                 continue
-            caller.outcome.reply = dict(result.reply) if result.reply is not None else None
+            caller.outcome.reply = result.reply.copy() if result.reply is not None else None
             caller.outcome.events.extend(result.events)
             caller.outcome.usage = dict(result.usage)
             caller.answered.set_result(True)

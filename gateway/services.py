@@ -45,6 +45,7 @@ from gateway.events import EventHub
 from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
 from gateway.metrics import Metrics
 from gateway.openai_compat.service import OpenAICompat
+from gateway.posts import ReplyBody
 from gateway.provider import ChatProvider
 from gateway.recall import MemoryBridge
 from gateway.scheduling import Scheduling
@@ -59,7 +60,7 @@ from scheduler.service import DailyJob, SchedulerService
 from sessions import archive
 from sessions.history import HistoryIndex, catch_up, history_path, rebuild_all
 from sessions.layout import Home
-from sessions.records import MessageRecord, RunRow, RunState
+from sessions.records import MessageRecord, RunRow, RunState, StoreEvent
 from sessions.resets import daily_boundaries
 from sessions.store import SessionStore
 
@@ -181,7 +182,7 @@ async def open_services(
         scheduling: Scheduling | None = None
         conversations: Conversations | None = None
 
-        def on_event(event: Event) -> None:  # not the store's recovery at open: from the graph on
+        def on_event(event: StoreEvent) -> None:  # not the store's recovery at open: from the graph on
             if conversations is None:
                 return
             hub.publish(event)
@@ -267,7 +268,7 @@ async def open_services(
         compat = OpenAICompat(commands, clock=clock)
         stack.push_async_callback(compat.close)
 
-        async def deliver(url: str, payload: Event) -> bool:
+        async def deliver(url: str, payload: ReplyBody) -> bool:
             return await deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
 
         scheduling = Scheduling(

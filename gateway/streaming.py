@@ -4,6 +4,7 @@ deltas, then one ``final`` event carrying the same body as the JSON answer."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -59,7 +60,7 @@ STREAM_EVENT = Answer(
 )
 
 
-def sse(event: str, data: dict[str, Any]) -> bytes:
+def sse(event: str, data: Mapping[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 

@@ -11,10 +11,10 @@ import asyncio
 import logging
 import re
 from pathlib import Path
-from typing import Any
 
 from sessions import layout
 from sessions.jsonl import write_atomic
+from sessions.records import StoreEvent
 from sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class TranscriptSource:
         workspace = self.workspaces.get(agent_id or "main")
         return None if workspace is None else workspace / SESSIONS_DIR / f"{run_id}.md"
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: StoreEvent) -> None:
         if self.closed:
             return
         if event.get("type") != "lifecycle" or event.get("action") not in ("completed", "failed"):

@@ -16,7 +16,7 @@ from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
 from gateway.hooks import ConversationHooks
 from gateway.metrics import Metrics
-from gateway.posts import Post
+from gateway.posts import Post, ReplyBody
 from gateway.provider import ChatProvider, Completion
 from gateway.queueing import Batch, Caller, QueueMode, TurnQueue
 from gateway.summarizer import ModelSummarizer
@@ -58,7 +58,7 @@ class ConversationCore:
         self._running: dict[str, asyncio.Task[Any]] = {}
         self.queue = TurnQueue(self._batch_turn, self.turn_lock, self._closing_error)
         self.closing = False
-        self._inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
+        self._inflight: dict[tuple[str, str], asyncio.Future[ReplyBody]] = {}
         self.compactors = {agent_id: self._compactor(agent_id) for agent_id in settings.agents}
 
     def _compactor(self, agent_id: str) -> Compactor:

@@ -31,6 +31,7 @@ from sessions.layout import Home
 from sessions.records import (
     CompatConversation,
     ContextRewrite,
+    EventType,
     HookDelivery,
     IdempotencyRecord,
     KnownKey,
@@ -133,7 +134,7 @@ class StoreProtocol(Protocol):
     ) -> ContextRewrite | None: ...
     async def writable(self) -> str | None: ...
     def recently_writable(self, max_age_s: float) -> bool: ...
-    def emit(self, event_type: str, run: RunState, **fields: Any) -> None: ...
+    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None: ...
 
     # -- reads ------------------------------------------------------------------------------------
 

@@ -10,14 +10,14 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from config.clock import Clock, iso
 from config.errors import SessionNotFound
 from config.settings import Settings
 from sessions.layout import Home
 from sessions.ledger import Ledger
-from sessions.records import MessageRecord, RunState, copy_counters
+from sessions.records import EventType, MessageRecord, RunState, StoreEvent, copy_counters
 from sessions.recovery import RecoveredRun
 from sessions.registry import SessionEntry, SessionRegistry
 from sessions.writer import AppendWriter
@@ -25,7 +25,7 @@ from sessions.writer import AppendWriter
 log = logging.getLogger(__name__)
 
 METADATA_FORMAT_VERSION = 1
-Listener = Callable[[dict[str, Any]], object]
+Listener = Callable[[StoreEvent], object]
 DurableListener = Callable[[RunState, MessageRecord], object]
 RunHook = Callable[[RunState], Awaitable[None]]
 FinalSummarizer = Callable[[RunState, str], Awaitable[str | None]]
@@ -188,12 +188,13 @@ class StoreBase:
             "pinned": int(bool((self.entry(run.key) or _NO_ENTRY).pinned)),
         }
 
-    def _emit(self, event_type: str, run: RunState, *, at: str | None = None, **fields: Any) -> None:
-        event = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at or iso(self.clock()), **fields}
+    def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: Any) -> None:
+        head = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at or iso(self.clock())}
+        event = cast(StoreEvent, head | fields)  # the keys of its type, as StoreEvent lists them
         for listener in list(self.listeners):
             listener(event)
 
-    def emit(self, event_type: str, run: RunState, **fields: Any) -> None:
+    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None:
         """Publish a domain event (compaction, inheritance, reset, reply) to listeners."""
         self._emit(event_type, run, **fields)
 

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -345,6 +345,6 @@ def _replayed(key: str, saved: str) -> Answer:
 
 
 def _answer(key: str, outcome: Outcome) -> Answer:
-    reply = outcome.reply or {}
+    reply: Mapping[str, Any] = outcome.reply or {}
     calls = [dict(c) for c in reply.get("tool_calls") or ()]
     return Answer(key, outcome, str(reply.get("content") or ""), calls)
