@@ -48,17 +48,10 @@ def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None
 
 
 def cmd_config_check(ctx: Context) -> int:
-    try:
-        config = ctx.config
-    except ConfigError as exc:
-        if ctx.as_json:
-            ctx.print_json({"ok": False, "error": exc.message})
-        else:
-            print(f"error: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    try:  # what the daemon checks before it builds anything, beyond the file's own schema
+    try:  # the file's own schema, then what the daemon checks before it builds anything
         from gateway.validation import check_config
 
+        config = ctx.config
         warnings = [*config.warnings, *check_config(config, ctx.env)]
     except ConfigError as exc:
         if ctx.as_json:

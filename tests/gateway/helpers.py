@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from config.clock import Clock
 from config.loader import LoadedConfig, build_settings, deep_merge, load_defaults
 from gateway.app import create_app
+from gateway.cli import main
 
 
 def gateway_config(home: Path, overrides: dict[str, Any] | None = None, *, base_url: str | None = None) -> LoadedConfig:
@@ -44,3 +48,22 @@ def tree_digest(root: Path) -> dict[str, str]:
                 continue
             out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
+
+
+class Cli:
+    """The ``neotask`` CLI run in-process on one home (``--home``), its output captured."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], home: Path) -> None:
+        self.capsys = capsys
+        self.home = home
+
+    async def __call__(self, *args: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        code = await asyncio.to_thread(main, [*args, "--home", str(self.home)])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    async def json(self, *args: str, code: int = 0) -> Any:
+        got, out, err = await self(*args, "--json")
+        assert got == code, err
+        return json.loads(out)

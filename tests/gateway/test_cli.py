@@ -3,23 +3,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import pytest
 
-from gateway.cli import main
 from sessions.lock import HomeLock
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
 from tests.gateway.daemons import daemon
+from tests.gateway.helpers import Cli
 from tests.sessions.helpers import open_store, start
 
 
@@ -28,23 +26,6 @@ def _no_neotask_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in [n for n in os.environ if n.startswith("NEOTASK_")]:
         monkeypatch.delenv(name)
     yield
-
-
-class Cli:
-    def __init__(self, capsys: pytest.CaptureFixture[str], home: Path) -> None:
-        self.capsys = capsys
-        self.home = home
-
-    async def __call__(self, *args: str) -> tuple[int, str, str]:
-        self.capsys.readouterr()
-        code = await asyncio.to_thread(main, [*args, "--home", str(self.home)])
-        out, err = self.capsys.readouterr()
-        return code, out, err
-
-    async def json(self, *args: str) -> Any:
-        code, out, err = await self(*args, "--json")
-        assert code == 0, err
-        return json.loads(out)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ configuration it shows, ``config check`` refuses what the daemon refuses."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
@@ -22,9 +21,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from gateway.cli import main
 from gateway.turns import FLUSH_PROMPT
 from tests.gateway.daemons import child_env, daemon, start_daemon
+from tests.gateway.helpers import Cli
 from tests.support.openai_server import OpenAIServer, RecordedRequest, reply, tool_call
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -36,23 +35,6 @@ def _no_neotask_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("NEOTASK_MEMORY__WATCH__POLL_SECONDS", "3600")
     yield
-
-
-class Cli:
-    def __init__(self, capsys: pytest.CaptureFixture[str], home: Path) -> None:
-        self.capsys = capsys
-        self.home = home
-
-    async def __call__(self, *args: str) -> tuple[int, str, str]:
-        self.capsys.readouterr()
-        code = await asyncio.to_thread(main, [*args, "--home", str(self.home)])
-        out, err = self.capsys.readouterr()
-        return code, out, err
-
-    async def json(self, *args: str, code: int = 0) -> Any:
-        got, out, err = await self(*args, "--json")
-        assert got == code, err
-        return json.loads(out)
 
 
 @pytest.fixture
