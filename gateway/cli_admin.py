@@ -79,12 +79,11 @@ def cmd_config_show(ctx: Context) -> int:
         data, source = body["settings"], body["source"]
         title = f"the running gateway's effective configuration ({client.base_url})"
     else:
-        from gateway.validation import effective_config
+        from gateway.validation import config_source, effective_config
 
         config = ctx.config
         data = effective_config(config)
-        source = {"kind": "files", "config_path": str(config.config_path) if config.config_path else None,
-                  "home": str(config.home)}  # fmt: skip
+        source = config_source(config, "files")
         title = "the configuration from the files (no gateway running)"
     if ctx.as_json:
         ctx.print_json({"source": source, **data})

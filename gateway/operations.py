@@ -50,21 +50,24 @@ def matching_sessions(
 def describe_session(commands: Commands, key: str) -> dict[str, Any]:
     """``GET /v1/sessions/{key}``: the entry with its token figures (the context plus the system
     prompt and the tool schemas the model is sent), the next reset and the model."""
+    return _describe(commands, commands.store.require_entry(key))
+
+
+def describe_sessions(commands: Commands, entries: Iterable[SessionEntry]) -> list[dict[str, Any]]:
+    return [_describe(commands, e) for e in entries]
+
+
+def _describe(commands: Commands, entry: SessionEntry) -> dict[str, Any]:
     conv = commands.conv
-    store = conv.store
-    entry = store.require_entry(key)
+    key = entry.key
     return session_view(
         entry,
-        store.active_run(key),
+        conv.store.active_run(key),
         threshold=conv.threshold(entry.agent_id),
         overhead=conv.context_overhead(entry.agent_id),
         next_reset=commands.next_reset(key) if commands.next_reset else None,
         model=conv.model_name(key, entry.agent_id) if conv.provider(entry.agent_id) else None,
     )
-
-
-def describe_sessions(commands: Commands, entries: Iterable[SessionEntry]) -> list[dict[str, Any]]:
-    return [describe_session(commands, e.key) for e in entries]
 
 
 async def run_command(commands: Commands, key: SessionKey, command: str) -> Outcome:

@@ -40,6 +40,13 @@ def check_config(config: LoadedConfig, env: Mapping[str, str]) -> list[str]:
     return warnings
 
 
+def config_source(config: LoadedConfig, kind: str) -> dict[str, Any]:
+    """Which configuration ``config show`` prints: ``kind`` ``gateway`` (a running daemon's) or
+    ``files``, with its config file and home."""
+    path = str(config.config_path) if config.config_path else None
+    return {"kind": kind, "config_path": path, "home": str(config.home)}
+
+
 def effective_config(config: LoadedConfig, *, host: str | None = None, port: int | None = None) -> dict[str, Any]:
     """The settings as JSON, tokens redacted; ``host``/``port``: where the daemon really listens
     (``--host``/``--port`` override the file, port 0 means any free one)."""

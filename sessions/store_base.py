@@ -189,8 +189,9 @@ class StoreBase:
         }
 
     def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: Any) -> None:
-        head = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at or iso(self.clock())}
-        event = cast(StoreEvent, head | fields)  # the keys of its type, as StoreEvent lists them
+        # One dict per event (this runs per message); the keys of its type, as StoreEvent lists them.
+        at = at or iso(self.clock())
+        event = cast(StoreEvent, {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at, **fields})
         for listener in list(self.listeners):
             listener(event)
 

@@ -34,8 +34,7 @@ async def effective_config(request: web.Request) -> web.Response:
     config = request.app[K.CONFIG]
     sockname = request.transport.get_extra_info("sockname") if request.transport else None
     host, port = (str(sockname[0]), int(sockname[1])) if isinstance(sockname, tuple) else (None, None)
-    source = {"kind": "gateway", "config_path": str(config.config_path) if config.config_path else None,
-              "home": str(config.home)}  # fmt: skip
+    source = validation.config_source(config, "gateway")
     return json_response({"source": source, "settings": validation.effective_config(config, host=host, port=port)})
 
 
