@@ -176,9 +176,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
             chunks.append(chunk)
     except web_protocol.RequestPayloadError as exc:  # e.g. a body its Content-Encoding does not decode
         encoding = request.headers.get("Content-Encoding") or "none"
-        raise InvalidBody(
-            f"the body could not be read (Content-Encoding {encoding}): {str(exc).strip()}"
-        ) from None
+        raise InvalidBody(f"the body could not be read (Content-Encoding {encoding}): {str(exc).strip()}") from None
     return b"".join(chunks)
 
 
@@ -211,9 +209,7 @@ def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidBody(
-            f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+        raise InvalidBody(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise InvalidBody("the body's JSON is nested too deeply") from None
     if _SURROGATE_ESCAPE.search(text) and not _encodable(data):
@@ -245,9 +241,18 @@ async def parse_body(request: web.Request, model: type[M], limit: int, *, option
         data = decode_json(body, request.content_type) if body else {}
     else:
         data = await read_json(request, limit)
+    return validate(model, json_object(data))
+
+
+async def read_object(request: web.Request, limit: int) -> dict[str, Any]:
+    """The body's JSON object, not yet validated (``parse_body`` without the model)."""
+    return json_object(await read_json(request, limit))
+
+
+def json_object(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidBody("the body must be a JSON object")
-    return validate(model, data)
+    return data
 
 
 def validate(model: type[M], data: Any) -> M:
@@ -274,4 +279,3 @@ def describe_validation(exc: ValidationError) -> str:
         else:
             parts.append(f"field '{where}': {err['msg']}")
     return "; ".join(parts) + " (see GET /openapi.json for the accepted fields)"
-

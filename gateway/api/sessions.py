@@ -15,10 +15,18 @@ from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, Sess
 from gateway import keys as K
 from gateway import operations
 from gateway.api import history
+from gateway.api.fastbody import (
+    MAX_CHANNEL,
+    MAX_CHANNEL_ID,
+    MAX_CLIENT_MESSAGE_ID,
+    MAX_NAME,
+    plain_ingress,
+    plain_message,
+)
 from gateway.commands import dispatch, parse_command
 from gateway.contract import AGENT, CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, TURN_ERRORS, Answer, ChoiceParam, Param
 from gateway.contract import operation as op
-from gateway.http import json_response, parse_body, read_json, validate
+from gateway.http import json_response, parse_body, read_json, read_object, validate
 from gateway.operations import describe_session, matching_sessions, sort_key
 from gateway.queueing import QUEUE_MODES
 from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer
@@ -29,9 +37,6 @@ from sessions.records import CHAT_TYPES, ENTRY_STATUSES, Role, TaskKey
 from sessions.thresholds import compaction_threshold
 
 routes = web.RouteTableDef()
-
-
-MAX_CLIENT_MESSAGE_ID = 200
 
 
 class Strict(BaseModel):
@@ -46,10 +51,10 @@ def _int_as_text(value: object) -> object:
 ChannelId = Annotated[
     str,
     BeforeValidator(_int_as_text),
-    Field(min_length=1, max_length=200),
+    Field(min_length=1, max_length=MAX_CHANNEL_ID),
     WithJsonSchema(
         {
-            "anyOf": [{"type": "string", "minLength": 1, "maxLength": 200}, {"type": "integer"}],
+            "anyOf": [{"type": "string", "minLength": 1, "maxLength": MAX_CHANNEL_ID}, {"type": "integer"}],
             "description": "an integer is taken as its decimal text; characters outside the key grammar are"
             " percent-encoded (UTF-8 %XX) in the key",
         }
@@ -58,11 +63,11 @@ ChannelId = Annotated[
 
 
 class IngressBody(Strict):
-    channel: str = Field(min_length=1, max_length=64)
+    channel: str = Field(min_length=1, max_length=MAX_CHANNEL)
     chat_type: Literal["direct", "group", "channel"]
     chat_id: ChannelId
     sender_id: ChannelId
-    sender_name: str | None = Field(None, max_length=200)
+    sender_name: str | None = Field(None, max_length=MAX_NAME)
     text: str
     thread_id: ChannelId | None = None
     agent_id: str | None = None
@@ -74,9 +79,9 @@ class IngressBody(Strict):
 class MessageBody(Strict):
     role: Role = "user"
     content: str
-    name: str | None = Field(None, max_length=200)
-    tool_name: str | None = Field(None, max_length=200)
-    tool_call_id: str | None = Field(None, max_length=200)
+    name: str | None = Field(None, max_length=MAX_NAME)
+    tool_name: str | None = Field(None, max_length=MAX_NAME)
+    tool_call_id: str | None = Field(None, max_length=MAX_NAME)
     reply: bool = True
     stream: bool = False
     client_message_id: str | None = Field(None, min_length=1, max_length=MAX_CLIENT_MESSAGE_ID)
@@ -183,25 +188,28 @@ def client_message_id(request: web.Request, body_value: str | None) -> str | Non
     errors=(InvalidKey, *TURN_ERRORS),
 )
 async def ingress(request: web.Request) -> web.StreamResponse:
-    config = request.app[K.CONFIG]
-    body = await parse_body(request, IngressBody, config.settings.gateway.max_body_bytes)
-    settings = config.settings
+    settings = request.app[K.CONFIG].settings
+    data = await read_object(request, settings.gateway.max_body_bytes)
+    body = plain_ingress(data)  # the common body, as the model would take it; else the model decides
+    if body is None:
+        body = dict(validate(IngressBody, data))
     key = route(
-        Ingress(body.channel, body.chat_type, body.chat_id, body.sender_id, body.thread_id, body.agent_id),
+        Ingress(body["channel"], body["chat_type"], body["chat_id"], body["sender_id"], body["thread_id"],
+                body["agent_id"]),
         dm_scope=settings.session.dm_scope,
         bindings=settings.bindings,
         agents=settings.agents,
-    )
+    )  # fmt: skip
     post = Post(
         key=key,
         role="user",
-        content=body.text,
-        name=body.sender_name or body.sender_id,
-        sender_id=body.sender_id,
-        reply=body.reply,
-        client_message_id=client_message_id(request, body.client_message_id),
+        content=body["text"],
+        name=body["sender_name"] or body["sender_id"],
+        sender_id=body["sender_id"],
+        reply=body["reply"],
+        client_message_id=client_message_id(request, body["client_message_id"]),
     )
-    return await answer(request, post, stream=body.stream)
+    return await answer(request, post, stream=body["stream"])
 
 
 @routes.post("/v1/sessions/{key}/messages")
@@ -219,21 +227,24 @@ async def ingress(request: web.Request) -> web.StreamResponse:
 async def post_message(request: web.Request) -> web.StreamResponse:
     config = request.app[K.CONFIG]
     key = session_key(request)
-    body = await parse_body(request, MessageBody, config.settings.gateway.max_body_bytes)
-    if body.role == "tool" and not body.tool_call_id:
+    data = await read_object(request, config.settings.gateway.max_body_bytes)
+    body = plain_message(data)  # the common body, as the model would take it; else the model decides
+    if body is None:
+        body = dict(validate(MessageBody, data))
+    if body["role"] == "tool" and not body["tool_call_id"]:
         raise BadRequest("a tool message needs 'tool_call_id'", field="tool_call_id")
     post = Post(
         key=key,
-        role=body.role,
-        content=body.content,
-        name=body.name,
-        tool_name=body.tool_name,
-        tool_call_id=body.tool_call_id,
-        reply=body.reply,
-        client_message_id=client_message_id(request, body.client_message_id),
+        role=body["role"],
+        content=body["content"],
+        name=body["name"],
+        tool_name=body["tool_name"],
+        tool_call_id=body["tool_call_id"],
+        reply=body["reply"],
+        client_message_id=client_message_id(request, body["client_message_id"]),
         task_key=TaskKey(task_type=key.family, task_identifier=key.raw),
     )
-    return await answer(request, post, stream=body.stream)
+    return await answer(request, post, stream=body["stream"])
 
 
 @routes.post("/v1/sessions/{key}/commands")
