@@ -40,6 +40,9 @@ def parse_command(text: str) -> tuple[str, str] | None:
     text is not a command (``/path/to/file`` is not). The command word is NFKC-normalised, so a
     full-width slash and letters typed with an IME (U+FF0F, U+FF53...) make ``/status``; a name in
     any script is a command (an unknown one is answered with the help)."""
+    first = text.lstrip()[:1]
+    if first.isascii() and first != "/":  # NFKC leaves a leading ASCII character first: no command
+        return None
     parts = text.strip().split(maxsplit=1)
     if not parts:
         return None

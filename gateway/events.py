@@ -10,13 +10,14 @@ import json
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 SUBSCRIBER_QUEUE = 1000
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
+    """One published event (a tuple: built per stored message, for the replay buffer too)."""
+
     id: int
     data: Mapping[str, Any]
 

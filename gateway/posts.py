@@ -73,6 +73,9 @@ class ReplyBody(TypedDict):
     usage: dict[str, int]
 
 
+_NO_USAGE = Usage().as_dict()  # copied per outcome (building a Usage per message cost more)
+
+
 @dataclass
 class Outcome:
     """What a message or command call answers (SPEC section 8)."""
@@ -82,7 +85,7 @@ class Outcome:
     message_seq: int | None
     reply: Reply | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=lambda: Usage().as_dict())
+    usage: dict[str, int] = field(default_factory=_NO_USAGE.copy)
 
     def body(self) -> ReplyBody:
         return {

@@ -19,7 +19,7 @@ from sessions import layout, leftovers
 from sessions.deliveries import Delivery, RunDeliveries
 from sessions.deliveries import scan as scan_deliveries
 from sessions.faults import probe_writable, storage_error
-from sessions.jsonl import encode
+from sessions.jsonl import encode, encode_plain
 from sessions.records import (
     USAGE_KEYS,
     ContextRewrite,
@@ -66,9 +66,10 @@ class AppendStore(RecordStore):
         stamp = iso(self.clock())
         record = _message_record(run.next_seq, message, stamp)
         run.next_seq += 1
-        data = encode(record)
+        dump = encode if message.tool_calls else encode_plain  # no floats without tool calls
+        data = dump(record)
         _, messages, current = self._run_files(run)
-        line = encode(context_line(record)) if in_context(record) else b""
+        line = dump(context_line(record)) if in_context(record) else b""
         undo = _Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
         durable = self.writer.append(
             messages,
@@ -76,9 +77,9 @@ class AppendStore(RecordStore):
             durable=True,
             also=(current, line) if line else None,
             guarded=True,
+            on_done=lambda error: self._settle_append(run, undo, error),
         )
         run.appends_pending += 1
-        durable.add_done_callback(lambda future: self._settle_append(run, undo, future))
         run.messages_bytes += len(data)
         if line:
             run.context_bytes += len(line)
@@ -100,9 +101,10 @@ class AppendStore(RecordStore):
         self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
     ) -> MessageRecord:
         """The second half of ``append``: wait until the line is durable (a failed write raises the
-        typed storage error), then tell the listeners and the event hub."""
+        typed storage error), then tell the listeners and the event hub. A caller cancelled while
+        it waits cancels only its wait: the counters follow the writer (``_settle_append``)."""
         try:
-            await asyncio.shield(durable)
+            await durable
         except OSError as exc:
             raise storage_error(exc) from exc
         if message.client_message_id is not None or message.reply_to is not None:
@@ -155,12 +157,11 @@ class AppendStore(RecordStore):
             deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
         return deliveries.find(run.run_id, client_message_id, since)
 
-    def _settle_append(self, run: RunState, undo: _Undo, future: asyncio.Future[None]) -> None:
-        """On the loop, once an append is durable or failed: take a failed one out of the
-        counters; when nothing is pending any more, give its seq back and reopen the file."""
+    def _settle_append(self, run: RunState, undo: _Undo, error: BaseException | None) -> None:
+        """On the loop, once an append is durable or failed (``error``): take a failed one out of
+        the counters; when nothing is pending any more, give its seq back and reopen the file."""
         run.appends_pending -= 1
-        failed = future.cancelled() or future.exception() is not None
-        if failed:
+        if error is not None:
             run.messages_bytes -= undo.messages_bytes
             if undo.context_bytes:
                 run.context_bytes -= undo.context_bytes

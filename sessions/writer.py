@@ -48,6 +48,7 @@ class _Append:
     guarded: bool = False  # after a failure, later appends to ``path`` fail until ``reopen``
     start: int = -1  # the size of ``path`` before this append (what a failure cuts back to)
     also_start: int = -1
+    on_done: Callable[[BaseException | None], None] | None = None  # on the loop, before ``future``
 
 
 @dataclass
@@ -119,9 +120,13 @@ class AppendWriter:
         durable: bool,
         also: tuple[Path, bytes] | None = None,
         guarded: bool = False,
+        on_done: Callable[[BaseException | None], None] | None = None,
     ) -> asyncio.Future[None]:
         """Queue an append; the future resolves once it is written (and synced, if durable under
-        ``batch`` or ``always``).
+        ``batch`` or ``always``). ``on_done`` is called on the loop with the append's error (None:
+        it is durable) just before the future is resolved, and also when the future was
+        cancelled meanwhile: what must follow the append's outcome goes there, and an awaiting
+        caller that is cancelled needs no ``asyncio.shield``.
 
         A failed append (a full disk, a read-only file system) leaves no part of itself behind:
         the file, and the ``also`` file written with it, are cut back to their length before it,
@@ -129,7 +134,7 @@ class AppendWriter:
         lines carry consecutive numbers), every later append to ``path`` fails with the same
         error until ``reopen(path)`` is queued: nothing is written after a gap."""
         future = self._new_future()
-        self._enqueue(_Append(path, data, durable, future, also=also, guarded=guarded))
+        self._enqueue(_Append(path, data, durable, future, also=also, guarded=guarded, on_done=on_done))
         return future
 
     def reopen(self, path: Path) -> None:
@@ -365,6 +370,11 @@ def _fsync(fd: int) -> OSError | None:
 
 def _settle(ops: list[_Append | _Call]) -> None:
     for op in ops:
+        if isinstance(op, _Append) and op.on_done is not None:
+            try:
+                op.on_done(op.error)
+            except Exception:  # one append's bookkeeping must not keep the batch's others waiting
+                log.exception("an append's completion callback failed")
         future = op.future
         if future is None or future.done():
             continue
