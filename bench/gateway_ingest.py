@@ -105,6 +105,7 @@ async def _serve(kind: str, home: Path | None, fsync: str | None, site: str = "g
     ``GuardedSite``, a protocol wrapper per connection; plain: aiohttp's own runner and site, to
     measure what the guard costs)."""
     from gateway.connections import GUARD, GuardedSite
+    from gateway.heap import settle_heap
     from gateway.runner import JsonErrorsAppRunner
 
     gateway = kind == "gateway" and home is not None
@@ -125,6 +126,8 @@ async def _serve(kind: str, home: Path | None, fsync: str | None, site: str = "g
         sock.bind((HOST, 0))  # a free loopback port, told to the parent on stdout
         port = sock.getsockname()[1]
         await web.SockSite(runner, sock, backlog=1024).start()
+    if gateway:
+        settle_heap()  # as the daemon does once it listens
     print(f"PORT {port}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

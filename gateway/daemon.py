@@ -30,6 +30,7 @@ from config.settings import LoggingSettings
 from gateway import eventloop
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
+from gateway.heap import settle_heap
 from gateway.logs import RepeatFilter, file_handler
 from gateway.runner import JsonErrorsAppRunner
 from sessions.damage import EXIT_STATE, DamagedState, check_writable
@@ -192,6 +193,7 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
         shown = f"http://[{host}]:{bound_port}" if ":" in host else f"http://{host}:{bound_port}"
         print(f"neotask gateway listening on {shown} (home {home.root}, {describe_models(config)})", flush=True)
         log.info("listening on %s (pid %d)", url, os.getpid())
+        settle_heap()  # start-up is done (and timed): the collector stops walking what it made
         await stop.wait()
     finally:
         await runner.cleanup()  # stop accepting, wait for in-flight requests, close the store

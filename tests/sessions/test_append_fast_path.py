@@ -1,0 +1,62 @@
+"""The append path's cheaper parts (issue 14): orjson-encoded message lines are the bytes json
+wrote, and a caller cancelled while it waits for its line leaves the line and the counters right
+(the writer settles them; no ``asyncio.shield`` per message any more)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessions import layout
+from sessions.jsonl import encode, encode_plain
+from sessions.records import NewMessage
+from tests.conftest import FakeClock
+from tests.sessions.helpers import open_store, start
+
+TEXT = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40)  # no lone surrogates
+SCALAR = st.one_of(TEXT, st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63 - 1))
+PLAIN = st.recursive(
+    SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=12
+)
+
+
+@settings(max_examples=1500)
+@given(st.dictionaries(TEXT, PLAIN, max_size=8))
+def test_plain_records_are_encoded_to_the_same_bytes(record: dict[str, object]) -> None:
+    assert encode_plain(record) == encode(record)
+
+
+def test_what_orjson_refuses_goes_through_json() -> None:
+    assert encode_plain({"n": 2**70}) == encode({"n": 2**70})
+    assert encode_plain({1: "int key"}) == encode({1: "int key"})  # type: ignore[dict-item]
+    try:
+        encode_plain({"content": "\ud800"})
+    except UnicodeEncodeError:
+        pass  # as encode raises: a lone surrogate cannot be stored
+    else:
+        raise AssertionError("a lone surrogate was encoded")
+
+
+async def test_a_cancelled_wait_leaves_the_line_and_the_counters_right(tmp_path: Path, clock: FakeClock) -> None:
+    store = await open_store(tmp_path, clock)
+    run = await start(store)
+    waits = [asyncio.create_task(store.append(run, NewMessage(role="user", content=f"m{i}"))) for i in range(20)]
+    await asyncio.sleep(0)  # every append is queued (seq assigned) before the cancels
+    for task in waits[::2]:
+        task.cancel()
+    results = await asyncio.gather(*waits, return_exceptions=True)
+    assert sum(isinstance(r, asyncio.CancelledError) for r in results) == 10
+    await store.writer.call(lambda: None)
+    assert run.appends_pending == 0 and run.failed_seq is None and run.next_seq == 21
+    folder = tmp_path / "contexts/running" / run.run_id
+    stored = [json.loads(line) for line in (folder / layout.MESSAGES).read_text().splitlines()]
+    assert [m["seq"] for m in stored] == list(range(1, 21))
+    assert run.messages_bytes == (folder / layout.MESSAGES).stat().st_size
+    assert run.context_bytes == (folder / layout.CURRENT).stat().st_size
+    after = await store.append(run, NewMessage(role="user", content="next"))
+    assert after["seq"] == 21
+    await store.close()
