@@ -141,9 +141,12 @@ class ServerProcess:
     """A bench server in its own process (``python -m <module> --serve ...``) that prints
     ``PORT <n>`` once it listens and exits when its stdin closes; ``port`` once it listens."""
 
-    def __init__(self, module: str, args: Sequence[str], *, what: str, stop_timeout_s: float) -> None:
+    def __init__(
+        self, module: str, args: Sequence[str], *, what: str, stop_timeout_s: float, root: Path | None = None
+    ) -> None:
+        """``root``: the source tree to run the server from (default: this one)."""
         cmd = [sys.executable, "-m", module, "--serve", *args]
-        root = Path(__file__).resolve().parents[1]
+        root = root or Path(__file__).resolve().parents[1]
         self.stop_timeout_s = stop_timeout_s
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root, text=True)
         assert self.proc.stdout is not None

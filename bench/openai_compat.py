@@ -18,7 +18,9 @@ The model server and the gateway run in their own processes (``--serve model|gat
 load generator shares an event loop with neither. Memory recall is off in the gateway (its
 embedding model is a memory cost, not the front door's; docs/memory.md measures it).
 
-``python -m bench.openai_compat [--quick] [--rounds N] [--requests N]``
+``python -m bench.openai_compat [--quick] [--rounds N] [--requests N] [--baseline DIR]``: with
+``--baseline`` a second gateway runs from another checkout (``git worktree add /tmp/base main``) in
+the same run, alternated round by round with this tree's, for a before/after under the same load.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +106,8 @@ async def _wait_for_parent() -> None:
 
 
 class Server(ServerProcess):
-    def __init__(self, *args: str) -> None:
-        super().__init__("bench.openai_compat", args, what=args[0], stop_timeout_s=15)
+    def __init__(self, *args: str, root: Path | None = None) -> None:
+        super().__init__("bench.openai_compat", args, what=args[0], stop_timeout_s=15, root=root)
 
 
 # -- the load -----------------------------------------------------------------------------------
@@ -145,7 +147,7 @@ async def phase(base_url: str, side: str, clients: int, requests: int) -> Phase:
 
     async def client(i: int, sdk: openai.AsyncOpenAI) -> None:
         nonlocal remaining, errors
-        user, history = "", []
+        user, history = "", list[dict[str, str]]()
         while remaining > 0:
             remaining -= 1
             if len(history) >= 2 * TURNS or not user:
@@ -183,55 +185,86 @@ def fsync_seconds(folder: Path, times: int = 50) -> float:
     return statistics.median(samples)
 
 
-async def run(rounds: int, requests: dict[int, int], home: Path) -> int:
+@dataclass
+class Side:
+    """A gateway under test: this tree's, or ``--baseline``'s (another checkout, same run)."""
+
+    name: str
+    server: Server
+    url: str
+    cpu: float = 0.0
+    calls: int = 0
+    added_p50: list[float] = field(default_factory=list)
+    added_p99: list[float] = field(default_factory=list)
+
+    def measured(self, front: Phase, direct: Phase, cpu: float) -> None:
+        self.cpu += cpu
+        self.calls += len(front.latencies)
+        self.added_p50.append(front.p50 - direct.p50)
+        self.added_p99.append(front.p99 - direct.p99)
+
+    def summary(self) -> str:
+        p50, p99 = self.added_p50, self.added_p99
+        return (f"  {self.name}: added p50 over rounds: median {fmt_seconds(statistics.median(p50))}, min "
+                f"{fmt_seconds(min(p50))}, max {fmt_seconds(max(p50))}; added p99: median "
+                f"{fmt_seconds(statistics.median(p99))}, min {fmt_seconds(min(p99))}, max {fmt_seconds(max(p99))}; "
+                f"gateway CPU per call {fmt_seconds(self.cpu / max(self.calls, 1))}")  # fmt: skip
+
+
+async def run(rounds: int, requests: dict[int, int], home: Path, baseline: Path | None = None) -> int:
     report = Report("bench.openai_compat")
     model = Server("model")
-    gateway = None
+    sides: list[Side] = []
     try:
         model_url = f"http://{HOST}:{model.port}/v1"
-        gateway = Server("gateway", "--home", str(home), "--model-url", model_url)
-        gateway_url = f"http://{HOST}:{gateway.port}/v1"
-        await phase(gateway_url, "warm-up", 2, 8)
+        trees = [("neotask", None, home)] + ([("baseline", baseline, home / "baseline")] if baseline else [])
+        for name, root, folder in trees:
+            folder.mkdir(exist_ok=True)
+            server = Server("gateway", "--home", str(folder), "--model-url", model_url, root=root)
+            sides.append(Side(name, server, f"http://{HOST}:{server.port}/v1"))
+        for side in sides:
+            await phase(side.url, "warm-up", 2, 8)
         await phase(model_url, "warm-up", 2, 8)
         fsync = await asyncio.to_thread(fsync_seconds, home)
         target = TARGET_OVERHEAD_S + APPENDS_PER_CALL * fsync
         section(f"fsync of a small append in the home: p50 {fmt_seconds(fsync)}; target p50 overhead "
                 f"< 5 ms + {APPENDS_PER_CALL} x fsync = {fmt_seconds(target)}")  # fmt: skip
+        if baseline:
+            print(f"  baseline: the gateway of {baseline}, alternated round by round with this tree's")
         for clients, count in requests.items():
             section(f"{clients} concurrent client(s), {count} requests per side per round, {rounds} rounds")
-            rows, overheads_p50, overheads_p99 = [], [], []
-            cpu_gateway, cpu_model, calls = 0.0, 0.0, 0
+            rows = []
+            cpu_model, calls = 0.0, 0
+            for side in sides:
+                side.cpu, side.calls, side.added_p50, side.added_p99 = 0.0, 0, [], []
             for r in range(rounds):
                 direct = await phase(model_url, "direct", clients, count)
-                before = cpu_seconds(gateway.proc.pid), cpu_seconds(model.proc.pid)
-                front = await phase(gateway_url, "neotask", clients, count)
-                cpu_gateway += cpu_seconds(gateway.proc.pid) - before[0]
-                cpu_model += cpu_seconds(model.proc.pid) - before[1]
-                calls += len(front.latencies)
-                o50, o99 = front.p50 - direct.p50, front.p99 - direct.p99
-                overheads_p50.append(o50)
-                overheads_p99.append(o99)
-                rows.append([f"round {r + 1}", fmt_seconds(direct.p50), fmt_seconds(front.p50), fmt_seconds(o50),
-                             fmt_seconds(direct.p99), fmt_seconds(front.p99), fmt_seconds(o99),
-                             direct.errors + front.errors])  # fmt: skip
-            print_table(["", "direct p50", "neotask p50", "added p50", "direct p99", "neotask p99", "added p99",
-                         "errors"], rows)  # fmt: skip
-            print(f"  added p50 over rounds: median {fmt_seconds(statistics.median(overheads_p50))}, "
-                  f"min {fmt_seconds(min(overheads_p50))}, max {fmt_seconds(max(overheads_p50))}; added p99: median "
-                  f"{fmt_seconds(statistics.median(overheads_p99))}, min {fmt_seconds(min(overheads_p99))}, "
-                  f"max {fmt_seconds(max(overheads_p99))}")  # fmt: skip
-            per_gateway, per_model = cpu_gateway / max(calls, 1), cpu_model / max(calls, 1)
-            print(f"  CPU per call through the gateway: gateway process {fmt_seconds(per_gateway)},"
-                  f" model server {fmt_seconds(per_model)} (an average of 10 ms clock ticks)")  # fmt: skip
+                for side in sides if r % 2 == 0 else sides[::-1]:  # neither always goes first
+                    before = cpu_seconds(side.server.proc.pid), cpu_seconds(model.proc.pid)
+                    front = await phase(side.url, side.name, clients, count)
+                    side.measured(front, direct, cpu_seconds(side.server.proc.pid) - before[0])
+                    if side is sides[0]:
+                        cpu_model += cpu_seconds(model.proc.pid) - before[1]
+                        calls += len(front.latencies)
+                    rows.append([f"round {r + 1}", side.name, fmt_seconds(direct.p50),
+                                 fmt_seconds(front.p50), fmt_seconds(side.added_p50[-1]), fmt_seconds(direct.p99),
+                                 fmt_seconds(front.p99), fmt_seconds(side.added_p99[-1]),
+                                 direct.errors + front.errors])  # fmt: skip
+            print_table(["", "gateway", "direct p50", "gateway p50", "added p50", "direct p99", "gateway p99",
+                         "added p99", "errors"], rows)  # fmt: skip
+            for side in sides:
+                print(side.summary())
+            print(f"  model server CPU per call through this tree's gateway: {fmt_seconds(cpu_model / max(calls, 1))}"
+                  " (CPU figures: averages of 10 ms clock ticks)")  # fmt: skip
             report.check(
                 f"p50 overhead at {clients} client(s) (median of rounds)",
-                statistics.median(overheads_p50) * 1e3,
+                statistics.median(sides[0].added_p50) * 1e3,
                 target * 1e3,
                 unit=" ms",
             )
     finally:
-        if gateway is not None:
-            gateway.stop()
+        for side in sides:
+            side.server.stop()
         model.stop()
     return report.finish()
 
@@ -241,6 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run for CI, not a measurement")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--requests", type=int, default=None, help="per side, per round, at 1 client (x4 at 16)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. main) whose gateway runs in the same run, alternated round by round",
+    )
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--home", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--model-url", help=argparse.SUPPRESS)
@@ -254,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 5)
     single = args.requests or (10 if args.quick else 200)
     with tempfile.TemporaryDirectory(prefix="neotask-bench-openai-") as tmp:
-        return asyncio.run(run(rounds, {1: single, 16: single * 4}, Path(tmp)))
+        return asyncio.run(run(rounds, {1: single, 16: single * 4}, Path(tmp), args.baseline))
 
 
 if __name__ == "__main__":

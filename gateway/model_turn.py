@@ -82,8 +82,9 @@ class ModelTurns(CompactionTriggers):
                         raise
                     continue
                 total = total + completion.usage
-                await self._account(run, completion, overhead, sent_tokens - hidden)
+                accounting = self._account(run, completion, overhead, sent_tokens - hidden)
                 if completion.tool_calls and offered:
+                    await accounting
                     rounds += 1
                     client = [c for c in completion.tool_calls if c.name in options.client_tool_names]
                     seq = await self._run_tools(run, completion, scope, client=options.client_tool_names)
@@ -102,15 +103,12 @@ class ModelTurns(CompactionTriggers):
                     log.info("run %s: the turn used all %d tool rounds", run.run_id, rounds)
                     if not content.strip():
                         content = TOOL_LIMIT_REPLY.format(rounds=rounds)
-                record = await self.store.append(
-                    run,
-                    NewMessage(
-                        role="assistant",
-                        content=content,
-                        usage=completion.usage.as_dict(),
-                        reply_to=outcome.message_seq,
-                    ),
+                reply = NewMessage(
+                    role="assistant", content=content, usage=completion.usage.as_dict(), reply_to=outcome.message_seq
                 )
+                # The usage's tasks.db write runs while the reply line is written and synced: one
+                # wait instead of two (the reply waits for both, as before).
+                record, _ = await asyncio.gather(self.store.append(run, reply), accounting)
                 self.metrics.messages.labels("assistant").inc()
                 outcome.reply = {"content": content, "seq": record["seq"]}
                 self.store.emit("reply", run, seq=record["seq"], content=content, model=completion.model)

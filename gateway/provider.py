@@ -230,6 +230,25 @@ class _ToolCallAssembler:
         )
 
 
+class _SDKClient(openai.AsyncOpenAI):
+    """The SDK's client, with the URL of each path memoized: the SDK parses ``base_url`` plus the
+    path into a URL on every request (about 0.1 ms of the gateway's CPU per model call here), and
+    both stay the same for the client's life (a changed ``base_url`` starts a new memo). The
+    request path is otherwise the SDK's own."""
+
+    _url_memo: tuple[object, dict[str, httpx2.URL]] | None = None
+
+    def _prepare_url(self, url: str) -> httpx2.URL:
+        base = self.base_url
+        if self._url_memo is None or self._url_memo[0] is not base:
+            self._url_memo = (base, {})
+        memo = self._url_memo[1]
+        prepared = memo.get(url)
+        if prepared is None:
+            prepared = memo[url] = super()._prepare_url(url)
+        return prepared
+
+
 class ChatProvider:
     """Chat completions against ``settings.base_url``.
 
@@ -244,7 +263,7 @@ class ChatProvider:
             raise ConfigError("model.base_url is not set: without a model the gateway runs store-only")
         self.settings = settings
         self._token_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
-        self._client = openai.AsyncOpenAI(
+        self._client = _SDKClient(
             base_url=settings.base_url,
             api_key=api_key or "not-needed",
             timeout=settings.timeout_s,

@@ -81,6 +81,14 @@ class Batch:
     def last_seq(self) -> int:
         return max(c.seq for c in self.callers)
 
+    @property
+    def streams(self) -> bool:
+        """Whether the turn asks the model for a stream. The batch of an OpenAI-route call
+        (``options``) is that call's own: it streams only when the call asked for deltas (a
+        steer-mode call that joins it late gets the whole reply at the end). Any other batch always
+        streams, since callers that want deltas may still join it."""
+        return self.options is None or any(c.on_delta is not None for c in self.callers)
+
     def join(self, outcome: Outcome, on_delta: DeltaFn | None) -> Caller:
         caller = Caller(outcome, on_delta, late=self.started)
         self.callers.append(caller)

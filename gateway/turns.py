@@ -203,7 +203,8 @@ class Conversations(ModelTurns):
         last = batch.last_seq
         batch.scope = self.queue.scope_for(batch)
         result = Outcome(key, run.run_id, last)
-        turn = asyncio.create_task(self._turn(run, result, batch.on_delta, scope=batch.scope, options=batch.options))
+        deltas = batch.on_delta if batch.streams else None  # an OpenAI-route call not streamed: one plain answer
+        turn = asyncio.create_task(self._turn(run, result, deltas, scope=batch.scope, options=batch.options))
         self._running[key] = turn
         try:
             await turn

@@ -1,13 +1,17 @@
 """tasks.db: the SQLite ledger of every run (seed 000 schema plus SPEC section 2 columns).
 
 One connection on one thread: every statement goes through ``Ledger._run``, so SQLite work never
-touches the event loop and there is exactly one writer. Schema changes are numbered migrations
-tracked in ``PRAGMA user_version``.
+touches the event loop and there is exactly one writer. The calls made during one pass of the
+event loop are handed to that thread together (one wake-up, one callback back to the loop), each
+still in its own transaction and in call order: under concurrent calls (the OpenAI-compatible
+routes' usage and conversation records, idempotency records) this saves a thread round trip per
+call. Schema changes are numbered migrations tracked in ``PRAGMA user_version``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -151,12 +155,40 @@ class Ledger:
         self.path = path
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neotask-ledger")
         self._conn: sqlite3.Connection | None = None
+        self._outbox: list[_Job] = []  # calls of this loop pass, handed over together
+        self._outbox_loop: asyncio.AbstractEventLoop | None = None
 
     # -- plumbing -------------------------------------------------------------------------------
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, fn)
+        future: asyncio.Future[T] = loop.create_future()
+        if self._outbox and self._outbox_loop is not loop:  # left by a loop that ended: run them now
+            self._hand_over()
+        if not self._outbox:
+            self._outbox_loop = loop
+            loop.call_soon(self._hand_over)
+        self._outbox.append(_Job(fn, future))
+        return await future
+
+    def _hand_over(self) -> None:
+        jobs, self._outbox = self._outbox, []
+        if jobs and self._outbox_loop is not None:
+            self._executor.submit(self._run_jobs, self._outbox_loop, jobs)
+
+    def _run_jobs(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
+        """On the ledger thread: each call in its own transaction, in order; the results go back
+        to the loop in one callback."""
+        for job in jobs:
+            if job.future.cancelled():
+                continue
+            try:
+                job.result = self._call(job.fn)
+            except BaseException as exc:  # handed to the awaiting coroutine, which decides
+                job.error = exc
+        if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed under us during shutdown
+                loop.call_soon_threadsafe(_settle, jobs)
 
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None:
@@ -202,6 +234,8 @@ class Ledger:
         self._conn = conn
 
     async def close(self) -> None:
+        self._hand_over()  # the calls queued before it run first
+
         def _close() -> None:
             if self._conn is not None:
                 self._conn.close()
@@ -334,6 +368,24 @@ class Ledger:
     async def execute(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run custom SQL on the ledger thread (idempotency records, cleanup, doctor)."""
         return await self._run(fn)
+
+
+@dataclass
+class _Job:
+    fn: Callable[[sqlite3.Connection], Any]
+    future: asyncio.Future[Any]
+    result: Any = None
+    error: BaseException | None = None
+
+
+def _settle(jobs: list[_Job]) -> None:
+    for job in jobs:
+        if job.future.done():  # its caller was cancelled meanwhile
+            continue
+        if job.error is not None:
+            job.future.set_exception(job.error)
+        else:
+            job.future.set_result(job.result)
 
 
 def migrate(conn: sqlite3.Connection) -> int:

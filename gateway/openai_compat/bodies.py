@@ -97,25 +97,29 @@ def chat_conversation(messages: list[dict[str, Any]]) -> tuple[str | None, list[
     instructions: list[str] = []
     conversation: list[ChatMessage] = []
     for i, message in enumerate(messages):
-        where = f"messages[{i}]"
         role = message.get("role")
-        content = text_of(message.get("content"), f"{where}.content")
-        if role in ("system", "developer"):
-            instructions.append(content)
-        elif role == "user":
+        content = message.get("content")
+        if not isinstance(content, str):  # text parts (or an error); a plain string is the usual case
+            content = text_of(content, f"messages[{i}].content")
+        if role == "user":
             name = message.get("name")
             conversation.append(ChatMessage("user", content, name=name if isinstance(name, str) else None))
         elif role == "assistant":
-            calls = _tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
+            calls = message.get("tool_calls")
+            calls = _tool_calls(calls, f"messages[{i}].tool_calls") if calls is not None else ()
             conversation.append(ChatMessage("assistant", content, tool_calls=calls))
+        elif role in ("system", "developer"):
+            instructions.append(content)
         elif role == "tool":
+            where = f"messages[{i}]"
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise BadRequest(f"{where} (role tool) needs 'tool_call_id'", field=f"{where}.tool_call_id")
             conversation.append(ChatMessage("tool", content, tool_call_id=call_id))
         else:
             raise BadRequest(
-                f"{where}.role must be system, developer, user, assistant or tool, not {role!r}", field=f"{where}.role"
+                f"messages[{i}].role must be system, developer, user, assistant or tool, not {role!r}",
+                field=f"messages[{i}].role",
             )
     return _checked(instructions, conversation, "messages")
 

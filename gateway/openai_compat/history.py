@@ -74,16 +74,36 @@ def chain(digest: str, message: ChatMessage) -> str:
     return hashlib.sha256(f"{digest}\n{message.identity()}".encode()).hexdigest()
 
 
-def digests(messages: Sequence[ChatMessage]) -> tuple[str, ...]:
-    out = [_SEED]
-    for message in messages:
+@dataclass(frozen=True)
+class Known:
+    """A conversation whose digests are computed already (the key's last one, kept in memory): a
+    resent history that starts with the same messages reuses them instead of hashing each message
+    again on every call."""
+
+    messages: tuple[ChatMessage, ...]
+    digests: tuple[str, ...]  # digests[i] covers messages[:i]
+
+    def extended(self, message: ChatMessage, digest: str) -> Known:
+        return Known((*self.messages, message), (*self.digests, digest))
+
+
+def digests(messages: Sequence[ChatMessage], known: Known | None = None) -> tuple[str, ...]:
+    """The chained digests of ``messages``; those of the prefix ``known`` shares with them are
+    taken from it (equal messages have equal identities, so equal digests)."""
+    same = 0
+    if known is not None:
+        limit = min(len(known.messages), len(messages))
+        while same < limit and known.messages[same] == messages[same]:
+            same += 1
+    out = list(known.digests[: same + 1]) if known is not None else [_SEED]
+    for message in messages[same:]:
         out.append(chain(out[-1], message))
     return tuple(out)
 
 
-def plan(messages: Sequence[ChatMessage], record: Record | None) -> Plan:
+def plan(messages: Sequence[ChatMessage], record: Record | None, known: Known | None = None) -> Plan:
     """Which of ``messages`` to store (``messages[start:]``), and whether a new run is needed."""
-    chained = digests(messages)
+    chained = digests(messages, known)
     n = len(messages)
     if record is None:
         return Plan("fresh", 0, 0, chained)

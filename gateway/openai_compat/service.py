@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 DeltaFn = Callable[[str], Awaitable[None]]
 MODEL_PREFIX = "neotask/"
+KNOWN_KEYS = 256  # conversations kept in memory with their digests (a resent history reuses them)
 CHANNEL = "openai"
 
 
@@ -98,6 +100,7 @@ class OpenAICompat:
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._known: OrderedDict[str, history.Known] = OrderedDict()  # the last conversations, by key
 
     # -- selection ------------------------------------------------------------------------------
 
@@ -160,7 +163,7 @@ class OpenAICompat:
         try:
             async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
                 record = None if call.target.stateless else await self.records.conversation(key)
-                plan = history.plan(call.messages, record)
+                plan = history.plan(call.messages, record, self._known.get(key))
                 if plan.kind == "retry" and record is not None and record.answer is not None:
                     return _replayed(key, record.answer)
                 if plan.new_run:
@@ -206,8 +209,18 @@ class OpenAICompat:
         answer = _answer(key, outcome)
         if track:
             saved = json.dumps(outcome.body(), ensure_ascii=False)
-            await self.records.save_conversation(key, history.after_answer(record, answer.message(), saved))
+            answered = history.after_answer(record, answer.message(), saved)
+            await self.records.save_conversation(key, answered)
+            self._remember(key, history.Known(tuple(messages), plan.digests), answer, answered.answered_digest)
         return answer
+
+    def _remember(self, key: str, request: history.Known, answer: Answer, digest: str) -> None:
+        """Keep the key's conversation as its client now holds it (the request and the answer),
+        for the next call's digests; the least recently used keys beyond ``KNOWN_KEYS`` go."""
+        self._known[key] = request.extended(answer.message(), digest)
+        self._known.move_to_end(key)
+        while len(self._known) > KNOWN_KEYS:
+            self._known.popitem(last=False)
 
     def _post(
         self,

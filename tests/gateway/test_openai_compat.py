@@ -125,6 +125,27 @@ async def test_the_sdk_streams_and_a_resent_history_is_stored_once(
     assert stored == [(m["role"], m["content"]) for m in history]
 
 
+async def test_only_a_streamed_call_streams_from_the_model_and_usage_reaches_tasks_db(
+    oa: openai.AsyncOpenAI, client: Client, openai_server: OpenAIServer
+) -> None:
+    """A plain call asks the model for one plain answer (no stream to parse when nobody reads the
+    deltas); a streamed call streams. The usage of both is in tasks.db once they answered."""
+    history: list[Any] = [{"role": "user", "content": "first"}]
+    plain = await oa.chat.completions.create(model="neotask/main", messages=history, user="carol")
+    history += [{"role": "assistant", "content": plain.choices[0].message.content}, {"role": "user", "content": "2"}]
+    stream = await oa.chat.completions.create(model="neotask/main", messages=history, user="carol", stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "echo: 2"
+    assert [r.body.get("stream") is True for r in openai_server.chat_requests] == [False, True]
+    store = client.app[K.STORE]
+    run = store.active_run("agent:main:openai:dm:carol")
+    assert run is not None
+    row = await store.ledger.get_run(run.run_id)
+    assert row is not None
+    assert row["input_tokens"] == run.usage["input_tokens"] > 0
+    assert plain.usage is not None
+    assert row["output_tokens"] == run.usage["output_tokens"] > plain.usage.completion_tokens
+
+
 async def test_a_retried_request_stores_nothing_and_answers_the_same(
     oa: openai.AsyncOpenAI, client: Client, tmp_path: Path, openai_server: OpenAIServer
 ) -> None:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.openai_compat.history import ChatMessage, Record, after_answer, after_request, plan
+from gateway.openai_compat.history import (
+    ChatMessage,
+    Known,
+    Record,
+    after_answer,
+    after_request,
+    chain,
+    digests,
+    plan,
+)
 
 
 def user(text: str) -> ChatMessage:
@@ -86,3 +95,19 @@ def test_whitespace_around_text_does_not_diverge_and_tool_calls_count() -> None:
         ChatMessage("tool", "42", tool_call_id="c1"),
     ]
     assert plan(changed, record).kind == "diverged"
+
+
+def test_known_digests_are_reused_only_for_the_equal_prefix() -> None:
+    """A key's last conversation in memory gives the digests of the equal prefix; the rest is
+    hashed. Whatever it holds, the plan is the one computed from scratch."""
+    first = [user("hi"), bot("hello"), user("how are you")]
+    known = Known(tuple(first), digests(first)).extended(bot("fine"), chain(digests(first)[-1], bot("fine")))
+    resent = [*first, bot("fine"), user("bye")]
+    assert digests(resent, known) == digests(resent)
+    edited = [user("hi"), bot("HELLO"), user("how are you"), bot("fine"), user("bye")]
+    assert digests(edited, known) == digests(edited) != digests(resent)
+    shorter = [user("hi")]
+    assert digests(shorter, known) == digests(shorter)
+    record = answered(first, bot("fine"))
+    for messages in (resent, edited, shorter, [*first, bot("other"), user("x")]):
+        assert plan(messages, record, known) == plan(messages, record)

@@ -8,12 +8,21 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import openai
 import pytest
 from openai.types import CompletionUsage
 
 from config.errors import ConfigError, ProviderFailure
 from config.settings import ModelSettings
-from gateway.provider import ChatProvider, Completion, ProviderError, ToolCall, Usage, is_context_overflow
+from gateway.provider import (
+    ChatProvider,
+    Completion,
+    ProviderError,
+    ToolCall,
+    Usage,
+    _SDKClient,
+    is_context_overflow,
+)
 from tests.support.openai_server import (
     Fail,
     Hang,
@@ -416,3 +425,13 @@ def test_is_context_overflow(status: int | None, code: str | None, message: str)
 @pytest.mark.parametrize(("status", "code", "message"), NOT_OVERFLOWS)
 def test_is_not_context_overflow(status: int | None, code: str | None, message: str) -> None:
     assert not is_context_overflow(status, code, message)
+
+
+def test_the_sdk_client_memoizes_the_url_of_a_path_and_follows_a_new_base_url() -> None:
+    memo = _SDKClient(base_url="http://127.0.0.1:9/v1", api_key="x")
+    plain = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x")
+    first = memo._prepare_url("/chat/completions")
+    assert first == plain._prepare_url("/chat/completions") and memo._prepare_url("/chat/completions") is first
+    assert memo._prepare_url("/models") == plain._prepare_url("/models")
+    memo.base_url = "http://127.0.0.1:8/v2"
+    assert str(memo._prepare_url("/chat/completions")) == "http://127.0.0.1:8/v2/chat/completions"
