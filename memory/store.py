@@ -73,6 +73,18 @@ def _q(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _file_filters(files: Iterable[tuple[str, str]]) -> list[str]:
+    """SQL filters selecting the rows of the (agent, path) files, at most 200 paths each."""
+    by_agent: dict[str, list[str]] = {}
+    for agent, path in files:
+        by_agent.setdefault(agent, []).append(path)
+    return [
+        f"agent = {_q(agent)} AND path IN ({', '.join(_q(p) for p in paths[i : i + 200])})"
+        for agent, paths in by_agent.items()
+        for i in range(0, len(paths), 200)
+    ]
+
+
 def schema(dims: int) -> pa.Schema:
     return pa.schema(
         [
@@ -228,18 +240,24 @@ class ChunkStore:
                     found.setdefault(h, np.asarray(v, dtype=np.float32))
         return found
 
+    @staticmethod
+    def vectors_of_files(table: Any, files: Sequence[tuple[str, str]]) -> dict[str, np.ndarray[Any, Any]]:
+        """The vectors of the rows of the (agent, path) files, by content hash (read before a
+        write deletes them, so their vectors can be reused)."""
+        found: dict[str, np.ndarray[Any, Any]] = {}
+        for where in _file_filters(files):
+            arrow = table.search().where(where).select(["content_hash", "vector"]).limit(table.count_rows()).to_arrow()
+            for h, v in zip(arrow["content_hash"].to_pylist(), arrow["vector"].to_pylist(), strict=True):
+                found.setdefault(h, np.asarray(v, dtype=np.float32))
+        return found
+
     # --- writes ------------------------------------------------------------------------------
 
     def write(self, table: Any, remove: Sequence[tuple[str, str]], add: Sequence[pa.Table]) -> None:
         """Delete the rows of the (agent, path) files in ``remove``, then add the new rows."""
-        by_agent: dict[str, list[str]] = {}
-        for agent, path in remove:
-            by_agent.setdefault(agent, []).append(path)
-        for agent, paths in by_agent.items():
-            for i in range(0, len(paths), 200):
-                part = ", ".join(_q(p) for p in paths[i : i + 200])
-                table.delete(f"agent = {_q(agent)} AND path IN ({part})")
-                self._writes += 1
+        for where in _file_filters(remove):
+            table.delete(where)
+            self._writes += 1
         rows = [t for t in add if t.num_rows]
         if rows:
             table.add(pa.concat_tables(rows))
