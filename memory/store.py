@@ -28,17 +28,19 @@ POINTER = "neotask-index.json"
 # 2: chunks carry context (date, preceding turn) and long lines are cut between words
 CHUNKER_VERSION = 2
 # From this many rows the table gets an IVF-HNSW-SQ index: at 20,000 rows the flat scan reads the
-# whole vector column (30 MB) per query, 30-45 ms, while the index answers in 8-11 ms and, on the
-# conversation-20000 set of bench.memory_eval, finds 99.9 % of the exact top 100 with the same
-# recall at every k for every fusion (see docs/memory.md, Speed). Below it a flat scan is exact and
-# fast enough.
+# whole vector column (30 MB) per query, 30-45 ms, while the index answers in about 10 ms and, on
+# the conversation-20000 set of bench.memory_eval, finds 99.7 % of the exact top 100 (99.9 % of the
+# top 10) with the same recall at every k for every fusion (see docs/memory.md, Speed). Below it a
+# flat scan is exact and fast enough.
 ANN_MIN_ROWS = 20_000
 # Through the index a query probes this many partitions and re-ranks refine x limit rows on their
-# full vectors. Without the refine step the distances are the quantized index's approximations:
-# ranked on them, the vector side lost nearly all its recall on conversation-20000 (IVF-HNSW-SQ,
-# recall @10 0.3 against 52.6 flat) and on conversation-50000 (IVF-PQ, 2.4).
+# full vectors (reading them is most of the query's time: refine 5 found 99.9 % of the exact top
+# 100, 3 finds 99.7 %, both with the same recall at every k). Without the refine step the
+# distances are the quantized index's approximations: ranked on them, the vector side lost nearly
+# all its recall on conversation-20000 (IVF-HNSW-SQ, recall @10 0.3 against 52.6 flat) and on
+# conversation-50000 (IVF-PQ, 2.4).
 ANN_NPROBES = 20
-ANN_REFINE = 5
+ANN_REFINE = 3
 _OPTIMIZE_EVERY_ROWS = 2_000
 _OPTIMIZE_EVERY_WRITES = 40
 
