@@ -3,9 +3,10 @@
 There is one score: memory's own (``SearchHit.score``, ``memory/fusion.py``). With score fusion
 (``memory.search.fusion: score``, the default) it is absolute relevance in [0, 1], comparable
 across queries: the weighted mean of ``vector_score`` (cosine, clamped to [0, 1]) and
-``text_score`` (``memory.fusion.text_strength``: the mean of the cube of the query's term share
-the chunk holds and the Hill curve ``BM25³ / (BM25³ + text_saturation³)``), after recency decay, so a lone weak match
-scores low even when it is the only result, and results are ordered by it. With
+``text_score`` (``memory.fusion.text_strength``: the mean of the fifth power of the query's term
+share the chunk holds and the Hill curve ``BM25³ / (BM25³ + text_saturation³)``), after recency
+decay, so a lone weak match scores low even when it is the only result, and results are ordered
+by it. With
 ``fusion: rrf`` it is the reciprocal rank fusion's value (1.0 = first on both sides): it orders
 the results but is not comparable across queries. The gateway adds nothing to it.
 """

@@ -179,7 +179,20 @@ class SentenceTransformerEmbedder:
         )
         return np.asarray(out, dtype=np.float32)
 
+    def encode_one_sync(self, text: str) -> Vectors:
+        """One text (a search query) through the model's own modules, without ``encode``'s
+        batching and per-call bookkeeping (about 5 ms of Python per call, a fifth of a query's
+        encoding on one thread); the same vector as ``encode_sync([text])``."""
+        import torch
+
+        self.load_sync()
+        with torch.inference_mode():
+            out = self._model.forward(self._model.preprocess([text]))["sentence_embedding"]
+        return _normalise(out.float().numpy())
+
     async def embed(self, texts: Sequence[str]) -> Vectors:
+        if len(texts) == 1:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_one_sync, texts[0])
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
 
     async def close(self) -> None:

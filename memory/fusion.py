@@ -11,7 +11,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
@@ -118,7 +118,7 @@ def text_share(terms: tuple[tuple[str, ...], tuple[str, ...]], content: str) -> 
         maybe = [w for w in words if w[:3] in text]
         if maybe:
             prefixes = tuple(w[:3] for w in maybe)
-            have = {_stem(t) for t in _WORD.findall(text) if t.startswith(prefixes)}
+            have = {_stem(t) for t in set(_WORD.findall(text)) if t.startswith(prefixes)}
             matched += sum(1 for w in maybe if w in have)
     return matched / total
 
@@ -179,13 +179,22 @@ def merge_pools(
 ) -> list[Candidate]:
     """One candidate per chunk with both ranks set; each pool pairs a candidate with its score
     on that side (higher is better)."""
+    text = {c.chunk_id: (c, rank) for c, rank in _ranks(text_pool)}
     merged: dict[str, Candidate] = {}
     for c, rank in _ranks(vector_pool):
-        merged.setdefault(c.chunk_id, _with(c, vector_rank=rank))
-    for c, rank in _ranks(text_pool):
-        old = merged.get(c.chunk_id)
-        both = _with(old or c, text_rank=rank, vector_rank=old.vector_rank if old else None)
-        merged[c.chunk_id] = replace(both, bm25=c.bm25, share=max(both.share, c.share))
+        if c.chunk_id in merged:
+            continue
+        if (hit := text.get(c.chunk_id)) is None:
+            merged[c.chunk_id] = _with(c, vector_rank=rank)
+        else:  # in both pools: the cosine of the vector side, the BM25 score of the text side
+            t, text_rank = hit
+            merged[c.chunk_id] = Candidate(
+                c.chunk_id, c.path, c.start_line, c.end_line, c.heading, c.text, c.cosine,
+                max(c.share, t.share), rank, text_rank, t.bm25,
+            )  # fmt: skip
+    for chunk_id, (c, rank) in text.items():
+        if chunk_id not in merged:
+            merged[chunk_id] = _with(c, text_rank=rank)
     return list(merged.values())
 
 
@@ -216,19 +225,23 @@ def passes(c: Candidate, p: FusionParams) -> bool:
     return (p.min_score > 0 and first >= p.min_score) or (p.min_text_score > 0 and c.share >= p.min_text_score)
 
 
-# Both halves of the text strength are cubed: a weak match (one common word such as a name held by
-# thousands of turns) must not reorder chunks the vector side finds equally close, while a match
-# of most of the query, or a strong BM25 score, counts nearly fully (bench/memory_eval: with
-# exponent 1 the text side's weak matches cost the hybrid 2-3 points @25 on conversations).
-SHARE_POWER = 3
+# The share of the query's terms is raised to the fifth power, BM25 goes through a Hill curve of
+# exponent 3: a weak match (one common word such as a name held by thousands of turns, or two of
+# three words when one is as common as "job") must not reorder chunks the vector side finds
+# equally close, while a match of all of the query, or a strong BM25 score, counts nearly fully
+# (bench.memory_eval: with exponent 1 the text side's weak matches cost the hybrid 2-3 points @25
+# on conversations; with 3, two-of-three matches of common words still cost conversation-20000
+# 0.8 points @25 against the vector side alone; 5 loses to neither side at any k on any set).
+SHARE_POWER = 5
 BM25_HILL = 3
 
 
 def text_strength(bm25: float, share: float, saturation: float) -> float:
     """How strongly a chunk matches the query's words, absolute, in [0, 1): the mean of
 
-    - ``share ** 3``, the cube of the share of the query's content terms the chunk holds (it does
-      not grow with the corpus: 1 of 3 terms gives 0.04, 2 of 3 gives 0.30, all gives 1), and
+    - ``share ** 5``, the fifth power of the share of the query's content terms the chunk holds
+      (it does not grow with the corpus: 1 of 3 terms gives 0.004, 2 of 3 gives 0.13, 3 of 4
+      gives 0.24, all gives 1), and
     - ``bm25**3 / (bm25**3 + saturation**3)``, the BM25 score through a Hill curve whose midpoint
       is ``saturation`` (it rewards rare words, which the share cannot tell from common ones).
 
@@ -280,30 +293,30 @@ def decay(score: float, path: str, today: date, half_life_days: float | None) ->
 
 def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, k: int) -> list[SearchHit]:
     """Rank, abstain, decay, order (score, then chunk id) and cut to ``k``."""
-    hits: list[SearchHit] = []
+    scored: list[tuple[float, str, Candidate]] = []
     for c in candidates:
         score = fused_score(c, params) if params.method == "score" else rrf_score(c, params)
         if score <= 0 or not passes(c, params):
             continue
-        score = decay(score, c.path, today, params.recency_half_life_days)
-        hits.append(
-            SearchHit(
-                path=c.path,
-                start_line=c.start_line,
-                end_line=c.end_line,
-                heading=c.heading,
-                score=round(score, 6),
-                snippet=snippet(c.text),
-                citation=f"{c.path}#L{c.start_line}-L{c.end_line}",
-                vector_score=round(c.cosine, 6),
-                text_score=round(
-                    text_strength(c.bm25, c.share, params.text_saturation) if params.method == "score" else c.share, 6
-                ),
-                chunk_id=c.chunk_id,
-            )
+        scored.append((-round(decay(score, c.path, today, params.recency_half_life_days), 6), c.chunk_id, c))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    return [
+        SearchHit(
+            path=c.path,
+            start_line=c.start_line,
+            end_line=c.end_line,
+            heading=c.heading,
+            score=-neg,
+            snippet=snippet(c.text),
+            citation=f"{c.path}#L{c.start_line}-L{c.end_line}",
+            vector_score=round(c.cosine, 6),
+            text_score=round(
+                text_strength(c.bm25, c.share, params.text_saturation) if params.method == "score" else c.share, 6
+            ),
+            chunk_id=c.chunk_id,
         )
-    hits.sort(key=lambda h: (-h.score, h.chunk_id))
-    return hits[:k]
+        for neg, _, c in scored[:k]
+    ]
 
 
 def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ Signature = tuple[int, int]  # (mtime_ns, size)
 
 EMBED_BATCH = 32  # chunks per embedding call: small enough that a search waits little behind it
 WRITE_GROUP = 1024  # chunks per LanceDB write while indexing
+# Vectors of the rows a write deleted, kept by content hash for the next passes: a file read while
+# an editor was rewriting it (empty or cut short), then read whole, or a file renamed, re-embeds
+# nothing (bench.memory_speed's edit check once re-embedded a whole file after such a read).
+DROPPED_VECTORS = 2048
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class Indexer:
         self.pending = 0
         self.rebuilding = False
         self.embedded_total = 0  # chunks embedded since start, by any run
+        self._dropped: OrderedDict[str, np.ndarray[Any, Any]] = OrderedDict()
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
@@ -187,6 +193,7 @@ class Indexer:
         rebuild = force or store.active_identity != identity
         if rebuild:
             agents = list(self._workspaces)
+            self._dropped.clear()  # another model or chunking, or force: re-embed
             target = await self._call(store.create_table, identity)
             known: dict[FileKey, FileState] = {}
             reuse = [] if force or store.active_identity is None else [store.active]
@@ -239,7 +246,7 @@ class Indexer:
             progress(0, total)
         deleted = sum(known[k].chunks for k in removed if k in known)
         if removed:
-            await self._call(store.write, target, removed, [])
+            await self._call(self._replace, target, removed, [])
             for key in removed:
                 known.pop(key, None)
                 self._signatures.pop(key, None)
@@ -275,6 +282,16 @@ class Indexer:
             errors=tuple(errors),
         )
 
+    def _replace(self, target: Any, remove: Sequence[FileKey], add: Sequence[Any]) -> None:
+        """``store.write`` (on the index thread), keeping the deleted rows' vectors first."""
+        if remove:
+            for h, v in self._store.vectors_of_files(target, remove).items():
+                self._dropped[h] = v
+                self._dropped.move_to_end(h)
+            while len(self._dropped) > DROPPED_VECTORS:
+                self._dropped.popitem(last=False)
+        self._store.write(target, remove, add)
+
     async def _write_group(
         self,
         target: Any,
@@ -289,7 +306,9 @@ class Indexer:
         missing: dict[str, str] = {}
         for change in group:
             for c in change.chunks:
-                if c.content_hash not in cached:
+                if c.content_hash not in cached and (dropped := self._dropped.get(c.content_hash)) is not None:
+                    cached[c.content_hash] = dropped
+                elif c.content_hash not in cached:
                     missing.setdefault(c.content_hash, c.embed_text)
         # by length, as model.encode does over a whole corpus: batches of like lengths pad least
         order = sorted(missing, key=lambda h: len(missing[h]))
@@ -310,7 +329,7 @@ class Indexer:
                 else np.zeros((0, dims), np.float32)
             )
             tables.append(rows_table(change.key[0], change.file_hash, change.chunks, vecs, dims))
-        await self._call(store.write, target, [c.key for c in group if c.key in known], tables)
+        await self._call(self._replace, target, [c.key for c in group if c.key in known], tables)
         for change in group:
             known[change.key] = FileState(change.file_hash, len(change.chunks))
             self._signatures[change.key] = change.signature

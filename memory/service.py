@@ -283,8 +283,11 @@ class MemoryService:
             return []
         n = self.settings.search.candidates
         loop = asyncio.get_running_loop()
-        # the full-text query runs while the query is embedded, then beside the vector query
-        text_future = loop.run_in_executor(self._reads, store.text_pool, table, query, agent, n, include_memory_md)
+        # the full-text query (and the term shares of what it found) runs while the query is
+        # embedded, then beside the vector query
+        text_future = loop.run_in_executor(
+            self._reads, _text_side, store, table, query, agent, n, include_memory_md, with_share
+        )
         vector = None
         embedder = self._query_embedder()
         try:
@@ -296,10 +299,10 @@ class MemoryService:
                     self._reads, store.vector_pool, table, vector, agent, n, include_memory_md
                 )
         finally:
-            text_rows, text_vectors = await text_future
-        # stemming the candidates' words takes a few milliseconds: off the event loop
+            text_rows, text_vectors, text_shares = await text_future
+        # off the event loop: a few milliseconds of Python when the pools are full
         return await loop.run_in_executor(
-            self._reads, _merge, query, vector, vec_rows, text_rows, text_vectors, n, with_share
+            self._reads, _merge, query, vector, vec_rows, (text_rows, text_vectors, text_shares), n, with_share
         )
 
     # --- files -------------------------------------------------------------------------------
@@ -352,21 +355,35 @@ class MemoryService:
         return result
 
 
+TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float]]
+
+
+def _text_side(
+    store: ChunkStore, table: Any, query: str, agent: str, n: int, include_memory_md: bool, with_share: bool
+) -> TextSide:
+    """The full-text pool: its rows, their vectors and the share of the query's terms each holds."""
+    rows, vectors = store.text_pool(table, query, agent, n, include_memory_md)
+    terms = query_terms(query) if with_share else ((), ())
+    return rows, vectors, [text_share(terms, r["content"]) if with_share else 0.0 for r in rows]
+
+
 def _merge(
     query: str,
     vector: np.ndarray[Any, Any] | None,
     vec_rows: list[dict[str, Any]],
-    text_rows: list[dict[str, Any]],
-    text_vectors: np.ndarray[Any, Any],
+    text_side: TextSide,
     n: int,
     with_share: bool,
 ) -> list[Candidate]:
     """The two pools' rows as candidates, each with its cosine, BM25 score and term share."""
+    text_rows, text_vectors, text_shares = text_side
     terms = query_terms(query) if with_share else ((), ())
     in_text = {r["chunk_id"] for r in text_rows}
     full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
 
-    def cand(row: dict[str, Any], cosine: float, share_needed: bool, bm25: float = 0.0) -> Candidate:
+    def cand(row: dict[str, Any], cosine: float, share: float | None, bm25: float = 0.0) -> Candidate:
+        """``share`` None: computed here when needed."""
+        needed = share is None and with_share and not full_pool and row["chunk_id"] not in in_text
         return Candidate(
             chunk_id=row["chunk_id"],
             path=row["path"],
@@ -375,7 +392,7 @@ def _merge(
             heading=row["heading"],
             text=row["text"],  # the chunk's own lines: its context is indexed, not shown
             cosine=min(1.0, max(0.0, cosine)),
-            share=text_share(terms, row["content"]) if with_share and share_needed else 0.0,
+            share=text_share(terms, row["content"]) if needed else share or 0.0,
             bm25=bm25,
         )
 
@@ -383,12 +400,9 @@ def _merge(
     return merge_pools(
         # a chunk the full-text index does not match holds none of the query's terms; one in the
         # text pool gets its share there
+        [(cand(r, 1.0 - r["_distance"], None), -float(r["_distance"])) for r in vec_rows],
         [
-            (cand(r, 1.0 - r["_distance"], not full_pool and r["chunk_id"] not in in_text), -float(r["_distance"]))
-            for r in vec_rows
-        ],
-        [
-            (cand(r, float(c), True, float(r["_score"])), float(r["_score"]))
-            for r, c in zip(text_rows, text_cos, strict=True)
+            (cand(r, float(c), share, float(r["_score"])), float(r["_score"]))
+            for r, c, share in zip(text_rows, text_cos, text_shares, strict=True)
         ],
     )

@@ -27,14 +27,20 @@ from memory.embedders import EmbedderIdentity, Vectors
 POINTER = "neotask-index.json"
 # 2: chunks carry context (date, preceding turn) and long lines are cut between words
 CHUNKER_VERSION = 2
-# Below this many rows a flat scan is faster than IVF-PQ and exact (measured in bench/memory_speed).
-ANN_MIN_ROWS = 50_000
-# Through the IVF-PQ index a query probes this many partitions and re-ranks refine x limit rows on
-# their full vectors: without the refine step the distances are PQ approximations, and ranking on
-# them lost nearly all of the vector side's recall on the 50,000-chunk conversation set
-# (bench.memory_eval: vector recall @10 52.6 at 20,000 rows, flat, against 2.4 at 50,000, IVF-PQ).
+# From this many rows the table gets an IVF-HNSW-SQ index: at 20,000 rows the flat scan reads the
+# whole vector column (30 MB) per query, 30-45 ms, while the index answers in about 10 ms and, on
+# the conversation-20000 set of bench.memory_eval, finds 99.7 % of the exact top 100 (99.9 % of the
+# top 10) with the same recall at every k for every fusion (see docs/memory.md, Speed). Below it a
+# flat scan is exact and fast enough.
+ANN_MIN_ROWS = 20_000
+# Through the index a query probes this many partitions and re-ranks refine x limit rows on their
+# full vectors (reading them is most of the query's time: refine 5 found 99.9 % of the exact top
+# 100, 3 finds 99.7 %, both with the same recall at every k). Without the refine step the
+# distances are the quantized index's approximations: ranked on them, the vector side lost nearly
+# all its recall on conversation-20000 (IVF-HNSW-SQ, recall @10 0.3 against 52.6 flat) and on
+# conversation-50000 (IVF-PQ, 2.4).
 ANN_NPROBES = 20
-ANN_REFINE = 5
+ANN_REFINE = 3
 _OPTIMIZE_EVERY_ROWS = 2_000
 _OPTIMIZE_EVERY_WRITES = 40
 
@@ -71,6 +77,18 @@ class IndexIdentity:
 
 def _q(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+def _file_filters(files: Iterable[tuple[str, str]]) -> list[str]:
+    """SQL filters selecting the rows of the (agent, path) files, at most 200 paths each."""
+    by_agent: dict[str, list[str]] = {}
+    for agent, path in files:
+        by_agent.setdefault(agent, []).append(path)
+    return [
+        f"agent = {_q(agent)} AND path IN ({', '.join(_q(p) for p in paths[i : i + 200])})"
+        for agent, paths in by_agent.items()
+        for i in range(0, len(paths), 200)
+    ]
 
 
 def schema(dims: int) -> pa.Schema:
@@ -135,12 +153,17 @@ class ChunkStore:
         self._rows_since_optimize = 0
         self._fts: set[str] = set()
         self._ann: set[str] = set()
+        # table name -> the agents that may have rows in it (a superset: deletes leave it as it
+        # is). A table that holds one agent's rows only needs no agent filter, which costs a
+        # search a scan of the agent column (a third of a flat vector query at 20,000 rows).
+        self._agents: dict[str, frozenset[str]] = {}
         pointer = self._read_pointer()
         try:
             if pointer is not None and pointer["table"] in self._tables():
                 identity = IndexIdentity.from_dict(pointer["identity"])
                 self.active = self._db.open_table(pointer["table"])
                 self.active_identity = identity
+                self._agents[self.active.name] = self._stored_agents(self.active)
         except (KeyError, TypeError):  # an unreadable pointer: start a new index
             self.active = self.active_identity = None
 
@@ -157,7 +180,9 @@ class ChunkStore:
 
     def create_table(self, identity: IndexIdentity) -> Any:
         name = f"chunks_{int(time.time() * 1000)}_{os.getpid()}"
-        return self._db.create_table(name, schema=schema(identity.dimensions))
+        table = self._db.create_table(name, schema=schema(identity.dimensions))
+        self._agents[name] = frozenset()
+        return table
 
     def swap(self, table: Any, identity: IndexIdentity) -> None:
         """Make ``table`` the active one (atomic pointer rename), then drop the old table."""
@@ -176,6 +201,7 @@ class ChunkStore:
         self.drop_strays()
 
     def drop(self, table: Any) -> None:
+        self._agents.pop(table.name, None)
         with contextlib.suppress(ValueError, FileNotFoundError, OSError):
             self._db.drop_table(table.name)
 
@@ -228,20 +254,29 @@ class ChunkStore:
                     found.setdefault(h, np.asarray(v, dtype=np.float32))
         return found
 
+    @staticmethod
+    def vectors_of_files(table: Any, files: Sequence[tuple[str, str]]) -> dict[str, np.ndarray[Any, Any]]:
+        """The vectors of the rows of the (agent, path) files, by content hash (read before a
+        write deletes them, so their vectors can be reused)."""
+        found: dict[str, np.ndarray[Any, Any]] = {}
+        for where in _file_filters(files):
+            arrow = table.search().where(where).select(["content_hash", "vector"]).limit(table.count_rows()).to_arrow()
+            for h, v in zip(arrow["content_hash"].to_pylist(), arrow["vector"].to_pylist(), strict=True):
+                found.setdefault(h, np.asarray(v, dtype=np.float32))
+        return found
+
     # --- writes ------------------------------------------------------------------------------
 
     def write(self, table: Any, remove: Sequence[tuple[str, str]], add: Sequence[pa.Table]) -> None:
         """Delete the rows of the (agent, path) files in ``remove``, then add the new rows."""
-        by_agent: dict[str, list[str]] = {}
-        for agent, path in remove:
-            by_agent.setdefault(agent, []).append(path)
-        for agent, paths in by_agent.items():
-            for i in range(0, len(paths), 200):
-                part = ", ".join(_q(p) for p in paths[i : i + 200])
-                table.delete(f"agent = {_q(agent)} AND path IN ({part})")
-                self._writes += 1
+        for where in _file_filters(remove):
+            table.delete(where)
+            self._writes += 1
         rows = [t for t in add if t.num_rows]
         if rows:
+            known = self._agents.get(table.name)
+            added = frozenset(a for t in rows for a in t.column("agent").unique().to_pylist())
+            self._agents[table.name] = (self._stored_agents(table) if known is None else known) | added
             table.add(pa.concat_tables(rows))
             self._writes += 1
             self._rows_since_optimize += sum(t.num_rows for t in rows)
@@ -291,19 +326,29 @@ class ChunkStore:
             self._writes = self._rows_since_optimize = 0
         rows = table.count_rows()
         if rows >= ANN_MIN_ROWS and not any(i.index_type.upper().startswith("IVF") for i in table.list_indices()):
-            from lancedb.index import IvfPq
+            from lancedb.index import IvfHnswSq
 
-            dims = table.schema.field("vector").type.list_size
-            table.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=max(1, dims // 8)))
+            # (an IVF-PQ index an older version built is kept: the refine step makes it exact too)
+            table.create_index("vector", config=IvfHnswSq(distance_type="cosine"))
 
     # --- queries -----------------------------------------------------------------------------
 
     @staticmethod
-    def _where(agent: str, include_memory_md: bool) -> str:
-        where = f"agent = {_q(agent)}"
+    def _stored_agents(table: Any) -> frozenset[str]:
+        if table.count_rows() == 0:
+            return frozenset()
+        column = table.search().select(["agent"]).limit(table.count_rows()).to_arrow()["agent"]
+        return frozenset(column.unique().to_pylist())
+
+    def _where(self, table: Any, agent: str, include_memory_md: bool) -> str | None:
+        """The filter of a query of ``agent``'s chunks; None when the table holds no other rows."""
+        parts = []
+        agents = self._agents.get(table.name)
+        if agents is None or not agents <= {agent}:
+            parts.append(f"agent = {_q(agent)}")
         if not include_memory_md:
-            where += " AND path != 'MEMORY.md'"
-        return where
+            parts.append("path != 'MEMORY.md'")
+        return " AND ".join(parts) or None
 
     def vector_pool(
         self, table: Any, vector: np.ndarray[Any, Any], agent: str, limit: int, include_memory_md: bool
@@ -314,13 +359,9 @@ class ChunkStore:
         query = table.search(vector, vector_column_name="vector").distance_type("cosine")
         if self.has_ann(table):
             query = query.nprobes(ANN_NPROBES).refine_factor(ANN_REFINE)
-        return list(
-            query.where(self._where(agent, include_memory_md), prefilter=True)
-            .limit(limit)
-            .select([*TEXT_COLUMNS, "_distance"])
-            .to_arrow()
-            .to_pylist()
-        )
+        if (where := self._where(table, agent, include_memory_md)) is not None:
+            query = query.where(where, prefilter=True)
+        return list(query.limit(limit).select([*TEXT_COLUMNS, "_distance"]).to_arrow().to_pylist())
 
     def text_pool(
         self, table: Any, query: str, agent: str, limit: int, include_memory_md: bool
@@ -330,13 +371,10 @@ class ChunkStore:
 
         if not self.has_fts(table):
             return [], np.zeros((0, 0), np.float32)
-        arrow = (
-            table.search(MatchQuery(query, "content"), query_type="fts")  # type: ignore[call-arg]
-            .where(self._where(agent, include_memory_md), prefilter=True)
-            .limit(limit)
-            .select([*TEXT_COLUMNS, "vector", "_score"])
-            .to_arrow()
-        )
+        search = table.search(MatchQuery(query, "content"), query_type="fts")  # type: ignore[call-arg]
+        if (where := self._where(table, agent, include_memory_md)) is not None:
+            search = search.where(where, prefilter=True)
+        arrow = search.limit(limit).select([*TEXT_COLUMNS, "vector", "_score"]).to_arrow()
         dims = arrow.schema.field("vector").type.list_size
         vectors = arrow["vector"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, dims)
         return arrow.drop_columns(["vector"]).to_pylist(), vectors

@@ -1,5 +1,6 @@
-"""The ANN index: built once the table passes ``ANN_MIN_ROWS`` (50,000 in production, lowered
-here), and vector search still finds the nearest chunks through it (real LanceDB)."""
+"""The ANN index (IVF-HNSW-SQ): built once the table passes ``ANN_MIN_ROWS`` (20,000 in
+production, lowered here), and vector search still finds the nearest chunks through it, with exact
+distances (real LanceDB)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def test_the_ann_index_is_built_past_the_threshold_and_still_finds_neighbours(
     monkeypatch.setattr(store_module, "ANN_MIN_ROWS", ROWS)
     store.maintain(table, force=True)
     assert has_ann(table)
+    assert [i.index_type for i in table.list_indices() if i.index_type != "FTS"] == ["IvfHnswSq"]
 
     found = 0
     for target in range(0, ROWS, 60):

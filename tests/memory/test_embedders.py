@@ -102,6 +102,16 @@ def test_packaged_model_embeds_offline(minilm: SentenceTransformerEmbedder) -> N
 
 
 @pytest.mark.slow
+def test_one_query_gets_the_vector_encode_gives_it(minilm: SentenceTransformerEmbedder) -> None:
+    """A search embeds its query alone through the model's modules (``encode_one_sync``), a
+    text longer than the model's input limit too: the same vector as ``encode``."""
+    long = " ".join(f"word{i} about the garden and the budget" for i in range(120))
+    assert minilm.count_tokens(long) > 2 * (minilm.max_input_tokens or 0)
+    for text in ("Who is my dentist?", "ok", long):
+        assert float(minilm.encode_one_sync(text)[0] @ minilm.encode_sync([text])[0]) > 0.99999
+
+
+@pytest.mark.slow
 async def test_service_with_the_real_model(tmp_path: Path, minilm: SentenceTransformerEmbedder) -> None:
     ws = tmp_path / "ws"
     write(ws, "MEMORY.md", "# People\n\nMy dentist is Doctor Alice Wong; her clinic is on Baker Street.\n")

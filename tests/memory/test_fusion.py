@@ -161,7 +161,7 @@ def scored(cid: str, cosine: float, bm25: float, share: float = 1.0, **kw: int |
         (-1.0, 1.0, 0.0),
         (10.0, 0.0, 0.25),  # BM25 at the saturation point is half a BM25 match
         (10.0, 1.0, 0.75),
-        (20.0, 1 / 3, (1 / 27 + 8 / 9) / 2),
+        (20.0, 1 / 3, (1 / 243 + 8 / 9) / 2),  # the share to the fifth power, BM25 through the Hill curve
         (1e9, 1.0, 1.0),
     ],
 )
@@ -175,12 +175,15 @@ def test_a_weak_word_match_barely_counts() -> None:
     assert text_strength(6.0, 1 / 3, 40.0) < 0.03
     assert text_strength(6.0, 1 / 3, 40.0) < text_strength(6.0, 1.0, 40.0) / 20
     assert text_strength(40.0, 1.0, 40.0) == pytest.approx(0.75)
+    # two of three, both common ("Pavel" and "job" in "Pavel: My old job was stressful too." asked
+    # "What is Pavel's current job?"): under a fifth of a full match
+    assert text_strength(7.5, 2 / 3, 40.0) < text_strength(7.5, 1.0, 40.0) / 5
 
 
 def test_a_single_weak_result_does_not_score_one() -> None:
     weak = scored("a", cosine=0.2, bm25=1.5, share=0.5, vr=1, tr=1)  # best of both pools, and still weak
     hits = fuse([weak], replace(S, min_score=0.0), today=TODAY, k=5)
-    expected = 0.4 * 0.2 + 0.6 * (0.5**3 + 1.5**3 / (1.5**3 + 10.0**3)) / 2
+    expected = 0.4 * 0.2 + 0.6 * (0.5**5 + 1.5**3 / (1.5**3 + 10.0**3)) / 2
     assert len(hits) == 1 and hits[0].score == pytest.approx(expected, abs=1e-6)
     assert hits[0].score < 0.25
     assert fuse([weak], S, today=TODAY, k=5) == []  # and abstention drops it

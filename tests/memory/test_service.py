@@ -85,6 +85,28 @@ async def test_only_changed_chunks_are_embedded(
     assert service.status()["agents"]["main"]["chunks"] == 4 + 11
 
 
+async def test_a_file_read_mid_write_or_renamed_re_embeds_nothing(
+    service: MemoryService, workspace: Path, openai_server: OpenAIServer
+) -> None:
+    paragraphs = "\n\n".join(f"Paragraph {i} about subject {i} and more." for i in range(8)) + "\n"
+    write(workspace, "memory/log.md", paragraphs)
+    await service.reindex("main")
+    # an editor rewriting the file in place: the index reads it empty (or cut short), then whole
+    openai_server.clear()
+    (workspace / "memory/log.md").write_text("")
+    await service.reindex("main")
+    (workspace / "memory/log.md").write_text(paragraphs.replace("Paragraph 5", "Paragraph five"))
+    await service.reindex("main")
+    assert embedding_inputs(openai_server) == ["Paragraph five about subject 5 and more.\n"]
+    # a renamed file keeps its vectors
+    openai_server.clear()
+    (workspace / "memory/log.md").rename(workspace / "memory/journal.md")
+    await service.reindex("main")
+    assert embedding_inputs(openai_server) == []
+    [hit, *_] = await service.search("main", "subject 3")
+    assert hit.path == "memory/journal.md"
+
+
 async def test_removed_files_leave_the_index(service: MemoryService, workspace: Path) -> None:
     assert await service.search("main", "tomatoes basil")
     (workspace / "memory/projects/garden.md").unlink()
