@@ -24,10 +24,17 @@ PLAIN = st.recursive(
 )
 
 
-@settings(max_examples=1500)
+@settings(max_examples=300)
 @given(st.dictionaries(TEXT, PLAIN, max_size=8))
 def test_plain_records_are_encoded_to_the_same_bytes(record: dict[str, object]) -> None:
     assert encode_plain(record) == encode(record)
+
+
+def test_every_code_point_is_encoded_to_the_same_bytes() -> None:
+    points = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for first in range(0, len(points), 4096):
+        text = "".join(points[first : first + 4096])
+        assert encode_plain({"content": text, text[:8]: 1}) == encode({"content": text, text[:8]: 1})
 
 
 def test_what_orjson_refuses_goes_through_json() -> None:
