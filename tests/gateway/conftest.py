@@ -51,3 +51,12 @@ async def settled(client: Client) -> None:
     store = client.app[K.STORE]
     await store.writer.call(lambda: None)
     await store.registry.flush()
+
+
+async def with_active_run(client: Client, path: str) -> Client:
+    """``client`` after one stored message on ``path``: an active run that bad bodies could touch,
+    settled so that a digest of the home taken next is stable."""
+    ok = await client.post(path, json={"content": "first"})
+    assert ok.status == 200
+    await settled(client)
+    return client

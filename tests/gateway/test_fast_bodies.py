@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from gateway.api.fastbody import plain_ingress, plain_message
 from gateway.api.sessions import IngressBody, MessageBody
 from gateway.http import describe_validation
-from tests.gateway.conftest import Client, settled
+from tests.gateway.conftest import Client, with_active_run
 from tests.gateway.helpers import tree_digest
 
 MESSAGES = "/v1/sessions/agent%3Amain%3Amain/messages"
@@ -173,10 +173,7 @@ REFUSED = [
 
 @pytest.fixture
 async def client(client: Client) -> Client:
-    ok = await client.post(MESSAGES, json={"content": "first"})  # an active run the bad bodies could touch
-    assert ok.status == 200
-    await settled(client)
-    return client
+    return await with_active_run(client, MESSAGES)
 
 
 @pytest.mark.parametrize(("path", "model", "data"), REFUSED)

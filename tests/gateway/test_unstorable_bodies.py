@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.conftest import Client, settled
+from tests.gateway.conftest import Client, with_active_run
 from tests.gateway.helpers import tree_digest
 
 MESSAGES = "/v1/sessions/agent%3Amain%3Amain/messages"
@@ -33,10 +33,7 @@ def gateway_overrides() -> dict[str, Any]:
 
 @pytest.fixture
 async def client(client: Client) -> Client:
-    ok = await client.post(MESSAGES, json={"content": "first"})  # an active run the bad bodies could touch
-    assert ok.status == 200
-    await settled(client)
-    return client
+    return await with_active_run(client, MESSAGES)
 
 
 @pytest.mark.parametrize("path", [MESSAGES, HOOK])
