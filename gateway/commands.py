@@ -43,6 +43,12 @@ def parse_command(text: str) -> tuple[str, str] | None:
     first = text.lstrip()[:1]
     if first.isascii() and first != "/":  # NFKC leaves a leading ASCII character first: no command
         return None
+    return parse_command_fully(text)
+
+
+def parse_command_fully(text: str) -> tuple[str, str] | None:
+    """``parse_command`` without its shortcut for a leading ASCII character (what the shortcut is
+    tested against)."""
     parts = text.strip().split(maxsplit=1)
     if not parts:
         return None

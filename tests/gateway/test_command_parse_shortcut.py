@@ -3,26 +3,10 @@
 
 from __future__ import annotations
 
-import re
-import unicodedata
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.commands import parse_command
-
-_NAME = re.compile(r"^/([^\W\d_][\w-]*)$")
-
-
-def full_parse(text: str) -> tuple[str, str] | None:
-    parts = text.strip().split(maxsplit=1)
-    if not parts:
-        return None
-    match = _NAME.match(unicodedata.normalize("NFKC", parts[0]))
-    if match is None:
-        return None
-    return match.group(1).casefold(), (parts[1] if len(parts) > 1 else "").strip()
-
+from gateway.commands import parse_command, parse_command_fully
 
 SAMPLES = st.sampled_from(
     [
@@ -53,8 +37,8 @@ SAMPLES = st.sampled_from(
 
 @settings(max_examples=4000)
 @given(st.lists(SAMPLES, max_size=8).map("".join) | st.text(max_size=12))
-def test_the_shortcut_answers_as_the_full_parse(text: str) -> None:
-    assert parse_command(text) == full_parse(text)
+def test_the_shortcut_answers_as_the_parse_command_fully(text: str) -> None:
+    assert parse_command(text) == parse_command_fully(text)
 
 
 def test_examples() -> None:
