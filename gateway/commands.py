@@ -116,10 +116,9 @@ class Commands:
         run = run or self.store.active_run(call.key)
         if run is None:
             return Outcome(call.key, None, None, reply={"content": text, "seq": None})
-        asked = await self.conv.command_line(
-            run, "user", call.post.content, client_message_id=call.post.client_message_id
+        asked, answered = await self.conv.command_exchange(
+            run, call.post.content, text, client_message_id=call.post.client_message_id
         )
-        answered = await self.conv.command_line(run, "assistant", text, reply_to=asked["seq"])
         return Outcome(call.key, run.run_id, asked["seq"], reply={"content": text, "seq": answered["seq"]})
 
     # -- the commands ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from gateway.queueing import Batch, Caller, QueueMode, TurnQueue
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compactor import Compactor
-from sessions.records import MessageRecord, NewMessage, Role, RunState
+from sessions.records import MessageRecord, NewMessage, RunState
 from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
 from sessions.tokens import estimate_text
@@ -140,25 +140,34 @@ class ConversationCore:
             stored=True,
         )
 
-    async def command_line(
-        self,
-        run: RunState,
-        role: Role,
-        text: str,
-        *,
-        client_message_id: str | None = None,
-        reply_to: int | None = None,
-    ) -> MessageRecord:
-        """Store a chat command or its answer (``command: true``: never sent to the model)."""
-        message = NewMessage(
-            role=role,
-            content=text,
+    async def command_exchange(
+        self, run: RunState, asked: str, answer: str, *, client_message_id: str | None = None
+    ) -> tuple[MessageRecord, MessageRecord]:
+        """Store a chat command and its answer (the answer's ``reply_to`` is the command's seq),
+        both queued in one loop pass: one group commit makes them durable together, so a crash
+        leaves a command without its answer only between two writes of the writer thread, and
+        a redelivery of the command finds the answer it must repeat."""
+        question = NewMessage(
+            role="user",
+            content=asked,
             command=True,
             user_activity=False,
             client_message_id=client_message_id,
-            reply_to=reply_to,
         )
-        return await self.store.append(run, message)
+        asked_record, asked_durable = self.store.queue_append(run, question)
+        reply = NewMessage(
+            role="assistant", content=answer, command=True, user_activity=False, reply_to=asked_record["seq"]
+        )
+        answer_record, answer_durable = self.store.queue_append(run, reply)
+        settled = await asyncio.gather(
+            self.store.finish_append(run, question, asked_record, asked_durable),
+            self.store.finish_append(run, reply, answer_record, answer_durable),
+            return_exceptions=True,
+        )
+        for outcome in settled:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return asked_record, answer_record
 
     def ensure_active(self, key: str) -> RunState:
         run = self.store.active_run(key)

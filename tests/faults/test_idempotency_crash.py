@@ -23,6 +23,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 
+from gateway import keys as K
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.faults.tally import kills, under_load
@@ -81,6 +82,16 @@ def with_id(home: Path, cmid: str) -> list[dict[str, Any]]:
     return [r for r in stored_lines(home) if r.get("client_message_id") == cmid]
 
 
+def answered(home: Path, cmid: str) -> bool:
+    """The delivery's line is in messages.jsonl and, for a chat command, so is its answer (both go
+    in one group commit: the kill is meant to land after them and before the record commits)."""
+    lines = stored_lines(home)
+    asked = [r for r in lines if r.get("client_message_id") == cmid]
+    if not asked or not asked[0].get("command"):
+        return bool(asked)
+    return any(r.get("reply_to") == asked[0]["seq"] for r in lines)
+
+
 def idempotency_rows(home: Path, cmid: str) -> int:
     conn = sqlite3.connect(home / "contexts" / "tasks.db")
     try:
@@ -101,6 +112,30 @@ async def test_an_idempotency_key_header_is_capped_like_the_body_field(
     assert tree_digest(tmp_path) == before
     ok = await client.post(PATH, json={"content": "hi"}, headers={"Idempotency-Key": "k" * 200})
     assert ok.status == 200
+
+
+async def test_a_command_and_its_answer_reach_the_writer_together(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One hand-over, so one group commit: a crash cannot come between them but for the two writes."""
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    assert (await client.post(PATH, json={"content": "hello"})).status == 200
+    writer = client.app[K.STORE].writer
+    handed: list[list[Any]] = []
+    hand_over = writer._hand_over
+
+    def spy() -> None:
+        handed.append(list(writer._outbox))
+        hand_over()
+
+    monkeypatch.setattr(writer, "_hand_over", spy)
+    body = await (await client.post(PATH, json={"content": "/status", "client_message_id": "s-1"})).json()
+    assert body["reply"]["content"].startswith("Session:")
+    lines = [[json.loads(op.data) for op in ops if getattr(op, "data", b"").startswith(b"{")] for ops in handed]
+    seqs = [body["message_seq"], body["reply"]["seq"]]
+    together = [batch for batch in lines if [r.get("seq") for r in batch] == seqs]
+    assert len(together) == 1, lines
+    assert together[0][0]["client_message_id"] == "s-1" and together[0][1]["reply_to"] == body["message_seq"]
 
 
 async def test_a_command_with_a_client_message_id_runs_once(
@@ -169,10 +204,10 @@ async def test_sigkill_after_the_message_is_durable_and_before_its_record_commit
                         http.post(f"{first.url}{PATH}", json={"content": content, "client_message_id": cmid})
                     )
                     for _ in range(500):  # until the line is durable (the record cannot commit: locked)
-                        if with_id(home, cmid) or pending.done():
+                        if answered(home, cmid) or pending.done():
                             break
                         await asyncio.sleep(0.01)
-                    assert with_id(home, cmid), "the message was not stored"
+                    assert answered(home, cmid), "the message (and a command's answer) was not stored"
                     if cmid == "kill-2":
                         first.send(signal.SIGKILL)
                         with contextlib.suppress(aiohttp.ClientError):
