@@ -29,7 +29,8 @@ from memory.mirror import Mirror
 POINTER = "neotask-index.json"
 # 2: chunks carry context (date, preceding turn) and long lines are cut between words
 CHUNKER_VERSION = 2
-# From this many rows the table gets an IVF-HNSW-SQ index: at 20,000 rows the flat scan reads the
+# From this many rows the table gets an IVF-HNSW-SQ index (searches use it only without the in-memory
+# mirror, ``ChunkStore(mirror=False)``; with it they scan the mirror): at 20,000 rows the flat scan reads the
 # whole vector column (30 MB) per query, 30-45 ms, while the index answers in about 10 ms and, on
 # the conversation-20000 set of bench.memory_eval, finds 99.7 % of the exact top 100 (99.9 % of the
 # top 10) with the same recall at every k for every fusion (see docs/memory.md, Speed). Below it a
