@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,7 @@ class SentenceTransformerEmbedder:
         self._batch_size = batch_size
         self._threads = threads
         self._model: Any = None
+        self._query_path: Callable[[str], Vectors] | None = None
         self._counter: Any = None
         self._count_lock = threading.Lock()
         self._dims = 0
@@ -122,6 +124,11 @@ class SentenceTransformerEmbedder:
     def max_input_tokens(self) -> int | None:
         self._require()
         return self._max_seq
+
+    @property
+    def traced_query_path(self) -> bool:
+        """Whether a lone query goes through the traced transformer (see ``encode_one_sync``)."""
+        return self._query_path is not None
 
     def _require(self) -> None:
         if self._model is None:
@@ -155,6 +162,7 @@ class SentenceTransformerEmbedder:
         # counts tokens on the index thread while the embed thread encodes, so it gets its own copy.
         self._counter = copy.deepcopy(model.tokenizer)
         self._model = model
+        self._query_path = _traced_query_path(model)
 
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self.load_sync)
@@ -180,12 +188,15 @@ class SentenceTransformerEmbedder:
         return np.asarray(out, dtype=np.float32)
 
     def encode_one_sync(self, text: str) -> Vectors:
-        """One text (a search query) through the model's own modules, without ``encode``'s
-        batching and per-call bookkeeping (about 5 ms of Python per call, a fifth of a query's
-        encoding on one thread); the same vector as ``encode_sync([text])``."""
+        """One text (a search query): through the traced transformer when the model is a plain
+        transformer with mean pooling (:func:`_traced_query_path`: half the CPU of the eager
+        modules), else through the model's own modules, without ``encode``'s batching and per-call
+        bookkeeping. Either way the vector of ``encode_sync([text])`` (to float rounding)."""
         import torch
 
         self.load_sync()
+        if self._query_path is not None:
+            return self._query_path(text)
         with torch.inference_mode():
             out = self._model.forward(self._model.preprocess([text]))["sentence_embedding"]
         return _normalise(out.float().numpy())
@@ -198,6 +209,78 @@ class SentenceTransformerEmbedder:
     async def close(self) -> None:
         # Waiting for the worker (it may be loading the model) must not hold the event loop.
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+
+# How far the traced query path may be from the eager modules on the probe texts (unit vectors;
+# float rounding gives about 2e-7).
+_TRACE_TOLERANCE = 1e-5
+_TRACE_PROBES = (
+    "probe",
+    "What did Caroline make in pottery class last Thursday, and who was with her?",
+    "long " * 400,  # past the model's input limit: truncated like encode truncates
+)
+
+
+def _traced_query_path(model: Any) -> Callable[[str], Vectors] | None:
+    """A faster encoder of one text for a sentence-transformers model made of a Hugging Face
+    transformer, mean pooling and (optionally) normalisation, such as the packaged MiniLM: the
+    transformer traced by TorchScript, frozen and optimised for inference (fused linear layers,
+    no Python per module), then mean pooling. A lone query is never padded, so its attention mask
+    is all ones, which is what the trace records. On this 2-core machine it takes 5.3 ms of CPU
+    for a 20-token query against 10-11 ms for the eager modules (MiniLM, one thread).
+
+    None (the eager modules answer) for any other model shape, or when tracing fails or the traced
+    vectors of the probe texts differ from the eager ones by more than ``_TRACE_TOLERANCE``."""
+    import torch
+
+    try:
+        kinds = [type(m).__name__ for m in model]
+        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            return None
+        if model[1].get_config_dict().get("pooling_mode") != "mean":
+            return None
+        transformer = model[0].auto_model
+        features = model.preprocess([_TRACE_PROBES[1]])
+        keys = ("input_ids", "attention_mask", "token_type_ids")
+        names = [k for k in keys if isinstance(features.get(k), torch.Tensor)]
+        if names[:2] != ["input_ids", "attention_mask"]:
+            return None
+
+        class Hidden(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.transformer = transformer
+
+            def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+                out = self.transformer(**dict(zip(names, tensors, strict=True)), return_dict=True)
+                hidden: torch.Tensor = out.last_hidden_state
+                return hidden
+
+        with torch.inference_mode(), warnings.catch_warnings():
+            # (the tracer warns about the branches it records as constants: padding and causal
+            # masking, which a lone unpadded query never takes; the probes below check the result)
+            warnings.simplefilter("ignore")
+            traced: Any = torch.jit.trace(  # type: ignore[no-untyped-call]
+                Hidden().eval(), tuple(features[k] for k in names), check_trace=False
+            )
+            traced = torch.jit.optimize_for_inference(torch.jit.freeze(traced))
+
+        def encode(text: str) -> Vectors:
+            f = model.preprocess([text])
+            with torch.inference_mode():
+                hidden = traced(*(f[k] for k in names))[0]
+                mask = f["attention_mask"][0].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(0) / mask.sum().clamp(min=1e-9)
+            return _normalise(pooled.float().numpy().reshape(1, -1))
+
+        for probe in _TRACE_PROBES:
+            with torch.inference_mode():
+                eager = model.forward(model.preprocess([probe]))["sentence_embedding"]
+            if float(np.abs(encode(probe) - _normalise(eager.float().numpy())).max()) > _TRACE_TOLERANCE:
+                return None
+    except Exception:  # any failure to trace leaves the eager path, which always works
+        return None
+    return encode
 
 
 USE_MODEL = "universal-sentence-encoder-multilingual-3"

@@ -284,26 +284,26 @@ class MemoryService:
         n = self.settings.search.candidates
         loop = asyncio.get_running_loop()
         # the full-text query (and the term shares of what it found) runs while the query is
-        # embedded, then beside the vector query
-        text_future = loop.run_in_executor(
-            self._reads, _text_side, store, table, query, agent, n, include_memory_md, with_share
-        )
+        # embedded; then one job takes the vector pool and merges it with the text side (one
+        # hand-over between threads fewer than a job each: under load each costs a wake-up)
+        text_job = self._reads.submit(_text_side, store, table, query, agent, n, include_memory_md, with_share)
         vector = None
         embedder = self._query_embedder()
         try:
             if embedder is not None:
                 vector = (await embedder.embed([query]))[0]
-            vec_rows: list[dict[str, Any]] = []
-            if vector is not None:
-                vec_rows = await loop.run_in_executor(
-                    self._reads, store.vector_pool, table, vector, agent, n, include_memory_md
-                )
-        finally:
-            text_rows, text_vectors, text_shares = await text_future
-        # off the event loop: a few milliseconds of Python when the pools are full
-        return await loop.run_in_executor(
-            self._reads, _merge, query, vector, vec_rows, (text_rows, text_vectors, text_shares), n, with_share
-        )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(text_job)
+            raise
+
+        def vector_side_and_merge() -> list[Candidate]:
+            # (the text job was queued first, so it runs or has run: waiting here cannot deadlock
+            # the two read threads)
+            vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md) if vector is not None else []
+            return _merge(query, vector, vec_rows, text_job.result(), n, with_share)
+
+        return await loop.run_in_executor(self._reads, vector_side_and_merge)
 
     # --- files -------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -23,11 +24,13 @@ import pyarrow as pa
 
 from memory.chunking import Chunk
 from memory.embedders import EmbedderIdentity, Vectors
+from memory.mirror import Mirror
 
 POINTER = "neotask-index.json"
 # 2: chunks carry context (date, preceding turn) and long lines are cut between words
 CHUNKER_VERSION = 2
-# From this many rows the table gets an IVF-HNSW-SQ index: at 20,000 rows the flat scan reads the
+# From this many rows the table gets an IVF-HNSW-SQ index (searches use it only without the in-memory
+# mirror, ``ChunkStore(mirror=False)``; with it they scan the mirror): at 20,000 rows the flat scan reads the
 # whole vector column (30 MB) per query, 30-45 ms, while the index answers in about 10 ms and, on
 # the conversation-20000 set of bench.memory_eval, finds 99.7 % of the exact top 100 (99.9 % of the
 # top 10) with the same recall at every k for every fusion (see docs/memory.md, Speed). Below it a
@@ -79,16 +82,23 @@ def _q(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _file_filters(files: Iterable[tuple[str, str]]) -> list[str]:
-    """SQL filters selecting the rows of the (agent, path) files, at most 200 paths each."""
+def _file_groups(files: Iterable[tuple[str, str]]) -> list[tuple[str, list[str], str]]:
+    """(agent, paths, SQL filter) selecting the rows of the (agent, path) files, at most 200
+    paths each."""
     by_agent: dict[str, list[str]] = {}
     for agent, path in files:
         by_agent.setdefault(agent, []).append(path)
-    return [
-        f"agent = {_q(agent)} AND path IN ({', '.join(_q(p) for p in paths[i : i + 200])})"
-        for agent, paths in by_agent.items()
-        for i in range(0, len(paths), 200)
-    ]
+    out = []
+    for agent, paths in by_agent.items():
+        for i in range(0, len(paths), 200):
+            part = paths[i : i + 200]
+            out.append((agent, part, f"agent = {_q(agent)} AND path IN ({', '.join(_q(p) for p in part)})"))
+    return out
+
+
+def _file_filters(files: Iterable[tuple[str, str]]) -> list[str]:
+    """SQL filters selecting the rows of the (agent, path) files, at most 200 paths each."""
+    return [where for _, _, where in _file_groups(files)]
 
 
 def schema(dims: int) -> pa.Schema:
@@ -139,9 +149,15 @@ TEXT_COLUMNS = ["chunk_id", "path", "start_line", "end_line", "heading", "text",
 
 
 class ChunkStore:
-    """LanceDB database at ``uri`` with the active table and, during a rebuild, a new one."""
+    """LanceDB database at ``uri`` with the active table and, during a rebuild, a new one.
 
-    def __init__(self, uri: Path) -> None:
+    With ``mirror`` (the default) each table's vectors and text columns are also kept in memory
+    (:mod:`memory.mirror`, loaded when a table is opened, kept in step by :meth:`write`): the
+    vector pool is an exact scan of them, and the full-text pool reads only chunk ids and scores
+    from LanceDB. Without it both pools are LanceDB queries (through the ANN index past
+    ``ANN_MIN_ROWS``)."""
+
+    def __init__(self, uri: Path, *, mirror: bool = True) -> None:
         import lancedb
 
         uri.mkdir(parents=True, exist_ok=True)
@@ -157,6 +173,9 @@ class ChunkStore:
         # is). A table that holds one agent's rows only needs no agent filter, which costs a
         # search a scan of the agent column (a third of a flat vector query at 20,000 rows).
         self._agents: dict[str, frozenset[str]] = {}
+        self._mirror_on = mirror
+        self._mirrors: dict[str, Mirror] = {}
+        self._mirror_lock = threading.Lock()
         pointer = self._read_pointer()
         try:
             if pointer is not None and pointer["table"] in self._tables():
@@ -164,6 +183,7 @@ class ChunkStore:
                 self.active = self._db.open_table(pointer["table"])
                 self.active_identity = identity
                 self._agents[self.active.name] = self._stored_agents(self.active)
+                self.mirror(self.active)
         except (KeyError, TypeError):  # an unreadable pointer: start a new index
             self.active = self.active_identity = None
 
@@ -182,6 +202,8 @@ class ChunkStore:
         name = f"chunks_{int(time.time() * 1000)}_{os.getpid()}"
         table = self._db.create_table(name, schema=schema(identity.dimensions))
         self._agents[name] = frozenset()
+        if self._mirror_on:
+            self._mirrors[name] = Mirror(identity.dimensions)
         return table
 
     def swap(self, table: Any, identity: IndexIdentity) -> None:
@@ -202,6 +224,7 @@ class ChunkStore:
 
     def drop(self, table: Any) -> None:
         self._agents.pop(table.name, None)
+        self._mirrors.pop(table.name, None)
         with contextlib.suppress(ValueError, FileNotFoundError, OSError):
             self._db.drop_table(table.name)
 
@@ -214,6 +237,19 @@ class ChunkStore:
                     self._db.drop_table(name)
 
     # --- reads -------------------------------------------------------------------------------
+
+    def mirror(self, table: Any) -> Mirror | None:
+        """The in-memory copy of ``table`` (loaded on first use), or None when mirroring is off."""
+        if not self._mirror_on or table is None:
+            return None
+        found = self._mirrors.get(table.name)
+        if found is None:
+            with self._mirror_lock:
+                found = self._mirrors.get(table.name)
+                if found is None:
+                    found = Mirror.load(table, table.schema.field("vector").type.list_size)
+                    self._mirrors[table.name] = found
+        return found
 
     @staticmethod
     def count(table: Any, agent: str | None = None) -> int:
@@ -269,16 +305,22 @@ class ChunkStore:
 
     def write(self, table: Any, remove: Sequence[tuple[str, str]], add: Sequence[pa.Table]) -> None:
         """Delete the rows of the (agent, path) files in ``remove``, then add the new rows."""
-        for where in _file_filters(remove):
+        mirror = self.mirror(table)
+        for agent, paths, where in _file_groups(remove):
             table.delete(where)
             self._writes += 1
+            if mirror is not None:
+                mirror.delete(agent, paths)
         rows = [t for t in add if t.num_rows]
         if rows:
             known = self._agents.get(table.name)
             added = frozenset(a for t in rows for a in t.column("agent").unique().to_pylist())
             self._agents[table.name] = (self._stored_agents(table) if known is None else known) | added
-            table.add(pa.concat_tables(rows))
+            batch = pa.concat_tables(rows)
+            table.add(batch)
             self._writes += 1
+            if mirror is not None:
+                mirror.add(batch)
             self._rows_since_optimize += sum(t.num_rows for t in rows)
         self.ensure_fts(table)
 
@@ -355,7 +397,9 @@ class ChunkStore:
     ) -> list[dict[str, Any]]:
         """The ``limit`` nearest chunks of ``agent`` by cosine distance (``_distance``), nearest first.
         Through an ANN index the candidates are re-ranked on their full vectors, so ``_distance``
-        is exact either way."""
+        is exact either way. With the mirror: an exact scan of the in-memory vectors."""
+        if (mirror := self.mirror(table)) is not None:
+            return mirror.snapshot.nearest(vector, agent, limit, include_memory_md)
         query = table.search(vector, vector_column_name="vector").distance_type("cosine")
         if self.has_ann(table):
             query = query.nprobes(ANN_NPROBES).refine_factor(ANN_REFINE)
@@ -374,7 +418,43 @@ class ChunkStore:
         search = table.search(MatchQuery(query, "content"), query_type="fts")  # type: ignore[call-arg]
         if (where := self._where(table, agent, include_memory_md)) is not None:
             search = search.where(where, prefilter=True)
+        if (mirror := self.mirror(table)) is not None:
+            return self._text_rows_from(mirror, table, search.limit(limit).select(["chunk_id", "_score"]).to_arrow())
         arrow = search.limit(limit).select([*TEXT_COLUMNS, "vector", "_score"]).to_arrow()
         dims = arrow.schema.field("vector").type.list_size
         vectors = arrow["vector"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, dims)
         return arrow.drop_columns(["vector"]).to_pylist(), vectors
+
+    @staticmethod
+    def _text_rows_from(
+        mirror: Mirror, table: Any, hits: pa.Table
+    ) -> tuple[list[dict[str, Any]], np.ndarray[Any, Any]]:
+        """The full-text hits' rows and vectors from the mirror; a hit on a row added after the
+        mirror's snapshot was taken is read from the table."""
+        snap = mirror.snapshot
+        ids = [str(c) for c in hits.column("chunk_id").to_pylist()]
+        scores = hits.column("_score").to_pylist()
+        rows = snap.rows_of(ids)
+        vectors, missing = snap.vectors_of(ids)
+        if missing:
+            wanted = [ids[i] for i in missing]
+            where = f"chunk_id IN ({', '.join(_q(c) for c in wanted)})"
+            arrow = table.search().where(where).select([*TEXT_COLUMNS, "vector"]).limit(len(wanted) * 2).to_arrow()
+            dims = mirror.dims
+            vecs = arrow["vector"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, dims)
+            found = arrow.drop_columns(["vector"]).to_pylist()
+            by_id = {r["chunk_id"]: (r, v) for r, v in zip(found, vecs, strict=True)}
+            vectors = vectors.copy() if vectors.shape[1] == dims else np.zeros((len(ids), dims), np.float32)
+            for i in missing:
+                row, vec = by_id.get(ids[i], (None, None))
+                rows[i] = row
+                if vec is not None:
+                    vectors[i] = vec
+        keep = [i for i, r in enumerate(rows) if r is not None]  # (a row deleted meanwhile: gone)
+        out: list[dict[str, Any]] = []
+        for i in keep:
+            row = rows[i]
+            assert row is not None
+            row["_score"] = scores[i]
+            out.append(row)
+        return out, np.asarray(vectors[keep], dtype=np.float32).reshape(len(keep), mirror.dims)

@@ -103,12 +103,16 @@ def test_packaged_model_embeds_offline(minilm: SentenceTransformerEmbedder) -> N
 
 @pytest.mark.slow
 def test_one_query_gets_the_vector_encode_gives_it(minilm: SentenceTransformerEmbedder) -> None:
-    """A search embeds its query alone through the model's modules (``encode_one_sync``), a
-    text longer than the model's input limit too: the same vector as ``encode``."""
+    """A search embeds its query alone through the traced transformer (``encode_one_sync``), a
+    text longer than the model's input limit and a Japanese one too: the same vector as
+    ``encode``, to float rounding."""
+    assert minilm.traced_query_path, "the packaged model's query path is traced"
     long = " ".join(f"word{i} about the garden and the budget" for i in range(120))
     assert minilm.count_tokens(long) > 2 * (minilm.max_input_tokens or 0)
-    for text in ("Who is my dentist?", "ok", long):
-        assert float(minilm.encode_one_sync(text)[0] @ minilm.encode_sync([text])[0]) > 0.99999
+    for text in ("Who is my dentist?", "ok", long, "旦那さんのバースデーはいつ？", "a " * 3):
+        one, batch = minilm.encode_one_sync(text)[0], minilm.encode_sync([text])[0]
+        assert float(np.abs(one - batch).max()) < 1e-5
+        assert float(one @ batch) > 0.99999
 
 
 @pytest.mark.slow

@@ -1,0 +1,243 @@
+"""An in-memory copy of a chunk table's vectors and text columns, for the search's vector pool.
+
+At 20,000 chunks a LanceDB vector query costs 10-25 ms even through the IVF-HNSW-SQ index (reading
+the re-ranked candidates' vectors and the results' text columns is most of it), and the full-text
+query's reading of its results' vectors another 5-10 ms; an exact scan of a float32 matrix in
+memory takes 1-3 ms. The daemon is the only writer of the table (``ChunkStore.write``), so the copy
+is kept in step with every delete and add, and it is loaded from the table when the store opens.
+
+Readers never lock: every write publishes a new immutable :class:`Snapshot` (one reference
+assignment). Adds fill spare rows of the vector buffer past the published count, which no snapshot
+reads; a delete copies the remaining rows into a new buffer. Cost: the vectors (4 bytes a dimension:
+15.4 MB per 10,000 chunks of 384 dimensions) plus the text columns (about their size in UTF-8).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memory.sources import MEMORY_MD
+
+# the columns a candidate needs, in the table's names (``content`` is what was embedded and indexed)
+COLUMNS = ["chunk_id", "agent", "path", "start_line", "end_line", "heading", "text", "content"]
+_COMBINE_CHUNKS = 32  # merge the text columns' arrow chunks once adds have made this many
+
+
+@functools.cache
+def _blas() -> Any:
+    from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
+
+    return ThreadpoolController()
+
+
+def _scores(vectors: np.ndarray[Any, Any], query: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``vectors @ query`` on one BLAS thread: numpy's OpenBLAS would use both cores, and on a
+    machine whose other core is busy the second thread waits for it (at 20,000 x 384: 1.4 ms on
+    one thread, 3-10 ms on two under load)."""
+    with _blas().limit(limits=1, user_api="blas"):
+        out: np.ndarray[Any, Any] = vectors @ query
+    return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The table's rows at one moment: row ``i`` of ``vectors`` is row ``i`` of ``rows``."""
+
+    vectors: np.ndarray[Any, Any]  # (n, dims) float32, a view of the mirror's buffer
+    inv_norms: np.ndarray[Any, Any]  # (n,) 1 / |vector| (0 for a zero vector)
+    rows: pa.Table  # COLUMNS
+    index: dict[str, int] = field(repr=False)  # chunk_id -> row
+    agents: frozenset[str] = frozenset()
+    agent_codes: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int32), repr=False)
+    agent_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    memory_md: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, bool), repr=False)
+
+    def __len__(self) -> int:
+        return int(self.vectors.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: vectors, norms, text columns and the row filters (not the id dict)."""
+        return int(self.vectors.nbytes + self.inv_norms.nbytes + self.rows.nbytes)
+
+    def allowed(self, agent: str, include_memory_md: bool) -> np.ndarray[Any, Any] | None:
+        """A row mask for ``agent``'s chunks (and without MEMORY.md); None: every row."""
+        mask: np.ndarray[Any, Any] | None = None
+        if not self.agents <= {agent}:
+            code = self.agent_ids.get(agent, -1)
+            mask = self.agent_codes == code
+        if not include_memory_md and self.memory_md.any():
+            mask = ~self.memory_md if mask is None else mask & ~self.memory_md
+        return mask
+
+    def nearest(
+        self, query: np.ndarray[Any, Any], agent: str, limit: int, include_memory_md: bool
+    ) -> list[dict[str, Any]]:
+        """The ``limit`` rows of ``agent`` nearest to ``query`` by cosine distance, nearest first,
+        each a dict of :data:`COLUMNS` (without ``agent``) and ``_distance`` (1 - cosine), exact."""
+        n = len(self)
+        if n == 0 or limit <= 0:
+            return []
+        q = np.asarray(query, dtype=np.float32)
+        norm = float(np.linalg.norm(q))
+        sims = _scores(self.vectors, q)
+        sims *= self.inv_norms
+        if norm > 0:
+            sims /= norm
+        mask = self.allowed(agent, include_memory_md)
+        if mask is not None:
+            sims = np.where(mask, sims, -np.inf)
+            n = int(mask.sum())
+        k = min(limit, n)
+        if k == 0:
+            return []
+        top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
+        top = top[np.lexsort((top, -sims[top]))]  # nearest first, then table order
+        rows: list[dict[str, Any]] = self.rows.take(pa.array(top)).drop_columns(["agent"]).to_pylist()
+        for row, s in zip(rows, sims[top].tolist(), strict=True):
+            row["_distance"] = 1.0 - s
+        return rows
+
+    def vectors_of(self, chunk_ids: list[str]) -> tuple[np.ndarray[Any, Any], list[int]]:
+        """The vectors of the ids this snapshot holds, and the positions (in ``chunk_ids``) of
+        those it does not (rows added after it was taken)."""
+        found = [self.index.get(c) for c in chunk_ids]
+        missing = [i for i, r in enumerate(found) if r is None]
+        rows = [r if r is not None else 0 for r in found]
+        return (self.vectors[rows] if len(self) else np.zeros((len(rows), 0), np.float32)), missing
+
+    def rows_of(self, chunk_ids: list[str]) -> list[dict[str, Any] | None]:
+        """The rows (``COLUMNS`` without ``agent``) of the ids; None where an id is not held."""
+        found = [self.index.get(c) for c in chunk_ids]
+        have = [r for r in found if r is not None]
+        taken = self.rows.take(pa.array(have, pa.int64())).drop_columns(["agent"]).to_pylist() if have else []
+        fetched = iter(taken)
+        return [next(fetched) if r is not None else None for r in found]
+
+
+def _empty_rows() -> pa.Table:
+    return pa.table(
+        {
+            "chunk_id": pa.array([], pa.string()),
+            "agent": pa.array([], pa.string()),
+            "path": pa.array([], pa.string()),
+            "start_line": pa.array([], pa.int32()),
+            "end_line": pa.array([], pa.int32()),
+            "heading": pa.array([], pa.string()),
+            "text": pa.array([], pa.string()),
+            "content": pa.array([], pa.string()),
+        }
+    )
+
+
+def _vectors(table: pa.Table, dims: int) -> np.ndarray[Any, Any]:
+    if table.num_rows == 0:
+        return np.zeros((0, dims), np.float32)
+    flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return np.asarray(flat, dtype=np.float32).reshape(-1, dims)
+
+
+def _inv_norms(vectors: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    norms = np.linalg.norm(vectors, axis=1)
+    out = np.zeros_like(norms, dtype=np.float32)
+    np.divide(1.0, norms, out=out, where=norms > 0)
+    return out
+
+
+class Mirror:
+    """The in-memory copy of one table. ``add`` and ``delete`` are called by the table's only
+    writer, after the same change succeeded in LanceDB; ``snapshot`` may be read from any thread."""
+
+    def __init__(self, dims: int) -> None:
+        self.dims = dims
+        self._lock = threading.Lock()  # writers only (one in practice)
+        self._buffer = np.zeros((0, dims), np.float32)
+        self._norms = np.zeros(0, np.float32)
+        self.snapshot = self._publish(0, _empty_rows(), {})
+
+    @classmethod
+    def load(cls, table: Any, dims: int) -> Mirror:
+        """A mirror of every row ``table`` (a LanceDB table) holds now."""
+        mirror = cls(dims)
+        count = int(table.count_rows())
+        if count:
+            data = table.search().select([*COLUMNS, "vector"]).limit(count).to_arrow()
+            mirror.add(data)
+        return mirror
+
+    def _publish(self, n: int, rows: pa.Table, index: dict[str, int]) -> Snapshot:
+        agents_col = rows.column("agent")
+        if rows.num_rows:
+            encoded = pc.dictionary_encode(agents_col).combine_chunks()
+            names = [str(a) for a in encoded.dictionary.to_pylist()]
+            codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+            md = pc.equal(rows.column("path"), MEMORY_MD).to_numpy(zero_copy_only=False).astype(bool)
+        else:
+            names, codes, md = [], np.zeros(0, np.int32), np.zeros(0, bool)
+        snap = Snapshot(
+            vectors=self._buffer[:n],
+            inv_norms=self._norms[:n],
+            rows=rows,
+            index=index,
+            agents=frozenset(names),
+            agent_codes=codes,
+            agent_ids={a: i for i, a in enumerate(names)},
+            memory_md=md,
+        )
+        self.snapshot = snap
+        return snap
+
+    def add(self, table: pa.Table) -> None:
+        """Rows just added to the table (its schema: at least ``COLUMNS`` and ``vector``)."""
+        if table.num_rows == 0:
+            return
+        vectors = _vectors(table, self.dims)
+        with self._lock:
+            old = self.snapshot
+            n, m = len(old), len(vectors)
+            if n + m > len(self._buffer):  # grow by half: adds stay amortized O(rows)
+                capacity = max(n + m, int(len(self._buffer) * 1.5) + 256)
+                buffer = np.zeros((capacity, self.dims), np.float32)
+                norms = np.zeros(capacity, np.float32)
+                buffer[:n] = self._buffer[:n]
+                norms[:n] = self._norms[:n]
+                self._buffer, self._norms = buffer, norms
+            self._buffer[n : n + m] = vectors  # past every published snapshot's rows
+            self._norms[n : n + m] = _inv_norms(vectors)
+            rows = pa.concat_tables([old.rows, table.select(COLUMNS).cast(old.rows.schema)])
+            if rows.column("chunk_id").num_chunks > _COMBINE_CHUNKS:
+                rows = rows.combine_chunks()
+            index = dict(old.index)
+            index.update(zip(table.column("chunk_id").to_pylist(), range(n, n + m), strict=True))
+            self._publish(n + m, rows, index)
+
+    def delete(self, agent: str, paths: list[str]) -> None:
+        """The rows of ``agent``'s files ``paths`` were deleted from the table."""
+        with self._lock:
+            old = self.snapshot
+            if len(old) == 0 or agent not in old.agents:
+                return
+            gone = pc.and_(
+                pc.equal(old.rows.column("agent"), agent), pc.is_in(old.rows.column("path"), pa.array(paths))
+            )
+            drop = gone.to_numpy(zero_copy_only=False).astype(bool)
+            if not drop.any():
+                return
+            keep = ~drop
+            vectors, norms = old.vectors[keep], old.inv_norms[keep]
+            n = len(vectors)
+            capacity = n + max(256, n // 2)
+            self._buffer = np.zeros((capacity, self.dims), np.float32)
+            self._norms = np.zeros(capacity, np.float32)
+            self._buffer[:n] = vectors
+            self._norms[:n] = norms
+            rows = old.rows.filter(pa.array(keep)).combine_chunks()
+            index = {c: i for i, c in enumerate(rows.column("chunk_id").to_pylist())}
+            self._publish(n, rows, index)

@@ -1,0 +1,130 @@
+"""The in-memory mirror of a chunk table (``memory.mirror``): the vector pool it gives is the exact
+flat scan LanceDB gives, and the full-text pool is LanceDB's, through deletes, adds, a reopen and
+rows it has not seen (real LanceDB on both sides)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memory.chunking import Chunk
+from memory.embedders import EmbedderIdentity
+from memory.mirror import Mirror
+from memory.store import ChunkStore, IndexIdentity, rows_table
+
+DIMS = 24
+WORDS = ["garden", "budget", "pottery", "violin", "harbour", "lantern", "orchard", "meadow"]
+pytestmark = pytest.mark.allow_blocking  # LanceDB on the test's own thread: no loop to protect
+
+
+def chunks(path: str, n: int, rng: np.random.Generator) -> list[Chunk]:
+    out = []
+    for i in range(n):
+        words = " ".join(rng.choice(WORDS, size=4))
+        out.append(Chunk(path=path, start_line=i + 1, end_line=i + 1, heading="H", text=f"{path} {i} {words}",
+                         content_hash=f"{path}-{i}-{words}"))  # fmt: skip
+    return out
+
+
+def unit(rng: np.random.Generator, n: int) -> np.ndarray[Any, Any]:
+    v = rng.normal(size=(n, DIMS)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def flat_pool(table: Any, query: np.ndarray[Any, Any], where: str | None, limit: int) -> list[dict[str, Any]]:
+    q = table.search(query, vector_column_name="vector").distance_type("cosine").bypass_vector_index()
+    if where:
+        q = q.where(where, prefilter=True)
+    cols = ["chunk_id", "path", "start_line", "end_line", "heading", "text", "content", "_distance"]
+    return list(q.limit(limit).select(cols).to_arrow().to_pylist())
+
+
+def same_pool(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    assert [r["chunk_id"] for r in got] == [r["chunk_id"] for r in want]
+    for g, w in zip(got, want, strict=True):
+        assert g["_distance"] == pytest.approx(w["_distance"], abs=1e-5)
+        assert {k: v for k, v in g.items() if k != "_distance"} == {k: v for k, v in w.items() if k != "_distance"}
+
+
+def check(store: ChunkStore, plain: ChunkStore, rng: np.random.Generator) -> None:
+    """The mirrored store's pools equal the plain store's (flat scan, LanceDB full text)."""
+    table, other = store.active, plain.active
+    for _ in range(8):
+        query = unit(rng, 1)[0]
+        for agent, include_md in (("main", True), ("main", False), ("ops", True)):
+            where = f"agent = '{agent}'" + ("" if include_md else " AND path != 'MEMORY.md'")
+            same_pool(store.vector_pool(table, query, agent, 15, include_md), flat_pool(other, query, where, 15))
+        words = " ".join(rng.choice(WORDS, size=2))
+        # (every match: rows of equal BM25 come back in no fixed order, so a cut could differ)
+        rows, vectors = store.text_pool(table, words, "main", 200, True)
+        want_rows, want_vectors = plain.text_pool(other, words, "main", 200, True)
+        assert rows and len(rows) < 200
+        got = {r["chunk_id"]: (r, v.tolist()) for r, v in zip(rows, vectors, strict=True)}
+        assert got == {r["chunk_id"]: (r, v.tolist()) for r, v in zip(want_rows, want_vectors, strict=True)}
+        assert [r["_score"] for r in rows] == sorted((r["_score"] for r in rows), reverse=True)
+
+
+def test_the_mirror_gives_the_exact_pools_through_writes_and_a_reopen(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    uri = tmp_path / "memory.lance"
+    store = ChunkStore(uri)
+    identity = IndexIdentity.of(EmbedderIdentity("test", "random", DIMS), 200, 40, None)
+    table = store.create_table(identity)
+    store.swap(table, identity)
+    files = [
+        ("main", "MEMORY.md", 6),
+        ("main", "memory/a.md", 30),
+        ("main", "memory/b.md", 40),
+        ("ops", "memory/a.md", 25),
+    ]
+    store.write(
+        table, [], [rows_table(a, "f", chunks(p, n, rng), unit(rng, n), DIMS) for a, p, n in files]
+    )  # fmt: skip
+    plain = ChunkStore(uri, mirror=False)
+    check(store, plain, rng)
+
+    # an edit: the file's rows are deleted and its new rows added; another file removed
+    store.write(
+        table, [("main", "memory/a.md")], [rows_table("main", "g", chunks("memory/a.md", 12, rng), unit(rng, 12), DIMS)]
+    )
+    store.write(table, [("main", "memory/b.md")], [])
+    mirror = store.mirror(table)
+    assert mirror is not None and len(mirror.snapshot) == table.count_rows() == 6 + 12 + 25
+    check(store, ChunkStore(uri, mirror=False), rng)
+
+    reopened = ChunkStore(uri)  # loads its mirror from the table
+    assert reopened.mirror(reopened.active) is not None
+    check(reopened, ChunkStore(uri, mirror=False), rng)
+
+
+def test_a_full_text_hit_the_mirror_has_not_seen_is_read_from_the_table(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    store = ChunkStore(tmp_path / "memory.lance")
+    identity = IndexIdentity.of(EmbedderIdentity("test", "random", DIMS), 200, 40, None)
+    table = store.create_table(identity)
+    store.swap(table, identity)
+    store.write(table, [], [rows_table("main", "f", chunks("memory/a.md", 10, rng), unit(rng, 10), DIMS)])
+    unseen = Chunk("memory/new.md", 1, 1, "H", "a zeppelin over the quarry", "zeppelin")
+    vector = unit(rng, 1)
+    table.add(rows_table("main", "z", [unseen], vector, DIMS))  # behind the mirror's back
+    table.optimize()
+    rows, vectors = store.text_pool(table, "zeppelin quarry", "main", 10, True)
+    assert [r["path"] for r in rows] == ["memory/new.md"]
+    assert rows[0]["text"] == unseen.text and rows[0]["_score"] > 0
+    assert np.allclose(vectors[0], vector[0])
+
+
+def test_an_empty_mirror_and_filters_that_match_nothing() -> None:
+    mirror = Mirror(DIMS)
+    query = np.ones(DIMS, np.float32)
+    assert mirror.snapshot.nearest(query, "main", 10, True) == []
+    rng = np.random.default_rng(1)
+    mirror.add(rows_table("main", "f", chunks("MEMORY.md", 3, rng), unit(rng, 3), DIMS))
+    assert mirror.snapshot.nearest(query, "ops", 10, True) == []
+    assert mirror.snapshot.nearest(query, "main", 10, False) == []
+    assert len(mirror.snapshot.nearest(query, "main", 10, True)) == 3
+    mirror.delete("main", ["MEMORY.md"])
+    assert len(mirror.snapshot) == 0 and mirror.snapshot.nearest(query, "main", 10, True) == []
