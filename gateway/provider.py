@@ -23,11 +23,12 @@ from typing import Any, Literal, cast
 
 import httpx2
 import openai
+from openai._models import FinalRequestOptions
 from pydantic import BaseModel
 
 from config.errors import ConfigError, ProviderFailure
 from config.settings import ModelSettings
-from gateway.provider_transport import AiohttpTransport, byte_lines, sse_data
+from gateway.provider_transport import AiohttpTransport, LeanAsyncClient, byte_lines, sse_data
 
 ProviderErrorKind = Literal["overflow", "timeout", "http", "connection", "malformed"]
 DeltaCallback = Callable[[str], Awaitable[None]]
@@ -268,10 +269,14 @@ class ChatProvider:
             api_key=api_key or "not-needed",
             timeout=settings.timeout_s,
             max_retries=settings.max_retries,
-            http_client=httpx2.AsyncClient(
+            http_client=LeanAsyncClient(
                 transport=AiohttpTransport(), timeout=settings.timeout_s, follow_redirects=True
             ),
         )
+        # What the SDK's ``post`` builds on every call (a pydantic model whose defaults are deep
+        # copied field by field); each call sends a copy of it with its body (the SDK copies its
+        # options again before it changes anything).
+        self._options = FinalRequestOptions.construct(method="post", url=_PATH)
 
     async def close(self) -> None:
         await self._client.close()
@@ -323,7 +328,7 @@ class ChatProvider:
         tool_choice: str | dict[str, Any] | None = None,
     ) -> Completion:
         body = self._body(messages, tools, name, limit, tool_choice, stream=False)
-        response = await self._client.post(_PATH, cast_to=httpx2.Response, content=body)
+        response = await self._client.request(httpx2.Response, self._request_options(body))
         data = _load(response.content, "the response body")
         self._raise_inline_error(data, name)
         choices = _list(data.get("choices"), "choices")
@@ -361,7 +366,7 @@ class ChatProvider:
         body = self._body(messages, tools, name, limit, tool_choice, stream=True)
         response = cast(
             httpx2.Response,
-            await self._client.post(_PATH, cast_to=httpx2.Response, content=body, stream=True, stream_cls=None),
+            await self._client.request(httpx2.Response, self._request_options(body), stream=True, stream_cls=None),
         )
         try:
             events, done = sse_data(byte_lines(response.aiter_bytes())), False
@@ -392,6 +397,10 @@ class ChatProvider:
         if chunks == 0:
             raise _Malformed("the stream ended without a single chunk")
         return Completion("".join(parts), calls.result(), usage, finish, answered_model)
+
+    def _request_options(self, body: bytes) -> FinalRequestOptions:
+        """The SDK's ``post(_PATH, content=body)`` options, copied from the provider's template."""
+        return self._options.model_copy(update={"content": body})
 
     def _body(
         self,
