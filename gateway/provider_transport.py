@@ -30,7 +30,7 @@ class LeanAsyncClient(httpx2.AsyncClient):
         merged = self._merged.get(url)
         if merged is None:
             merged = super()._merge_url(url)
-            if merged.is_absolute_url:
+            if url.startswith(("http://", "https://")):  # a relative one depends on base_url
                 self._merged[url] = merged
         return merged
 
