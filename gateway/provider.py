@@ -8,8 +8,9 @@ that is not a completion is reported as ``malformed`` instead of surfacing as an
 
 Per call the gateway pays the SDK's request path on top of its own work, so the hot path is kept
 lean (issue 15): one client for the provider's life, the body encoded once as bytes and sent with
-the SDK's ``post`` (not the typed ``create``), a stream read to its end so its connection is
-reused, and ``AiohttpTransport`` under the SDK instead of httpx's default stack.
+the SDK's ``request`` (what its ``post`` calls, with options built once per provider; not the typed
+``create``), a stream read to its end so its connection is reused, and ``AiohttpTransport`` under
+the SDK (in ``LeanAsyncClient``, which parses each URL once) instead of httpx's default stack.
 """
 
 from __future__ import annotations
