@@ -8,8 +8,9 @@ that is not a completion is reported as ``malformed`` instead of surfacing as an
 
 Per call the gateway pays the SDK's request path on top of its own work, so the hot path is kept
 lean (issue 15): one client for the provider's life, the body encoded once as bytes and sent with
-the SDK's ``post`` (not the typed ``create``), a stream read to its end so its connection is
-reused, and ``AiohttpTransport`` under the SDK instead of httpx's default stack.
+the SDK's ``request`` (what its ``post`` calls, with options built once per provider; not the typed
+``create``), a stream read to its end so its connection is reused, and ``AiohttpTransport`` under
+the SDK (in ``LeanAsyncClient``, which parses each URL once) instead of httpx's default stack.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from typing import Any, Literal, cast
 
 import httpx2
 import openai
+import orjson
+from openai._models import FinalRequestOptions
 from pydantic import BaseModel
 
 from config.errors import ConfigError, ProviderFailure
 from config.settings import ModelSettings
-from gateway.provider_transport import AiohttpTransport, byte_lines, sse_data
+from gateway.provider_transport import AiohttpTransport, LeanAsyncClient, byte_lines, sse_data
 
 ProviderErrorKind = Literal["overflow", "timeout", "http", "connection", "malformed"]
 DeltaCallback = Callable[[str], Awaitable[None]]
@@ -268,10 +271,14 @@ class ChatProvider:
             api_key=api_key or "not-needed",
             timeout=settings.timeout_s,
             max_retries=settings.max_retries,
-            http_client=httpx2.AsyncClient(
+            http_client=LeanAsyncClient(
                 transport=AiohttpTransport(), timeout=settings.timeout_s, follow_redirects=True
             ),
         )
+        # What the SDK's ``post`` builds on every call (a pydantic model whose defaults are deep
+        # copied field by field); each call sends a copy of it with its body (the SDK copies its
+        # options again before it changes anything).
+        self._options = FinalRequestOptions.construct(method="post", url=_PATH)
 
     async def close(self) -> None:
         await self._client.close()
@@ -323,7 +330,7 @@ class ChatProvider:
         tool_choice: str | dict[str, Any] | None = None,
     ) -> Completion:
         body = self._body(messages, tools, name, limit, tool_choice, stream=False)
-        response = await self._client.post(_PATH, cast_to=httpx2.Response, content=body)
+        response = await self._client.request(httpx2.Response, self._request_options(body))
         data = _load(response.content, "the response body")
         self._raise_inline_error(data, name)
         choices = _list(data.get("choices"), "choices")
@@ -361,7 +368,7 @@ class ChatProvider:
         body = self._body(messages, tools, name, limit, tool_choice, stream=True)
         response = cast(
             httpx2.Response,
-            await self._client.post(_PATH, cast_to=httpx2.Response, content=body, stream=True, stream_cls=None),
+            await self._client.request(httpx2.Response, self._request_options(body), stream=True, stream_cls=None),
         )
         try:
             events, done = sse_data(byte_lines(response.aiter_bytes())), False
@@ -393,6 +400,10 @@ class ChatProvider:
             raise _Malformed("the stream ended without a single chunk")
         return Completion("".join(parts), calls.result(), usage, finish, answered_model)
 
+    def _request_options(self, body: bytes) -> FinalRequestOptions:
+        """The SDK's ``post(_PATH, content=body)`` options, copied from the provider's template."""
+        return self._options.model_copy(update={"content": body})
+
     def _body(
         self,
         messages: list[dict[str, Any]],
@@ -416,7 +427,13 @@ class ChatProvider:
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        return _BODY_ENCODER.encode(body).encode()
+        try:
+            # Compact UTF-8 like the encoder below, ~25x faster (0.12 ms -> 5 us for 16 messages
+            # and a tool here). Floats may be spelled differently (same values); a NaN, which json
+            # refuses here, is sent as null.
+            return orjson.dumps(body)
+        except TypeError:  # what orjson refuses (an integer past 64 bits, a lone surrogate): json's word
+            return _BODY_ENCODER.encode(body).encode()
 
     def _raise_inline_error(self, data: Mapping[str, Any], name: str) -> None:
         """Some servers report errors in a 200 body or inside the stream."""

@@ -165,7 +165,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await parse_body(request, ChatCompletionBody, request.app[K.CONFIG].settings.gateway.max_body_bytes)
     agent_id = compat.agent_for(body.model)
     instructions, messages = chat_conversation(body.messages)
-    tools = chat_tools(body.tools, compat.own_tools())
+    tools = chat_tools(body.tools, compat.own_tools()) if body.tools else ()
     choice = tool_choice(body.tool_choice, {t["function"]["name"] for t in tools})
     target = compat.target(agent_id, header_key=SESSION_PARAM.raw(request), user=body.user)
     call = Call(target, instructions, messages, tools, choice)
@@ -257,7 +257,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     compat = service(request)
     body = await parse_body(request, ResponsesBody, request.app[K.CONFIG].settings.gateway.max_body_bytes)
     instructions, messages = responses_conversation(body)
-    tools = chat_tools(body.tools, compat.own_tools())
+    tools = chat_tools(body.tools, compat.own_tools()) if body.tools else ()
     choice = tool_choice(body.tool_choice, {t["function"]["name"] for t in tools})
     if body.previous_response_id:
         ref = await compat.previous(body.previous_response_id)

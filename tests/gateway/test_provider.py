@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from openai.types import CompletionUsage
@@ -23,6 +24,7 @@ from gateway.provider import (
     _SDKClient,
     is_context_overflow,
 )
+from gateway.provider_transport import LeanAsyncClient
 from tests.support.openai_server import (
     Fail,
     Hang,
@@ -435,3 +437,28 @@ def test_the_sdk_client_memoizes_the_url_of_a_path_and_follows_a_new_base_url() 
     assert memo._prepare_url("/models") == plain._prepare_url("/models")
     memo.base_url = "http://127.0.0.1:8/v2"
     assert str(memo._prepare_url("/chat/completions")) == "http://127.0.0.1:8/v2/chat/completions"
+
+
+async def test_the_lean_client_parses_an_absolute_url_once_and_merges_relative_ones_as_httpx_does() -> None:
+    async with (
+        LeanAsyncClient(base_url="http://127.0.0.1:9/v1/") as lean,
+        httpx2.AsyncClient(base_url="http://127.0.0.1:9/v1/") as plain,
+    ):
+        url = "http://127.0.0.1:8/v1/chat/completions?x=1"
+        first = lean._merge_url(url)
+        assert first == plain._merge_url(url) and lean._merge_url(url) is first
+        assert lean._merge_url("models") == plain._merge_url("models") == httpx2.URL("http://127.0.0.1:9/v1/models")
+        assert lean._merged is not None and "models" not in lean._merged
+        lean.base_url = "http://127.0.0.1:7/v2/"
+        assert lean._merge_url("models") == httpx2.URL("http://127.0.0.1:7/v2/models")
+
+
+async def test_each_call_sends_its_own_body_and_the_template_stays_empty(
+    openai_server: OpenAIServer, make_provider: MakeProvider
+) -> None:
+    provider = make_provider()
+    await provider.complete(USER)
+    await provider.complete([{"role": "user", "content": "second"}])
+    first, second = (r.body["messages"] for r in openai_server.chat_requests)
+    assert (first, second) == (USER, [{"role": "user", "content": "second"}])
+    assert provider._options.content is None and provider._options.idempotency_key is None

@@ -46,6 +46,21 @@ async def test_a_message_record_carries_what_was_sent(store: StoreProtocol) -> N
     assert reply["reply_to"] == 1 and "name" not in reply
 
 
+async def test_the_context_read_waits_for_queued_appends_and_reads_the_same_once_they_are_durable(
+    store: StoreProtocol,
+) -> None:
+    run = await start(store)
+    await store.append(run, user("first"))
+    message = user("queued")
+    record, durable = store.queue_append(run, message)
+    assert run.appends_pending == 1
+    while_queued = await store.read_context(run)  # through the writer, after the queued line
+    assert [line["content"] for line in while_queued] == ["first", "queued"]
+    await store.finish_append(run, message, record, durable)
+    assert run.appends_pending == 0
+    assert await store.read_context(run) == while_queued  # nothing queued: read without the writer
+
+
 async def test_commands_are_stored_but_kept_out_of_the_context(store: StoreProtocol) -> None:
     run = await start(store)
     await store.append(run, user("hello"))
