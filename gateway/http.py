@@ -13,9 +13,10 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web, web_protocol
 from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
@@ -56,6 +57,23 @@ def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | Non
         content_type="application/json",
         headers=headers,
     )
+
+
+_JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}  # what json_response's text= sets
+
+
+def message_response(body: Mapping[str, Any]) -> web.Response:
+    """The 200 answer of the message routes, encoded by orjson: the same values and field order
+    as ``json_response`` without the spaces after ``,`` and ``:`` (JSON whitespace is no
+    contract), about a quarter of its cost. An answer with events (which may hold floats, which
+    orjson writes differently: ``1e16`` for ``1e+16``) or that orjson refuses (integers beyond
+    64 bits, lone surrogates) goes through ``json_response``."""
+    if not body.get("events"):
+        try:
+            return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
+        except (orjson.JSONEncodeError, TypeError):
+            pass
+    return json_response(body)
 
 
 # aiohttp's own refusals (no route, wrong method, ...) answered with the code of our class for that status
