@@ -4,19 +4,21 @@ done at import."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
 from gateway.api import admin, docs, history, hooks, memory, runs, scheduler, sessions, system, ui
 from gateway.connections import GUARD, ConnectionGuard
-from gateway.hosts import allowed_hosts, host_middleware
-from gateway.http import BODY_TIMEOUT, auth_middleware, errors_middleware
+from gateway.hosts import allowed_hosts, host_check
+from gateway.http import BODY_TIMEOUT, Handler, auth_check, error_answer, new_request_id
 from gateway.openai_compat import routes as openai_routes
-from gateway.openai_compat.errors import openai_errors_middleware
+from gateway.openai_compat.errors import is_compat, openai_errors_middleware
 from gateway.services import open_services
 
 
@@ -33,11 +35,7 @@ def create_app(
     )
     app = web.Application(
         middlewares=[
-            guard.middleware(),
-            errors_middleware,
-            openai_errors_middleware,
-            host_middleware(allowed_hosts(settings.gateway)),
-            auth_middleware(settings.gateway.tokens),
+            front_middleware(guard, host_check(allowed_hosts(settings.gateway)), auth_check(settings.gateway.tokens)),
         ],
         client_max_size=settings.gateway.max_body_bytes,
     )
@@ -67,6 +65,48 @@ def create_app(
     ):
         app.router.add_routes(table)
     return app
+
+
+Check = Callable[[web.Request], None]
+
+
+def front_middleware(guard: ConnectionGuard, check_host: Check | None, check_auth: Check | None) -> Middleware:
+    """What every request goes through, in this order, as one coroutine (five stacked middlewares
+    cost a coroutine frame and an await each, per request): the connection guard marks the
+    connection busy; the request id; errors become the gateway's error body (on the OpenAI routes,
+    ``openai_errors_middleware`` gives them OpenAI's shape first); the ``Host`` allow-list; bearer
+    auth; the handler."""
+
+    async def checked(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if check_host is not None:
+            check_host(request)
+        if check_auth is not None:
+            check_auth(request)
+        return await handler(request)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        conn = guard.enter(request)
+        try:
+            request_id = new_request_id(request)
+            try:
+                if is_compat(request.path):
+                    response = await openai_errors_middleware(request, partial(checked, handler=handler))
+                else:
+                    if check_host is not None:
+                        check_host(request)
+                    if check_auth is not None:
+                        check_auth(request)
+                    response = await handler(request)
+            except Exception as exc:
+                return error_answer(request, request_id, exc)
+            response.headers.setdefault("X-Request-Id", request_id)
+            return response
+        finally:
+            if conn is not None:
+                guard.leave(conn)
+
+    return middleware
 
 
 async def _services_context(app: web.Application) -> AsyncIterator[None]:

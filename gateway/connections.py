@@ -145,25 +145,34 @@ class ConnectionGuard:
             conn.timer.cancel()
             conn.timer = None
 
+    def enter(self, request: web.Request) -> GuardedProtocol | None:
+        """Marks the request's connection busy (None: not served through ``GuardedSite``, e.g.
+        the test client); ``leave`` it once the request is handled. Cheap: two dict operations."""
+        conn = self.open.get(request.protocol)
+        if conn is not None:
+            conn.started = True
+            conn.busy += 1
+            self.idle.pop(conn, None)
+        return conn
+
+    def leave(self, conn: GuardedProtocol) -> None:
+        conn.busy -= 1
+        if conn.busy == 0 and conn.inner in self.open:
+            self.idle[conn] = None  # newest idle last: evicted after every older one
+
     def middleware(self) -> Middleware:
-        """Marks a connection busy while a request on it is handled (cheap: two dict operations)."""
-        open_connections = self.open
-        idle = self.idle
+        """``enter`` and ``leave`` around each request (the daemon does it in its one front
+        middleware, ``gateway.app.front_middleware``)."""
 
         @web.middleware
         async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-            conn = open_connections.get(request.protocol)
-            if conn is None:  # not served through GuardedSite (the test client)
+            conn = self.enter(request)
+            if conn is None:
                 return await handler(request)
-            conn.started = True
-            conn.busy += 1
-            idle.pop(conn, None)
             try:
                 return await handler(request)
             finally:
-                conn.busy -= 1
-                if conn.busy == 0 and conn.inner in open_connections:
-                    idle[conn] = None  # newest idle last: evicted after every older one
+                self.leave(conn)
 
         return middleware
 

@@ -9,7 +9,7 @@ API and any Host is accepted. A request without a Host header (HTTP/1.0) is not 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
@@ -49,26 +49,40 @@ def allowed_hosts(settings: GatewaySettings) -> frozenset[str] | None:
     return None if settings.tokens else frozenset()
 
 
-def host_middleware(extra: Iterable[str] | None) -> Middleware:
-    names = None if extra is None else frozenset(extra) | LOOPBACK_NAMES
+def host_check(extra: Iterable[str] | None) -> Callable[[web.Request], None] | None:
+    """Raises ``HostNotAllowed`` for a request whose ``Host`` is neither a loopback name nor in
+    ``extra``; None when any Host is accepted (``extra`` None)."""
+    if extra is None:
+        return None
+    names = frozenset(extra) | LOOPBACK_NAMES
     seen: dict[str, bool] = {}  # header value -> verdict; bounded, so a flood of names cannot grow it
+
+    def check(request: web.Request) -> None:
+        header = request.headers.get(hdrs.HOST)
+        if header is None:
+            return
+        verdict = seen.get(header)
+        if verdict is None:
+            name = host_name(header)
+            verdict = name in names or is_loopback_name(name)
+            if len(seen) < 256:
+                seen[header] = verdict
+        if not verdict:
+            raise HostNotAllowed(
+                f"Host {header[:100]!r} is not allowed: without gateway.tokens only loopback names are"
+                " accepted (against DNS rebinding); add the name to gateway.allowed_hosts"
+            )
+
+    return check
+
+
+def host_middleware(extra: Iterable[str] | None) -> Middleware:
+    check = host_check(extra)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if names is not None:
-            header = request.headers.get(hdrs.HOST)
-            if header is not None:
-                verdict = seen.get(header)
-                if verdict is None:
-                    name = host_name(header)
-                    verdict = name in names or is_loopback_name(name)
-                    if len(seen) < 256:
-                        seen[header] = verdict
-                if not verdict:
-                    raise HostNotAllowed(
-                        f"Host {header[:100]!r} is not allowed: without gateway.tokens only loopback names are"
-                        " accepted (against DNS rebinding); add the name to gateway.allowed_hosts"
-                    )
+        if check is not None:
+            check(request)
         return await handler(request)
 
     return middleware

@@ -13,7 +13,7 @@ from config.errors import NeotaskError
 from gateway import keys as K
 from gateway.commands import dispatch
 from gateway.contract import OBJ, STR, Answer, ref
-from gateway.http import REQUEST_ID, error_body, json_response
+from gateway.http import REQUEST_ID, error_body, message_response
 from gateway.turns import Post
 from sessions.records import USAGE_KEYS
 
@@ -68,7 +68,7 @@ async def answer(request: web.Request, post: Post, *, stream: bool) -> web.Strea
     commands = request.app[K.COMMANDS]
     if not stream:
         outcome = await dispatch(commands, post)
-        return json_response(outcome.body())
+        return message_response(outcome.body())
 
     response: web.StreamResponse | None = None
 

@@ -9,6 +9,9 @@ their futures together: one sync covers every append that arrived meanwhile.
 Hand-offs are per batch, not per message, both ways: the loop collects the operations queued
 during one pass of its callbacks and passes them over in one queue item (one wake-up of the
 thread, one contest for the GIL), and the thread resolves a batch's futures in one callback.
+Per append the thread makes one ``write`` (each system call hands the GIL back and must win it
+again from the busy loop): the size a failed append cuts back to is kept per open file, not read
+by an ``fstat`` each time (``_size`` says when it is dropped), and syncs are ``fdatasync``.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class AppendWriter:
         self.stats = WriterStats()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._handles: OrderedDict[Path, int] = OrderedDict()
+        self._sizes: dict[int, int] = {}  # open descriptor -> its file's size, see ``_size``
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_pool: ThreadPoolExecutor | None = None
@@ -175,12 +179,29 @@ class AppendWriter:
     def close_handles_under(self, folder: Path) -> None:
         """Drop cached handles of files inside ``folder`` (before it is moved or removed)."""
         for path in [p for p in self._handles if p.is_relative_to(folder)]:
-            os.close(self._handles.pop(path))
+            self._close(self._handles.pop(path))
 
     def close_handle(self, path: Path) -> None:
         fd = self._handles.pop(path, None)
         if fd is not None:
-            os.close(fd)
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        self._sizes.pop(fd, None)  # the number may be reused by the next open
+        os.close(fd)
+
+    def _size(self, fd: int) -> int:
+        """The size of ``fd``'s file: what a failed append cuts back to. Kept per descriptor
+        instead of an ``fstat`` per append: read once by ``fstat``, then advanced by each append
+        written whole. It is exact because only this thread changes run files while the store is
+        open (appends, cuts, and ``call`` functions); it is dropped, so the next append reads it
+        again, whenever it could be wrong: after any failed write or cut, after every ``call``
+        (which may rewrite, truncate or replace files by other means), on ``reopen``, and when
+        the descriptor is closed (its number may be reused)."""
+        size = self._sizes.get(fd)
+        if size is None:
+            size = self._sizes[fd] = os.fstat(fd).st_size
+        return size
 
     def _fd(self, path: Path) -> int:
         fd = self._handles.get(path)
@@ -202,7 +223,7 @@ class AppendWriter:
         or worse a reused, descriptor)."""
         while len(self._handles) > self.max_open:
             _, old = self._handles.popitem(last=False)
-            os.close(old)
+            self._close(old)
 
     def _run(self) -> None:
         stopping = False
@@ -223,11 +244,15 @@ class AppendWriter:
                     self._write(op, dirty)
                     done.append(op)
                 elif isinstance(op, _Reopen):
+                    self._sizes.clear()
                     if op.path not in self._stuck:
                         self._barred.pop(op.path, None)
                 else:
                     self._sync(dirty)
-                    self._invoke(op)
+                    try:
+                        self._invoke(op)
+                    finally:
+                        self._sizes.clear()
                     done.append(op)
             self._sync(dirty)
             self._trim_handles()
@@ -236,6 +261,7 @@ class AppendWriter:
         for fd in self._handles.values():
             os.close(fd)
         self._handles.clear()
+        self._sizes.clear()
 
     def _write(self, op: _Append, dirty: dict[int, list[_Append]]) -> None:
         barred = self._barred.get(op.path) or (self._barred.get(op.also[0]) if op.also else None)
@@ -244,15 +270,19 @@ class AppendWriter:
             return
         try:
             fd = self._fd(op.path)
-            op.start = os.fstat(fd).st_size
+            op.start = self._size(fd)
+            self._sizes.pop(fd)  # unknown until the write is whole
             _write_all(fd, op.data)
+            self._sizes[fd] = op.start + len(op.data)
             if op.also is not None:
                 also_fd = self._fd(op.also[0])
-                op.also_start = os.fstat(also_fd).st_size
+                op.also_start = self._size(also_fd)
+                self._sizes.pop(also_fd)
                 _write_all(also_fd, op.also[1])
+                self._sizes[also_fd] = op.also_start + len(op.also[1])
             self.stats.appends += 1
             if op.durable and self.fsync == "always":
-                os.fsync(fd)
+                _datasync(fd)
                 self.stats.syncs += 1
             elif op.durable and self.fsync == "batch":
                 dirty.setdefault(fd, []).append(op)
@@ -282,6 +312,7 @@ class AppendWriter:
     def _cut(self, path: Path, size: int) -> None:
         try:
             fd = self._fd(path)
+            self._sizes.pop(fd, None)  # read again by the next append, whatever happens here
             if os.fstat(fd).st_size > size:
                 os.ftruncate(fd, size)
         except OSError as exc:
@@ -292,9 +323,9 @@ class AppendWriter:
             self._barred[path] = exc
 
     def _sync(self, dirty: dict[int, list[_Append]]) -> None:
-        """Make every touched file durable. One file: fsync. Several: one ``syncfs`` of their
+        """Make every touched file durable. One file: fdatasync. Several: one ``syncfs`` of their
         filesystem where the platform has it (a batch of 64 files costs about one flush instead
-        of 64 in a row), else fsyncs run in parallel. Either way the batch waits for all of it."""
+        of 64 in a row), else fdatasyncs run in parallel. Either way the batch waits for all of it."""
         if not dirty:
             return
         items = list(dirty.items())
@@ -360,9 +391,16 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+# An append's durability needs its data and the file's new size on disk, not its times:
+# ``fdatasync`` flushes exactly that (POSIX: metadata "needed to allow a subsequent data retrieval",
+# which includes the size an append or a cut changes) and skips the mtime-only inode write that
+# ``fsync`` adds. A new file's directory entry is synced separately (``fsync_dir``), as before.
+_datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+
+
 def _fsync(fd: int) -> OSError | None:
     try:
-        os.fsync(fd)
+        _datasync(fd)
     except OSError as exc:
         return exc
     return None
