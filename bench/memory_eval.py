@@ -13,8 +13,10 @@ service's own fusion code (``memory.fusion.fuse``):
 - ``rrf``: weighted reciprocal rank fusion; ``score`` (shipped): weighted mean of the cosine and
   the text strength (``memory.fusion.text_strength``: the cube of the share of the query's terms
   held, and BM25 through a Hill curve);
-- ``bm25``: an independent baseline, ``bm25s`` (Snowball stemmer, English stop words) over the
-  chunks' own text, i.e. the turns without their added context.
+- ``bm25``: an independent baseline, ``bm25s`` (Snowball stemmer, English stop words), twice: over
+  the chunks' own text (the turns alone, as a plain BM25 over a transcript sees them) and over the
+  indexed text (heading, preceding turn and turn: what Neotask's full-text side searches). The
+  hybrid must beat the stronger of the two by 5 points @10 on the conversation sets.
 
 Recall@k of a question is the share of its evidence turns among the first k results (a result
 holds a turn when it is the same file and its line range covers the turn); MRR uses the first.
@@ -31,7 +33,7 @@ import pickle
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,7 @@ class EvalSet:
     bm25: dict[str, list[tuple[str, int, int]]]  # question text -> ranked (path, start, end)
     chunks: int
     index_seconds: float
+    bm25_indexed: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)  # over ``content``
 
 
 def notes_questions(root: Path) -> list[Question]:
@@ -73,27 +76,38 @@ def make_embedder(name: str) -> Embedder:
     return UniversalSentenceEncoderEmbedder() if name == "use" else SentenceTransformerEmbedder()
 
 
-def _bm25_baseline(uri: Path, questions: Sequence[Question]) -> tuple[dict[str, list[tuple[str, int, int]]], int]:
+Ranked = dict[str, list[tuple[str, int, int]]]
+
+
+def _bm25_baseline(uri: Path, questions: Sequence[Question]) -> tuple[Ranked, Ranked, int]:
+    """bm25s over the chunks' own text and over their indexed text; the number of chunks."""
     import bm25s
     import lancedb
     import snowballstemmer
 
     pointer = json.loads((uri / POINTER).read_text("utf-8"))
     table = lancedb.connect(str(uri)).open_table(pointer["table"])
-    rows = table.search().select(["path", "start_line", "end_line", "text"]).limit(table.count_rows()).to_list()
-    stemmer = snowballstemmer.stemmer("english")
-    retriever = bm25s.BM25()
-    retriever.index(
-        bm25s.tokenize([r["text"] for r in rows], stopwords="en", stemmer=stemmer, show_progress=False),
-        show_progress=False,
+    rows = (
+        table.search().select(["path", "start_line", "end_line", "text", "content"]).limit(table.count_rows()).to_list()
     )
-    k = min(25, len(rows))
+    stemmer = snowballstemmer.stemmer("english")
     q_tokens = bm25s.tokenize([q.text for q in questions], stopwords="en", stemmer=stemmer, show_progress=False)
-    docs, _ = retriever.retrieve(q_tokens, k=k, show_progress=False, n_threads=1)
-    out = {}
-    for q, ranked in zip(questions, docs, strict=True):
-        out[q.text] = [(rows[i]["path"], rows[i]["start_line"], rows[i]["end_line"]) for i in ranked]
-    return out, len(rows)
+    k = min(25, len(rows))
+    ranked: list[Ranked] = []
+    for column in ("text", "content"):
+        retriever = bm25s.BM25()
+        retriever.index(
+            bm25s.tokenize([r[column] for r in rows], stopwords="en", stemmer=stemmer, show_progress=False),
+            show_progress=False,
+        )
+        docs, _ = retriever.retrieve(q_tokens, k=k, show_progress=False, n_threads=1)
+        ranked.append(
+            {
+                q.text: [(rows[i]["path"], rows[i]["start_line"], rows[i]["end_line"]) for i in order]
+                for q, order in zip(questions, docs, strict=True)
+            }
+        )
+    return ranked[0], ranked[1], len(rows)
 
 
 async def collect(name: str, root: Path, build: Callable[[Path], list[Question]], embedder_name: str) -> EvalSet:
@@ -116,8 +130,8 @@ async def collect(name: str, root: Path, build: Callable[[Path], list[Question]]
     finally:
         await service.close()
         await embedder.close()
-    bm25, chunks = await asyncio.to_thread(_bm25_baseline, root / f"{name}.lance", questions)
-    return EvalSet(name, pools, bm25, chunks, seconds)
+    bm25, bm25_indexed, chunks = await asyncio.to_thread(_bm25_baseline, root / f"{name}.lance", questions)
+    return EvalSet(name, pools, bm25, chunks, seconds, bm25_indexed)
 
 
 def _ranks_of(q: Question, ranked: Sequence[tuple[str, int, int]]) -> list[int | None]:
@@ -160,8 +174,8 @@ def evaluate_ranking(
     return {kind: scores(rows) for kind, rows in per.items()}
 
 
-def evaluate_bm25(s: EvalSet) -> dict[str, dict[str, float]]:
-    return evaluate_ranking(s, lambda q, _: s.bm25[q.text])
+def evaluate_bm25(ranked: Ranked, s: EvalSet) -> dict[str, dict[str, float]]:
+    return evaluate_ranking(s, lambda q, _: ranked[q.text])
 
 
 def abstention(s: EvalSet, params: FusionParams, multilingual: bool) -> dict[str, dict[str, float]]:
@@ -220,14 +234,16 @@ def report(sets: list[EvalSet], shipped: FusionParams, multilingual: bool, embed
             f"({s.chunks / s.index_seconds:.0f} chunks/s), embedder {embedder}"
         )
         results = {m: evaluate_ranking(s, ranked_by(p, multilingual)) for m, p in table.items()}
-        results["bm25 (bm25s)"] = evaluate_bm25(s)
+        results["bm25 (bm25s)"] = evaluate_bm25(s.bm25, s)
+        if s.bm25_indexed:  # pools saved by an older version have only the first
+            results["bm25 (bm25s, indexed text)"] = evaluate_bm25(s.bm25_indexed, s)
         kinds = [
             k for k in ("all", "single", "multi-hop", "temporal", "paraphrase", "distractor") if k in results["text"]
         ]
-        print(f"{'method':<22}" + "".join(f"{k + ' (n=' + str(int(results['text'][k]['n'])) + ')':>28}" for k in kinds))
-        print(f"{'':<22}" + "".join(f"{'@5    @10   @25   MRR':>28}" for _ in kinds))
+        print(f"{'method':<28}" + "".join(f"{k + ' (n=' + str(int(results['text'][k]['n'])) + ')':>28}" for k in kinds))
+        print(f"{'':<28}" + "".join(f"{'@5    @10   @25   MRR':>28}" for _ in kinds))
         for m, r in results.items():
-            print(f"{m:<22}" + "".join(f"{_fmt(r[k]):>28}" for k in kinds))
+            print(f"{m:<28}" + "".join(f"{_fmt(r[k]):>28}" for k in kinds))
         ab = abstention(s, shipped, multilingual)
         for lang, a in ab.items():
             print(
@@ -321,9 +337,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{'PASS' if never_loses else 'FAIL'}  {emb} {s.name}: shipped hybrid >= better side at @5/@10/@25")
             ok &= never_loses
             if s.name.startswith("conversation"):
-                gain = r["shipped"]["all"]["r@10"] - r["bm25 (bm25s)"]["all"]["r@10"]
+                baseline = max(v["all"]["r@10"] for m, v in r.items() if m.startswith("bm25"))
+                gain = r["shipped"]["all"]["r@10"] - baseline
                 print(
-                    f"{'PASS' if gain >= 0.05 else 'FAIL'}  {emb} {s.name}: hybrid @10 - BM25 @10 = {100 * gain:+.1f}"
+                    f"{'PASS' if gain >= 0.05 else 'FAIL'}  {emb} {s.name}: hybrid @10 - the stronger BM25 @10 = "
+                    f"{100 * gain:+.1f}"
                 )
                 ok &= gain >= 0.05
     OUT.parent.mkdir(parents=True, exist_ok=True)

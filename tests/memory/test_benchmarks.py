@@ -20,5 +20,5 @@ async def test_retrieval_evaluation_runs_quick() -> None:
     assert set(result) == {"conversation-300", "notes", "japanese"}
     for name, data in result.items():
         methods = data["results"]
-        assert {"vector", "text", "shipped", "bm25 (bm25s)"} <= set(methods), name
+        assert {"vector", "text", "shipped", "bm25 (bm25s)", "bm25 (bm25s, indexed text)"} <= set(methods), name
         assert 0.0 <= methods["shipped"]["all"]["r@10"] <= 1.0
