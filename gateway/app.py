@@ -76,12 +76,14 @@ def front_middleware(guard: ConnectionGuard, check_host: Check | None, check_aut
     connection busy; the request id; errors become the gateway's error body (on the OpenAI routes,
     ``openai_errors_middleware`` gives them OpenAI's shape first); the ``Host`` allow-list; bearer
     auth; the handler."""
+    checks = [check for check in (check_host, check_auth) if check is not None]
 
-    async def checked(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if check_host is not None:
-            check_host(request)
-        if check_auth is not None:
-            check_auth(request)
+    def admit(request: web.Request) -> None:
+        for check in checks:
+            check(request)
+
+    async def admitted(request: web.Request, handler: Handler) -> web.StreamResponse:
+        admit(request)
         return await handler(request)
 
     @web.middleware
@@ -91,12 +93,9 @@ def front_middleware(guard: ConnectionGuard, check_host: Check | None, check_aut
             request_id = new_request_id(request)
             try:
                 if is_compat(request.path):
-                    response = await openai_errors_middleware(request, partial(checked, handler=handler))
+                    response = await openai_errors_middleware(request, partial(admitted, handler=handler))
                 else:
-                    if check_host is not None:
-                        check_host(request)
-                    if check_auth is not None:
-                        check_auth(request)
+                    admit(request)
                     response = await handler(request)
             except Exception as exc:
                 return error_answer(request, request_id, exc)

@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web, web_protocol
-from aiohttp.typedefs import Middleware
 
 from config.errors import Unavailable
-from gateway.http import Handler
 
 log = logging.getLogger(__name__)
 
@@ -159,22 +157,6 @@ class ConnectionGuard:
         conn.busy -= 1
         if conn.busy == 0 and conn.inner in self.open:
             self.idle[conn] = None  # newest idle last: evicted after every older one
-
-    def middleware(self) -> Middleware:
-        """``enter`` and ``leave`` around each request (the daemon does it in its one front
-        middleware, ``gateway.app.front_middleware``)."""
-
-        @web.middleware
-        async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-            conn = self.enter(request)
-            if conn is None:
-                return await handler(request)
-            try:
-                return await handler(request)
-            finally:
-                self.leave(conn)
-
-        return middleware
 
     def stats(self) -> dict[str, Any]:
         return {"open": len(self.open), "idle": len(self.idle), "max": self.max_connections,

@@ -12,11 +12,9 @@ import ipaddress
 from collections.abc import Callable, Iterable
 
 from aiohttp import hdrs, web
-from aiohttp.typedefs import Middleware
 
 from config.errors import HostNotAllowed
 from config.settings import GatewaySettings
-from gateway.http import Handler
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -74,15 +72,3 @@ def host_check(extra: Iterable[str] | None) -> Callable[[web.Request], None] | N
             )
 
     return check
-
-
-def host_middleware(extra: Iterable[str] | None) -> Middleware:
-    check = host_check(extra)
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if check is not None:
-            check(request)
-        return await handler(request)
-
-    return middleware

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web, web_protocol
-from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
 
 from config.errors import (
@@ -126,17 +125,6 @@ def error_answer(request: web.Request, request_id: str, exc: Exception) -> web.R
     return json_response(body, status=NeotaskError.status)
 
 
-@web.middleware
-async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = new_request_id(request)
-    try:
-        response = await handler(request)
-    except Exception as exc:
-        return error_answer(request, request_id, exc)
-    response.headers.setdefault("X-Request-Id", request_id)
-    return response
-
-
 def auth_check(tokens: tuple[str, ...]) -> Callable[[web.Request], None] | None:
     """Raises ``Unauthorized`` for a request that needs a token and offers none of ``tokens``;
     None when no tokens are configured (nothing to check)."""
@@ -153,18 +141,6 @@ def auth_check(tokens: tuple[str, ...]) -> Callable[[web.Request], None] | None:
                 )
 
     return check
-
-
-def auth_middleware(tokens: tuple[str, ...]) -> Middleware:
-    check = auth_check(tokens)
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if check is not None:
-            check(request)
-        return await handler(request)
-
-    return middleware
 
 
 def _needs_token(path: str) -> bool:

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from config.settings import LoggingSettings
+from gateway.app import front_middleware
 from gateway.connections import ConnectionGuard, GuardedSite, connection_limits
 from gateway.logs import RepeatFilter, file_handler
 from tests.faults.ops_support import call, limited_daemon, nofile_limit, write_config
@@ -43,7 +44,7 @@ async def test_at_the_cap_idle_connections_make_room_and_busy_ones_stay() -> Non
         await release.wait()
         return web.json_response({"ok": True})
 
-    app = web.Application(middlewares=[guard.middleware()])
+    app = web.Application(middlewares=[front_middleware(guard, None, None)])
     app.router.add_get("/slow", slow)
     runner = web.AppRunner(app)
     await runner.setup()
