@@ -79,12 +79,14 @@ class RecordStore(StoreBase):
     async def read_context(self, run: RunState) -> list[dict[str, Any]]:
         """current.jsonl as the model will see it. With appends of the run queued, it is read
         through the writer, after them; with none (a turn reads after its message is durable), it
-        is whole on disk and read here, without a hop to the writer thread and back (issue 15: a
-        wait in series on every turn). Rewrites of the file (compaction, uncompact) run under the
-        key's turn lock and are awaited, so none is in flight while a turn reads."""
+        is whole on disk and read on a worker thread, not queued behind other runs' writes and
+        syncs (issue 15: a wait in series on every turn), and not on the loop (a context near the
+        compaction threshold is hundreds of kB to parse). Rewrites of the file (compaction,
+        uncompact) run under the key's turn lock and are awaited, so none is in flight while a
+        turn reads."""
         path = run.dir / layout.CURRENT
         if run.appends_pending == 0:
-            return read_records(path)
+            return await asyncio.to_thread(read_records, path)
         return await self.writer.call(lambda: read_records(path))
 
     # -- idempotency records --------------------------------------------------------------------
