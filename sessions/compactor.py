@@ -10,6 +10,7 @@ messages.jsonl is never touched.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -65,8 +66,14 @@ Summarizer = Callable[[SummaryRequest], Awaitable[SummaryResult]]
 
 
 async def extractive(request: SummaryRequest) -> SummaryResult:
-    text = extractive_summary(
-        request.lines, previous=request.previous, instructions=request.instructions, max_tokens=request.max_tokens
+    """The summary without a model, computed on a worker thread: a store-only compaction or final
+    summary reads thousands of messages, and the event loop keeps serving every other key meanwhile."""
+    text = await asyncio.to_thread(
+        extractive_summary,
+        request.lines,
+        previous=request.previous,
+        instructions=request.instructions,
+        max_tokens=request.max_tokens,
     )
     return SummaryResult(text, "extractive")
 

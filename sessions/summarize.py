@@ -20,6 +20,7 @@ _DETAIL = re.compile(
     r"|#\d+|\b[A-Z]{2,}-\d+\b"  # issue refs, ticket ids
     r"|\b\d[\d.,:/-]*\d\b|\b\d\b"  # numbers, dates, versions
 )
+_MAYBE_DETAIL = re.compile(r"[\d/-]")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*")
 LINE_CHARS = 240  # at most this much of each message; less when that would not shrink the context
 MIN_LINE_CHARS = 60
@@ -60,10 +61,14 @@ def _first_sentences(text: str, limit: int) -> str:
 
 
 def details(text: str) -> list[str]:
-    return list(dict.fromkeys(m.group(0) for m in _DETAIL.finditer(text)))
+    if _MAYBE_DETAIL.search(text) is None:  # every kind of detail has a digit, a "/" or a "-"
+        return []
+    return list(dict.fromkeys(_DETAIL.findall(text)))  # no capturing group: findall gives whole matches
 
 
 def open_questions(text: str) -> list[str]:
+    if "?" not in text and "\uff1f" not in text:  # most messages ask nothing: skip the split
+        return []
     flat = " ".join(text.split())
     return [s.strip() for s in _SENTENCE.split(flat) if s.strip().endswith(("?", "\uff1f"))]
 
@@ -75,50 +80,51 @@ def extractive_summary(
     instructions: str | None = None,
     max_tokens: int = 1500,
 ) -> str:
-    """A deterministic summary of ``lines`` (oldest first), at most about ``max_tokens``."""
-    parts: list[str] = []
+    """A deterministic summary of ``lines`` (oldest first), at most about ``max_tokens``: the
+    newest message lines that fit, after the details and questions of the newest messages.
+
+    Linear in the messages it keeps, not in all of them: a compaction or a final summary may
+    take tens of thousands of messages of which about a hundred lines fit, so the lines are
+    read newest first and the work stops once the budget, and ``MAX_ITEMS`` details and
+    questions, are full (the text is what building every line and dropping the oldest gives)."""
+    head: list[str] = []
     if previous:
-        parts.append("Earlier: " + _first_sentences(previous, LINE_CHARS * 4))
+        head.append("Earlier: " + _first_sentences(previous, LINE_CHARS * 4))
     if instructions:
-        parts.append(f"(Requested focus: {instructions})")
-    keep_details: list[str] = []
-    questions: list[str] = []
+        head.append(f"(Requested focus: {instructions})")
     total_chars = sum(len(str(x.get("content") or "")) for x in lines)
     per_line = max(MIN_LINE_CHARS, min(LINE_CHARS, total_chars // (3 * max(1, len(lines)))))
-    for line in lines:
-        content = str(line.get("content") or "")
-        if line.get("tool_calls"):
-            names = ", ".join(c.get("function", {}).get("name", "?") for c in line["tool_calls"])
-            content = f"{content} [called {names}]".strip()
+    found: dict[str, None] = {}  # details, newest first
+    asked: dict[str, None] = {}  # questions, newest first
+    texts: list[tuple[int, str]] = []  # (index, content) of the messages with text, newest first
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index]
+        content = _content(line)
         if not content:
             continue
-        parts.append(f"- {_speaker(line)}: {_first_sentences(content, per_line)}")
-        keep_details.extend(details(content))
-        if line.get("role") == "user":
-            questions.extend(open_questions(content))
-    if keep_details:  # the most recent ones matter most
-        parts.append("Details: " + "; ".join(list(dict.fromkeys(reversed(keep_details)))[:MAX_ITEMS][::-1]))
-    if questions:
-        parts.append("Questions raised: " + " | ".join(list(dict.fromkeys(reversed(questions)))[:MAX_ITEMS][::-1]))
-    return _fit(parts, max_tokens)
-
-
-def _fit(parts: list[str], max_tokens: int) -> str:
-    """Drop the oldest message lines first until the text fits (linear: thousands of messages
-    are summarized at once), then cut what is still over."""
-    costs = [estimate_text(p) + 1 for p in parts]
-    total = sum(costs)
-    dropped = 0
-    if total > max_tokens:
-        keep = [True] * len(parts)
-        for i, part in enumerate(parts):
-            if total <= max_tokens:
-                break
-            if part.startswith("- "):
-                keep[i] = False
-                total -= costs[i]
-                dropped += 1
-        parts = [p for p, k in zip(parts, keep, strict=True) if k]
+        texts.append((index, content))
+        if len(found) < MAX_ITEMS:
+            for detail in reversed(details(content)):
+                found.setdefault(detail)
+        if len(asked) < MAX_ITEMS and line.get("role") == "user":
+            for question in reversed(open_questions(content)):
+                asked.setdefault(question)
+    tail: list[str] = []
+    if found:  # the most recent ones matter most, in the order they came
+        tail.append("Details: " + "; ".join(list(found)[:MAX_ITEMS][::-1]))
+    if asked:
+        tail.append("Questions raised: " + " | ".join(list(asked)[:MAX_ITEMS][::-1]))
+    budget = max_tokens - sum(estimate_text(p) + 1 for p in (*head, *tail))
+    kept: list[str] = []
+    for index, content in texts:
+        part = f"- {_speaker(lines[index])}: {_first_sentences(content, per_line)}"
+        cost = estimate_text(part) + 1
+        if cost > budget:
+            break
+        budget -= cost
+        kept.append(part)
+    dropped = len(texts) - len(kept)
+    parts = [*head, *kept[::-1], *tail]
     if dropped:
         parts.insert(0, f"[{dropped} older messages omitted]")
     text = "\n".join(parts)
@@ -126,6 +132,14 @@ def _fit(parts: list[str], max_tokens: int) -> str:
     if estimate > max_tokens:
         text = text[: max(0, int(len(text) * max_tokens / estimate) - 20)] + " …[truncated]"
     return text
+
+
+def _content(line: dict[str, Any]) -> str:
+    content = str(line.get("content") or "")
+    if line.get("tool_calls"):
+        names = ", ".join(c.get("function", {}).get("name", "?") for c in line["tool_calls"])
+        content = f"{content} [called {names}]".strip()
+    return content
 
 
 def transcript(lines: Sequence[dict[str, Any]]) -> str:

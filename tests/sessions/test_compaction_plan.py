@@ -117,3 +117,80 @@ def test_inheritance_text_is_cut_with_a_visible_marker() -> None:
                             max_tokens=500)  # fmt: skip
     assert estimate_text(message) <= 520 and "truncated" in message and message.startswith("Summary of the previous")
     assert truncate("short", 100) == "short"
+
+
+def _reference_summary(lines: list[dict[str, Any]], previous: str | None, max_tokens: int) -> str:
+    """The summary built the plain way: a line per message, then the oldest dropped until it fits."""
+    from sessions.summarize import (
+        LINE_CHARS,
+        MAX_ITEMS,
+        MIN_LINE_CHARS,
+        _first_sentences,
+        _speaker,
+        details,
+        open_questions,
+    )
+
+    parts = ["Earlier: " + _first_sentences(previous, LINE_CHARS * 4)] if previous else []
+    found: list[str] = []
+    asked: list[str] = []
+    total_chars = sum(len(str(x.get("content") or "")) for x in lines)
+    per_line = max(MIN_LINE_CHARS, min(LINE_CHARS, total_chars // (3 * max(1, len(lines)))))
+    for line in lines:
+        content = str(line.get("content") or "")
+        if line.get("tool_calls"):
+            content = f"{content} [called {', '.join(c['function']['name'] for c in line['tool_calls'])}]".strip()
+        if not content:
+            continue
+        parts.append(f"- {_speaker(line)}: {_first_sentences(content, per_line)}")
+        found.extend(details(content))
+        if line.get("role") == "user":
+            asked.extend(open_questions(content))
+    if found:
+        parts.append("Details: " + "; ".join(list(dict.fromkeys(reversed(found)))[:MAX_ITEMS][::-1]))
+    if asked:
+        parts.append("Questions raised: " + " | ".join(list(dict.fromkeys(reversed(asked)))[:MAX_ITEMS][::-1]))
+    costs = [estimate_text(p) + 1 for p in parts]
+    total, dropped, keep = sum(costs), 0, [True] * len(parts)
+    for i, part in enumerate(parts):
+        if total <= max_tokens:
+            break
+        if part.startswith("- "):
+            keep[i], total, dropped = False, total - costs[i], dropped + 1
+    parts = [p for p, k in zip(parts, keep, strict=True) if k]
+    if dropped:
+        parts.insert(0, f"[{dropped} older messages omitted]")
+    text = "\n".join(parts)
+    estimate = estimate_text(text)
+    if estimate > max_tokens:
+        text = text[: max(0, int(len(text) * max_tokens / estimate) - 20)] + " …[truncated]"
+    return text
+
+
+def test_extractive_summary_reads_newest_first_and_gives_the_plain_result() -> None:
+    """The summary stops reading once its budget and its detail lists are full (thousands of
+    messages are summarized at once); the text is what the plain algorithm gives."""
+    import random
+
+    rng = random.Random(14)
+    words = [
+        "deploy", "api/server.py", "4.2.1", "failed", "on", "web-03", "again?", "check", "JIRA-118",
+        "https://ci.example.com/r/9", "ok.", "今日は？", "15時", "#12", "~/x/y", "2026-11-30",
+        "0f0e0d0c-0000-1111-2222-333344445555", "abcdefab-abcd-abcd-abcd-abcdefabcdef", "a", "b", "c", "d", "e",
+    ]  # fmt: skip
+    for _ in range(1500):
+        lines: list[dict[str, Any]] = []
+        for seq in range(1, rng.randint(0, 80) + 1):
+            tokens = [rng.choice(words) if rng.random() < 0.8 else f"#{rng.randint(1, 300)}?" for _ in range(40)]
+            role = rng.choice(["user", "assistant", "tool", "system"])
+            line: dict[str, Any] = {"seq": seq, "role": role, "content": " ".join(tokens[: rng.randint(0, 40)])}
+            if rng.random() < 0.1:
+                line["tool_calls"] = [{"id": "c", "function": {"name": "lookup"}}]
+            if rng.random() < 0.1:
+                line["name"] = "ana"
+            lines.append(line)
+        previous = " ".join(rng.choice(words) for _ in range(rng.randint(0, 400))) if rng.random() < 0.3 else None
+        budget = rng.choice([5, 40, 120, 400, 1500])
+        assert extractive_summary(lines, previous=previous, max_tokens=budget) == _reference_summary(
+            lines, previous, budget
+        )
