@@ -119,13 +119,26 @@ class Conversations(ModelTurns):
         if turn:
             await self._queued_turn(post, run, outcome, on_delta)
         elif self.settings.compaction.enabled and not run.hold_compaction and self._due(run):
-            try:
-                async with self.turn_lock(key):
-                    if self.store.run_state(run.run_id) is not None:
-                        await self.compact_if_due(run, outcome)
-            except Exception as exc:
-                raise stored_failure(exc, key, outcome.message_seq) from exc
+            await self._compact_after_post(run, outcome)
         return outcome
+
+    async def _compact_after_post(self, run: RunState, outcome: Outcome) -> None:
+        """The automatic compaction a stored message without a turn brought due. The message that
+        found it due runs it (its answer carries the compaction event); messages stored while it
+        runs answer at once: their lines are kept on top of the new context, which that one
+        compaction brings under the threshold. Without this, every message posted to a busy key
+        during the compaction waited for it."""
+        if run.run_id in self._compacting:
+            return
+        self._compacting.add(run.run_id)
+        try:
+            async with self.turn_lock(run.key):
+                if self.store.run_state(run.run_id) is not None:
+                    await self.compact_if_due(run, outcome)
+        except Exception as exc:
+            raise stored_failure(exc, run.key, outcome.message_seq) from exc
+        finally:
+            self._compacting.discard(run.run_id)
 
     async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
         key = post.key

@@ -187,3 +187,53 @@ async def test_inheritance_can_be_turned_off(
     await post(client, "/reset")
     again = await post(client, "hi")
     assert bool([e for e in again["events"] if e["type"] == "inheritance"]) is enabled
+
+
+async def test_messages_posted_during_an_automatic_compaction_do_not_wait_for_it(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store-only summary runs on a worker thread, and only the message that brought the
+    compaction due waits for it: a busy key's other messages are answered meanwhile (they used to
+    queue behind the compaction, and the summary ran on the event loop, stalling every key)."""
+    import asyncio
+    import threading
+
+    from sessions import compactor
+
+    started, release = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        threads.append(threading.current_thread())
+        started.set()
+        assert release.wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message number {i} about ticket #{i} " + "x" * 100))
+        await asyncio.sleep(0)
+        while not task.done() and not started.is_set():
+            await asyncio.sleep(0.01)
+        if started.is_set():
+            due = task
+            break
+        await task
+    assert due is not None, "no message brought a compaction due"
+    try:
+        # The loop is free and the key takes more messages while the summary is held.
+        later = [await asyncio.wait_for(post(client, f"during the compaction {i}"), 10) for i in range(3)]
+        assert not due.done()
+    finally:
+        release.set()
+    body = await asyncio.wait_for(due, 30)
+    assert [e["type"] for e in body["events"]] == ["compaction"]
+    assert all(not b["events"] for b in later)
+    assert threads and all(t is not threading.main_thread() for t in threads)
+    folder = run_dir(tmp_path, body["run_id"])
+    current = jsonl(folder / "current.jsonl")
+    assert current[0]["kind"] == "summary"
+    assert [m["content"] for m in current[-3:]] == [f"during the compaction {i}" for i in range(3)]
