@@ -10,6 +10,12 @@ aiohttp client; the run prints which. Cases, each with its own keys:
 - 64 connections on 1 key: ≥ 0.25x;
 - 256 connections on 1,000 keys: printed, no target.
 
+Two floors are alternated with them on 64x64 (information, ``--no-floors`` skips them): a *durable
+echo* (the echo plus one line per message through the store's own ``AppendWriter``, answered once
+synced: what durability costs by itself) and the *store alone* (``SessionStore.append`` called
+straight from the handler: seq, counters, sessions.json, messages.jsonl and current.jsonl, none of
+the gateway's HTTP and conversation layers). They show where the gateway's cost per message is.
+
 Each server runs in its own process (``python -m bench.gateway_ingest --serve gateway|echo``) on
 the event loop the gateway's config chooses (``gateway.event_loop``; the echo uses the same one),
 bound to a free loopback port. Per case: a warm-up (the first message on a key starts its run),
@@ -17,7 +23,7 @@ then rounds that alternate echo and gateway so drift on a noisy machine hits bot
 pooled ratios are printed. Every acknowledged message is then counted in the messages.jsonl files.
 
 ``python -m bench.gateway_ingest [--quick] [--seconds S] [--rounds N] [--client wrk|python]
-[--cases 64x64,64x1,256x1000] [--profile] [--site guarded|plain]``. ``--profile`` records the gateway
+[--cases 64x64,64x1,256x1000] [--profile] [--site guarded|plain] [--no-floors]``. ``--profile`` records the gateway
 with py-spy during one extra 64x64 phase and prints where its time goes. ``--site plain`` serves the
 gateway without the daemon's connection guard (to measure what the guard costs).
 """
@@ -39,6 +45,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -64,6 +71,12 @@ class Case:
         return f"{self.connections}x{self.keys}"
 
 
+# Two floors, alternated with the echo and the gateway on the 64x64 case: what making each message
+# durable costs by itself (the echo plus one synced line through the store's own writer), and what
+# the session store's append costs (seq, counters, both stores) with no HTTP layer of the gateway's.
+FLOOR_NAMES = {"durable": "durable echo", "store": "store alone"}
+FLOOR_CASE = "64x64"
+
 CASES = {
     "64x64": Case(64, 64, 0.5, 3.0),
     "64x1": Case(64, 1, 0.25, None),
@@ -82,6 +95,70 @@ async def _echo(request: web.Request) -> web.Response:
 def _echo_app() -> web.Application:
     app = web.Application()
     app.router.add_post("/v1/sessions/{key}/messages", _echo)
+    return app
+
+
+def _durable_echo_app(home: Path) -> web.Application:
+    """The echo plus the least a durable answer needs: each body appended as one line to its key's
+    file through the gateway's own ``AppendWriter`` (group commit, default fsync batch), the answer
+    sent once the line is synced. What the gateway does beyond this is its own bookkeeping."""
+    import orjson
+
+    from sessions.writer import AppendWriter
+
+    writer = AppendWriter("batch")
+    files: dict[str, Path] = {}
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json()
+        key = request.match_info["key"]
+        path = files.get(key)
+        if path is None:
+            path = files[key] = home / f"{len(files)}.jsonl"
+        await writer.append(path, orjson.dumps(body) + b"\n", durable=True)
+        return web.json_response({"session_key": key, "echo": body})
+
+    async def lifecycle(app: web.Application) -> Any:
+        writer.start()
+        yield
+        await writer.close()
+
+    app = web.Application()
+    app.router.add_post("/v1/sessions/{key}/messages", handler)
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def _store_echo_app(home: Path) -> web.Application:
+    """The echo plus the session store alone: each body's ``content`` appended as a user message
+    to its key's active run through ``SessionStore.append`` (seq, counters, sessions.json,
+    messages.jsonl and current.jsonl through the writer's group commit); no validation, commands,
+    hooks, history index, metrics or conversation layer."""
+    from config.clock import system_clock
+    from sessions.records import NewMessage, TaskKey
+    from sessions.store import SessionStore
+
+    state: dict[str, SessionStore] = {}
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json()
+        key = request.match_info["key"]
+        store = state["store"]
+        run = store.active_run(key)
+        if run is None:
+            run = await store.start_run(key, agent_id="main", chat_type="direct", channel=None,
+                                        task_key=TaskKey(task_type="agent", task_identifier=key))  # fmt: skip
+        record = await store.append(run, NewMessage(role="user", content=body["content"]))
+        return web.json_response({"session_key": key, "run_id": run.run_id, "message_seq": record["seq"]})
+
+    async def lifecycle(app: web.Application) -> Any:
+        state["store"] = await SessionStore.open(home, _gateway_settings(None), clock=system_clock)
+        yield
+        await state["store"].close()
+
+    app = web.Application()
+    app.router.add_post("/v1/sessions/{key}/messages", handler)
+    app.cleanup_ctx.append(lifecycle)
     return app
 
 
@@ -109,7 +186,12 @@ async def _serve(kind: str, home: Path | None, fsync: str | None, site: str = "g
     from gateway.runner import JsonErrorsAppRunner
 
     gateway = kind == "gateway" and home is not None
-    app = _gateway_app(home, fsync) if gateway and home is not None else _echo_app()
+    if kind == "durable" and home is not None:
+        app = _durable_echo_app(home)
+    elif kind == "store" and home is not None:
+        app = _store_echo_app(home)
+    else:
+        app = _gateway_app(home, fsync) if gateway and home is not None else _echo_app()
     if gateway and site == "guarded":
         keepalive = _gateway_settings(fsync).gateway.keepalive_timeout_s
         runner: web.AppRunner = JsonErrorsAppRunner(app, access_log=None, handle_signals=False,
@@ -172,6 +254,7 @@ class Options:
     warmup_s: float
     rounds: int
     profile: bool
+    floors: bool = True  # also alternate the durable echo and the store alone (64x64 only)
 
 
 async def phase(server: Server, name: str, case: Case, opts: Options, *, seconds: float, tag: str) -> Phase:
@@ -219,10 +302,10 @@ def rate(phases: Sequence[Phase]) -> float:
     return sum(p.ok for p in phases) / elapsed if elapsed else 0.0
 
 
-def report(case: Case, echoes: list[Phase], gateways: list[Phase]) -> CaseResult:
+def report(case: Case, echoes: list[Phase], gateways: list[Phase], floors: Sequence[list[Phase]] = ()) -> CaseResult:
     rows = [("round", "server", "req or msg/s", "p50", "p99", "mean", "ok", "failed", "CPU/request")]
     for i, (echo, gateway) in enumerate(zip(echoes, gateways, strict=True), 1):
-        for p in (echo, gateway):
+        for p in (echo, *(f[i - 1] for f in floors), gateway):
             rows.append(
                 (str(i), p.name, f"{p.rate:,.0f}", ms(p.p50), ms(p.p99), ms(p.mean), f"{p.ok:,}", str(p.failed),
                  f"{cpu_per_request(p) * 1e6:,.0f} µs")
@@ -233,7 +316,7 @@ def report(case: Case, echoes: list[Phase], gateways: list[Phase]) -> CaseResult
             "  "
             + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         )
-    for p in (*echoes, *gateways):
+    for p in (*echoes, *gateways, *(p for f in floors for p in f)):
         for error, count in p.errors.most_common(3):
             print(f"  {p.name} error x{count}: {error}")
     per_round = [(g.rate / e.rate if e.rate else 0.0, g.p99 / e.p99) for e, g in zip(echoes, gateways, strict=True)]
@@ -242,6 +325,11 @@ def report(case: Case, echoes: list[Phase], gateways: list[Phase]) -> CaseResult
     result = CaseResult(case, echoes, gateways, True)
     cpu = mean([cpu_per_request(g) for g in gateways]) / mean([cpu_per_request(e) for e in echoes])
     print(f"  server CPU per request, gateway / echo: {cpu:.2f}x (information: less sensitive to other load)")
+    for f in floors:
+        f_cpu = mean([cpu_per_request(p) for p in f]) / mean([cpu_per_request(e) for e in echoes])
+        print(f"  floor {f[0].name}: {rate(f) / rate(echoes):.2f} of the echo's req/s, p99"
+              f" {mean([p.p99 for p in f]) / mean([e.p99 for e in echoes]):.1f}x, CPU per request {f_cpu:.2f}x"
+              " (information)")  # fmt: skip
     print(f"  pooled: echo {rate(echoes):,.0f} req/s p99 {ms(mean([e.p99 for e in echoes]))};"
           f" gateway {rate(gateways):,.0f} msg/s p99 {ms(mean([g.p99 for g in gateways]))}")  # fmt: skip
     ok_t = case.min_throughput is None or result.throughput >= case.min_throughput
@@ -257,12 +345,18 @@ def report(case: Case, echoes: list[Phase], gateways: list[Phase]) -> CaseResult
     return result
 
 
-async def run_case(case: Case, echo: Server, gateway: Server, opts: Options) -> tuple[CaseResult, list[Phase]]:
-    """The case's result and every gateway phase (for the stored-messages check)."""
+async def run_case(
+    case: Case, echo: Server, gateway: Server, opts: Options, floors: Sequence[Server] = ()
+) -> tuple[CaseResult, list[Phase]]:
+    """The case's result and every gateway phase (for the stored-messages check). ``floors``
+    (the durable echo, the store alone) are alternated with the two in every round."""
     print(f"\n== {case.connections} connections on {case.keys:,} key(s): {opts.rounds} round(s) of"
           f" {opts.seconds:g} s per server, alternating", flush=True)  # fmt: skip
     primed = await prime(gateway.port, connections=case.connections, keys=case.keys, prefix=key_prefix(case.name))
     await prime(echo.port, connections=case.connections, keys=case.keys, prefix=key_prefix(case.name))
+    for floor in floors:
+        await prime(floor.port, connections=case.connections, keys=case.keys, prefix=key_prefix(case.name))
+        await phase(floor, FLOOR_NAMES[floor.kind], case, opts, seconds=opts.warmup_s, tag="warm-up")
     warm = [
         Phase("gateway (first message per key)", primed, 0, 0.0, math.nan, math.nan, math.nan),
         await phase(echo, "echo", case, opts, seconds=opts.warmup_s, tag="warm-up"),
@@ -272,10 +366,14 @@ async def run_case(case: Case, echo: Server, gateway: Server, opts: Options) -> 
         if p.failed:
             print(f"  warm-up on {p.name} failed: {dict(p.errors)}")
     echoes, gateways = [], []
+    floored: list[list[Phase]] = [[] for _ in floors]
     for i in range(opts.rounds):
         echoes.append(await phase(echo, "echo", case, opts, seconds=opts.seconds, tag=f"round {i + 1}"))
+        for floor, phases in zip(floors, floored, strict=True):
+            phases.append(await phase(floor, FLOOR_NAMES[floor.kind], case, opts, seconds=opts.seconds,
+                                      tag=f"round {i + 1}"))  # fmt: skip
         gateways.append(await phase(gateway, "gateway", case, opts, seconds=opts.seconds, tag=f"round {i + 1}"))
-    return report(case, echoes, gateways), [warm[0], warm[2], *gateways]
+    return report(case, echoes, gateways, floored), [warm[0], warm[2], *gateways]
 
 
 def check_stored(home: Path, phases: Sequence[Phase]) -> bool:
@@ -370,10 +468,15 @@ async def run(cases: Sequence[Case], opts: Options, *, loop: str, fsync: str | N
         home.mkdir()
         echo = Server("echo", None, loop=loop, fsync=None)
         gateway = Server("gateway", home, loop=loop, fsync=fsync, site=site)
+        floors: list[Server] = []
+        if opts.floors and any(case.name == FLOOR_CASE for case in cases):
+            for kind in FLOOR_NAMES:
+                (Path(tmp) / kind).mkdir()
+                floors.append(Server(kind, Path(tmp) / kind, loop=loop, fsync=None))
         stored_phases: list[Phase] = []
         try:
             for case in cases:
-                result, phases = await run_case(case, echo, gateway, opts)
+                result, phases = await run_case(case, echo, gateway, opts, floors if case.name == FLOOR_CASE else ())
                 results.append(result)
                 stored_phases += phases
             if opts.profile:
@@ -383,6 +486,8 @@ async def run(cases: Sequence[Case], opts: Options, *, loop: str, fsync: str | N
         finally:
             echo.stop()
             gateway.stop()
+            for floor in floors:
+                floor.stop()
         stored = check_stored(home, stored_phases)
     print("\n  summary: " + "; ".join(
         f"{r.case.name} {r.throughput:.2f} / p99 {r.p99:.1f}x {'ok' if r.passed else 'MISSED'}" for r in results
@@ -401,10 +506,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the servers' event loop (default: the config's gateway.event_loop)")  # fmt: skip
     parser.add_argument("--fsync", choices=("batch", "always", "never"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help="also profile the gateway with py-spy")
+    parser.add_argument("--no-floors", action="store_true",
+                        help="skip the two floors (durable echo, store alone) alternated on 64x64")  # fmt: skip
     parser.add_argument("--site", choices=("guarded", "plain"), default="guarded",
                         help="guarded (default): the gateway served as the daemon serves it (its runner, keep-alive"
                         " and connection guard); plain: aiohttp's runner and site, to measure the guard")  # fmt: skip
-    parser.add_argument("--serve", choices=("echo", "gateway"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("echo", "gateway", "durable", "store"), help=argparse.SUPPRESS)
     parser.add_argument("--home", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     loop = configured_loop(args.loop)
@@ -423,6 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_s=1.0 if args.quick else 3.0,
         rounds=args.rounds or (1 if args.quick else 2),
         profile=args.profile,
+        floors=not args.no_floors,
     )
     cases = [CASES[c] for c in args.cases.split(",")]
     print("\n== gateway ingest: store-only messages over HTTP vs a bare aiohttp JSON echo", flush=True)

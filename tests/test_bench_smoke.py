@@ -97,6 +97,8 @@ async def test_gateway_ingest_bench_runs_quick_with_the_python_client(capsys: py
     assert status in (0, 1), out  # 1 only says a target was missed on this machine
     assert "load generator: the Python aiohttp client" in out
     assert "64 connections on 1 key(s)" in out and "gateway msg/s / echo req/s" in out
+    assert re.search(r"floor durable echo: [\d.]+ of the echo's req/s", out), out  # alternated on 64x64
+    assert re.search(r"floor store alone: [\d.]+ of the echo's req/s", out), out
     assert re.search(r"stored messages: [\d,]+ \(acknowledged [\d,]+\): ok", out), out
 
 
