@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from sessions import layout
 from sessions.history_search import HistoryHit, HistoryQuery, search
 from sessions.history_text import CJK_RUN, index_text, indexable, message_text
-from sessions.jsonl import iter_records
+from sessions.jsonl import decode, iter_records
 from sessions.layout import Home
 from sessions.ledger import Ledger
 
@@ -173,8 +173,6 @@ def iter_run_messages(source: RunSource) -> Iterator[dict[str, Any]]:
         return
     if source.archive is None:
         return
-    import json
-
     try:
         with tarfile.open(source.archive, mode="r:gz") as tar:
             try:
@@ -188,7 +186,7 @@ def iter_run_messages(source: RunSource) -> Iterator[dict[str, Any]]:
                 if not raw.endswith(b"\n"):
                     break
                 with contextlib.suppress(ValueError):
-                    record = json.loads(raw)
+                    record = decode(raw)
                     if isinstance(record, dict):
                         yield record
     except (FileNotFoundError, tarfile.TarError) as exc:

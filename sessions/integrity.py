@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.jsonl import private, write_atomic
+from sessions.jsonl import decode, private, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def seq_of(record: Any) -> int | None:
 
 def _reason(raw: bytes, *, with_seq: bool) -> tuple[str | None, int | None]:
     try:
-        record = json.loads(raw)
+        record = decode(raw)
     except ValueError:
         return "not JSON", None
     if not isinstance(record, dict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 _TAIL_CHUNK = 65536
 
 
+_LONG_NUMBER = re.compile(rb"\d{19}")  # 19 digits or more: an integer past 64 bits may be in it
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once: json.dumps builds one per call
 # What orjson must not take over: a value json would refuse or write differently raises instead.
 _PLAIN = orjson.OPT_APPEND_NEWLINE | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
@@ -38,6 +40,19 @@ def encode_plain(record: Mapping[str, Any]) -> bytes:
         return encode(record)
 
 
+def decode(raw: bytes) -> Any:
+    """``json.loads`` of one line, by orjson (3 to 6 times faster) whenever it reads the same value:
+    not when a run of 19 digits or more is in the line (orjson reads integers past 64 bits as
+    floats, json keeps them), and anything orjson refuses (NaN, Infinity, a lone surrogate, an
+    exponent past the float range, bytes that are not UTF-8) goes to json, which decides as before."""
+    if _LONG_NUMBER.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:
     """Every complete, parseable line; a missing file yields nothing."""
     try:
@@ -49,7 +64,7 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
             if not raw.endswith(b"\n"):
                 break
             try:
-                record = json.loads(raw)
+                record = decode(raw)
             except ValueError:
                 record = None
             if isinstance(record, dict):
@@ -81,7 +96,7 @@ def last_record(path: Path) -> dict[str, Any] | None:
                 if len(lines) > 1 or position == 0:
                     for raw in reversed(lines):
                         try:
-                            record = json.loads(raw)
+                            record = decode(raw)
                         except ValueError:
                             continue
                         if isinstance(record, dict):
@@ -138,7 +153,7 @@ def _parse(line: bytes) -> Any:
     if not line.strip():
         return {}
     try:
-        return json.loads(line)
+        return decode(line)
     except ValueError:
         return None
 
