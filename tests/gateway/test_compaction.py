@@ -237,3 +237,106 @@ async def test_messages_posted_during_an_automatic_compaction_do_not_wait_for_it
     current = jsonl(folder / "current.jsonl")
     assert current[0]["kind"] == "summary"
     assert [m["content"] for m in current[-3:]] == [f"during the compaction {i}" for i in range(3)]
+
+
+async def test_a_burst_during_an_automatic_compaction_is_compacted_too(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages posted while an automatic compaction runs do not wait for it, but the check after
+    their append (SPEC section 5) still happens: when what they added keeps the new context at or
+    over the threshold, it is compacted again before the key goes quiet, as when each of them
+    waited for the compaction and checked after it."""
+    import asyncio
+    import threading
+
+    from sessions import compactor
+
+    started, release = threading.Event(), threading.Event()
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        started.set()
+        assert release.wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))  # 60 tokens each
+        while not task.done() and not started.is_set():
+            await asyncio.sleep(0.01)
+        if started.is_set():
+            due = task
+            break
+        await task
+    assert due is not None, "no message brought a compaction due"
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
+        await asyncio.wait(burst, timeout=3)  # answered at once; stored in any case
+    finally:
+        release.set()
+    await asyncio.wait_for(asyncio.gather(due, *burst), 30)
+    for _ in range(500):  # the check again runs after the answers
+        context = await (await client.get(f"{MAIN}/context")).json()
+        if context["tokens"] < context["threshold"]:
+            break
+        await asyncio.sleep(0.02)
+    assert context["tokens"] < context["threshold"], (context["tokens"], context["threshold"])
+    assert [m["content"][:9] for m in context["messages"][-15:]][-1] == "during 14"
+
+
+async def test_shutdown_waits_for_the_check_after_a_burst_and_leaves_no_marker(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compaction that checks again after a burst is no request: shutdown lets the pass under
+    way end while the store is open, starts none, and leaves no compaction marker behind."""
+    import asyncio
+    import threading
+
+    from gateway import keys as K
+    from sessions import compactor
+
+    calls: list[str] = []  # the threads the summaries ran on
+    release = [threading.Event(), threading.Event()]
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        calls.append(threading.current_thread().name)
+        if len(calls) <= 2:
+            assert release[len(calls) - 1].wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    conv = client.server.app[K.CONVERSATIONS]
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
+        while not task.done() and not calls:
+            await asyncio.sleep(0.01)
+        if calls:
+            due = task
+            break
+        await task
+    assert due is not None
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
+        await asyncio.wait(burst, timeout=3)
+        release[0].set()
+        await asyncio.wait_for(asyncio.gather(due, *burst), 30)
+        for _ in range(500):  # the check again is under way, its summary held
+            if len(calls) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls) == 2 and conv._rechecks
+        closing = asyncio.create_task(conv.shutdown())
+        await asyncio.sleep(0.2)
+        assert not closing.done(), "shutdown waits for the compaction under way"
+    finally:
+        release[0].set()
+        release[1].set()
+    await asyncio.wait_for(closing, 30)
+    assert not conv._compacting and not conv._rechecks
+    folder = run_dir(tmp_path, due.result()["run_id"])
+    assert len([s for s in jsonl(folder / "summaries.jsonl") if s["type"] == "compaction"]) == 2
