@@ -137,20 +137,18 @@ class Conversations(ModelTurns):
             self._compacting[run.run_id] = True
             return
         self._compacting[run.run_id] = False
-        handed = False
         try:
             async with self.turn_lock(run.key):
                 if self.store.run_state(run.run_id) is not None:
                     await self.compact_if_due(run, outcome)
+        except Exception as exc:
+            raise stored_failure(exc, run.key, outcome.message_seq) from exc
+        finally:  # also when it failed: each of those messages would have tried it again
             if self._compacting[run.run_id] and not self.closing:
                 task = asyncio.create_task(self._check_again(run))
                 self._rechecks.add(task)
                 task.add_done_callback(self._rechecks.discard)
-                handed = True
-        except Exception as exc:
-            raise stored_failure(exc, run.key, outcome.message_seq) from exc
-        finally:
-            if not handed:
+            else:
                 del self._compacting[run.run_id]
 
     async def _check_again(self, run: RunState) -> None:

@@ -340,3 +340,56 @@ async def test_shutdown_waits_for_the_check_after_a_burst_and_leaves_no_marker(
     assert not conv._compacting and not conv._rechecks
     folder = run_dir(tmp_path, due.result()["run_id"])
     assert len([s for s in jsonl(folder / "summaries.jsonl") if s["type"] == "compaction"]) == 2
+
+
+async def test_messages_answered_during_a_failed_automatic_compaction_still_get_their_check(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the compaction they did not wait for fails, the messages answered meanwhile still get
+    their threshold check (each of them, waiting, would have tried again): the context does not
+    stay over the threshold until the key's next message."""
+    import asyncio
+    import threading
+
+    from sessions import compactor
+
+    started, release = threading.Event(), threading.Event()
+    real = compactor.extractive_summary
+
+    def fails_once(*args: Any, **kwargs: Any) -> str:
+        if not started.is_set():
+            started.set()
+            assert release.wait(30), "the test never released the summary"
+            raise OSError("the summary failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", fails_once)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+
+    async def send(text: str) -> Any:
+        return await client.post(f"{MAIN}/messages", json={"content": text})
+
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(send(f"message {i:02} " + "y" * 230))
+        while not task.done() and not started.is_set():
+            await asyncio.sleep(0.01)
+        if started.is_set():
+            due = task
+            break
+        assert (await task).status == 200
+    assert due is not None
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i} " + "z" * 10)) for i in range(3)]
+        await asyncio.wait(burst, timeout=3)
+    finally:
+        release.set()
+    failed = await asyncio.wait_for(due, 30)
+    assert failed.status >= 500 and (await failed.json())["error"]["stored"] is True
+    await asyncio.wait_for(asyncio.gather(*burst), 30)
+    for _ in range(500):
+        context = await (await client.get(f"{MAIN}/context")).json()
+        if context["tokens"] < context["threshold"]:
+            break
+        await asyncio.sleep(0.02)
+    assert context["tokens"] < context["threshold"], (context["tokens"], context["threshold"])
