@@ -132,15 +132,22 @@ class Conversations(ModelTurns):
         came meanwhile, a task checks again once the compaction is done, and compacts again
         (and again, while messages keep coming) if they keep the context at or over the
         threshold; else a burst during a compaction left the key over it until its next message.
-        The message that waited is answered without waiting for that."""
+        The message that waited is answered without waiting for that; while the gateway shuts
+        down it checks again itself (no task may start then, and no message comes after these)."""
         if run.run_id in self._compacting:
             self._compacting[run.run_id] = True
             return
         self._compacting[run.run_id] = False
         try:
-            async with self.turn_lock(run.key):
-                if self.store.run_state(run.run_id) is not None:
+            while True:
+                async with self.turn_lock(run.key):
+                    if self.store.run_state(run.run_id) is None:
+                        break
                     await self.compact_if_due(run, outcome)
+                if not (self.closing and self._compacting[run.run_id]):
+                    break
+                # shutting down: no task may take the check over, and no message comes after these
+                self._compacting[run.run_id] = False
         except Exception as exc:
             raise stored_failure(exc, run.key, outcome.message_seq) from exc
         finally:  # also when it failed: each of those messages would have tried it again
@@ -155,7 +162,7 @@ class Conversations(ModelTurns):
         """The threshold check of the messages answered during an automatic compaction, made
         after it (it owns the marker of ``run`` until no message comes during its own pass)."""
         try:
-            while self._compacting[run.run_id] and not self.closing:
+            while self._compacting[run.run_id]:  # shutdown waits; no message is taken after it
                 self._compacting[run.run_id] = False
                 async with self.turn_lock(run.key):
                     if self.store.run_state(run.run_id) is None:
@@ -271,7 +278,7 @@ class Conversations(ModelTurns):
         running and waiting turns 503 ``shutting_down`` with their stored seq."""
         self.closing = True
         await self.queue.close()
-        if self._rechecks:  # a compaction under way ends (the store is still open); none starts
+        if self._rechecks:  # their checks end while the store is open (no message is taken now)
             await asyncio.gather(*self._rechecks, return_exceptions=True)
 
     def stop_turn(self, key: str) -> bool:

@@ -340,6 +340,54 @@ async def test_shutdown_waits_for_the_check_after_a_burst_and_leaves_no_marker(
     assert not conv._compacting and not conv._rechecks
     folder = run_dir(tmp_path, due.result()["run_id"])
     assert len([s for s in jsonl(folder / "summaries.jsonl") if s["type"] == "compaction"]) == 2
+    assert sum(int(x.get("tokens", 0)) for x in jsonl(folder / "current.jsonl")) < 1000
+
+
+async def test_a_burst_during_an_automatic_compaction_is_checked_when_the_gateway_shuts_down(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown comes while the compaction runs that a burst of messages did not wait for: no task
+    may take their check over then, so the message that waited makes it before it is answered
+    (a graceful stop left the context at several times the threshold)."""
+    import asyncio
+    import threading
+
+    from gateway import keys as K
+    from sessions import compactor
+
+    started, release = threading.Event(), threading.Event()
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        started.set()
+        assert release.wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    conv = client.server.app[K.CONVERSATIONS]
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
+        while not task.done() and not started.is_set():
+            await asyncio.sleep(0.01)
+        if started.is_set():
+            due = task
+            break
+        await task
+    assert due is not None
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
+        await asyncio.wait(burst, timeout=3)
+        await asyncio.wait_for(conv.shutdown(), 10)  # the turn queue is closed; no message is taken now
+    finally:
+        release.set()
+    body = await asyncio.wait_for(due, 30)
+    await asyncio.gather(*burst)
+    assert not conv._compacting and not conv._rechecks
+    assert [e["type"] for e in body["events"]] == ["compaction", "compaction"]
+    folder = run_dir(tmp_path, body["run_id"])
+    assert sum(int(x.get("tokens", 0)) for x in jsonl(folder / "current.jsonl")) < 1000
 
 
 async def test_messages_answered_during_a_failed_automatic_compaction_still_get_their_check(
