@@ -441,3 +441,75 @@ async def test_messages_answered_during_a_failed_automatic_compaction_still_get_
             break
         await asyncio.sleep(0.02)
     assert context["tokens"] < context["threshold"], (context["tokens"], context["threshold"])
+
+
+async def test_a_reset_during_the_check_after_a_burst_waits_for_it_and_ends_the_run_whole(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/reset sent while the compaction after a burst runs its summary on a worker thread: the
+    reset waits for it (the turn lock), the final summary reads the compacted context, every
+    message is in the completed run, and the next message starts a new run with no marker left."""
+    import asyncio
+    import threading
+
+    from gateway import keys as K
+    from sessions import compactor
+
+    calls: list[str] = []
+    release = [threading.Event(), threading.Event()]
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        calls.append(threading.current_thread().name)
+        if len(calls) <= 2:
+            assert release[len(calls) - 1].wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    conv = client.server.app[K.CONVERSATIONS]
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
+        while not task.done() and not calls:
+            await asyncio.sleep(0.01)
+        if calls:
+            due = task
+            break
+        await task
+    assert due is not None
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
+        await asyncio.wait(burst, timeout=3)
+        release[0].set()
+        await asyncio.wait_for(asyncio.gather(due, *burst), 30)
+        for _ in range(500):
+            if len(calls) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls) == 2 and conv._rechecks
+        reset = asyncio.create_task(post(client, "/reset"))
+        await asyncio.sleep(0.2)
+        assert not reset.done(), "the reset waits for the compaction under way"
+    finally:
+        release[0].set()
+        release[1].set()
+    body = await asyncio.wait_for(reset, 30)
+    assert [e["type"] for e in body["events"]] == ["reset"]
+    old = run_dir(tmp_path, due.result()["run_id"])
+    assert old.parent.name == "completed" and (old / "final_summary.txt").exists()
+    summaries = [s for s in jsonl(old / "summaries.jsonl") if s["type"] == "compaction"]
+    assert len(summaries) == 2
+    messages = jsonl(old / "messages.jsonl")
+    assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))
+    assert sum(m["content"].startswith("during") for m in messages) == 15
+    current = jsonl(old / "current.jsonl")
+    kept = [m["seq"] for m in messages if m["seq"] > summaries[-1]["end_seq"] and not m.get("command")]
+    assert current[0]["kind"] == "summary" and [m["seq"] for m in current[1:]] == kept  # none lost, none twice
+    for _ in range(100):
+        if not conv._compacting:
+            break
+        await asyncio.sleep(0.01)
+    assert not conv._compacting and not conv._rechecks
+    after = await post(client, "hello again")
+    assert after["run_id"] != due.result()["run_id"]
