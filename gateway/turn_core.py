@@ -56,7 +56,10 @@ class ConversationCore:
         self.tools = tools if tools is not None else ToolBox(store)
         self._turn_locks: dict[str, asyncio.Lock] = {}
         self._running: dict[str, asyncio.Task[Any]] = {}
-        self._compacting: set[str] = set()  # runs a posted message's automatic compaction is under way for
+        # runs a posted message's automatic compaction is under way for: whether a message was
+        # stored meanwhile (and answered without waiting), so the threshold is checked again after it
+        self._compacting: dict[str, bool] = {}
+        self._rechecks: set[asyncio.Task[None]] = set()  # those checks, made after the compaction
         self.queue = TurnQueue(self._batch_turn, self.turn_lock, self._closing_error)
         self.closing = False
         self._inflight: dict[tuple[str, str], asyncio.Future[ReplyBody]] = {}

@@ -125,20 +125,53 @@ class Conversations(ModelTurns):
     async def _compact_after_post(self, run: RunState, outcome: Outcome) -> None:
         """The automatic compaction a stored message without a turn brought due. The message that
         found it due runs it (its answer carries the compaction event); messages stored while it
-        runs answer at once: their lines are kept on top of the new context, which that one
-        compaction brings under the threshold. Without this, every message posted to a busy key
-        during the compaction waited for it."""
+        runs answer at once: their lines are kept on top of the new context. Without this, every
+        message posted to a busy key during the compaction waited for it.
+
+        Their check after the append (SPEC section 5) is handed on, not skipped: when messages
+        came meanwhile, a task checks again once the compaction is done, and compacts again
+        (and again, while messages keep coming) if they keep the context at or over the
+        threshold; else a burst during a compaction left the key over it until its next message.
+        The message that waited is answered without waiting for that; while the gateway shuts
+        down it checks again itself (no task may start then, and no message comes after these)."""
         if run.run_id in self._compacting:
+            self._compacting[run.run_id] = True
             return
-        self._compacting.add(run.run_id)
+        self._compacting[run.run_id] = False
         try:
-            async with self.turn_lock(run.key):
-                if self.store.run_state(run.run_id) is not None:
+            while True:
+                async with self.turn_lock(run.key):
+                    if self.store.run_state(run.run_id) is None:
+                        break
                     await self.compact_if_due(run, outcome)
+                if not (self.closing and self._compacting[run.run_id]):
+                    break
+                # shutting down: no task may take the check over, and no message comes after these
+                self._compacting[run.run_id] = False
         except Exception as exc:
             raise stored_failure(exc, run.key, outcome.message_seq) from exc
+        finally:  # also when it failed: each of those messages would have tried it again
+            if self._compacting[run.run_id] and not self.closing:
+                task = asyncio.create_task(self._check_again(run))
+                self._rechecks.add(task)
+                task.add_done_callback(self._rechecks.discard)
+            else:
+                del self._compacting[run.run_id]
+
+    async def _check_again(self, run: RunState) -> None:
+        """The threshold check of the messages answered during an automatic compaction, made
+        after it (it owns the marker of ``run`` until no message comes during its own pass)."""
+        try:
+            while self._compacting[run.run_id]:  # shutdown waits; no message is taken after it
+                self._compacting[run.run_id] = False
+                async with self.turn_lock(run.key):
+                    if self.store.run_state(run.run_id) is None:
+                        return
+                    await self.compact_if_due(run, Outcome(run.key, run.run_id, None))
+        except Exception:  # their messages are answered: nobody to tell; the key's next message tries again
+            log.exception("automatic compaction of run %s after a burst failed", run.run_id)
         finally:
-            self._compacting.discard(run.run_id)
+            del self._compacting[run.run_id]
 
     async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
         key = post.key
@@ -245,6 +278,8 @@ class Conversations(ModelTurns):
         running and waiting turns 503 ``shutting_down`` with their stored seq."""
         self.closing = True
         await self.queue.close()
+        if self._rechecks:  # their checks end while the store is open (no message is taken now)
+            await asyncio.gather(*self._rechecks, return_exceptions=True)
 
     def stop_turn(self, key: str) -> bool:
         """Cancel the key's running turn (``/stop``); False when none runs."""

@@ -237,3 +237,279 @@ async def test_messages_posted_during_an_automatic_compaction_do_not_wait_for_it
     current = jsonl(folder / "current.jsonl")
     assert current[0]["kind"] == "summary"
     assert [m["content"] for m in current[-3:]] == [f"during the compaction {i}" for i in range(3)]
+
+
+async def test_a_burst_during_an_automatic_compaction_is_compacted_too(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages posted while an automatic compaction runs do not wait for it, but the check after
+    their append (SPEC section 5) still happens: when what they added keeps the new context at or
+    over the threshold, it is compacted again before the key goes quiet, as when each of them
+    waited for the compaction and checked after it."""
+    import asyncio
+    import threading
+
+    from sessions import compactor
+
+    started, release = threading.Event(), threading.Event()
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        started.set()
+        assert release.wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))  # 60 tokens each
+        while not task.done() and not started.is_set():
+            await asyncio.sleep(0.01)
+        if started.is_set():
+            due = task
+            break
+        await task
+    assert due is not None, "no message brought a compaction due"
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
+        await asyncio.wait(burst, timeout=3)  # answered at once; stored in any case
+    finally:
+        release.set()
+    await asyncio.wait_for(asyncio.gather(due, *burst), 30)
+    for _ in range(500):  # the check again runs after the answers
+        context = await (await client.get(f"{MAIN}/context")).json()
+        if context["tokens"] < context["threshold"]:
+            break
+        await asyncio.sleep(0.02)
+    assert context["tokens"] < context["threshold"], (context["tokens"], context["threshold"])
+    assert [m["content"][:9] for m in context["messages"][-15:]][-1] == "during 14"
+
+
+async def test_shutdown_waits_for_the_check_after_a_burst_and_leaves_no_marker(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compaction that checks again after a burst is no request: shutdown lets the pass under
+    way end while the store is open, starts none, and leaves no compaction marker behind."""
+    import asyncio
+    import threading
+
+    from gateway import keys as K
+    from sessions import compactor
+
+    calls: list[str] = []  # the threads the summaries ran on
+    release = [threading.Event(), threading.Event()]
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        calls.append(threading.current_thread().name)
+        if len(calls) <= 2:
+            assert release[len(calls) - 1].wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    conv = client.server.app[K.CONVERSATIONS]
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
+        while not task.done() and not calls:
+            await asyncio.sleep(0.01)
+        if calls:
+            due = task
+            break
+        await task
+    assert due is not None
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
+        await asyncio.wait(burst, timeout=3)
+        release[0].set()
+        await asyncio.wait_for(asyncio.gather(due, *burst), 30)
+        for _ in range(500):  # the check again is under way, its summary held
+            if len(calls) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls) == 2 and conv._rechecks
+        closing = asyncio.create_task(conv.shutdown())
+        await asyncio.sleep(0.2)
+        assert not closing.done(), "shutdown waits for the compaction under way"
+    finally:
+        release[0].set()
+        release[1].set()
+    await asyncio.wait_for(closing, 30)
+    assert not conv._compacting and not conv._rechecks
+    folder = run_dir(tmp_path, due.result()["run_id"])
+    assert len([s for s in jsonl(folder / "summaries.jsonl") if s["type"] == "compaction"]) == 2
+    assert sum(int(x.get("tokens", 0)) for x in jsonl(folder / "current.jsonl")) < 1000
+
+
+async def test_a_burst_during_an_automatic_compaction_is_checked_when_the_gateway_shuts_down(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown comes while the compaction runs that a burst of messages did not wait for: no task
+    may take their check over then, so the message that waited makes it before it is answered
+    (a graceful stop left the context at several times the threshold)."""
+    import asyncio
+    import threading
+
+    from gateway import keys as K
+    from sessions import compactor
+
+    started, release = threading.Event(), threading.Event()
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        started.set()
+        assert release.wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    conv = client.server.app[K.CONVERSATIONS]
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
+        while not task.done() and not started.is_set():
+            await asyncio.sleep(0.01)
+        if started.is_set():
+            due = task
+            break
+        await task
+    assert due is not None
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
+        await asyncio.wait(burst, timeout=3)
+        await asyncio.wait_for(conv.shutdown(), 10)  # the turn queue is closed; no message is taken now
+    finally:
+        release.set()
+    body = await asyncio.wait_for(due, 30)
+    await asyncio.gather(*burst)
+    assert not conv._compacting and not conv._rechecks
+    assert [e["type"] for e in body["events"]] == ["compaction", "compaction"]
+    folder = run_dir(tmp_path, body["run_id"])
+    assert sum(int(x.get("tokens", 0)) for x in jsonl(folder / "current.jsonl")) < 1000
+
+
+async def test_messages_answered_during_a_failed_automatic_compaction_still_get_their_check(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the compaction they did not wait for fails, the messages answered meanwhile still get
+    their threshold check (each of them, waiting, would have tried again): the context does not
+    stay over the threshold until the key's next message."""
+    import asyncio
+    import threading
+
+    from sessions import compactor
+
+    started, release = threading.Event(), threading.Event()
+    real = compactor.extractive_summary
+
+    def fails_once(*args: Any, **kwargs: Any) -> str:
+        if not started.is_set():
+            started.set()
+            assert release.wait(30), "the test never released the summary"
+            raise OSError("the summary failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", fails_once)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+
+    async def send(text: str) -> Any:
+        return await client.post(f"{MAIN}/messages", json={"content": text})
+
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(send(f"message {i:02} " + "y" * 230))
+        while not task.done() and not started.is_set():
+            await asyncio.sleep(0.01)
+        if started.is_set():
+            due = task
+            break
+        assert (await task).status == 200
+    assert due is not None
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i} " + "z" * 10)) for i in range(3)]
+        await asyncio.wait(burst, timeout=3)
+    finally:
+        release.set()
+    failed = await asyncio.wait_for(due, 30)
+    assert failed.status >= 500 and (await failed.json())["error"]["stored"] is True
+    await asyncio.wait_for(asyncio.gather(*burst), 30)
+    for _ in range(500):
+        context = await (await client.get(f"{MAIN}/context")).json()
+        if context["tokens"] < context["threshold"]:
+            break
+        await asyncio.sleep(0.02)
+    assert context["tokens"] < context["threshold"], (context["tokens"], context["threshold"])
+
+
+async def test_a_reset_during_the_check_after_a_burst_waits_for_it_and_ends_the_run_whole(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/reset sent while the compaction after a burst runs its summary on a worker thread: the
+    reset waits for it (the turn lock), the final summary reads the compacted context, every
+    message is in the completed run, and the next message starts a new run with no marker left."""
+    import asyncio
+    import threading
+
+    from gateway import keys as K
+    from sessions import compactor
+
+    calls: list[str] = []
+    release = [threading.Event(), threading.Event()]
+    real = compactor.extractive_summary
+
+    def held(*args: Any, **kwargs: Any) -> str:
+        calls.append(threading.current_thread().name)
+        if len(calls) <= 2:
+            assert release[len(calls) - 1].wait(30), "the test never released the summary"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compactor, "extractive_summary", held)
+    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    conv = client.server.app[K.CONVERSATIONS]
+    due = None
+    for i in range(40):
+        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
+        while not task.done() and not calls:
+            await asyncio.sleep(0.01)
+        if calls:
+            due = task
+            break
+        await task
+    assert due is not None
+    try:
+        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
+        await asyncio.wait(burst, timeout=3)
+        release[0].set()
+        await asyncio.wait_for(asyncio.gather(due, *burst), 30)
+        for _ in range(500):
+            if len(calls) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls) == 2 and conv._rechecks
+        reset = asyncio.create_task(post(client, "/reset"))
+        await asyncio.sleep(0.2)
+        assert not reset.done(), "the reset waits for the compaction under way"
+    finally:
+        release[0].set()
+        release[1].set()
+    body = await asyncio.wait_for(reset, 30)
+    assert [e["type"] for e in body["events"]] == ["reset"]
+    old = run_dir(tmp_path, due.result()["run_id"])
+    assert old.parent.name == "completed" and (old / "final_summary.txt").exists()
+    summaries = [s for s in jsonl(old / "summaries.jsonl") if s["type"] == "compaction"]
+    assert len(summaries) == 2
+    messages = jsonl(old / "messages.jsonl")
+    assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))
+    assert sum(m["content"].startswith("during") for m in messages) == 15
+    current = jsonl(old / "current.jsonl")
+    kept = [m["seq"] for m in messages if m["seq"] > summaries[-1]["end_seq"] and not m.get("command")]
+    assert current[0]["kind"] == "summary" and [m["seq"] for m in current[1:]] == kept  # none lost, none twice
+    for _ in range(100):
+        if not conv._compacting:
+            break
+        await asyncio.sleep(0.01)
+    assert not conv._compacting and not conv._rechecks
+    after = await post(client, "hello again")
+    assert after["run_id"] != due.result()["run_id"]

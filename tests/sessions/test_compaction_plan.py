@@ -194,3 +194,28 @@ def test_extractive_summary_reads_newest_first_and_gives_the_plain_result() -> N
         assert extractive_summary(lines, previous=previous, max_tokens=budget) == _reference_summary(
             lines, previous, budget
         )
+
+
+def test_details_and_questions_pre_checks_find_what_the_plain_search_finds() -> None:
+    """``details`` and ``open_questions`` skip texts without a digit, "/" or "-" (without a
+    question mark); the reference summary above calls them too, so they are compared here with
+    the plain search on texts of other digits, dashes, slashes and question marks."""
+    import random
+
+    from sessions.summarize import _DETAIL, _SENTENCE, details, open_questions
+
+    def plain_details(text: str) -> list[str]:
+        return list(dict.fromkeys(m.group(0) for m in _DETAIL.finditer(text)))
+
+    def plain_questions(text: str) -> list[str]:
+        flat = " ".join(text.split())
+        return [s.strip() for s in _SENTENCE.split(flat) if s.strip().endswith(("?", "\uff1f"))]
+
+    rng = random.Random(3)
+    alphabet = "ab./-~#:,? \uff1f\u3002!\n\tAZ09\u0663\u0967\uff10\u2044\u2215\u2010\u2011\uff0f\uff0d\u65e5\u30fc"
+    fixed = ["abcdefab-abcd-abcd-abcd-abcdefabcdef", "see a/b.c", "~/x/y", "https://x.y/z", "\u0663\u0664", "why\uff1f"]
+    assert all(details(t) or open_questions(t) for t in fixed)  # the kinds a pre-check could miss
+    texts = fixed + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20))) for _ in range(20000)]
+    for text in texts:
+        assert details(text) == plain_details(text), text
+        assert open_questions(text) == plain_questions(text), text
