@@ -83,10 +83,11 @@ def extractive_summary(
     """A deterministic summary of ``lines`` (oldest first), at most about ``max_tokens``: the
     newest message lines that fit, after the details and questions of the newest messages.
 
-    Linear in the messages it keeps, not in all of them: a compaction or a final summary may
-    take tens of thousands of messages of which about a hundred lines fit, so the lines are
-    read newest first and the work stops once the budget, and ``MAX_ITEMS`` details and
-    questions, are full (the text is what building every line and dropping the oldest gives)."""
+    A compaction or a final summary may take tens of thousands of messages of which about a
+    hundred lines fit, so the messages are read newest first: lines are built only until the
+    budget is full, and details and questions searched for only until ``MAX_ITEMS`` of each are
+    found; every message still costs one cheap look (its text, whether it can hold a detail or a
+    question). The text is what building every line and dropping the oldest gives."""
     head: list[str] = []
     if previous:
         head.append("Earlier: " + _first_sentences(previous, LINE_CHARS * 4))
