@@ -270,9 +270,22 @@ class AppendStore(RecordStore):
             self.writer.close_handle(current)
             return commit()
 
-        done = await self.writer.call(_do)
+        future = self.writer.call(_do)
+        try:
+            done = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The commit goes on on the writer thread: count it in once it is done, or the run's
+            # counters (its compaction count, its next summary id) fall behind its files, and the
+            # next compaction would reuse this one's summary id and archive name.
+            future.add_done_callback(lambda f: self._count_late_rewrite(run, f, tokens_at_call, bytes_at_call))
+            raise
         if done is None:
             return None
+        self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
+        await self.ledger.update_run(run.run_id, compaction_count=run.compaction_count)
+        return done
+
+    def _count_rewrite(self, run: RunState, done: ContextRewrite, tokens_at_call: int, bytes_at_call: int) -> None:
         run.context_bytes = done.context_bytes + (run.context_bytes - bytes_at_call)
         run.context_tokens = done.tokens_after + (run.context_tokens - tokens_at_call)
         run.context_lines += done.line_delta
@@ -282,8 +295,20 @@ class AppendStore(RecordStore):
         if entry is not None:
             self.sync_counters(entry, run)
             self.registry.touch(run.key)
-        await self.ledger.update_run(run.run_id, compaction_count=run.compaction_count)
-        return done
+
+    def _count_late_rewrite(
+        self, run: RunState, future: asyncio.Future[ContextRewrite | None], tokens_at_call: int, bytes_at_call: int
+    ) -> None:
+        """A rewrite whose caller was cancelled while the writer thread carried it out."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        done = future.result()
+        if done is None:
+            return
+        self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
+        task = asyncio.ensure_future(self.ledger.update_run(run.run_id, compaction_count=run.compaction_count))
+        _LATE_UPDATES.add(task)
+        task.add_done_callback(_ledger_updated)
 
 
 @dataclass(frozen=True)
@@ -338,6 +363,15 @@ def _deliveries(run: RunState) -> RunDeliveries:
 
 def _event_fields(record: MessageRecord) -> dict[str, Any]:
     return {k: record[k] for k in ("seq", "role", "content", "name", "kind", "command") if k in record}
+
+
+_LATE_UPDATES: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
+
+
+def _ledger_updated(task: asyncio.Task[None]) -> None:
+    _LATE_UPDATES.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("compaction count not written to tasks.db: %s", task.exception())
 
 
 def _log_failure(future: asyncio.Future[Any]) -> None:
