@@ -6,6 +6,7 @@ pieces, each folding in the summary of the pieces before it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -64,7 +65,10 @@ class ModelSummarizer:
         output = min(self.max_output_tokens, request.max_tokens)
         budget = int((self.context_window - output) * MARGIN) - estimate_text(prompt) - 64
         previous = request.previous
-        for piece in self._pieces(request, budget, previous):
+        # Every message of the request, estimated line by line (10,000 messages: about 20 ms of
+        # CPU): on a worker thread, not the event loop.
+        pieces = await asyncio.to_thread(self._pieces, request, budget, previous)
+        for piece in pieces:
             parts = []
             if previous:
                 parts.append(f"Previous summary:\n{previous}")

@@ -96,8 +96,20 @@ async def test_compact_and_uncompact_walk_back(aiohttp_client: Any, tmp_path: Pa
 
 
 async def test_model_summaries_long_conversation_never_exceeds_the_window(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import threading
+
+    from gateway.summarizer import ModelSummarizer
+
+    splits: list[threading.Thread] = []  # the split of the messages into requests: off the event loop
+    real_pieces = ModelSummarizer._pieces
+
+    def pieces(self: ModelSummarizer, *args: Any) -> list[str]:
+        splits.append(threading.current_thread())
+        return real_pieces(self, *args)
+
+    monkeypatch.setattr(ModelSummarizer, "_pieces", pieces)
     window = 3000
     overrides = {"agents": {"main": {"model": {"context_window": window, "max_output_tokens": 500}}}}
     openai_server.max_context_tokens = window - 500
@@ -115,6 +127,7 @@ async def test_model_summaries_long_conversation_never_exceeds_the_window(
     for record in compactions:
         covered += list(range(record["start_seq"], record["end_seq"] + 1))
     assert covered == list(range(1, len(covered) + 1)), "each compacted seq range is covered exactly once"
+    assert splits and all(t is not threading.main_thread() for t in splits)
 
 
 async def test_overflow_forces_a_compaction_and_a_retry(
