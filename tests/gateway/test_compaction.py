@@ -3,7 +3,9 @@ the HTTP API on real files (store-only and against the local OpenAI-compatible s
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +100,6 @@ async def test_compact_and_uncompact_walk_back(aiohttp_client: Any, tmp_path: Pa
 async def test_model_summaries_long_conversation_never_exceeds_the_window(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
-
     from gateway.summarizer import ModelSummarizer
 
     splits: list[threading.Thread] = []  # the split of the messages into requests: off the event loop
@@ -202,50 +202,109 @@ async def test_inheritance_can_be_turned_off(
     assert bool([e for e in again["events"] if e["type"] == "inheritance"]) is enabled
 
 
+class HeldSummaries:
+    """The store-only summary held on its worker thread: call n (1-based) of the first ``held``
+    waits for ``release(n)``; ``calls`` records the thread of each call; with ``fail_first`` the
+    first call raises once released."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, held: int = 1, fail_first: bool = False) -> None:
+        from sessions import compactor
+
+        self.calls: list[threading.Thread] = []
+        self.releases = [threading.Event() for _ in range(held)]
+        real = compactor.extractive_summary
+
+        def summary(*args: Any, **kwargs: Any) -> str:
+            self.calls.append(threading.current_thread())
+            number = len(self.calls)
+            if number <= held:
+                assert self.releases[number - 1].wait(30), "the test never released the summary"
+                if fail_first and number == 1:
+                    raise OSError("the summary failed")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(compactor, "extractive_summary", summary)
+
+    def release(self, number: int) -> None:
+        self.releases[number - 1].set()
+
+    def release_all(self) -> None:
+        for event in self.releases:
+            event.set()
+
+    async def wait_for_calls(self, count: int) -> None:
+        for _ in range(500):
+            if len(self.calls) >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{len(self.calls)} summaries started, not {count}")
+
+
+def held_client(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> Any:
+    return aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+
+
+async def post_until_held(client: Client, held: HeldSummaries, text: str) -> asyncio.Task[Any]:
+    """Post ``text.format(i)`` for i = 0, 1, ... until one message brings a compaction due and its
+    summary is held: that message's (unanswered) request; the others answered 200."""
+    for i in range(40):
+        task = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": text.format(i)}))
+        while not task.done() and not held.calls:
+            await asyncio.sleep(0.01)
+        if held.calls:
+            return task
+        assert (await task).status == 200
+    raise AssertionError("no message brought a compaction due")
+
+
+async def body_of(request: asyncio.Task[Any]) -> dict[str, Any]:
+    resp = await asyncio.wait_for(request, 30)
+    assert resp.status == 200, await resp.text()
+    body: dict[str, Any] = await resp.json()
+    return body
+
+
+async def burst(client: Client, count: int, text: str) -> list[asyncio.Task[dict[str, Any]]]:
+    """``count`` messages posted at once; they are answered without waiting for the compaction."""
+    tasks = [asyncio.create_task(post(client, text.format(i))) for i in range(count)]
+    await asyncio.wait(tasks, timeout=3)
+    return tasks
+
+
+async def context_under_threshold(client: Client) -> dict[str, Any]:
+    """The key's context once a compaction brought it under the threshold (the check after a
+    burst runs after the answers)."""
+    for _ in range(500):
+        context: dict[str, Any] = await (await client.get(f"{MAIN}/context")).json()
+        if context["tokens"] < context["threshold"]:
+            return context
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the context stays at {context['tokens']} of {context['threshold']} tokens")
+
+
+LONG = "message {:02} " + "y" * 230  # about 60 tokens each
+DURING = "during {:02} " + "z" * 230
+
+
 async def test_messages_posted_during_an_automatic_compaction_do_not_wait_for_it(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The store-only summary runs on a worker thread, and only the message that brought the
     compaction due waits for it: a busy key's other messages are answered meanwhile (they used to
     queue behind the compaction, and the summary ran on the event loop, stalling every key)."""
-    import asyncio
-    import threading
-
-    from sessions import compactor
-
-    started, release = threading.Event(), threading.Event()
-    threads: list[threading.Thread] = []
-    real = compactor.extractive_summary
-
-    def held(*args: Any, **kwargs: Any) -> str:
-        threads.append(threading.current_thread())
-        started.set()
-        assert release.wait(30), "the test never released the summary"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compactor, "extractive_summary", held)
-    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
-    due = None
-    for i in range(40):
-        task = asyncio.create_task(post(client, f"message number {i} about ticket #{i} " + "x" * 100))
-        await asyncio.sleep(0)
-        while not task.done() and not started.is_set():
-            await asyncio.sleep(0.01)
-        if started.is_set():
-            due = task
-            break
-        await task
-    assert due is not None, "no message brought a compaction due"
+    held = HeldSummaries(monkeypatch)
+    client = await held_client(aiohttp_client, tmp_path, clock)
+    due = await post_until_held(client, held, "message number {0} about ticket #{0} " + "x" * 100)
     try:
         # The loop is free and the key takes more messages while the summary is held.
         later = [await asyncio.wait_for(post(client, f"during the compaction {i}"), 10) for i in range(3)]
         assert not due.done()
     finally:
-        release.set()
-    body = await asyncio.wait_for(due, 30)
+        held.release_all()
+    body = await body_of(due)
     assert [e["type"] for e in body["events"]] == ["compaction"]
     assert all(not b["events"] for b in later)
-    assert threads and all(t is not threading.main_thread() for t in threads)
+    assert held.calls and all(t is not threading.main_thread() for t in held.calls)
     folder = run_dir(tmp_path, body["run_id"])
     current = jsonl(folder / "current.jsonl")
     assert current[0]["kind"] == "summary"
@@ -259,44 +318,34 @@ async def test_a_burst_during_an_automatic_compaction_is_compacted_too(
     their append (SPEC section 5) still happens: when what they added keeps the new context at or
     over the threshold, it is compacted again before the key goes quiet, as when each of them
     waited for the compaction and checked after it."""
-    import asyncio
-    import threading
-
-    from sessions import compactor
-
-    started, release = threading.Event(), threading.Event()
-    real = compactor.extractive_summary
-
-    def held(*args: Any, **kwargs: Any) -> str:
-        started.set()
-        assert release.wait(30), "the test never released the summary"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compactor, "extractive_summary", held)
-    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
-    due = None
-    for i in range(40):
-        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))  # 60 tokens each
-        while not task.done() and not started.is_set():
-            await asyncio.sleep(0.01)
-        if started.is_set():
-            due = task
-            break
-        await task
-    assert due is not None, "no message brought a compaction due"
+    held = HeldSummaries(monkeypatch)
+    client = await held_client(aiohttp_client, tmp_path, clock)
+    due = await post_until_held(client, held, LONG)
     try:
-        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
-        await asyncio.wait(burst, timeout=3)  # answered at once; stored in any case
+        during = await burst(client, 15, DURING)  # answered at once; stored in any case
     finally:
-        release.set()
-    await asyncio.wait_for(asyncio.gather(due, *burst), 30)
-    for _ in range(500):  # the check again runs after the answers
-        context = await (await client.get(f"{MAIN}/context")).json()
-        if context["tokens"] < context["threshold"]:
-            break
-        await asyncio.sleep(0.02)
-    assert context["tokens"] < context["threshold"], (context["tokens"], context["threshold"])
+        held.release_all()
+    await body_of(due)
+    await asyncio.wait_for(asyncio.gather(*during), 30)
+    context = await context_under_threshold(client)
     assert [m["content"][:9] for m in context["messages"][-15:]][-1] == "during 14"
+
+
+async def recheck_held(client: Client, held: HeldSummaries) -> tuple[dict[str, Any], Any]:
+    """A compaction held, a burst meanwhile, the compaction released: the check after the burst
+    is then under way with its summary held (the second). The first message's answer and the
+    conversations."""
+    from gateway import keys as K
+
+    due = await post_until_held(client, held, LONG)
+    during = await burst(client, 15, DURING)
+    held.release(1)
+    body = await body_of(due)
+    await asyncio.wait_for(asyncio.gather(*during), 30)
+    await held.wait_for_calls(2)
+    conv = client.server.app[K.CONVERSATIONS]
+    assert conv._rechecks
+    return body, conv
 
 
 async def test_shutdown_waits_for_the_check_after_a_burst_and_leaves_no_marker(
@@ -304,54 +353,18 @@ async def test_shutdown_waits_for_the_check_after_a_burst_and_leaves_no_marker(
 ) -> None:
     """The compaction that checks again after a burst is no request: shutdown lets the pass under
     way end while the store is open, starts none, and leaves no compaction marker behind."""
-    import asyncio
-    import threading
-
-    from gateway import keys as K
-    from sessions import compactor
-
-    calls: list[str] = []  # the threads the summaries ran on
-    release = [threading.Event(), threading.Event()]
-    real = compactor.extractive_summary
-
-    def held(*args: Any, **kwargs: Any) -> str:
-        calls.append(threading.current_thread().name)
-        if len(calls) <= 2:
-            assert release[len(calls) - 1].wait(30), "the test never released the summary"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compactor, "extractive_summary", held)
-    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
-    conv = client.server.app[K.CONVERSATIONS]
-    due = None
-    for i in range(40):
-        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
-        while not task.done() and not calls:
-            await asyncio.sleep(0.01)
-        if calls:
-            due = task
-            break
-        await task
-    assert due is not None
+    held = HeldSummaries(monkeypatch, held=2)
+    client = await held_client(aiohttp_client, tmp_path, clock)
     try:
-        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
-        await asyncio.wait(burst, timeout=3)
-        release[0].set()
-        await asyncio.wait_for(asyncio.gather(due, *burst), 30)
-        for _ in range(500):  # the check again is under way, its summary held
-            if len(calls) == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert len(calls) == 2 and conv._rechecks
+        body, conv = await recheck_held(client, held)
         closing = asyncio.create_task(conv.shutdown())
         await asyncio.sleep(0.2)
         assert not closing.done(), "shutdown waits for the compaction under way"
     finally:
-        release[0].set()
-        release[1].set()
+        held.release_all()
     await asyncio.wait_for(closing, 30)
     assert not conv._compacting and not conv._rechecks
-    folder = run_dir(tmp_path, due.result()["run_id"])
+    folder = run_dir(tmp_path, body["run_id"])
     assert len([s for s in jsonl(folder / "summaries.jsonl") if s["type"] == "compaction"]) == 2
     assert sum(int(x.get("tokens", 0)) for x in jsonl(folder / "current.jsonl")) < 1000
 
@@ -362,41 +375,19 @@ async def test_a_burst_during_an_automatic_compaction_is_checked_when_the_gatewa
     """Shutdown comes while the compaction runs that a burst of messages did not wait for: no task
     may take their check over then, so the message that waited makes it before it is answered
     (a graceful stop left the context at several times the threshold)."""
-    import asyncio
-    import threading
-
     from gateway import keys as K
-    from sessions import compactor
 
-    started, release = threading.Event(), threading.Event()
-    real = compactor.extractive_summary
-
-    def held(*args: Any, **kwargs: Any) -> str:
-        started.set()
-        assert release.wait(30), "the test never released the summary"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compactor, "extractive_summary", held)
-    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
+    held = HeldSummaries(monkeypatch)
+    client = await held_client(aiohttp_client, tmp_path, clock)
     conv = client.server.app[K.CONVERSATIONS]
-    due = None
-    for i in range(40):
-        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
-        while not task.done() and not started.is_set():
-            await asyncio.sleep(0.01)
-        if started.is_set():
-            due = task
-            break
-        await task
-    assert due is not None
+    due = await post_until_held(client, held, LONG)
     try:
-        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
-        await asyncio.wait(burst, timeout=3)
+        during = await burst(client, 15, DURING)
         await asyncio.wait_for(conv.shutdown(), 10)  # the turn queue is closed; no message is taken now
     finally:
-        release.set()
-    body = await asyncio.wait_for(due, 30)
-    await asyncio.gather(*burst)
+        held.release_all()
+    body = await body_of(due)
+    await asyncio.gather(*during)
     assert not conv._compacting and not conv._rechecks
     assert [e["type"] for e in body["events"]] == ["compaction", "compaction"]
     folder = run_dir(tmp_path, body["run_id"])
@@ -409,51 +400,17 @@ async def test_messages_answered_during_a_failed_automatic_compaction_still_get_
     """When the compaction they did not wait for fails, the messages answered meanwhile still get
     their threshold check (each of them, waiting, would have tried again): the context does not
     stay over the threshold until the key's next message."""
-    import asyncio
-    import threading
-
-    from sessions import compactor
-
-    started, release = threading.Event(), threading.Event()
-    real = compactor.extractive_summary
-
-    def fails_once(*args: Any, **kwargs: Any) -> str:
-        if not started.is_set():
-            started.set()
-            assert release.wait(30), "the test never released the summary"
-            raise OSError("the summary failed")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compactor, "extractive_summary", fails_once)
-    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
-
-    async def send(text: str) -> Any:
-        return await client.post(f"{MAIN}/messages", json={"content": text})
-
-    due = None
-    for i in range(40):
-        task = asyncio.create_task(send(f"message {i:02} " + "y" * 230))
-        while not task.done() and not started.is_set():
-            await asyncio.sleep(0.01)
-        if started.is_set():
-            due = task
-            break
-        assert (await task).status == 200
-    assert due is not None
+    held = HeldSummaries(monkeypatch, fail_first=True)
+    client = await held_client(aiohttp_client, tmp_path, clock)
+    due = await post_until_held(client, held, LONG)
     try:
-        burst = [asyncio.create_task(post(client, f"during {i} " + "z" * 10)) for i in range(3)]
-        await asyncio.wait(burst, timeout=3)
+        during = await burst(client, 3, "during {} " + "z" * 10)
     finally:
-        release.set()
+        held.release_all()
     failed = await asyncio.wait_for(due, 30)
     assert failed.status >= 500 and (await failed.json())["error"]["stored"] is True
-    await asyncio.wait_for(asyncio.gather(*burst), 30)
-    for _ in range(500):
-        context = await (await client.get(f"{MAIN}/context")).json()
-        if context["tokens"] < context["threshold"]:
-            break
-        await asyncio.sleep(0.02)
-    assert context["tokens"] < context["threshold"], (context["tokens"], context["threshold"])
+    await asyncio.wait_for(asyncio.gather(*during), 30)
+    await context_under_threshold(client)
 
 
 async def test_a_reset_during_the_check_after_a_burst_waits_for_it_and_ends_the_run_whole(
@@ -462,54 +419,18 @@ async def test_a_reset_during_the_check_after_a_burst_waits_for_it_and_ends_the_
     """/reset sent while the compaction after a burst runs its summary on a worker thread: the
     reset waits for it (the turn lock), the final summary reads the compacted context, every
     message is in the completed run, and the next message starts a new run with no marker left."""
-    import asyncio
-    import threading
-
-    from gateway import keys as K
-    from sessions import compactor
-
-    calls: list[str] = []
-    release = [threading.Event(), threading.Event()]
-    real = compactor.extractive_summary
-
-    def held(*args: Any, **kwargs: Any) -> str:
-        calls.append(threading.current_thread().name)
-        if len(calls) <= 2:
-            assert release[len(calls) - 1].wait(30), "the test never released the summary"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compactor, "extractive_summary", held)
-    client = await aiohttp_client(make_app(tmp_path, clock, {"compaction": {"token_threshold": 1000}}))
-    conv = client.server.app[K.CONVERSATIONS]
-    due = None
-    for i in range(40):
-        task = asyncio.create_task(post(client, f"message {i:02} " + "y" * 230))
-        while not task.done() and not calls:
-            await asyncio.sleep(0.01)
-        if calls:
-            due = task
-            break
-        await task
-    assert due is not None
+    held = HeldSummaries(monkeypatch, held=2)
+    client = await held_client(aiohttp_client, tmp_path, clock)
     try:
-        burst = [asyncio.create_task(post(client, f"during {i:02} " + "z" * 230)) for i in range(15)]
-        await asyncio.wait(burst, timeout=3)
-        release[0].set()
-        await asyncio.wait_for(asyncio.gather(due, *burst), 30)
-        for _ in range(500):
-            if len(calls) == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert len(calls) == 2 and conv._rechecks
+        first, conv = await recheck_held(client, held)
         reset = asyncio.create_task(post(client, "/reset"))
         await asyncio.sleep(0.2)
         assert not reset.done(), "the reset waits for the compaction under way"
     finally:
-        release[0].set()
-        release[1].set()
+        held.release_all()
     body = await asyncio.wait_for(reset, 30)
     assert [e["type"] for e in body["events"]] == ["reset"]
-    old = run_dir(tmp_path, due.result()["run_id"])
+    old = run_dir(tmp_path, first["run_id"])
     assert old.parent.name == "completed" and (old / "final_summary.txt").exists()
     summaries = [s for s in jsonl(old / "summaries.jsonl") if s["type"] == "compaction"]
     assert len(summaries) == 2
@@ -525,4 +446,4 @@ async def test_a_reset_during_the_check_after_a_burst_waits_for_it_and_ends_the_
         await asyncio.sleep(0.01)
     assert not conv._compacting and not conv._rechecks
     after = await post(client, "hello again")
-    assert after["run_id"] != due.result()["run_id"]
+    assert after["run_id"] != first["run_id"]
