@@ -139,13 +139,7 @@ class Conversations(ModelTurns):
             return
         self._compacting[run.run_id] = False
         try:
-            while True:
-                async with self.turn_lock(run.key):
-                    if self.store.run_state(run.run_id) is None:
-                        break
-                    await self.compact_if_due(run, outcome)
-                if not (self.closing and self._compacting[run.run_id]):
-                    break
+            while await self._compact_pass(run, outcome) and self.closing and self._compacting[run.run_id]:
                 # shutting down: no task may take the check over, and no message comes after these
                 self._compacting[run.run_id] = False
         except Exception as exc:
@@ -164,14 +158,21 @@ class Conversations(ModelTurns):
         try:
             while self._compacting[run.run_id]:  # shutdown waits; no message is taken after it
                 self._compacting[run.run_id] = False
-                async with self.turn_lock(run.key):
-                    if self.store.run_state(run.run_id) is None:
-                        return
-                    await self.compact_if_due(run, Outcome(run.key, run.run_id, None))
+                if not await self._compact_pass(run, Outcome(run.key, run.run_id, None)):
+                    return
         except Exception:  # their messages are answered: nobody to tell; the key's next message tries again
             log.exception("automatic compaction of run %s after a burst failed", run.run_id)
         finally:
             del self._compacting[run.run_id]
+
+    async def _compact_pass(self, run: RunState, outcome: Outcome) -> bool:
+        """One automatic compaction check of ``run`` under its key's turn lock; False when the run
+        ended meanwhile."""
+        async with self.turn_lock(run.key):
+            if self.store.run_state(run.run_id) is None:
+                return False
+            await self.compact_if_due(run, outcome)
+            return True
 
     async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
         key = post.key
