@@ -124,10 +124,14 @@ def extractive_summary(
             break
         budget -= cost
         kept.append(part)
-    dropped = len(texts) - len(kept)
-    parts = [*head, *kept[::-1], *tail]
+    return assemble([*head, *kept[::-1], *tail], len(texts) - len(kept), max_tokens)
+
+
+def assemble(parts: list[str], dropped: int, max_tokens: int) -> str:
+    """The summary's text: its parts, after a note of the ``dropped`` older message lines, cut
+    with a marker if it is still over ``max_tokens`` (the header alone can be)."""
     if dropped:
-        parts.insert(0, f"[{dropped} older messages omitted]")
+        parts = [f"[{dropped} older messages omitted]", *parts]
     text = "\n".join(parts)
     estimate = estimate_text(text)
     if estimate > max_tokens:

@@ -127,6 +127,7 @@ def _reference_summary(lines: list[dict[str, Any]], previous: str | None, max_to
         MIN_LINE_CHARS,
         _first_sentences,
         _speaker,
+        assemble,
         details,
         open_questions,
     )
@@ -157,14 +158,7 @@ def _reference_summary(lines: list[dict[str, Any]], previous: str | None, max_to
             break
         if part.startswith("- "):
             keep[i], total, dropped = False, total - costs[i], dropped + 1
-    parts = [p for p, k in zip(parts, keep, strict=True) if k]
-    if dropped:
-        parts.insert(0, f"[{dropped} older messages omitted]")
-    text = "\n".join(parts)
-    estimate = estimate_text(text)
-    if estimate > max_tokens:
-        text = text[: max(0, int(len(text) * max_tokens / estimate) - 20)] + " …[truncated]"
-    return text
+    return assemble([p for p, k in zip(parts, keep, strict=True) if k], dropped, max_tokens)
 
 
 def test_extractive_summary_reads_newest_first_and_gives_the_plain_result() -> None:
