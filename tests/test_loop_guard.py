@@ -97,21 +97,27 @@ def test_the_wait_for_a_cpu_is_the_kernels() -> None:
     assert after is not None and after - before > 0.05
 
 
-@pytest.mark.allow_blocking
-@pytest.mark.usefixtures("busy_cpus")
-def test_sleeping_on_the_loop_of_a_busy_machine_is_still_reported() -> None:
-    handler = _SlowCallbacks()
+def _block_a_debug_loop(handler: logging.Handler, *, limit: float, seconds: float) -> None:
+    """One step that sleeps ``seconds`` on a fresh debug loop whose slow-step limit is ``limit``,
+    with ``handler`` listening to asyncio's log."""
     logger = logging.getLogger("asyncio")
     logger.addHandler(handler)
     loop = asyncio.new_event_loop()
     loop.set_debug(True)
-    loop.slow_callback_duration = BLOCKING_LIMIT_S
+    loop.slow_callback_duration = limit
     try:
-        loop.call_soon(time.sleep, BLOCKING_LIMIT_S + 0.2)
+        loop.call_soon(time.sleep, seconds)
         loop.run_until_complete(asyncio.sleep(0.01))
     finally:
         loop.close()
         logger.removeHandler(handler)
+
+
+@pytest.mark.allow_blocking
+@pytest.mark.usefixtures("busy_cpus")
+def test_sleeping_on_the_loop_of_a_busy_machine_is_still_reported() -> None:
+    handler = _SlowCallbacks()
+    _block_a_debug_loop(handler, limit=BLOCKING_LIMIT_S, seconds=BLOCKING_LIMIT_S + 0.2)
     assert len(handler.seen) == 1, handler.seen
 
 
@@ -133,17 +139,7 @@ class _All(logging.Handler):
 @pytest.mark.allow_blocking
 def test_asyncio_reports_a_blocking_step_in_the_form_parsed() -> None:
     handler = _All()
-    logger = logging.getLogger("asyncio")
-    logger.addHandler(handler)
-    loop = asyncio.new_event_loop()
-    loop.set_debug(True)
-    loop.slow_callback_duration = 0.05
-    try:
-        loop.call_soon(time.sleep, 0.1)
-        loop.run_until_complete(asyncio.sleep(0.01))
-    finally:
-        loop.close()
-        logger.removeHandler(handler)
+    _block_a_debug_loop(handler, limit=0.05, seconds=0.1)
     took = [m for m in handler.messages if m.startswith("Executing")]
     assert took, handler.messages
     parsed = _TOOK.search(took[0])
