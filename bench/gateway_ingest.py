@@ -42,10 +42,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -74,6 +73,9 @@ class Case:
 # Two floors, alternated with the echo and the gateway on the 64x64 case: what making each message
 # durable costs by itself (the echo plus one synced line through the store's own writer), and what
 # the session store's append costs (seq, counters, both stores) with no HTTP layer of the gateway's.
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Lifecycle = Callable[[web.Application], AsyncIterator[None]]
+
 FLOOR_NAMES = {"durable": "durable echo", "store": "store alone"}
 FLOOR_CASE = "64x64"
 
@@ -92,10 +94,17 @@ async def _echo(request: web.Request) -> web.Response:
     return web.json_response({"session_key": request.match_info["key"], "echo": body})
 
 
-def _echo_app() -> web.Application:
+def _route_app(handler: Handler, lifecycle: Lifecycle | None = None) -> web.Application:
+    """An app serving ``handler`` on the message route (the same shape for every server)."""
     app = web.Application()
-    app.router.add_post("/v1/sessions/{key}/messages", _echo)
+    app.router.add_post("/v1/sessions/{key}/messages", handler)
+    if lifecycle is not None:
+        app.cleanup_ctx.append(lifecycle)
     return app
+
+
+def _echo_app() -> web.Application:
+    return _route_app(_echo)
 
 
 def _durable_echo_app(home: Path) -> web.Application:
@@ -118,15 +127,12 @@ def _durable_echo_app(home: Path) -> web.Application:
         await writer.append(path, orjson.dumps(body) + b"\n", durable=True)
         return web.json_response({"session_key": key, "echo": body})
 
-    async def lifecycle(app: web.Application) -> Any:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         writer.start()
         yield
         await writer.close()
 
-    app = web.Application()
-    app.router.add_post("/v1/sessions/{key}/messages", handler)
-    app.cleanup_ctx.append(lifecycle)
-    return app
+    return _route_app(handler, lifecycle)
 
 
 def _store_echo_app(home: Path) -> web.Application:
@@ -151,15 +157,12 @@ def _store_echo_app(home: Path) -> web.Application:
         record = await store.append(run, NewMessage(role="user", content=body["content"]))
         return web.json_response({"session_key": key, "run_id": run.run_id, "message_seq": record["seq"]})
 
-    async def lifecycle(app: web.Application) -> Any:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         state["store"] = await SessionStore.open(home, _gateway_settings(None), clock=system_clock)
         yield
         await state["store"].close()
 
-    app = web.Application()
-    app.router.add_post("/v1/sessions/{key}/messages", handler)
-    app.cleanup_ctx.append(lifecycle)
-    return app
+    return _route_app(handler, lifecycle)
 
 
 def _gateway_settings(fsync: str | None) -> Settings:
