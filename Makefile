@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: run test test-fast lint bench install browser wrk clean
+.PHONY: run test test-fast test-calendar test-at lint bench install browser wrk faketime clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,8 +41,29 @@ wrk:
 	  else echo "wrk missing and not root: its bench smoke test will be skipped"; fi; \
 	fi
 
+# faketime (libfaketime) shifts the clock of a process tree: the suite at other dates (test-calendar, test-at).
+faketime:
+	@if ! command -v faketime >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null) \
+	      || { echo "faketime could not be installed: the suite cannot run at other dates"; exit 1; }; \
+	  else echo "faketime missing and not root: apt-get install faketime"; exit 1; fi; \
+	fi
+
 test: $(STAMP) browser wrk
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The tests that read the real clock (marker realtime: real daemons and CLI processes, the real
+# scheduler, file timestamps) again at each date of tests/clock_shift.py's CALENDAR (what CI runs).
+REALTIME ?= realtime and not browser
+test-calendar: $(STAMP) faketime wrk
+	$(BIN)/python -m tests.clock_shift --calendar -- -m '$(REALTIME)' $(XDIST) $(PYTEST_ARGS)
+
+# The suite (or PYTEST_ARGS) at one moment: make test-at AT='2028-02-29 23:58' ZONE=Europe/Berlin
+AT ?= 2027-03-28 01:56
+ZONE ?= Europe/Berlin
+test-at: $(STAMP) faketime browser wrk
+	$(BIN)/python -m tests.clock_shift --at '$(AT)' --zone '$(ZONE)' -- $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m 'not slow' $(XDIST) $(PYTEST_ARGS)

@@ -1,6 +1,10 @@
 """Shared helpers of the damaged-state, silent-corruption and permission tests: a seeded home
 (real files through the real store), real daemons and CLI runs against it, and real tmpfs mounts
-(full, read-only) when running as root."""
+(full, read-only) when running as root.
+
+A home that a real process opens is seeded at the real time (a fixed fake date would be past its
+daily reset a day later), and the daemons started here say which reset policy the tests mean: none,
+so a run seeded at 03:59 is still the same run when the daemon starts at 04:00."""
 
 from __future__ import annotations
 
@@ -17,8 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from config.clock import Clock, system_clock
 from sessions.records import NewMessage
-from tests.conftest import FakeClock
 from tests.gateway.daemons import CliResult, Daemon, child_env, run_cli, start_daemon
 from tests.sessions.helpers import open_store, start
 
@@ -26,9 +30,10 @@ MAIN, BOB = "agent:main:main", "agent:main:dm:bob"
 COUNTS = {MAIN: 3, BOB: 2}  # messages per key in a seeded home
 
 
-async def seed_home(home: Path, clock: FakeClock | None = None) -> dict[str, str]:
-    """A closed home with one running run per key of ``COUNTS``; key -> run id."""
-    store = await open_store(home, clock or FakeClock())
+async def seed_home(home: Path, clock: Clock = system_clock) -> dict[str, str]:
+    """A closed home with one running run per key of ``COUNTS``; key -> run id. Seeded at the real
+    time unless a test that opens it only in-process, with the same clock, passes its own."""
+    store = await open_store(home, clock)
     runs = {}
     try:
         for key, count in COUNTS.items():
@@ -71,9 +76,15 @@ def ledger_rows(home: Path) -> dict[str, dict[str, Any]]:
 # -- real processes ---------------------------------------------------------------------------------
 
 
+def daemon_env() -> dict[str, str]:
+    """The daemons of these tests keep the runs they find: no reset policy (they test damage, and
+    a seeded run must not be reset because the test crossed the daily boundary)."""
+    return child_env(NEOTASK_SESSION__RESET__MODE="none")
+
+
 async def failed_start(home: Path) -> tuple[int, str]:
     """Start a daemon that is expected to refuse: its exit status and stderr."""
-    daemon = await start_daemon(home, wait=False)
+    daemon = await start_daemon(home, env=daemon_env(), wait=False)
     code = await daemon.wait(timeout=60)
     return code, daemon.stderr()
 
@@ -81,7 +92,7 @@ async def failed_start(home: Path) -> tuple[int, str]:
 @contextlib.asynccontextmanager
 async def running(home: Path) -> AsyncIterator[tuple[Daemon, aiohttp.ClientSession]]:
     """A daemon that must start, and an HTTP session to it; stopped with SIGTERM (exit 0)."""
-    daemon = await start_daemon(home)
+    daemon = await start_daemon(home, env=daemon_env())
     try:
         async with aiohttp.ClientSession() as http:
             yield daemon, http

@@ -18,6 +18,8 @@ from sessions.layout import Home
 from tests.faults.ops_support import all_messages, call, write_config
 from tests.gateway.daemons import child_env, daemon
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 COUNTS = (3, 5, 8)
 
 

@@ -21,6 +21,8 @@ from gateway.connections import ConnectionGuard, GuardedSite, connection_limits
 from gateway.logs import RepeatFilter, file_handler
 from tests.faults.ops_support import call, limited_daemon, nofile_limit, write_config
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 NOFILE = 512
 IDLE_SOCKETS = 1100
 LOG = {"max_bytes": 50_000, "backup_count": 2, "repeat_window_s": 60}

@@ -36,6 +36,8 @@ from tests.faults.state_support import (
 )
 from tests.sessions.helpers import open_store
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 daemons = pytest.mark.slow  # real daemon and CLI processes
 
 

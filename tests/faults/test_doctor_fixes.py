@@ -17,6 +17,8 @@ from tests.conftest import FakeClock
 from tests.faults.state_support import BOB, MAIN, ledger_rows, messages_path, rewrite_line, seed_home, with_seq
 from tests.sessions.helpers import open_store
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 NOW = "2026-11-30T12:00:00+00:00"
 
 

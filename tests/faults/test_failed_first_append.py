@@ -29,6 +29,8 @@ from tests.faults.test_idempotency_crash import LedgerLock
 from tests.gateway.helpers import make_app
 from tests.sessions.helpers import open_store, start
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 BIG = "y" * 40_000
 
 

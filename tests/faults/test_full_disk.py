@@ -24,6 +24,8 @@ from tests.faults.conftest import fill
 from tests.gateway.daemons import daemon
 from tests.sessions.helpers import open_store, start
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 BIG = "x" * 40_000  # needs fresh pages of the tmpfs: refused once the disk is full
 
 

@@ -31,6 +31,8 @@ from tests.gateway.daemons import daemon
 from tests.gateway.helpers import make_app, tree_digest
 from tests.sessions.helpers import open_store, start
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 KEY = "agent:main:main"
 PATH = f"/v1/sessions/{quote(KEY, safe='')}/messages"
 COMMANDS = f"/v1/sessions/{quote(KEY, safe='')}/commands"

@@ -17,6 +17,8 @@ from tests.faults.ops_support import call, write_config
 from tests.gateway.daemons import daemon
 from tests.sessions.helpers import open_store, start
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 KEYS = [f"agent:main:dm:peer{i}" for i in range(30)]
 
 

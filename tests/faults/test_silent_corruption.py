@@ -34,6 +34,8 @@ from tests.faults.state_support import (
 from tests.gateway.helpers import tree_digest
 from tests.sessions.helpers import open_store, start
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 NOW = "2026-11-30T12:00:00+00:00"
 GARBAGE = '{"seq": 2, "role": "user", "content": "cut in the mid\x00dle'
 

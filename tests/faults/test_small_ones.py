@@ -18,6 +18,8 @@ from sessions.lock import is_locked
 from tests.faults.ops_support import write_config
 from tests.gateway.daemons import child_env, daemon, run_cli, start_daemon
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 
 @pytest.mark.parametrize("tokens", [[""], ["  "], ["good", ""]])
 def test_an_empty_token_is_refused(tokens: list[str]) -> None:

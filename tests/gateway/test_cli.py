@@ -20,6 +20,8 @@ from tests.gateway.daemons import daemon
 from tests.gateway.helpers import Cli
 from tests.sessions.helpers import open_store, start
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 
 @pytest.fixture(autouse=True)
 def _no_neotask_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

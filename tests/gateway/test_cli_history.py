@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.gateway.test_cli import Cli, cli, home  # noqa: F401  (fixtures)
 from tests.sessions.helpers import open_store, start
+
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
 
 KEY = "agent:main:main"
 

@@ -14,6 +14,8 @@ import pytest
 
 from gateway.cli import main
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 
 @pytest.fixture(autouse=True)
 def _no_neotask_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

@@ -26,7 +26,7 @@ from tests.gateway.daemons import child_env, daemon, start_daemon
 from tests.gateway.helpers import Cli
 from tests.support.openai_server import OpenAIServer, RecordedRequest, reply, tool_call
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.realtime]
 
 
 @pytest.fixture(autouse=True)

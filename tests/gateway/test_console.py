@@ -23,6 +23,8 @@ from tests.gateway.daemons import REPO, Daemon, daemon
 from tests.gateway.helpers import make_app
 from tests.support.openai_server import OpenAIServer, RecordedRequest, reply
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts" / "console"
 LAUNCH_ARGS = [

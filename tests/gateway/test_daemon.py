@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.daemons import Daemon, child_env, daemon, run_cli, start_daemon
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90), pytest.mark.realtime]
 
 KEYS = [f"agent:main:dm:peer{i}" for i in range(6)] + ["cron:nightly", "hook:github:owner/repo:issue:7"]
 

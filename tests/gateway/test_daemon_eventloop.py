@@ -12,7 +12,7 @@ import pytest
 from gateway.eventloop import uvloop_available
 from tests.gateway.daemons import child_env, daemon
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90), pytest.mark.realtime]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from tests.gateway.daemons import daemon
 from tests.support.openai_server import Hang, OpenAIServer, RecordedRequest
 
 MAIN = "/v1/sessions/agent%3Amain%3Amain"
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 
 def write_config(path: Path, data: dict[str, Any]) -> Path:

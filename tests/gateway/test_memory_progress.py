@@ -13,7 +13,7 @@ import yaml
 from tests.gateway.daemons import child_env, daemon, run_cli
 from tests.support.openai_server import OpenAIServer
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 BAR = re.compile(r"\] (\d+)/(\d+) chunks")
 
 

@@ -20,7 +20,7 @@ from tests.support.openai_server import OpenAIServer, RecordedRequest, Reply, to
 from tests.support.sdk import warm_openai_sdk
 
 warm_openai_sdk()
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.realtime]
 TOKEN = "s3cret-token"
 WEATHER = {
     "type": "function",

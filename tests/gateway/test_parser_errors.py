@@ -12,7 +12,7 @@ import pytest
 
 from tests.gateway.daemons import daemon
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 REQUESTS = {
     "a header over 8 KB": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",

@@ -16,6 +16,8 @@ from tests.gateway.daemons import REPO, child_env, cli_args
 from tests.gateway.helpers import make_app
 from tests.support.openai_server import OpenAIServer, tool_call
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 MAIN = "/v1/sessions/agent%3Amain%3Amain"
 
 

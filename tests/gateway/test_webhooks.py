@@ -25,6 +25,8 @@ from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
 from tests.support.openai_server import Hang, OpenAIServer, server_error
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 Client = TestClient[Any, Any]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "webhooks.md"
 SECRET = "It's a Secret to Everybody"

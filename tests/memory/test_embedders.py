@@ -23,6 +23,8 @@ from memory.embedders import is_multilingual
 from tests.memory.conftest import eventually, memory_settings, openai_embedder, write
 from tests.support.openai_server import OpenAIServer
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 
 async def test_openai_embedder_probes_batches_and_normalises(openai_server: OpenAIServer) -> None:
     embedder = OpenAIEmbedder(model="embed-a", base_url=openai_server.base_url, api_key="k", batch_size=4)

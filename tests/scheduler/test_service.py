@@ -12,13 +12,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from config.clock import Clock, system_clock
 from config.errors import Conflict, NotFound
 from config.settings import CronJob
 from scheduler.service import Callback, DailyJob, JobInfo, SchedulerService, crontab_trigger, next_cron
 from sessions.resets import boundary_on
 from tests.conftest import FakeClock
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.realtime]
 
 NY = ZoneInfo("America/New_York")
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -74,6 +75,7 @@ async def make(clock: FakeClock) -> AsyncIterator[Factory]:
         daily: DailyJob | None = None,
         sweep_seconds: float = 60,
         cron_jobs: Sequence[CronJob] = (NIGHTLY, WEEKDAYS),
+        reads: Clock = clock,
         **extra: Any,
     ) -> SchedulerService:
         service = SchedulerService(
@@ -85,7 +87,7 @@ async def make(clock: FakeClock) -> AsyncIterator[Factory]:
             cleanup=calls.callback("cleanup"),
             cron_jobs=cron_jobs,
             run_cron=calls.run_cron,
-            clock=clock,
+            clock=reads,
             **extra,
         )
         made.append(service)
@@ -324,7 +326,8 @@ def test_bad_settings_fail_at_construction(clock: FakeClock) -> None:
 @pytest.mark.slow
 async def test_real_scheduler_fires_a_trigger_a_second_away(make: Factory) -> None:
     calls = Calls()
-    service = make(calls, sweep_seconds=1, daily=DailyJob(4, calls.callback("daily")))
+    # The real APScheduler fires on the real clock: the service reads that clock too, not the fixed one.
+    service = make(calls, sweep_seconds=1, daily=DailyJob(4, calls.callback("daily")), reads=system_clock)
     started = time.monotonic()
     await service.start()
     infos = by_id(service.jobs())

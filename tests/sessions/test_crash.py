@@ -17,6 +17,8 @@ from sessions.lock import EXIT_LOCKED
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -20,6 +20,8 @@ from tests.conftest import FakeClock
 from tests.gateway.helpers import tree_digest
 from tests.sessions.helpers import open_store, start
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 A, B, C = "aaaaaaaa-0000-0000-0000-000000000001", "bbbbbbbb-0000-0000-0000-000000000002", "cccc-3"
 META = {"session_key": "agent:main:main", "agent_id": "main", "chat_type": "direct", "created_at": "2026-11-30"}
 

@@ -1,0 +1,106 @@
+"""Run pytest with the system clock shifted to another date (libfaketime), in a given time zone.
+
+    python -m tests.clock_shift --at "2028-02-29 23:57" --zone Europe/Berlin -- -m realtime
+    python -m tests.clock_shift --calendar -- -m "realtime and not browser"
+
+Every process of the run (pytest, its xdist workers, the daemons and CLI processes the tests start)
+reads one shifted clock: ``faketime -f +Ns`` moves the wall clock and the monotonic clock by the
+same offset in all of them, and the clock keeps running (``--at`` is where it starts). ``TZ`` is set
+to ``--zone``, so "local time" (the default reset hour, cron) is that zone's. The absolute start
+format (``@date``) is not used: each new process would start again at that instant, so a daemon
+started a minute into the test would see an earlier time than the test that seeded its home.
+
+``FAKETIME_DONT_FAKE_MONOTONIC`` is not set: with libfaketime 0.9.10 it makes ``time.sleep`` fail
+with EINVAL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A local time in a zone at which the suite is run, and why that one."""
+
+    at: str  # "YYYY-MM-DD HH:MM", local time in ``zone``
+    zone: str
+    why: str
+
+    def epoch(self) -> float:
+        local = datetime.strptime(self.at, "%Y-%m-%d %H:%M").replace(tzinfo=ZoneInfo(self.zone))
+        return local.timestamp()
+
+
+# The dates CI runs the date-sensitive tests at (.ci/run). Each starts a few minutes before the
+# instant it is about, so the run crosses it; the zones have DST where it matters and are not UTC,
+# so "local" differs from UTC.
+CALENDAR = (
+    Moment("2027-01-14 03:56", "Asia/Tokyo", "minutes before the 04:00 daily reset (UTC+9)"),
+    Moment("2027-06-09 04:01", "America/Los_Angeles", "just after the 04:00 daily reset (UTC-7)"),
+    Moment("2027-03-28 01:56", "Europe/Berlin", "the night DST starts: 02:00 becomes 03:00"),
+    Moment("2027-11-07 01:56", "America/New_York", "the night DST ends: 01:00-02:00 EDT, then again EST"),
+    Moment("2028-02-29 23:56", "Australia/Sydney", "29 February, into 1 March"),
+    Moment("2027-12-31 23:59", "Europe/London", "31 December 23:59, into a new year"),
+    Moment("2041-07-15 03:58", "America/Sao_Paulo", "years ahead (past 2038), before 04:00"),
+)
+
+
+def faketime() -> str:
+    path = shutil.which("faketime")
+    if path is None:
+        sys.exit("faketime is not installed: `make faketime` (Debian's faketime package) installs it")
+    return path
+
+
+def shifted(command: list[str], moment: Moment) -> tuple[list[str], dict[str, str]]:
+    """``command`` under a clock shifted so that it starts at ``moment``."""
+    offset = round(moment.epoch() - time.time())
+    env = {**os.environ, "TZ": moment.zone}
+    env.pop("FAKETIME_DONT_FAKE_MONOTONIC", None)
+    return [faketime(), "-f", f"{offset:+d}s", *command], env
+
+
+def check_shift(moment: Moment) -> None:
+    """The shift reaches a Python child and its zone is the one asked for (fails loudly, not silently
+    running the suite at today's date)."""
+    probe = "import time, datetime; print(time.time()); print(datetime.datetime.now().astimezone().tzname())"
+    command, env = shifted([sys.executable, "-c", probe], moment)
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.split()
+    seen = float(out[0])
+    if abs(seen - moment.epoch()) > 120:
+        sys.exit(f"the clock shift did not take: a child saw {seen}, wanted about {moment.epoch()}")
+
+
+def run(moment: Moment, pytest_args: list[str]) -> int:
+    check_shift(moment)
+    print(f"== pytest at {moment.at} {moment.zone} ({moment.why})", flush=True)
+    command, env = shifted([sys.executable, "-m", "pytest", *pytest_args], moment)
+    return subprocess.run(command, env=env, check=False).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--at", help='local start time, "YYYY-MM-DD HH:MM"')
+    which.add_argument("--calendar", action="store_true", help="every moment of CALENDAR, one run each")
+    parser.add_argument("--zone", default="UTC", help="IANA time zone of --at (and TZ of the run)")
+    parser.add_argument("pytest_args", nargs="*", help="arguments for pytest (after --)")
+    args = parser.parse_args(argv)
+    moments = CALENDAR if args.calendar else (Moment(args.at, args.zone, "asked for"),)
+    failed = [m for m in moments if run(m, args.pytest_args) != 0]
+    for m in failed:
+        print(f"FAILED at {m.at} {m.zone} ({m.why})", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
