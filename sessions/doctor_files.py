@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -136,11 +137,25 @@ def fix_files(home: Home, finding: Finding) -> bool:
 # -- reading a home -------------------------------------------------------------------------------
 
 
+def file_clock(folder: Path) -> float:
+    """Now as the file system under ``folder`` stamps files (blocking): the mtime of a file made and
+    removed there. The age of a file is measured against the clock that stamped it, which need not
+    be this process's: a network file system stamps with its server's clock, and a process whose
+    clock is shifted (libfaketime, a container's time namespace) still gets the kernel's stamps.
+    This process's clock when nothing can be written there."""
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            return os.fstat(probe.fileno()).st_mtime
+    except OSError:
+        return time.time()
+
+
 def scan_folders(home: Home, *, min_age_s: float = 0.0, now: float | None = None) -> tuple[RunFolder, ...]:
     """Every run folder (blocking). Active folders changed within ``min_age_s`` are marked young
     and judged only as present: a run being created has its folder before its tasks.db row. A
-    resting folder (completed, failed) always had its row first, so a young one is judged too."""
-    now = time.time() if now is None else now
+    resting folder (completed, failed) always had its row first, so a young one is judged too.
+    Ages are measured on the file system's clock (``file_clock``) unless ``now`` is given."""
+    now = (file_clock(home.contexts) if min_age_s else time.time()) if now is None else now
     found = []
     for state in FOLDERS:
         base = home.folder(state)
@@ -168,8 +183,9 @@ def _read_metadata(folder: Path) -> dict[str, Any] | None:
 
 
 def scan_tmp(home: Home, *, min_age_s: float = 0.0, now: float | None = None) -> tuple[str, ...]:
-    """Temp files of atomic rewrites (``.<name>.tmp``) under the home and contexts/ (blocking)."""
-    now = time.time() if now is None else now
+    """Temp files of atomic rewrites (``.<name>.tmp``) under the home and contexts/ (blocking),
+    but those changed within ``min_age_s`` (on the file system's clock unless ``now`` is given)."""
+    now = (file_clock(home.contexts) if min_age_s else time.time()) if now is None else now
     found = []
     roots = [(home.root, False), (home.contexts, True)]
     for root, recursive in roots:

@@ -209,7 +209,9 @@ async def test_check_home_reports_without_changing_anything_then_fixes(tmp_path:
 
 
 async def _aged(path: Path, seconds: float = 3600) -> None:
-    past = time.time() - seconds
+    """``path`` as if last changed ``seconds`` before the file system stamped it (its clock, not
+    this process's: they differ on a network file system or under libfaketime)."""
+    past = (await asyncio.to_thread(os.stat, path)).st_mtime - seconds
     await asyncio.to_thread(os.utime, path, (past, past))
 
 
@@ -237,3 +239,13 @@ async def test_check_store_fixes_through_the_store(tmp_path: Path, clock: FakeCl
         assert await check_store(store, fix=False) == []
     finally:
         await store.close()
+
+
+def test_file_ages_are_measured_on_the_file_systems_clock(tmp_path: Path) -> None:
+    from sessions.doctor_files import file_clock
+
+    stamped = tmp_path / "stamped"
+    stamped.touch()
+    assert abs(file_clock(tmp_path) - stamped.stat().st_mtime) < 1
+    assert list(tmp_path.iterdir()) == [stamped]  # the probe leaves nothing
+    assert abs(file_clock(tmp_path / "missing") - time.time()) < 1  # nothing writable: this clock
