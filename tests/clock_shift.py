@@ -4,14 +4,17 @@
     python -m tests.clock_shift --calendar -- -m "realtime and not browser"
 
 Every process of the run (pytest, its xdist workers, the daemons and CLI processes the tests start)
-reads one shifted clock: ``faketime -f +Ns`` moves the wall clock and the monotonic clock by the
-same offset in all of them, and the clock keeps running (``--at`` is where it starts). ``TZ`` is set
-to ``--zone``, so "local time" (the default reset hour, cron) is that zone's. The absolute start
-format (``@date``) is not used: each new process would start again at that instant, so a daemon
-started a minute into the test would see an earlier time than the test that seeded its home.
+reads one shifted wall clock: ``faketime -f +Ns`` moves it by the same offset in all of them, and it
+keeps running (``--at`` is where it starts). ``TZ`` is set to ``--zone``, so "local time" (the
+default reset hour, cron) is that zone's. The absolute start format (``@date``) is not used: each new
+process would start again at that instant, so a daemon started a minute into the test would see an
+earlier time than the test that seeded its home.
 
-``FAKETIME_DONT_FAKE_MONOTONIC`` is not set: with libfaketime 0.9.10 it makes ``time.sleep`` fail
-with EINVAL.
+What stays real, as on a machine whose calendar says that date: the monotonic clock
+(``FAKETIME_DONT_FAKE_MONOTONIC=1``; faked, it makes every timed wait on a lock wait until notified)
+and the kernel's file timestamps. With libfaketime 0.9.10 that setting makes ``time.sleep`` fail
+with EINVAL, so ``clock_shift_site/sitecustomize.py`` (first on ``PYTHONPATH``) gives every Python
+process of the run a ``time.sleep`` that sleeps on ``select`` when that happens.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from zoneinfo import ZoneInfo
+
+SITE = Path(__file__).resolve().parent / "clock_shift_site"
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,8 @@ def faketime() -> str:
 def shifted(command: list[str], moment: Moment) -> tuple[list[str], dict[str, str]]:
     """``command`` under a clock shifted so that it starts at ``moment``."""
     offset = round(moment.epoch() - time.time())
-    env = {**os.environ, "TZ": moment.zone}
-    env.pop("FAKETIME_DONT_FAKE_MONOTONIC", None)
+    path = os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TZ": moment.zone, "FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONPATH": path}
     return [faketime(), "-f", f"{offset:+d}s", *command], env
 
 

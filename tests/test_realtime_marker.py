@@ -64,3 +64,18 @@ def test_the_shift_reaches_a_child_process_with_its_zone() -> None:
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=30).stdout.split()
     assert abs(float(out[0]) - moment.epoch()) < 60
     assert out[1] in {"2028-02-29", "2028-03-01"} and out[-1] == "AEDT"
+
+
+@pytest.mark.skipif(clock_shift.shutil.which("faketime") is None, reason="faketime is not installed (make faketime)")
+def test_under_the_shift_timed_waits_and_sleeps_take_their_time() -> None:
+    """A faked monotonic clock makes ``Event.wait(t)`` wait forever; a real one breaks ``time.sleep``
+    without the run's sitecustomize."""
+    moment = clock_shift.Moment("2041-07-15 03:58", "America/Sao_Paulo", "test")
+    probe = (
+        "import threading, time\n"
+        "t = time.monotonic(); threading.Event().wait(0.2); time.sleep(0.2)\n"
+        "print(time.monotonic() - t)\n"
+    )
+    command, env = clock_shift.shifted([sys.executable, "-c", probe], moment)
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=30).stdout
+    assert 0.4 <= float(out) < 5
