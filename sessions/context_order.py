@@ -6,14 +6,15 @@ and that it never saw; in the context they belong right after what the turn saw,
 that waited come after them. Such a line carries ``after``: where the last line its model call saw
 stands in this order. A line's place is ``(after, seq)`` when it has one, else ``(seq, seq)``:
 ordered by it, each reply follows the messages it answered, the waiting messages follow the reply,
-and a context without ``after`` keeps seq order. The order depends on the lines alone, not on the
+and a context without ``after`` keeps seq order; a tool result a client posted later stands
+with the call it answers. The order depends on the lines alone, not on the
 file's order, so appends, compaction and recovery rebuilding current.jsonl from messages.jsonl
 give the same context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 Line = Mapping[str, Any]
@@ -30,17 +31,41 @@ def place(line: Line) -> tuple[int, int]:
     return (after if isinstance(after, int) else seq, seq)
 
 
+def placer(lines: Sequence[Line]) -> Callable[[Line], tuple[int, int]]:
+    """``place`` within ``lines``: a tool result without ``after`` (one an OpenAI client posted for
+    a call the model made) stands with the assistant line holding its call, so no message that
+    waited can come between a call and its result."""
+    calls: dict[str, int] = {}
+    for line in lines:
+        for call in line.get("tool_calls") or ():
+            if isinstance(call, Mapping) and isinstance(call.get("id"), str) and isinstance(line.get("seq"), int):
+                calls[call["id"]] = place(line)[0]
+    if not calls:
+        return place
+
+    def placed(line: Line) -> tuple[int, int]:
+        own = place(line)
+        if line.get("role") == "tool" and "after" not in line:
+            at = calls.get(line.get("tool_call_id"))  # type: ignore[arg-type]
+            if at is not None and at < own[0]:
+                return (at, own[1])
+        return own
+
+    return placed
+
+
 def in_model_order(lines: Sequence[L]) -> list[L]:
     """``lines`` in the order the model sees them (stable: lines without a seq keep their order)."""
-    return sorted(lines, key=place)
+    return sorted(lines, key=placer(lines))
 
 
 def anchor(seen: Sequence[Line]) -> int:
     """The ``after`` of a line a model call writes, given what that call saw (in model order):
     the place of the last line it saw, so the line follows it and everything placed before it."""
+    where = placer(seen)
     for line in reversed(seen):
         if isinstance(line.get("seq"), int):
-            return place(line)[0]
+            return where(line)[0]
         end = line.get("end_seq")
         if isinstance(end, int):
             return end

@@ -57,6 +57,17 @@ ORDER_ROWS = [
         [None, 4, 5, 6],
     ),
     (
+        "a client's tool result (posted, no after) stands with its call, before a message that waited",
+        [
+            line(3),
+            line(4),
+            line(5, 3, "assistant", tool_calls=[{"id": "c1", "type": "function"}]),
+            line(6, role="tool", tool_call_id="c1"),
+            line(7, role="tool", tool_call_id="unknown"),
+        ],
+        [3, 5, 6, 4, 7],
+    ),
+    (
         "file order does not matter (a rewritten current.jsonl)",
         [line(5, 3, "assistant"), line(3), line(4, 1, "assistant"), line(1), line(2)],
         [1, 4, 2, 3, 5],
@@ -72,6 +83,11 @@ def test_model_order(lines: list[dict[str, Any]], expected: list[int | None]) ->
 ANCHOR_ROWS = [
     ("the last line is a message", [line(1), line(4, 1), line(2)], 2),
     ("the last line is a turn's: its place", [line(1), line(3, 1, "assistant"), line(4, 1, "tool")], 1),
+    (
+        "the last line is a client's tool result: its call's place",
+        [line(3), line(5, 3, "assistant", tool_calls=[{"id": "c1"}]), line(6, role="tool", tool_call_id="c1")],
+        3,
+    ),
     ("only the summary", [SUMMARY], 3),
     ("nothing", [], 0),
 ]
