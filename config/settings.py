@@ -236,6 +236,7 @@ class MemorySettings(Model):
     search: SearchSettings = SearchSettings()
     recall: RecallSettings = RecallSettings()
     sources: tuple[Literal["memory", "sessions"], ...] = ("memory",)
+    scope: Literal["per-peer", "shared"] = "per-peer"
 
     @model_validator(mode="after")
     def _overlap_below_chunk(self) -> MemorySettings:

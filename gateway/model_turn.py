@@ -12,6 +12,7 @@ from gateway.compaction_triggers import CompactionTriggers
 from gateway.posts import DeltaFn, Outcome, TurnOptions, to_openai
 from gateway.provider import Completion, ProviderError, ToolCall, Usage
 from gateway.queueing import TurnScope
+from sessions.context_order import anchor
 from sessions.records import NewMessage, RunState
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class ModelTurns(CompactionTriggers):
                     hidden = sum(int(line.get("tokens") or 0) for line in context if not scope.visible(line))
                     context = shown
                     scope.seen_upto = max((int(line["seq"]) for line in context if line.get("seq")), default=0)
+                after = anchor(context)  # what this call writes follows what it saw, not what waits
                 messages = [{"role": "system", "content": system}, *map(to_openai, context)]
                 out_of_rounds = rounds >= agent.max_tool_rounds
                 offered = None if out_of_rounds else tools
@@ -87,7 +89,7 @@ class ModelTurns(CompactionTriggers):
                     await accounting
                     rounds += 1
                     client = [c for c in completion.tool_calls if c.name in options.client_tool_names]
-                    seq = await self._run_tools(run, completion, scope, client=options.client_tool_names)
+                    seq = await self._run_tools(run, completion, scope, client=options.client_tool_names, after=after)
                     if client:  # the client runs these and sends the results with its next call
                         outcome.reply = {
                             "content": completion.content,
@@ -104,7 +106,11 @@ class ModelTurns(CompactionTriggers):
                     if not content.strip():
                         content = TOOL_LIMIT_REPLY.format(rounds=rounds)
                 reply = NewMessage(
-                    role="assistant", content=content, usage=completion.usage.as_dict(), reply_to=outcome.message_seq
+                    role="assistant",
+                    content=content,
+                    usage=completion.usage.as_dict(),
+                    reply_to=outcome.message_seq,
+                    after=after,
                 )
                 # The usage's tasks.db write runs while the reply line is written and synced: one
                 # wait instead of two (the reply waits for both, as before).
@@ -131,20 +137,26 @@ class ModelTurns(CompactionTriggers):
         scope: TurnScope | None = None,
         *,
         client: frozenset[str] = frozenset(),
+        after: int | None = None,
     ) -> int:
         """Execute the calls, then store the assistant message and its results together under the
         key's append lock: a message posted meanwhile never lands between a call and its result,
         and a /stop during the tools leaves no call without its result. Calls of ``client`` tools
-        are stored without a result (the client sends it later). Answers the assistant line's seq."""
+        are stored without a result (the client sends it later). ``after``: their place in the
+        context (``sessions.context_order``). Answers the assistant line's seq."""
         calls = tuple(_call_dict(c) for c in completion.tool_calls)
         own = [c for c in completion.tool_calls if c.name not in client]
         results = [await self.tools.execute(run, call) for call in own]
         group = [
             NewMessage(
-                role="assistant", content=completion.content, tool_calls=calls, usage=completion.usage.as_dict()
+                role="assistant",
+                content=completion.content,
+                tool_calls=calls,
+                usage=completion.usage.as_dict(),
+                after=after,
             ),
             *(
-                NewMessage(role="tool", content=result, tool_name=call.name, tool_call_id=call.id)
+                NewMessage(role="tool", content=result, tool_name=call.name, tool_call_id=call.id, after=after)
                 for call, result in zip(own, results, strict=True)
             ),
         ]

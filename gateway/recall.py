@@ -1,5 +1,8 @@
 """Memory in conversations (SPEC section 9): auto-recall at the start of a run (or every turn),
-and the model's memory tools. ``memory/`` knows nothing of sessions; this module joins them."""
+and the model's memory tools. ``memory/`` knows nothing of sessions; this module joins them. Each
+session reads and writes only its key's memory scope (``gateway/memory_scope.py``): recall, the
+daily log it is offered, ``memory_search``, ``memory_get`` and ``memory_append`` (the memory
+flush's too)."""
 
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ from zoneinfo import ZoneInfo
 
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
+from gateway.memory_scope import scope_of_raw
 from gateway.relevance import tool_result
 from gateway.tools import Tool, ToolError
-from gateway.transcript_memory import SESSIONS_DIR, is_transcript, run_citation
+from gateway.transcript_memory import is_transcript, run_citation, transcript_path
 from gateway.turns import Conversations, Post
-from memory import MemoryService, SearchHit
+from memory import MemoryService, SearchHit, scopes
+from memory.scopes import Scope
 from sessions.records import NewMessage, RunState
 from sessions.tokens import estimate_text
 
@@ -86,6 +91,10 @@ class MemoryBridge:
     def sees_memory_md(self, chat_type: str) -> bool:
         return chat_type in self.settings.memory.recall.chat_types
 
+    def scope(self, run: RunState) -> Scope:
+        """The memory scope of the run's key (``memory.scope``)."""
+        return scope_of_raw(run.key, self.settings.memory.scope, self.settings.agents)
+
     # -- auto-recall ----------------------------------------------------------------------------
 
     async def recall(self, run: RunState, post: Post, new_run: bool) -> list[dict[str, Any]]:
@@ -102,8 +111,9 @@ class MemoryBridge:
             log.info("recall skipped for %s: the memory index is not ready yet", run.key)
             return []
         agent = run.agent_id or "main"
-        hits = await self.memory.search(agent, post.content, k=recall.top_k, include_memory_md=True)
-        daily = await asyncio.to_thread(self._daily_logs, agent) if recall.daily_logs and new_run else []
+        scope = self.scope(run)
+        hits = await self.memory.search(agent, post.content, k=recall.top_k, include_memory_md=True, scope=scope)
+        daily = await asyncio.to_thread(self._daily_logs, agent, scope) if recall.daily_logs and new_run else []
         text = memory_message(hits, daily, recall.max_tokens)
         if text is None:
             return []
@@ -114,12 +124,12 @@ class MemoryBridge:
         self.conv.store.emit("memory", run, action="recall", seq=record["seq"], citations=citations)
         return [{"type": "memory", "action": "recall", "seq": record["seq"], "citations": citations}]
 
-    def _daily_logs(self, agent: str) -> list[tuple[str, str]]:
-        """Today's and yesterday's logs (blocking file reads: called off the event loop)."""
+    def _daily_logs(self, agent: str, scope: Scope) -> list[tuple[str, str]]:
+        """Today's and yesterday's logs of ``scope`` (blocking file reads: called off the event loop)."""
         today = self.conv.clock().astimezone(self.zone(agent)).date()
         out = []
         for day in (today - timedelta(days=1), today):
-            path = f"memory/{day.isoformat()}.md"
+            path = scopes.daily_path(day, _writes_to(scope))
             try:
                 out.append((path, self.memory.read_file(agent, path)))
             except NotFound:  # no log that day: the common case
@@ -180,7 +190,11 @@ class MemoryBridge:
         if not isinstance(k, int) or not 1 <= k <= self.settings.memory.search.candidates:
             raise ToolError(f"'k' must be an integer from 1 to {self.settings.memory.search.candidates}")
         hits = await self.memory.search(
-            run.agent_id or "main", query, k=k, include_memory_md=self.sees_memory_md(run.chat_type)
+            run.agent_id or "main",
+            query,
+            k=k,
+            include_memory_md=self.sees_memory_md(run.chat_type),
+            scope=self.scope(run),
         )
         if not self.sees_memory_md(run.chat_type):  # transcripts of runs: like MEMORY.md, direct only
             hits = [h for h in hits if not is_transcript(h.path)]
@@ -192,15 +206,16 @@ class MemoryBridge:
         if not isinstance(path, str) or not path:
             raise ToolError("'path' must be a memory file path such as memory/2026-01-31.md")
         path = path.split("#", 1)[0]
+        scope = self.scope(run)
         if path.startswith("run:"):
-            path = f"{SESSIONS_DIR}/{path.removeprefix('run:')}.md"
+            path = transcript_path(_writes_to(scope), path.removeprefix("run:"))
         if path.lstrip("./") == "MEMORY.md" and not self.sees_memory_md(run.chat_type):
             raise ToolError("MEMORY.md is not available in this kind of session")
         if is_transcript(path.lstrip("./")) and not self.sees_memory_md(run.chat_type):
             raise ToolError("run summaries are not available in this kind of session")
         start, end = arguments.get("start_line"), arguments.get("end_line")
         try:
-            return await self.memory.get(run.agent_id or "main", path, start, end)
+            return await self.memory.get(run.agent_id or "main", path, start, end, scope=scope)
         except NeotaskError as exc:  # a bad or missing path, told to the model
             raise ToolError(exc.message) from exc
 
@@ -212,7 +227,13 @@ class MemoryBridge:
             raise ToolError("that says there is nothing to save, so nothing was written; only save facts")
         agent = run.agent_id or "main"
         today = self.conv.clock().astimezone(self.zone(agent)).date()
-        result = await self.memory.append_daily(agent, text, today=today)
+        result = await self.memory.append_daily(agent, text, today=today, scope=_writes_to(self.scope(run)))
         if result.appended == 0:
             return f"already in {result.path}; nothing added"
         return f"saved to {result.path}"
+
+
+def _writes_to(scope: Scope) -> Scope:
+    """Where a session of ``scope`` keeps its own files: every scope (``memory.scope: shared``)
+    writes and is offered the shared daily log."""
+    return None if scope == scopes.EVERY else scope

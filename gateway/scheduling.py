@@ -50,6 +50,7 @@ class Scheduling:
         self._slots = asyncio.Semaphore(settings.scheduler.reset_concurrency)
         self._closing = False
         self.startup: asyncio.Task[int] | None = None
+        self.started_at = clock()  # a daily boundary before it fell due while the gateway was down
 
     # -- the rule, applied to an entry ----------------------------------------------------------
 
@@ -68,6 +69,7 @@ class Scheduling:
             last_interaction_at=parse_iso(entry.last_interaction_at) if entry.last_interaction_at else None,
             last_user_activity_at=activity_at or (parse_iso(last_user) if last_user else None),
             last_reset_boundary=parse_iso(entry.last_reset_boundary) if entry.last_reset_boundary else None,
+            gateway_started_at=self.started_at,
         )
 
     def decision(self, key: str, *, activity_at: datetime | None = None) -> ResetDecision | None:
@@ -87,8 +89,10 @@ class Scheduling:
     # -- carrying it out ------------------------------------------------------------------------
 
     async def check_on_arrival(self, post: Post) -> list[dict[str, Any]]:
-        """Before a message is appended: reset first if one is due (the arriving user message
-        counts as activity after the boundary, so it can defer a daily reset)."""
+        """Before a message is appended: reset first if one is due. The arriving user message
+        counts as activity after the boundary, so it can defer a daily reset whose boundary this
+        gateway was running at, never one that fell due while it was down (``sessions.resets``):
+        that message waits for the key's reset and goes to the new run."""
         key = post.key.raw
         now = self.clock()
         run = self.store.active_run(key)

@@ -43,6 +43,7 @@ from gateway.crashpoints import crash_step
 from gateway.delivery import Deliverer
 from gateway.events import EventHub
 from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
+from gateway.memory_scope import scope_of_raw
 from gateway.metrics import Metrics
 from gateway.openai_compat.service import OpenAICompat
 from gateway.posts import ReplyBody
@@ -255,7 +256,9 @@ async def open_services(
             for tool in bridge.tools():
                 tools.register(tool)
         if "sessions" in settings.memory.sources:
-            transcripts = TranscriptSource(store, workspaces(config))
+            transcripts = TranscriptSource(
+                store, workspaces(config), lambda key: scope_of_raw(key, settings.memory.scope, settings.agents)
+            )
             stack.push_async_callback(transcripts.close)
         if any(agent.tools.sessions.enabled for agent in settings.agents.values()):
             for tool in SessionTools(conversations, history).tools():

@@ -27,6 +27,11 @@ Methods:
   ``MEMORY.md`` out (the caller decides who may see it). ``SearchHit.as_dict()`` has the
   HTTP fields (``path, start_line, end_line, heading, score, snippet, citation``) plus
   ``vector_score``, ``text_score`` and ``chunk_id``.
+- Scopes (``memory.scopes``): ``search``, ``candidates`` and ``get`` take ``scope`` (default
+  ``scopes.EVERY``: every file); ``None`` is the shared scope (every file outside
+  ``memory/scopes/``), a name (``[A-Za-z0-9-]``) only ``memory/scopes/<name>/``; ``append_daily``
+  takes ``scope`` (default ``None``: ``memory/YYYY-MM-DD.md``; a name:
+  ``memory/scopes/<name>/YYYY-MM-DD.md``). Memory does not know what a scope stands for.
 - ``reindex(agent=None, *, force=False, progress=None) -> IndexReport``: index now and wait.
   Unchanged chunks are never re-embedded; ``force`` rebuilds into a new table swapped in at the end
   (a failed rebuild keeps the old table and is reported in ``IndexReport.errors``).

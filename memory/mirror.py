@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memory import scopes
 from memory.sources import MEMORY_MD
 
 # the columns a candidate needs, in the table's names (``content`` is what was embedded and indexed)
@@ -67,21 +68,34 @@ class Snapshot:
         """Bytes held: vectors, norms, text columns and the row filters (not the id dict)."""
         return int(self.vectors.nbytes + self.inv_norms.nbytes + self.rows.nbytes)
 
-    def allowed(self, agent: str, include_memory_md: bool) -> np.ndarray[Any, Any] | None:
-        """A row mask for ``agent``'s chunks (and without MEMORY.md); None: every row."""
+    def allowed(
+        self, agent: str, include_memory_md: bool, scope: scopes.Scope = scopes.EVERY
+    ) -> np.ndarray[Any, Any] | None:
+        """A row mask for ``agent``'s chunks in ``scope`` (and without MEMORY.md); None: every row."""
         mask: np.ndarray[Any, Any] | None = None
         if not self.agents <= {agent}:
             code = self.agent_ids.get(agent, -1)
             mask = self.agent_codes == code
         if not include_memory_md and self.memory_md.any():
             mask = ~self.memory_md if mask is None else mask & ~self.memory_md
+        if scope != scopes.EVERY and len(self):
+            prefix = scopes.SCOPES_DIR + "/" if scope is None else scopes.folder(scope) + "/"
+            under = np.asarray(pc.starts_with(self.rows.column("path"), prefix).to_numpy(), dtype=bool)
+            inside = ~under if scope is None else under
+            mask = inside if mask is None else mask & inside
         return mask
 
     def nearest(
-        self, query: np.ndarray[Any, Any], agent: str, limit: int, include_memory_md: bool
+        self,
+        query: np.ndarray[Any, Any],
+        agent: str,
+        limit: int,
+        include_memory_md: bool,
+        scope: scopes.Scope = scopes.EVERY,
     ) -> list[dict[str, Any]]:
-        """The ``limit`` rows of ``agent`` nearest to ``query`` by cosine distance, nearest first,
-        each a dict of :data:`COLUMNS` (without ``agent``) and ``_distance`` (1 - cosine), exact."""
+        """The ``limit`` rows of ``agent`` in ``scope`` nearest to ``query`` by cosine distance,
+        nearest first, each a dict of :data:`COLUMNS` (without ``agent``) and ``_distance`` (1 -
+        cosine), exact."""
         n = len(self)
         if n == 0 or limit <= 0:
             return []
@@ -91,7 +105,7 @@ class Snapshot:
         sims *= self.inv_norms
         if norm > 0:
             sims /= norm
-        mask = self.allowed(agent, include_memory_md)
+        mask = self.allowed(agent, include_memory_md, scope)
         if mask is not None:
             sims = np.where(mask, sims, -np.inf)
             n = int(mask.sum())

@@ -16,7 +16,7 @@ import numpy as np
 from config.clock import Clock, iso
 from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownAgent
 from config.settings import MemorySettings
-from memory import sources
+from memory import scopes, sources
 from memory.embedders import Embedder, build_embedder, is_multilingual
 from memory.fusion import (
     Candidate,
@@ -227,10 +227,18 @@ class MemoryService:
     # --- search ------------------------------------------------------------------------------
 
     async def search(
-        self, agent: str, query: str, *, k: int | None = None, include_memory_md: bool = True
+        self,
+        agent: str,
+        query: str,
+        *,
+        k: int | None = None,
+        include_memory_md: bool = True,
+        scope: scopes.Scope = scopes.EVERY,
     ) -> list[SearchHit]:
-        """Hybrid search of one agent's memory, best first; [] when nothing clears the thresholds."""
+        """Hybrid search of one agent's memory (of the files of ``scope``: ``memory.scopes``), best
+        first; [] when nothing clears the thresholds."""
         agent = self._agent(agent)
+        scopes.check(scope)
         s = self.settings.search
         k = s.top_k if k is None else k
         if not 1 <= k <= s.candidates:
@@ -239,7 +247,7 @@ class MemoryService:
         if not query:
             raise BadRequest("q must be a non-empty search query")
         use_vector = self._vector_knows(query)
-        pool = await self.candidates(agent, query, include_memory_md=include_memory_md)
+        pool = await self.candidates(agent, query, include_memory_md=include_memory_md, scope=scope)
         params = FusionParams(
             s.vector_weight,
             s.text_weight,
@@ -270,7 +278,13 @@ class MemoryService:
         return not is_cjk_query(query) or is_multilingual(embedder.identity)
 
     async def candidates(
-        self, agent: str, query: str, *, include_memory_md: bool = True, with_share: bool = True
+        self,
+        agent: str,
+        query: str,
+        *,
+        include_memory_md: bool = True,
+        with_share: bool = True,
+        scope: scopes.Scope = scopes.EVERY,
     ) -> list[Candidate]:
         """Both candidate pools of a query, merged, before fusion and abstention (for evaluation:
         ``memory.fusion.fuse`` turns them into hits under any weights and thresholds).
@@ -286,7 +300,7 @@ class MemoryService:
         # the full-text query (and the term shares of what it found) runs while the query is
         # embedded; then one job takes the vector pool and merges it with the text side (one
         # hand-over between threads fewer than a job each: under load each costs a wake-up)
-        text_job = self._reads.submit(_text_side, store, table, query, agent, n, include_memory_md, with_share)
+        text_job = self._reads.submit(_text_side, store, table, query, agent, n, include_memory_md, with_share, scope)
         vector = None
         embedder = self._query_embedder()
         try:
@@ -300,7 +314,9 @@ class MemoryService:
         def vector_side_and_merge() -> list[Candidate]:
             # (the text job was queued first, so it runs or has run: waiting here cannot deadlock
             # the two read threads)
-            vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md) if vector is not None else []
+            vec_rows = []
+            if vector is not None:
+                vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md, scope)
             return _merge(query, vector, vec_rows, text_job.result(), n, with_share)
 
         return await loop.run_in_executor(self._reads, vector_side_and_merge)
@@ -316,10 +332,13 @@ class MemoryService:
         """The agent's memory files (path relative to the workspace, size, mtime), by path."""
         return sources.list_files(self._workspaces[self._agent(agent)], self.settings.extra_paths)
 
-    def read_file(self, agent: str, path: str) -> str:
-        """A memory file's text; BadRequest outside the memory sources, NotFound if missing."""
+    def read_file(self, agent: str, path: str, scope: scopes.Scope = scopes.EVERY) -> str:
+        """A memory file's text; BadRequest outside the memory sources, NotFound if missing or
+        not in ``scope``."""
         workspace = self._workspaces[self._agent(agent)]
         f = sources.resolve(workspace, path, self.settings.extra_paths)
+        if not scopes.contains(scope, f.rel):
+            raise MemoryFileNotFound(f"memory file {path!r} is not available here")
         try:
             return sources.read_text_inside(f.abs, sources.allowed_roots(workspace, self.settings.extra_paths))
         except FileNotFoundError as exc:
@@ -333,23 +352,31 @@ class MemoryService:
         end_line: int | None = None,
         *,
         include_memory_md: bool = True,
+        scope: scopes.Scope = scopes.EVERY,
     ) -> str:
         """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file.
-        With ``include_memory_md=False`` (the caller may not show it) MEMORY.md is NotFound."""
+        With ``include_memory_md=False`` (the caller may not show it) MEMORY.md is NotFound, and
+        so is a file outside ``scope``."""
+        scopes.check(scope)
         if not include_memory_md and path == sources.MEMORY_MD:
             raise MemoryFileNotFound("MEMORY.md is not available here")
-        text = await asyncio.to_thread(self.read_file, agent, path)
+        text = await asyncio.to_thread(self.read_file, agent, path, scope)
         return sources.line_slice(text, start_line, end_line)
 
-    async def append_daily(self, agent: str, text: str, *, today: date) -> AppendResult:
-        """The ``memory_append`` tool: add the lines of ``text`` to ``memory/<today>.md`` (``today``
-        in the agent's zone, chosen by the caller), skipping lines already there; then index it."""
+    async def append_daily(self, agent: str, text: str, *, today: date, scope: scopes.Scope = None) -> AppendResult:
+        """The ``memory_append`` tool: add the lines of ``text`` to the daily log of ``today`` (in the
+        agent's zone, chosen by the caller) in ``scope`` (``memory/<today>.md`` for the shared
+        scope, ``memory/scopes/<scope>/<today>.md`` for a named one), skipping lines already
+        there; then index it."""
         workspace = self._workspaces[self._agent(agent)]
+        if scope == scopes.EVERY:
+            raise BadRequest("a daily log is written in one scope: the shared one (None) or a named one")
+        scopes.check(scope)
         if not text.strip():
             raise BadRequest("text must hold at least one non-blank line")
         lock = self._append_locks.setdefault(agent, asyncio.Lock())
         async with lock:
-            result = await asyncio.to_thread(sources.append_daily, workspace, text, today)
+            result = await asyncio.to_thread(sources.append_daily, workspace, text, today, scope)
         if result.appended:
             self._notify({agent})
         return result
@@ -359,10 +386,17 @@ TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float]]
 
 
 def _text_side(
-    store: ChunkStore, table: Any, query: str, agent: str, n: int, include_memory_md: bool, with_share: bool
+    store: ChunkStore,
+    table: Any,
+    query: str,
+    agent: str,
+    n: int,
+    include_memory_md: bool,
+    with_share: bool,
+    scope: scopes.Scope,
 ) -> TextSide:
     """The full-text pool: its rows, their vectors and the share of the query's terms each holds."""
-    rows, vectors = store.text_pool(table, query, agent, n, include_memory_md)
+    rows, vectors = store.text_pool(table, query, agent, n, include_memory_md, scope)
     terms = query_terms(query) if with_share else ((), ())
     return rows, vectors, [text_share(terms, r["content"]) if with_share else 0.0 for r in rows]
 

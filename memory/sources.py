@@ -15,6 +15,7 @@ from datetime import date
 from pathlib import Path, PurePosixPath
 
 from config.errors import BadRequest, MemoryFileNotFound
+from memory import scopes
 from memory.records import AppendResult, MemoryFile
 
 MEMORY_MD = "MEMORY.md"
@@ -158,13 +159,14 @@ def line_slice(text: str, start_line: int | None, end_line: int | None) -> str:
 
 
 def daily_path(today: date) -> str:
-    return f"memory/{today.isoformat()}.md"
+    return scopes.daily_path(today)
 
 
-def append_daily(workspace: Path, text: str, today: date) -> AppendResult:
-    """Append the non-blank lines of ``text`` to ``memory/<today>.md``, skipping lines the file
-    already holds (compared without surrounding whitespace). Never touches MEMORY.md."""
-    rel = daily_path(today)
+def append_daily(workspace: Path, text: str, today: date, scope: scopes.Scope = None) -> AppendResult:
+    """Append the non-blank lines of ``text`` to ``memory/<today>.md`` (in a named ``scope``:
+    ``memory/scopes/<scope>/<today>.md``), skipping lines the file already holds (compared
+    without surrounding whitespace). Never touches MEMORY.md."""
+    rel = scopes.daily_path(today, scope)
     target = workspace / rel
     target.parent.mkdir(parents=True, exist_ok=True)
     if not inside(target, (workspace.resolve(),)):

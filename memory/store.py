@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from memory import scopes
 from memory.chunking import Chunk
 from memory.embedders import EmbedderIdentity, Vectors
 from memory.mirror import Mirror
@@ -382,41 +383,56 @@ class ChunkStore:
         column = table.search().select(["agent"]).limit(table.count_rows()).to_arrow()["agent"]
         return frozenset(column.unique().to_pylist())
 
-    def _where(self, table: Any, agent: str, include_memory_md: bool) -> str | None:
-        """The filter of a query of ``agent``'s chunks; None when the table holds no other rows."""
+    def _where(self, table: Any, agent: str, include_memory_md: bool, scope: scopes.Scope) -> str | None:
+        """The filter of a query of ``agent``'s chunks in ``scope``; None when it needs none."""
         parts = []
         agents = self._agents.get(table.name)
         if agents is None or not agents <= {agent}:
             parts.append(f"agent = {_q(agent)}")
         if not include_memory_md:
             parts.append("path != 'MEMORY.md'")
+        if (in_scope := scopes.where(scope)) is not None:
+            parts.append(in_scope)
         return " AND ".join(parts) or None
 
     def vector_pool(
-        self, table: Any, vector: np.ndarray[Any, Any], agent: str, limit: int, include_memory_md: bool
+        self,
+        table: Any,
+        vector: np.ndarray[Any, Any],
+        agent: str,
+        limit: int,
+        include_memory_md: bool,
+        scope: scopes.Scope = scopes.EVERY,
     ) -> list[dict[str, Any]]:
-        """The ``limit`` nearest chunks of ``agent`` by cosine distance (``_distance``), nearest first.
-        Through an ANN index the candidates are re-ranked on their full vectors, so ``_distance``
-        is exact either way. With the mirror: an exact scan of the in-memory vectors."""
+        """The ``limit`` nearest chunks of ``agent`` in ``scope`` by cosine distance (``_distance``),
+        nearest first. Through an ANN index the candidates are re-ranked on their full vectors, so
+        ``_distance`` is exact either way. With the mirror: an exact scan of the in-memory vectors."""
         if (mirror := self.mirror(table)) is not None:
-            return mirror.snapshot.nearest(vector, agent, limit, include_memory_md)
+            return mirror.snapshot.nearest(vector, agent, limit, include_memory_md, scope)
         query = table.search(vector, vector_column_name="vector").distance_type("cosine")
         if self.has_ann(table):
             query = query.nprobes(ANN_NPROBES).refine_factor(ANN_REFINE)
-        if (where := self._where(table, agent, include_memory_md)) is not None:
+        if (where := self._where(table, agent, include_memory_md, scope)) is not None:
             query = query.where(where, prefilter=True)
         return list(query.limit(limit).select([*TEXT_COLUMNS, "_distance"]).to_arrow().to_pylist())
 
     def text_pool(
-        self, table: Any, query: str, agent: str, limit: int, include_memory_md: bool
+        self,
+        table: Any,
+        query: str,
+        agent: str,
+        limit: int,
+        include_memory_md: bool,
+        scope: scopes.Scope = scopes.EVERY,
     ) -> tuple[list[dict[str, Any]], np.ndarray[Any, Any]]:
-        """The ``limit`` best BM25 matches of ``agent`` (``_score``), best first, and their vectors."""
+        """The ``limit`` best BM25 matches of ``agent`` in ``scope`` (``_score``), best first, and
+        their vectors."""
         from lancedb.query import MatchQuery
 
         if not self.has_fts(table):
             return [], np.zeros((0, 0), np.float32)
         search = table.search(MatchQuery(query, "content"), query_type="fts")  # type: ignore[call-arg]
-        if (where := self._where(table, agent, include_memory_md)) is not None:
+        if (where := self._where(table, agent, include_memory_md, scope)) is not None:
             search = search.where(where, prefilter=True)
         if (mirror := self.mirror(table)) is not None:
             return self._text_rows_from(mirror, table, search.limit(limit).select(["chunk_id", "_score"]).to_arrow())

@@ -1,8 +1,11 @@
 """Compaction decisions (SPEC section 5, seed 000 ContextCompressor) as pure functions.
 
 ``plan_compaction`` says where to cut the current context: everything before the last
-``keep_recent`` messages is summarized, unless fewer than ``min_to_compress`` would be; an assistant
-message with ``tool_calls`` is never separated from its tool results. The I/O that carries a plan
+``keep_recent`` messages (in the order the model sees them, ``sessions.context_order``) is
+summarized, unless fewer than ``min_to_compress`` would be; an assistant message with
+``tool_calls`` is never separated from its tool results, and the summarized part is always a seq
+range below every kept line (a reply placed before messages that waited for it is summarized with
+them or kept). The I/O that carries a plan
 out lives in ``sessions.compactor``.
 """
 
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions import layout
+from sessions.context_order import clean_cuts, place
 from sessions.tokens import estimate_text
 
 Line = dict[str, Any]
@@ -47,8 +51,9 @@ def plan_compaction(lines: Sequence[Line], *, keep_recent: int, min_to_compress:
     previous = lines[0] if lines and is_summary(lines[0]) else None
     body = list(lines[1:] if previous else lines)
     cut = max(0, len(body) - keep_recent)
-    while 0 < cut < len(body) and body[cut].get("role") == "tool":
-        cut -= 1  # keep the assistant message whose tool_calls these results answer
+    clean = clean_cuts([place(x)[1] for x in body])
+    while 0 < cut < len(body) and (body[cut].get("role") == "tool" or not clean[cut]):
+        cut -= 1  # keep the assistant message whose tool_calls these results answer; cut a seq range
     if cut < min_to_compress:
         return None
     summarize, keep = body[:cut], body[cut:]

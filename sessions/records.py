@@ -109,6 +109,7 @@ class MessageRecord(TypedDict):
     kind: NotRequired[str]
     client_message_id: NotRequired[str]
     reply_to: NotRequired[int]
+    after: NotRequired[int]
 
 
 EventType = Literal["message", "reply", "memory", "inheritance", "reset", "compaction", "lifecycle"]
@@ -260,6 +261,7 @@ class NewMessage:
     client_message_id: str | None = None
     user_activity: bool | None = None
     reply_to: int | None = None  # on a reply or a command's answer: the seq of what it answers
+    after: int | None = None  # on a model turn's lines: its place in the context (sessions.context_order)
 
     @property
     def counts_as_activity(self) -> bool:

@@ -4,7 +4,10 @@ SPEC section 7. The daily boundary is the instant of ``at_hour:00`` local time i
 zone; a wall time that does not exist (spring-forward gap) is taken as the first instant after the
 gap, a repeated one (fall-back) as its first occurrence. A daily reset is due when the run started
 before the most recent boundary, deferred only by user activity after that boundary (until that
-activity + ``defer_if_active_minutes``, never past boundary + 2 * ``defer_if_active_minutes``). An
+activity + ``defer_if_active_minutes``, never past boundary + 2 * ``defer_if_active_minutes``), and
+only when the gateway applying the rule was running at the boundary: a reset that fell due while
+the gateway was down was due before any activity it sees could arrive, so none defers it (the
+first message after a restart must not keep the key in yesterday's run). An
 idle reset is due once ``last_interaction_at`` (or ``started_at``) is ``idle_minutes`` old. A key is
 reset at most once per boundary: the caller records ``ResetDecision.boundary`` and passes it back as
 ``ResetFacts.last_reset_boundary``.
@@ -52,12 +55,15 @@ class ResetFacts:
 
     ``last_user_activity_at`` counts user messages only: system, cron and memory-flush turns are
     not user activity. ``last_reset_boundary`` is the boundary a daily reset was last done for.
+    ``gateway_started_at`` is when the gateway applying the rule started: activity defers only the
+    reset of a boundary it was running at (None: running all along).
     """
 
     started_at: datetime
     last_interaction_at: datetime | None = None
     last_user_activity_at: datetime | None = None
     last_reset_boundary: datetime | None = None
+    gateway_started_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,8 @@ def _daily(policy: ResetPolicy, facts: ResetFacts, now: datetime) -> ResetDecisi
     if facts.last_reset_boundary is not None and _utc(facts.last_reset_boundary) >= boundary:
         return NOT_DUE
     active = facts.last_user_activity_at
-    if active is not None and _utc(active) > boundary:
+    watched = facts.gateway_started_at is None or _utc(facts.gateway_started_at) <= boundary
+    if watched and active is not None and _utc(active) > boundary:
         defer = timedelta(minutes=policy.defer_if_active_minutes)
         until = min(_utc(active) + defer, boundary + 2 * defer)
         if now < until:

@@ -350,6 +350,8 @@ def _message_record(seq: int, message: NewMessage, timestamp: str) -> MessageRec
         record["client_message_id"] = message.client_message_id
     if message.reply_to is not None:
         record["reply_to"] = message.reply_to
+    if message.after is not None:
+        record["after"] = message.after
     record["tokens"] = estimate_message(record)
     return record
 

@@ -13,6 +13,7 @@ from typing import Any, cast
 from config.clock import iso
 from config.errors import RunNotFound
 from sessions import layout
+from sessions.context_order import in_model_order
 from sessions.jsonl import iter_records, read_records
 from sessions.records import (
     CompatConversation,
@@ -77,7 +78,8 @@ class RecordStore(StoreBase):
         return await asyncio.to_thread(_read)
 
     async def read_context(self, run: RunState) -> list[dict[str, Any]]:
-        """current.jsonl as the model will see it. With appends of the run queued, it is read
+        """current.jsonl as the model will see it, in its order (``sessions.context_order``: a
+        turn's reply before the messages that waited for a later turn). With appends of the run queued, it is read
         through the writer, after them; with none (a turn reads after its message is durable), it
         is whole on disk and read on a worker thread, not queued behind other runs' writes and
         syncs (issue 15: a wait in series on every turn), and not on the loop (a context near the
@@ -85,9 +87,13 @@ class RecordStore(StoreBase):
         uncompact) run under the key's turn lock and are awaited, so none is in flight while a
         turn reads."""
         path = run.dir / layout.CURRENT
+
+        def _read() -> list[dict[str, Any]]:
+            return in_model_order(read_records(path))
+
         if run.appends_pending == 0:
-            return await asyncio.to_thread(read_records, path)
-        return await self.writer.call(lambda: read_records(path))
+            return await asyncio.to_thread(_read)
+        return await self.writer.call(_read)
 
     # -- idempotency records --------------------------------------------------------------------
 

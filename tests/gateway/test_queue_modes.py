@@ -78,9 +78,12 @@ async def test_collect_answers_a_burst_with_one_turn_that_every_caller_sees(
     assert all(a["reply"] == {"content": "echo: order 6", "seq": 8} for a in answers[1:])
     requests = openai_server.chat_requests
     assert len(requests) == 2
-    assert contents(requests[1]) == [f"order {i}" for i in range(1, 7)] + ["first answer"]
-    roles = [m["role"] for m in transcript(tmp_path, answers[0]["run_id"])]
-    assert roles == ["user"] * 6 + ["assistant"] * 2
+    # the reply follows the message it answered; the messages that waited for it come after it
+    assert contents(requests[1]) == ["order 1", "first answer"] + [f"order {i}" for i in range(2, 7)]
+    lines = transcript(tmp_path, answers[0]["run_id"])
+    assert [m["role"] for m in lines] == ["user"] * 6 + ["assistant"] * 2  # the durable log keeps arrival order
+    assert [m["seq"] for m in lines] == list(range(1, 9))
+    assert [m.get("after") for m in lines[6:]] == [1, 6]
 
 
 async def test_collect_is_the_default_and_a_failed_turn_fails_every_caller_with_its_own_seq(
@@ -121,8 +124,8 @@ async def test_followup_runs_one_turn_per_message_each_seeing_only_up_to_its_own
     requests = openai_server.chat_requests
     assert len(requests) == 3
     assert contents(requests[0]) == ["one"]
-    assert contents(requests[1]) == ["one", "two", "first answer"]  # not "three": that one waits for its turn
-    assert contents(requests[2]) == ["one", "two", "three", "first answer", "echo: two"]
+    assert contents(requests[1]) == ["one", "first answer", "two"]  # not "three": that one waits for its turn
+    assert contents(requests[2]) == ["one", "first answer", "two", "echo: two", "three"]
 
 
 async def test_steer_adds_a_message_to_the_running_turn_before_its_next_model_call(
@@ -145,7 +148,9 @@ async def test_steer_adds_a_message_to_the_running_turn_before_its_next_model_ca
     requests = openai_server.chat_requests
     assert len(requests) == 2  # no separate turn for the steering message
     assert contents(requests[0]) == ["start a plan"]
-    assert "also check the logs" in contents(requests[1])
+    # the tool round answers what its model call saw; the steering message follows it
+    assert [m["role"] for m in requests[1].messages[1:]] == ["user", "assistant", "tool", "user"]
+    assert contents(requests[1])[-1] == "also check the logs"
 
 
 async def test_steer_gives_a_message_the_turn_could_not_see_a_turn_of_its_own(

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.keys import SCHEDULING
+from sessions.resets import most_recent_boundary
 from tests.conftest import FakeClock
+from tests.gateway.daemons import daemon
 from tests.gateway.helpers import make_app
+from tests.gateway.test_turns_daemon import model, write_config
 from tests.support.openai_server import Hang, OpenAIServer, RecordedRequest
 
 KEYS = [f"agent%3Amain%3Adm%3Apeer{i}" for i in range(5)]
@@ -65,3 +74,62 @@ async def test_due_resets_run_after_binding_bounded_and_before_a_message_for_the
     assert "note 4" not in [m["content"] for m in turn.messages if m["role"] == "user"]
     old_lines = (tmp_path / "contexts/completed" / old[target] / "messages.jsonl").read_text().splitlines()
     assert [json.loads(x)["content"] for x in old_lines] == ["note 4"]
+
+
+@pytest.mark.slow
+async def test_a_daily_reset_missed_while_down_is_not_deferred_by_the_first_message(tmp_path: Path) -> None:
+    """Issue 24, item 4, in a real daemon on the real clock: the runs' last activity is before the
+    most recent daily boundary (computed from the real clock); the start-up sweep resets one key
+    at a time and is held on the first key's final summary, so the messages to the other keys
+    arrive before the sweep reaches them. Each must wait for its key's reset and go to a new run:
+    before, the message counted as activity after the boundary, deferred the reset and was
+    stored in yesterday's run (2 of 3 keys here), and the sweep then skipped those keys."""
+    now = datetime.now(UTC)
+    at_hour = (now - timedelta(hours=1)).hour
+    boundary = most_recent_boundary(now, at_hour, ZoneInfo("UTC"))  # 1 to 2 hours ago
+    settings = {
+        # defer 600: the cap (boundary + 2 x defer) cannot make the reset due by itself
+        "session": {"reset": {"mode": "daily", "at_hour": at_hour, "timezone": "UTC", "defer_if_active_minutes": 600}},
+        "scheduler": {"reset_concurrency": 1},
+        "compaction": {"memory_flush": {"enabled": False}},
+    }
+    keys = [f"agent:main:dm:peer{i}" for i in range(3)]
+    home = tmp_path / "home"
+    seeded = FakeClock(boundary - timedelta(hours=1))  # yesterday's runs, last active before the boundary
+    app = make_app(home, seeded, settings)
+    old: dict[str, str] = {}
+    async with aiohttp.ClientSession() as http:
+        async with TestClient(TestServer(app)) as seed:
+            for i, key in enumerate(keys):
+                resp = await seed.post(f"/v1/sessions/{quote(key)}/messages", json={"content": f"note {i}"})
+                assert resp.status == 200, await resp.text()
+                old[key] = (await resp.json())["run_id"]
+
+        async with OpenAIServer() as server:
+            release = asyncio.Event()
+            server.add_rule(lambda r: Hang(60, until=release) if "final summary" in r.system_text else None)
+            config = write_config(tmp_path / "config.yaml", {**settings, "agents": {"main": {"model": model(server)}}})
+            async with daemon(home, "--config", str(config)) as gw:
+                await server.wait_for_requests(1, timeout=60)  # the sweep holds its first reset
+                urls = [f"{gw.url}/v1/sessions/{quote(key)}/messages" for key in keys]
+                calls = [asyncio.create_task(http.post(url, json={"content": "morning"})) for url in urls]
+                await asyncio.sleep(1.0)
+                release.set()
+                answers = []
+                for call in calls:
+                    async with await call as resp:
+                        assert resp.status == 200, await resp.text()
+                        answers.append(await resp.json())
+                for key, body in zip(keys, answers, strict=True):
+                    assert body["run_id"] != old[key], f"{key}: the message landed in the run that was due for reset"
+                    assert body["reply"]["content"] == "echo: morning"
+                    run = await (await http.get(f"{gw.url}/v1/runs/{old[key]}")).json()
+                    assert run["status"] == "completed", key
+                assert await gw.stop() == 0, gw.stderr()
+    for key in keys:
+        lines = (home / "contexts/completed" / old[key] / "messages.jsonl").read_text().splitlines()
+        assert [json.loads(x)["content"] for x in lines] == [f"note {keys.index(key)}"]
+
+
+def quote(key: str) -> str:
+    return key.replace(":", "%3A")

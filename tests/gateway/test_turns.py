@@ -168,7 +168,8 @@ async def test_turns_run_one_at_a_time_in_arrival_order(client: Client, openai_s
     assert body1["reply"]["content"] == "first answer" and body1["reply"]["seq"] == 3
     assert body2["reply"]["seq"] == 4
     second_request = openai_server.chat_requests[1].messages
-    assert [m["content"] for m in second_request[1:]] == ["one", "two", "first answer"]
+    # the answer follows the message it answered; "two" waited for it (issue 24, item 2)
+    assert [m["content"] for m in second_request[1:]] == ["one", "first answer", "two"]
 
 
 async def test_too_many_waiting_turns_get_429_and_write_nothing(

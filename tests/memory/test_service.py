@@ -301,3 +301,28 @@ async def test_an_unreadable_pointer_starts_a_new_index(
     finally:
         await svc.close()
         await embedder.close()
+
+
+async def test_scopes_keep_their_files_apart(service: MemoryService, workspace: Path) -> None:
+    """Issue 24, item 3: the shared scope (None) is every file outside memory/scopes/; a named scope
+    only its folder; EVERY (the default: the owner's API) everything."""
+    owner, bob = "memory/2026-11-30.md", "memory/scopes/dm-bob-1/2026-11-30.md"
+    write(workspace, owner, "- The owner parks the car in bay seven.\n")
+    write(workspace, bob, "- Bob parks the car in bay nine.\n")
+    await service.reindex("main")
+    query = "parks the car in bay"
+    assert {owner, bob} <= {h.path for h in await service.search("main", query, k=10)}
+    shared = {h.path for h in await service.search("main", query, k=10, scope=None)}
+    assert owner in shared and not any(p.startswith("memory/scopes/") for p in shared)
+    assert [h.path for h in await service.search("main", query, k=10, scope="dm-bob-1")] == [bob]
+    assert await service.search("main", query, k=10, scope="dm-carol-2") == []
+    assert "bay nine" in await service.get("main", bob, scope="dm-bob-1")
+    for path, scope in ((bob, "dm-carol-2"), (bob, None), ("MEMORY.md", "dm-bob-1"), (owner, "dm-bob-1")):
+        with pytest.raises(NotFound):
+            await service.get("main", path, scope=scope)
+    saved = await service.append_daily("main", "- Carol likes rooibos.", today=date(2026, 11, 30), scope="dm-carol-2")
+    assert saved.path == "memory/scopes/dm-carol-2/2026-11-30.md"
+    assert (workspace / saved.path).read_text() == "- Carol likes rooibos.\n"
+    for bad in ("../x", "a/b", "", "-x", "a_b%"):
+        with pytest.raises(BadRequest):
+            await service.search("main", query, scope=bad)

@@ -166,6 +166,53 @@ DAILY_ROWS = [
         "11-30T09:00:59",
         ResetDecision(due=False, boundary=z("11-30T09:00"), deferred_until=z("11-30T09:01")),
     ),
+    # Issue 24, item 4: a boundary that passed while the gateway was down. The reset was due before
+    # any activity the gateway sees could arrive: that activity (the first message after the
+    # restart, counted before the check) must not defer it.
+    (
+        "down over the boundary: the first message after the restart does not defer",
+        policy(),
+        ResetFacts(started_at=EVENING, last_user_activity_at=z("11-30T09:05"), gateway_started_at=z("11-30T09:04")),
+        "11-30T09:05",
+        ResetDecision(due=True, reason="daily", boundary=z("11-30T09:00")),
+    ),
+    (
+        "down over the boundary, hours later: due",
+        policy(defer=600),
+        ResetFacts(started_at=EVENING, last_user_activity_at=z("11-30T13:00"), gateway_started_at=z("11-30T12:59")),
+        "11-30T13:00",
+        ResetDecision(due=True, reason="daily", boundary=z("11-30T09:00")),
+    ),
+    (
+        "running at the boundary: activity after it defers as before",
+        policy(),
+        ResetFacts(started_at=EVENING, last_user_activity_at=z("11-30T09:01"), gateway_started_at=z("11-30T08:00")),
+        "11-30T09:02",
+        ResetDecision(due=False, boundary=z("11-30T09:00"), deferred_until=z("11-30T09:31")),
+    ),
+    (
+        "started at the boundary instant: running at it",
+        policy(),
+        ResetFacts(started_at=EVENING, last_user_activity_at=z("11-30T09:01"), gateway_started_at=z("11-30T09:00")),
+        "11-30T09:02",
+        ResetDecision(due=False, boundary=z("11-30T09:00"), deferred_until=z("11-30T09:31")),
+    ),
+    (
+        "down over an earlier boundary only: today's deferral holds",
+        policy(),
+        ResetFacts(
+            started_at=z("11-30T09:30"), last_user_activity_at=z("12-01T09:01"), gateway_started_at=z("11-30T09:10")
+        ),
+        "12-01T09:02",
+        ResetDecision(due=False, boundary=z("12-01T09:00"), deferred_until=z("12-01T09:31")),
+    ),
+    (
+        "down over the boundary, message before it: due",
+        policy(),
+        ResetFacts(started_at=EVENING, last_user_activity_at=z("11-30T08:59"), gateway_started_at=z("11-30T09:30")),
+        "11-30T09:31",
+        ResetDecision(due=True, reason="daily", boundary=z("11-30T09:00")),
+    ),
     (
         "started at the boundary: not before it",
         policy(),
@@ -412,6 +459,13 @@ def test_reset_decision(policy_: ResetPolicy, facts: ResetFacts, now: str, expec
             id="both: idle first",
         ),
         pytest.param(policy(mode="none"), ResetFacts(started_at=EVENING), "11-30T09:10", None, id="none"),
+        pytest.param(
+            policy(),
+            ResetFacts(started_at=EVENING, last_user_activity_at=z("11-30T09:05"), gateway_started_at=z("11-30T09:04")),
+            "11-30T09:06",
+            "11-30T09:06",
+            id="down over the boundary: due now, not deferred",
+        ),
     ],
 )
 def test_next_reset_at(policy_: ResetPolicy, facts: ResetFacts, now: str, expected: str | None) -> None:
