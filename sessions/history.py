@@ -381,8 +381,8 @@ class HistoryIndex:
     def _catch_up(self, conn: sqlite3.Connection) -> None:
         try:
             self.stats.indexed += self.marks.catch_up(conn, row_values, _insert_many, self.max_batch)
-        except sqlite3.Error as exc:
-            log.warning("history index: catching up failed (%s); retrying in %.1f s", exc, self.marks.backoff)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("history index: catching up failed (%s); retrying in %.1f s", exc, self.marks.wait_s() or 0.0)
 
     def _invoke(self, conn: sqlite3.Connection, op: _Op) -> None:
         try:

@@ -216,7 +216,8 @@ class Marks:
 
     def catch_up(self, conn: sqlite3.Connection, rows: Rows, insert: Insert, max_batch: int) -> int:
         """Read every run behind for longer than the grace from its file and index what the
-        index lacks; the messages indexed. A SQLite error schedules the next try and is raised."""
+        index lacks; the messages indexed. A SQLite or file error schedules the next try and is
+        raised."""
         now = self.clock()
         if self.retry_at is None or now < self.retry_at:
             return 0
@@ -231,7 +232,7 @@ class Marks:
                     self._due(since + self.grace_s)
                     continue
                 count += self._read_run(conn, run_id, progress, rows, insert, max_batch)
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):  # history.db refused, or a run file unreadable: try again later
             self._failed()
             raise
         self.backoff = self.grace_s

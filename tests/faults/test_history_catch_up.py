@@ -21,6 +21,7 @@ from sessions.history import history_path
 from tests.conftest import FakeClock
 from tests.faults.conftest import fill
 from tests.gateway.daemons import daemon
+from tests.gateway.helpers import make_app
 
 KEY = quote("agent:main:main", safe="")
 LOCK_S = 7.0  # past the index's busy timeout (5 s)
@@ -69,8 +70,6 @@ def _unlock(conn: sqlite3.Connection) -> None:
 async def test_messages_stored_while_history_db_is_locked_become_searchable(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock
 ) -> None:
-    from tests.gateway.helpers import make_app
-
     client = await aiohttp_client(make_app(tmp_path, clock))
     first = await client.post(f"/v1/sessions/{KEY}/messages", json={"content": "before the lock"})
     assert first.status == 200

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sessions.history import SCHEMA, HistoryIndex, connect
-from sessions.history_marks import MARKS_TABLE, TAIL_BYTES, advance, last_seq, marks_of
-from sessions.jsonl import encode
+from sessions.history import SCHEMA, HistoryIndex, _insert_many, connect, create_schema, row_values
+from sessions.history_marks import MARKS_TABLE, TAIL_BYTES, Fed, Marks, advance, last_seq, marks_of
+from sessions.history_text import index_text
+from sessions.jsonl import encode, iter_records
 
 
 @pytest.mark.parametrize(
@@ -51,3 +52,31 @@ async def test_an_index_of_schema_1_is_upgraded_in_place(tmp_path: Path) -> None
     check = sqlite3.connect(path)
     assert marks_of(check) == {"r1": 7} and check.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
     check.close()
+
+
+def test_a_failed_catch_up_is_retried_later_with_a_longer_pause(tmp_path: Path) -> None:
+    """A run behind whose file cannot be read yet: the failure schedules the next try (1 s, then
+    2 s, ...); once the file reads, the run is caught up and the pause starts over."""
+    now = [100.0]
+    folder = tmp_path / "run"
+    marks = Marks(lambda run_id: folder, lambda f: iter_records(f / "messages.jsonl"), clock=lambda: now[0])
+    conn = connect(tmp_path / "history.db")
+    create_schema(conn)
+    conn.create_function("index_text", 1, index_text, deterministic=True)
+    marks.commit(conn, [Fed("r", "k", None, 2, row_values("r", "k", None, {"seq": 2, "role": "user", "content": "b"}))],
+                 _insert_many)  # fmt: skip
+    assert marks.runs["r"].mark == 0 and marks.wait_s() == 1.0  # seq 1 never came: a gap
+    now[0] += 1.0
+    (folder / "messages.jsonl").mkdir(parents=True)  # unreadable as a file
+    with pytest.raises(OSError):
+        marks.catch_up(conn, row_values, _insert_many, 100)
+    assert marks.wait_s() == 1.0 and marks.backoff == 2.0
+    (folder / "messages.jsonl").rmdir()
+    (folder / "messages.jsonl").write_bytes(
+        b"".join(encode({"seq": n, "role": "user", "content": w}) for n, w in ((1, "a"), (2, "b"), (3, "c")))
+    )
+    now[0] += 1.0
+    assert marks.catch_up(conn, row_values, _insert_many, 100) == 2  # seqs 1 and 3; 2 was indexed
+    assert marks.runs["r"].mark == 3 and marks.wait_s() is None and marks.backoff == 1.0
+    assert marks_of(conn) == {"r": 3}
+    conn.close()
