@@ -195,3 +195,37 @@ async def test_a_run_that_ended_while_its_batch_was_unwritten_is_indexed_after_k
     async with daemon(home) as gw, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
         assert await _all_found(http, gw.url, words, 30) == []
         assert await gw.stop() == 0
+
+
+def _punch(path: Path, word: str) -> int:
+    """Delete the index rows of messages containing ``word`` from another connection (a hole)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout=5000")
+    rows = conn.execute("SELECT id, content FROM messages WHERE content LIKE ?", (f"%{word}%",)).fetchall()
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany("INSERT INTO fts (fts, rowid, body) VALUES ('delete', ?, ?)", rows)
+    conn.execute("DELETE FROM messages WHERE content LIKE ?", (f"%{word}%",))
+    conn.execute("COMMIT")
+    conn.close()
+    return len(rows)
+
+
+async def test_the_doctor_api_reports_a_hole_and_fixes_it(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock))
+    for word in ("alpha", "holeword", "gamma"):
+        resp = await client.post(f"/v1/sessions/{KEY}/messages", json={"content": f"the {word} note"})
+        assert resp.status == 200
+    assert await _all_found(client, "", ["alpha", "holeword", "gamma"], 10) == []
+    assert await asyncio.to_thread(_punch, history_path(tmp_path / "contexts"), "holeword") == 1
+    assert not await _found(client, "", "holeword")
+    resp = await client.post("/v1/admin/doctor", json={"fix": False})
+    holes = [a for a in (await resp.json())["actions"] if a["check"] == "history_index_holes"]
+    assert len(holes) == 1 and "1 message(s) of 1 run(s)" in holes[0]["detail"] and not holes[0]["fixed"]
+    assert not await _found(client, "", "holeword")  # no fix, no change
+    resp = await client.post("/v1/admin/doctor", json={"fix": True})
+    assert [a["fixed"] for a in (await resp.json())["actions"] if a["check"] == "history_index_holes"] == [True]
+    assert await _found(client, "", "holeword")
+    resp = await client.post("/v1/admin/doctor", json={"fix": False})
+    assert not [a for a in (await resp.json())["actions"] if a["check"].startswith("history")]
