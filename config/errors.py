@@ -215,6 +215,15 @@ class Busy(NeotaskError):
     )
 
 
+class TooManyBodyReads(NeotaskError):
+    status = 429
+    code = "too_many_body_reads"
+    doc = (
+        "this address already has `gateway.max_body_reads_per_peer` requests whose bodies are still arriving;"
+        " send each body with its head, or retry (`Retry-After`) once they finish; nothing is read or stored"
+    )
+
+
 # -- 5xx ------------------------------------------------------------------------------------------
 
 

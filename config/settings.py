@@ -44,6 +44,7 @@ class GatewaySettings(Model):
     fd_reserve: int = Field(256, ge=0)
     header_timeout_s: float = Field(10, gt=0)
     body_timeout_s: float = Field(60, gt=0)
+    max_body_reads_per_peer: int = Field(32, ge=1)
     keepalive_timeout_s: float = Field(15, gt=0)
     openai_compat: OpenAICompatSettings = OpenAICompatSettings()
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"

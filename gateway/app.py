@@ -14,7 +14,7 @@ from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
 from gateway.api import admin, docs, history, hooks, memory, runs, scheduler, sessions, system, ui
-from gateway.connections import GUARD, ConnectionGuard
+from gateway.connections import GUARD, ConnectionGuard, GuardedProtocol
 from gateway.hosts import allowed_hosts, host_check
 from gateway.http import BODY_TIMEOUT, Handler, auth_check, error_answer, new_request_id
 from gateway.openai_compat import routes as openai_routes
@@ -31,7 +31,9 @@ def create_app(
     """Build the gateway. ``env`` is the process environment read once at start (API keys)."""
     settings = config.settings
     guard = ConnectionGuard(
-        max_connections=settings.gateway.max_connections, header_timeout_s=settings.gateway.header_timeout_s
+        max_connections=settings.gateway.max_connections,
+        header_timeout_s=settings.gateway.header_timeout_s,
+        max_body_reads_per_peer=settings.gateway.max_body_reads_per_peer,
     )
     app = web.Application(
         middlewares=[
@@ -75,15 +77,16 @@ def front_middleware(guard: ConnectionGuard, check_host: Check | None, check_aut
     cost a coroutine frame and an await each, per request): the connection guard marks the
     connection busy; the request id; errors become the gateway's error body (on the OpenAI routes,
     ``openai_errors_middleware`` gives them OpenAI's shape first); the ``Host`` allow-list; bearer
-    auth; the handler."""
+    auth; the peer's count of bodies still arriving; the handler."""
     checks = [check for check in (check_host, check_auth) if check is not None]
 
-    def admit(request: web.Request) -> None:
+    def admit(request: web.Request, conn: GuardedProtocol | None) -> None:
         for check in checks:
             check(request)
+        guard.body_read(conn, request)
 
-    async def admitted(request: web.Request, handler: Handler) -> web.StreamResponse:
-        admit(request)
+    async def admitted(request: web.Request, handler: Handler, conn: GuardedProtocol | None) -> web.StreamResponse:
+        admit(request, conn)
         return await handler(request)
 
     @web.middleware
@@ -93,9 +96,9 @@ def front_middleware(guard: ConnectionGuard, check_host: Check | None, check_aut
             request_id = new_request_id(request)
             try:
                 if is_compat(request.path):
-                    response = await openai_errors_middleware(request, partial(admitted, handler=handler))
+                    response = await openai_errors_middleware(request, partial(admitted, handler=handler, conn=conn))
                 else:
-                    admit(request)
+                    admit(request, conn)
                     response = await handler(request)
             except Exception as exc:
                 return error_answer(request, request_id, exc)

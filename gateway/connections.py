@@ -9,6 +9,14 @@ requests); only when none is idle is the newcomer answered 503 and closed. So a 
 thousand idle sockets cannot lock others out, and the process never runs out of descriptors (where
 asyncio would log ``accept() out of system resource`` in a loop). After the first request, aiohttp's
 keep-alive timeout (``gateway.keepalive_timeout_s``) closes idle connections.
+
+Request bodies (issue 24 item 15): a connection whose request head is complete but whose body is
+still arriving is busy, yet costs its sender one byte now and then. So one peer (remote address)
+may have at most ``gateway.max_body_reads_per_peer`` requests whose bodies are still arriving;
+the next is answered 429 ``too_many_body_reads`` before any of its body is read (``/hooks/<name>``
+reads the body before it can check a signature, so this needs no credentials to hit). And at the
+cap, when no connection is idle, the newcomer closes the oldest body read of the peer that holds the
+most, before it is ever refused; ``gateway.body_timeout_s`` bounds each body read in time.
 """
 
 from __future__ import annotations
@@ -22,9 +30,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, cast
 
-from aiohttp import web, web_protocol
+from aiohttp import streams, web, web_protocol
 
-from config.errors import Unavailable
+from config.errors import TooManyBodyReads, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +67,7 @@ class GuardedProtocol(asyncio.Protocol):
     """Forwards everything to aiohttp's ``RequestHandler``; tells the guard when the connection
     opens, closes, starts and ends requests."""
 
-    __slots__ = ("busy", "guard", "inner", "started", "timer", "transport")
+    __slots__ = ("busy", "guard", "inner", "peer", "started", "timer", "transport")
 
     def __init__(self, guard: ConnectionGuard, inner: web_protocol.RequestHandler) -> None:
         self.guard = guard
@@ -68,10 +76,13 @@ class GuardedProtocol(asyncio.Protocol):
         self.busy = 0
         self.started = False
         self.timer: asyncio.TimerHandle | None = None
+        self.peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is no subclass of asyncio.Transport, but has its methods
         self.transport = cast(asyncio.Transport, transport)
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
         if not self.guard.admit(self):
             return
         self.inner.connection_made(transport)
@@ -101,14 +112,19 @@ class GuardedProtocol(asyncio.Protocol):
 class ConnectionGuard:
     """The open connections, the idle ones oldest first, and the counters /metrics could show."""
 
-    def __init__(self, *, max_connections: int, header_timeout_s: float) -> None:
+    def __init__(self, *, max_connections: int, header_timeout_s: float, max_body_reads_per_peer: int = 32) -> None:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
+        self.max_body_reads_per_peer = max_body_reads_per_peer
         self.open: dict[web_protocol.RequestHandler, GuardedProtocol] = {}
         self.idle: OrderedDict[GuardedProtocol, None] = OrderedDict()
+        # per peer, its connections whose request body is still arriving (oldest first)
+        self.bodies: dict[str, OrderedDict[GuardedProtocol, streams.StreamReader]] = {}
         self.evicted = 0
         self.refused = 0
         self.timed_out = 0
+        self.body_refused = 0
+        self.body_evicted = 0
 
     def protocol_factory(self, server: web.Server) -> GuardedProtocol:
         return GuardedProtocol(self, server())
@@ -120,6 +136,11 @@ class ConnectionGuard:
                 self.open.pop(oldest.inner, None)  # counted out now: its close completes next iteration
                 self.evicted += 1
                 oldest.close()
+            elif (reader := self._slowest_body_read()) is not None:
+                self.open.pop(reader.inner, None)
+                self._forget_body(reader)
+                self.body_evicted += 1
+                reader.close()
             else:
                 self.refused += 1
                 _refuse(conn)
@@ -139,6 +160,7 @@ class ConnectionGuard:
     def forget(self, conn: GuardedProtocol) -> None:
         self.open.pop(conn.inner, None)
         self.idle.pop(conn, None)
+        self._forget_body(conn)
         if conn.timer is not None:
             conn.timer.cancel()
             conn.timer = None
@@ -153,14 +175,53 @@ class ConnectionGuard:
             self.idle.pop(conn, None)
         return conn
 
+    def body_read(self, conn: GuardedProtocol | None, request: web.Request) -> None:
+        """Count a request whose body is still arriving against its peer; TooManyBodyReads when
+        the peer already has ``max_body_reads_per_peer`` of them. A body that came with the head
+        (most JSON calls) is never counted."""
+        if conn is None or not request.body_exists or request.content.is_eof():
+            return
+        reads = self.bodies.setdefault(conn.peer, OrderedDict())
+        for other in [c for c, content in reads.items() if content.is_eof()]:  # arrived since
+            del reads[other]
+        if len(reads) >= self.max_body_reads_per_peer:
+            self.body_refused += 1
+            raise TooManyBodyReads(
+                f"{len(reads)} requests from {conn.peer or 'this peer'} are still sending their bodies"
+                f" (gateway.max_body_reads_per_peer is {self.max_body_reads_per_peer}): send each body"
+                " with its head, or wait for the others to finish",
+                retry_after_s=1,
+            )
+        reads[conn] = request.content
+
+    def _forget_body(self, conn: GuardedProtocol) -> None:
+        reads = self.bodies.get(conn.peer)
+        if reads is not None and reads.pop(conn, None) is not None and not reads:
+            del self.bodies[conn.peer]
+
+    def _slowest_body_read(self) -> GuardedProtocol | None:
+        """The oldest body read of the peer with the most bodies still arriving."""
+        best: OrderedDict[GuardedProtocol, streams.StreamReader] | None = None
+        for peer, reads in list(self.bodies.items()):
+            for conn in [c for c, content in reads.items() if content.is_eof()]:
+                del reads[conn]
+            if not reads:
+                del self.bodies[peer]
+            elif best is None or len(reads) > len(best):
+                best = reads
+        return None if best is None else next(iter(best))
+
     def leave(self, conn: GuardedProtocol) -> None:
+        self._forget_body(conn)
         conn.busy -= 1
         if conn.busy == 0 and conn.inner in self.open:
             self.idle[conn] = None  # newest idle last: evicted after every older one
 
     def stats(self) -> dict[str, Any]:
         return {"open": len(self.open), "idle": len(self.idle), "max": self.max_connections,
-                "evicted": self.evicted, "refused": self.refused, "header_timeouts": self.timed_out}  # fmt: skip
+                "evicted": self.evicted, "refused": self.refused, "header_timeouts": self.timed_out,
+                "body_reads": sum(len(r) for r in self.bodies.values()), "body_refused": self.body_refused,
+                "body_evicted": self.body_evicted}  # fmt: skip
 
 
 def _refuse(conn: GuardedProtocol) -> None:

@@ -173,6 +173,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise RequestTimeout(
             f"the request body did not arrive within {seconds:g} s (gateway.body_timeout_s); send it at once"
         ) from None
+    except ConnectionResetError:  # the client went away, or the connection guard closed a slow body
+        raise InvalidBody("the connection closed before the whole body arrived; send it again") from None
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:

@@ -27,6 +27,7 @@ from config.errors import (
     NeotaskError,
     PayloadTooLarge,
     RequestTimeout,
+    TooManyBodyReads,
     Unauthorized,
     error_classes,
 )
@@ -44,7 +45,7 @@ from gateway.contract import (
 )
 from gateway.http import _needs_token as needs_token
 
-BODY_ERRORS: Errors = (InvalidBody, BadRequest, PayloadTooLarge, RequestTimeout)
+BODY_ERRORS: Errors = (InvalidBody, BadRequest, PayloadTooLarge, RequestTimeout, TooManyBodyReads)
 EVERY_ROUTE_ERRORS: Errors = (MethodNotAllowed, NeotaskError, HostNotAllowed)
 METHODS_OF_ANY = ("get", "post", "put", "patch", "delete")
 

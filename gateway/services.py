@@ -60,6 +60,7 @@ from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
 from sessions import archive
 from sessions.history import HistoryIndex, catch_up, history_path, rebuild_all
+from sessions.history_marks import runs_on_disk
 from sessions.layout import Home
 from sessions.records import MessageRecord, RunRow, RunState, StoreEvent
 from sessions.resets import daily_boundaries
@@ -367,6 +368,11 @@ async def _level_index(history: HistoryIndex, store: SessionStore, *, rebuild: b
             await rebuild_all(history, store.ledger, store.home)
         else:
             runs = [(r.run_id, r.key, r.agent_id, r.dir, r.next_seq - 1) for r in store.active_runs()]
+            active = {run[0] for run in runs}
+            sql = "SELECT uuid, session_key, agent_id FROM tasks WHERE archived_at IS NULL AND session_key IS NOT NULL"
+            rows = await store.ledger.execute(lambda c: [tuple(r) for r in c.execute(sql)])
+            ended = [row for row in rows if row[0] not in active]
+            runs += await asyncio.to_thread(runs_on_disk, history.marks.locate, ended)  # a crash after a run ended
             await catch_up(history, runs)
     except Exception:  # the index is derived: a failed rebuild is logged; doctor --fix retries
         log.exception("history index rebuild failed")

@@ -9,7 +9,9 @@ Writes come from one thread with its own connection: ``feed`` (called on the eve
 append writer has made a message durable) only puts the record on a queue; the thread takes
 everything queued and commits it in one transaction, so ingest never waits for the index.
 Deletes, rebuilds and maintenance go through the same queue, in order. Searches run on a second
-thread with a read connection (WAL: readers never wait for the writer).
+thread with a read connection (WAL: readers never wait for the writer). A batch that fails is not
+lost: per-run high-water marks (``sessions.history_marks``) let the thread read what it lacks from
+the run's messages.jsonl, retried until it succeeds.
 """
 
 from __future__ import annotations
@@ -20,19 +22,22 @@ import logging
 import os
 import queue
 import sqlite3
-import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sessions import layout
+from sessions.history_marks import MARKS_TABLE, Fed, Marks, locate_in, marks_of, transaction, upgrade
 from sessions.history_search import HistoryHit, HistoryQuery, search
+from sessions.history_sources import RunSource as RunSource  # re-exported: importers read them here
+from sessions.history_sources import iter_run_messages as iter_run_messages
+from sessions.history_sources import sources_from_rows as sources_from_rows
 from sessions.history_text import CJK_RUN, index_text, indexable, message_text
-from sessions.jsonl import decode, iter_records
+from sessions.jsonl import iter_records
 from sessions.layout import Home
 from sessions.ledger import Ledger
 
@@ -40,7 +45,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HISTORY_DB = "history.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = (
     """CREATE TABLE messages (
         id INTEGER PRIMARY KEY,
@@ -57,20 +62,10 @@ SCHEMA = (
     "CREATE INDEX idx_messages_key ON messages(session_key)",
     "CREATE INDEX idx_messages_time ON messages(timestamp)",
     "CREATE VIRTUAL TABLE fts USING fts5(body, content='', tokenize='porter unicode61 remove_diacritics 2')",
+    MARKS_TABLE,
 )
 MAX_BATCH = 2000
 BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
-
-
-@dataclass(frozen=True)
-class RunSource:
-    """Where the messages of one run can be read, for a rebuild."""
-
-    run_id: str
-    session_key: str
-    agent_id: str | None
-    folder: Path | None = None
-    archive: Path | None = None
 
 
 @dataclass
@@ -87,11 +82,6 @@ class _Op:
     future: asyncio.Future[Any] | None
     result: Any = None
     error: BaseException | None = None
-
-
-@dataclass
-class _Row:
-    values: tuple[Any, ...] = field(default_factory=tuple)
 
 
 _STOP = object()
@@ -155,7 +145,12 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def schema_ok(conn: sqlite3.Connection) -> bool:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
+    """Whether the schema is this one, upgrading version 1 (no marks) in place."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version == 1:
+        upgrade(conn)
+        return True
+    return version == SCHEMA_VERSION
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
@@ -166,37 +161,17 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.execute("COMMIT")
 
 
-def iter_run_messages(source: RunSource) -> Iterator[dict[str, Any]]:
-    """The messages.jsonl records of a run folder or an archive, streamed (blocking)."""
-    if source.folder is not None:
-        yield from iter_records(source.folder / layout.MESSAGES)
-        return
-    if source.archive is None:
-        return
-    try:
-        with tarfile.open(source.archive, mode="r:gz") as tar:
-            try:
-                member = tar.getmember(f"{source.run_id}/{layout.MESSAGES}")
-            except KeyError:
-                return
-            handle = tar.extractfile(member)
-            if handle is None:
-                return
-            for raw in handle:
-                if not raw.endswith(b"\n"):
-                    break
-                with contextlib.suppress(ValueError):
-                    record = decode(raw)
-                    if isinstance(record, dict):
-                        yield record
-    except (FileNotFoundError, tarfile.TarError) as exc:
-        log.warning("history rebuild: archive of run %s unreadable: %s", source.run_id, exc)
+def _read_folder(folder: Path) -> Iterator[dict[str, Any]]:
+    return iter_records(folder / layout.MESSAGES)
 
 
 class HistoryIndex:
-    def __init__(self, path: Path, *, max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self, path: Path, *, max_batch: int = MAX_BATCH, locate: Callable[[str], Path | None] | None = None
+    ) -> None:
         self.path = path
         self.max_batch = max_batch
+        self.marks = Marks(locate or locate_in(path.parent, layout.FOLDERS), _read_folder)
         self.stats = HistoryStats()
         self.created = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -268,10 +243,11 @@ class HistoryIndex:
     # -- feeding (event loop, never blocks) -----------------------------------------------------
 
     def feed(self, run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> None:
-        """Queue one durable message for indexing (commands and empty messages are dropped here)."""
-        values = row_values(run_id, key, agent_id, record)
-        if values is not None and self._thread is not None:
-            self._queue.put(_Row(values))
+        """Queue one durable message for indexing (commands and empty messages are not indexed,
+        but their seq moves the run's mark)."""
+        if self._thread is not None:
+            values = row_values(run_id, key, agent_id, record)
+            self._queue.put(Fed(run_id, key, agent_id, int(record.get("seq") or 0), values))
 
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Run ``fn`` on the index thread after everything queued before it is committed."""
@@ -288,7 +264,8 @@ class HistoryIndex:
         ids = list(run_ids)
 
         def _do(conn: sqlite3.Connection) -> int:
-            with conn:
+            with transaction(conn):
+                self.marks.forget(conn, ids)
                 return sum(_delete_where(conn, "run_id = ?", (r,)) for r in ids)
 
         deleted = await self.call(_do)
@@ -297,7 +274,8 @@ class HistoryIndex:
 
     async def delete_key(self, key: str) -> int:
         def _do(conn: sqlite3.Connection) -> int:
-            with conn:
+            with transaction(conn):
+                self.marks.forget(conn, key=key)
                 return _delete_where(conn, "session_key = ?", (key,))
 
         deleted = await self.call(_do)
@@ -323,23 +301,26 @@ class HistoryIndex:
 
         def _do(conn: sqlite3.Connection) -> int:
             if replace:
-                with conn:
+                with transaction(conn):
                     conn.execute("DELETE FROM messages")
                     conn.execute("INSERT INTO fts (fts) VALUES ('delete-all')")
+                    self.marks.clear(conn)
             count = 0
             for source in runs:
                 pending: list[tuple[Any, ...]] = []
+                last = 0
                 for record in iter_run_messages(source):
+                    last = max(last, int(record.get("seq") or 0))
                     values = row_values(source.run_id, source.session_key, source.agent_id, record)
                     if values is not None:
                         pending.append(values)
                     if len(pending) >= self.max_batch:
-                        with conn:
+                        with transaction(conn):
                             count += _insert_many(conn, pending)
                         pending = []
-                if pending:
-                    with conn:
-                        count += _insert_many(conn, pending)
+                with transaction(conn):
+                    count += _insert_many(conn, pending) if pending else 0
+                    self.marks.settle(conn, source.run_id, source.session_key, last)
                 self.stats.rebuilt_runs += 1
             conn.execute("INSERT INTO fts (fts) VALUES ('optimize')")
             return count
@@ -360,37 +341,48 @@ class HistoryIndex:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         stopping = False
         while not stopping:
-            batch = [self._queue.get()]
+            try:
+                batch = [self._queue.get(timeout=self.marks.wait_s())]
+            except queue.Empty:  # nothing fed, but a run behind is due to catch up
+                self._catch_up(conn)
+                continue
             time.sleep(BATCH_WAIT_S)  # let a batch gather: fewer, larger transactions
             while len(batch) < self.max_batch:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            rows: list[tuple[Any, ...]] = []
+            fed: list[Fed] = []
             for item in batch:
                 if item is _STOP:
                     stopping = True
-                elif isinstance(item, _Row):
-                    rows.append(item.values)
+                elif isinstance(item, Fed):
+                    fed.append(item)
                 else:
-                    self._commit(conn, rows)
-                    rows = []
+                    self._commit(conn, fed)
+                    fed = []
                     self._invoke(conn, item)
-            self._commit(conn, rows)
+            self._commit(conn, fed)
+            self._catch_up(conn)
         conn.close()
         self._conn = None
 
-    def _commit(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-        if not rows:
+    def _commit(self, conn: sqlite3.Connection, fed: list[Fed]) -> None:
+        if not fed:
             return
         try:
-            with conn:
-                added = _insert_many(conn, rows)
+            added = self.marks.commit(conn, fed, _insert_many)
             self.stats.indexed += added
             self.stats.batches += 1
-        except sqlite3.Error as exc:  # the index is derived: logged, and `doctor --fix` rebuilds it
-            log.error("history index: a batch of %d message(s) failed: %s", len(rows), exc)
+        except sqlite3.Error as exc:  # the runs are behind: read from their files once it works again
+            log.warning("history index: a batch of %d message(s) failed (%s); it is read again from the"
+                        " run files once history.db takes writes", len(fed), exc)  # fmt: skip
+
+    def _catch_up(self, conn: sqlite3.Connection) -> None:
+        try:
+            self.stats.indexed += self.marks.catch_up(conn, row_values, _insert_many, self.max_batch)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("history index: catching up failed (%s); retrying in %.1f s", exc, self.marks.wait_s() or 0.0)
 
     def _invoke(self, conn: sqlite3.Connection, op: _Op) -> None:
         try:
@@ -417,6 +409,11 @@ class HistoryIndex:
     async def count(self) -> int:
         return await self._read(lambda conn: int(conn.execute("SELECT count(*) FROM messages").fetchone()[0]))
 
+    async def seqs(self, run_id: str) -> set[int]:
+        """The seqs of one run the index holds."""
+        sql = "SELECT seq FROM messages WHERE run_id = ?"
+        return await self._read(lambda conn: {int(r[0]) for r in conn.execute(sql, (run_id,))})
+
     async def run_ids(self) -> set[str]:
         return await self._read(lambda conn: {r[0] for r in conn.execute("SELECT DISTINCT run_id FROM messages")})
 
@@ -442,34 +439,6 @@ def remove_files(path: Path) -> None:
             os.unlink(f"{path}{suffix}")
 
 
-def sources_from_rows(rows: Iterable[Mapping[str, Any]], home: Home) -> list[RunSource]:
-    """Rebuild sources from tasks.db rows: the run folder when it exists, else its archive
-    (blocking: stats the files)."""
-    out = []
-    for row in sorted(rows, key=lambda r: (r.get("created_at") or "", r["uuid"])):
-        if not row.get("session_key"):
-            continue
-        folder = None
-        for name in layout.FOLDERS:
-            candidate = home.folder(name) / row["uuid"]
-            if candidate.is_dir():
-                folder = candidate
-                break
-        archive = home.archive_file(row["uuid"])
-        if folder is None and not archive.exists():
-            continue
-        out.append(
-            RunSource(
-                run_id=row["uuid"],
-                session_key=row["session_key"],
-                agent_id=row.get("agent_id"),
-                folder=folder,
-                archive=None if folder is not None else archive,
-            )
-        )
-    return out
-
-
 def _all_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     sql = "SELECT uuid, session_key, agent_id, status, created_at FROM tasks"
     return [dict(zip(("uuid", "session_key", "agent_id", "status", "created_at"), r, strict=True))
@@ -484,18 +453,14 @@ async def rebuild_all(history: HistoryIndex, ledger: Ledger, home: Home) -> int:
 
 
 async def catch_up(history: HistoryIndex, runs: Iterable[tuple[str, str, str | None, Path, int]]) -> int:
-    """Index what a crash left unindexed in active runs: (run, key, agent, folder, last seq)
-    whose last seq is above the index's. Returns the number of runs re-read."""
+    """Index what a crash or a failed batch left unindexed: (run, key, agent, folder, last seq on
+    disk) whose last seq is above the run's mark. Returns the number of runs re-read."""
     wanted = list(runs)
     if not wanted:
         return 0
-
-    def _max_seqs(conn: sqlite3.Connection) -> dict[str, int]:
-        return {r[0]: int(r[1]) for r in conn.execute("SELECT run_id, max(seq) FROM messages GROUP BY run_id")}
-
-    indexed = await history._read(_max_seqs)
+    marks = await history._read(marks_of)
     behind = [RunSource(run_id, key, agent, folder=folder) for run_id, key, agent, folder, last in wanted
-              if last > indexed.get(run_id, 0)]  # fmt: skip
+              if last > marks.get(run_id, 0)]  # fmt: skip
     if behind:
         await history.rebuild(behind, replace=False)
     return len(behind)

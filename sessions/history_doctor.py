@@ -1,5 +1,7 @@
 """Doctor checks of the history index (``neotask doctor [--fix]``, ``POST /v1/admin/doctor``): the
-index is derived from the run folders and archives, so every fix rebuilds from them."""
+index is derived from the run folders and archives, so every fix rebuilds from them. Every run's
+searchable seqs on disk are compared with the seqs the index holds, so a hole (a lost batch, rows
+deleted by hand) is found as well as a run missing altogether."""
 
 from __future__ import annotations
 
@@ -22,23 +24,34 @@ from sessions.ledger import Ledger
 MISSING = "history_index_missing"
 STALE = "history_index_stale"
 INCOMPLETE = "history_index_incomplete"
+HOLES = "history_index_holes"
 PATH = "contexts/history.db"
 
 
-def _has_indexable(source: RunSource) -> bool:
-    return any(indexable(record) for record in iter_run_messages(source))
+def _indexable_seqs(source: RunSource) -> set[int]:
+    return {int(record.get("seq") or 0) for record in iter_run_messages(source) if indexable(record)}
 
 
 async def check_index(history: HistoryIndex, ledger: Ledger, home: Home, *, fix: bool) -> list[Finding]:
-    """Rows of runs no longer in tasks.db (stale), and runs with searchable messages that the
-    index lacks (incomplete). ``fix`` deletes the one and indexes the other."""
+    """Rows of runs no longer in tasks.db (stale), runs with searchable messages that the index
+    lacks altogether (incomplete), and runs the index holds with some of their messages missing
+    (holes). ``fix`` deletes the first and indexes the others from their files."""
     sql = "SELECT uuid, session_key, agent_id, created_at FROM tasks"
     rows = await ledger.execute(lambda c: [dict(r) for r in c.execute(sql)])
     indexed = await history.run_ids()
     known = {r["uuid"] for r in rows}
     stale = sorted(indexed - known)
-    candidates = await asyncio.to_thread(sources_from_rows, [r for r in rows if r["uuid"] not in indexed], home)
-    lacking = [s for s in candidates if await asyncio.to_thread(_has_indexable, s)]
+    lacking, holed, missing = [], [], 0
+    for source in await asyncio.to_thread(sources_from_rows, rows, home):
+        on_disk = await asyncio.to_thread(_indexable_seqs, source)
+        if source.run_id not in indexed:
+            if on_disk:
+                lacking.append(source)
+            continue
+        held = await history.seqs(source.run_id)
+        if gone := on_disk - held:
+            holed.append(source)
+            missing += len(gone)
     findings = []
     if stale:
         if fix:
@@ -51,6 +64,12 @@ async def check_index(history: HistoryIndex, ledger: Ledger, home: Home, *, fix:
         detail = f"{len(lacking)} run(s) have messages the history index lacks"
         remedy = "index them from their folders and archives"
         findings.append(Finding(INCOMPLETE, "warning", detail, remedy, path=PATH, fixed=fix))
+    if holed:
+        if fix:
+            await history.rebuild(holed, replace=False)
+        detail = f"{missing} message(s) of {len(holed)} run(s) are missing from the history index"
+        remedy = "index them again from their folders and archives"
+        findings.append(Finding(HOLES, "warning", detail, remedy, path=PATH, fixed=fix))
     return findings
 
 

@@ -159,3 +159,38 @@ async def test_allowed_hosts_and_tokens(aiohttp_client: Any, tmp_path: Path, clo
     assert (await client.get("/healthz", headers={"Host": "gw.example.com"})).status == 200
     resp = await client.get("/v1/sessions", headers={"Host": "gw.example.com"})
     assert resp.status == 401
+
+
+async def test_signature_spellings_of_one_delivery_store_it_once(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    """Issue 24 item 16: the replay cache is keyed by the verified digest, so a space or tab after
+    ``sha256=``, upper-case hex or another order of Standard Webhooks entries is the same delivery."""
+    client = await aiohttp_client(make_app(tmp_path, clock, HOOKS, env=ENV))
+    body = json.dumps({"n": 11}).encode()
+    hexdigest = sign(SECRET.encode(), body).removeprefix("sha256=")
+    spellings = [f"sha256={hexdigest}", f"sha256= {hexdigest}", f"sha256=\t{hexdigest}", f"sha256={hexdigest} ",
+                 f"sha256=  {hexdigest.upper()}", f"sha256=\t {hexdigest}\t"]  # fmt: skip
+    statuses = []
+    for spelling in spellings:
+        headers = {"Content-Type": "application/json", "X-Hub-Signature-256": spelling}
+        resp = await client.post("/hooks/gh", data=body, headers=headers)
+        statuses.append(resp.status)
+    assert statuses == [202] + [200] * (len(spellings) - 1)
+    assert count_messages(tmp_path) == 1
+
+    now = int(clock().timestamp())
+    std_body = json.dumps({"n": 12}).encode()
+    right = sign_standard(STANDARD_SECRET.encode(), "msg_s", now, std_body)
+    wrong = sign_standard(b"another secret", "msg_s", now, std_body)
+    other = sign_standard(b"a third secret", "msg_s", now, std_body)
+    variants = [right, f"{wrong} {right}", f"{right}\t{wrong}", f"  {other}\t\t{right}  {wrong} ", f"\t{right}"]
+    std_statuses = []
+    for i, header in enumerate(variants):
+        headers = {"Content-Type": "application/json", "webhook-id": "msg_s", "webhook-timestamp": str(now),
+                   "webhook-signature": header}  # fmt: skip
+        headers["X-GitHub-Delivery"] = f"std-{i}"  # a new delivery id each time: the signature cache alone holds
+        resp = await client.post("/hooks/std", data=std_body, headers=headers)
+        std_statuses.append(resp.status)
+    assert std_statuses == [202] + [200] * (len(variants) - 1)
+    assert count_messages(tmp_path) == 2
