@@ -23,6 +23,8 @@ from tests.faults.conftest import fill
 from tests.gateway.daemons import daemon
 from tests.gateway.helpers import make_app
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 KEY = quote("agent:main:main", safe="")
 LOCK_S = 7.0  # past the index's busy timeout (5 s)
 ROOM = 24 * 1024  # left free on the full disk: room for small appends, not for history.db's pages

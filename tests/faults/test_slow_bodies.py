@@ -23,6 +23,8 @@ from gateway.http import BODY_TIMEOUT, read_body
 from tests.faults.ops_support import write_config
 from tests.gateway.daemons import REPO, child_env, daemon
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 ATTACKERS = 400
 ATTACK_S = 16.0
 SECRET_ENV = "SLOW_HOOK_SECRET"

@@ -23,6 +23,8 @@ from tests.gateway.helpers import make_app
 from tests.gateway.test_turns_daemon import model, write_config
 from tests.support.openai_server import Hang, OpenAIServer, RecordedRequest
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 KEYS = [f"agent%3Amain%3Adm%3Apeer{i}" for i in range(5)]
 CONFIG = {
     "session": {"reset": {"mode": "idle", "idle_minutes": 5}},
