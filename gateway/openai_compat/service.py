@@ -15,7 +15,7 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -153,6 +153,18 @@ class OpenAICompat:
             lock.release()
             if forget and not lock.locked():
                 self._locks.pop(key, None)
+
+    @contextlib.asynccontextmanager
+    async def erasing(self, key: str) -> AsyncIterator[None]:
+        """Hold ``key`` against calls of these routes while it is purged (a call half done would
+        write its conversation record back), then forget what this process keeps of the key in
+        memory: its record, with the last answer a retry would get, and its digests."""
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            try:
+                yield
+            finally:
+                self._known.pop(key, None)
+                self.records.forget(key)
 
     # -- chat completions -----------------------------------------------------------------------
 
