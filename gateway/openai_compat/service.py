@@ -172,6 +172,8 @@ class OpenAICompat:
         """Store what is new of a resent conversation and answer its last message."""
         key = call.target.key.raw
         progress = progress or Progress()
+        if call.target.stateless:
+            self.conv.one_off.add(key)
         try:
             async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
                 record = None if call.target.stateless else await self.records.conversation(key)
@@ -277,24 +279,28 @@ class OpenAICompat:
             return run.run_id if run is not None else None
 
     def _end_later(self, key: str) -> None:
-        """A stateless call's run is completed after the answer went out, off the request's path."""
+        """A stateless call's run is completed after the answer went out, off the request's path,
+        without a final summary: no later run of its key can inherit it (the key is new per call
+        and forgotten now), so the model is not asked for one."""
 
         async def end() -> None:
             try:
                 async with self.conv.exclusive(key):
                     if self.store.active_run(key) is not None:
-                        await self.store.complete(key, reason="openai-stateless")
+                        await self.store.complete(key, reason="openai-stateless", summarize=False)
                     if self.store.entry(key) is not None:
                         await self.store.delete(key)
             except Exception:  # a background job has no caller to answer: log it
                 log.exception("completing the one-off run of %s failed", key)
+            finally:
+                self.conv.one_off.discard(key)
 
         task = asyncio.create_task(end())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
-        """Let pending one-off completions finish (they write the final summary)."""
+        """Let pending one-off completions finish."""
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -324,6 +330,8 @@ class OpenAICompat:
         it is stored (its id continues it)."""
         key = call.target.key.raw
         response_id = response_id or f"resp_{uuid.uuid4().hex}"
+        if call.target.stateless and not store:
+            self.conv.one_off.add(key)
         try:
             async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
                 answer = await self._post_all(call, on_delta)
