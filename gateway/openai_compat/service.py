@@ -91,8 +91,9 @@ class Call:
 
 
 class OpenAICompat:
-    def __init__(self, commands: Commands, *, clock: Clock) -> None:
+    def __init__(self, commands: Commands, *, clock: Clock, crash_step: Callable[[str], None] | None = None) -> None:
         self.commands = commands
+        self._step = crash_step or _no_step  # gateway/crashpoints.py (tests kill the daemon there)
         self.conv = commands.conv
         self.store = commands.store
         self.settings = commands.conv.settings
@@ -180,7 +181,9 @@ class OpenAICompat:
                 plan = history.plan(call.messages, record, self._known.get(key))
                 if plan.kind == "retry" and record is not None and record.answer is not None:
                     return _replayed(key, record.answer)
-                if plan.new_run:
+                if plan.new_run and await self._started(key, plan):
+                    progress.new_run = True  # a diverged call cut short (a crash) started this run already
+                elif plan.new_run:
                     progress.new_run, progress.previous_run_id = True, await self._end_run(key)
                 answer = await self._store_and_answer(call, plan, on_delta, track=not call.target.stateless)
                 answer.new_run, answer.previous_run_id = progress.new_run, progress.previous_run_id
@@ -190,43 +193,58 @@ class OpenAICompat:
         return answer
 
     async def _store_and_answer(self, call: Call, plan: Plan, on_delta: DeltaFn | None, *, track: bool) -> Answer:
-        """Post the new messages (a retry: only the last, whose turn failed), then save the record
-        with the answer: one tasks.db write per call."""
+        """Post the new messages and answer the last; then save the record with the answer (one
+        tasks.db write per call).
+
+        Each message carries the id of its place in the conversation (``plan.client_message_id``:
+        epoch, the digest of everything up to it), scoped to the run (``Post.id_scope``): one the
+        run holds already is not stored again, and a last message already answered gets its stored
+        answer. So the record may lag the durable appends (a crash between them, a failed turn)
+        but never lead them: a call resent after a crash computes the same plan from the same
+        record and finds what it had stored by these ids. A retry posts its messages again the
+        same way."""
         key = call.target.key.raw
         messages = call.messages
         last = len(messages) - 1
         names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
-        retry = plan.kind == "retry"
-        if not retry:
-            unanswered = _unanswered(messages, plan.start)
-            for index in range(plan.start, last + 1):
-                if unanswered and messages[index].role != "tool":
-                    for call_id in unanswered:  # the model needs a result for every call it made
-                        await self.conv.post(self._post(call, _NO_RESULT, reply=False, cmid=None, names=names,
-                                                        tool_call_id=call_id))  # fmt: skip
-                    unanswered = []
-                if index < last:
-                    await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
+        unanswered = _unanswered(messages, plan.start)
+        for index in range(plan.start, last + 1):
+            if unanswered and messages[index].role != "tool":
+                before = plan.client_message_id(plan.start - 1)
+                for call_id in unanswered:  # the model needs a result for every call it made
+                    stand_in = self._post(call, _NO_RESULT, reply=False, cmid=f"{before}:{call_id}", names=names,
+                                          tool_call_id=call_id)  # fmt: skip
+                    await self.conv.post(stand_in)
+                    self._step("openai:message-stored")
+                unanswered = []
+            if index < last:
+                await self.conv.post(self._post(call, messages[index], reply=False, cmid=plan.client_message_id(index),
+                                                names=names))  # fmt: skip
+                self._step("openai:message-stored")
         record = history.after_request(plan, len(messages))
-        cmid = plan.client_message_id(last)
-        post = self._post(call, messages[last], reply=True, cmid=cmid if retry else None, names=names)
+        post = self._post(call, messages[last], reply=True, cmid=plan.client_message_id(last), names=names)
         try:
             outcome = await dispatch(self.commands, post, on_delta=on_delta)
         except ProviderFailure as exc:
-            # Stored, not answered: the retry of this call posts the same id and runs the turn again.
-            run = self.store.active_run(key)
-            seq = exc.extra.get("message_seq")
-            if track and not retry and run is not None and isinstance(seq, int):
-                await self.conv.remember_delivery(key, cmid, run_id=run.run_id, seq=seq)
+            # Stored, not answered: the retry of this call posts the same ids and runs the turn again.
+            if track and isinstance(exc.extra.get("message_seq"), int):
                 await self.records.save_conversation(key, record)
             raise
+        self._step("openai:answer-stored")
         answer = _answer(key, outcome)
         if track:
             saved = json.dumps(outcome.body(), ensure_ascii=False)
             answered = history.after_answer(record, answer.message(), saved)
             await self.records.save_conversation(key, answered)
+            self._step("openai:record-saved")
             self._remember(key, history.Known(tuple(messages), plan.digests), answer, answered.answered_digest)
         return answer
+
+    async def _started(self, key: str, plan: Plan) -> bool:
+        """Whether the key's active run holds the first message of ``plan``'s diverged
+        conversation by its id already: the run a diverged call started before it was cut short
+        (its record never saved), which the resent call continues instead of ending."""
+        return await self.store.find_delivery(key, plan.client_message_id(0), since="") is not None
 
     def _remember(self, key: str, request: history.Known, answer: Answer, digest: str) -> None:
         """Keep the key's conversation as its client now holds it (the request and the answer),
@@ -255,6 +273,7 @@ class OpenAICompat:
                 answer_tool=message.role == "tool",
             )
         return Post(
+            id_scope="run",
             key=call.target.key,
             role=message.role,
             content=message.content,
@@ -356,6 +375,10 @@ class OpenAICompat:
             await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
         post = self._post(call, messages[-1], reply=True, cmid=None, names=names)
         return _answer(key, await dispatch(self.commands, post, on_delta=on_delta))
+
+
+def _no_step(name: str) -> None:
+    pass
 
 
 _NO_RESULT = ChatMessage("tool", "error: the client did not return a result for this call")
