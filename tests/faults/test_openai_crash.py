@@ -9,7 +9,10 @@ once."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import signal
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +23,7 @@ import pytest
 import yaml
 
 from gateway.crashpoints import CRASH_ENV
-from tests.gateway.daemons import child_env, daemon
+from tests.gateway.daemons import Daemon, child_env, daemon, start_daemon
 from tests.support.openai_server import OpenAIServer
 from tests.support.sdk import warm_openai_sdk
 
@@ -29,6 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 TOKEN = "crash-token"
 USER = "alice"
 KEY = f"agent:main:openai:dm:{USER}"
+KILLS = 4
+RESTART_TIMEOUT_S = 120.0  # a restart on the loaded 2-core machine can take a while
 
 
 @pytest.fixture
@@ -125,3 +130,90 @@ async def test_a_call_resent_after_a_kill_stores_each_message_once(
     assert [(m["role"], m["content"]) for m in active] == [(m["role"], m["content"]) for m in follow] + [
         ("assistant", "echo: u2")
     ]
+
+
+async def _start(home: Path, *args: str) -> Daemon:
+    started = await start_daemon(home, *args, wait=False)
+    try:
+        await started.wait_listening(RESTART_TIMEOUT_S)
+    except BaseException:
+        started.send(signal.SIGKILL)
+        await started.wait()
+        raise
+    return started
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.allow_blocking  # the clients share this process and its loop with the model server
+async def test_clients_resending_histories_through_kills_store_each_message_once(
+    tmp_path: Path, server: OpenAIServer
+) -> None:
+    """The issue's scenario: clients resend their whole histories with the ``openai`` client,
+    retrying each call until it is answered, while the daemon is SIGKILLed and restarted."""
+    home = tmp_path / "home"
+    home.mkdir()
+    args = ("--config", str(config(tmp_path, server)))
+    current = {"url": ""}
+    stop = asyncio.Event()
+    answered: list[str] = []
+    counts = Counter[str]()
+
+    async def client(n: int) -> None:
+        history: list[dict[str, str]] = []
+        sdks: dict[str, openai.AsyncOpenAI] = {}
+        try:
+            turn = 0
+            while not stop.is_set():
+                text = f"c{n} t{turn}"
+                history.append(user(text))
+                failed = False
+                while True:
+                    url = current["url"]
+                    sdk = sdks.setdefault(url, openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0,
+                                                                  timeout=15))  # fmt: skip
+                    counts["calls"] += 1
+                    counts["resent after a failure"] += failed
+                    try:
+                        got = await sdk.chat.completions.create(model="main", messages=history, user=f"c{n}")  # type: ignore[arg-type]
+                    except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError):
+                        failed = True
+                        await asyncio.sleep(0.05)
+                        continue
+                    break
+                assert got.choices[0].message.content == f"echo: {text}"
+                counts["turns resent after a failure"] += failed
+                history.append(bot(text))
+                answered.append(text)
+                turn += 1
+        finally:
+            for sdk in sdks.values():
+                await sdk.close()
+
+    running = await _start(home, *args)
+    current["url"] = running.url
+    load = asyncio.gather(*(client(n) for n in range(6)))
+    try:
+        for _ in range(KILLS):
+            await asyncio.sleep(1.5)
+            running.send(signal.SIGKILL)
+            await running.wait()
+            counts["kills"] += 1
+            running = await _start(home, *args)
+            current["url"] = running.url
+        await asyncio.sleep(1.5)
+        stop.set()
+        await load
+        assert await running.stop() == 0
+    finally:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(load, 30)
+        if running.proc.returncode is None:
+            running.send(signal.SIGKILL)
+            await running.wait()
+    stored_users = Counter(m["content"] for lines in runs(home) for m in lines if m["role"] == "user")
+    print(dict(counts), "answered:", len(answered), "runs:", len(runs(home)))
+    assert counts["turns resent after a failure"] >= KILLS  # each kill cut at least one call short
+    assert twice(home) == []
+    assert [t for t in answered if stored_users[t] != 1] == []
+    assert len(runs(home)) == 6  # one run per client: no resend diverged
