@@ -6,6 +6,8 @@ completion asks the model again in a new run; a purged response id cannot be con
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -29,6 +31,18 @@ CONFIG = {
     "hooks": {"ping": {"secret_env": "PING_SECRET", "key_template": "hook:ping:${id}", "message_template": "${text}"}},
 }
 SURFACES = ("native", "ingress", "webhook", "chat_completions", "responses")
+
+
+async def replayed_events(client: Client) -> bytes:
+    """What ``GET /v1/events`` replays to a client reconnecting with ``Last-Event-ID: 0``."""
+    resp = await client.get("/v1/events", headers={"Last-Event-ID": "0"})
+    data = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(0.5):
+            async for chunk in resp.content.iter_any():
+                data += chunk
+    resp.close()
+    return data
 
 
 def files_with(home: Path, needle: bytes) -> list[str]:
@@ -110,6 +124,7 @@ async def test_a_purge_leaves_nothing_of_a_key_whatever_made_it(
     assert kept.status == 200
     key, resend = await made_by(surface, client, tmp_path)
     assert files_with(tmp_path, TOKEN.encode()), "the text was stored"
+    assert TOKEN.encode() in await replayed_events(client)
     resp = await client.delete(f"/v1/sessions/{quote(key, safe='')}", params={"purge": "true"})
     assert resp.status == 200, await resp.text()
     await client.app[K.HISTORY].flush()
@@ -117,6 +132,8 @@ async def test_a_purge_leaves_nothing_of_a_key_whatever_made_it(
     for db in ("tasks.db", "history.db"):
         assert rows_of_key(tmp_path / "contexts" / db, key) == {}, db
     assert files_with(tmp_path, b"this one stays")
+    events = await replayed_events(client)
+    assert TOKEN.encode() not in events and b"this one stays" in events
     if "call" in resend:  # the purged answer is not replayed: the model is asked again, in a new run
         asked = len(openai_server.chat_requests)
         again = await client.post("/v1/chat/completions", json=resend["call"])
