@@ -119,6 +119,16 @@ def plan(messages: Sequence[ChatMessage], record: Record | None, known: Known | 
     return Plan("diverged", 0, record.epoch + 1, chained)
 
 
+def input_ids(previous_response_id: str | None, messages: Sequence[ChatMessage]) -> list[str | None]:
+    """The ids of a Responses call's input items: derived from the response they continue, their
+    place and their content (``None`` each without a previous response: nothing anchors them)."""
+    if previous_response_id is None:
+        return [None] * len(messages)
+    chained = digests(messages, None)
+    anchor = hashlib.sha256(previous_response_id.encode()).hexdigest()[:16]
+    return [f"openai-resp:{anchor}:{chained[i + 1][:40]}" for i in range(len(messages))]
+
+
 def after_request(p: Plan, count: int) -> Record:
     """The record once the request's messages are stored (before the answer)."""
     return Record(p.epoch, p.start, count, p.digests[count], count, p.digests[count])

@@ -88,6 +88,7 @@ class Call:
     messages: Sequence[ChatMessage]
     client_tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None
+    previous_response_id: str | None = None  # Responses: what the input continues
 
 
 class OpenAICompat:
@@ -358,6 +359,7 @@ class OpenAICompat:
                     seq = answer.outcome.reply.get("seq") if answer.outcome.reply else answer.outcome.message_seq
                     run_id = answer.outcome.run_id
                     await self.records.save_response(ResponseRef(response_id, key, run_id, seq))
+                    self._step("openai:record-saved")
         except BaseException:
             if call.target.stateless:  # no id continues it: the one-off run ends
                 self._end_later(key)
@@ -367,14 +369,21 @@ class OpenAICompat:
         return answer, response_id
 
     async def _post_all(self, call: Call, on_delta: DeltaFn | None) -> Answer:
-        """Every message of the call is new (Responses input items): post them, answer the last."""
+        """Every message of the call is new (Responses input items): post them, answer the last.
+        Input that continues a response carries ids derived from that response id, its place and
+        its content: the same call resent (after a crash, before its own response id was kept)
+        stores nothing again and gets the stored answer, as a resent chat completion does."""
         key = call.target.key.raw
         messages = call.messages
         names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
+        ids = history.input_ids(call.previous_response_id, messages)
         for index in range(len(messages) - 1):
-            await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
-        post = self._post(call, messages[-1], reply=True, cmid=None, names=names)
-        return _answer(key, await dispatch(self.commands, post, on_delta=on_delta))
+            await self.conv.post(self._post(call, messages[index], reply=False, cmid=ids[index], names=names))
+            self._step("openai:message-stored")
+        post = self._post(call, messages[-1], reply=True, cmid=ids[-1], names=names)
+        answer = _answer(key, await dispatch(self.commands, post, on_delta=on_delta))
+        self._step("openai:answer-stored")
+        return answer
 
 
 def _no_step(name: str) -> None:

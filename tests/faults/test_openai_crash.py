@@ -217,3 +217,40 @@ async def test_clients_resending_histories_through_kills_store_each_message_once
     assert twice(home) == []
     assert [t for t in answered if stored_users[t] != 1] == []
     assert len(runs(home)) == 6  # one run per client: no resend diverged
+
+
+RESPONSES = {
+    "killed after the first input item": ("openai:message-stored@1", [user("r1a"), user("r1b")], False),
+    "killed after the answer, before the response id is kept": ("openai:answer-stored@2", [user("r1b")], True),
+}
+
+
+@pytest.mark.parametrize("case", list(RESPONSES))
+async def test_a_responses_call_resent_after_a_kill_stores_its_input_once(
+    tmp_path: Path, server: OpenAIServer, case: str
+) -> None:
+    """Input continuing a response carries ids derived from that response id: the call resent to
+    a restarted daemon stores nothing again (and, answered already, does not ask the model)."""
+    step, items, answered = RESPONSES[case]
+    home = tmp_path / "home"
+    home.mkdir()
+    args = ("--config", str(config(tmp_path, server)))
+    async with daemon(home, *args, env=child_env(**{CRASH_ENV: step})) as first:
+        async with openai.AsyncOpenAI(base_url=f"{first.url}/v1", api_key=TOKEN, max_retries=0) as oa:
+            opened = await oa.responses.create(model="main", input="r0", user=USER)
+            with pytest.raises(openai.APIConnectionError):
+                await oa.responses.create(model="main", input=items, previous_response_id=opened.id)  # type: ignore[arg-type]
+        assert await first.wait() == -9
+    asked = len(server.chat_requests)
+    async with daemon(home, *args) as second:
+        async with openai.AsyncOpenAI(base_url=f"{second.url}/v1", api_key=TOKEN, max_retries=0) as oa:
+            again = await oa.responses.create(model="main", input=items, previous_response_id=opened.id)  # type: ignore[arg-type]
+            assert again.output_text == "echo: r1b"
+            assert len(server.chat_requests) == asked + (0 if answered else 1)
+            nxt = await oa.responses.create(model="main", input="r2", previous_response_id=again.id)
+            assert nxt.output_text == "echo: r2"
+        assert await second.stop() == 0
+    assert twice(home) == []
+    (active,) = runs(home, "running")
+    stored_items = [user("r0"), bot("r0"), *items, bot("r1b"), user("r2"), bot("r2")]
+    assert [(m["role"], m["content"]) for m in active] == [(m["role"], m["content"]) for m in stored_items]
