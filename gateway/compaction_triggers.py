@@ -79,7 +79,10 @@ class CompactionTriggers(Idempotency):
 
     async def memory_flush(self, run: RunState) -> None:
         """One silent turn that may save durable facts with memory_append before the context is
-        compacted or the run reset; at most once per compaction count, never blocking."""
+        compacted or the run reset; at most once per compaction count, never blocking. None for a
+        one-off run: nothing inherits it, and its caller is nobody the memory should serve."""
+        if run.key in self.one_off:
+            return
         provider = self.provider(run.agent_id)
         flush = self.settings.compaction.memory_flush
         names = {"memory_append", "memory_search"}

@@ -74,6 +74,13 @@ class EventHub:
         finally:
             self._subscribers.discard(sub)
 
+    def forget(self, key: str) -> None:
+        """Drop the key's events from the replay buffer (the key was purged: a reconnect with an
+        old ``Last-Event-ID`` must not get its messages back)."""
+        kept = [event for event in self._buffer if event.data.get("key") != key]
+        self._buffer.clear()
+        self._buffer.extend(kept)
+
     def close(self) -> None:
         """End every subscription (shutdown)."""
         self.closed = True

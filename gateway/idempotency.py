@@ -63,6 +63,14 @@ class Idempotency(ConversationCore):
         log.info("redelivery of %r on %r recognised from the transcript (seq %d)", cmid, key, found.seq)
         return {"run_id": found.run_id, "message_seq": found.seq, "response": None, "reply": found.reply}
 
+    async def find_in_run(self, key: str, cmid: str) -> dict[str, Any] | None:
+        """A delivery of ``cmid`` in the key's active run, from its transcript alone and at any
+        age (ids scoped to the run: ``Post.id_scope``), with its reply if one was stored."""
+        found = await self.store.find_delivery(key, cmid, since="")
+        if found is None:
+            return None
+        return {"run_id": found.run_id, "message_seq": found.seq, "response": None, "reply": found.reply}
+
     async def _idempotency_lookup(self, key: str, cmid: str) -> dict[str, Any] | None:
         found = await self.store.find_idempotency(key, cmid, since=iso(self.clock() - IDEMPOTENCY_WINDOW))
         if found is None:

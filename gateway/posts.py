@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from gateway.provider import Usage
 from sessions.keys import SessionKey
@@ -50,6 +50,11 @@ class Post:
     task_key: TaskKey | None = None
     tool_calls: tuple[dict[str, Any], ...] = ()
     options: TurnOptions | None = None
+    # ``key``: a client_message_id is recognised on the key within the idempotency window (its
+    # record in tasks.db, else the transcript); ``run``: it names a place in the active run's
+    # conversation (the OpenAI routes' derived ids) and is recognised from that run's transcript
+    # alone, at any age, with no record written
+    id_scope: Literal["key", "run"] = "key"
 
 
 class Reply(TypedDict):

@@ -39,7 +39,7 @@ import aiohttp
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
 from gateway.commands import Commands
-from gateway.crashpoints import crash_step
+from gateway.crashpoints import crash_step, openai_crash_step
 from gateway.delivery import Deliverer
 from gateway.events import EventHub
 from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
@@ -269,7 +269,7 @@ async def open_services(
         deliverer = Deliverer(client)
         webhooks = Webhooks(conversations, settings, env, deliverer, clock=clock)
         stack.push_async_callback(webhooks.close)
-        compat = OpenAICompat(commands, clock=clock)
+        compat = OpenAICompat(commands, clock=clock, crash_step=openai_crash_step(env))
         stack.push_async_callback(compat.close)
 
         async def deliver(url: str, payload: ReplyBody) -> bool:

@@ -63,6 +63,9 @@ class ConversationCore:
         self.queue = TurnQueue(self._batch_turn, self.turn_lock, self._closing_error)
         self.closing = False
         self._inflight: dict[tuple[str, str], asyncio.Future[ReplyBody]] = {}
+        # keys of one-off runs nothing can inherit (a stateless OpenAI-compatible call): no memory
+        # flush saves their facts, and they end without a final summary
+        self.one_off: set[str] = set()
         self.compactors = {agent_id: self._compactor(agent_id) for agent_id in settings.agents}
 
     def _compactor(self, agent_id: str) -> Compactor:

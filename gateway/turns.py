@@ -57,7 +57,10 @@ class Conversations(ModelTurns):
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None
     ) -> Outcome:
         assert post.client_message_id is not None
-        previous = await self.find_previous(post.key.raw, post.client_message_id)
+        if post.id_scope == "run":
+            previous = await self.find_in_run(post.key.raw, post.client_message_id)
+        else:
+            previous = await self.find_previous(post.key.raw, post.client_message_id)
         if previous is None:
             outcome = await self._post(post, on_delta, on_stored)
         elif previous["response"] is not None:
@@ -71,7 +74,8 @@ class Conversations(ModelTurns):
             else:
                 outcome = Outcome(post.key.raw, run.run_id, previous["message_seq"])
                 await self._queued_turn(post, run, outcome, on_delta)
-        await self.remember(post.key.raw, post.client_message_id, outcome)
+        if post.id_scope == "key":
+            await self.remember(post.key.raw, post.client_message_id, outcome)
         return outcome
 
     async def _post(
@@ -112,7 +116,7 @@ class Conversations(ModelTurns):
             await self.store.finish_append(run, message, record, durable)
         self.metrics.message_stored(post.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
-        if post.client_message_id is not None:
+        if post.client_message_id is not None and post.id_scope == "key":
             await self.remember(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
         if on_stored is not None:
             on_stored(outcome)

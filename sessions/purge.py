@@ -1,7 +1,9 @@
 """Erasing a session key for good (``DELETE /v1/sessions/{key}?purge=true``, ``neotask sessions
-purge``): every run folder and archive of the key, its tasks.db rows, idempotency and webhook
-delivery records, its sessions.json entry and its history index rows. A tombstone (key, time,
-counts, no content) stays in tasks.db so the deletion itself is auditable.
+purge``): every run folder and archive of the key, its rows in every table of tasks.db (runs,
+idempotency and webhook delivery records, the OpenAI-compatible routes' conversation and response
+ids: every table with a ``session_key`` column), its sessions.json entry and its history index
+rows. A tombstone (key, time, counts, no content) stays in tasks.db so the deletion itself is
+auditable.
 
 The caller holds the key's locks (no turn runs, nothing is appended meanwhile).
 """
@@ -42,11 +44,22 @@ def _key_rows(conn: sqlite3.Connection, key: str) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute(sql, (key,))]
 
 
+def keyed_tables(conn: sqlite3.Connection) -> list[str]:
+    """Every table of tasks.db with a ``session_key`` column but the tombstones: the runs, the
+    idempotency and webhook delivery records, the OpenAI-compatible routes' conversations and
+    response ids, and whatever a later migration adds beside them."""
+    tables = [str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return [
+        name
+        for name in tables
+        if name != "tombstones" and any(col[1] == "session_key" for col in conn.execute(f'PRAGMA table_info("{name}")'))
+    ]
+
+
 def _erase_rows(conn: sqlite3.Connection, key: str, tombstone: Tombstone) -> None:
     conn.execute("PRAGMA secure_delete=ON")
-    conn.execute("DELETE FROM tasks WHERE session_key = ?", (key,))
-    conn.execute("DELETE FROM idempotency WHERE session_key = ?", (key,))
-    conn.execute("DELETE FROM hook_deliveries WHERE session_key = ?", (key,))
+    for table in keyed_tables(conn):
+        conn.execute(f'DELETE FROM "{table}" WHERE session_key = ?', (key,))
     conn.execute(
         "INSERT INTO tombstones (session_key, deleted_at, runs, messages) VALUES (?, ?, ?, ?)",
         (tombstone.session_key, tombstone.deleted_at, tombstone.runs, tombstone.messages),

@@ -150,7 +150,8 @@ class LifecycleStore(AppendStore):
     ) -> RunState:
         """Complete (or, with ``error``, fail) the key's active run: completion hooks, the final
         summary, statistics, the move to completed/; the entry stays, idle, with ``run_id: null``.
-        ``summarize=False`` (a purge) runs no hook and writes no final summary."""
+        ``summarize=False`` (a purge, a one-off run nothing inherits) runs no hook and writes no
+        final summary."""
         run = self._require_active(key)
         run.closing = True
         status: RunStatus = "failed" if error is not None else "completed"

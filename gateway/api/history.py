@@ -258,12 +258,17 @@ async def export_run(request: web.Request) -> web.StreamResponse:
 
 
 async def purge(request: web.Request, key: str) -> web.Response:
-    """``DELETE /v1/sessions/{key}?purge=true``: stop its turn, then erase it under its locks."""
+    """``DELETE /v1/sessions/{key}?purge=true``: stop its turn, then erase it under its locks
+    (the OpenAI-compatible routes' too, which then forget the key's conversation); the events
+    hub's replay buffer forgets the key's events."""
     conv = request.app[K.CONVERSATIONS]
     store = request.app[K.STORE]
     conv.stop_turn(key)
-    async with conv.exclusive(key):
-        runs = await store.list_runs(session_key=key, limit=1_000_000)
-        tombstone = await purge_key(store, key, history=history_of(request.app))
-        await request.app[K.SERVICES].forget_transcripts(runs)
+    async with request.app[K.COMPAT].erasing(key):
+        conv.stop_turn(key)  # a turn that started while an OpenAI call held the key
+        async with conv.exclusive(key):
+            runs = await store.list_runs(session_key=key, limit=1_000_000)
+            tombstone = await purge_key(store, key, history=history_of(request.app))
+            await request.app[K.SERVICES].forget_transcripts(runs)
+            request.app[K.HUB].forget(key)
     return json_response({"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()})

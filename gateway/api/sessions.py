@@ -369,8 +369,9 @@ async def patch_session(request: web.Request) -> web.Response:
 @op(
     "Complete the run and remove the entry; with `purge=true` erase the key for good",
     "sessions",
-    "`purge=true` removes every run of the key (folders and archives), its history index rows, idempotency "
-    "and webhook delivery records and its sessions.json entry, and leaves a tombstone in tasks.db (key, time, "
+    "`purge=true` removes every run of the key (folders and archives), its history index rows, its rows in "
+    "every table of tasks.db (idempotency and webhook delivery records, the OpenAI-compatible routes' "
+    "conversations and response ids) and its sessions.json entry, and leaves a tombstone in tasks.db (key, time, "
     "counts; no content). A purge also works on a key whose entry is already gone but whose runs remain.",
     params=(history.PURGE,),
     answer=history.DELETED,

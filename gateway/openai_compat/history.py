@@ -9,12 +9,15 @@ digest of the conversation as the client sent it last (``request``) and with our
 
 - the history continues the answered one: store the messages after it;
 - it is the last request again (a retry): its answer is replayed from the record; when it was
-  stored but not answered (the model failed), its last message is posted again with a
-  ``client_message_id`` (the epoch and the digest up to it) registered at the failure, so the
-  turn runs again and nothing is stored twice;
+  stored but not answered (the model failed), its new messages are posted again and the turn
+  runs again;
 - it carries no assistant message (a client that sends only the new message): all of it is new;
 - anything else (an edited or dropped earlier message, another chat of the same user): the
   conversation diverged; the caller starts a new run holding the client's whole history.
+
+Every posted message carries ``Plan.client_message_id`` (the epoch and the digest up to it), so
+posting one again (a retry, a call resent after a crash whose record was never saved) stores
+nothing: the record may lag the durable appends but the ids make the resend land on them.
 """
 
 from __future__ import annotations
@@ -114,6 +117,16 @@ def plan(messages: Sequence[ChatMessage], record: Record | None, known: Known | 
     if not any(m.role == "assistant" for m in messages):
         return Plan("fresh", 0, record.epoch + 1, chained)
     return Plan("diverged", 0, record.epoch + 1, chained)
+
+
+def input_ids(previous_response_id: str | None, messages: Sequence[ChatMessage]) -> list[str | None]:
+    """The ids of a Responses call's input items: derived from the response they continue, their
+    place and their content (``None`` each without a previous response: nothing anchors them)."""
+    if previous_response_id is None:
+        return [None] * len(messages)
+    chained = digests(messages, None)
+    anchor = hashlib.sha256(previous_response_id.encode()).hexdigest()[:16]
+    return [f"openai-resp:{anchor}:{chained[i + 1][:40]}" for i in range(len(messages))]
 
 
 def after_request(p: Plan, count: int) -> Record:

@@ -27,6 +27,10 @@ class CompatRecords:
         await self.store.save_compat_conversation(key, record)
         self._known[key] = record
 
+    def forget(self, key: str) -> None:
+        """Drop the key's record from memory (its rows were purged)."""
+        self._known.pop(key, None)
+
     async def response(self, response_id: str) -> ResponseRef | None:
         return await self.store.compat_response(response_id)
 

@@ -266,7 +266,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     else:
         agent_id = compat.agent_for(body.model)
         target = compat.target(agent_id, header_key=SESSION_PARAM.raw(request), user=body.user)
-    call = Call(target, instructions, messages, tools, choice)
+    call = Call(target, instructions, messages, tools, choice, previous_response_id=body.previous_response_id)
     created = _created(request)
     echo = body.model_dump(include={"instructions", "previous_response_id", "store", "user", "tools", "tool_choice"})
     echo["metadata"] = body.model_extra.get("metadata") if body.model_extra else None

@@ -15,7 +15,7 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -88,11 +88,13 @@ class Call:
     messages: Sequence[ChatMessage]
     client_tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None
+    previous_response_id: str | None = None  # Responses: what the input continues
 
 
 class OpenAICompat:
-    def __init__(self, commands: Commands, *, clock: Clock) -> None:
+    def __init__(self, commands: Commands, *, clock: Clock, crash_step: Callable[[str], None] | None = None) -> None:
         self.commands = commands
+        self._step = crash_step or _no_step  # gateway/crashpoints.py (tests kill the daemon there)
         self.conv = commands.conv
         self.store = commands.store
         self.settings = commands.conv.settings
@@ -154,19 +156,35 @@ class OpenAICompat:
             if forget and not lock.locked():
                 self._locks.pop(key, None)
 
+    @contextlib.asynccontextmanager
+    async def erasing(self, key: str) -> AsyncIterator[None]:
+        """Hold ``key`` against calls of these routes while it is purged (a call half done would
+        write its conversation record back), then forget what this process keeps of the key in
+        memory: its record, with the last answer a retry would get, and its digests."""
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            try:
+                yield
+            finally:
+                self._known.pop(key, None)
+                self.records.forget(key)
+
     # -- chat completions -----------------------------------------------------------------------
 
     async def chat(self, call: Call, *, on_delta: DeltaFn | None = None, progress: Progress | None = None) -> Answer:
         """Store what is new of a resent conversation and answer its last message."""
         key = call.target.key.raw
         progress = progress or Progress()
+        if call.target.stateless:
+            self.conv.one_off.add(key)
         try:
             async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
                 record = None if call.target.stateless else await self.records.conversation(key)
                 plan = history.plan(call.messages, record, self._known.get(key))
                 if plan.kind == "retry" and record is not None and record.answer is not None:
                     return _replayed(key, record.answer)
-                if plan.new_run:
+                if plan.new_run and await self._started(key, plan):
+                    progress.new_run = True  # a diverged call cut short (a crash) started this run already
+                elif plan.new_run:
                     progress.new_run, progress.previous_run_id = True, await self._end_run(key)
                 answer = await self._store_and_answer(call, plan, on_delta, track=not call.target.stateless)
                 answer.new_run, answer.previous_run_id = progress.new_run, progress.previous_run_id
@@ -176,43 +194,58 @@ class OpenAICompat:
         return answer
 
     async def _store_and_answer(self, call: Call, plan: Plan, on_delta: DeltaFn | None, *, track: bool) -> Answer:
-        """Post the new messages (a retry: only the last, whose turn failed), then save the record
-        with the answer: one tasks.db write per call."""
+        """Post the new messages and answer the last; then save the record with the answer (one
+        tasks.db write per call).
+
+        Each message carries the id of its place in the conversation (``plan.client_message_id``:
+        epoch, the digest of everything up to it), scoped to the run (``Post.id_scope``): one the
+        run holds already is not stored again, and a last message already answered gets its stored
+        answer. So the record may lag the durable appends (a crash between them, a failed turn)
+        but never lead them: a call resent after a crash computes the same plan from the same
+        record and finds what it had stored by these ids. A retry posts its messages again the
+        same way."""
         key = call.target.key.raw
         messages = call.messages
         last = len(messages) - 1
         names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
-        retry = plan.kind == "retry"
-        if not retry:
-            unanswered = _unanswered(messages, plan.start)
-            for index in range(plan.start, last + 1):
-                if unanswered and messages[index].role != "tool":
-                    for call_id in unanswered:  # the model needs a result for every call it made
-                        await self.conv.post(self._post(call, _NO_RESULT, reply=False, cmid=None, names=names,
-                                                        tool_call_id=call_id))  # fmt: skip
-                    unanswered = []
-                if index < last:
-                    await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
+        unanswered = _unanswered(messages, plan.start)
+        for index in range(plan.start, last + 1):
+            if unanswered and messages[index].role != "tool":
+                before = plan.client_message_id(plan.start - 1)
+                for call_id in unanswered:  # the model needs a result for every call it made
+                    stand_in = self._post(call, _NO_RESULT, reply=False, cmid=f"{before}:{call_id}", names=names,
+                                          tool_call_id=call_id)  # fmt: skip
+                    await self.conv.post(stand_in)
+                    self._step("openai:message-stored")
+                unanswered = []
+            if index < last:
+                await self.conv.post(self._post(call, messages[index], reply=False, cmid=plan.client_message_id(index),
+                                                names=names))  # fmt: skip
+                self._step("openai:message-stored")
         record = history.after_request(plan, len(messages))
-        cmid = plan.client_message_id(last)
-        post = self._post(call, messages[last], reply=True, cmid=cmid if retry else None, names=names)
+        post = self._post(call, messages[last], reply=True, cmid=plan.client_message_id(last), names=names)
         try:
             outcome = await dispatch(self.commands, post, on_delta=on_delta)
         except ProviderFailure as exc:
-            # Stored, not answered: the retry of this call posts the same id and runs the turn again.
-            run = self.store.active_run(key)
-            seq = exc.extra.get("message_seq")
-            if track and not retry and run is not None and isinstance(seq, int):
-                await self.conv.remember_delivery(key, cmid, run_id=run.run_id, seq=seq)
+            # Stored, not answered: the retry of this call posts the same ids and runs the turn again.
+            if track and isinstance(exc.extra.get("message_seq"), int):
                 await self.records.save_conversation(key, record)
             raise
+        self._step("openai:answer-stored")
         answer = _answer(key, outcome)
         if track:
             saved = json.dumps(outcome.body(), ensure_ascii=False)
             answered = history.after_answer(record, answer.message(), saved)
             await self.records.save_conversation(key, answered)
+            self._step("openai:record-saved")
             self._remember(key, history.Known(tuple(messages), plan.digests), answer, answered.answered_digest)
         return answer
+
+    async def _started(self, key: str, plan: Plan) -> bool:
+        """Whether the key's active run holds the first message of ``plan``'s diverged
+        conversation by its id already: the run a diverged call started before it was cut short
+        (its record never saved), which the resent call continues instead of ending."""
+        return await self.store.find_delivery(key, plan.client_message_id(0), since="") is not None
 
     def _remember(self, key: str, request: history.Known, answer: Answer, digest: str) -> None:
         """Keep the key's conversation as its client now holds it (the request and the answer),
@@ -241,6 +274,7 @@ class OpenAICompat:
                 answer_tool=message.role == "tool",
             )
         return Post(
+            id_scope="run",
             key=call.target.key,
             role=message.role,
             content=message.content,
@@ -265,24 +299,28 @@ class OpenAICompat:
             return run.run_id if run is not None else None
 
     def _end_later(self, key: str) -> None:
-        """A stateless call's run is completed after the answer went out, off the request's path."""
+        """A stateless call's run is completed after the answer went out, off the request's path,
+        without a final summary: no later run of its key can inherit it (the key is new per call
+        and forgotten now), so the model is not asked for one."""
 
         async def end() -> None:
             try:
                 async with self.conv.exclusive(key):
                     if self.store.active_run(key) is not None:
-                        await self.store.complete(key, reason="openai-stateless")
+                        await self.store.complete(key, reason="openai-stateless", summarize=False)
                     if self.store.entry(key) is not None:
                         await self.store.delete(key)
             except Exception:  # a background job has no caller to answer: log it
                 log.exception("completing the one-off run of %s failed", key)
+            finally:
+                self.conv.one_off.discard(key)
 
         task = asyncio.create_task(end())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
-        """Let pending one-off completions finish (they write the final summary)."""
+        """Let pending one-off completions finish."""
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -312,6 +350,8 @@ class OpenAICompat:
         it is stored (its id continues it)."""
         key = call.target.key.raw
         response_id = response_id or f"resp_{uuid.uuid4().hex}"
+        if call.target.stateless and not store:
+            self.conv.one_off.add(key)
         try:
             async with self._locked(key, forget=call.target.stateless, agent_id=call.target.key.agent_id):
                 answer = await self._post_all(call, on_delta)
@@ -319,6 +359,7 @@ class OpenAICompat:
                     seq = answer.outcome.reply.get("seq") if answer.outcome.reply else answer.outcome.message_seq
                     run_id = answer.outcome.run_id
                     await self.records.save_response(ResponseRef(response_id, key, run_id, seq))
+                    self._step("openai:record-saved")
         except BaseException:
             if call.target.stateless:  # no id continues it: the one-off run ends
                 self._end_later(key)
@@ -328,14 +369,25 @@ class OpenAICompat:
         return answer, response_id
 
     async def _post_all(self, call: Call, on_delta: DeltaFn | None) -> Answer:
-        """Every message of the call is new (Responses input items): post them, answer the last."""
+        """Every message of the call is new (Responses input items): post them, answer the last.
+        Input that continues a response carries ids derived from that response id, its place and
+        its content: the same call resent (after a crash, before its own response id was kept)
+        stores nothing again and gets the stored answer, as a resent chat completion does."""
         key = call.target.key.raw
         messages = call.messages
         names = {c["id"]: c["function"]["name"] for m in messages for c in m.tool_calls}
+        ids = history.input_ids(call.previous_response_id, messages)
         for index in range(len(messages) - 1):
-            await self.conv.post(self._post(call, messages[index], reply=False, cmid=None, names=names))
-        post = self._post(call, messages[-1], reply=True, cmid=None, names=names)
-        return _answer(key, await dispatch(self.commands, post, on_delta=on_delta))
+            await self.conv.post(self._post(call, messages[index], reply=False, cmid=ids[index], names=names))
+            self._step("openai:message-stored")
+        post = self._post(call, messages[-1], reply=True, cmid=ids[-1], names=names)
+        answer = _answer(key, await dispatch(self.commands, post, on_delta=on_delta))
+        self._step("openai:answer-stored")
+        return answer
+
+
+def _no_step(name: str) -> None:
+    pass
 
 
 _NO_RESULT = ChatMessage("tool", "error: the client did not return a result for this call")

@@ -196,10 +196,49 @@ async def test_users_get_their_own_sessions_and_no_user_is_a_one_off_run(
     run_id = raw.headers["X-Neotask-Run-Id"]
     assert key.startswith("hook:openai:")
     for _ in range(200):  # the one-off run is completed after the answer, in the background
-        if (tmp_path / "contexts/completed" / run_id / "final_summary.txt").exists() and store.entry(key) is None:
+        if (tmp_path / "contexts/completed" / run_id).is_dir() and store.entry(key) is None:
             break
         await asyncio.sleep(0.02)
-    assert store.entry(key) is None and (tmp_path / "contexts/completed" / run_id / "final_summary.txt").exists()
+    assert store.entry(key) is None and (tmp_path / "contexts/completed" / run_id).is_dir()
+    assert not (tmp_path / "contexts/completed" / run_id / "final_summary.txt").exists()  # nothing inherits it
+
+
+async def ended(client: Client) -> None:
+    """Until the one-off runs ended in the background are done."""
+    await client.app[K.COMPAT].close()
+    assert not [e for e in client.app[K.STORE].entries() if e.key.startswith("hook:openai:")]
+
+
+async def test_a_one_off_call_costs_one_model_call(
+    oa: openai.AsyncOpenAI, openai_server: OpenAIServer, client: Client, tmp_path: Path
+) -> None:
+    """Issue 24 item 5: nothing can inherit a stateless run, so completing it asks for no final summary."""
+    answer = await oa.chat.completions.create(model="main", messages=[{"role": "user", "content": "just once"}])
+    assert answer.choices[0].message.content == "echo: just once"
+    await oa.responses.create(model="main", input="once more", store=False)
+    await ended(client)
+    assert len(openai_server.chat_requests) == 2
+    assert [p.name for p in (tmp_path / "contexts/completed").glob("*/final_summary.txt")] == []
+
+
+async def test_a_one_off_call_that_compacts_flushes_no_memory(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    overrides = {**ON, "compaction": {"token_threshold": 400}}
+    client = await aiohttp_client(make_app(tmp_path, clock, overrides, base_url=openai_server.base_url))
+    history = []
+    for i in range(12):
+        history += [{"role": "user", "content": f"fact {i}: " + "the deploy key rotates on fridays " * 3},
+                    {"role": "assistant", "content": f"noted {i}"}]  # fmt: skip
+    history.append({"role": "user", "content": "what did I say?"})
+    resp = await client.post("/v1/chat/completions", json={"model": "main", "messages": history})
+    assert resp.status == 200, await resp.text()
+    await ended(client)
+    assert client.app[K.STORE].home.folder("completed").is_dir()
+    asked = [r.last_user_text for r in openai_server.chat_requests]
+    assert any("summar" in r.system_text.lower() for r in openai_server.chat_requests), "it compacted"
+    assert not [t for t in asked if "about to be compacted" in t], "a memory flush turn was run"
+    assert client.app[K.CONVERSATIONS].one_off == set()
 
 
 async def test_system_messages_are_instructions_for_the_call_not_stored(

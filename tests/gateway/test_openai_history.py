@@ -12,6 +12,7 @@ from gateway.openai_compat.history import (
     after_request,
     chain,
     digests,
+    input_ids,
     plan,
 )
 
@@ -111,3 +112,12 @@ def test_known_digests_are_reused_only_for_the_equal_prefix() -> None:
     record = answered(first, bot("fine"))
     for messages in (resent, edited, shorter, [*first, bot("other"), user("x")]):
         assert plan(messages, record, known) == plan(messages, record)
+
+
+def test_responses_input_ids_follow_the_response_they_continue() -> None:
+    items = [user("a"), user("b")]
+    ids = input_ids("resp_1", items)
+    assert ids == input_ids("resp_1", [user("a"), user("b")]) and len(set(ids)) == 2
+    assert ids[0] not in input_ids("resp_2", items)
+    assert ids[1] not in input_ids("resp_1", [user("a"), user("c")])
+    assert input_ids(None, items) == [None, None]
