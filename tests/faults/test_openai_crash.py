@@ -28,7 +28,7 @@ from tests.support.openai_server import OpenAIServer
 from tests.support.sdk import warm_openai_sdk
 
 warm_openai_sdk()
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.realtime]
 TOKEN = "crash-token"
 USER = "alice"
 KEY = f"agent:main:openai:dm:{USER}"

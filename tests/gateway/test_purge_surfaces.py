@@ -23,6 +23,8 @@ from tests.conftest import FakeClock
 from tests.gateway.helpers import Cli, make_app
 from tests.support.openai_server import OpenAIServer
 
+pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
+
 Client = TestClient[Any, Any]
 TOKEN = "zqxpurgeword42"
 SECRET = "purge-hook-secret"
