@@ -156,7 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--agent")
     listing.add_argument("--type", choices=CHAT_TYPES)
     listing.add_argument("--status", choices=ENTRY_STATUSES)
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--limit", type=int, default=50, help="page size, 1 to 500 (default 50)")
+    listing.add_argument("--cursor", default=None, help="the next page: the cursor a previous page printed")
+    listing.add_argument("--all", action="store_true", help="every session (follows the cursor page by page)")
     listing.set_defaults(handler=cmd_sessions_list)
     for name, handler, text in (
         ("show", cmd_sessions_show, "one session"),
@@ -306,15 +308,39 @@ def cmd_gateway_stop(ctx: Context) -> int:
 # -- sessions --------------------------------------------------------------------------------------
 
 
+LIST_PAGE_MAX = 500  # the API's largest page (``limit``)
+
+
+def _list_online(client: GatewayClient, args: argparse.Namespace) -> dict[str, Any]:
+    """One page, or with ``--all`` every page (following ``next_cursor``) joined into one."""
+    filters = {"agent": args.agent, "type": args.type, "status": args.status}
+    limit = LIST_PAGE_MAX if args.all else args.limit
+    body: dict[str, Any] = client.get("/v1/sessions", **filters, limit=limit, cursor=args.cursor)
+    if not args.all:
+        return body
+    sessions = list(body.get("sessions", []))
+    while body.get("next_cursor"):
+        body = client.get("/v1/sessions", **filters, limit=limit, cursor=body["next_cursor"])
+        sessions.extend(body.get("sessions", []))
+    return {"sessions": sessions, "next_cursor": None}
+
+
 def cmd_sessions_list(ctx: Context) -> int:
     args = ctx.args
+    if args.all and args.cursor:
+        print("error: --all lists from the start: leave out --cursor", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.all and not 1 <= args.limit <= LIST_PAGE_MAX:
+        print(f"error: --limit must be 1 to {LIST_PAGE_MAX}; use --all for every session", file=sys.stderr)
+        return EXIT_USAGE
     client = ctx.client()
     if client is not None:
-        body = client.get("/v1/sessions", agent=args.agent, type=args.type, status=args.status, limit=args.limit)
+        body = _list_online(client, args)
     else:
         body = offline.list_sessions(
-            ctx.config, ctx.env, agent=args.agent, chat_type=args.type, status=args.status, limit=args.limit
-        )
+            ctx.config, ctx.env, agent=args.agent, chat_type=args.type, status=args.status,
+            limit=None if args.all else args.limit, cursor=args.cursor,
+        )  # fmt: skip
     if ctx.as_json:
         ctx.print_json(body)
         return EXIT_OK
@@ -338,7 +364,9 @@ def cmd_sessions_list(ctx: Context) -> int:
     ]
     ctx.print(_table(header, rows))
     if body.get("next_cursor"):
-        ctx.print("(more sessions: raise --limit, up to 500)")
+        ctx.print(f"{len(sessions)} session(s) shown; more: --cursor {body['next_cursor']} (or --all)")
+    else:
+        ctx.print(f"{len(sessions)} session(s)" + (" on this last page" if args.cursor else ""))
     return EXIT_OK
 
 

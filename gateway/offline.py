@@ -74,14 +74,16 @@ def list_sessions(
     agent: str | None,
     chat_type: str | None,
     status: str | None,
-    limit: int,
+    limit: int | None,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
+    """As ``GET /v1/sessions`` (one page after ``cursor``); ``limit`` None: every session."""
     from gateway import operations
 
     async def work(services: Services) -> dict[str, Any]:
         entries = operations.matching_sessions(services.store, agent=agent, chat_type=chat_type, status=status)
-        page = operations.describe_sessions(services.commands, entries[:limit])
-        return {"sessions": page, "next_cursor": None}
+        page, next_cursor = operations.page_of(entries, limit=limit or max(len(entries), 1), cursor=cursor)
+        return {"sessions": operations.describe_sessions(services.commands, page), "next_cursor": next_cursor}
 
     return with_services(config, env, work)
 

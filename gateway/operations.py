@@ -5,6 +5,8 @@ job run now, the doctor."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,6 +47,28 @@ def matching_sessions(
     ]
     entries.sort(key=sort_key, reverse=True)
     return entries
+
+
+def encode_cursor(position: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        at, key = json.loads(base64.urlsafe_b64decode(padded))
+        return str(at), str(key)
+    except (ValueError, TypeError):
+        raise BadRequest("'cursor' is not one this API returned; start again without it", field="cursor") from None
+
+
+def page_of(entries: list[SessionEntry], *, limit: int, cursor: str | None) -> tuple[list[SessionEntry], str | None]:
+    """One page of a listing (``matching_sessions``) after ``cursor``, and the next page's cursor."""
+    if cursor:
+        position = decode_cursor(cursor)
+        entries = [e for e in entries if sort_key(e) < position]
+    page = entries[:limit]
+    return page, encode_cursor(sort_key(page[-1])) if len(entries) > limit else None
 
 
 def describe_session(commands: Commands, key: str) -> dict[str, Any]:

@@ -1,0 +1,70 @@
+"""Issue 24's CLI items: listing every session, cron run outcomes, exit codes, and offline
+commands that stay light (no torch) and quiet."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from config.clock import system_clock
+from sessions.records import NewMessage
+from tests.gateway.daemons import daemon
+from tests.gateway.helpers import Cli
+from tests.sessions.helpers import open_store, start
+
+MANY = 520  # above the API's largest page (500)
+
+
+@pytest.fixture(autouse=True)
+def _no_neotask_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in [n for n in os.environ if n.startswith("NEOTASK_")]:
+        monkeypatch.delenv(name)
+    yield
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], home: Path) -> Cli:
+    return Cli(capsys, home)
+
+
+async def _seed_many(home: Path, count: int) -> set[str]:
+    store = await open_store(home, system_clock)  # a real daemon reads this home: the real time
+    try:
+        for i in range(count):
+            run = await start(store, f"agent:main:dm:peer{i}")
+            await store.append(run, NewMessage(role="user", content=f"hello {i}"))
+    finally:
+        await store.close()
+    return {f"agent:main:dm:peer{i}" for i in range(count)}
+
+
+async def test_sessions_list_all_follows_the_cursor_offline_and_online(cli: Cli, home: Path) -> None:
+    keys = await _seed_many(home, MANY)
+    listing = await cli.json("sessions", "list", "--all")
+    assert {s["key"] for s in listing["sessions"]} == keys and len(listing["sessions"]) == MANY
+    code, out, _ = await cli("sessions", "list", "--all")
+    assert code == 0 and out.rstrip().endswith(f"{MANY} session(s)")
+
+    page = await cli.json("sessions", "list", "--limit", "500")
+    assert len(page["sessions"]) == 500 and page["next_cursor"]
+    rest = await cli.json("sessions", "list", "--limit", "500", "--cursor", page["next_cursor"])
+    assert {s["key"] for s in page["sessions"] + rest["sessions"]} == keys and rest["next_cursor"] is None
+    code, out, _ = await cli("sessions", "list", "--limit", "10")
+    assert code == 0 and "10 session(s) shown; more: --cursor " in out
+    code, _, err = await cli("sessions", "list", "--limit", "501")
+    assert code == 2 and "--all" in err
+
+    async with daemon(home) as running:
+        online = await cli.json("sessions", "list", "--all")
+        assert [s["key"] for s in online["sessions"]] == [s["key"] for s in listing["sessions"]]
+        code, out, _ = await cli("sessions", "list", "--all")
+        assert code == 0 and out.rstrip().endswith(f"{MANY} session(s)")
+        assert await running.stop() == 0
