@@ -4,7 +4,8 @@ Order: take the home lock (a second daemon exits 73 before loading anything), re
 address without tokens, build the app and open its cleanup contexts (the store recovers every
 active run), bind, and only then write ``gateway.json`` and print where it listens. SIGTERM or
 SIGINT: stop accepting, let in-flight requests finish, close the cleanup contexts (sessions.json
-flushed), remove ``gateway.json``, release the lock, exit 0.
+flushed), remove ``gateway.json``, release the lock, exit 0. SIGHUP reopens the log file (after a
+log rotator moved it) and is otherwise ignored: there is no live reload yet.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from gateway import eventloop
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
-from gateway.logs import RepeatFilter, file_handler
+from gateway.logs import RepeatFilter, file_handler, reopen
 from gateway.runner import JsonErrorsAppRunner
 from sessions.damage import EXIT_STATE, DamagedState, check_writable
 from sessions.jsonl import write_json_atomic
@@ -126,11 +127,11 @@ def run_daemon(
                 flush=True,
             )
             return EXIT_REFUSED
-        with _logging_to(home, config.settings.logging):
+        with _logging_to(home, config.settings.logging) as reopen_log:
             for warning in config.warnings:
                 log.warning(warning)
             try:
-                return eventloop.run(_serve(config, bind_host, bind_port, env), gateway.event_loop)
+                return eventloop.run(_serve(config, bind_host, bind_port, env, reopen_log), gateway.event_loop)
             finally:
                 # Shut down already: a repeated signal while the process exits must not kill it.
                 for signum in (signal.SIGTERM, signal.SIGINT):
@@ -139,7 +140,9 @@ def run_daemon(
         lock.release()
 
 
-async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, str]) -> int:
+async def _serve(
+    config: LoadedConfig, host: str, port: int, env: Mapping[str, str], reopen_log: Callable[[], None]
+) -> int:
     home = Home(config.home)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -154,8 +157,20 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
         stop.set()
         _watchdog(home, timeout - WATCHDOG_MARGIN_S)
 
+    async def hangup() -> None:
+        await asyncio.to_thread(reopen_log)
+        log.info("SIGHUP: log file reopened; the configuration is not reloaded (restart the gateway for that)")
+
+    hangups: set[asyncio.Task[None]] = set()
+
+    def on_hangup() -> None:
+        task = loop.create_task(hangup())
+        hangups.add(task)
+        task.add_done_callback(hangups.discard)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)  # its default action would end the process
 
     grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
     gateway = config.settings.gateway
@@ -230,9 +245,10 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[None]:
+def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[Callable[[], None]]:
     """Log to stderr and ``<home>/logs/gateway.log`` (rotated by size, repeats counted, not
-    written: ``gateway.logs``) through a queue, so the event loop never waits on a log write."""
+    written: ``gateway.logs``) through a queue, so the event loop never waits on a log write.
+    Yields what reopens the log file (SIGHUP, after an outside rotation moved it)."""
     home.logs.mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(LOG_FORMAT)
     stderr = logging.StreamHandler(sys.stderr)
@@ -251,7 +267,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[None]:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     listener.start()
     try:
-        yield
+        yield lambda: reopen(file)
     finally:
         root.removeHandler(queue_handler)
         root.setLevel(previous_level)

@@ -49,10 +49,22 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def file_handler(path: Path, settings: LoggingSettings) -> logging.Handler:
+def file_handler(path: Path, settings: LoggingSettings) -> logging.FileHandler:
     """``gateway.log``, rotated at ``max_bytes`` keeping ``backup_count`` files (0: never rotated)."""
     if settings.max_bytes > 0:
         return logging.handlers.RotatingFileHandler(
             path, maxBytes=settings.max_bytes, backupCount=settings.backup_count, encoding="utf-8"
         )
     return logging.FileHandler(path, encoding="utf-8")
+
+
+def reopen(handler: logging.FileHandler) -> None:
+    """Close the handler's file and open its path again (a log rotator moved the file away and
+    sent SIGHUP): later records go to a new file at the same path."""
+    handler.acquire()
+    try:
+        if handler.stream is not None:
+            handler.stream.close()
+        handler.stream = handler._open()
+    finally:
+        handler.release()

@@ -3,10 +3,13 @@ commands that stay light (no torch) and quiet."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from config.clock import system_clock
@@ -68,3 +71,20 @@ async def test_sessions_list_all_follows_the_cursor_offline_and_online(cli: Cli,
         code, out, _ = await cli("sessions", "list", "--all")
         assert code == 0 and out.rstrip().endswith(f"{MANY} session(s)")
         assert await running.stop() == 0
+
+
+async def test_sighup_reopens_the_log_file_and_the_daemon_keeps_serving(home: Path) -> None:
+    log_file = home / "logs" / "gateway.log"
+    async with daemon(home) as running, aiohttp.ClientSession() as session:
+        rotated = log_file.with_name("gateway.log.1")
+        log_file.rename(rotated)  # what logrotate does before it sends SIGHUP
+        running.send(signal.SIGHUP)
+        async with asyncio.timeout(10):
+            while not log_file.exists() or "SIGHUP" not in log_file.read_text():
+                await asyncio.sleep(0.05)
+        assert running.proc.returncode is None
+        async with session.get(f"{running.url}/healthz") as resp:
+            assert resp.status == 200
+        assert await running.stop() == 0
+    assert "SIGTERM: shutting down" in log_file.read_text()
+    assert "SIGTERM" not in rotated.read_text() and "listening on" in rotated.read_text()
