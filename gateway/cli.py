@@ -2,10 +2,12 @@
 
 When a daemon runs on the home (``gateway.json`` present and the lock held) the CLI calls its
 HTTP API; otherwise it takes the lock itself and works on the files (``gateway.offline``).
-Readable tables by default (full run ids), ``--json`` prints the API's JSON. Exit status: 0 on
-success, 1 on an error (``error: <code>: <message>``), 2 on bad usage, 3 from ``gateway status``
-when no gateway runs, 73 when a second daemon is refused, 78 when the home's state must be fixed
-first (``error: <file>: <problem>: <what to do>``; also ``doctor`` when it leaves errors unfixed).
+Readable tables by default (full run ids), ``--json`` prints the API's JSON. Exit status
+(``gateway/exits.py``): 0 on success, 1 when the work failed (``error: <code>: <message>``), 2 on
+bad usage, 3 from ``gateway status`` when no gateway runs, 4 on an invalid configuration (from the
+daemon and ``config check`` alike), 73 when a second daemon is refused, 78 when the home's state
+must be fixed first (``error: <file>: <problem>: <what to do>``; also ``doctor`` when it leaves
+errors unfixed).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, TextIO
 
 from config.errors import ConfigError, NeotaskError
 from config.loader import LoadedConfig, load_config, resolve_home
-from gateway import cli_admin, cli_history, cli_jobs, offline
+from gateway import cli_admin, cli_history, cli_jobs, exits, offline
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
 from sessions.damage import EXIT_STATE, DamagedState
@@ -32,11 +34,12 @@ from sessions.layout import PRIVATE_UMASK
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked, read_gateway_json
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_NOT_RUNNING = 3
-EXIT_BROKEN_PIPE = 141  # as a shell reports a tool that SIGPIPE ended (`neotask ... --json | head`)
+EXIT_OK = exits.OK
+EXIT_ERROR = exits.FAILED
+EXIT_USAGE = exits.USAGE
+EXIT_NOT_RUNNING = exits.NOT_RUNNING
+EXIT_CONFIG = exits.CONFIG
+EXIT_BROKEN_PIPE = exits.BROKEN_PIPE  # as a shell reports a tool that SIGPIPE ended (`neotask ... --json | head`)
 STOP_WAIT_S = 15.0
 START_WAIT_S = 30.0  # how long the CLI waits for a daemon that holds the lock but does not listen yet
 
@@ -196,14 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Unreachable as exc:
         return _fail(str(exc))
     except ConfigError as exc:
-        return _fail(exc.message)
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
     except DamagedState as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_STATE
     except NeotaskError as exc:
         return _fail(f"{exc.code}: {exc.message}")
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
 
 
 def _drop_stdout() -> None:
@@ -232,12 +236,15 @@ def cmd_gateway_run(ctx: Context) -> int:
     except DamagedState as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_STATE
-    try:
+    from gateway.validation import check_config
+
+    try:  # what ``config check`` checks, before anything is built
         config = ctx.config
+        check_config(config, ctx.env)
     except ConfigError as exc:
         lock.release()
         print(f"error: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_CONFIG
     from gateway.daemon import run_daemon  # the app (and the model client) load only for the daemon
 
     return run_daemon(config, host=ctx.args.host, port=ctx.args.port, env=ctx.env, lock=lock)

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import iso, system_clock
+from config.errors import ConfigError
 from config.loader import LoadedConfig
 from config.settings import LoggingSettings
-from gateway import eventloop
+from gateway import eventloop, exits
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
@@ -42,8 +43,8 @@ from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
 log = logging.getLogger(__name__)
 QUIET_LOGGERS = ("apscheduler", "httpx", "httpx2", "openai", "sentence_transformers")
 
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
+EXIT_FAILED = exits.FAILED
+EXIT_REFUSED = exits.CONFIG  # a public address without tokens: the configuration must change
 CLEANUP_RESERVE_S = 2.0  # of gateway.shutdown_timeout_s, kept for closing the store after requests
 WATCHDOG_MARGIN_S = 0.25  # the process is forced out this long before gateway.shutdown_timeout_s
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -189,6 +190,9 @@ async def _serve(
         except DamagedState as exc:
             log.error("cannot start: %s", exc.message)
             return EXIT_STATE
+        except ConfigError as exc:  # checked before start already; a check made while building
+            log.error("cannot start: %s", exc.message)
+            return exits.CONFIG
         site = GuardedSite(runner, host, port, guard)
         try:
             await site.start()

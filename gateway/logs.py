@@ -15,6 +15,8 @@ from pathlib import Path
 from config.settings import LoggingSettings
 
 MAX_KEYS = 1024  # distinct lines tracked at once; older ones are forgotten first
+EACH = "each"  # ``log.info(..., extra=EVERY_ONE)``: a record about one thing (a key's reset) is never a repeat
+EVERY_ONE = {EACH: True}
 
 
 class RepeatFilter(logging.Filter):
@@ -30,7 +32,7 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.window_s <= 0:
+        if self.window_s <= 0 or getattr(record, EACH, False):
             return True
         exc_type = record.exc_info[0] if record.exc_info else None
         key = (record.name, record.levelno, str(record.msg), exc_type)

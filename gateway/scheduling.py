@@ -19,6 +19,7 @@ from config.clock import Clock, iso, parse_iso
 from config.settings import CronJob, Settings
 from gateway.commands import Commands, dispatch
 from gateway.hooks import SchedulingHooks
+from gateway.logs import EVERY_ONE
 from gateway.turns import Conversations, Post
 from sessions.cleanup import run_cleanup
 from sessions.keys import cron_key, parse_key
@@ -123,7 +124,8 @@ class Scheduling:
         event = {"type": "reset", "reason": reason, "previous_run_id": run.run_id,
                  "boundary": iso(again.boundary) if again.boundary else None}  # fmt: skip
         self.store.emit("reset", run, reason=reason, boundary=event["boundary"])
-        log.info("reset %s (%s), run %s completed", key, reason, run.run_id)
+        log.info("reset %s (%s): run %s completed; the next message opens its new run", key, reason, run.run_id,
+                 extra=EVERY_ONE)  # fmt: skip
         return event
 
     async def sweep(self) -> int:

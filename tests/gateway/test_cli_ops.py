@@ -7,14 +7,16 @@ import asyncio
 import os
 import signal
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import pytest
 
 from config.clock import system_clock
 from sessions.records import NewMessage
-from tests.gateway.daemons import daemon
+from tests.gateway.daemons import daemon, run_cli
 from tests.gateway.helpers import Cli
 from tests.sessions.helpers import open_store, start
 
@@ -88,3 +90,61 @@ async def test_sighup_reopens_the_log_file_and_the_daemon_keeps_serving(home: Pa
         assert await running.stop() == 0
     assert "SIGTERM: shutting down" in log_file.read_text()
     assert "SIGTERM" not in rotated.read_text() and "listening on" in rotated.read_text()
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ("gateway:\n  prot: 9000\n", "gateway.prot"),  # an unknown key
+        ("hooks:\n  gh:\n    key_template: 'hook:gh:${repository.name'\n", "hooks.gh.key_template"),
+        ("agents:\n  main:\n    model: {base_url: '127.0.0.1:11434/v1'}\n", "agents.main.model.base_url"),
+        (
+            "cron:\n  jobs: [{id: digest, schedule: '0 9 * * *', message: hi, deliver_to: 'digest inbox'}]\n",
+            "cron.jobs.0.deliver_to",
+        ),
+        ("hooks:\n  gh: {deliver_to: 'ftp://example.com/x'}\n", "hooks.gh.deliver_to"),
+        ("agents:\n  main:\n    model: {base_url: 'http://127.0.0.1:99999/v1'}\n", "agents.main.model.base_url"),
+    ],
+)
+async def test_a_bad_configuration_exits_4_from_the_daemon_and_from_config_check(
+    cli: Cli, home: Path, config: str, key: str
+) -> None:
+    home.mkdir()
+    (home / "config.yaml").write_text(config)
+    refused = await run_cli("gateway", "--home", str(home), "--port", "0")
+    assert refused.returncode == 4, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and refused.stderr.startswith("error: ")
+    assert key in refused.stderr
+    code, _, err = await cli("config", "check")
+    assert code == 4 and err == refused.stderr
+    code, _, _ = await cli("sessions", "list")
+    assert code == 4
+
+
+async def test_each_reset_at_start_up_is_logged_with_its_key_and_runs(home: Path) -> None:
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        "session: {reset: {mode: idle, idle_minutes: 5}}\ncompaction: {memory_flush: {enabled: false}}\n"
+    )
+    store = await open_store(home, lambda: system_clock() - timedelta(minutes=10))  # idle for 10 minutes now
+    old: dict[str, str] = {}
+    try:
+        for i in range(6):
+            run = await start(store, f"agent:main:dm:peer{i}")
+            await store.append(run, NewMessage(role="user", content=f"hello {i}"))
+            old[run.key] = run.run_id
+    finally:
+        await store.close()
+    log_file = home / "logs" / "gateway.log"
+    async with daemon(home) as running, aiohttp.ClientSession() as session:
+        async with asyncio.timeout(20):
+            while log_file.read_text().count("completed; the next message opens its new run") < len(old):
+                await asyncio.sleep(0.1)
+        url = f"{running.url}/v1/sessions/{quote('agent:main:dm:peer0', safe='')}/messages"
+        async with session.post(url, json={"content": "back"}) as resp:
+            new_run = (await resp.json())["run_id"]
+        assert await running.stop() == 0
+    text = log_file.read_text()
+    for key, run_id in old.items():
+        assert f"INFO gateway.scheduling: reset {key} (idle): run {run_id} completed" in text
+    assert f"agent:main:dm:peer0: new run {new_run} (inherits run {old['agent:main:dm:peer0']})" in text
