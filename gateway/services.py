@@ -40,7 +40,7 @@ from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
 from gateway.commands import Commands
 from gateway.crashpoints import crash_step
-from gateway.delivery import Deliverer
+from gateway.delivery import Deliverer, Delivery
 from gateway.events import EventHub
 from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
 from gateway.metrics import Metrics
@@ -268,8 +268,8 @@ async def open_services(
         compat = OpenAICompat(commands, clock=clock)
         stack.push_async_callback(compat.close)
 
-        async def deliver(url: str, payload: ReplyBody) -> bool:
-            return await deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
+        async def deliver(url: str, payload: ReplyBody) -> Delivery:
+            return await deliverer.report(url, payload, timeout=DELIVERY_TIMEOUT_S)
 
         scheduling = Scheduling(
             conversations,

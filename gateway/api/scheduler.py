@@ -5,8 +5,10 @@ from __future__ import annotations
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from config.clock import iso
 from config.errors import JobNotFound, JobRunning, PayloadTooLarge
 from gateway import keys as K
+from gateway import operations
 from gateway.contract import operation
 from gateway.http import json_response, parse_body, read_body
 from gateway.keys import SCHEDULER, SCHEDULING
@@ -29,10 +31,8 @@ async def list_jobs(request: web.Request) -> web.Response:
 @operation("Run a job now", "scheduler", errors=(JobNotFound, JobRunning, PayloadTooLarge))
 async def run_job(request: web.Request) -> web.Response:
     await read_body(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
-    scheduler = request.app[SCHEDULER]
-    job_id = scheduler.resolve(request.match_info["job_id"])
-    await scheduler.run_now(job_id)
-    return json_response({"job_id": job_id, "ran": True})
+    at = iso(request.app[K.CLOCK]())
+    return json_response(await operations.run_job(request.app[SCHEDULER], request.match_info["job_id"], at=at))
 
 
 @routes.post("/v1/admin/cleanup")

@@ -6,19 +6,23 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from config.clock import system_clock
 from sessions.records import NewMessage
 from tests.gateway.daemons import daemon, run_cli
 from tests.gateway.helpers import Cli
 from tests.sessions.helpers import open_store, start
+from tests.support.openai_server import OpenAIServer
 
 MANY = 520  # above the API's largest page (500)
 
@@ -148,3 +152,86 @@ async def test_each_reset_at_start_up_is_logged_with_its_key_and_runs(home: Path
     for key, run_id in old.items():
         assert f"INFO gateway.scheduling: reset {key} (idle): run {run_id} completed" in text
     assert f"agent:main:dm:peer0: new run {new_run} (inherits run {old['agent:main:dm:peer0']})" in text
+
+
+class Receiver:
+    """A ``deliver_to`` endpoint answering ``status`` and counting what it got."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.bodies: list[dict[str, object]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.json())
+        return web.Response(status=self.status)
+
+
+async def _receiver(aiohttp_server: Callable[..., Awaitable[TestServer]], status: int) -> tuple[Receiver, str]:
+    receiver = Receiver(status)
+    app = web.Application()
+    app.router.add_post("/inbox", receiver.handle)
+    server = await aiohttp_server(app)
+    return receiver, str(server.make_url("/inbox"))
+
+
+def _cron_config(home: Path, base_url: str, deliver_to: str) -> None:
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(
+        f"agents:\n  main:\n    model: {{base_url: '{base_url}', max_retries: 0, timeout_s: 5}}\n"
+        "compaction: {memory_flush: {enabled: false}}\n"
+        "cron:\n  jobs:\n"
+        f"    - {{id: digest, schedule: '0 9 * * *', message: digest please, deliver_to: '{deliver_to}'}}\n"
+    )
+
+
+async def _cron_run_both_ways(cli: Cli, home: Path) -> list[tuple[int, str, str, dict[str, Any]]]:
+    """``cron run digest`` offline, then through a daemon: (status, text out, text err, JSON)."""
+    results = []
+    code, out, err = await cli("cron", "run", "digest")
+    body = await cli.json("cron", "run", "digest", code=code)
+    results.append((code, out, err, body))
+    async with daemon(home) as running:
+        code, out, err = await cli("cron", "run", "digest")
+        body = await cli.json("cron", "run", "digest", code=code)
+        results.append((code, out, err, body))
+        assert await running.stop() == 0
+    return results
+
+
+async def test_cron_run_reports_an_unreachable_model_and_exits_1(
+    cli: Cli, home: Path, unused_tcp_port: int, aiohttp_server: Callable[..., Awaitable[TestServer]]
+) -> None:
+    receiver, inbox = await _receiver(aiohttp_server, 204)
+    _cron_config(home, f"http://127.0.0.1:{unused_tcp_port}/v1", inbox)
+    for code, out, err, body in await _cron_run_both_ways(cli, home):
+        assert code == 1, (out, err)
+        assert body["ok"] is False and body["status"] == "failed" and body["ran"] is True
+        assert body["error"].startswith("model_") or "connect" in body["error"].lower(), body["error"]
+        assert "failed: " in out and err.startswith("error: cron job cron:digest failed: ")
+    assert receiver.bodies == []
+
+
+async def test_cron_run_reports_a_refused_delivery_and_exits_1(
+    cli: Cli, home: Path, openai_server: OpenAIServer, aiohttp_server: Callable[..., Awaitable[TestServer]]
+) -> None:
+    receiver, inbox = await _receiver(aiohttp_server, 400)
+    _cron_config(home, openai_server.base_url, inbox)
+    for code, out, err, body in await _cron_run_both_ways(cli, home):
+        assert code == 1, (out, err)
+        assert body["ok"] is False and body["status"] == "answered"
+        assert body["reply"]["content"] == "echo: digest please"
+        assert body["delivery"] == {"url": inbox, "delivered": False, "attempts": 1, "error": "HTTP 400 Bad Request"}
+        assert f"not delivered to {inbox} after 1 attempt(s): HTTP 400 Bad Request" in out
+    assert len(receiver.bodies) == 4
+
+
+async def test_cron_run_reports_the_answer_and_the_delivery_and_exits_0(
+    cli: Cli, home: Path, openai_server: OpenAIServer, aiohttp_server: Callable[..., Awaitable[TestServer]]
+) -> None:
+    receiver, inbox = await _receiver(aiohttp_server, 204)
+    _cron_config(home, openai_server.base_url, inbox)
+    for code, out, _, body in await _cron_run_both_ways(cli, home):
+        assert code == 0 and body["ok"] is True and body["status"] == "answered"
+        assert body["delivery"]["delivered"] is True and body["run_id"]
+        assert "answered in run " in out and f"delivered to {inbox}" in out
+    assert [b["reply"]["content"] for b in receiver.bodies] == ["echo: digest please"] * 4  # type: ignore[index]
