@@ -305,11 +305,19 @@ def cmd_gateway_stop(ctx: Context) -> int:
         if time.monotonic() > deadline:
             return _fail(f"the gateway (pid {pid}) did not stop within {STOP_WAIT_S:.0f} s")
         time.sleep(0.05)
+    record = exits.read_exit(ctx.home, pid)  # written by the daemon before it let the lock go
+    status = record.get("status") if record else None
     if ctx.as_json:
-        ctx.print_json({"stopped": True, "pid": pid})
-    else:
-        ctx.print(f"gateway stopped (pid {pid})")
-    return EXIT_OK
+        ctx.print_json({"stopped": True, "pid": pid, "exit_status": status, "reason": (record or {}).get("reason")})
+    if status == 0:
+        if not ctx.as_json:
+            ctx.print(f"gateway stopped (pid {pid})")
+        return EXIT_OK
+    log_file = ctx.home / "logs" / "gateway.log"
+    if record is None:
+        return _fail(f"the gateway (pid {pid}) stopped without recording how (killed?); see {log_file}")
+    why = f": {record['reason']}" if record.get("reason") else ""
+    return _fail(f"the gateway (pid {pid}) stopped with exit status {status}{why}; see {log_file}")
 
 
 # -- sessions --------------------------------------------------------------------------------------

@@ -110,35 +110,54 @@ def run_daemon(
         except HomeLocked as exc:
             print(exc.message, file=sys.stderr, flush=True)
             return EXIT_LOCKED
+    status = EXIT_FAILED
     try:
-        try:
-            check_writable(home.root)
-            _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
-        except DamagedState as exc:
-            print(f"error: {exc.message}", file=sys.stderr, flush=True)
-            return EXIT_STATE
-        gateway = config.settings.gateway
-        bind_host = bind_address(host if host is not None else gateway.host)
-        bind_port = port if port is not None else gateway.port
-        if not gateway.tokens and not is_loopback(bind_host):
-            print(
-                f"error: refusing to listen on {bind_host} without a token: set gateway.tokens "
-                "(or NEOTASK_GATEWAY__TOKENS='[secret]'), or listen on 127.0.0.1",
-                file=sys.stderr,
-                flush=True,
-            )
-            return EXIT_REFUSED
-        with _logging_to(home, config.settings.logging) as reopen_log:
-            for warning in config.warnings:
-                log.warning(warning)
-            try:
-                return eventloop.run(_serve(config, bind_host, bind_port, env, reopen_log), gateway.event_loop)
-            finally:
-                # Shut down already: a repeated signal while the process exits must not kill it.
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(signum, signal.SIG_IGN)
+        status = _run_locked(config, home, host=host, port=port, env=env)
+        return status
     finally:
+        record_exit(home, status)
         lock.release()
+
+
+def _run_locked(
+    config: LoadedConfig, home: Home, *, host: str | None, port: int | None, env: Mapping[str, str]
+) -> int:
+    """``run_daemon`` once the home lock is held."""
+    try:
+        check_writable(home.root)
+        _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
+    except DamagedState as exc:
+        print(f"error: {exc.message}", file=sys.stderr, flush=True)
+        return EXIT_STATE
+    gateway = config.settings.gateway
+    bind_host = bind_address(host if host is not None else gateway.host)
+    bind_port = port if port is not None else gateway.port
+    if not gateway.tokens and not is_loopback(bind_host):
+        print(
+            f"error: refusing to listen on {bind_host} without a token: set gateway.tokens "
+            "(or NEOTASK_GATEWAY__TOKENS='[secret]'), or listen on 127.0.0.1",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_REFUSED
+    with _logging_to(home, config.settings.logging) as reopen_log:
+        for warning in config.warnings:
+            log.warning(warning)
+        try:
+            return eventloop.run(_serve(config, bind_host, bind_port, env, reopen_log), gateway.event_loop)
+        finally:
+            # Shut down already: a repeated signal while the process exits must not kill it.
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)
+
+
+def record_exit(home: Home, status: int, reason: str | None = None) -> None:
+    """``logs/exit.json``: how this daemon ended (``neotask gateway stop`` reports it), written
+    before the lock is released. A home that cannot be written keeps none."""
+    record = {"pid": os.getpid(), "status": status, "reason": reason, "at": iso(system_clock())}
+    with contextlib.suppress(OSError):
+        home.logs.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(home.logs / exits.EXIT_RECORD, record)
 
 
 async def _serve(
@@ -226,9 +245,11 @@ def _watchdog(home: Home, after_s: float) -> None:
     interrupted): acknowledged messages are durable already, and the next start recovers."""
 
     def force_exit() -> None:
-        sys.stderr.write(f"error: shutdown did not finish within {after_s:.1f} s: exiting now\n")
+        reason = f"shutdown did not finish within {after_s:.1f} s"
+        sys.stderr.write(f"error: {reason}: exiting now\n")
         sys.stderr.flush()
         _remove(home.gateway_json)
+        record_exit(home, EXIT_FAILED, reason)
         os._exit(EXIT_FAILED)
 
     timer = threading.Timer(max(after_s, 0.1), force_exit)

@@ -6,6 +6,10 @@ The daemon (``neotask gateway``) and the other commands share them: a bad config
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from sessions.damage import EXIT_STATE
 from sessions.lock import EXIT_LOCKED
 
@@ -18,3 +22,14 @@ LOCKED = EXIT_LOCKED  # 73: another daemon (or CLI command) holds the home
 STATE = EXIT_STATE  # 78: the home's state must be fixed first (damaged, read-only or full)
 INTERRUPTED = 130  # Ctrl-C
 BROKEN_PIPE = 141  # the reader went away (``neotask ... --json | head``)
+
+EXIT_RECORD = "exit.json"  # in <home>/logs/: how the last daemon ended (``gateway.daemon.record_exit``)
+
+
+def read_exit(home: Path, pid: int) -> dict[str, Any] | None:
+    """The exit record the daemon ``pid`` left (its status and why), or None."""
+    try:
+        record = json.loads((home / "logs" / EXIT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("pid") == pid else None
