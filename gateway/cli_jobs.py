@@ -268,7 +268,7 @@ def cmd_cron_run(ctx: Context) -> int:
     if client is not None:
         body = client.post(f"/v1/scheduler/jobs/{key_segment(job_id)}/run", {})
     else:
-        body = offline.with_services(ctx.config, ctx.env, _offline_cron(job_id))
+        body = offline.with_services(ctx.config, ctx.env, _offline_cron(job_id), label=f"running cron job {job_id}")
     ok = body.get("ok", True)
     if ctx.as_json:
         ctx.print_json(body)

@@ -91,9 +91,14 @@ def memory_uri(config: LoadedConfig) -> Path:
     return Path(uri).expanduser() if uri else config.home / "memory.lance"
 
 
-def memory_service(config: LoadedConfig, env: Mapping[str, str], clock: Clock) -> MemoryService:
-    """The memory index as the daemon builds it (the offline ``memory`` commands open only this)."""
-    return MemoryService(config.settings.memory, workspaces(config), memory_uri(config), clock=clock, env=env)
+def memory_service(
+    config: LoadedConfig, env: Mapping[str, str], clock: Clock, *, background: bool = True
+) -> MemoryService:
+    """The memory index as the daemon builds it (the offline ``memory`` commands open only this);
+    ``background`` false: no indexing in the background, the model loaded only for a search."""
+    return MemoryService(
+        config.settings.memory, workspaces(config), memory_uri(config), clock=clock, env=env, background=background
+    )
 
 
 class Archives:
@@ -248,7 +253,7 @@ async def open_services(
 
         memory: MemoryService | None = None
         if parts.memory:
-            memory = memory_service(config, env, clock)
+            memory = memory_service(config, env, clock, background=parts.timers)
             await memory.start()
             stack.push_async_callback(memory.close)
             bridge = MemoryBridge(memory, conversations, settings, host_zone=zone)

@@ -4,10 +4,12 @@ commands that stay light (no torch) and quiet."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -19,10 +21,10 @@ from aiohttp.test_utils import TestServer
 
 from config.clock import system_clock
 from sessions.records import NewMessage
-from tests.gateway.daemons import daemon, run_cli
+from tests.gateway.daemons import REPO, child_env, daemon, run_cli
 from tests.gateway.helpers import Cli
 from tests.sessions.helpers import open_store, start
-from tests.support.openai_server import OpenAIServer
+from tests.support.openai_server import Hang, OpenAIServer
 
 MANY = 520  # above the API's largest page (500)
 
@@ -235,3 +237,88 @@ async def test_cron_run_reports_the_answer_and_the_delivery_and_exits_0(
         assert body["delivery"]["delivered"] is True and body["run_id"]
         assert "answered in run " in out and f"delivered to {inbox}" in out
     assert [b["reply"]["content"] for b in receiver.bodies] == ["echo: digest please"] * 4  # type: ignore[index]
+
+
+PROBE = """
+import sys, time
+from gateway.cli import main
+started = time.monotonic()
+code = main(sys.argv[1:])
+print(f"\\nPROBE exit={code} torch={'torch' in sys.modules} seconds={time.monotonic() - started:.1f}")
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("sessions", "reset", "agent:main:main"), ("sessions", "compact", "agent:main:main"), ("cron", "run", "digest")],
+)
+async def test_offline_commands_never_import_torch_and_print_no_library_noise(
+    home: Path, openai_server: OpenAIServer, command: tuple[str, ...]
+) -> None:
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"agents:\n  main:\n    model: {{base_url: '{openai_server.base_url}', max_retries: 0}}\n"
+        "cron:\n  jobs:\n    - {id: digest, schedule: '0 9 * * *', message: digest please}\n"
+    )
+    workspace = home / "workspaces" / "main"
+    (workspace / "memory").mkdir(parents=True)
+    (workspace / "MEMORY.md").write_text("# Facts\n\nThe user's favourite colour is teal.\n")
+    store = await open_store(home, system_clock)
+    try:
+        run = await start(store, "agent:main:main")
+        for i in range(12):
+            await store.append(run, NewMessage(role="user" if i % 2 else "assistant", content=f"line {i} " * 40))
+    finally:
+        await store.close()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PROBE, *command, "--home", str(home),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=child_env(), cwd=REPO,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    text, errors = out.decode(), err.decode()
+    assert "PROBE exit=0 torch=False" in text, (text, errors)
+    assert "Loading weights" not in errors and "transformers" not in errors, errors
+
+
+async def test_gateway_stop_during_the_model_load_is_quick_and_clean(home: Path) -> None:
+    workspace = home / "workspaces" / "main"
+    workspace.mkdir(parents=True)
+    (workspace / "MEMORY.md").write_text("# Facts\n\nThe user's favourite colour is teal.\n")
+    async with daemon(home) as running:  # its memory worker starts loading the model now
+        stopped = await run_cli("gateway", "stop", "--home", str(home))
+        status = await running.wait()
+    assert stopped.returncode == 0 and f"gateway stopped (pid {running.pid})" in stopped.stdout, stopped.stderr
+    assert status == 0, running.stderr()
+    assert "did not finish" not in running.stderr()
+    log = (home / "logs" / "gateway.log").read_text()
+    at = {
+        event: datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        for line in log.splitlines()
+        for event in ("SIGTERM: shutting down", "gateway.daemon: stopped")
+        if event in line
+    }
+    took = (at["gateway.daemon: stopped"] - at["SIGTERM: shutting down"]).total_seconds()
+    assert took < 4, f"the shutdown took {took:.1f} s"  # the model takes 10 s and more to load here
+
+
+async def test_gateway_stop_reports_a_daemon_that_exited_non_zero(home: Path, openai_server: OpenAIServer) -> None:
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"agents:\n  main:\n    model: {{base_url: '{openai_server.base_url}', max_retries: 0}}\n"
+        "gateway: {shutdown_timeout_s: 0.3}\n"  # the exit deadline passes while a request is in flight
+    )
+    openai_server.script(Hang(60))
+    async with daemon(home) as running, aiohttp.ClientSession() as session:
+        url = f"{running.url}/v1/sessions/{quote('agent:main:main', safe='')}/messages"
+        posted = asyncio.create_task(session.post(url, json={"content": "hello"}))
+        async with asyncio.timeout(10):
+            while not openai_server.chat_requests:
+                await asyncio.sleep(0.05)
+        stopped = await run_cli("gateway", "stop", "--home", str(home))
+        status = await running.wait()
+        with contextlib.suppress(aiohttp.ClientError):
+            (await posted).release()
+    assert status == 1, running.stderr()
+    assert stopped.returncode == 1, stopped.stdout
+    assert f"the gateway (pid {running.pid}) stopped with exit status 1: shutdown did not finish" in stopped.stderr
+    assert "gateway stopped" not in stopped.stdout
