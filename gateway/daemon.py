@@ -35,7 +35,7 @@ from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
 from gateway.logs import RepeatFilter, file_handler, reopen
 from gateway.runner import JsonErrorsAppRunner
-from sessions.damage import EXIT_STATE, DamagedState, check_writable
+from sessions.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
@@ -125,6 +125,8 @@ def _run_locked(
     """``run_daemon`` once the home lock is held."""
     try:
         check_writable(home.root)
+        if home.contexts.is_dir():  # a mount of its own can be read-only under a writable home
+            check_writable(home.contexts)
         _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
     except DamagedState as exc:
         print(f"error: {exc.message}", file=sys.stderr, flush=True)
@@ -234,9 +236,25 @@ async def _serve(
         settle_heap()  # start-up is done (and timed): the collector stops walking what it made
         await stop.wait()
     finally:
-        await runner.cleanup()  # stop accepting, wait for in-flight requests, close the store
+        status = await _cleanup(runner, home)
         await asyncio.to_thread(_remove, home.gateway_json)
-    log.info("stopped")
+    log.info("stopped" if status == 0 else "stopped without saving everything")
+    return status
+
+
+async def _cleanup(runner: JsonErrorsAppRunner, home: Home) -> int:
+    """Stop accepting, wait for in-flight requests, close the store: 0, or ``EXIT_STATE`` with
+    one line when the home could not be written (e.g. ``contexts/`` turned read-only): what was
+    acknowledged is durable already, and the next start recovers the rest."""
+    try:
+        await runner.cleanup()
+    except DamagedState as exc:
+        log.error("shutdown: %s", exc.message)
+        return EXIT_STATE
+    except OSError as exc:
+        damage = storage_damage(exc.filename or home.contexts, exc, doing="save the sessions at shutdown")
+        log.error("shutdown: %s (acknowledged messages are on disk; the next start recovers)", damage.message)
+        return EXIT_STATE
     return 0
 
 
