@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -20,6 +22,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from config.clock import system_clock
+from gateway.offline import progress
 from sessions.records import NewMessage
 from tests.gateway.daemons import REPO, child_env, daemon, run_cli
 from tests.gateway.helpers import Cli
@@ -322,3 +325,14 @@ async def test_gateway_stop_reports_a_daemon_that_exited_non_zero(home: Path, op
     assert stopped.returncode == 1, stopped.stdout
     assert f"the gateway (pid {running.pid}) stopped with exit status 1: shutdown did not finish" in stopped.stderr
     assert "gateway stopped" not in stopped.stdout
+
+
+def test_progress_is_shown_only_for_work_over_a_second() -> None:
+    quick, slow = io.StringIO(), io.StringIO()
+    with progress("/reset on agent:main:main", out=quick, after_s=0.2):
+        pass
+    with progress("/reset on agent:main:main", out=slow, after_s=0.2):
+        time.sleep(0.4)
+    assert quick.getvalue() == ""
+    lines = slow.getvalue().splitlines()
+    assert lines[0] == "/reset on agent:main:main..." and lines[1].startswith("/reset on agent:main:main: done in 0.")
