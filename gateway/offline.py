@@ -91,18 +91,18 @@ def with_services(
     when a model is configured (the memory flush and the memory tools need it; without a model
     nothing can call them), as it stands: the embedding model loads only if a search needs a
     vector. ``label``: what the work is, shown if it takes over a second."""
-    # Imported here: the model client (openai) takes seconds to import, and the lighter commands
-    # (gateway status, config, doctor) never need it.
-    from gateway.services import Parts, open_services
+    with progress(label):  # from here: the imports take seconds too
+        # Imported here: the model client (openai) takes seconds to import, and the lighter
+        # commands (gateway status, config, doctor) never need it.
+        from gateway.services import Parts, open_services
 
-    has_model = any(agent.model.base_url for agent in config.settings.agents.values())
+        has_model = any(agent.model.base_url for agent in config.settings.agents.values())
 
-    async def run() -> T:
-        parts = Parts(memory=has_model, timers=False)
-        async with open_services(config, env=env, clock=system_clock, parts=parts) as services:
-            return await work(services)
+        async def run() -> T:
+            parts = Parts(memory=has_model, timers=False)
+            async with open_services(config, env=env, clock=system_clock, parts=parts) as services:
+                return await work(services)
 
-    with progress(label):
         return locked(config, lambda: asyncio.run(run()))
 
 

@@ -1,7 +1,8 @@
 """Issue 24 item 17: ``contexts/`` turning read-only under a running daemon (a bind mount of its
 own remounted read-only). SIGTERM then ends it with exit 78 and one line, not a traceback and 1;
 the next start refuses with exit 78 and one line (not 70 lines of traceback, and without marking
-healthy runs failed); once writable again, every acknowledged message is there."""
+healthy runs failed); once writable again, every acknowledged message is there. ``gateway
+stop`` reports that exit status (item 8)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from sessions.damage import EXIT_STATE
 from tests.faults.state_support import failed_start, one_clear_line
-from tests.gateway.daemons import daemon
+from tests.gateway.daemons import daemon, run_cli
 
 KEY = "agent:main:main"
 
@@ -33,6 +34,9 @@ async def test_contexts_turning_read_only_stops_with_78_and_one_line(tmp_path: P
         pytest.skip("a read-only bind mount needs root")
     home = tmp_path / "home"
     contexts = home / "contexts"
+    home.mkdir()
+    # sessions.json is written at shutdown, not a second after the message: the SIGTERM meets it
+    (home / "config.yaml").write_text("storage: {sessions_flush_ms: 600000}\n")
     async with daemon(home) as running, aiohttp.ClientSession() as session:
         url = f"{running.url}/v1/sessions/{quote(KEY, safe='')}/messages"
         async with session.post(url, json={"content": "kept"}) as resp:
@@ -44,11 +48,17 @@ async def test_contexts_turning_read_only_stops_with_78_and_one_line(tmp_path: P
             pytest.skip(f"cannot bind-mount here: {exc.stderr!r}")
         try:
             await asyncio.to_thread(_sh, "mount", "-o", "remount,bind,ro", str(contexts))
-            status = await running.stop()
+            async with session.post(url, json={"content": "also kept"}) as resp:  # its run's files are open
+                assert resp.status == 200
+            stopped = await run_cli("gateway", "stop", "--home", str(home))
+            status = await running.wait()
             stderr = running.stderr()
             assert status == EXIT_STATE, stderr
             line = one_clear_line(stderr, "read-only")
             assert str(contexts) in line
+            # gateway stop reports the daemon's real exit, not "gateway stopped"
+            assert stopped.returncode == 1 and "gateway stopped" not in stopped.stdout, stopped.stdout
+            assert f"the gateway (pid {running.pid}) stopped with exit status {EXIT_STATE}" in stopped.stderr
 
             code, stderr = await failed_start(home)
             assert code == EXIT_STATE
@@ -60,6 +70,6 @@ async def test_contexts_turning_read_only_stops_with_78_and_one_line(tmp_path: P
         async with session.get(f"{again.url}/v1/sessions/{quote(KEY, safe='')}") as resp:
             entry = await resp.json()
         assert await again.stop() == 0
-    assert entry["run_id"] == run_id and entry["message_count"] == 1, entry
+    assert entry["run_id"] == run_id and entry["message_count"] == 2, entry
     stored = (contexts / "running" / run_id / "messages.jsonl").read_text().splitlines()
-    assert [json.loads(line)["content"] for line in stored] == ["kept"]
+    assert [json.loads(line)["content"] for line in stored] == ["kept", "also kept"]
