@@ -211,7 +211,7 @@ async def test_cron_run_reports_an_unreachable_model_and_exits_1(
         assert code == 1, (out, err)
         assert body["ok"] is False and body["status"] == "failed" and body["ran"] is True
         assert body["error"].startswith("model_") or "connect" in body["error"].lower(), body["error"]
-        assert "failed: " in out and err.startswith("error: cron job cron:digest failed: ")
+        assert "failed: " in out and err.splitlines()[-1].startswith("error: cron job cron:digest failed: ")
     assert receiver.bodies == []
 
 
