@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,6 +27,34 @@ def _check_zone(value: str | None) -> str | None:
         ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise ValueError(f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin") from exc
+    return value
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_url(value: str | None) -> str | None:
+    """An http(s) URL with a host (``http://127.0.0.1:11434/v1``); null or "" means none."""
+    if not value:
+        return value
+    how = "write it whole, e.g. http://127.0.0.1:11434/v1 or https://example.com/hook"
+    if any(c.isspace() for c in value):
+        raise ValueError(f"{value!r} is not a URL: it contains a space; {how}")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a URL ({exc}); {how}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{value!r} is not an http:// or https:// URL; {how}")
+    if not parts.hostname:
+        raise ValueError(f"{value!r} names no host; {how}")
+    return value
+
+
+def _check_env_name(value: str | None) -> str | None:
+    if value is not None and not _ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name (letters, digits, _; e.g. OPENAI_API_KEY)")
     return value
 
 
@@ -76,6 +105,9 @@ class ModelSettings(Model):
     max_output_tokens: int = Field(4096, ge=1)
     timeout_s: float = Field(120, gt=0)
     max_retries: int = Field(2, ge=0)
+
+    _url = field_validator("base_url")(_check_url)
+    _env = field_validator("api_key_env")(_check_env_name)
 
 
 QueueMode = Literal["collect", "followup", "steer"]
@@ -199,6 +231,9 @@ class EmbeddingSettings(Model):
     dimensions: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=1)
 
+    _url = field_validator("base_url")(_check_url)
+    _env = field_validator("api_key_env")(_check_env_name)
+
 
 class WatchSettings(Model):
     debounce_ms: int = Field(1500, ge=0)
@@ -272,6 +307,8 @@ class CronJob(Model):
     deliver_to: str | None = None
     inherit: bool = False  # isolated firings start without the previous firing's summary unless true
 
+    _deliver_to = field_validator("deliver_to")(_check_url)
+
     @field_validator("id")
     @classmethod
     def _id_is_a_segment(cls, value: str) -> str:
@@ -316,6 +353,9 @@ class HookMapping(Model):
     deliver_to: str | None = None
     tolerance_s: float = Field(300, gt=0)
     require_timestamp: bool = False
+
+    _deliver_to = field_validator("deliver_to")(_check_url)
+    _env = field_validator("secret_env")(_check_env_name)
 
 
 class Settings(Model):

@@ -2,10 +2,12 @@
 
 When a daemon runs on the home (``gateway.json`` present and the lock held) the CLI calls its
 HTTP API; otherwise it takes the lock itself and works on the files (``gateway.offline``).
-Readable tables by default (full run ids), ``--json`` prints the API's JSON. Exit status: 0 on
-success, 1 on an error (``error: <code>: <message>``), 2 on bad usage, 3 from ``gateway status``
-when no gateway runs, 73 when a second daemon is refused, 78 when the home's state must be fixed
-first (``error: <file>: <problem>: <what to do>``; also ``doctor`` when it leaves errors unfixed).
+Readable tables by default (full run ids), ``--json`` prints the API's JSON. Exit status
+(``gateway/exits.py``): 0 on success, 1 when the work failed (``error: <code>: <message>``), 2 on
+bad usage, 3 from ``gateway status`` when no gateway runs, 4 on an invalid configuration (from the
+daemon and ``config check`` alike), 73 when a second daemon is refused, 78 when the home's state
+must be fixed first (``error: <file>: <problem>: <what to do>``; also ``doctor`` when it leaves
+errors unfixed).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, TextIO
 
 from config.errors import ConfigError, NeotaskError
 from config.loader import LoadedConfig, load_config, resolve_home
-from gateway import cli_admin, cli_history, cli_jobs, offline
+from gateway import cli_admin, cli_history, cli_jobs, exits, offline
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
 from sessions.damage import EXIT_STATE, DamagedState
@@ -32,11 +34,12 @@ from sessions.layout import PRIVATE_UMASK
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked, read_gateway_json
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_NOT_RUNNING = 3
-EXIT_BROKEN_PIPE = 141  # as a shell reports a tool that SIGPIPE ended (`neotask ... --json | head`)
+EXIT_OK = exits.OK
+EXIT_ERROR = exits.FAILED
+EXIT_USAGE = exits.USAGE
+EXIT_NOT_RUNNING = exits.NOT_RUNNING
+EXIT_CONFIG = exits.CONFIG
+EXIT_BROKEN_PIPE = exits.BROKEN_PIPE  # as a shell reports a tool that SIGPIPE ended (`neotask ... --json | head`)
 STOP_WAIT_S = 15.0
 START_WAIT_S = 30.0  # how long the CLI waits for a daemon that holds the lock but does not listen yet
 
@@ -156,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--agent")
     listing.add_argument("--type", choices=CHAT_TYPES)
     listing.add_argument("--status", choices=ENTRY_STATUSES)
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--limit", type=int, default=50, help="page size, 1 to 500 (default 50)")
+    listing.add_argument("--cursor", default=None, help="the next page: the cursor a previous page printed")
+    listing.add_argument("--all", action="store_true", help="every session (follows the cursor page by page)")
     listing.set_defaults(handler=cmd_sessions_list)
     for name, handler, text in (
         ("show", cmd_sessions_show, "one session"),
@@ -194,14 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Unreachable as exc:
         return _fail(str(exc))
     except ConfigError as exc:
-        return _fail(exc.message)
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
     except DamagedState as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_STATE
     except NeotaskError as exc:
         return _fail(f"{exc.code}: {exc.message}")
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
 
 
 def _drop_stdout() -> None:
@@ -230,12 +236,15 @@ def cmd_gateway_run(ctx: Context) -> int:
     except DamagedState as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_STATE
-    try:
+    from gateway.validation import check_config
+
+    try:  # what ``config check`` checks, before anything is built
         config = ctx.config
+        check_config(config, ctx.env)
     except ConfigError as exc:
         lock.release()
         print(f"error: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_CONFIG
     from gateway.daemon import run_daemon  # the app (and the model client) load only for the daemon
 
     return run_daemon(config, host=ctx.args.host, port=ctx.args.port, env=ctx.env, lock=lock)
@@ -296,25 +305,57 @@ def cmd_gateway_stop(ctx: Context) -> int:
         if time.monotonic() > deadline:
             return _fail(f"the gateway (pid {pid}) did not stop within {STOP_WAIT_S:.0f} s")
         time.sleep(0.05)
+    record = exits.read_exit(ctx.home, pid)  # written by the daemon before it let the lock go
+    status = record.get("status") if record else None
     if ctx.as_json:
-        ctx.print_json({"stopped": True, "pid": pid})
-    else:
-        ctx.print(f"gateway stopped (pid {pid})")
-    return EXIT_OK
+        ctx.print_json({"stopped": True, "pid": pid, "exit_status": status, "reason": (record or {}).get("reason")})
+    if status == 0:
+        if not ctx.as_json:
+            ctx.print(f"gateway stopped (pid {pid})")
+        return EXIT_OK
+    log_file = ctx.home / "logs" / "gateway.log"
+    if record is None:
+        return _fail(f"the gateway (pid {pid}) stopped without recording how (killed?); see {log_file}")
+    why = f": {record['reason']}" if record.get("reason") else ""
+    return _fail(f"the gateway (pid {pid}) stopped with exit status {status}{why}; see {log_file}")
 
 
 # -- sessions --------------------------------------------------------------------------------------
 
 
+LIST_PAGE_MAX = 500  # the API's largest page (``limit``)
+
+
+def _list_online(client: GatewayClient, args: argparse.Namespace) -> dict[str, Any]:
+    """One page, or with ``--all`` every page (following ``next_cursor``) joined into one."""
+    filters = {"agent": args.agent, "type": args.type, "status": args.status}
+    limit = LIST_PAGE_MAX if args.all else args.limit
+    body: dict[str, Any] = client.get("/v1/sessions", **filters, limit=limit, cursor=args.cursor)
+    if not args.all:
+        return body
+    sessions = list(body.get("sessions", []))
+    while body.get("next_cursor"):
+        body = client.get("/v1/sessions", **filters, limit=limit, cursor=body["next_cursor"])
+        sessions.extend(body.get("sessions", []))
+    return {"sessions": sessions, "next_cursor": None}
+
+
 def cmd_sessions_list(ctx: Context) -> int:
     args = ctx.args
+    if args.all and args.cursor:
+        print("error: --all lists from the start: leave out --cursor", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.all and not 1 <= args.limit <= LIST_PAGE_MAX:
+        print(f"error: --limit must be 1 to {LIST_PAGE_MAX}; use --all for every session", file=sys.stderr)
+        return EXIT_USAGE
     client = ctx.client()
     if client is not None:
-        body = client.get("/v1/sessions", agent=args.agent, type=args.type, status=args.status, limit=args.limit)
+        body = _list_online(client, args)
     else:
         body = offline.list_sessions(
-            ctx.config, ctx.env, agent=args.agent, chat_type=args.type, status=args.status, limit=args.limit
-        )
+            ctx.config, ctx.env, agent=args.agent, chat_type=args.type, status=args.status,
+            limit=None if args.all else args.limit, cursor=args.cursor,
+        )  # fmt: skip
     if ctx.as_json:
         ctx.print_json(body)
         return EXIT_OK
@@ -338,7 +379,9 @@ def cmd_sessions_list(ctx: Context) -> int:
     ]
     ctx.print(_table(header, rows))
     if body.get("next_cursor"):
-        ctx.print("(more sessions: raise --limit, up to 500)")
+        ctx.print(f"{len(sessions)} session(s) shown; more: --cursor {body['next_cursor']} (or --all)")
+    else:
+        ctx.print(f"{len(sessions)} session(s)" + (" on this last page" if args.cursor else ""))
     return EXIT_OK
 
 

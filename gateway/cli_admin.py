@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from config.errors import ConfigError
-from gateway import cli_history, offline
+from gateway import cli_history, exits, offline
 from gateway.tables import table as _table
 from sessions.damage import EXIT_STATE
 
 if TYPE_CHECKING:
     from gateway.cli import Context
 
-EXIT_OK = 0
-EXIT_ERROR = 1
+EXIT_OK = exits.OK
+EXIT_ERROR = exits.FAILED
 
 
 def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None:
@@ -58,7 +58,7 @@ def cmd_config_check(ctx: Context) -> int:
             ctx.print_json({"ok": False, "error": exc.message})
         else:
             print(f"error: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
+        return exits.CONFIG
     source = str(config.config_path) if config.config_path else "defaults only (no config file)"
     if ctx.as_json:
         ctx.print_json({"ok": True, "config_path": source, "home": str(config.home), "warnings": warnings})

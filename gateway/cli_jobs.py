@@ -261,23 +261,51 @@ def cmd_cron_list(ctx: Context) -> int:
 
 
 def cmd_cron_run(ctx: Context) -> int:
+    """Exit 0 when the job ran (answered, or stored without a model) and delivered where it
+    delivers; 1 when its turn failed or its delivery did not arrive, saying why."""
     client = ctx.client()
     job_id = ctx.args.job_id
     if client is not None:
         body = client.post(f"/v1/scheduler/jobs/{key_segment(job_id)}/run", {})
     else:
-        body = offline.with_services(ctx.config, ctx.env, _offline_cron(job_id))
+        body = offline.with_services(ctx.config, ctx.env, _offline_cron(job_id), label=f"running cron job {job_id}")
+    ok = body.get("ok", True)
     if ctx.as_json:
         ctx.print_json(body)
     else:
-        ctx.print(f"ran {body['job_id']} at {body.get('at') or iso(system_clock())}")
+        ctx.print(describe_run(body))
+    if not ok:
+        problem = body.get("error") or (body.get("delivery") or {}).get("error") or "see the gateway log"
+        print(f"error: cron job {body['job_id']} failed: {problem}", file=sys.stderr)
+        return 1
     return 0
+
+
+def describe_run(body: dict[str, Any]) -> str:
+    """One line per thing that happened: the turn (answered, stored, failed), the delivery."""
+    job, status = body["job_id"], body.get("status")
+    lines = [f"ran {job} at {body.get('at')}"]
+    if status == "answered":
+        lines.append(f"answered in run {body.get('run_id')} (message {body.get('message_seq')})")
+    elif status == "stored":
+        lines.append(f"stored in run {body.get('run_id')} (message {body.get('message_seq')}); no model answers")
+    elif status == "failed":
+        lines.append(f"failed: {body.get('error')}")
+    delivery = body.get("delivery")
+    if delivery:
+        if delivery["delivered"]:
+            lines.append(f"delivered to {delivery['url']}")
+        else:
+            url, attempts, error = delivery["url"], delivery["attempts"], delivery["error"]
+            lines.append(f"not delivered to {url} after {attempts} attempt(s): {error}")
+    return "\n".join(lines)
 
 
 def _offline_cron(job_id: str) -> Any:
     async def work(services: Any) -> dict[str, Any]:  # as POST /v1/scheduler/jobs/{id}/run does
-        resolved = services.scheduler.resolve(job_id)
-        await services.scheduler.run_now(resolved)
-        return {"job_id": resolved, "ran": True, "at": iso(system_clock())}
+        from gateway.operations import run_job
+
+        result: dict[str, Any] = await run_job(services.scheduler, job_id, at=iso(system_clock()))
+        return result
 
     return work

@@ -4,7 +4,8 @@ Order: take the home lock (a second daemon exits 73 before loading anything), re
 address without tokens, build the app and open its cleanup contexts (the store recovers every
 active run), bind, and only then write ``gateway.json`` and print where it listens. SIGTERM or
 SIGINT: stop accepting, let in-flight requests finish, close the cleanup contexts (sessions.json
-flushed), remove ``gateway.json``, release the lock, exit 0.
+flushed), remove ``gateway.json``, release the lock, exit 0. SIGHUP reopens the log file (after a
+log rotator moved it) and is otherwise ignored: there is no live reload yet.
 """
 
 from __future__ import annotations
@@ -19,21 +20,22 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from config.clock import iso, system_clock
+from config.errors import ConfigError
 from config.loader import LoadedConfig
 from config.settings import LoggingSettings
-from gateway import eventloop
+from gateway import eventloop, exits
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
-from gateway.logs import RepeatFilter, file_handler
+from gateway.logs import RepeatFilter, file_handler, reopen
 from gateway.runner import JsonErrorsAppRunner
-from sessions.damage import EXIT_STATE, DamagedState, check_writable
+from sessions.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
@@ -41,8 +43,8 @@ from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
 log = logging.getLogger(__name__)
 QUIET_LOGGERS = ("apscheduler", "httpx", "httpx2", "openai", "sentence_transformers")
 
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
+EXIT_FAILED = exits.FAILED
+EXIT_REFUSED = exits.CONFIG  # a public address without tokens: the configuration must change
 CLEANUP_RESERVE_S = 2.0  # of gateway.shutdown_timeout_s, kept for closing the store after requests
 WATCHDOG_MARGIN_S = 0.25  # the process is forced out this long before gateway.shutdown_timeout_s
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -108,38 +110,61 @@ def run_daemon(
         except HomeLocked as exc:
             print(exc.message, file=sys.stderr, flush=True)
             return EXIT_LOCKED
+    status = EXIT_FAILED
     try:
-        try:
-            check_writable(home.root)
-            _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
-        except DamagedState as exc:
-            print(f"error: {exc.message}", file=sys.stderr, flush=True)
-            return EXIT_STATE
-        gateway = config.settings.gateway
-        bind_host = bind_address(host if host is not None else gateway.host)
-        bind_port = port if port is not None else gateway.port
-        if not gateway.tokens and not is_loopback(bind_host):
-            print(
-                f"error: refusing to listen on {bind_host} without a token: set gateway.tokens "
-                "(or NEOTASK_GATEWAY__TOKENS='[secret]'), or listen on 127.0.0.1",
-                file=sys.stderr,
-                flush=True,
-            )
-            return EXIT_REFUSED
-        with _logging_to(home, config.settings.logging):
-            for warning in config.warnings:
-                log.warning(warning)
-            try:
-                return eventloop.run(_serve(config, bind_host, bind_port, env), gateway.event_loop)
-            finally:
-                # Shut down already: a repeated signal while the process exits must not kill it.
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(signum, signal.SIG_IGN)
+        status = _run_locked(config, home, host=host, port=port, env=env)
+        return status
     finally:
+        record_exit(home, status)
         lock.release()
 
 
-async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, str]) -> int:
+def _run_locked(
+    config: LoadedConfig, home: Home, *, host: str | None, port: int | None, env: Mapping[str, str]
+) -> int:
+    """``run_daemon`` once the home lock is held."""
+    try:
+        check_writable(home.root)
+        if home.contexts.is_dir():  # a mount of its own can be read-only under a writable home
+            check_writable(home.contexts)
+        _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
+    except DamagedState as exc:
+        print(f"error: {exc.message}", file=sys.stderr, flush=True)
+        return EXIT_STATE
+    gateway = config.settings.gateway
+    bind_host = bind_address(host if host is not None else gateway.host)
+    bind_port = port if port is not None else gateway.port
+    if not gateway.tokens and not is_loopback(bind_host):
+        print(
+            f"error: refusing to listen on {bind_host} without a token: set gateway.tokens "
+            "(or NEOTASK_GATEWAY__TOKENS='[secret]'), or listen on 127.0.0.1",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_REFUSED
+    with _logging_to(home, config.settings.logging) as reopen_log:
+        for warning in config.warnings:
+            log.warning(warning)
+        try:
+            return eventloop.run(_serve(config, bind_host, bind_port, env, reopen_log), gateway.event_loop)
+        finally:
+            # Shut down already: a repeated signal while the process exits must not kill it.
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)
+
+
+def record_exit(home: Home, status: int, reason: str | None = None) -> None:
+    """``logs/exit.json``: how this daemon ended (``neotask gateway stop`` reports it), written
+    before the lock is released. A home that cannot be written keeps none."""
+    record = {"pid": os.getpid(), "status": status, "reason": reason, "at": iso(system_clock())}
+    with contextlib.suppress(OSError):
+        home.logs.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(home.logs / exits.EXIT_RECORD, record)
+
+
+async def _serve(
+    config: LoadedConfig, host: str, port: int, env: Mapping[str, str], reopen_log: Callable[[], None]
+) -> int:
     home = Home(config.home)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -154,8 +179,20 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
         stop.set()
         _watchdog(home, timeout - WATCHDOG_MARGIN_S)
 
+    async def hangup() -> None:
+        await asyncio.to_thread(reopen_log)
+        log.info("SIGHUP: log file reopened; the configuration is not reloaded (restart the gateway for that)")
+
+    hangups: set[asyncio.Task[None]] = set()
+
+    def on_hangup() -> None:
+        task = loop.create_task(hangup())
+        hangups.add(task)
+        task.add_done_callback(hangups.discard)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)  # its default action would end the process
 
     grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
     gateway = config.settings.gateway
@@ -174,6 +211,9 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
         except DamagedState as exc:
             log.error("cannot start: %s", exc.message)
             return EXIT_STATE
+        except ConfigError as exc:  # checked before start already; a check made while building
+            log.error("cannot start: %s", exc.message)
+            return exits.CONFIG
         site = GuardedSite(runner, host, port, guard)
         try:
             await site.start()
@@ -196,9 +236,25 @@ async def _serve(config: LoadedConfig, host: str, port: int, env: Mapping[str, s
         settle_heap()  # start-up is done (and timed): the collector stops walking what it made
         await stop.wait()
     finally:
-        await runner.cleanup()  # stop accepting, wait for in-flight requests, close the store
+        status = await _cleanup(runner, home)
         await asyncio.to_thread(_remove, home.gateway_json)
-    log.info("stopped")
+    log.info("stopped" if status == 0 else "stopped without saving everything")
+    return status
+
+
+async def _cleanup(runner: JsonErrorsAppRunner, home: Home) -> int:
+    """Stop accepting, wait for in-flight requests, close the store: 0, or ``EXIT_STATE`` with
+    one line when the home could not be written (e.g. ``contexts/`` turned read-only): what was
+    acknowledged is durable already, and the next start recovers the rest."""
+    try:
+        await runner.cleanup()
+    except DamagedState as exc:
+        log.error("shutdown: %s", exc.message)
+        return EXIT_STATE
+    except OSError as exc:
+        damage = storage_damage(exc.filename or home.contexts, exc, doing="save the sessions at shutdown")
+        log.error("shutdown: %s (acknowledged messages are on disk; the next start recovers)", damage.message)
+        return EXIT_STATE
     return 0
 
 
@@ -207,9 +263,11 @@ def _watchdog(home: Home, after_s: float) -> None:
     interrupted): acknowledged messages are durable already, and the next start recovers."""
 
     def force_exit() -> None:
-        sys.stderr.write(f"error: shutdown did not finish within {after_s:.1f} s: exiting now\n")
+        reason = f"shutdown did not finish within {after_s:.1f} s"
+        sys.stderr.write(f"error: {reason}: exiting now\n")
         sys.stderr.flush()
         _remove(home.gateway_json)
+        record_exit(home, EXIT_FAILED, reason)
         os._exit(EXIT_FAILED)
 
     timer = threading.Timer(max(after_s, 0.1), force_exit)
@@ -230,9 +288,10 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[None]:
+def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[Callable[[], None]]:
     """Log to stderr and ``<home>/logs/gateway.log`` (rotated by size, repeats counted, not
-    written: ``gateway.logs``) through a queue, so the event loop never waits on a log write."""
+    written: ``gateway.logs``) through a queue, so the event loop never waits on a log write.
+    Yields what reopens the log file (SIGHUP, after an outside rotation moved it)."""
     home.logs.mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(LOG_FORMAT)
     stderr = logging.StreamHandler(sys.stderr)
@@ -251,7 +310,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[None]:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     listener.start()
     try:
-        yield
+        yield lambda: reopen(file)
     finally:
         root.removeHandler(queue_handler)
         root.setLevel(previous_level)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,19 @@ log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({408, 425, 429})
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """How one ``deliver_to`` went: delivered or not, after how many attempts, and why not."""
+
+    url: str
+    delivered: bool
+    attempts: int
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "delivered": self.delivered, "attempts": self.attempts, "error": self.error}
+
+
 class Deliverer:
     def __init__(self, session: aiohttp.ClientSession, *, retries: int = 2, backoff_s: float = 0.5) -> None:
         self.session = session
@@ -27,23 +41,27 @@ class Deliverer:
         self.backoff_s = backoff_s
 
     async def deliver(self, url: str, payload: Mapping[str, Any], *, timeout: float) -> bool:
-        """POST ``payload`` to ``url``; True once a 2xx answers. A connection error, a timeout, a
-        5xx, 408, 425 or 429 is retried ``retries`` times with growing pauses; anything else, or
-        the last failure, is logged and answers False."""
+        """POST ``payload`` to ``url``; True once a 2xx answers (``report`` says why not)."""
+        return (await self.report(url, payload, timeout=timeout)).delivered
+
+    async def report(self, url: str, payload: Mapping[str, Any], *, timeout: float) -> Delivery:
+        """POST ``payload`` to ``url``. A connection error, a timeout, a 5xx, 408, 425 or 429 is
+        retried ``retries`` times with growing pauses; anything else, or the last failure, is
+        logged and reported with its reason."""
         attempts = self.retries + 1
         for attempt in range(1, attempts + 1):
             problem = await self._attempt(url, payload, timeout)
             if problem is None:
                 log.info("delivered %s to %s", _what(payload), url)
-                return True
+                return Delivery(url, True, attempt)
             retriable, reason = problem
             if not retriable or attempt == attempts:
                 log.error("could not deliver %s to %s after %d attempt(s): %s", _what(payload), url, attempt, reason)
-                return False
+                return Delivery(url, False, attempt, reason)
             log.warning("delivering %s to %s failed (%s); retry %d of %d", _what(payload), url, reason, attempt,
                         self.retries)  # fmt: skip
             await asyncio.sleep(self.backoff_s * attempt)
-        return False
+        raise AssertionError("unreachable: the last attempt returns")
 
     async def _attempt(self, url: str, payload: Mapping[str, Any], timeout: float) -> tuple[bool, str] | None:
         try:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sessions.archive import Step
 
 if TYPE_CHECKING:
+    from gateway.delivery import Delivery
     from gateway.posts import ReplyBody
     from gateway.turns import Post
     from sessions.records import MessageRecord, RunState, StoreEvent
@@ -40,7 +41,7 @@ BeforePost = Callable[["Post"], Awaitable[list[Event]]]
 BeforeAppend = Callable[["RunState", "Post", bool], Awaitable[list[Event]]]
 ArchiveText = Callable[[str, str], Awaitable[str | None]]
 NextReset = Callable[[str], datetime | None]
-Deliver = Callable[[str, "ReplyBody"], Awaitable[bool]]
+Deliver = Callable[[str, "ReplyBody"], Awaitable["Delivery"]]
 ForgetRuns = Callable[[list[str]], Awaitable[object]]
 
 

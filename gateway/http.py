@@ -120,7 +120,10 @@ def error_answer(request: web.Request, request_id: str, exc: Exception) -> web.R
             raise exc
         code, message, headers = framework_error(exc)
         return json_response(error_body(code, message, request_id), status=exc.status, headers=headers)
-    log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    if isinstance(exc, ConnectionError):  # the client went away: nothing failed here, nobody reads this
+        log.debug("%s %s: the client went away (%s)", request.method, request.path, exc)
+    else:
+        log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
     body = error_body(NeotaskError.code, NeotaskError.doc, request_id)
     return json_response(body, status=NeotaskError.status)
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from config.settings import LoggingSettings
 
 MAX_KEYS = 1024  # distinct lines tracked at once; older ones are forgotten first
+EACH = "each"  # ``log.info(..., extra=EVERY_ONE)``: a record about one thing (a key's reset) is never a repeat
+EVERY_ONE = {EACH: True}
 
 
 class RepeatFilter(logging.Filter):
@@ -30,7 +32,7 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.window_s <= 0:
+        if self.window_s <= 0 or getattr(record, EACH, False):
             return True
         exc_type = record.exc_info[0] if record.exc_info else None
         key = (record.name, record.levelno, str(record.msg), exc_type)
@@ -49,10 +51,22 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def file_handler(path: Path, settings: LoggingSettings) -> logging.Handler:
+def file_handler(path: Path, settings: LoggingSettings) -> logging.FileHandler:
     """``gateway.log``, rotated at ``max_bytes`` keeping ``backup_count`` files (0: never rotated)."""
     if settings.max_bytes > 0:
         return logging.handlers.RotatingFileHandler(
             path, maxBytes=settings.max_bytes, backupCount=settings.backup_count, encoding="utf-8"
         )
     return logging.FileHandler(path, encoding="utf-8")
+
+
+def reopen(handler: logging.FileHandler) -> None:
+    """Close the handler's file and open its path again (a log rotator moved the file away and
+    sent SIGHUP): later records go to a new file at the same path."""
+    handler.acquire()
+    try:
+        if handler.stream is not None:
+            handler.stream.close()
+        handler.stream = handler._open()
+    finally:
+        handler.release()

@@ -12,8 +12,12 @@ the store, whose recovery would change what it is meant to report.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
@@ -28,6 +32,33 @@ if TYPE_CHECKING:
     from gateway.services import Services
 
 T = TypeVar("T")
+PROGRESS_AFTER_S = 1.0  # work that takes longer says what it is doing (on stderr)
+
+
+@contextlib.contextmanager
+def progress(label: str | None, *, out: TextIO | None = None, after_s: float = PROGRESS_AFTER_S) -> Iterator[None]:
+    """Say ``<label>...`` on stderr once the work has taken ``after_s``, and how long it took at
+    the end; quick work prints nothing."""
+    if label is None:
+        yield
+        return
+    stream = out or sys.stderr
+    started = time.monotonic()
+    shown = threading.Event()
+
+    def show() -> None:
+        shown.set()
+        print(f"{label}...", file=stream, flush=True)
+
+    timer = threading.Timer(after_s, show)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if shown.is_set():
+            print(f"{label}: done in {time.monotonic() - started:.1f} s", file=stream, flush=True)
 
 
 def locked(config: LoadedConfig, work: Callable[[], T]) -> T:
@@ -49,22 +80,30 @@ def with_store(config: LoadedConfig, work: Callable[[SessionStore], Awaitable[T]
     return locked(config, lambda: asyncio.run(run()))
 
 
-def with_services(config: LoadedConfig, env: Mapping[str, str], work: Callable[[Services], Awaitable[T]]) -> T:
+def with_services(
+    config: LoadedConfig,
+    env: Mapping[str, str],
+    work: Callable[[Services], Awaitable[T]],
+    *,
+    label: str | None = None,
+) -> T:
     """The daemon's object graph under the home lock, without timers. The memory index is opened
     when a model is configured (the memory flush and the memory tools need it; without a model
-    nothing can call them)."""
-    # Imported here: the model client (openai) takes seconds to import, and the lighter commands
-    # (gateway status, config, doctor) never need it.
-    from gateway.services import Parts, open_services
+    nothing can call them), as it stands: the embedding model loads only if a search needs a
+    vector. ``label``: what the work is, shown if it takes over a second."""
+    with progress(label):  # from here: the imports take seconds too
+        # Imported here: the model client (openai) takes seconds to import, and the lighter
+        # commands (gateway status, config, doctor) never need it.
+        from gateway.services import Parts, open_services
 
-    has_model = any(agent.model.base_url for agent in config.settings.agents.values())
+        has_model = any(agent.model.base_url for agent in config.settings.agents.values())
 
-    async def run() -> T:
-        parts = Parts(memory=has_model, timers=False)
-        async with open_services(config, env=env, clock=system_clock, parts=parts) as services:
-            return await work(services)
+        async def run() -> T:
+            parts = Parts(memory=has_model, timers=False)
+            async with open_services(config, env=env, clock=system_clock, parts=parts) as services:
+                return await work(services)
 
-    return locked(config, lambda: asyncio.run(run()))
+        return locked(config, lambda: asyncio.run(run()))
 
 
 def list_sessions(
@@ -74,14 +113,16 @@ def list_sessions(
     agent: str | None,
     chat_type: str | None,
     status: str | None,
-    limit: int,
+    limit: int | None,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
+    """As ``GET /v1/sessions`` (one page after ``cursor``); ``limit`` None: every session."""
     from gateway import operations
 
     async def work(services: Services) -> dict[str, Any]:
         entries = operations.matching_sessions(services.store, agent=agent, chat_type=chat_type, status=status)
-        page = operations.describe_sessions(services.commands, entries[:limit])
-        return {"sessions": page, "next_cursor": None}
+        page, next_cursor = operations.page_of(entries, limit=limit or max(len(entries), 1), cursor=cursor)
+        return {"sessions": operations.describe_sessions(services.commands, page), "next_cursor": next_cursor}
 
     return with_services(config, env, work)
 
@@ -106,7 +147,7 @@ def run_command(config: LoadedConfig, key: str, command: str, env: Mapping[str, 
     async def work(services: Services) -> ReplyBody:
         return (await operations.run_command(services.commands, parsed, command)).body()
 
-    return with_services(config, env, work)
+    return with_services(config, env, work, label=f"{command.split(maxsplit=1)[0]} on {key}")
 
 
 def delete_session(config: LoadedConfig, env: Mapping[str, str], key: str) -> dict[str, Any]:

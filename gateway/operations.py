@@ -5,11 +5,14 @@ job run now, the doctor."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from config.errors import BadRequest
 from gateway.commands import Commands, dispatch
+from gateway.scheduling import CronOutcome
 from gateway.turns import Conversations, Outcome, Post
 from gateway.views import session_view
 from sessions.doctor import check_store
@@ -19,6 +22,9 @@ from sessions.keys import SessionKey
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES
 from sessions.registry import SessionEntry
 from sessions.store import SessionStore
+
+if TYPE_CHECKING:
+    from scheduler.service import SchedulerService
 
 STATUSES = ENTRY_STATUSES
 
@@ -45,6 +51,28 @@ def matching_sessions(
     ]
     entries.sort(key=sort_key, reverse=True)
     return entries
+
+
+def encode_cursor(position: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        at, key = json.loads(base64.urlsafe_b64decode(padded))
+        return str(at), str(key)
+    except (ValueError, TypeError):
+        raise BadRequest("'cursor' is not one this API returned; start again without it", field="cursor") from None
+
+
+def page_of(entries: list[SessionEntry], *, limit: int, cursor: str | None) -> tuple[list[SessionEntry], str | None]:
+    """One page of a listing (``matching_sessions``) after ``cursor``, and the next page's cursor."""
+    if cursor:
+        position = decode_cursor(cursor)
+        entries = [e for e in entries if sort_key(e) < position]
+    page = entries[:limit]
+    return page, encode_cursor(sort_key(page[-1])) if len(entries) > limit else None
 
 
 def describe_session(commands: Commands, key: str) -> dict[str, Any]:
@@ -75,6 +103,17 @@ async def run_command(commands: Commands, key: SessionKey, command: str) -> Outc
     404, not a new session."""
     commands.store.require_entry(key.raw)
     return await dispatch(commands, Post(key=key, role="user", content=command))
+
+
+async def run_job(scheduler: SchedulerService, job_id: str, *, at: str) -> dict[str, Any]:
+    """Run a scheduler job now (``POST /v1/scheduler/jobs/{id}/run``, ``neotask cron run``):
+    ``ok`` false when a cron job's turn failed or its delivery did not arrive, with the reason."""
+    resolved = scheduler.resolve(job_id)
+    result = await scheduler.run_now(resolved)
+    body: dict[str, Any] = {"job_id": resolved, "ran": True, "at": at, "ok": True}
+    if isinstance(result, CronOutcome):
+        body.update(result.as_dict())
+    return body
 
 
 async def delete_session(conv: Conversations, key: str) -> dict[str, Any]:

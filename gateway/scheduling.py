@@ -10,20 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo
 
 from config.clock import Clock, iso, parse_iso
+from config.errors import NeotaskError
 from config.settings import CronJob, Settings
 from gateway.commands import Commands, dispatch
 from gateway.hooks import SchedulingHooks
+from gateway.logs import EVERY_ONE
 from gateway.turns import Conversations, Post
 from sessions.cleanup import run_cleanup
 from sessions.keys import cron_key, parse_key
 from sessions.registry import SessionEntry
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
+
+if TYPE_CHECKING:
+    from gateway.delivery import Delivery
+    from gateway.posts import ReplyBody
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +134,8 @@ class Scheduling:
         event = {"type": "reset", "reason": reason, "previous_run_id": run.run_id,
                  "boundary": iso(again.boundary) if again.boundary else None}  # fmt: skip
         self.store.emit("reset", run, reason=reason, boundary=event["boundary"])
-        log.info("reset %s (%s), run %s completed", key, reason, run.run_id)
+        log.info("reset %s (%s): run %s completed; the next message opens its new run", key, reason, run.run_id,
+                 extra=EVERY_ONE)  # fmt: skip
         return event
 
     async def sweep(self) -> int:
@@ -191,8 +199,10 @@ class Scheduling:
             await self.hooks.forget_runs(gone)
         return report
 
-    async def run_cron(self, job: CronJob) -> None:
-        """Post the job's message to ``cron:<id>``; an isolated job gets a run per firing."""
+    async def run_cron(self, job: CronJob) -> CronOutcome:
+        """Post the job's message to ``cron:<id>``; an isolated job gets a run per firing. What
+        happened comes back (``neotask cron run`` and the run-now route report it): answered (or
+        stored, without a model), delivered, or failed and why; a failure is also logged."""
         key = parse_key(cron_key(job.id), agents=self.settings.agents)
         key = replace(key, agent_id=job.agent)
         if job.isolated and self.store.active_run(key.raw) is not None:
@@ -204,12 +214,54 @@ class Scheduling:
         post = Post(key=key, role="user", content=job.message, user_activity=False, name="cron")
         try:
             outcome = await dispatch(self.commands, post)
-        except Exception:  # a failing job must not stop the scheduler; it is logged with its cause
+        except NeotaskError as exc:  # a failing job must not stop the scheduler: it is reported and logged
+            log.error("cron job %s failed: %s: %s", job.id, exc.code, exc.message)
+            return CronOutcome(job.id, key.raw, "failed", error=f"{exc.code}: {exc.message}")
+        except Exception as exc:
             log.exception("cron job %s failed", job.id)
-            return
+            return CronOutcome(job.id, key.raw, "failed", error=f"{type(exc).__name__}: {exc}")
         if job.isolated:
             async with self.conv.exclusive(key.raw):
                 if self.store.active_run(key.raw) is not None:
                     await self.store.complete(key.raw, reason="cron")
+        body = outcome.body()
+        delivery = None
         if job.deliver_to and self.hooks.deliver is not None:
-            await self.hooks.deliver(job.deliver_to, outcome.body())
+            delivery = await self.hooks.deliver(job.deliver_to, body)
+        status: CronStatus = "answered" if body["reply"] is not None else "stored"
+        return CronOutcome(job.id, key.raw, status, body=body, delivery=delivery)
+
+
+CronStatus = Literal["answered", "stored", "failed"]
+
+
+@dataclass(frozen=True)
+class CronOutcome:
+    """One firing of a cron job: ``answered`` (the model replied), ``stored`` (store-only mode:
+    the message is kept, nobody answers) or ``failed`` (``error`` says why); ``delivery`` when the
+    job has a ``deliver_to``. ``ok``: the turn did not fail and the delivery, if any, arrived."""
+
+    job: str
+    session_key: str
+    status: CronStatus
+    error: str | None = None
+    body: ReplyBody | None = None
+    delivery: Delivery | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed" and (self.delivery is None or self.delivery.delivered)
+
+    def as_dict(self) -> dict[str, Any]:
+        body: Mapping[str, Any] = self.body or {}
+        reply = body.get("reply")
+        return {
+            "ok": self.ok,
+            "status": self.status,
+            "error": self.error,
+            "session_key": self.session_key,
+            "run_id": body.get("run_id"),
+            "message_seq": body.get("message_seq"),
+            "reply": reply,
+            "delivery": self.delivery.as_dict() if self.delivery else None,
+        }

@@ -40,7 +40,7 @@ from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
 from gateway.commands import Commands
 from gateway.crashpoints import crash_step, openai_crash_step
-from gateway.delivery import Deliverer
+from gateway.delivery import Deliverer, Delivery
 from gateway.events import EventHub
 from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
 from gateway.memory_scope import scope_of_raw
@@ -93,9 +93,14 @@ def memory_uri(config: LoadedConfig) -> Path:
     return Path(uri).expanduser() if uri else config.home / "memory.lance"
 
 
-def memory_service(config: LoadedConfig, env: Mapping[str, str], clock: Clock) -> MemoryService:
-    """The memory index as the daemon builds it (the offline ``memory`` commands open only this)."""
-    return MemoryService(config.settings.memory, workspaces(config), memory_uri(config), clock=clock, env=env)
+def memory_service(
+    config: LoadedConfig, env: Mapping[str, str], clock: Clock, *, background: bool = True
+) -> MemoryService:
+    """The memory index as the daemon builds it (the offline ``memory`` commands open only this);
+    ``background`` false: no indexing in the background, the model loaded only for a search."""
+    return MemoryService(
+        config.settings.memory, workspaces(config), memory_uri(config), clock=clock, env=env, background=background
+    )
 
 
 class Archives:
@@ -250,7 +255,7 @@ async def open_services(
 
         memory: MemoryService | None = None
         if parts.memory:
-            memory = memory_service(config, env, clock)
+            memory = memory_service(config, env, clock, background=parts.timers)
             await memory.start()
             stack.push_async_callback(memory.close)
             bridge = MemoryBridge(memory, conversations, settings, host_zone=zone)
@@ -272,8 +277,8 @@ async def open_services(
         compat = OpenAICompat(commands, clock=clock, crash_step=openai_crash_step(env))
         stack.push_async_callback(compat.close)
 
-        async def deliver(url: str, payload: ReplyBody) -> bool:
-            return await deliverer.deliver(url, payload, timeout=DELIVERY_TIMEOUT_S)
+        async def deliver(url: str, payload: ReplyBody) -> Delivery:
+            return await deliverer.report(url, payload, timeout=DELIVERY_TIMEOUT_S)
 
         scheduling = Scheduling(
             conversations,

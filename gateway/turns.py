@@ -20,6 +20,7 @@ from collections.abc import Callable
 from config.errors import ProviderFailure, ShuttingDown
 from gateway.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
 from gateway.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
+from gateway.logs import EVERY_ONE
 from gateway.model_turn import ModelTurns, provider_failure, stored_failure
 from gateway.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
 from gateway.provider import ProviderError
@@ -217,6 +218,8 @@ class Conversations(ModelTurns):
             fields = {k: v for k, v in event.items() if k not in ("type", "run_id")}
             self.store.emit("inheritance", run, **fields)  # run_id: the new run; from_run_id: the earlier
         await self.store.set_inherit_next(key.raw, True)
+        log.info("%s: new run %s (%s)", key.raw, run.run_id,
+                 f"inherits run {found.run_id}" if found else "inherits nothing", extra=EVERY_ONE)  # fmt: skip
         return run
 
     def _new_message(self, post: Post) -> NewMessage:

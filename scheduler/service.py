@@ -34,7 +34,7 @@ from config.settings import CronJob
 logger = logging.getLogger(__name__)
 
 JobKind = Literal["daily_reset", "sweep", "cleanup", "cron"]
-Callback = Callable[[], Awaitable[None]]
+Callback = Callable[[], Awaitable[object]]  # what a job's firing returns is what ``run_now`` answers
 
 CRON_PREFIX = "cron:"
 _WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
@@ -176,7 +176,7 @@ class SchedulerService:
         cleanup_at_hour: int,
         cleanup: Callback,
         cron_jobs: Sequence[CronJob],
-        run_cron: Callable[[CronJob], Awaitable[None]],
+        run_cron: Callable[[CronJob], Awaitable[object]],
         clock: Clock,
         misfire_grace_s: float = 3600,
         stop_timeout_s: float = 5,
@@ -336,27 +336,28 @@ class SchedulerService:
         known = ", ".join(self._jobs)
         raise JobNotFound(f"no scheduler job {job_id!r}; jobs: {known}")
 
-    async def run_now(self, job_id: str) -> None:
-        """Run a job at once, in the caller's task (``neotask cron run ID``). A cron job may be
-        named by its bare id. Unknown → ``NotFound``; already running → ``Conflict``."""
+    async def run_now(self, job_id: str) -> object:
+        """Run a job at once, in the caller's task (``neotask cron run ID``); what the job's call
+        returns (a cron job's outcome). A cron job may be named by its bare id. Unknown →
+        ``NotFound``; already running → ``Conflict``."""
         job = self._jobs[self.resolve(job_id)]
         if job.guard in self._running:
             raise JobRunning(f"job {job.id!r} is already running")
-        await self._fire(job.id)
+        return await self._fire(job.id)
 
-    async def _fire(self, job_id: str) -> None:
+    async def _fire(self, job_id: str) -> object:
         job = self._jobs[job_id]
         if job.guard in self._running:
             job.skipped += 1
             logger.warning("job %s skipped: its previous firing is still running", job.id)
-            return
+            return None
         self._running.add(job.guard)
         job.last_run_at = self._clock()
         task = asyncio.current_task()
         if task is not None:
             job.tasks.add(task)
         try:
-            await job.call()
+            return await job.call()
         finally:
             self._running.discard(job.guard)
             if task is not None:
@@ -368,8 +369,8 @@ class SchedulerService:
             job.skipped += 1
 
 
-def _bind(run_cron: Callable[[CronJob], Awaitable[None]], job: CronJob) -> Callback:
-    async def call() -> None:
-        await run_cron(job)
+def _bind(run_cron: Callable[[CronJob], Awaitable[object]], job: CronJob) -> Callback:
+    async def call() -> object:
+        return await run_cron(job)
 
     return call

@@ -5,13 +5,45 @@ from __future__ import annotations
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from config.clock import iso
 from config.errors import JobNotFound, JobRunning, PayloadTooLarge
 from gateway import keys as K
-from gateway.contract import operation
+from gateway import operations
+from gateway.contract import NULLABLE_STR, STR, Answer, operation
 from gateway.http import json_response, parse_body, read_body
 from gateway.keys import SCHEDULER, SCHEDULING
 
 routes = web.RouteTableDef()
+
+NULLABLE_INT = {"type": ["integer", "null"]}
+JOB_RUN = Answer(
+    "JobRun",
+    {
+        "type": "object",
+        "required": ["job_id", "ran", "at", "ok"],
+        "properties": {
+            "job_id": STR,
+            "ran": {"type": "boolean"},
+            "at": STR,
+            "ok": {"type": "boolean", "description": "false: the turn failed or the delivery did not arrive"},
+            "status": {"enum": ["answered", "stored", "failed"], "description": "cron jobs only"},
+            "error": NULLABLE_STR,
+            "session_key": STR,
+            "run_id": NULLABLE_STR,
+            "message_seq": NULLABLE_INT,
+            "reply": {"type": ["object", "null"]},
+            "delivery": {
+                "type": ["object", "null"],
+                "properties": {
+                    "url": STR,
+                    "delivered": {"type": "boolean"},
+                    "attempts": {"type": "integer"},
+                    "error": NULLABLE_STR,
+                },
+            },
+        },
+    },
+)
 
 
 class CleanupBody(BaseModel):
@@ -26,13 +58,17 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/scheduler/jobs/{job_id}/run")
-@operation("Run a job now", "scheduler", errors=(JobNotFound, JobRunning, PayloadTooLarge))
+@operation(
+    "Run a job now",
+    "scheduler",
+    "Answers what the job did (a cron job: answered, stored or failed and why, and its delivery).",
+    answer=JOB_RUN,
+    errors=(JobNotFound, JobRunning, PayloadTooLarge),
+)
 async def run_job(request: web.Request) -> web.Response:
     await read_body(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
-    scheduler = request.app[SCHEDULER]
-    job_id = scheduler.resolve(request.match_info["job_id"])
-    await scheduler.run_now(job_id)
-    return json_response({"job_id": job_id, "ran": True})
+    at = iso(request.app[K.CLOCK]())
+    return json_response(await operations.run_job(request.app[SCHEDULER], request.match_info["job_id"], at=at))
 
 
 @routes.post("/v1/admin/cleanup")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import unicodedata
 from dataclasses import replace
 from typing import Annotated, Any, Literal
@@ -27,7 +25,7 @@ from gateway.commands import dispatch, parse_command
 from gateway.contract import AGENT, CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, TURN_ERRORS, Answer, ChoiceParam, Param
 from gateway.contract import operation as op
 from gateway.http import json_response, parse_body, read_json, read_object, validate
-from gateway.operations import describe_session, matching_sessions, sort_key
+from gateway.operations import describe_session, matching_sessions
 from gateway.queueing import QUEUE_MODES
 from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer
 from gateway.turns import Post
@@ -274,19 +272,6 @@ async def post_command(request: web.Request) -> web.StreamResponse:
     return json_response(outcome.body())
 
 
-def _encode_cursor(position: tuple[str, str]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[str, str]:
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        at, key = json.loads(base64.urlsafe_b64decode(padded))
-        return str(at), str(key)
-    except (ValueError, TypeError):
-        raise BadRequest("'cursor' is not one this API returned; start again without it", field="cursor") from None
-
-
 @routes.get("/v1/sessions")
 @op(
     "List sessions, newest interaction first",
@@ -302,12 +287,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     chat_type = CHAT_TYPE.read(request)
     status = ENTRY_STATUS.read(request)
     entries = matching_sessions(store, agent=agent, chat_type=chat_type, status=status)
-    cursor = CURSOR.raw(request)
-    if cursor:
-        position = _decode_cursor(cursor)
-        entries = [e for e in entries if sort_key(e) < position]
-    page = entries[:limit]
-    next_cursor = _encode_cursor(sort_key(page[-1])) if len(entries) > limit else None
+    page, next_cursor = operations.page_of(entries, limit=limit, cursor=CURSOR.raw(request))
     return json_response({"sessions": [describe(request, e.key) for e in page], "next_cursor": next_cursor})
 
 

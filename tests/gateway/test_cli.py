@@ -142,13 +142,13 @@ async def test_config_check_names_the_bad_key(cli: Cli, home: Path) -> None:
     assert code == 0 and out.startswith("OK")
     (home / "config.yaml").write_text("gateway:\n  prot: 9000\n")
     code, _, err = await cli("config", "check")
-    assert code == 1 and "gateway.prot" in err and "unknown key" in err
+    assert code == 4 and "gateway.prot" in err and "unknown key" in err
     code, out, _ = await cli("config", "check", "--json")
-    assert code == 1 and "gateway.prot" in json.loads(out)["error"]
+    assert code == 4 and "gateway.prot" in json.loads(out)["error"]
     bad = home / "elsewhere.yaml"
     bad.write_text("storage:\n  fsync: sometimes\n")
     code, _, err = await cli("config", "check", "--config", str(bad))
-    assert code == 1 and "storage.fsync" in err
+    assert code == 4 and "storage.fsync" in err
 
 
 async def test_config_show_redacts_tokens(cli: Cli, home: Path) -> None:

@@ -274,9 +274,9 @@ async def test_config_check_refuses_what_the_daemon_refuses(cli: Cli, home: Path
         (home / "config.yaml").write_text(bad)
         code, _, online_err = await cli("config", "check")
         assert await running.stop() == 0
-    assert code == 1 and "hooks.gh.key_template" in online_err
+    assert code == 4 and "hooks.gh.key_template" in online_err
     code, _, offline_err = await cli("config", "check")
-    assert code == 1 and offline_err == online_err
+    assert code == 4 and offline_err == online_err
     refused = await start_daemon(home, wait=False)
-    assert await refused.wait(30) != 0
+    assert await refused.wait(30) == 4
     assert "hooks.gh.key_template" in refused.stderr()

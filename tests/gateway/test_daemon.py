@@ -132,7 +132,7 @@ async def test_a_second_daemon_on_the_same_home_exits_73_naming_the_first(tmp_pa
 
 async def test_a_public_address_without_a_token_is_refused(tmp_path: Path) -> None:
     result = await run_cli("gateway", "--home", str(tmp_path / "home"), "--host", "0.0.0.0", "--port", "0")
-    assert result.returncode == 2
+    assert result.returncode == 4
     assert "without a token" in result.stderr and "gateway.tokens" in result.stderr
     assert not (tmp_path / "home" / "gateway.json").exists()
 

@@ -1,0 +1,58 @@
+"""Loading an embedding model without holding up a shutdown (issue 24, item 8)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+
+
+class ModelLoader:
+    """Loads a model once, on a daemon thread of its own: a shutdown never waits for a load (it
+    cannot be interrupted, takes seconds, and its result is not needed by a process that exits).
+    ``load_sync`` may also be called from other threads (encode calls): they wait for the load."""
+
+    def __init__(self, load: Callable[[], None], *, name: str) -> None:
+        self._load = load
+        self._name = name
+        self._lock = threading.Lock()
+        self._done = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def loading(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def load_sync(self) -> None:
+        if self._done:
+            return
+        with self._lock:
+            if not self._done:
+                self._load()
+                self._done = True
+
+    async def load(self) -> None:
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if finished.done():
+                return
+            if error is None:
+                finished.set_result(None)
+            else:
+                finished.set_exception(error)
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                self.load_sync()
+            except BaseException as exc:  # handed to the awaiting task, which raises it
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(settle, error)
+
+        self._thread = threading.Thread(target=run, name=self._name, daemon=True)
+        self._thread.start()
+        await finished
