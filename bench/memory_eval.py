@@ -281,6 +281,22 @@ def tune(sets: list[EvalSet], multilingual: bool) -> list[tuple[float, FusionPar
     return rows
 
 
+def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload: dict[str, Any]) -> bool:
+    from bench import realtalk_eval
+
+    with tempfile.TemporaryDirectory(prefix="neotask-realtalk-") as tmp:
+        where = cache if cache is not None else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        embedder = make_embedder(emb)
+        try:
+            run = realtalk_eval.load_or_collect(data, where, embedder, MemorySettings(), tag=emb, reuse=reuse)
+        finally:
+            asyncio.run(embedder.close())
+    out = realtalk_eval.report(run)
+    payload[f"realtalk-{emb}"] = out
+    return bool(out["pass"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("python -m bench.memory_eval", __doc__ or "")
     ap.add_argument("--sizes", default="1000,5000,20000", help="conversation sizes in chunks")
@@ -288,6 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--embedder", choices=("minilm", "use", "both"), default="minilm", help="minilm: the default")
     ap.add_argument("--tune", action="store_true", help="print the fusion grid (worst margin over the better side)")
     ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")
+    ap.add_argument("--realtalk", type=Path, help="the data/ folder of a REALTALK clone: the main conversation set")
+    ap.add_argument("--cache", type=Path, help="REALTALK: keep workspaces, index and answers here between runs")
+    ap.add_argument("--reuse", action="store_true", help="REALTALK: score the answers the cache holds, ask nothing")
+    ap.add_argument("--no-seeded", action="store_true", help="only REALTALK (skip the seeded sets)")
     args = ap.parse_args(argv)
     sizes = [300] if args.quick else [int(x) for x in args.sizes.split(",")]
     if args.big:
@@ -303,6 +323,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     payload: dict[str, Any] = {}
     ok = True
+    if args.realtalk is not None:
+        for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
+            ok &= _realtalk(args.realtalk, args.cache, emb, reuse=args.reuse, payload=payload)
+    if args.no_seeded:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(payload, indent=2))
+        return 0 if ok else 1
     for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
         probe = make_embedder(emb)
         if isinstance(probe, UniversalSentenceEncoderEmbedder | SentenceTransformerEmbedder):
