@@ -17,13 +17,13 @@ import json
 import pickle
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench.retrieval.conversations import Question
-from bench.retrieval.realtalk import Chat, write_all
+from bench.retrieval.realtalk import Chat, unanswerable, write_all
 from config.settings import MemorySettings
 from memory import MemoryService
 from memory.embedders import Embedder
@@ -53,6 +53,7 @@ class RealtalkRun:
     index_seconds: float
     embedded: int
     search_ms: list[float]
+    refused: dict[str, tuple[int, int]] = field(default_factory=dict)  # agent -> (no result, asked)
 
 
 def no_abstention(settings: MemorySettings) -> MemorySettings:
@@ -130,10 +131,15 @@ async def collect(data: Path, cache: Path, embedder: Embedder, settings: MemoryS
                 shown = await quiet.search(chat.agent, q.text, k=10)
                 ranked = [(h.path, h.start_line, h.end_line) for h in hits]
                 asked.append(Asked(chat.agent, q, ranked, pool, b1, b2, len(shown)))
+        refused = {}
+        for chat, _ in chats:
+            qs = unanswerable(chat.turns, chat.people)
+            empty = [not await quiet.search(chat.agent, q.text, k=10) for q in qs]
+            refused[chat.agent] = (sum(empty), len(qs))
     finally:
         await quiet.close()
         await service.close()
-    return RealtalkRun(asked, len(rows), seconds, report.embedded, search_ms)
+    return RealtalkRun(asked, len(rows), seconds, report.chunks_embedded, search_ms, refused)
 
 
 def ranks_of(q: Question, ranked: Ranked) -> list[int | None]:
@@ -199,6 +205,15 @@ def report(run: RealtalkRun, extra: dict[str, Callable[[Asked], Ranked]] | None 
         f"p95 {ms[int(0.95 * (len(ms) - 1))]:.1f} ms"
     )
     print(table(results))
+    if run.refused:
+        empty, total = (sum(v[i] for v in run.refused.values()) for i in (0, 1))
+        kept = sum(1 for a in run.asked if a.quiet > 0) / len(run.asked)
+        off = results["Neotask search (shipped)"]["all"]["r@10"]
+        on = score(run.asked, lambda a: a.shipped[: a.quiet])["all"]["r@10"]
+        print(
+            f"abstention (shipped thresholds): {empty} of {total} unanswerable questions get no result; "
+            f"answerable questions with a result {100 * kept:.1f} %; R@10 with abstention {on:.1f} (off {off:.1f})"
+        )
     shipped = results["Neotask search (shipped)"]["all"]
     bm = [results[m]["all"] for m in results if m.startswith("BM25")]
     stronger = max(b["r@10"] for b in bm)

@@ -31,6 +31,7 @@ class Chat:
     agent: str  # chat-1 ... chat-10
     questions: list[Question]
     turns: list[tuple[str, int, str]]  # (path, line, "Speaker: text") of every turn, in order
+    people: tuple[str, str] = ("", "")
 
 
 def chat_files(data: Path) -> list[Path]:
@@ -85,7 +86,7 @@ def write_chat(source: Path, workspace: Path, agent: str) -> Chat:
         evidence = tuple(dict.fromkeys(where[i] for i in _evidence_ids(q.get("evidence") or []) if i in where))
         if evidence:
             questions.append(Question(CATEGORIES.get(int(q["category"]), str(q["category"])), q["question"], evidence))
-    return Chat(agent, questions, turns)
+    return Chat(agent, questions, turns, (a, b))
 
 
 def write_all(data: Path, root: Path) -> list[tuple[Chat, Path]]:
@@ -94,4 +95,36 @@ def write_all(data: Path, root: Path) -> list[tuple[Chat, Path]]:
     for f in chat_files(data):
         agent = f"chat-{int(f.name.split('_')[1])}"
         out.append((write_chat(f, root / agent, agent), root / agent))
+    return out
+
+
+# Questions no chat can answer: each names one of the two people and a topic; a question is kept
+# for a chat only when none of its topic words (Snowball stems) occurs in any turn of that chat,
+# so the memory holds nothing about it (checked per chat, not assumed).
+UNANSWERABLE = (
+    ("What is the name of {p}'s horse?", ("horse", "pony")),
+    ("Which opera did {p} sing in?", ("opera",)),
+    ("What is {p}'s blood type?", ("blood",)),
+    ("Which submarine did {p} serve on?", ("submarine",)),
+    ("What did {p} name the sailboat?", ("sailboat", "boat")),
+    ("How many patents does {p} hold?", ("patent",)),
+    ("Which chess tournament did {p} win?", ("chess", "tournament")),
+    ("What is {p}'s favourite volcano?", ("volcano",)),
+    ("When did {p} get a pilot's licence?", ("pilot", "licence", "license")),
+    ("What kind of parrot does {p} keep?", ("parrot",)),
+    ("Which glacier did {p} climb?", ("glacier",)),
+    ("What is {p}'s shoe size?", ("shoe", "size")),
+)
+
+
+def unanswerable(chat_turns: list[tuple[str, int, str]], people: tuple[str, str]) -> list[Question]:
+    import snowballstemmer
+
+    stem = snowballstemmer.stemmer("english").stemWord
+    words = {stem(w) for _, _, t in chat_turns for w in re.findall(r"[a-z]+", t.lower())}
+    out = []
+    for i, (template, topic) in enumerate(UNANSWERABLE):
+        if any(stem(t) in words for t in topic):
+            continue
+        out.append(Question("unanswerable", template.format(p=people[i % 2]), ()))
     return out

@@ -89,7 +89,7 @@ def test_build_embedder_takes_the_offline_flag_from_the_environment_passed_in() 
         offline.load_sync()
     asyncio.run(online.close())
     asyncio.run(offline.close())
-    assert isinstance(build_embedder(EmbeddingSettings()), SentenceTransformerEmbedder)
+    assert isinstance(build_embedder(EmbeddingSettings(provider="sentence-transformers")), SentenceTransformerEmbedder)
 
 
 @pytest.mark.slow
