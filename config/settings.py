@@ -212,7 +212,7 @@ class SearchSettings(Model):
     vector_weight: float = Field(0.2, ge=0)
     text_weight: float = Field(0.8, ge=0)
     text_saturation: float = Field(40.0, gt=0)
-    min_score: float = Field(0.08, ge=0, le=1)
+    min_score: float = Field(0.055, ge=0, le=1)
     min_text_score: float = Field(0.5, ge=0, le=1)
     recency_half_life_days: float | None = Field(None, gt=0)
     neighbour_weight: float = Field(0.2, ge=0, le=1)
