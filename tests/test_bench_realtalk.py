@@ -15,8 +15,11 @@ def test_chat_becomes_one_file_per_session_and_questions_point_at_their_turns(tm
 
     chat = {
         "name": {"speaker_1": "Ann", "speaker_2": "bo"},
-        "session_1": [turn("D1:1", "Ann", "Hi!"), turn("D1:2", "bo", "I adopted a\ncat named Miso."),
-                      turn("D1:4", "Ann", "Cute!")],  # fmt: skip
+        "session_1": [
+            turn("D1:1", "Ann", "Hi!"),
+            turn("D1:2", "bo", "I adopted a\ncat named Miso."),
+            turn("D1:4", "Ann", "Cute!"),
+        ],
         "session_1_date_time": "29.12.2023, 22:42:04",
         "session_2": [turn("D2:1", "Ann", "How is Miso?"), turn("D2:2", "bo", "Sleeping on my keyboard.")],
         "session_2_date_time": "01.01.2024, 18:13:08",
