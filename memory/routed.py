@@ -65,7 +65,10 @@ class RoutedEmbedder:
         """Chunk vectors: both models' unit vectors side by side, scaled to a unit vector."""
         if not texts:
             return np.zeros((0, self.identity.dimensions), dtype=np.float32)
-        english, other = await asyncio.gather(self._english.embed(texts), self._multilingual.embed(texts))
+        # one model after the other: on a busy machine two inference threads side by side cost
+        # more than the sum (bench.memory_eval --embed-cost)
+        english = await self._english.embed(texts)
+        other = await self._multilingual.embed(texts)
         return np.concatenate([english, other], axis=1).astype(np.float32) * np.float32(_HALF)
 
     async def embed_query(self, text: str) -> Vectors:
