@@ -5,7 +5,7 @@ the ``data/Chat_*.json`` files from a directory given on its command line. (Its 
 folder is the project's held-out judge and is never read: only ``Chat_*.json`` are opened.)
 
 Each chat becomes one agent's workspace: one Markdown file per session
-(``memory/chat/session-NN.md``) under a dated heading (``# Emi and Elise, 29 December 2023``), one
+(``memory/chat/session-NN.md``) under a dated heading (``# Ann and Bo, 29 December 2023``), one
 turn per paragraph, ``[D3:1] Speaker: text``. Each question's evidence is the turns its ``evidence``
 ids name; ids the data does not hold (turns removed with their images, typos such as ``D20:38.``
 or ``23:29`` are normalised first) are dropped, and a question left without evidence is skipped.
