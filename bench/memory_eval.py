@@ -200,13 +200,16 @@ def abstention(s: EvalSet, params: FusionParams, multilingual: bool) -> dict[str
 
 def methods(defaults: FusionParams) -> dict[str, FusionParams]:
     zero = replace(defaults, min_score=0.0, min_text_score=0.0, recency_half_life_days=None)
+    alone = replace(zero, neighbour_weight=0.0)
     return {
-        "vector": replace(zero, method="score", vector_weight=1.0, text_weight=0.0),
+        "before (0.8/0.2, no neighbours)": replace(alone, vector_weight=0.8, text_weight=0.2),
+        "vector": replace(alone, method="score", vector_weight=1.0, text_weight=0.0),
         # the full-text side alone: LanceDB's BM25 order (a rank fusion with no vector weight)
-        "text": replace(zero, method="rrf", vector_weight=0.0, text_weight=1.0),
-        "rrf 0.7/0.3 (before)": replace(zero, method="rrf", vector_weight=0.7, text_weight=0.3),
-        "rrf 0.5/0.5": replace(zero, method="rrf", vector_weight=0.5, text_weight=0.5),
-        "rrf 0.3/0.7": replace(zero, method="rrf", vector_weight=0.3, text_weight=0.7),
+        "text": replace(alone, method="rrf", vector_weight=0.0, text_weight=1.0),
+        "rrf 0.7/0.3 (before)": replace(alone, method="rrf", vector_weight=0.7, text_weight=0.3),
+        "rrf 0.5/0.5": replace(alone, method="rrf", vector_weight=0.5, text_weight=0.5),
+        "rrf 0.3/0.7": replace(alone, method="rrf", vector_weight=0.3, text_weight=0.7),
+        "shipped weights, no neighbours": alone,
         "shipped": zero,
     }
 
@@ -281,6 +284,70 @@ def tune(sets: list[EvalSet], multilingual: bool) -> list[tuple[float, FusionPar
     return rows
 
 
+def embed_cost(n: int) -> None:
+    """Indexing cost per chunk of each packaged embedder, on the same chunks, in turn, in one run
+    (three rounds, the best of each: the machine is shared)."""
+    from memory.routed import RoutedEmbedder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_conversations(Path(tmp), chunks=n)
+        texts = [p.read_text("utf-8") for p in sorted(Path(tmp).rglob("*.md"))]
+    paragraphs = [p for t in texts for p in t.split("\n\n") if p.strip()][:n]
+    embedders: dict[str, Embedder] = {
+        "minilm": SentenceTransformerEmbedder(),
+        "use": UniversalSentenceEncoderEmbedder(),
+        "auto (minilm + use)": RoutedEmbedder(),
+    }
+    best: dict[str, float] = {}
+
+    async def run() -> None:
+        for e in embedders.values():
+            await e.start()
+        for _ in range(3):
+            for name, e in embedders.items():
+                t0 = time.perf_counter()
+                for i in range(0, len(paragraphs), 32):
+                    await e.embed(paragraphs[i : i + 32])
+                best[name] = min(best.get(name, 1e9), time.perf_counter() - t0)
+        for e in embedders.values():
+            await e.close()
+
+    asyncio.run(run())
+    print(f"embedding {len(paragraphs)} chunks, batches of 32, one thread per model, best of 3 rounds:")
+    for name, sec in best.items():
+        print(f"  {name:<22} {1000 * sec / len(paragraphs):6.2f} ms per chunk ({sec / best['minilm']:.2f}x minilm)")
+
+
+def _pool_ranking(p: FusionParams) -> Callable[[Any], list[tuple[str, int, int]]]:
+    return lambda a: [(h.path, h.start_line, h.end_line) for h in fuse(a.pool, p, today=TODAY, k=max(KS))]
+
+
+def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload: dict[str, Any]) -> bool:
+    from bench import realtalk_eval
+
+    with tempfile.TemporaryDirectory(prefix="neotask-realtalk-") as tmp:
+        where = cache if cache is not None else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        embedder = make_embedder(emb)
+        try:
+            run = realtalk_eval.load_or_collect(data, where, embedder, MemorySettings(), tag=emb, reuse=reuse)
+        finally:
+            asyncio.run(embedder.close())
+    defaults = MemorySettings().search
+    shipped = FusionParams(
+        defaults.vector_weight, defaults.text_weight, 0.0, 0.0, method=defaults.fusion,
+        text_saturation=defaults.text_saturation, neighbour_weight=defaults.neighbour_weight,
+    )  # fmt: skip
+    extra = {
+        name: _pool_ranking(p)
+        for name, p in methods(shipped).items()
+        if name in ("vector", "text", "before (0.8/0.2, no neighbours)", "shipped weights, no neighbours")
+    }
+    out = realtalk_eval.report(run, extra)
+    payload[f"realtalk-{emb}"] = out
+    return bool(out["pass"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("python -m bench.memory_eval", __doc__ or "")
     ap.add_argument("--sizes", default="1000,5000,20000", help="conversation sizes in chunks")
@@ -288,6 +355,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--embedder", choices=("minilm", "use", "both"), default="minilm", help="minilm: the default")
     ap.add_argument("--tune", action="store_true", help="print the fusion grid (worst margin over the better side)")
     ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")
+    ap.add_argument("--realtalk", type=Path, help="the data/ folder of a REALTALK clone: the main conversation set")
+    ap.add_argument("--cache", type=Path, help="REALTALK: keep workspaces, index and answers here between runs")
+    ap.add_argument("--reuse", action="store_true", help="REALTALK: score the answers the cache holds, ask nothing")
+    ap.add_argument("--no-seeded", action="store_true", help="only REALTALK (skip the seeded sets)")
+    ap.add_argument("--embed-cost", type=int, default=0, help="time embedding N chunks with each embedder, then stop")
     args = ap.parse_args(argv)
     sizes = [300] if args.quick else [int(x) for x in args.sizes.split(",")]
     if args.big:
@@ -300,9 +372,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.min_text_score,
         method=settings.fusion,
         text_saturation=settings.text_saturation,
+        neighbour_weight=settings.neighbour_weight,
     )
     payload: dict[str, Any] = {}
     ok = True
+    if args.embed_cost:
+        embed_cost(args.embed_cost)
+        return 0
+    if args.realtalk is not None:
+        for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
+            ok &= _realtalk(args.realtalk, args.cache, emb, reuse=args.reuse, payload=payload)
+    if args.no_seeded:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(payload, indent=2))
+        return 0 if ok else 1
     for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
         probe = make_embedder(emb)
         if isinstance(probe, UniversalSentenceEncoderEmbedder | SentenceTransformerEmbedder):

@@ -224,7 +224,7 @@ class InheritanceSettings(Model):
 
 
 class EmbeddingSettings(Model):
-    provider: Literal["universal-sentence-encoder", "sentence-transformers", "openai"] = "sentence-transformers"
+    provider: Literal["auto", "universal-sentence-encoder", "sentence-transformers", "openai"] = "auto"
     model: str | None = None
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
@@ -245,12 +245,13 @@ class SearchSettings(Model):
     candidates: int = Field(100, ge=1)
     # Defaults chosen by bench/memory_eval.py (see docs/memory.md).
     fusion: Literal["score", "rrf"] = "score"
-    vector_weight: float = Field(0.8, ge=0)
-    text_weight: float = Field(0.2, ge=0)
+    vector_weight: float = Field(0.2, ge=0)
+    text_weight: float = Field(0.8, ge=0)
     text_saturation: float = Field(40.0, gt=0)
-    min_score: float = Field(0.22, ge=0, le=1)
+    min_score: float = Field(0.055, ge=0, le=1)
     min_text_score: float = Field(0.5, ge=0, le=1)
     recency_half_life_days: float | None = Field(None, gt=0)
+    neighbour_weight: float = Field(0.2, ge=0, le=1)
 
 
 class RecallSettings(Model):

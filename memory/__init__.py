@@ -51,8 +51,9 @@ until the model has loaded, or while an index with another embedding model is be
 
 Embedders (``memory.embedders``): ``Embedder`` protocol, ``SentenceTransformerEmbedder(model=None)``
 (packaged all-MiniLM-L6-v2 offline by default), ``OpenAIEmbedder(model=..., base_url=..., ...)``,
-``UniversalSentenceEncoderEmbedder()`` (multilingual, numpy only),
-``build_embedder(settings.memory.embedding)``.
+``UniversalSentenceEncoderEmbedder()`` (multilingual, numpy only), ``memory.routed.RoutedEmbedder()``
+(provider ``auto``, the default: both packaged models in one vector, the query embedded by the one
+that knows its script), ``build_embedder(settings.memory.embedding)``.
 """
 
 from memory.embedders import (

@@ -474,6 +474,15 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
             dimensions=settings.dimensions,
             batch_size=settings.batch_size,
         )
+    if settings.provider == "auto":
+        if settings.model:
+            raise ConfigError(
+                "memory.embedding.model must be null when memory.embedding.provider is auto "
+                "(it uses the two packaged models); set provider: sentence-transformers to use another model"
+            )
+        from memory.routed import RoutedEmbedder
+
+        return RoutedEmbedder(batch_size=settings.batch_size)
     if settings.provider == "universal-sentence-encoder":
         if settings.model:
             raise ConfigError(

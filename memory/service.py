@@ -267,6 +267,7 @@ class MemoryService:
             method=s.fusion,
             text_saturation=s.text_saturation,
             use_vector=use_vector,
+            neighbour_weight=s.neighbour_weight,
         )
         return fuse(pool, params, today=self._clock().date(), k=k)
 
@@ -313,9 +314,10 @@ class MemoryService:
         text_job = self._reads.submit(_text_side, store, table, query, agent, n, include_memory_md, with_share, scope)
         vector = None
         embedder = self._query_embedder()
+        scale = float(getattr(embedder, "query_scale", 1.0))
         try:
             if embedder is not None:
-                vector = (await embedder.embed([query]))[0]
+                vector = await _query_vector(embedder, query)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(text_job)
@@ -327,7 +329,7 @@ class MemoryService:
             vec_rows = []
             if vector is not None:
                 vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md, scope)
-            return _merge(query, vector, vec_rows, text_job.result(), n, with_share)
+            return _merge(query, vector, vec_rows, text_job.result(), n, with_share, scale)
 
         return await loop.run_in_executor(self._reads, vector_side_and_merge)
 
@@ -392,6 +394,15 @@ class MemoryService:
         return result
 
 
+async def _query_vector(embedder: Embedder, query: str) -> np.ndarray[Any, Any]:
+    """The query's vector: an embedder with its own query path (``embed_query``: the routed one
+    picks the model by the query's script) uses it."""
+    embed_query = getattr(embedder, "embed_query", None)
+    vectors = (await embed_query(query))[None, :] if embed_query is not None else await embedder.embed([query])
+    vector: np.ndarray[Any, Any] = np.asarray(vectors[0], dtype=np.float32)
+    return vector
+
+
 TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float]]
 
 
@@ -418,8 +429,11 @@ def _merge(
     text_side: TextSide,
     n: int,
     with_share: bool,
+    scale: float = 1.0,
 ) -> list[Candidate]:
-    """The two pools' rows as candidates, each with its cosine, BM25 score and term share."""
+    """The two pools' rows as candidates, each with its cosine, BM25 score and term share.
+    ``scale``: the embedder's ``query_scale`` (a routed query vector holds one model's half, so its
+    dot product is that model's cosine divided by it)."""
     text_rows, text_vectors, text_shares = text_side
     terms = query_terms(query) if with_share else ((), ())
     in_text = {r["chunk_id"] for r in text_rows}
@@ -435,7 +449,7 @@ def _merge(
             end_line=int(row["end_line"]),
             heading=row["heading"],
             text=row["text"],  # the chunk's own lines: its context is indexed, not shown
-            cosine=min(1.0, max(0.0, cosine)),
+            cosine=min(1.0, max(0.0, cosine * scale)),
             share=text_share(terms, row["content"]) if needed else share or 0.0,
             bm25=bm25,
         )

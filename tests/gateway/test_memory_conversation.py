@@ -68,17 +68,19 @@ async def test_auto_recall_finds_a_fact_told_in_a_reply(
 
     question = "What did Caroline make in her pottery class?"
     found = (await (await client.get("/v1/memory/search", params={"q": question, "k": 3})).json())["results"]
-    assert found and found[0]["citation"] == "memory/chats/2023-05-08.md#L17-L18"
-    assert (
-        found[0]["snippet"]
-        == "Caroline: Every Thursday! Last week I finally finished a lopsided bowl, pretty proud of it."
-    )
-    assert "pottery classes" not in found[0]["snippet"]  # the turn before is indexed, not shown
-    assert 0 < found[0]["score"] < 1
+    # the answer and the question that led to it come first (search.neighbour_weight lifts a turn
+    # by a share of its reply's score, so the question may rank just above its answer)
+    cited = [h["citation"] for h in found]
+    assert set(cited[:2]) == {"memory/chats/2023-05-08.md#L15-L16", "memory/chats/2023-05-08.md#L17-L18"}
+    answer = found[cited.index("memory/chats/2023-05-08.md#L17-L18")]
+    told = "Caroline: Every Thursday! Last week I finally finished a lopsided bowl, pretty proud of it."
+    assert answer["snippet"] == told
+    assert "pottery classes" not in answer["snippet"]  # the turn before is indexed, not shown
+    assert 0 < answer["score"] < 1
 
     body = await (await client.post(f"{MAIN}/messages", json={"content": question})).json()
     recalled = [e for e in body["events"] if e["type"] == "memory" and e["action"] == "recall"]
-    assert recalled and recalled[0]["citations"][0] == "memory/chats/2023-05-08.md#L17-L18"
+    assert recalled and "memory/chats/2023-05-08.md#L17-L18" in recalled[0]["citations"][:2]
     sent = openai_server.chat_requests[-1].messages
     assert sent[1]["role"] == "system" and "lopsided bowl" in sent[1]["content"]
     assert sent[2] == {"role": "user", "content": question}

@@ -39,5 +39,5 @@ async def test_a_single_weak_match_does_not_score_1(
     assert len(weak) == 1  # the lone chunk is first for both queries; only the score tells them apart
     assert weak[0]["score"] < 0.5 < strong["score"] <= 1
     for hit in (strong, weak[0]):
-        assert hit["score"] == pytest.approx(0.8 * hit["vector_score"] + 0.2 * hit["text_score"], abs=1e-6)
+        assert hit["score"] == pytest.approx(0.2 * hit["vector_score"] + 0.8 * hit["text_score"], abs=1e-6)
         assert "rank_score" not in hit  # one score

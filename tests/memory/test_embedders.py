@@ -82,7 +82,7 @@ async def test_build_embedder_takes_the_key_from_the_environment_passed_in(
 
 
 def test_build_embedder_takes_the_offline_flag_from_the_environment_passed_in() -> None:
-    settings = EmbeddingSettings(model="org/a-model-that-is-not-in-the-cache")
+    settings = EmbeddingSettings(provider="sentence-transformers", model="org/a-model-that-is-not-in-the-cache")
     online = build_embedder(settings, {})
     offline = build_embedder(settings, {"HF_HUB_OFFLINE": "1"})
     assert isinstance(online, SentenceTransformerEmbedder) and isinstance(offline, SentenceTransformerEmbedder)
@@ -91,7 +91,7 @@ def test_build_embedder_takes_the_offline_flag_from_the_environment_passed_in() 
         offline.load_sync()
     asyncio.run(online.close())
     asyncio.run(offline.close())
-    assert isinstance(build_embedder(EmbeddingSettings()), SentenceTransformerEmbedder)
+    assert isinstance(build_embedder(EmbeddingSettings(provider="sentence-transformers")), SentenceTransformerEmbedder)
 
 
 @pytest.mark.slow

@@ -225,3 +225,31 @@ def test_merge_keeps_the_bm25_of_a_chunk_found_by_both_sides() -> None:
     t = replace(cand("a", 0.5), bm25=7.0)
     merged = merge_pools([(v, 0.5)], [(t, 7.0)])
     assert len(merged) == 1 and merged[0].bm25 == 7.0 and merged[0].vector_rank == 1 and merged[0].text_rank == 1
+
+
+def turn(cid: str, line: int, cosine: float, path: str = "memory/chat/s1.md") -> Candidate:
+    """A one-paragraph chunk at ``line`` (its blank line after it included)."""
+    return Candidate(cid, path, line, line + 1, "", f"text of {cid}", cosine, 0.0, 1, None)
+
+
+def test_a_turn_followed_by_a_strong_match_ranks_above_an_equal_lone_one() -> None:
+    """The turn before a strong match gains a share of its score (the match's indexed context is
+    that turn); the turn after it, another file's turn, and a lone turn do not."""
+    p = FusionParams(1.0, 0.0, 0.0, 0.0, method="score", neighbour_weight=0.2)
+    pool = [turn("question", 3, 0.5), turn("answer", 5, 0.8), turn("reply", 7, 0.5), turn("lone", 21, 0.5),
+            turn("elsewhere", 1, 0.5, path="memory/chat/s2.md")]  # fmt: skip
+    hits = fuse(pool, p, today=TODAY, k=5)
+    assert [h.chunk_id for h in hits] == ["answer", "question", "elsewhere", "lone", "reply"]
+    assert hits[1].score == pytest.approx(0.5 + 0.2 * 0.8)
+    capped = fuse([turn("a", 5, 0.9), turn("b", 7, 0.95)], replace(p, neighbour_weight=0.5), today=TODAY, k=1)
+    assert capped[0].score == 1.0
+    # without the weight the four 0.5 turns tie and go by chunk id
+    plain = fuse(pool, replace(p, neighbour_weight=0.0), today=TODAY, k=5)
+    assert [h.chunk_id for h in plain] == ["answer", "elsewhere", "lone", "question", "reply"]
+
+
+def test_neighbours_never_let_a_chunk_past_abstention() -> None:
+    """Abstention is decided on a chunk's own score: a weak turn next to a strong one stays out."""
+    p = FusionParams(1.0, 0.0, 0.45, 0.0, method="score", neighbour_weight=0.5)
+    hits = fuse([turn("weak", 3, 0.3), turn("strong", 5, 0.9)], p, today=TODAY, k=5)
+    assert [h.chunk_id for h in hits] == ["strong"]

@@ -1,0 +1,120 @@
+"""The default embedder (provider auto): both packaged models in one vector, queries routed by script."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from config.clock import system_clock
+from config.errors import ConfigError
+from config.settings import EmbeddingSettings, MemorySettings
+from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder, build_embedder
+from memory.embedders import is_multilingual
+from memory.routed import RoutedEmbedder
+from tests.memory.conftest import eventually, memory_settings, write
+
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
+
+PAIRS = [
+    ("夫の誕生日は五月三日なので、プレゼントを探しています。", "旦那さんのバースデーはいつ？"),
+    ("息子は毎週水曜日にピアノのレッスンに通っています。", "子供の習い事の曜日は？"),
+    ("実家の猫はミケという名前です。", "両親の家で飼っているペットの呼び名は？"),
+    ("来月から福岡の支社に転勤することになりました。", "今度の勤務地はどこ？"),
+    ("私はえびアレルギーなので、海老料理は食べられません。", "食べられない食材は何？"),
+    ("車の車検は十一月末が期限です。", "自動車の点検はいつまで？"),
+    ("歯医者の予約は火曜日の午後三時です。", "デンタルクリニックに行くのは何曜日？"),
+    ("娘の学校の運動会は十月十日に決まりました。", "子供のスポーツ大会の日程は？"),
+    ("去年の夏休みは家族で沖縄に行きました。", "前回の家族旅行の行き先は？"),
+    ("会社のパソコンのパスワードは毎月変更が必要です。", "仕事用の端末の暗証番号は何か月ごとに変える？"),
+]  # fmt: skip
+FILLER = ["今日は雨が降っていたので家で仕事をしました。", "昼ご飯にカレーを食べました。", "資料の整理をしました。",
+          "週末に映画を見に行く予定です。", "電車が少し遅れていました。", "新しい本を読み始めました。",
+          "同僚とコーヒーを飲みながら話しました。", "夕方に散歩をしました。", "駅前に新しいカフェができたらしい。",
+          "部屋の掃除をして、洗濯物を干しました。"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def routed() -> Iterator[RoutedEmbedder]:
+    embedder = build_embedder(EmbeddingSettings())
+    assert isinstance(embedder, RoutedEmbedder)
+    embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.close())
+
+
+def test_auto_is_the_default_provider_and_takes_no_model() -> None:
+    assert EmbeddingSettings().provider == "auto"
+    with pytest.raises(ConfigError, match="must be null"):
+        build_embedder(EmbeddingSettings(provider="auto", model="all-mpnet-base-v2"))
+
+
+async def test_query_half_gives_each_models_own_cosine(routed: RoutedEmbedder) -> None:
+    """A chunk holds both models' vectors; an English query scores with MiniLM's cosine, a
+    Japanese one with USE's, once the service's scale is applied."""
+    assert is_multilingual(routed.identity) and routed.identity.dimensions == 384 + 512
+    texts = ["My dentist appointment is on Tuesday at three.", "夫の誕生日は五月三日です。"]
+    docs = await routed.embed(texts)
+    assert docs.shape == (2, 896) and np.allclose(np.linalg.norm(docs, axis=1), 1.0, atol=1e-5)
+    minilm, use = SentenceTransformerEmbedder(), UniversalSentenceEncoderEmbedder()
+    await minilm.start()
+    await use.start()
+    try:
+        for q in ("When do I see the dentist?", "旦那さんのバースデーはいつ？"):
+            query = await routed.embed_query(q)
+            assert np.isclose(np.linalg.norm(query), 1.0, atol=1e-5)
+            own = minilm if q.isascii() else use
+            expected = (await own.embed(texts)) @ (await own.embed([q]))[0]
+            assert np.allclose(docs @ query * routed.query_scale, expected, atol=1e-4)
+    finally:
+        await minilm.close()
+        await use.close()
+
+
+async def test_japanese_paraphrases_found_with_the_defaults(tmp_path: Path, routed: RoutedEmbedder) -> None:
+    """Fresh-install settings (the shipped thresholds too): ≥ 8 of 10 paraphrased Japanese
+    questions find their fact in the top 3 among 300 other paragraphs (MiniLM alone: 1)."""
+    paragraphs = [f"{FILLER[i % 10]}（{i}日目）" for i in range(300)]
+    for i, (fact, _) in enumerate(PAIRS):
+        paragraphs.insert(17 + i * 29, fact)
+    write(tmp_path / "ws", "memory/notes/日記.md", "\n\n".join(paragraphs) + "\n")
+    service = MemoryService(MemorySettings(), {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock,
+                            embedder=routed)  # fmt: skip
+    await service.start()
+    try:
+        await eventually(lambda: service.ready, timeout=300)
+        found = 0
+        for fact, question in PAIRS:
+            hits = await service.search("main", question, k=3)
+            found += any(fact in h.snippet for h in hits)
+        english = await service.search("main", "what did I eat for lunch?", k=3)
+        unrelated = ["株価の見通しはどうですか？", "量子コンピュータの仕組みを教えて", "富士山の標高は何メートル？",
+                     "好きなサッカー選手は誰？", "ギターの弦の張り替え方は？"]  # fmt: skip
+        refused = [not await service.search("main", q, k=3) for q in unrelated]
+    finally:
+        await service.close()
+    assert found >= 8, found
+    assert sum(refused) >= 4, refused
+    assert all(h.vector_score <= 1.0 for h in english)
+
+
+async def test_service_routes_english_to_minilm_cosines(tmp_path: Path, routed: RoutedEmbedder) -> None:
+    write(tmp_path / "ws", "MEMORY.md", "My dentist is Doctor Alice Wong on Baker Street.\n")
+    settings = memory_settings(search={"min_score": 0.0, "min_text_score": 0.0})
+    service = MemoryService(settings, {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock, embedder=routed)
+    minilm = SentenceTransformerEmbedder()
+    await minilm.start()
+    await service.start()
+    try:
+        await eventually(lambda: service.ready, timeout=300)
+        [hit] = await service.search("main", "who is my dentist?", k=1)
+        pool = await service.candidates("main", "who is my dentist?")
+        content = "My dentist is Doctor Alice Wong on Baker Street."
+        a, b = await minilm.embed([content, "who is my dentist?"])
+        assert abs(pool[0].cosine - float(a @ b)) < 1e-3 and hit.vector_score == pytest.approx(pool[0].cosine, abs=1e-6)
+    finally:
+        await service.close()
+        await minilm.close()

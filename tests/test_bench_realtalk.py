@@ -1,0 +1,51 @@
+"""The REALTALK reader of bench.memory_eval, on a chat file the test writes in REALTALK's format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.retrieval.realtalk import unanswerable, write_all
+from memory.chunking import chunk_markdown
+
+
+def test_chat_becomes_one_file_per_session_and_questions_point_at_their_turns(tmp_path: Path) -> None:
+    def turn(dia: str, who: str, text: str) -> dict[str, object]:
+        return {"clean_text": text, "speaker": who, "date_time": "29.12.2023, 22:42:04", "dia_id": dia}
+
+    chat = {
+        "name": {"speaker_1": "Ann", "speaker_2": "bo"},
+        "session_1": [
+            turn("D1:1", "Ann", "Hi!"),
+            turn("D1:2", "bo", "I adopted a\ncat named Miso."),
+            turn("D1:4", "Ann", "Cute!"),
+        ],
+        "session_1_date_time": "29.12.2023, 22:42:04",
+        "session_2": [turn("D2:1", "Ann", "How is Miso?"), turn("D2:2", "bo", "Sleeping on my keyboard.")],
+        "session_2_date_time": "01.01.2024, 18:13:08",
+        "qa": [
+            {"question": "What is Bo's cat called?", "evidence": ["D1:2", "D1:3"], "category": 1},
+            {"question": "When did Bo adopt a cat?", "evidence": ["1:2."], "category": 2},
+            {"question": "Where was the photo taken?", "evidence": ["D1:3"], "category": 3},  # no such turn
+        ],
+    }
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "Chat_1_Ann_Bo.json").write_text(json.dumps(chat), "utf-8")
+    [(c, ws)] = write_all(data, tmp_path / "ws")
+    assert c.agent == "chat-1" and ws == tmp_path / "ws" / "chat-1" and c.people == ("Ann", "Bo")
+    text = (ws / "memory/chat/session-01.md").read_text("utf-8")
+    assert text.splitlines()[:5] == ["# Ann and Bo, 29 December 2023", "", "[D1:1] Ann: Hi!", "",
+                                     "[D1:2] Bo: I adopted a cat named Miso."]  # fmt: skip
+    assert (ws / "memory/chat/session-02.md").read_text("utf-8").startswith("# Ann and Bo, 1 January 2024")
+    assert [(q.kind, q.evidence) for q in c.questions] == [
+        ("multi-hop", (("memory/chat/session-01.md", 5),)),
+        ("temporal", (("memory/chat/session-01.md", 5),)),
+    ]
+    # each turn is a chunk of its own, found by the line the question names
+    chunks = chunk_markdown("memory/chat/session-01.md", text)
+    assert any(ch.start_line <= 5 <= ch.end_line and "Miso" in ch.text for ch in chunks)
+    # questions about a topic no turn mentions, about one of the two people
+    asked = unanswerable(c.turns, c.people)
+    assert asked and all(not q.evidence and ("Ann" in q.text or "Bo" in q.text) for q in asked)
+    assert not any("cat" in q.text.lower().split() for q in asked)
