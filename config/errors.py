@@ -101,6 +101,11 @@ class HookNotFound(NotFound):
     doc = "no webhook with this name under `hooks:`"
 
 
+class PairingCodeNotFound(NotFound):
+    code = "pairing_code_not_found"
+    doc = "no such pairing code was given out (`neotask channels approve CODE`)"
+
+
 class SessionNotFound(NotFound):
     code = "session_not_found"
     doc = "no session with this key"
