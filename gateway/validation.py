@@ -37,6 +37,11 @@ def check_config(config: LoadedConfig, env: Mapping[str, str]) -> list[str]:
             )
         elif mapping.secret_env is None:
             warnings.append(f"hook {name} has no secret_env: it accepts unsigned deliveries")
+    for name, account in settings.channels.telegram.accounts.items():
+        if account.enabled and not env.get(account.token_env):
+            warnings.append(
+                f"channels.telegram.accounts.{name}: {account.token_env} is not set; this account will not start"
+            )
     return warnings
 
 

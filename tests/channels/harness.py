@@ -35,7 +35,10 @@ def configure(
     data: dict[str, Any] = {"channels": {"telegram": {"accounts": accounts or default}}, **more}
     if model is not None:
         data.setdefault("agents", {"main": {}})["main"]["model"] = {
-            "base_url": model.base_url, "name": "m", "max_retries": 0, "timeout_s": 60
+            "base_url": model.base_url,
+            "name": "m",
+            "max_retries": 0,
+            "timeout_s": 60,
         }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data))

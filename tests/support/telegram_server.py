@@ -38,12 +38,12 @@ class _Checker(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag not in ALLOWED_TAGS:
-            self.error = self.error or f"unsupported start tag \"{tag}\""
+            self.error = self.error or f'unsupported start tag "{tag}"'
         self.stack.append(tag)
 
     def handle_endtag(self, tag: str) -> None:
         if not self.stack or self.stack[-1] != tag:
-            self.error = self.error or f"unexpected end tag \"{tag}\""
+            self.error = self.error or f'unexpected end tag "{tag}"'
         else:
             self.stack.pop()
 
@@ -57,7 +57,7 @@ def parse_html(text: str) -> tuple[str, str | None]:
     checker.feed(text)
     checker.close()
     if checker.stack and checker.error is None:
-        checker.error = f"can't find end tag corresponding to start tag \"{checker.stack[-1]}\""
+        checker.error = f'can\'t find end tag corresponding to start tag "{checker.stack[-1]}"'
     return "".join(checker.text), checker.error
 
 
@@ -96,6 +96,7 @@ class TelegramServer:
         self._runner: web.AppRunner | None = None
         self.port = 0
         self._changed = asyncio.Condition()
+        self.message_ids: dict[int, int] = {}  # update_id -> the message_id of its message
 
     def add_bot(self, token: str, username: str) -> Bot:
         bot = Bot(token, int(token.split(":")[0]), username)
@@ -179,6 +180,7 @@ class TelegramServer:
                 "text": "earlier answer",
             }  # fmt: skip
         update_id = next(self._update_ids)
+        self.message_ids[update_id] = message["message_id"]
         bot.updates.append({"update_id": update_id, "edited_message" if edited else "message": message})
         bot.arrived.set()
         return update_id
