@@ -62,12 +62,15 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def stored(home: Path, key: str) -> list[dict[str, Any]]:
-    """Every messages.jsonl line of the key's active run."""
-    sessions = json.loads((home / "contexts" / "sessions.json").read_text())["sessions"]
-    run_id = sessions[key]["run_id"]
-    run_dir = next((home / "contexts" / state / run_id) for state in ("running", "paused", "completed")
-                   if (home / "contexts" / state / run_id).exists())  # fmt: skip
-    return [json.loads(line) for line in (run_dir / "messages.jsonl").read_text().splitlines()]
+    """Every messages.jsonl line of the key's runs, read from the run folders (sessions.json may
+    not be written yet when a daemon was killed)."""
+    lines: list[dict[str, Any]] = []
+    for state in ("running", "paused", "completed"):
+        for run_dir in sorted((home / "contexts" / state).glob("*")):
+            metadata = json.loads((run_dir / "metadata.json").read_text())
+            if metadata.get("session_key") == key:
+                lines += [json.loads(x) for x in (run_dir / "messages.jsonl").read_text().splitlines()]
+    return lines
 
 
 async def session_lines(url: str, key: str) -> list[dict[str, Any]]:
