@@ -30,7 +30,9 @@ async def test_killed_between_storing_an_update_and_committing_its_offset_it_is_
             await wait_until(lambda: bots.bots[TOKEN].confirmed > update)
             assert bots.sent(TOKEN)[0].params["text"] == "echo: keep me once"
         lines = stored(home, "agent:main:main")
-        assert [(x["role"], x["content"]) for x in lines] == [("user", "keep me once"), ("assistant", "echo: keep me once")]
+        assert [(x["role"], x["content"]) for x in lines] == [
+            ("user", "keep me once"), ("assistant", "echo: keep me once")
+        ]  # fmt: skip
         assert len(bots.sent(TOKEN)) == 1
 
 
