@@ -48,7 +48,8 @@ async def test_unknown_senders_under_each_policy_and_a_refused_token(tmp_path: P
             # open: anyone is answered
             bots.message(OPEN, chat_id=903, from_id=903, text="hi open")
             await bots.wait_for(lambda: len(bots.sent(OPEN)) == 1)
-            assert [x["content"] for x in await session_lines(gw.url, "agent:main:dm:903")] == ["hi open", "echo: hi open"]
+            opened = await session_lines(gw.url, "agent:main:dm:903")
+            assert [x["content"] for x in opened] == ["hi open", "echo: hi open"]
 
             # pairing: a one-time code, nothing stored; approved with the CLI, then answered
             bots.message(PAIR, chat_id=902, from_id=902, first_name="Cy", text="hello?")
