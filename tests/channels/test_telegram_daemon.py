@@ -11,7 +11,7 @@ import pytest
 
 from channels.telegram_format import to_plain, utf16_len
 from tests.channels.harness import BOT, TOKEN, configure, daemon, env, session_lines, wait_until
-from tests.support.openai_server import OpenAIServer, Reply
+from tests.support.openai_server import Hang, OpenAIServer, Reply
 from tests.support.telegram_server import Failure, TelegramServer, rate_limited
 
 pytestmark = [pytest.mark.slow]
@@ -87,11 +87,16 @@ async def test_direct_group_topic_command_photo_and_a_long_answer(tmp_path: Path
             lines = await session_lines(gw.url, group_key)
             assert lines[-2]["content"] == "/status" and lines[-2]["command"] is True
 
-            # a photo with a caption: stored as what arrived, answered
+            # a photo with a caption: stored as what arrived, answered; "typing" while the model works
+            model.script(Hang(2.0))
+            typing_before = len(bots.of("sendChatAction", TOKEN))
             photo = [{"file_id": "p", "file_unique_id": "p", "width": 800, "height": 600}]
             bots.message(TOKEN, chat_id=555, from_id=555, photo=photo, caption="look at this")
             await bots.wait_for(lambda: len(bots.sent(TOKEN, 555)) == 2)
             assert model.chat_requests[-1].last_user_text == "[photo 800x600]\nlook at this"
+            typing = bots.of("sendChatAction", TOKEN)[typing_before:]
+            assert typing and typing[0].params["action"] == "typing" and str(typing[0].params["chat_id"]) == "555"
+            assert typing[0].at < bots.sent(TOKEN, 555)[1].at
 
             # a 10,000-character answer: split between paragraphs, each part under the limit
             long = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 80 for i in range(11))
@@ -120,4 +125,18 @@ async def test_a_429_storm_is_waited_out_and_the_answer_sent_once(tmp_path: Path
             assert all(w >= 0.9 for w in waits), waits  # retry_after honoured
             assert len(model.chat_requests) == 1
             assert bots.sent(TOKEN)[0].params["text"] == "echo: busy?"
-            del gw
+
+            # HTML the platform refuses to parse is sent again as plain text, never lost
+            bots.fail("sendMessage", Failure(400, "Bad Request: can't parse entities: unsupported start tag"))
+            bots.message(TOKEN, chat_id=555, from_id=555, text="**bold** <tag>")
+            await bots.wait_for(lambda: len(bots.sent(TOKEN)) == 2)
+            plain = bots.sent(TOKEN)[1].params
+            assert plain["text"] == "echo: bold <tag>" and "parse_mode" not in plain
+
+            # /reset: answered in place; the next message starts a new run
+            bots.message(TOKEN, chat_id=555, from_id=555, text="/reset")
+            await bots.wait_for(lambda: len(bots.sent(TOKEN)) == 3)
+            bots.message(TOKEN, chat_id=555, from_id=555, text="fresh start")
+            await bots.wait_for(lambda: len(bots.sent(TOKEN)) == 4)
+            lines = await session_lines(gw.url, "agent:main:main")
+            assert [x["content"] for x in lines if x["role"] == "user"] == ["fresh start"]
