@@ -172,6 +172,26 @@ class ChannelStore:
 
         await self._run(work)
 
+    async def finished_since(self, since: str) -> list[str]:
+        """The client_message_ids of rows answered, sent or failed since ``since``."""
+
+        def work(db: sqlite3.Connection) -> list[str]:
+            rows = db.execute(
+                "SELECT client_message_id FROM outbox WHERE state != 'pending' AND updated_at >= ? ORDER BY updated_at",
+                (since,),
+            ).fetchall()
+            return [str(r[0]) for r in rows]
+
+        return await self._run(work)
+
+    async def prune(self, before: str) -> None:
+        """Forget sent and failed rows last touched before ``before``."""
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM outbox WHERE state IN ('sent', 'failed') AND updated_at < ?", (before,))
+
+        await self._run(work)
+
     async def row(self, client_message_id: str) -> OutboxRow | None:
         def work(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return db.execute(

@@ -146,10 +146,26 @@ class TelegramConnector:
             backoff = 1.0
             self.status.connected = True
             self.status.last_error = None
-            for update in updates:
+            if updates:
+                offset = await self._take_batch(updates, post, offset)
+
+    async def _take_batch(self, updates: list[Update], post: PostFn, offset: int | None) -> int | None:
+        """Hand a batch on: the chats in parallel, each chat's updates in order. The next offset
+        is past the batch when every update is durable, else at the first one that is not (those
+        after it that were stored come again and are recognised by their client_message_id)."""
+        by_chat: dict[int, list[Update]] = {}
+        for update in updates:
+            message = update.message or update.edited_message
+            by_chat.setdefault(message.chat.id if message is not None else 0, []).append(update)
+
+        async def chat_in_order(chat_updates: list[Update]) -> int | None:
+            for update in chat_updates:
                 if not await self._take(update, post):
-                    break  # not durable: ask again from this update
-                offset = update.update_id + 1
+                    return update.update_id  # not durable: this chat stops here
+            return None
+
+        failed = [f for f in await asyncio.gather(*(chat_in_order(u) for u in by_chat.values())) if f is not None]
+        return min(failed) if failed else updates[-1].update_id + 1
 
     async def _take(self, update: Update, post: PostFn) -> bool:
         """Hand one update on; True once it needs no further delivery (stored, or skipped)."""

@@ -16,11 +16,13 @@ answered one is sent. Chat commands (``/new``, ``/status``...) are answered the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
 import signal
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from channels.protocol import AccountStatus, Connector, Inbound, Rejected, RetryLater
@@ -36,6 +38,8 @@ from sessions.keys import Ingress, route
 
 log = logging.getLogger(__name__)
 TYPING_EVERY_S = 4.0
+HANDLED_KEPT = 200_000  # client_message_ids kept in memory; older redeliveries are looked up in channels.db
+KEEP_ROWS = timedelta(days=2)  # sent and failed outbox rows kept this long (redelivery and idempotency: a day)
 CRASH_STEPS = ("channels.stored", "channels.answered")
 
 
@@ -62,7 +66,8 @@ class ChannelIntake:
         self.statuses: list[AccountStatus] = []
         self._crash_at = env.get(CRASH_ENV) if env.get(CRASH_ENV) in CRASH_STEPS else None
         self._inflight: dict[str, asyncio.Future[None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._handled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._tasks: set[asyncio.Task[bool]] = set()
         self._send_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._started = asyncio.Event()
         for name, account in settings.channels.telegram.accounts.items():
@@ -93,6 +98,9 @@ class ChannelIntake:
         for status in self.statuses:
             if status.last_error:
                 log.error("%s", status.last_error)
+        await self.store.prune(iso(self.clock() - KEEP_ROWS))
+        for cmid in await self.store.finished_since(iso(self.clock() - KEEP_ROWS)):
+            self._remember(cmid)
         for row in await self.store.unsent():
             if row.inbound.client_message_id not in self._inflight:
                 self._launch(row.inbound, row)
@@ -105,14 +113,23 @@ class ChannelIntake:
     async def post(self, inbound: Inbound) -> None:
         """Store one platform message; return once it is durable (the turn goes on)."""
         cmid = inbound.client_message_id
+        if cmid in self._handled:
+            return  # handled before: a redelivery
         pending = self._inflight.get(cmid)
         if pending is None:
-            row = await self.store.row(cmid)
-            if row is not None and row.state != "pending":
-                return  # answered before: a redelivery
+            row = None
+            if len(self._handled) >= HANDLED_KEPT:  # older ids were forgotten: ask the outbox
+                row = await self.store.row(cmid)
+                if row is not None and row.state != "pending":
+                    return
             pending = self._inflight.get(cmid) or self._launch(inbound, row)
         await asyncio.shield(pending)
         self._crash("channels.stored")
+
+    def _remember(self, cmid: str) -> None:
+        self._handled[cmid] = None
+        if len(self._handled) > HANDLED_KEPT:
+            self._handled.popitem(last=False)
 
     def _launch(self, inbound: Inbound, row: OutboxRow | None) -> asyncio.Future[None]:
         stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -121,7 +138,7 @@ class ChannelIntake:
         task = asyncio.create_task(self._handle(inbound, row, stored), name=f"channel message {cmid}")
         self._tasks.add(task)
 
-        def done(finished: asyncio.Task[None]) -> None:
+        def done(finished: asyncio.Task[bool]) -> None:
             self._tasks.discard(finished)
             if self._inflight.get(cmid) is stored:
                 del self._inflight[cmid]
@@ -130,6 +147,8 @@ class ChannelIntake:
                 stored.exception()
             if not finished.cancelled() and (exc := finished.exception()) is not None:
                 log.error("channel message %s failed", cmid, exc_info=exc)
+            elif not finished.cancelled() and finished.result():
+                self._remember(cmid)
 
         task.add_done_callback(done)
         return stored
@@ -152,7 +171,7 @@ class ChannelIntake:
             client_message_id=inbound.client_message_id,
         )
 
-    async def _handle(self, inbound: Inbound, row: OutboxRow | None, stored: asyncio.Future[None]) -> None:
+    async def _handle(self, inbound: Inbound, row: OutboxRow | None, stored: asyncio.Future[None]) -> bool:
         def on_stored(_: Outcome) -> None:
             if not stored.done():
                 stored.set_result(None)
@@ -161,7 +180,7 @@ class ChannelIntake:
         if row is not None and row.state == "answered":
             on_stored(Outcome("", None, None))
             await self._deliver(inbound.client_message_id)
-            return
+            return True
         try:
             post = self._post_for(inbound)
             command = inbound.reply and parse_command(inbound.text) is not None
@@ -182,11 +201,11 @@ class ChannelIntake:
                     typing = asyncio.create_task(self._typing(connector, inbound, stored))
                 outcome = await self.conv.post(post, on_stored=on_stored)
         except ShuttingDown:
-            return  # the row stays pending: the next start finishes it
+            return False  # the row stays pending: the next start finishes it
         except NeotaskError as exc:
             if not stored.done():
                 stored.set_exception(exc)
-                return
+                return True
             log.warning("%s: the turn on %s failed: %s", inbound.client_message_id, post.key.raw, exc.message)
             outcome = Outcome(post.key.raw, None, None, reply={"content": f"(no answer: {exc.message})", "seq": None})
         finally:
@@ -194,16 +213,17 @@ class ChannelIntake:
                 typing.cancel()
             on_stored(Outcome("", None, None))  # a repeat stores nothing new and calls no on_stored
         if not wants_reply:
-            return
+            return True
         reply = outcome.reply
         text = reply["content"] if reply is not None else None
         if not text:
             await self.store.sent(inbound.client_message_id, self._now())
-            return
+            return True
         ref = f"{outcome.session_key}#{reply['seq']}" if reply is not None and reply.get("seq") is not None else None
         if await self.store.answer(inbound.client_message_id, text, ref, self._now()):
             self._crash("channels.answered")
             await self._deliver(inbound.client_message_id)
+        return True
 
     async def _typing(self, connector: Connector, inbound: Inbound, stored: asyncio.Future[None]) -> None:
         with contextlib.suppress(Exception):
