@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,7 +64,7 @@ async def telegram_round(bots: object, messages: int, chats: int, tag: str) -> f
     started = time.perf_counter()
     last = 0
     for n in range(messages):
-        sender = 10_000 + (hash(tag) % 1000) * 1000 + n % chats
+        sender = 10_000 + zlib.crc32(tag.encode()) % 1000 * 1000 + n % chats
         last = bots.message(TOKEN, chat_id=sender, from_id=sender, text=f"message {n} of {tag}: the quick brown fox")
     await bots.wait_for(lambda: bot.confirmed > last, timeout=600)
     return messages / (time.perf_counter() - started)
@@ -75,8 +76,9 @@ async def http_round(url: str, messages: int, chats: int, tag: str) -> float:
     async def client(i: int, numbers: list[int], http: aiohttp.ClientSession) -> None:
         sender = f"{tag}-{i}"
         for n in numbers:
+            text = f"message {n} of {tag}: the quick brown fox"
             body = {"channel": "telegram", "chat_type": "direct", "chat_id": sender, "sender_id": sender,
-                    "text": f"message {n} of {tag}: the quick brown fox", "client_message_id": f"{tag}:{n}"}  # fmt: skip
+                    "text": text, "client_message_id": f"{tag}:{n}"}  # fmt: skip
             async with http.post(f"{url}/v1/messages", json=body) as resp:
                 await resp.read()
                 if resp.status != 200:
