@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+from typing import Any
 
 from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
@@ -34,6 +36,7 @@ from aiogram.exceptions import (
 )
 from aiogram.types import BotCommand, ReplyParameters, Update
 from aiogram.utils.token import TokenValidationError
+from pydantic import ValidationError
 
 from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
 from channels.store import ChannelStore
@@ -41,7 +44,7 @@ from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
 from channels.telegram_updates import CHANNEL, BotIdentity, Skip, inbound
 from config.channels import TelegramAccount
 from config.clock import Clock, iso
-from config.errors import NeotaskError, Unavailable
+from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NeotaskError, Unavailable
 
 log = logging.getLogger(__name__)
 COMMANDS = (
@@ -62,7 +65,7 @@ class TelegramConnector:
 
     def __init__(
         self, name: str, account: TelegramAccount, token: str, store: ChannelStore, *, clock: Clock,
-        limit: int = TELEGRAM_LIMIT,
+        limit: int = TELEGRAM_LIMIT, webhook_secret: str | None = None,
     ) -> None:  # fmt: skip
         self.account = name
         self.settings = account
@@ -75,6 +78,8 @@ class TelegramConnector:
         self._me: BotIdentity | None = None
         self._task: asyncio.Task[None] | None = None
         self._approved: set[str] = set()
+        self._webhook_secret = webhook_secret
+        self._post: PostFn | None = None
 
     def _client(self) -> Bot:
         api = TelegramAPIServer.from_base(self.settings.api_base) if self.settings.api_base else None
@@ -87,6 +92,7 @@ class TelegramConnector:
         except TokenValidationError:
             self._refused(f"the value of {self.settings.token_env} is not a bot token (expected <digits>:<secret>)")
             return
+        self._post = post
         self._task = asyncio.create_task(self._run(post), name=f"telegram {self.account}")
 
     def _refused(self, why: str) -> None:
@@ -107,15 +113,46 @@ class TelegramConnector:
                 self.status.username = me.username
                 self._approved = await self.store.approved(CHANNEL, self.account)
                 await bot.set_my_commands([BotCommand(command=c, description=d) for c, d in COMMANDS])
-                await bot.delete_webhook(drop_pending_updates=False)
+                if self.settings.mode == "webhook":
+                    assert self.settings.webhook_url is not None
+                    await bot.set_webhook(
+                        self.settings.webhook_url, secret_token=self._webhook_secret, allowed_updates=ALLOWED_UPDATES
+                    )
+                else:
+                    await bot.delete_webhook(drop_pending_updates=False)
             except TelegramUnauthorizedError:
                 self._refused(f"the Bot API refused the token in {self.settings.token_env} (401 Unauthorized)")
                 return
             except (TelegramNetworkError, TelegramServerError, TelegramRetryAfter) as exc:
                 self._me = None
                 backoff = await self._wait_after(exc, backoff)
+        if self.settings.mode == "webhook":
+            self.status.connected = True
+            self.status.last_error = None
+            log.info("telegram account %s: connected as @%s, webhook %s", self.account, self._me.username,
+                     self.settings.webhook_url)  # fmt: skip
+            return
         log.info("telegram account %s: connected as @%s, long polling", self.account, self._me.username)
         await self._poll(bot, post)
+
+    async def receive(self, data: Any, secret: str | None) -> None:
+        """One webhook call (``/hooks/telegram/<account>``): returns once the update is durable, so
+        the 200 tells Telegram it is done; otherwise raises (Telegram retries a call it was not
+        answered 2xx)."""
+        expected = self._webhook_secret or ""
+        if not secret or not hmac.compare_digest(secret.encode(), expected.encode()):
+            raise InvalidSignature(
+                "missing or wrong X-Telegram-Bot-Api-Secret-Token: the webhook is registered with the secret in"
+                f" {self.settings.webhook_secret_env}"
+            )
+        if self._me is None or self._post is None or self._bot is None:
+            raise ChannelNotReady(f"telegram account {self.account} is not connected yet; Telegram will retry")
+        try:
+            update = Update.model_validate(data, context={"bot": self._bot})
+        except ValidationError as exc:
+            raise BadRequest(f"not a Telegram update: {exc.errors()[0]['msg']}") from None
+        if not await self._take(update, self._post):
+            raise ChannelNotReady(f"update {update.update_id} could not be stored now; Telegram will retry")
 
     async def _wait_after(self, exc: Exception, backoff: float) -> float:
         self.status.connected = False

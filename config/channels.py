@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _ACCOUNT = re.compile(r"^[A-Za-z0-9_.@+\-/#]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -21,26 +21,38 @@ DmPolicy = Literal["allowlist", "pairing", "open"]
 
 
 class TelegramAccount(_Model):
-    """One Telegram bot. ``mode``: ``polling`` (long polling, no public URL needed); the webhook
-    mode is not built yet, so it is not accepted."""
+    """One Telegram bot. ``mode``: ``polling`` (long polling, no public URL needed) or ``webhook``
+    (Telegram POSTs each update to ``webhook_url``, which must reach the daemon's
+    ``/hooks/telegram/<account>``; every call must carry the secret from ``webhook_secret_env``)."""
 
     token_env: str = "TELEGRAM_BOT_TOKEN"
     api_base: str | None = None  # e.g. http://127.0.0.1:8081 for a self-hosted Bot API server
     agent: str = "main"
     enabled: bool = True
-    mode: Literal["polling"] = "polling"
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str | None = None
+    webhook_secret_env: str | None = None
     dm_policy: DmPolicy = "allowlist"
     allow_from: tuple[str, ...] = ()
     require_mention: bool = True
     store_unmentioned: bool = False
     poll_timeout_s: int = Field(25, ge=0, le=50)
 
-    @field_validator("token_env")
+    @field_validator("token_env", "webhook_secret_env")
     @classmethod
-    def _env_name(cls, value: str) -> str:
-        if not _ENV_NAME.match(value):
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
         return value
+
+    @model_validator(mode="after")
+    def _webhook_needs_url_and_secret(self) -> TelegramAccount:
+        if self.mode == "webhook" and (not self.webhook_url or not self.webhook_secret_env):
+            raise ValueError(
+                "mode: webhook needs webhook_url (the public https URL of /hooks/telegram/<account>) and"
+                " webhook_secret_env (the variable holding the secret Telegram sends with every call)"
+            )
+        return self
 
     @field_validator("allow_from", mode="before")
     @classmethod

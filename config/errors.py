@@ -255,6 +255,11 @@ class StorageUnavailable(Unavailable):
     doc = "the store cannot write (read-only or refused): nothing was stored; send again later"
 
 
+class ChannelNotReady(Unavailable):
+    code = "channel_not_ready"
+    doc = "the chat connector is not connected yet, or could not store the update now; the platform retries"
+
+
 class HookSecretMissing(Unavailable):
     code = "hook_secret_missing"
     doc = "the hook's `secret_env` is not set, so no signature can be checked"

@@ -29,7 +29,7 @@ from channels.protocol import AccountStatus, Connector, Inbound, Rejected, Retry
 from channels.store import ChannelStore, OutboxRow, Pairing
 from channels.telegram import TelegramConnector
 from config.clock import Clock, iso
-from config.errors import NeotaskError, PairingCodeNotFound, ShuttingDown
+from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown
 from config.settings import Settings
 from gateway.commands import Commands, dispatch, parse_command
 from gateway.crashpoints import CRASH_ENV
@@ -81,7 +81,13 @@ class ChannelIntake:
                                      " stopped, the others keep running")  # fmt: skip
                 self.statuses.append(status)
                 continue
-            connector = TelegramConnector(name, account, token, store, clock=clock)
+            secret = env.get(account.webhook_secret_env) if account.webhook_secret_env else None
+            if account.mode == "webhook" and not secret:
+                status.last_error = (f"telegram account {name}: {account.webhook_secret_env} is not set (the webhook"
+                                     " secret); this account is stopped, the others keep running")  # fmt: skip
+                self.statuses.append(status)
+                continue
+            connector = TelegramConnector(name, account, token, store, clock=clock, webhook_secret=secret)
             self.connectors[("telegram", name)] = connector
             self.statuses.append(connector.status)
 
@@ -271,6 +277,13 @@ class ChannelIntake:
             await self.store.sent(cmid, self._now())
 
     # -- status, pairing, shutdown --------------------------------------------------------------
+
+    def telegram_webhook(self, account: str) -> TelegramConnector:
+        """The connector a ``/hooks/telegram/<account>`` call is for."""
+        connector = self.connectors.get(("telegram", account))
+        if not isinstance(connector, TelegramConnector) or connector.settings.mode != "webhook":
+            raise NotFound(f"no running Telegram account {account!r} in webhook mode (channels.telegram.accounts)")
+        return connector
 
     def status(self) -> list[dict[str, Any]]:
         return [s.as_json() for s in self.statuses]

@@ -1,5 +1,6 @@
 """Chat connectors: ``GET /v1/channels`` (each account: connected, last update, last error,
-messages in and out) and ``POST /v1/channels/approve`` (a pairing code an unknown sender got)."""
+messages in and out), ``POST /v1/channels/approve`` (a pairing code an unknown sender got) and
+``POST /hooks/telegram/{account}`` (Telegram's webhook calls, checked by their secret token)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import dataclasses
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from config.errors import PairingCodeNotFound
+from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NotFound, PairingCodeNotFound
 from gateway import keys as K
 from gateway.contract import operation
-from gateway.http import json_response, parse_body
+from gateway.http import json_response, parse_body, read_object
 
 routes = web.RouteTableDef()
 
@@ -40,3 +41,18 @@ async def approve(request: web.Request) -> web.Response:
     body = await parse_body(request, ApproveBody, request.app[K.CONFIG].settings.gateway.max_body_bytes)
     pairing = await request.app[K.CHANNELS].approve(body.code)
     return json_response({**dataclasses.asdict(pairing), "approved": True})
+
+
+@routes.post("/hooks/telegram/{account}")
+@operation(
+    "Telegram webhook",
+    "channels",
+    "Telegram's calls for an account with `mode: webhook`: the `X-Telegram-Bot-Api-Secret-Token` header must be the "
+    "account's secret; answered 200 once the update is durable (else an error, and Telegram retries).",
+    errors=(BadRequest, InvalidSignature, NotFound, ChannelNotReady),
+)
+async def telegram_webhook(request: web.Request) -> web.Response:
+    connector = request.app[K.CHANNELS].telegram_webhook(request.match_info["account"])
+    data = await read_object(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
+    await connector.receive(data, request.headers.get("X-Telegram-Bot-Api-Secret-Token"))
+    return json_response({"ok": True})

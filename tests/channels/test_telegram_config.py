@@ -41,6 +41,7 @@ async def test_the_issue_example_passes_and_an_unset_token_is_a_warning(tmp_path
         ({"dm_polcy": "open"}, "channels.telegram.accounts.main.dm_polcy"),
         ({"dm_policy": "everyone"}, "channels.telegram.accounts.main.dm_policy"),
         ({"mode": "carrier-pigeon"}, "channels.telegram.accounts.main.mode"),
+        ({"mode": "webhook"}, "mode: webhook needs webhook_url"),
         ({"agent": "nobody"}, "channels.telegram.accounts.main.agent 'nobody' is not a configured agent"),
         ({"token_env": "123:real-token-pasted"}, "not an environment variable name"),
     ],

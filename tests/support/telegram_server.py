@@ -5,7 +5,7 @@ aiogram client talks to it through ``api_base``: ``getMe``, ``getUpdates`` (long
 ``offset`` confirms every update below it, as Telegram does, and ``confirmed`` remembers it),
 ``sendMessage`` (the HTML is checked as Telegram checks it: unknown or badly nested tags are
 ``400 can't parse entities``; text over 4096 characters is ``400 message is too long``),
-``sendChatAction``, ``setMyCommands``, ``deleteWebhook``. Tokens it does not know answer 401.
+``sendChatAction``, ``setMyCommands``, ``setWebhook``, ``deleteWebhook``. Tokens it does not know answer 401.
 Tests queue updates with :meth:`TelegramServer.message` and script failures with :meth:`fail`
 (e.g. a 429 storm with ``retry_after``). Updates and calls outlive a daemon restart: the server
 runs in the test process.
@@ -184,6 +184,10 @@ class TelegramServer:
         bot.updates.append({"update_id": update_id, "edited_message" if edited else "message": message})
         bot.arrived.set()
         return update_id
+
+    def take_update(self, token: str) -> dict[str, Any]:
+        """The last queued update, taken off the queue (to POST it to a webhook as Telegram would)."""
+        return self.bots[token].updates.pop()
 
     def sent(self, token: str | None = None, chat_id: int | None = None) -> list[Call]:
         return [
