@@ -3,6 +3,7 @@ Bot API server (tests/support/telegram_server.py) and the local OpenAI-compatibl
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from channels.telegram_format import to_plain, utf16_len
-from tests.channels.harness import BOT, TOKEN, configure, daemon, env, session_lines, wait_until
+from tests.channels.harness import BOT, TOKEN, configure, daemon, env, session_lines, texts, wait_until
 from tests.support.openai_server import Hang, OpenAIServer, Reply
 from tests.support.telegram_server import Failure, TelegramServer, rate_limited
 
@@ -140,3 +141,23 @@ async def test_a_429_storm_is_waited_out_and_the_answer_sent_once(tmp_path: Path
             await bots.wait_for(lambda: len(bots.sent(TOKEN)) == 4)
             lines = await session_lines(gw.url, "agent:main:main")
             assert [x["content"] for x in lines if x["role"] == "user"] == ["fresh start"]
+
+
+async def test_messages_that_waited_for_one_turn_get_its_answer_once(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    async with OpenAIServer() as model, TelegramServer() as bots:
+        bots.add_bot(TOKEN, BOT)
+        model.script(Hang(3.0))
+        config = configure(tmp_path, model, bots, {"main": account(bots)})
+        async with daemon(home, "--config", str(config), env=env()) as gw:
+            bots.message(TOKEN, chat_id=555, from_id=555, text="first")
+            await model.wait_for_requests(1, timeout=30)
+            second = bots.message(TOKEN, chat_id=555, from_id=555, text="second")
+            bots.message(TOKEN, chat_id=555, from_id=555, text="third")
+            await wait_until(lambda: bots.bots[TOKEN].confirmed > second + 1)  # both stored while "first" runs
+            await bots.wait_for(lambda: len(bots.sent(TOKEN)) == 2, timeout=60)
+            await asyncio.sleep(1.5)
+            assert texts(bots.sent(TOKEN)) == ["echo: first", "echo: third"]  # one turn answered both waiting
+            assert len(model.chat_requests) == 2
+            lines = await session_lines(gw.url, "agent:main:main")
+            assert [x["content"] for x in lines if x["role"] == "user"] == ["first", "second", "third"]
