@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 
 TELEGRAM_LIMIT = 4096  # characters (UTF-16 code units) of one message's text
 
@@ -128,9 +129,12 @@ def blocks(markdown: str) -> list[str]:
     return out
 
 
-def _pieces(block: str, limit: int) -> list[str]:
+Render = Callable[[str], str]
+
+
+def _pieces(block: str, limit: int, render: Render) -> list[str]:
     """A block too long for one message, cut at line breaks, then spaces, then anywhere."""
-    if utf16_len(to_html(block)) <= limit:
+    if utf16_len(render(block)) <= limit:
         return [block]
     for sep in ("\n", " "):
         parts = block.split(sep)
@@ -139,12 +143,12 @@ def _pieces(block: str, limit: int) -> list[str]:
             current = ""
             for part in parts:
                 candidate = part if not current else current + sep + part
-                if current and utf16_len(to_html(candidate)) > limit:
-                    out.extend(_pieces(current, limit))
+                if current and utf16_len(render(candidate)) > limit:
+                    out.extend(_pieces(current, limit, render))
                     current = part
                 else:
                     current = candidate
-            out.extend(_pieces(current, limit) if current else [])
+            out.extend(_pieces(current, limit, render) if current else [])
             if len(out) > 1:
                 return out
     # no separator left: cut the raw text so that each rendered piece fits (escaping grows text)
@@ -152,26 +156,26 @@ def _pieces(block: str, limit: int) -> list[str]:
     rest = block
     while rest:
         size = min(len(rest), limit)
-        while size > 1 and utf16_len(to_html(rest[:size])) > limit:
+        while size > 1 and utf16_len(render(rest[:size])) > limit:
             size = max(1, size * 3 // 4)
         out.append(rest[:size])
         rest = rest[size:]
     return out
 
 
-def split(markdown: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
+def split(markdown: str, limit: int = TELEGRAM_LIMIT, render: Render = to_html) -> list[str]:
     """The reply as Telegram HTML messages, each at most ``limit`` UTF-16 units, cut between
     paragraphs wherever possible. An empty reply is one message saying so."""
     parts: list[str] = []
     current = ""
     for block in blocks(markdown):
-        for piece in _pieces(block, limit):
+        for piece in _pieces(block, limit, render):
             candidate = piece if not current else current + "\n\n" + piece
-            if current and utf16_len(to_html(candidate)) > limit:
-                parts.append(to_html(current))
+            if current and utf16_len(render(candidate)) > limit:
+                parts.append(render(current))
                 current = piece
             else:
                 current = candidate
     if current:
-        parts.append(to_html(current))
+        parts.append(render(current))
     return parts or ["(empty reply)"]

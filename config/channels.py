@@ -75,6 +75,41 @@ class TelegramSettings(_Model):
         return value
 
 
+class SlackAccount(_Model):
+    """One Slack app, by Socket Mode (no public URL needed): the bot token (``xoxb-``) calls the
+    Web API, the app-level token (``xapp-``, scope ``connections:write``) opens the socket."""
+
+    bot_token_env: str = "SLACK_BOT_TOKEN"
+    app_token_env: str = "SLACK_APP_TOKEN"
+    api_base: str | None = None  # e.g. https://slack-gov.com/api/ for GovSlack; null: https://slack.com/api/
+    agent: str = "main"
+    enabled: bool = True
+    mode: Literal["socket"] = "socket"
+    dm_policy: DmPolicy = "allowlist"
+    allow_from: tuple[str, ...] = ()
+    require_mention: bool = True
+    store_unmentioned: bool = False
+
+    @field_validator("bot_token_env", "app_token_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        if not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
+        return value
+
+
+class SlackSettings(_Model):
+    accounts: dict[str, SlackAccount] = {}
+
+    @field_validator("accounts")
+    @classmethod
+    def _account_names(cls, value: dict[str, SlackAccount]) -> dict[str, SlackAccount]:
+        for name in value:
+            if not _ACCOUNT.match(name):
+                raise ValueError(f"account name {name!r} must match [A-Za-z0-9_.@+-/#]+")
+        return value
+
+
 class OutboxSettings(_Model):
     """Replies waiting to be sent (``<home>/channels.db``): how long a failed send waits before the
     next try, at most."""
@@ -84,4 +119,5 @@ class OutboxSettings(_Model):
 
 class ChannelsSettings(_Model):
     telegram: TelegramSettings = TelegramSettings()
+    slack: SlackSettings = SlackSettings()
     outbox: OutboxSettings = OutboxSettings()

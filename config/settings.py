@@ -351,6 +351,9 @@ class Settings(Model):
         for name, account in self.channels.telegram.accounts.items():
             if account.agent not in self.agents:
                 raise ValueError(f"channels.telegram.accounts.{name}.agent {account.agent!r} is not a configured agent")
+        for name, slack in self.channels.slack.accounts.items():
+            if slack.agent not in self.agents:
+                raise ValueError(f"channels.slack.accounts.{name}.agent {slack.agent!r} is not a configured agent")
         return self
 
     def agent(self, agent_id: str) -> AgentSettings:

@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from channels.protocol import AccountStatus, Connector, Inbound, Rejected, RetryLater
+from channels.slack import SlackConnector
 from channels.store import ChannelStore, OutboxRow, Pairing
 from channels.telegram import TelegramConnector
 from config.clock import Clock, iso
@@ -90,6 +91,22 @@ class ChannelIntake:
             connector = TelegramConnector(name, account, token, store, clock=clock, webhook_secret=secret)
             self.connectors[("telegram", name)] = connector
             self.statuses.append(connector.status)
+
+        for name, slack in settings.channels.slack.accounts.items():
+            status = AccountStatus("slack", name, slack.agent, slack.mode, enabled=slack.enabled)
+            if not slack.enabled:
+                self.statuses.append(status)
+                continue
+            missing = [v for v in (slack.bot_token_env, slack.app_token_env) if not env.get(v)]
+            if missing:
+                status.last_error = (f"slack account {name}: {' and '.join(missing)} not set; this account is"
+                                     " stopped, the others keep running")  # fmt: skip
+                self.statuses.append(status)
+                continue
+            slack_connector = SlackConnector(name, slack, env[slack.bot_token_env], env[slack.app_token_env], store,
+                                             clock=clock)  # fmt: skip
+            self.connectors[("slack", name)] = slack_connector
+            self.statuses.append(slack_connector.status)
 
     def _now(self) -> str:
         return iso(self.clock())

@@ -16,6 +16,10 @@ channels:
     accounts:
       main: {token_env: TELEGRAM_BOT_TOKEN, api_base: null, agent: main, mode: polling,
              dm_policy: allowlist, allow_from: ["123456789"], require_mention: true}
+  slack:
+    accounts:
+      work: {bot_token_env: SLACK_BOT_TOKEN, app_token_env: SLACK_APP_TOKEN, api_base: null,
+             agent: main, mode: socket, dm_policy: allowlist, allow_from: ["U012AB3CD"]}
 """
 
 
@@ -28,11 +32,13 @@ async def check(tmp_path: Path, text: str, **env: str) -> tuple[int, str, str]:
 
 
 async def test_the_issue_example_passes_and_an_unset_token_is_a_warning(tmp_path: Path) -> None:
-    code, out, _ = await check(tmp_path, ISSUE_EXAMPLE, TELEGRAM_BOT_TOKEN="1:x")
+    tokens = {"TELEGRAM_BOT_TOKEN": "1:x", "SLACK_BOT_TOKEN": "xoxb-1", "SLACK_APP_TOKEN": "xapp-1"}
+    code, out, _ = await check(tmp_path, ISSUE_EXAMPLE, **tokens)
     assert code == 0 and out.startswith("OK") and "warning" not in out
     code, out, _ = await check(tmp_path, ISSUE_EXAMPLE)
     assert code == 0
     assert "channels.telegram.accounts.main: TELEGRAM_BOT_TOKEN is not set; this account will not start" in out
+    assert "channels.slack.accounts.work: SLACK_BOT_TOKEN, SLACK_APP_TOKEN not set; this account will not start" in out
 
 
 @pytest.mark.parametrize(
