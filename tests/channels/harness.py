@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -100,3 +101,15 @@ async def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str 
 
 def texts(calls: list[Call]) -> list[str]:
     return [str(c.params["text"]) for c in calls]
+
+
+def _states(home: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(home / "channels.db")) as db:
+        return [str(r[0]) for r in db.execute("SELECT state FROM outbox")]
+
+
+async def outbox_settled(home: Path, timeout: float = 30.0) -> None:
+    """Wait until every outbox row is sent (a kill before its record would send it again)."""
+    async with asyncio.timeout(timeout):
+        while any(state != "sent" for state in await asyncio.to_thread(_states, home)):
+            await asyncio.sleep(0.05)

@@ -3,13 +3,14 @@ local Slack server (tests/support/slack_server.py) and the local OpenAI-compatib
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.channels.harness import daemon, session_lines, stored, wait_until
+from tests.channels.harness import daemon, outbox_settled, session_lines, stored, wait_until
 from tests.gateway.daemons import child_env
 from tests.support.openai_server import OpenAIServer
 from tests.support.slack_server import SlackServer
@@ -97,3 +98,28 @@ async def test_killed_between_storing_an_event_and_its_ack_it_is_stored_and_answ
         ]
         assert lines[0]["client_message_id"] == f"slack:work:{event}"
         assert len(slack.posted("D1")) == 1
+
+
+async def test_a_429_storm_then_a_kill_between_the_answer_and_the_send(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    async with OpenAIServer() as model, SlackServer() as slack:
+        app = slack.add_app(BOT_TOKEN, APP_TOKEN)
+        slack.fail("chat.postMessage", 429, "ratelimited", retry_after=1, times=3)
+        slack.fail("chat.postMessage", 503, "service_unavailable")
+        config = configure(tmp_path, model, slack)
+        async with daemon(home, "--config", str(config), env=env()):
+            slack.message(app, channel="D1", user="U012AB3CD", text="busy?")
+            await slack.wait_for(lambda: len(slack.posted("D1")) == 1, timeout=60)
+            attempts = [c for c in slack.calls if c.method == "chat.postMessage"]
+            assert len(attempts) == 5
+            assert all(b.at - a.at >= 0.9 for a, b in itertools.pairwise(attempts[:4]))  # Retry-After honoured
+            await outbox_settled(home)
+        assert len(model.chat_requests) == 1
+        async with daemon(home, "--config", str(config), env=env(_NEOTASK_CRASH_AT="channels.answered")) as gw:
+            slack.message(app, channel="D1", user="U012AB3CD", text="answer me")
+            assert await gw.wait(timeout=60) == -9
+        assert len(slack.posted("D1")) == 1 and len(model.chat_requests) == 2
+        async with daemon(home, "--config", str(config), env=env()):
+            await slack.wait_for(lambda: len(slack.posted("D1")) == 2, timeout=60)
+            assert slack.posted("D1")[1].params["text"] == "echo: answer me"
+        assert len(model.chat_requests) == 2 and len(slack.posted("D1")) == 2

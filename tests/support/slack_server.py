@@ -48,6 +48,7 @@ class SlackServer:
         self.port = 0
         self._changed = asyncio.Condition()
         self._sockets: set[web.WebSocketResponse] = set()
+        self.failures: dict[str, list[tuple[int, str, int | None]]] = {}
 
     @property
     def url(self) -> str:
@@ -100,8 +101,12 @@ class SlackServer:
         app.arrived.set()
         return event_id
 
+    def fail(self, method: str, status: int, error: str, retry_after: int | None = None, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` answer this failure (429 with ``Retry-After``)."""
+        self.failures.setdefault(method, []).extend([(status, error, retry_after)] * times)
+
     def posted(self, channel: str | None = None) -> list[Call]:
-        return [c for c in self.calls if c.method == "chat.postMessage"
+        return [c for c in self.calls if c.method == "chat.postMessage" and c.params.get("_ok")
                 and (channel is None or c.params.get("channel") == channel)]  # fmt: skip
 
     async def wait_for(self, predicate: Any, timeout: float = 30.0) -> None:
@@ -132,6 +137,10 @@ class SlackServer:
                 return web.json_response({"ok": False, "error": "invalid_auth"})
             if method == "auth.test":
                 return web.json_response({"ok": True, "user_id": app.bot_user, "user": "neotask", "team_id": "T1"})
+            if self.failures.get(method):
+                status, error, retry_after = self.failures[method].pop(0)
+                headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+                return web.json_response({"ok": False, "error": error}, status=status, headers=headers)
             if method == "chat.postMessage":
                 params["_ok"] = True
                 ts = f"1700000001.{next(self._ids):06d}"
