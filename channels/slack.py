@@ -12,10 +12,14 @@ in mrkdwn, to the same channel and thread.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import Clock as SignatureClock
+from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
@@ -27,10 +31,20 @@ from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
 from config.channels import SlackAccount
 from config.clock import Clock, iso
-from config.errors import NeotaskError, Unavailable
+from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NeotaskError, Unavailable
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
+
+
+class _SlackClock(SignatureClock):
+    """The gateway's clock for slack_sdk's timestamp check."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def now(self) -> float:
+        return self.clock().timestamp()
 
 
 class SlackConnector:
@@ -40,7 +54,7 @@ class SlackConnector:
 
     def __init__(
         self, name: str, account: SlackAccount, bot_token: str, app_token: str, store: ChannelStore, *,
-        clock: Clock, limit: int = SLACK_LIMIT,
+        clock: Clock, limit: int = SLACK_LIMIT, signing_secret: str | None = None,
     ) -> None:  # fmt: skip
         self.account = name
         self.settings = account
@@ -56,6 +70,7 @@ class SlackConnector:
         self._task: asyncio.Task[None] | None = None
         self._post: PostFn | None = None
         self._approved: set[str] = set()
+        self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
 
     async def start(self, post: PostFn) -> None:
         self._post = post
@@ -78,6 +93,12 @@ class SlackConnector:
         self._bot_user = str(auth["user_id"])
         self.status.username = str(auth.get("user") or self._bot_user)
         self._approved = await self.store.approved(CHANNEL, self.account)
+        if self.settings.mode == "events":
+            self.status.connected = True
+            self.status.last_error = None
+            log.info("slack account %s: connected as %s, Events API at /hooks/slack/%s", self.account,
+                     self.status.username, self.account)  # fmt: skip
+            return
         socket = SocketModeClient(app_token=self._app_token, web_client=self.web, logger=log)
         socket.socket_mode_request_listeners.append(self._on_request)  # type: ignore[arg-type]
         self._socket = socket
@@ -92,6 +113,30 @@ class SlackConnector:
         self.status.connected = True
         self.status.last_error = None
         log.info("slack account %s: connected as %s, Socket Mode", self.account, self.status.username)
+
+    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
+        """One Events API call (``/hooks/slack/<account>``): the signature is checked (slack_sdk's
+        verifier: ``v0`` HMAC of the timestamp and body, timestamp within 5 minutes); a
+        ``url_verification`` is answered with its challenge; an event returns once it is durable
+        (else raises, and Slack retries)."""
+        if self._verifier is None or not self._verifier.is_valid_request(body, dict(headers)):
+            raise InvalidSignature(
+                "missing, wrong or stale X-Slack-Signature / X-Slack-Request-Timestamp: the calls are signed with"
+                f" the secret in {self.settings.signing_secret_env}"
+            )
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            raise BadRequest("the body is not JSON") from None
+        if not isinstance(payload, dict):
+            raise BadRequest("the body is not a JSON object")
+        if payload.get("type") == "url_verification":
+            return {"challenge": payload.get("challenge")}
+        if self._bot_user is None or self._post is None:
+            raise ChannelNotReady(f"slack account {self.account} is not connected yet; Slack will retry")
+        if payload.get("type") == "event_callback" and not await self._take(payload):
+            raise ChannelNotReady("the event could not be stored now; Slack will retry")
+        return {"ok": True}
 
     async def _on_request(self, client: SocketModeClient, request: SocketModeRequest) -> None:
         if request.type != "events_api":

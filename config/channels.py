@@ -76,26 +76,35 @@ class TelegramSettings(_Model):
 
 
 class SlackAccount(_Model):
-    """One Slack app, by Socket Mode (no public URL needed): the bot token (``xoxb-``) calls the
-    Web API, the app-level token (``xapp-``, scope ``connections:write``) opens the socket."""
+    """One Slack app: ``mode`` ``socket`` (Socket Mode, no public URL needed; the app-level token,
+    ``xapp-`` with ``connections:write``, opens the socket) or ``events`` (the Events API: Slack
+    POSTs to ``/hooks/slack/<account>``, each call signed with the signing secret). The bot token
+    (``xoxb-``) calls the Web API either way."""
 
     bot_token_env: str = "SLACK_BOT_TOKEN"
     app_token_env: str = "SLACK_APP_TOKEN"
     api_base: str | None = None  # e.g. https://slack-gov.com/api/ for GovSlack; null: https://slack.com/api/
     agent: str = "main"
     enabled: bool = True
-    mode: Literal["socket"] = "socket"
+    mode: Literal["socket", "events"] = "socket"
+    signing_secret_env: str | None = None  # mode events: the app's signing secret
     dm_policy: DmPolicy = "allowlist"
     allow_from: tuple[str, ...] = ()
     require_mention: bool = True
     store_unmentioned: bool = False
 
-    @field_validator("bot_token_env", "app_token_env")
+    @field_validator("bot_token_env", "app_token_env", "signing_secret_env")
     @classmethod
-    def _env_name(cls, value: str) -> str:
-        if not _ENV_NAME.match(value):
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
         return value
+
+    @model_validator(mode="after")
+    def _events_need_a_secret(self) -> SlackAccount:
+        if self.mode == "events" and not self.signing_secret_env:
+            raise ValueError("mode: events needs signing_secret_env (the variable holding the app's signing secret)")
+        return self
 
 
 class SlackSettings(_Model):

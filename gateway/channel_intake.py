@@ -97,14 +97,16 @@ class ChannelIntake:
             if not slack.enabled:
                 self.statuses.append(status)
                 continue
-            missing = [v for v in (slack.bot_token_env, slack.app_token_env) if not env.get(v)]
+            needed = [slack.bot_token_env, slack.app_token_env if slack.mode == "socket" else slack.signing_secret_env]
+            missing = [v for v in needed if v and not env.get(v)]
             if missing:
                 status.last_error = (f"slack account {name}: {' and '.join(missing)} not set; this account is"
                                      " stopped, the others keep running")  # fmt: skip
                 self.statuses.append(status)
                 continue
-            slack_connector = SlackConnector(name, slack, env[slack.bot_token_env], env[slack.app_token_env], store,
-                                             clock=clock)  # fmt: skip
+            secret = env.get(slack.signing_secret_env) if slack.signing_secret_env else None
+            slack_connector = SlackConnector(name, slack, env[slack.bot_token_env], env.get(slack.app_token_env, ""),
+                                             store, clock=clock, signing_secret=secret)  # fmt: skip
             self.connectors[("slack", name)] = slack_connector
             self.statuses.append(slack_connector.status)
 
@@ -300,6 +302,13 @@ class ChannelIntake:
         connector = self.connectors.get(("telegram", account))
         if not isinstance(connector, TelegramConnector) or connector.settings.mode != "webhook":
             raise NotFound(f"no running Telegram account {account!r} in webhook mode (channels.telegram.accounts)")
+        return connector
+
+    def slack_events(self, account: str) -> SlackConnector:
+        """The connector a ``/hooks/slack/<account>`` call is for."""
+        connector = self.connectors.get(("slack", account))
+        if not isinstance(connector, SlackConnector) or connector.settings.mode != "events":
+            raise NotFound(f"no running Slack account {account!r} in events mode (channels.slack.accounts)")
         return connector
 
     def status(self) -> list[dict[str, Any]]:

@@ -43,7 +43,8 @@ def check_config(config: LoadedConfig, env: Mapping[str, str]) -> list[str]:
                 f"channels.telegram.accounts.{name}: {account.token_env} is not set; this account will not start"
             )
     for name, slack in settings.channels.slack.accounts.items():
-        missing = [v for v in (slack.bot_token_env, slack.app_token_env) if not env.get(v)]
+        needed = [slack.bot_token_env, slack.app_token_env if slack.mode == "socket" else slack.signing_secret_env]
+        missing = [v for v in needed if v and not env.get(v)]
         if slack.enabled and missing:
             unset = ", ".join(missing)
             warnings.append(f"channels.slack.accounts.{name}: {unset} not set; this account will not start")

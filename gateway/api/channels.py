@@ -1,6 +1,7 @@
 """Chat connectors: ``GET /v1/channels`` (each account: connected, last update, last error,
 messages in and out), ``POST /v1/channels/approve`` (a pairing code an unknown sender got) and
-``POST /hooks/telegram/{account}`` (Telegram's webhook calls, checked by their secret token)."""
+``POST /hooks/telegram/{account}`` (Telegram's webhook calls, checked by their secret token) and
+``POST /hooks/slack/{account}`` (Slack's Events API calls, checked by their signature)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NotFound, PairingCodeNotFound
 from gateway import keys as K
 from gateway.contract import operation
-from gateway.http import json_response, parse_body, read_object
+from gateway.http import json_response, parse_body, read_body, read_object
 
 routes = web.RouteTableDef()
 
@@ -56,3 +57,18 @@ async def telegram_webhook(request: web.Request) -> web.Response:
     data = await read_object(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
     await connector.receive(data, request.headers.get("X-Telegram-Bot-Api-Secret-Token"))
     return json_response({"ok": True})
+
+
+@routes.post("/hooks/slack/{account}")
+@operation(
+    "Slack Events API",
+    "channels",
+    "Slack's calls for an account with `mode: events`, signed with the app's signing secret (`X-Slack-Signature`, "
+    "`X-Slack-Request-Timestamp` within 5 minutes); `url_verification` is answered with its challenge; an event is "
+    "answered 200 once durable (else an error, and Slack retries).",
+    errors=(BadRequest, InvalidSignature, NotFound, ChannelNotReady),
+)
+async def slack_events(request: web.Request) -> web.Response:
+    connector = request.app[K.CHANNELS].slack_events(request.match_info["account"])
+    body = await read_body(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
+    return json_response(await connector.receive(body, request.headers))

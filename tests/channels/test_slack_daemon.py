@@ -4,11 +4,15 @@ local Slack server (tests/support/slack_server.py) and the local OpenAI-compatib
 from __future__ import annotations
 
 import itertools
+import json
+import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
+from slack_sdk.signature import SignatureVerifier
 
 from tests.channels.harness import daemon, outbox_settled, session_lines, stored, wait_until
 from tests.gateway.daemons import child_env
@@ -123,3 +127,44 @@ async def test_a_429_storm_then_a_kill_between_the_answer_and_the_send(tmp_path:
             await slack.wait_for(lambda: len(slack.posted("D1")) == 2, timeout=60)
             assert slack.posted("D1")[1].params["text"] == "echo: answer me"
         assert len(model.chat_requests) == 2 and len(slack.posted("D1")) == 2
+
+
+def signed(body: bytes, secret: str, at: int | None = None) -> dict[str, str]:
+    timestamp = str(at if at is not None else int(time.time()))
+    signature = SignatureVerifier(secret).generate_signature(timestamp=timestamp, body=body)
+    assert signature is not None
+    return {"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": signature, "Content-Type": "application/json"}
+
+
+async def test_events_api_calls_are_verified_stored_once_and_answered(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    secret = "8f742231b10e8888abcd99yyyzzz85a5"
+    async with OpenAIServer() as model, SlackServer() as slack:
+        app = slack.add_app(BOT_TOKEN, APP_TOKEN)
+        events = {"bot_token_env": "SLACK_BOT_TOKEN", "api_base": slack.url, "mode": "events",
+                  "signing_secret_env": "SLACK_SIGNING_SECRET", "allow_from": ["U012AB3CD"]}  # fmt: skip
+        config = configure(tmp_path, model, slack)
+        data = yaml.safe_load(config.read_text())
+        data["channels"]["slack"]["accounts"] = {"http": events}
+        config.write_text(yaml.safe_dump(data))
+        async with daemon(home, "--config", str(config), env=child_env(SLACK_BOT_TOKEN=BOT_TOKEN,
+                          SLACK_SIGNING_SECRET=secret)) as gw, aiohttp.ClientSession() as http:  # fmt: skip
+            hook = f"{gw.url}/hooks/slack/http"
+            challenge = json.dumps({"type": "url_verification", "challenge": "c-123", "token": "x"}).encode()
+            async with http.post(hook, data=challenge, headers=signed(challenge, secret)) as resp:
+                assert resp.status == 200 and (await resp.json()) == {"challenge": "c-123"}
+            slack.message(app, channel="D1", user="U012AB3CD", text="over http")
+            envelope = app.envelopes.popitem()[1]
+            body = json.dumps(envelope["payload"]).encode()
+            for headers in (signed(body, "wrong-secret"), signed(body, secret, int(time.time()) - 600), {}):
+                async with http.post(hook, data=body, headers=headers) as resp:
+                    assert resp.status == 401, await resp.text()
+            assert await session_lines(gw.url, "agent:main:main") == []
+            for _ in range(2):  # Slack's retry of the same event is stored once
+                async with http.post(hook, data=body, headers=signed(body, secret)) as resp:
+                    assert resp.status == 200, await resp.text()
+            await slack.wait_for(lambda: len(slack.posted("D1")) == 1)
+            assert slack.posted("D1")[0].params["text"] == "echo: over http"
+            lines = await session_lines(gw.url, "agent:main:main")
+            assert [x["content"] for x in lines] == ["over http", "echo: over http"]
+            assert not [c for c in slack.calls if c.method == "apps.connections.open"]  # no socket in events mode
