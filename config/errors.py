@@ -101,6 +101,11 @@ class HookNotFound(NotFound):
     doc = "no webhook with this name under `hooks:`"
 
 
+class PairingCodeNotFound(NotFound):
+    code = "pairing_code_not_found"
+    doc = "no such pairing code was given out (`neotask channels approve CODE`)"
+
+
 class SessionNotFound(NotFound):
     code = "session_not_found"
     doc = "no session with this key"
@@ -257,6 +262,11 @@ class StorageUnavailable(Unavailable):
 
     code = "storage_unavailable"
     doc = "the store cannot write (read-only or refused): nothing was stored; send again later"
+
+
+class ChannelNotReady(Unavailable):
+    code = "channel_not_ready"
+    doc = "the chat connector is not connected yet, or could not store the update now; the platform retries"
 
 
 class HookSecretMissing(Unavailable):

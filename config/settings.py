@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.channels import ChannelsSettings
 from config.crontab import check_schedule
 
 
@@ -374,6 +375,7 @@ class Settings(Model):
     cron: CronSettings = CronSettings()
     hooks: dict[str, HookMapping] = {}
     logging: LoggingSettings = LoggingSettings()
+    channels: ChannelsSettings = ChannelsSettings()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Settings:
@@ -389,6 +391,12 @@ class Settings(Model):
         for name, hook in self.hooks.items():
             if hook.agent not in self.agents:
                 raise ValueError(f"hooks.{name}.agent {hook.agent!r} is not a configured agent")
+        for name, account in self.channels.telegram.accounts.items():
+            if account.agent not in self.agents:
+                raise ValueError(f"channels.telegram.accounts.{name}.agent {account.agent!r} is not a configured agent")
+        for name, slack in self.channels.slack.accounts.items():
+            if slack.agent not in self.agents:
+                raise ValueError(f"channels.slack.accounts.{name}.agent {slack.agent!r} is not a configured agent")
         return self
 
     def agent(self, agent_id: str) -> AgentSettings:

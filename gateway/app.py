@@ -13,7 +13,7 @@ from aiohttp.typedefs import Middleware
 from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
-from gateway.api import admin, docs, history, hooks, memory, runs, scheduler, sessions, system, ui
+from gateway.api import admin, channels, docs, history, hooks, memory, runs, scheduler, sessions, system, ui
 from gateway.connections import GUARD, ConnectionGuard, GuardedProtocol
 from gateway.hosts import allowed_hosts, host_check
 from gateway.http import BODY_TIMEOUT, Handler, auth_check, error_answer, new_request_id
@@ -64,6 +64,7 @@ def create_app(
         history.routes,
         ui.routes,
         openai_routes.routes,
+        channels.routes,
     ):
         app.router.add_routes(table)
     return app
@@ -123,6 +124,7 @@ async def _services_context(app: web.Application) -> AsyncIterator[None]:
         app[K.COMMANDS] = services.commands
         app[K.WEBHOOKS] = services.webhooks
         app[K.COMPAT] = services.compat
+        app[K.CHANNELS] = services.channels
         app[K.SCHEDULING] = services.scheduling
         app[K.SCHEDULER] = services.scheduler
         if services.memory is not None:

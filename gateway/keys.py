@@ -13,6 +13,7 @@ from aiohttp import web
 
 from config.clock import Clock
 from config.loader import LoadedConfig
+from gateway.channel_intake import ChannelIntake
 from gateway.commands import Commands
 from gateway.events import EventHub
 from gateway.metrics import Metrics
@@ -43,5 +44,6 @@ SCHEDULING = web.AppKey("scheduling", Scheduling)
 SCHEDULER = web.AppKey("scheduler", SchedulerService)
 WEBHOOKS = web.AppKey("webhooks", Webhooks)
 COMPAT = web.AppKey("openai_compat", OpenAICompat)
+CHANNELS = web.AppKey("channels", ChannelIntake)
 REINDEX = web.AppKey("reindex", dict[str, Any])  # the running reindex's progress (GET /v1/memory/status)
 PARSED_KEYS = web.AppKey("parsed_keys", dict[str, SessionKey])  # a cache of the sessions routes

@@ -11,6 +11,7 @@ and a clock, in this order (closed in the reverse order):
     transcript source                              when memory.sources has ``sessions``
     session tools                                  when an agent enables them
     deliverer (HTTP client), webhooks, OpenAI-compatible service
+    chat connectors and their outbox (channels/, <home>/channels.db)   started when Parts.channels
     Scheduling (resets, cleanup, cron), SchedulerService (APScheduler: started only with Parts.timers)
 
 The daemon (``gateway/app.py``) opens it in one cleanup context; the offline CLI
@@ -36,8 +37,10 @@ from zoneinfo import ZoneInfo
 
 import aiohttp
 
+from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
+from gateway.channel_intake import ChannelIntake
 from gateway.commands import Commands
 from gateway.crashpoints import crash_step, openai_crash_step
 from gateway.delivery import Deliverer, Delivery
@@ -78,6 +81,7 @@ class Parts:
 
     memory: bool = True
     timers: bool = True
+    channels: bool | None = None  # run the chat connectors; None: with the timers (the daemon)
 
 
 def workspaces(config: LoadedConfig) -> dict[str, Path]:
@@ -137,6 +141,7 @@ class Services:
     deliverer: Deliverer
     webhooks: Webhooks
     compat: OpenAICompat
+    channels: ChannelIntake
     scheduling: Scheduling
     scheduler: SchedulerService
 
@@ -276,6 +281,10 @@ async def open_services(
         stack.push_async_callback(webhooks.close)
         compat = OpenAICompat(commands, clock=clock, crash_step=openai_crash_step(env))
         stack.push_async_callback(compat.close)
+        channels = ChannelIntake(
+            conversations, commands, settings, ChannelStore.for_home(config.home), env, clock=clock
+        )
+        stack.push_async_callback(channels.close)
 
         async def deliver(url: str, payload: ReplyBody) -> Delivery:
             return await deliverer.report(url, payload, timeout=DELIVERY_TIMEOUT_S)
@@ -298,6 +307,8 @@ async def open_services(
             scheduling.start()
             stack.push_async_callback(scheduler.stop)
             stack.push_async_callback(scheduling.close, settings.gateway.shutdown_timeout_s / 4)
+        if parts.timers if parts.channels is None else parts.channels:
+            await channels.start()
         if not providers:
             log.info("no model configured: running in store-only mode")
         yield Services(
@@ -318,6 +329,7 @@ async def open_services(
             deliverer=deliverer,
             webhooks=webhooks,
             compat=compat,
+            channels=channels,
             scheduling=scheduling,
             scheduler=scheduler,
         )

@@ -37,6 +37,17 @@ def check_config(config: LoadedConfig, env: Mapping[str, str]) -> list[str]:
             )
         elif mapping.secret_env is None:
             warnings.append(f"hook {name} has no secret_env: it accepts unsigned deliveries")
+    for name, account in settings.channels.telegram.accounts.items():
+        if account.enabled and not env.get(account.token_env):
+            warnings.append(
+                f"channels.telegram.accounts.{name}: {account.token_env} is not set; this account will not start"
+            )
+    for name, slack in settings.channels.slack.accounts.items():
+        needed = [slack.bot_token_env, slack.app_token_env if slack.mode == "socket" else slack.signing_secret_env]
+        missing = [v for v in needed if v and not env.get(v)]
+        if slack.enabled and missing:
+            unset = ", ".join(missing)
+            warnings.append(f"channels.slack.accounts.{name}: {unset} not set; this account will not start")
     return warnings
 
 

@@ -126,3 +126,14 @@ async def test_real_home_bench_builds_through_the_api_and_opens(capsys: pytest.C
     assert status in (0, 1), out
     assert "home: 40 running runs (4 compacted), 4 completed, 4 archived" in out, out
     assert "SessionStore.open / plain read, 40 sessions" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_telegram_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import telegram_ingest
+
+    status = await asyncio.to_thread(telegram_ingest.main, ["--quick"])
+    out = capsys.readouterr().out
+    assert "PASS  stored messages missing: 0" in out  # every update and every post was stored
+    assert status in (0, 1)  # 1 only says the speed target was missed on this machine

@@ -2,6 +2,7 @@
 
 import { auth, get, live, onUnauthorized } from "./api.js";
 import { empty, h, replace } from "./dom.js";
+import { mountChannels } from "./channels.js";
 import { mountMemory } from "./memory.js";
 import { mountRun } from "./run.js";
 import { mountSearch } from "./search.js";
@@ -26,7 +27,7 @@ function route() {
   const { parts, query } = parseHash();
   const [section, arg] = parts;
   for (const link of document.querySelectorAll(".nav a")) {
-    link.setAttribute("aria-current", String(link.dataset.section === (["memory", "search"].includes(section) ? section : "sessions")));
+    link.setAttribute("aria-current", String(link.dataset.section === (["memory", "search", "channels"].includes(section) ? section : "sessions")));
   }
   let cleanup;
   try {
@@ -34,6 +35,7 @@ function route() {
     else if (section === "run" && arg) cleanup = mountRun(view, decodeURIComponent(arg), query);
     else if (section === "search") cleanup = mountSearch(view, query);
     else if (section === "memory") cleanup = mountMemory(view, query);
+    else if (section === "channels") cleanup = mountChannels(view);
     else if (!section || section === "sessions") cleanup = mountSessions(view, query);
     else replace(view, empty("No such page."), h("a", { href: "#/sessions" }, "Back to the sessions"));
   } catch (error) {

@@ -1,0 +1,122 @@
+"""The contract between a chat connector and the gateway that wires it.
+
+A connector turns platform updates into :class:`Inbound` messages and hands each one to the
+gateway's post function, which returns once the message is durable (so a connector acknowledges
+the platform only then). Replies come back as text the connector renders into platform parts
+(``render``) and sends one part at a time (``send_part``); a send the platform did not accept
+raises :class:`RetryLater` or :class:`Rejected`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+ChatType = Literal["direct", "group", "channel"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a reply goes: the chat, its topic or thread, and the message it answers."""
+
+    chat_id: str
+    thread_id: str | None = None
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One platform message, as the session engine takes it. ``update_id`` is the platform's id of
+    the delivery; ``reply``: whether the message asks for an answer (false for a group message that
+    does not mention the bot but is stored anyway, or an edit)."""
+
+    channel: str
+    account: str
+    agent: str
+    chat_type: ChatType
+    chat_id: str
+    sender_id: str
+    text: str
+    update_id: str
+    target: Target
+    sender_name: str | None = None
+    thread_id: str | None = None
+    reply: bool = True
+
+    @property
+    def client_message_id(self) -> str:
+        return f"{self.channel}:{self.account}:{self.update_id}"
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Inbound:
+        return cls(**{**data, "target": Target(**data["target"])})
+
+
+PostFn = Callable[[Inbound], Awaitable[None]]
+
+
+class RetryLater(Exception):
+    """The platform did not take the send now (network, 5xx, 429); ``retry_after`` in seconds
+    when the platform said how long to wait."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Rejected(Exception):
+    """The platform refused the send for good (blocked by the user, chat gone)."""
+
+
+@dataclass
+class AccountStatus:
+    """What ``neotask channels status`` and ``GET /v1/channels`` show for one account."""
+
+    channel: str
+    account: str
+    agent: str
+    mode: str
+    enabled: bool = True
+    connected: bool = False
+    username: str | None = None
+    last_update_at: str | None = None
+    last_error: str | None = None
+    messages_in: int = 0
+    messages_out: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("extra")
+        return {**data, **self.extra}
+
+
+class Connector(Protocol):
+    """One account of one platform."""
+
+    channel: str
+    account: str
+    status: AccountStatus
+
+    async def start(self, post: PostFn) -> None:
+        """Connect and begin handing messages to ``post``; returns at once (the connector runs in
+        its own task). A refused token is logged in one line and recorded in ``status``."""
+
+    def render(self, markdown: str) -> list[str]:
+        """A reply in the platform's format, split into the parts it accepts."""
+
+    async def send_part(self, target: Target, part: str) -> None:
+        """Send one rendered part; raises RetryLater or Rejected when the platform did not take it."""
+
+    async def typing(self, target: Target) -> None:
+        """Show that an answer is being written (best effort)."""
+
+    async def notify(self, target: Target, text: str) -> None:
+        """Send a plain notice outside the outbox (a pairing code); best effort."""
+
+    async def stop(self) -> None:
+        """Stop taking updates and close the connection."""

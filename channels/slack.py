@@ -1,0 +1,224 @@
+"""The Slack connector: one Slack app over Socket Mode, on slack_sdk's async clients.
+
+Start-up: ``auth.test`` with the bot token (a refused token is one log line and the account's
+``last_error``; the other accounts keep running), then the Socket Mode client opens
+``apps.connections.open`` with the app-level token and listens. Each ``events_api`` envelope is
+acknowledged only after its message is durable (the post function returned): an envelope not
+acknowledged is delivered again by Slack, and its ``event_id`` (``slack:<account>:<event_id>``
+as client_message_id) makes the second store a no-op. Replies go out with ``chat.postMessage``
+in mrkdwn, to the same channel and thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import Clock as SignatureClock
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
+from channels.slack_events import CHANNEL, Skip, inbound
+from channels.slack_format import SLACK_LIMIT, split
+from channels.store import ChannelStore
+from config.channels import SlackAccount
+from config.clock import Clock, iso
+from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NeotaskError, Unavailable
+
+log = logging.getLogger(__name__)
+DEFAULT_API = "https://slack.com/api/"
+
+
+class _SlackClock(SignatureClock):
+    """The gateway's clock for slack_sdk's timestamp check."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def now(self) -> float:
+        return self.clock().timestamp()
+
+
+class SlackConnector:
+    """One Slack app account."""
+
+    channel = CHANNEL
+
+    def __init__(
+        self, name: str, account: SlackAccount, bot_token: str, app_token: str, store: ChannelStore, *,
+        clock: Clock, limit: int = SLACK_LIMIT, signing_secret: str | None = None,
+    ) -> None:  # fmt: skip
+        self.account = name
+        self.settings = account
+        self.store = store
+        self.clock = clock
+        self.limit = limit
+        self.status = AccountStatus(CHANNEL, name, account.agent, account.mode, enabled=account.enabled)
+        base = account.api_base or DEFAULT_API
+        self.web = AsyncWebClient(token=bot_token, base_url=base if base.endswith("/") else base + "/")
+        self._app_token = app_token
+        self._socket: SocketModeClient | None = None
+        self._bot_user: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._post: PostFn | None = None
+        self._approved: set[str] = set()
+        self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
+
+    async def start(self, post: PostFn) -> None:
+        self._post = post
+        self._task = asyncio.create_task(self._run(), name=f"slack {self.account}")
+
+    def _refused(self, why: str) -> None:
+        message = (f"slack account {self.account}: {why}; this account is stopped, the others keep running;"
+                   f" fix {self.settings.bot_token_env} / {self.settings.app_token_env} and restart")  # fmt: skip
+        log.error("%s", message)
+        self.status.connected = False
+        self.status.last_error = message
+
+    async def _run(self) -> None:
+        try:
+            auth = await self.web.auth_test()
+        except SlackApiError as exc:
+            error = exc.response.get("error")
+            self._refused(f"auth.test refused the bot token in {self.settings.bot_token_env} ({error})")
+            return
+        self._bot_user = str(auth["user_id"])
+        self.status.username = str(auth.get("user") or self._bot_user)
+        self._approved = await self.store.approved(CHANNEL, self.account)
+        if self.settings.mode == "events":
+            self.status.connected = True
+            self.status.last_error = None
+            log.info("slack account %s: connected as %s, Events API at /hooks/slack/%s", self.account,
+                     self.status.username, self.account)  # fmt: skip
+            return
+        socket = SocketModeClient(app_token=self._app_token, web_client=self.web, logger=log)
+        socket.socket_mode_request_listeners.append(self._on_request)  # type: ignore[arg-type]
+        self._socket = socket
+        try:
+            await socket.connect()  # type: ignore[no-untyped-call]
+        except SlackApiError as exc:
+            self._refused(
+                f"apps.connections.open refused the app token in {self.settings.app_token_env}"
+                f" ({exc.response.get('error')})"
+            )
+            return
+        self.status.connected = True
+        self.status.last_error = None
+        log.info("slack account %s: connected as %s, Socket Mode", self.account, self.status.username)
+
+    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
+        """One Events API call (``/hooks/slack/<account>``): the signature is checked (slack_sdk's
+        verifier: ``v0`` HMAC of the timestamp and body, timestamp within 5 minutes); a
+        ``url_verification`` is answered with its challenge; an event returns once it is durable
+        (else raises, and Slack retries)."""
+        if self._verifier is None or not self._verifier.is_valid_request(body, dict(headers)):
+            raise InvalidSignature(
+                "missing, wrong or stale X-Slack-Signature / X-Slack-Request-Timestamp: the calls are signed with"
+                f" the secret in {self.settings.signing_secret_env}"
+            )
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            raise BadRequest("the body is not JSON") from None
+        if not isinstance(payload, dict):
+            raise BadRequest("the body is not a JSON object")
+        if payload.get("type") == "url_verification":
+            return {"challenge": payload.get("challenge")}
+        if self._bot_user is None or self._post is None:
+            raise ChannelNotReady(f"slack account {self.account} is not connected yet; Slack will retry")
+        if payload.get("type") == "event_callback" and not await self._take(payload):
+            raise ChannelNotReady("the event could not be stored now; Slack will retry")
+        return {"ok": True}
+
+    async def _on_request(self, client: SocketModeClient, request: SocketModeRequest) -> None:
+        if request.type != "events_api":
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+            return
+        if await self._take(request.payload):
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+
+    async def _take(self, payload: dict[str, Any]) -> bool:
+        """Hand one event on; True once it needs no further delivery (stored, or skipped)."""
+        assert self._bot_user is not None and self._post is not None
+        self.status.last_update_at = iso(self.clock())
+        message = inbound(payload, self.account, self.settings, self._bot_user)
+        if isinstance(message, Skip):
+            log.debug("slack account %s: event skipped: %s", self.account, message.reason)
+            return True
+        if message.chat_type == "direct" and not await self._admitted(message):
+            return True
+        try:
+            await self._post(message)
+        except Unavailable as exc:
+            log.warning("slack account %s: event not stored: %s", self.account, exc.message)
+            self.status.last_error = exc.message
+            return False
+        except NeotaskError as exc:
+            log.warning("slack account %s: event refused: %s", self.account, exc.message)
+            self.status.last_error = exc.message
+            return True
+        self.status.messages_in += 1
+        return True
+
+    async def _admitted(self, message: Inbound) -> bool:
+        policy = self.settings.dm_policy
+        sender = message.sender_id
+        if policy == "open" or sender in self.settings.allow_from:
+            return True
+        if policy == "pairing":
+            self._approved = await self.store.approved(CHANNEL, self.account)
+            if sender in self._approved:
+                return True
+            code = await self.store.pairing_code(CHANNEL, self.account, sender, None, iso(self.clock()))
+            log.info("slack account %s: pairing code %s given to unknown sender %s", self.account, code, sender)
+            await self.notify(message.target, f"This app does not know you yet. Pairing code: {code}\n"
+                              f"Ask its owner to run: neotask channels approve {code}")  # fmt: skip
+            return False
+        log.info("slack account %s: direct message from %s (not in allow_from) ignored", self.account, sender)
+        return False
+
+    def render(self, markdown: str) -> list[str]:
+        return split(markdown, self.limit)
+
+    async def send_part(self, target: Target, part: str) -> None:
+        try:
+            await self.web.chat_postMessage(channel=target.chat_id, text=part, thread_ts=target.thread_id, mrkdwn=True)
+        except SlackApiError as exc:
+            status = exc.response.status_code
+            error = exc.response.get("error")
+            if status == 429 or error == "ratelimited":
+                retry = exc.response.headers.get("Retry-After") or exc.response.headers.get("retry-after")
+                raise RetryLater(f"slack: {error}", float(retry) if retry else None) from None
+            if status >= 500 or error in ("internal_error", "fatal_error", "service_unavailable"):
+                raise RetryLater(f"slack: {status} {error}") from None
+            raise Rejected(f"slack: {error}") from None
+        except (TimeoutError, OSError) as exc:
+            raise RetryLater(f"slack: {type(exc).__name__}: {exc}") from None
+        self.status.messages_out += 1
+
+    async def typing(self, target: Target) -> None:
+        """Slack shows no typing indicator for apps over the Web API: nothing to do."""
+
+    async def notify(self, target: Target, text: str) -> None:
+        try:
+            await self.web.chat_postMessage(channel=target.chat_id, text=text, thread_ts=target.thread_id)
+        except SlackApiError as exc:
+            log.warning("slack account %s: notice to %s not sent: %s", self.account, target.chat_id, exc)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._socket is not None:
+            await self._socket.close()  # type: ignore[no-untyped-call]
+        if self.web.session is not None and not self.web.session.closed:
+            await self.web.session.close()
+        self.status.connected = False

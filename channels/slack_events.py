@@ -1,0 +1,78 @@
+"""Slack Events API events to :class:`~channels.protocol.Inbound` messages: pure decisions.
+
+- ``message`` events only (an ``app_mention`` repeats a channel message the bot also gets as a
+  ``message``): ``channel_type`` ``im`` is a direct chat; ``channel``, ``group`` and ``mpim`` are
+  channels (chat type ``channel``), and a reply in a thread keeps its ``thread_ts`` as the thread
+  (``:thread:`` in the key); the answer goes to the same thread.
+- In channels with ``require_mention`` the bot answers only when ``<@BOTID>`` is in the text;
+  other messages are stored without an answer when ``store_unmentioned`` is on, else skipped.
+- Files are described with the text (``[file report.pdf (application/pdf)]``); an edit
+  (``message_changed``) is stored as such without an answer; bots' messages and other subtypes
+  (joins, topic changes, deletions) are not stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from channels.protocol import ChatType, Inbound, Target
+from config.channels import SlackAccount
+
+CHANNEL = "slack"
+
+
+@dataclass(frozen=True)
+class Skip:
+    reason: str
+
+
+def _files(event: dict[str, Any]) -> str:
+    files = event.get("files") or []
+    return "\n".join(f"[file {f.get('name') or 'unnamed'} ({f.get('mimetype') or 'unknown type'})]" for f in files)
+
+
+def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, bot_user: str) -> Inbound | Skip:
+    """The message an ``event_callback`` payload carries for the engine, or why there is none."""
+    event = payload.get("event") or {}
+    if event.get("type") != "message":
+        return Skip(f"a {event.get('type')} event")
+    subtype = event.get("subtype")
+    edited = subtype == "message_changed"
+    if edited:
+        event = {**event, **(event.get("message") or {}), "channel": event.get("channel"),
+                 "channel_type": event.get("channel_type")}  # fmt: skip
+    elif subtype not in (None, "file_share", "thread_broadcast"):
+        return Skip(f"a {subtype} message")
+    if event.get("bot_id") or not event.get("user") or event.get("user") == bot_user:
+        return Skip("a bot's message")
+    chat_type: ChatType = "direct" if event.get("channel_type") == "im" else "channel"
+    text = event.get("text") or ""
+    files = _files(event)
+    text = f"{text}\n{files}".strip() if files else text
+    if not text:
+        return Skip("an empty message")
+    mention = f"<@{bot_user}>"
+    reply = True
+    if chat_type == "channel" and account.require_mention:
+        reply = mention in text
+    if edited:
+        text = f"[edited message {event.get('ts')}] {text}"
+        reply = False
+    if not reply and chat_type == "channel" and not account.store_unmentioned and not edited:
+        return Skip("a channel message that does not mention the bot")
+    thread = event.get("thread_ts") if chat_type == "channel" and event.get("thread_ts") != event.get("ts") else None
+    return Inbound(
+        channel=CHANNEL,
+        account=account_name,
+        agent=account.agent,
+        chat_type=chat_type,
+        chat_id=str(event.get("channel")),
+        sender_id=str(event["user"]),
+        sender_name=None,
+        thread_id=thread,
+        text=text,
+        update_id=str(payload.get("event_id") or event.get("client_msg_id") or event.get("ts")),
+        target=Target(chat_id=str(event.get("channel")), thread_id=thread),
+        reply=reply,
+    )

@@ -1,0 +1,279 @@
+"""``<home>/channels.db``: the durable outbox of replies and the pairing codes (SQLite, WAL,
+synchronous=FULL; one connection used from one thread at a time behind an asyncio lock, so the
+event loop never waits on the disk).
+
+Outbox rows, one per platform message that asks for an answer, keyed by its client_message_id:
+``pending`` (stored, no answer yet) → ``answered`` (the answer's text is here) → ``sent`` (every
+part accepted; ``parts_sent`` counts them as they go) or ``failed`` (refused for good). A row is
+written before the message is stored, so whatever a crash interrupts is found again at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from channels.protocol import Inbound
+
+T = TypeVar("T")
+CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
+CODE_LENGTH = 8
+_ROW = "inbound, state, reply, parts_sent, attempts, last_error"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox (
+    client_message_id TEXT PRIMARY KEY,
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    inbound TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reply TEXT,
+    reply_ref TEXT,
+    parts_sent INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outbox_state ON outbox(state);
+CREATE TABLE IF NOT EXISTS pairing (
+    code TEXT PRIMARY KEY,
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    sender_id TEXT NOT NULL,
+    sender_name TEXT,
+    created_at TEXT NOT NULL,
+    approved_at TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS pairing_sender ON pairing(channel, account, sender_id);
+"""
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    inbound: Inbound
+    state: str
+    reply: str | None
+    parts_sent: int
+    attempts: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class Pairing:
+    code: str
+    channel: str
+    account: str
+    sender_id: str
+    sender_name: str | None
+    approved: bool
+
+
+class ChannelStore:
+    """The outbox and the pairing table of one home."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def for_home(cls, home: Path) -> ChannelStore:
+        return cls(home / "channels.db")
+
+    def _open(self) -> sqlite3.Connection:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.close(fd)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=5000")
+        db.executescript(_SCHEMA)
+        return db
+
+    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        async with self._lock:
+            if self._db is None:
+                self._db = await asyncio.to_thread(self._open)
+            return await asyncio.to_thread(work, self._db)
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._db is not None:
+                db, self._db = self._db, None
+                await asyncio.to_thread(db.close)
+
+    # -- outbox ---------------------------------------------------------------------------------
+
+    async def expect(self, inbound: Inbound, now: str) -> None:
+        """A row for a message that asks for an answer (kept as it is if one exists)."""
+        payload = json.dumps(inbound.as_json())
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT OR IGNORE INTO outbox (client_message_id, channel, account, inbound, state, created_at,"
+                " updated_at) VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+                (inbound.client_message_id, inbound.channel, inbound.account, payload, now, now),
+            )
+
+        await self._run(work)
+
+    async def answer(self, client_message_id: str, reply: str, reply_ref: str | None, now: str) -> bool:
+        """Record the answer; False (and the row marked sent) when another row already carries the
+        same answer (``reply_ref``, the answer's key and seq: one turn answered several messages)."""
+
+        def work(db: sqlite3.Connection) -> bool:
+            if reply_ref is not None:
+                twin = db.execute(
+                    "SELECT 1 FROM outbox WHERE reply_ref = ? AND client_message_id != ?",
+                    (reply_ref, client_message_id),
+                ).fetchone()
+                if twin is not None:
+                    db.execute(
+                        "UPDATE outbox SET state = 'sent', reply = ?, reply_ref = ?,"
+                        " last_error = 'answered with an earlier message', updated_at = ? WHERE client_message_id = ?",
+                        (reply, reply_ref, now, client_message_id),
+                    )
+                    return False
+            db.execute(
+                "UPDATE outbox SET state = 'answered', reply = ?, reply_ref = ?, updated_at = ?"
+                " WHERE client_message_id = ?",
+                (reply, reply_ref, now, client_message_id),
+            )
+            return True
+
+        return await self._run(work)
+
+    async def part_sent(self, client_message_id: str, parts_sent: int, now: str) -> None:
+        await self._update(client_message_id, "parts_sent = ?", (parts_sent,), now)
+
+    async def sent(self, client_message_id: str, now: str) -> None:
+        await self._update(client_message_id, "state = 'sent', last_error = NULL", (), now)
+
+    async def failed(self, client_message_id: str, error: str, now: str) -> None:
+        await self._update(client_message_id, "state = 'failed', last_error = ?", (error,), now)
+
+    async def attempt_failed(self, client_message_id: str, error: str, now: str) -> None:
+        await self._update(client_message_id, "attempts = attempts + 1, last_error = ?", (error,), now)
+
+    async def _update(self, client_message_id: str, assignments: str, values: tuple[Any, ...], now: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            db.execute(
+                f"UPDATE outbox SET {assignments}, updated_at = ? WHERE client_message_id = ?",
+                (*values, now, client_message_id),
+            )
+
+        await self._run(work)
+
+    async def finished_since(self, since: str) -> list[str]:
+        """The client_message_ids of rows answered, sent or failed since ``since``."""
+
+        def work(db: sqlite3.Connection) -> list[str]:
+            rows = db.execute(
+                "SELECT client_message_id FROM outbox WHERE state != 'pending' AND updated_at >= ? ORDER BY updated_at",
+                (since,),
+            ).fetchall()
+            return [str(r[0]) for r in rows]
+
+        return await self._run(work)
+
+    async def prune(self, before: str) -> None:
+        """Forget sent and failed rows last touched before ``before``."""
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM outbox WHERE state IN ('sent', 'failed') AND updated_at < ?", (before,))
+
+        await self._run(work)
+
+    async def row(self, client_message_id: str) -> OutboxRow | None:
+        def work(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            return db.execute(
+                f"SELECT {_ROW} FROM outbox WHERE client_message_id = ?",
+                (client_message_id,),
+            ).fetchall()
+
+        rows = await self._run(work)
+        return _row(rows[0]) if rows else None
+
+    async def unsent(self) -> list[OutboxRow]:
+        """Rows a restart must finish (pending or answered), oldest first."""
+
+        def work(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            return db.execute(
+                f"SELECT {_ROW} FROM outbox"
+                " WHERE state IN ('pending', 'answered') ORDER BY created_at, rowid"
+            ).fetchall()
+
+        return [_row(r) for r in await self._run(work)]
+
+    # -- pairing --------------------------------------------------------------------------------
+
+    async def pairing_code(self, channel: str, account: str, sender_id: str, sender_name: str | None, now: str) -> str:
+        """The sender's pending code (the same one if asked again), made on first contact."""
+
+        def work(db: sqlite3.Connection) -> str:
+            found = db.execute(
+                "SELECT code FROM pairing WHERE channel = ? AND account = ? AND sender_id = ?",
+                (channel, account, sender_id),
+            ).fetchone()
+            if found:
+                return str(found[0])
+            code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+            db.execute(
+                "INSERT INTO pairing (code, channel, account, sender_id, sender_name, created_at) VALUES (?,?,?,?,?,?)",
+                (code, channel, account, sender_id, sender_name, now),
+            )
+            return code
+
+        return await self._run(work)
+
+    async def approve(self, code: str, now: str) -> Pairing | None:
+        """Approve a pending code (case-insensitive); None when no such code was given out."""
+
+        def work(db: sqlite3.Connection) -> Pairing | None:
+            found = db.execute(
+                "SELECT code, channel, account, sender_id, sender_name FROM pairing WHERE code = ?",
+                (code.strip().upper(),),
+            ).fetchone()
+            if found is None:
+                return None
+            db.execute("UPDATE pairing SET approved_at = COALESCE(approved_at, ?) WHERE code = ?", (now, found[0]))
+            return _pairing(found, approved=True)
+
+        return await self._run(work)
+
+    async def approved(self, channel: str, account: str) -> set[str]:
+        def work(db: sqlite3.Connection) -> set[str]:
+            rows = db.execute(
+                "SELECT sender_id FROM pairing WHERE channel = ? AND account = ? AND approved_at IS NOT NULL",
+                (channel, account),
+            ).fetchall()
+            return {str(r[0]) for r in rows}
+
+        return await self._run(work)
+
+    async def pairings(self) -> list[Pairing]:
+        def work(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            return db.execute(
+                "SELECT code, channel, account, sender_id, sender_name, approved_at IS NOT NULL FROM pairing"
+                " ORDER BY created_at"
+            ).fetchall()
+
+        return [_pairing(r, approved=bool(r[5])) for r in await self._run(work)]
+
+
+def _row(raw: tuple[Any, ...]) -> OutboxRow:
+    inbound, state, reply, parts_sent, attempts, last_error = raw
+    return OutboxRow(Inbound.from_json(json.loads(inbound)), state, reply, parts_sent, attempts, last_error)
+
+
+def _pairing(raw: tuple[Any, ...], *, approved: bool) -> Pairing:
+    code, channel, account, sender_id, sender_name = raw[:5]
+    return Pairing(str(code), str(channel), str(account), str(sender_id), sender_name, approved)

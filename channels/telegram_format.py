@@ -1,0 +1,181 @@
+"""Markdown (what models write) to the HTML subset Telegram renders, and long replies split into
+messages under Telegram's limit.
+
+Every character of the source is HTML-escaped before any tag is added, and each tag pair is made
+by one regular expression whose inner text holds no tag, so the result always nests correctly:
+Telegram never refuses it as unparsable. What cannot be converted stays as literal text. Splitting
+happens on the Markdown, at paragraph boundaries first (a fenced code block is one paragraph), then
+at line breaks, then at spaces, and each piece is rendered on its own, so no tag spans two messages.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable
+
+TELEGRAM_LIMIT = 4096  # characters (UTF-16 code units) of one message's text
+
+_FENCE = re.compile(r"^\s*```")
+_INLINE_CODE = re.compile(r"`([^`\n]+)`")
+_BOLD = re.compile(r"(\*\*|__)(?=\S)([^<>\n]*?\S)\1")
+_ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=[^\s*])([^<>*\n]*?[^\s*])\*(?![\w*])")
+_ITALIC_UNDERSCORE = re.compile(r"(?<![\w_])_(?=[^\s_])([^<>_\n]*?[^\s_])_(?![\w_])")
+_STRIKE = re.compile(r"~~(?=\S)([^<>\n]*?\S)~~")
+_LINK = re.compile(r"\[([^\[\]<>\n]+)\]\((https?://[^\s()<>\"]+|tg://[^\s()<>\"]+)\)")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
+_BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
+_QUOTE = re.compile(r"^\s{0,3}&gt;\s?(.*)$")
+_PLACEHOLDER = "\x00{}\x00"
+_TAG = re.compile(r"<[^>]+>")
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _link(match: re.Match[str]) -> str:
+    href = html.unescape(match.group(2)).replace("&", "&amp;").replace('"', "&quot;")
+    return f'<a href="{href}">{match.group(1)}</a>'
+
+
+def _inline(text: str) -> str:
+    """One line (or paragraph) of Markdown outside code blocks, escaped, with inline formatting."""
+    codes: list[str] = []
+
+    def keep_code(match: re.Match[str]) -> str:
+        codes.append(f"<code>{html.escape(match.group(1), quote=False)}</code>")
+        return _PLACEHOLDER.format(len(codes) - 1)
+
+    text = _INLINE_CODE.sub(keep_code, text.replace("\x00", ""))
+    out = html.escape(text, quote=False)
+    out = _BOLD.sub(r"<b>\2</b>", out)
+    out = _STRIKE.sub(r"<s>\1</s>", out)
+    out = _ITALIC_STAR.sub(r"<i>\1</i>", out)
+    out = _ITALIC_UNDERSCORE.sub(r"<i>\1</i>", out)
+    out = _LINK.sub(_link, out)
+    return re.sub(r"\x00(\d+)\x00", lambda m: codes[int(m.group(1))], out)
+
+
+def _line(line: str) -> str:
+    heading = _HEADING.match(line)
+    if heading:
+        return f"<b>{_inline(heading.group(1))}</b>"
+    bullet = _BULLET.match(line)
+    if bullet and not line.lstrip().startswith("**"):
+        return f"{bullet.group(1)}• {_inline(bullet.group(2))}"
+    return _inline(line)
+
+
+def to_html(markdown: str) -> str:
+    """Telegram HTML for a piece of Markdown (always well-formed, whatever the input)."""
+    lines = markdown.split("\n")
+    out: list[str] = []
+    quote: list[str] = []
+    i = 0
+
+    def flush_quote() -> None:
+        if quote:
+            out.append("<blockquote>" + "\n".join(quote) + "</blockquote>")
+            quote.clear()
+
+    while i < len(lines):
+        line = lines[i]
+        if _FENCE.match(line):
+            flush_quote()
+            language = line.strip()[3:].strip()
+            body: list[str] = []
+            i += 1
+            while i < len(lines) and not _FENCE.match(lines[i]):
+                body.append(lines[i])
+                i += 1
+            i += 1  # the closing fence (or the end of the text)
+            code = html.escape("\n".join(body), quote=False)
+            cls = f' class="language-{html.escape(language)}"' if re.fullmatch(r"[\w+#.-]+", language) else ""
+            out.append(f"<pre><code{cls}>{code}</code></pre>")
+            continue
+        quoted = _QUOTE.match(html.escape(line, quote=False))
+        if quoted:
+            quote.append(_line(html.unescape(quoted.group(1))))
+        else:
+            flush_quote()
+            out.append(_line(line))
+        i += 1
+    flush_quote()
+    return "\n".join(out)
+
+
+def to_plain(rendered: str) -> str:
+    """The text of rendered HTML without its tags (the fallback if a send is refused as unparsable)."""
+    return html.unescape(_TAG.sub("", rendered))
+
+
+def blocks(markdown: str) -> list[str]:
+    """Paragraphs of the Markdown, a fenced code block (blank lines and all) being one."""
+    out: list[str] = []
+    current: list[str] = []
+    in_fence = False
+    for line in markdown.split("\n"):
+        if _FENCE.match(line):
+            in_fence = not in_fence
+        if not in_fence and not line.strip() and not _FENCE.match(line):
+            if current:
+                out.append("\n".join(current))
+                current = []
+            continue
+        current.append(line)
+    if current:
+        out.append("\n".join(current))
+    return out
+
+
+Render = Callable[[str], str]
+
+
+def _pieces(block: str, limit: int, render: Render) -> list[str]:
+    """A block too long for one message, cut at line breaks, then spaces, then anywhere."""
+    if utf16_len(render(block)) <= limit:
+        return [block]
+    for sep in ("\n", " "):
+        parts = block.split(sep)
+        if len(parts) > 1:
+            out: list[str] = []
+            current = ""
+            for part in parts:
+                candidate = part if not current else current + sep + part
+                if current and utf16_len(render(candidate)) > limit:
+                    out.extend(_pieces(current, limit, render))
+                    current = part
+                else:
+                    current = candidate
+            out.extend(_pieces(current, limit, render) if current else [])
+            if len(out) > 1:
+                return out
+    # no separator left: cut the raw text so that each rendered piece fits (escaping grows text)
+    out = []
+    rest = block
+    while rest:
+        size = min(len(rest), limit)
+        while size > 1 and utf16_len(render(rest[:size])) > limit:
+            size = max(1, size * 3 // 4)
+        out.append(rest[:size])
+        rest = rest[size:]
+    return out
+
+
+def split(markdown: str, limit: int = TELEGRAM_LIMIT, render: Render = to_html) -> list[str]:
+    """The reply as Telegram HTML messages, each at most ``limit`` UTF-16 units, cut between
+    paragraphs wherever possible. An empty reply is one message saying so."""
+    parts: list[str] = []
+    current = ""
+    for block in blocks(markdown):
+        for piece in _pieces(block, limit, render):
+            candidate = piece if not current else current + "\n\n" + piece
+            if current and utf16_len(render(candidate)) > limit:
+                parts.append(render(current))
+                current = piece
+            else:
+                current = candidate
+    if current:
+        parts.append(render(current))
+    return parts or ["(empty reply)"]

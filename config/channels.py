@@ -1,0 +1,132 @@
+"""Chat channel settings (``channels.telegram.accounts.<name>``): which bots the daemon runs, the
+environment variable each token comes from (never the token itself), the agent the account posts
+to, and who may talk to it. Documented with their defaults in ``config/defaults.yaml``."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_ACCOUNT = re.compile(r"^[A-Za-z0-9_.@+\-/#]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DmPolicy = Literal["allowlist", "pairing", "open"]
+
+
+class TelegramAccount(_Model):
+    """One Telegram bot. ``mode``: ``polling`` (long polling, no public URL needed) or ``webhook``
+    (Telegram POSTs each update to ``webhook_url``, which must reach the daemon's
+    ``/hooks/telegram/<account>``; every call must carry the secret from ``webhook_secret_env``)."""
+
+    token_env: str = "TELEGRAM_BOT_TOKEN"
+    api_base: str | None = None  # e.g. http://127.0.0.1:8081 for a self-hosted Bot API server
+    agent: str = "main"
+    enabled: bool = True
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str | None = None
+    webhook_secret_env: str | None = None
+    dm_policy: DmPolicy = "allowlist"
+    allow_from: tuple[str, ...] = ()
+    require_mention: bool = True
+    store_unmentioned: bool = False
+    poll_timeout_s: int = Field(25, ge=0, le=50)
+
+    @field_validator("token_env", "webhook_secret_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_needs_url_and_secret(self) -> TelegramAccount:
+        if self.mode == "webhook" and (not self.webhook_url or not self.webhook_secret_env):
+            raise ValueError(
+                "mode: webhook needs webhook_url (the public https URL of /hooks/telegram/<account>) and"
+                " webhook_secret_env (the variable holding the secret Telegram sends with every call)"
+            )
+        return self
+
+    @field_validator("allow_from", mode="before")
+    @classmethod
+    def _ids_as_text(cls, value: Any) -> Any:
+        """Telegram user ids are numbers; YAML ``[123]`` and ``["123"]`` mean the same."""
+        if isinstance(value, list | tuple):
+            return tuple(str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value)
+        return value
+
+
+class TelegramSettings(_Model):
+    accounts: dict[str, TelegramAccount] = {}
+
+    @field_validator("accounts")
+    @classmethod
+    def _account_names(cls, value: dict[str, TelegramAccount]) -> dict[str, TelegramAccount]:
+        for name in value:
+            if not _ACCOUNT.match(name):
+                raise ValueError(f"account name {name!r} must match [A-Za-z0-9_.@+-/#]+")
+        return value
+
+
+class SlackAccount(_Model):
+    """One Slack app: ``mode`` ``socket`` (Socket Mode, no public URL needed; the app-level token,
+    ``xapp-`` with ``connections:write``, opens the socket) or ``events`` (the Events API: Slack
+    POSTs to ``/hooks/slack/<account>``, each call signed with the signing secret). The bot token
+    (``xoxb-``) calls the Web API either way."""
+
+    bot_token_env: str = "SLACK_BOT_TOKEN"
+    app_token_env: str = "SLACK_APP_TOKEN"
+    api_base: str | None = None  # e.g. https://slack-gov.com/api/ for GovSlack; null: https://slack.com/api/
+    agent: str = "main"
+    enabled: bool = True
+    mode: Literal["socket", "events"] = "socket"
+    signing_secret_env: str | None = None  # mode events: the app's signing secret
+    dm_policy: DmPolicy = "allowlist"
+    allow_from: tuple[str, ...] = ()
+    require_mention: bool = True
+    store_unmentioned: bool = False
+
+    @field_validator("bot_token_env", "app_token_env", "signing_secret_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
+        return value
+
+    @model_validator(mode="after")
+    def _events_need_a_secret(self) -> SlackAccount:
+        if self.mode == "events" and not self.signing_secret_env:
+            raise ValueError("mode: events needs signing_secret_env (the variable holding the app's signing secret)")
+        return self
+
+
+class SlackSettings(_Model):
+    accounts: dict[str, SlackAccount] = {}
+
+    @field_validator("accounts")
+    @classmethod
+    def _account_names(cls, value: dict[str, SlackAccount]) -> dict[str, SlackAccount]:
+        for name in value:
+            if not _ACCOUNT.match(name):
+                raise ValueError(f"account name {name!r} must match [A-Za-z0-9_.@+-/#]+")
+        return value
+
+
+class OutboxSettings(_Model):
+    """Replies waiting to be sent (``<home>/channels.db``): how long a failed send waits before the
+    next try, at most."""
+
+    max_backoff_s: float = Field(60, gt=0)
+
+
+class ChannelsSettings(_Model):
+    telegram: TelegramSettings = TelegramSettings()
+    slack: SlackSettings = SlackSettings()
+    outbox: OutboxSettings = OutboxSettings()

@@ -1,0 +1,338 @@
+"""Chat connectors wired to the engine (``channels/``): what a platform message becomes, and how
+its answer gets back.
+
+For each message a connector hands over (``post``): an outbox row when it asks for an answer
+(``<home>/channels.db``), then the message stored through the same path as ``POST /v1/messages``
+(key routing with ``session.dm_scope`` and ``bindings``, idempotency by ``client_message_id``);
+``post`` returns once the message is durable, so the connector acknowledges the platform only
+then. The model turn goes on in a background task with the platform's typing indicator; its
+answer is written to the row, then sent part by part (each accepted part is counted, so a restart
+resends none twice), retried after a network error, a 5xx or a 429 (its ``retry_after``
+honoured). At start, rows left pending or answered by a crash are finished: a pending one is
+posted again under its client_message_id (stored once; its turn runs if it never finished), an
+answered one is sent. Chat commands (``/new``, ``/status``...) are answered the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from channels.protocol import AccountStatus, Connector, Inbound, Rejected, RetryLater
+from channels.slack import SlackConnector
+from channels.store import ChannelStore, OutboxRow, Pairing
+from channels.telegram import TelegramConnector
+from config.clock import Clock, iso
+from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown
+from config.settings import Settings
+from gateway.commands import Commands, dispatch, parse_command
+from gateway.crashpoints import CRASH_ENV
+from gateway.turns import Conversations, Outcome, Post
+from sessions.keys import Ingress, route
+
+log = logging.getLogger(__name__)
+TYPING_EVERY_S = 4.0
+HANDLED_KEPT = 200_000  # client_message_ids kept in memory; older redeliveries are looked up in channels.db
+KEEP_ROWS = timedelta(days=2)  # sent and failed outbox rows kept this long (redelivery and idempotency: a day)
+CRASH_STEPS = ("channels.stored", "channels.answered")
+
+
+class ChannelIntake:
+    """The connectors of every configured account, the outbox, and the background turns."""
+
+    def __init__(
+        self,
+        conversations: Conversations,
+        commands: Commands,
+        settings: Settings,
+        store: ChannelStore,
+        env: Mapping[str, str],
+        *,
+        clock: Clock,
+    ) -> None:
+        self.conv = conversations
+        self.commands = commands
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.max_backoff_s = settings.channels.outbox.max_backoff_s
+        self.connectors: dict[tuple[str, str], Connector] = {}
+        self.statuses: list[AccountStatus] = []
+        self._crash_at = env.get(CRASH_ENV) if env.get(CRASH_ENV) in CRASH_STEPS else None
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._handled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._tasks: set[asyncio.Task[bool]] = set()
+        self._send_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+        self._started = asyncio.Event()
+        for name, account in settings.channels.telegram.accounts.items():
+            status = AccountStatus("telegram", name, account.agent, account.mode, enabled=account.enabled)
+            if not account.enabled:
+                self.statuses.append(status)
+                continue
+            token = env.get(account.token_env)
+            if not token:
+                status.last_error = (f"telegram account {name}: {account.token_env} is not set; this account is"
+                                     " stopped, the others keep running")  # fmt: skip
+                self.statuses.append(status)
+                continue
+            secret = env.get(account.webhook_secret_env) if account.webhook_secret_env else None
+            if account.mode == "webhook" and not secret:
+                status.last_error = (f"telegram account {name}: {account.webhook_secret_env} is not set (the webhook"
+                                     " secret); this account is stopped, the others keep running")  # fmt: skip
+                self.statuses.append(status)
+                continue
+            connector = TelegramConnector(name, account, token, store, clock=clock, webhook_secret=secret)
+            self.connectors[("telegram", name)] = connector
+            self.statuses.append(connector.status)
+
+        for name, slack in settings.channels.slack.accounts.items():
+            status = AccountStatus("slack", name, slack.agent, slack.mode, enabled=slack.enabled)
+            if not slack.enabled:
+                self.statuses.append(status)
+                continue
+            needed = [slack.bot_token_env, slack.app_token_env if slack.mode == "socket" else slack.signing_secret_env]
+            missing = [v for v in needed if v and not env.get(v)]
+            if missing:
+                status.last_error = (f"slack account {name}: {' and '.join(missing)} not set; this account is"
+                                     " stopped, the others keep running")  # fmt: skip
+                self.statuses.append(status)
+                continue
+            secret = env.get(slack.signing_secret_env) if slack.signing_secret_env else None
+            slack_connector = SlackConnector(name, slack, env[slack.bot_token_env], env.get(slack.app_token_env, ""),
+                                             store, clock=clock, signing_secret=secret)  # fmt: skip
+            self.connectors[("slack", name)] = slack_connector
+            self.statuses.append(slack_connector.status)
+
+    def _now(self) -> str:
+        return iso(self.clock())
+
+    def _crash(self, step: str) -> None:
+        if self._crash_at == step:
+            log.warning("test hook: killing this process at %s", step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def start(self) -> None:
+        """Finish what a previous process left in the outbox, then start every connector."""
+        for status in self.statuses:
+            if status.last_error:
+                log.error("%s", status.last_error)
+        await self.store.prune(iso(self.clock() - KEEP_ROWS))
+        for cmid in await self.store.finished_since(iso(self.clock() - KEEP_ROWS)):
+            self._remember(cmid)
+        for row in await self.store.unsent():
+            if row.inbound.client_message_id not in self._inflight:
+                self._launch(row.inbound, row)
+        for connector in self.connectors.values():
+            await connector.start(self.post)
+        self._started.set()
+
+    # -- inbound --------------------------------------------------------------------------------
+
+    async def post(self, inbound: Inbound) -> None:
+        """Store one platform message; return once it is durable (the turn goes on)."""
+        cmid = inbound.client_message_id
+        if cmid in self._handled:
+            return  # handled before: a redelivery
+        pending = self._inflight.get(cmid)
+        if pending is None:
+            row = None
+            if len(self._handled) >= HANDLED_KEPT:  # older ids were forgotten: ask the outbox
+                row = await self.store.row(cmid)
+                if row is not None and row.state != "pending":
+                    return
+            pending = self._inflight.get(cmid) or self._launch(inbound, row)
+        await asyncio.shield(pending)
+        self._crash("channels.stored")
+
+    def _remember(self, cmid: str) -> None:
+        self._handled[cmid] = None
+        if len(self._handled) > HANDLED_KEPT:
+            self._handled.popitem(last=False)
+
+    def _launch(self, inbound: Inbound, row: OutboxRow | None) -> asyncio.Future[None]:
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        cmid = inbound.client_message_id
+        self._inflight[cmid] = stored
+        task = asyncio.create_task(self._handle(inbound, row, stored), name=f"channel message {cmid}")
+        self._tasks.add(task)
+
+        def done(finished: asyncio.Task[bool]) -> None:
+            self._tasks.discard(finished)
+            if self._inflight.get(cmid) is stored:
+                del self._inflight[cmid]
+            if not stored.done():
+                stored.set_exception(ShuttingDown("the gateway stopped before the message was stored"))
+                stored.exception()
+            if not finished.cancelled() and (exc := finished.exception()) is not None:
+                log.error("channel message %s failed", cmid, exc_info=exc)
+            elif not finished.cancelled() and finished.result():
+                self._remember(cmid)
+
+        task.add_done_callback(done)
+        return stored
+
+    def _post_for(self, inbound: Inbound) -> Post:
+        key = route(
+            Ingress(inbound.channel, inbound.chat_type, inbound.chat_id, inbound.sender_id, inbound.thread_id,
+                    inbound.agent),
+            dm_scope=self.settings.session.dm_scope,
+            bindings=self.settings.bindings,
+            agents=self.settings.agents,
+        )  # fmt: skip
+        return Post(
+            key=key,
+            role="user",
+            content=inbound.text,
+            name=inbound.sender_name or inbound.sender_id,
+            sender_id=inbound.sender_id,
+            reply=inbound.reply,
+            client_message_id=inbound.client_message_id,
+        )
+
+    async def _handle(self, inbound: Inbound, row: OutboxRow | None, stored: asyncio.Future[None]) -> bool:
+        def on_stored(_: Outcome) -> None:
+            if not stored.done():
+                stored.set_result(None)
+
+        await self._started.wait()
+        if row is not None and row.state == "answered":
+            on_stored(Outcome("", None, None))
+            await self._deliver(inbound.client_message_id)
+            return True
+        try:
+            post = self._post_for(inbound)
+            command = inbound.reply and parse_command(inbound.text) is not None
+            wants_reply = inbound.reply and (command or self.conv.needs_turn(post))
+            if wants_reply and row is None:
+                await self.store.expect(inbound, self._now())
+        except BaseException as exc:
+            if not stored.done():
+                stored.set_exception(exc)
+            raise
+        connector = self.connectors.get((inbound.channel, inbound.account))
+        typing: asyncio.Task[None] | None = None
+        try:
+            if command:
+                outcome = await dispatch(self.commands, post)
+            else:
+                if wants_reply and connector is not None:
+                    typing = asyncio.create_task(self._typing(connector, inbound, stored))
+                outcome = await self.conv.post(post, on_stored=on_stored)
+        except ShuttingDown:
+            return False  # the row stays pending: the next start finishes it
+        except NeotaskError as exc:
+            if not stored.done():
+                stored.set_exception(exc)
+                return True
+            log.warning("%s: the turn on %s failed: %s", inbound.client_message_id, post.key.raw, exc.message)
+            outcome = Outcome(post.key.raw, None, None, reply={"content": f"(no answer: {exc.message})", "seq": None})
+        finally:
+            if typing is not None:
+                typing.cancel()
+            on_stored(Outcome("", None, None))  # a repeat stores nothing new and calls no on_stored
+        if not wants_reply:
+            return True
+        reply = outcome.reply
+        text = reply["content"] if reply is not None else None
+        if not text:
+            await self.store.sent(inbound.client_message_id, self._now())
+            return True
+        ref = f"{outcome.session_key}#{reply['seq']}" if reply is not None and reply.get("seq") is not None else None
+        if await self.store.answer(inbound.client_message_id, text, ref, self._now()):
+            self._crash("channels.answered")
+            await self._deliver(inbound.client_message_id)
+        return True
+
+    async def _typing(self, connector: Connector, inbound: Inbound, stored: asyncio.Future[None]) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(stored)
+        while True:
+            with contextlib.suppress(Rejected):
+                await connector.typing(inbound.target)
+            await asyncio.sleep(TYPING_EVERY_S)
+
+    # -- outbound -------------------------------------------------------------------------------
+
+    async def _deliver(self, cmid: str) -> None:
+        """Send an answered row's remaining parts, in order, retrying until the platform takes them."""
+        row = await self.store.row(cmid)
+        if row is None or row.state != "answered" or row.reply is None:
+            return
+        inbound = row.inbound
+        connector = self.connectors.get((inbound.channel, inbound.account))
+        if connector is None:
+            await self.store.failed(cmid, f"{inbound.channel} account {inbound.account} is not running", self._now())
+            return
+        lock = self._send_locks.setdefault((inbound.channel, inbound.account, inbound.target.chat_id), asyncio.Lock())
+        async with lock:
+            parts = connector.render(row.reply)
+            backoff = 1.0
+            sent = row.parts_sent
+            while sent < len(parts):
+                try:
+                    await connector.send_part(inbound.target, parts[sent])
+                except RetryLater as exc:
+                    wait = exc.retry_after if exc.retry_after is not None else backoff
+                    backoff = min(backoff * 2, self.max_backoff_s)
+                    connector.status.last_error = str(exc)
+                    log.warning("%s: part %d not sent (%s); trying again in %.1f s", cmid, sent + 1, exc, wait)
+                    await self.store.attempt_failed(cmid, str(exc), self._now())
+                    await asyncio.sleep(min(wait, self.max_backoff_s))
+                    continue
+                except Rejected as exc:
+                    connector.status.last_error = str(exc)
+                    log.error("%s: the reply was refused for good: %s", cmid, exc)
+                    await self.store.failed(cmid, str(exc), self._now())
+                    return
+                sent += 1
+                await self.store.part_sent(cmid, sent, self._now())
+            await self.store.sent(cmid, self._now())
+
+    # -- status, pairing, shutdown --------------------------------------------------------------
+
+    def telegram_webhook(self, account: str) -> TelegramConnector:
+        """The connector a ``/hooks/telegram/<account>`` call is for."""
+        connector = self.connectors.get(("telegram", account))
+        if not isinstance(connector, TelegramConnector) or connector.settings.mode != "webhook":
+            raise NotFound(f"no running Telegram account {account!r} in webhook mode (channels.telegram.accounts)")
+        return connector
+
+    def slack_events(self, account: str) -> SlackConnector:
+        """The connector a ``/hooks/slack/<account>`` call is for."""
+        connector = self.connectors.get(("slack", account))
+        if not isinstance(connector, SlackConnector) or connector.settings.mode != "events":
+            raise NotFound(f"no running Slack account {account!r} in events mode (channels.slack.accounts)")
+        return connector
+
+    def status(self) -> list[dict[str, Any]]:
+        return [s.as_json() for s in self.statuses]
+
+    async def approve(self, code: str) -> Pairing:
+        pairing = await self.store.approve(code, self._now())
+        if pairing is None:
+            raise PairingCodeNotFound(
+                f"no pairing code {code!r} was given out; the code is in the bot's answer to the unknown sender"
+                " (and in the gateway log)"
+            )
+        return pairing
+
+    async def idle(self) -> None:
+        """Wait until every message in hand is answered and sent (tests)."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    async def close(self) -> None:
+        for connector in self.connectors.values():
+            await connector.stop()
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.store.close()

@@ -1,0 +1,62 @@
+"""``<home>/channels.db``: the outbox's states and the pairing codes, on a real SQLite file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from channels.protocol import Inbound, Target
+from channels.store import CODE_ALPHABET, CODE_LENGTH, ChannelStore
+
+NOW = "2026-12-01T10:00:00+00:00"
+
+
+def inbound(update: str) -> Inbound:
+    return Inbound("telegram", "main", "main", "direct", "555", "555", "hi", update, Target("555"))
+
+
+async def test_rows_go_pending_answered_sent_and_survive_a_reopen(tmp_path: Path) -> None:
+    store = ChannelStore.for_home(tmp_path)
+    await store.expect(inbound("1"), NOW)
+    await store.expect(inbound("1"), NOW)  # kept as it is
+    await store.expect(inbound("2"), NOW)
+    assert await store.answer("telegram:main:1", "the answer", "agent:main:main#2", NOW) is True
+    await store.part_sent("telegram:main:1", 1, NOW)
+    await store.close()
+    assert (tmp_path / "channels.db").stat().st_mode & 0o777 == 0o600
+    store = ChannelStore.for_home(tmp_path)
+    rows = {r.inbound.update_id: r for r in await store.unsent()}
+    assert rows["1"].state == "answered" and rows["1"].reply == "the answer" and rows["1"].parts_sent == 1
+    assert rows["1"].inbound == inbound("1")
+    assert rows["2"].state == "pending"
+    await store.sent("telegram:main:1", NOW)
+    assert [r.inbound.update_id for r in await store.unsent()] == ["2"]
+    assert await store.finished_since("2026-12-01T00:00:00+00:00") == ["telegram:main:1"]
+    await store.prune("2026-12-02T00:00:00+00:00")
+    assert await store.row("telegram:main:1") is None and await store.row("telegram:main:2") is not None
+    await store.close()
+
+
+async def test_one_answer_to_several_messages_is_sent_once(tmp_path: Path) -> None:
+    store = ChannelStore.for_home(tmp_path)
+    for update in ("1", "2"):
+        await store.expect(inbound(update), NOW)
+    assert await store.answer("telegram:main:1", "both", "agent:main:main#5", NOW) is True
+    assert await store.answer("telegram:main:2", "both", "agent:main:main#5", NOW) is False
+    second = await store.row("telegram:main:2")
+    assert second is not None and second.state == "sent"
+    await store.close()
+
+
+async def test_a_pairing_code_is_stable_per_sender_and_approval_is_case_insensitive(tmp_path: Path) -> None:
+    store = ChannelStore.for_home(tmp_path)
+    code = await store.pairing_code("telegram", "main", "902", "Cy", NOW)
+    assert len(code) == CODE_LENGTH and set(code) <= set(CODE_ALPHABET)
+    assert await store.pairing_code("telegram", "main", "902", "Cy", NOW) == code
+    assert await store.pairing_code("telegram", "other", "902", "Cy", NOW) != code
+    assert await store.approved("telegram", "main") == set()
+    assert await store.approve("nope", NOW) is None
+    pairing = await store.approve(f" {code.lower()} ", NOW)
+    assert pairing is not None and (pairing.account, pairing.sender_id, pairing.sender_name) == ("main", "902", "Cy")
+    assert await store.approved("telegram", "main") == {"902"}
+    assert await store.approved("telegram", "other") == set()
+    await store.close()

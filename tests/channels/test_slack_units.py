@@ -1,0 +1,77 @@
+"""Slack: Markdown to mrkdwn, and Events API events to the messages the engine stores (tables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from channels.protocol import Inbound
+from channels.slack_events import Skip, inbound
+from channels.slack_format import split, to_mrkdwn
+from config.channels import SlackAccount
+
+
+@pytest.mark.parametrize(
+    ("markdown", "expected"),
+    [
+        ("a & <b> > c", "a &amp; &lt;b&gt; &gt; c"),
+        ("**bold** *it* _it_ ~~gone~~", "*bold* _it_ _it_ ~gone~"),
+        ("[site](https://e.com/?a=1&b=2)", "<https://e.com/?a=1&b=2|site>"),
+        ("`a*b* <x>`", "`a*b* &lt;x&gt;`"),
+        ("# Title\n- item", "*Title*\n• item"),
+        ("```\nif a<b:\n  **x**\n```", "```\nif a&lt;b:\n  **x**\n```"),
+        ("```\nunclosed", "```\nunclosed\n```"),
+    ],
+)
+def test_markdown_becomes_mrkdwn(markdown: str, expected: str) -> None:
+    assert to_mrkdwn(markdown) == expected
+
+
+def test_a_long_answer_is_split_between_paragraphs_under_the_limit() -> None:
+    text = "\n\n".join(f"Part {i}. " + "word " * 150 for i in range(12))
+    parts = split(text)
+    assert len(parts) > 1 and all(len(p) <= 4000 for p in parts) and "\n\n".join(parts) == text
+
+
+CH = "channel"
+
+
+def payload(**event: Any) -> dict[str, Any]:
+    return {"event_id": "Ev1", "event": {"type": "message", "user": "U1", "ts": "1.000100", **event}}
+
+
+@pytest.mark.parametrize(
+    ("event", "account", "expected"),
+    [
+        ({"channel": "D1", "channel_type": "im", "text": "hi"}, {}, ("direct", None, True)),
+        ({"channel": "C1", "channel_type": CH, "text": "hi"}, {}, "skip"),
+        ({"channel": "C1", "channel_type": CH, "text": "hi"}, {"store_unmentioned": 1}, ("channel", None, False)),
+        ({"channel": "C1", "channel_type": CH, "text": "<@UBOT> hi"}, {}, ("channel", None, True)),
+        ({"channel": "C1", "channel_type": CH, "text": "<@UBOT> hi", "thread_ts": "0.5"}, {}, ("channel", "0.5", True)),
+        ({"channel": "C1", "channel_type": CH, "text": "<@UBOT>", "thread_ts": "1.000100"}, {}, (CH, None, True)),
+        ({"channel": "G1", "channel_type": "group", "text": "hi"}, {"require_mention": False}, ("channel", None, True)),
+        ({"channel": "D1", "channel_type": "im", "text": "x", "bot_id": "B1"}, {}, "skip"),
+        ({"channel": "D1", "channel_type": "im", "text": "x", "user": "UBOT"}, {}, "skip"),
+        ({"channel": "C1", "channel_type": CH, "subtype": "channel_join", "text": "joined"}, {}, "skip"),
+    ],
+)  # fmt: skip
+def test_events_become_messages(event: dict[str, Any], account: dict[str, Any], expected: object) -> None:
+    got = inbound(payload(**event), "work", SlackAccount(**account), "UBOT")
+    if expected == "skip":
+        assert isinstance(got, Skip)
+        return
+    assert isinstance(got, Inbound)
+    assert (got.chat_type, got.thread_id, got.reply) == expected
+    assert got.client_message_id == "slack:work:Ev1" and got.target.thread_id == got.thread_id
+
+
+def test_files_are_described_and_an_edit_is_stored_without_an_answer() -> None:
+    files = [{"name": "r.pdf", "mimetype": "application/pdf"}]
+    got = inbound(payload(channel="D1", channel_type="im", subtype="file_share", text="see", files=files), "w",
+                  SlackAccount(), "UBOT")  # fmt: skip
+    assert isinstance(got, Inbound) and got.text == "see\n[file r.pdf (application/pdf)]"
+    edit = payload(channel="D1", channel_type="im", subtype="message_changed",
+                   message={"user": "U1", "text": "fixed", "ts": "1.0"})  # fmt: skip
+    got = inbound(edit, "w", SlackAccount(), "UBOT")
+    assert isinstance(got, Inbound) and got.text == "[edited message 1.0] fixed" and got.reply is False

@@ -1,0 +1,182 @@
+"""A local Slack server for the test suite: the Web API methods the connector calls and Socket
+Mode, recording every call and every acknowledgement.
+
+- ``POST /api/auth.test`` (bot token), ``POST /api/apps.connections.open`` (app-level token: the
+  answer's ``url`` is this server's WebSocket), ``POST /api/chat.postMessage`` (recorded);
+  an unknown token answers ``{"ok": false, "error": "invalid_auth"}``.
+- ``GET /link``: the Socket Mode WebSocket. It says ``hello``, then pushes each queued event as
+  an ``events_api`` envelope; an envelope the client does not acknowledge (``{"envelope_id"}``)
+  is pushed again on the next connection, with ``retry_attempt`` counted, as Slack does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+
+@dataclass
+class Call:
+    method: str
+    token: str
+    params: dict[str, Any]
+    at: float
+
+
+@dataclass
+class App:
+    bot_token: str
+    app_token: str
+    bot_user: str
+    envelopes: dict[str, dict[str, Any]] = field(default_factory=dict)  # not yet acknowledged
+    acks: list[str] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class SlackServer:
+    def __init__(self) -> None:
+        self.apps: list[App] = []
+        self.calls: list[Call] = []
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self._changed = asyncio.Condition()
+        self._sockets: set[web.WebSocketResponse] = set()
+        self.failures: dict[str, list[tuple[int, str, int | None]]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/"
+
+    def add_app(self, bot_token: str, app_token: str, bot_user: str = "UBOT") -> App:
+        app = App(bot_token, app_token, bot_user)
+        self.apps.append(app)
+        return app
+
+    async def start(self) -> None:
+        server = web.Application()
+        server.router.add_post("/api/{method}", self._api)
+        server.router.add_get("/link", self._link)
+        self._runner = web.AppRunner(server)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def close(self) -> None:
+        for ws in list(self._sockets):
+            await ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def __aenter__(self) -> SlackServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- what tests do ------------------------------------------------------------------------
+
+    def message(self, app: App, *, channel: str, user: str, text: str, channel_type: str = "im",
+                thread_ts: str | None = None, **extra: Any) -> str:  # fmt: skip
+        """Queue a ``message`` event; its event_id is returned."""
+        n = next(self._ids)
+        event: dict[str, Any] = {"type": "message", "channel": channel, "channel_type": channel_type, "user": user,
+                                 "text": text, "ts": f"1700000000.{n:06d}", **extra}  # fmt: skip
+        if thread_ts is not None:
+            event["thread_ts"] = thread_ts
+        event_id = f"Ev{n:08d}"
+        payload = {"team_id": "T1", "api_app_id": "A1", "event": event, "type": "event_callback", "event_id": event_id,
+                   "event_time": int(time.time())}  # fmt: skip
+        envelope = {"envelope_id": f"env-{n}", "type": "events_api", "accepts_response_payload": False,
+                    "retry_attempt": 0, "retry_reason": "", "payload": payload}  # fmt: skip
+        app.envelopes[envelope["envelope_id"]] = envelope
+        app.arrived.set()
+        return event_id
+
+    def fail(self, method: str, status: int, error: str, retry_after: int | None = None, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` answer this failure (429 with ``Retry-After``)."""
+        self.failures.setdefault(method, []).extend([(status, error, retry_after)] * times)
+
+    def posted(self, channel: str | None = None) -> list[Call]:
+        return [c for c in self.calls if c.method == "chat.postMessage" and c.params.get("_ok")
+                and (channel is None or c.params.get("channel") == channel)]  # fmt: skip
+
+    async def wait_for(self, predicate: Any, timeout: float = 30.0) -> None:
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- the Web API ----------------------------------------------------------------------------
+
+    async def _api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if request.content_type == "application/json":
+            params = dict(await request.json())
+        else:
+            params = {k: v for k, v in (await request.post()).items() if isinstance(v, str)}
+        self.calls.append(Call(method, token, params, time.monotonic()))
+        try:
+            if method == "apps.connections.open":
+                if not any(a.app_token == token for a in self.apps):
+                    return web.json_response({"ok": False, "error": "invalid_auth"})
+                return web.json_response({"ok": True, "url": f"ws://127.0.0.1:{self.port}/link?token={token}"})
+            app = next((a for a in self.apps if a.bot_token == token), None)
+            if app is None:
+                return web.json_response({"ok": False, "error": "invalid_auth"})
+            if method == "auth.test":
+                return web.json_response({"ok": True, "user_id": app.bot_user, "user": "neotask", "team_id": "T1"})
+            if self.failures.get(method):
+                status, error, retry_after = self.failures[method].pop(0)
+                headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+                return web.json_response({"ok": False, "error": error}, status=status, headers=headers)
+            if method == "chat.postMessage":
+                params["_ok"] = True
+                ts = f"1700000001.{next(self._ids):06d}"
+                return web.json_response({"ok": True, "channel": params.get("channel"), "ts": ts})
+            return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
+        finally:
+            await self._notify()
+
+    async def _link(self, request: web.Request) -> web.WebSocketResponse:
+        app = next(a for a in self.apps if a.app_token == request.query.get("token"))
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self._sockets.add(ws)
+        await ws.send_json({"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A1"}})
+        sent: set[str] = set()
+
+        async def push() -> None:
+            while not ws.closed:
+                for envelope_id, envelope in list(app.envelopes.items()):
+                    if envelope_id not in sent:
+                        sent.add(envelope_id)
+                        await ws.send_json(envelope)
+                        envelope["retry_attempt"] += 1
+                app.arrived.clear()
+                await app.arrived.wait()
+
+        pusher = asyncio.create_task(push())
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.TEXT:
+                    data = json.loads(msg.data)
+                    envelope_id = data.get("envelope_id")
+                    if envelope_id and app.envelopes.pop(envelope_id, None) is not None:
+                        app.acks.append(envelope_id)
+                        await self._notify()
+        finally:
+            pusher.cancel()
+            self._sockets.discard(ws)
+        return ws
