@@ -37,6 +37,7 @@ from sessions.damage import EXIT_STATE, DamagedState, check_writable
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
+from sessions.permissions import tighten_root
 
 log = logging.getLogger(__name__)
 QUIET_LOGGERS = ("apscheduler", "httpx", "httpx2", "openai", "sentence_transformers")
@@ -111,6 +112,7 @@ def run_daemon(
     try:
         try:
             check_writable(home.root)
+            widened = tighten_root(home.root)  # a home made 0755 by the user's umask: private now
             _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
         except DamagedState as exc:
             print(f"error: {exc.message}", file=sys.stderr, flush=True)
@@ -129,6 +131,8 @@ def run_daemon(
         with _logging_to(home, config.settings.logging):
             for warning in config.warnings:
                 log.warning(warning)
+            if widened is not None:
+                log.warning("the home %s was mode %04o (readable by other users): now %04o", home.root, widened, widened & 0o700)
             try:
                 return eventloop.run(_serve(config, bind_host, bind_port, env), gateway.event_loop)
             finally:
