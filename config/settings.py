@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.crontab import check_schedule
+from config.sizes import parse_threshold
 
 
 class Model(BaseModel):
@@ -66,6 +67,15 @@ class LoggingSettings(Model):
 class StorageSettings(Model):
     fsync: Literal["batch", "always", "never"] = "batch"
     sessions_flush_ms: int = Field(1000, ge=0)
+    min_free: str | int | None = None  # None: the smaller of 1 GiB and 5 % of the disk
+    free_check_ms: int = Field(250, ge=0)
+
+    @field_validator("min_free")
+    @classmethod
+    def _check_min_free(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            parse_threshold(value)
+        return value
 
 
 class ModelSettings(Model):

@@ -132,7 +132,9 @@ def run_daemon(
             for warning in config.warnings:
                 log.warning(warning)
             if widened is not None:
-                log.warning("the home %s was mode %04o (readable by other users): now %04o", home.root, widened, widened & 0o700)
+                log.warning(
+                    "the home %s was mode %04o (readable by other users): now %04o", home.root, widened, widened & 0o700
+                )
             try:
                 return eventloop.run(_serve(config, bind_host, bind_port, env), gateway.event_loop)
             finally:
