@@ -62,6 +62,7 @@ class LoggingSettings(Model):
     max_bytes: int = Field(10485760, ge=0)
     backup_count: int = Field(5, ge=0)
     repeat_window_s: float = Field(60, ge=0)
+    format: Literal["text", "json"] = "text"
 
 
 class StorageSettings(Model):

@@ -31,6 +31,7 @@ from gateway import eventloop
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
+from gateway.log_json import ContextFilter, JsonFormatter
 from gateway.logs import RepeatFilter, file_handler
 from gateway.runner import JsonErrorsAppRunner
 from sessions.damage import EXIT_STATE, DamagedState, check_writable
@@ -129,6 +130,12 @@ def run_daemon(
             )
             return EXIT_REFUSED
         with _logging_to(home, config.settings.logging):
+            log.info(
+                "neotask %s starting: home %s, backend files, config %s",
+                version(),
+                home.root,
+                config.config_path or "defaults and environment (no config file)",
+            )
             for warning in config.warnings:
                 log.warning(warning)
             if widened is not None:
@@ -240,7 +247,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[None]:
     """Log to stderr and ``<home>/logs/gateway.log`` (rotated by size, repeats counted, not
     written: ``gateway.logs``) through a queue, so the event loop never waits on a log write."""
     home.logs.mkdir(parents=True, exist_ok=True)
-    formatter = logging.Formatter(LOG_FORMAT)
+    formatter = JsonFormatter() if settings.format == "json" else logging.Formatter(LOG_FORMAT)
     stderr = logging.StreamHandler(sys.stderr)
     file = file_handler(home.logs / "gateway.log", settings)
     for handler in (stderr, file):
@@ -250,6 +257,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[None]:
     root = logging.getLogger()
     queue_handler = logging.handlers.QueueHandler(records)
     queue_handler.addFilter(RepeatFilter(settings.repeat_window_s))
+    queue_handler.addFilter(ContextFilter())  # the ids of the request or turn, taken where it logs
     previous_level = root.level
     root.addHandler(queue_handler)
     root.setLevel(logging.INFO)
