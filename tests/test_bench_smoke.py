@@ -126,3 +126,10 @@ async def test_real_home_bench_builds_through_the_api_and_opens(capsys: pytest.C
     assert status in (0, 1), out
     assert "home: 40 running runs (4 compacted), 4 completed, 4 archived" in out, out
     assert "SessionStore.open / plain read, 40 sessions" in out
+
+
+def test_disk_budget_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import disk_budget
+
+    assert disk_budget.main(["--quick"]) == 0
+    assert "os.statvfs" in capsys.readouterr().out
