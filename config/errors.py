@@ -302,7 +302,10 @@ class InsufficientStorage(NeotaskError):
 
     status = 507
     code = "insufficient_storage"
-    doc = "the disk is full: nothing was stored, nothing half written, no seq consumed; send again once space frees"
+    doc = (
+        "the disk is full, or its free space is below `storage.min_free`: nothing was stored, nothing half"
+        " written, no seq consumed; send again once space frees"
+    )
 
 
 # -- not HTTP -------------------------------------------------------------------------------------

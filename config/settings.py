@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from config.channels import ChannelsSettings
 from config.crontab import check_schedule
+from config.sizes import parse_threshold
 
 
 class Model(BaseModel):
@@ -91,11 +92,21 @@ class LoggingSettings(Model):
     max_bytes: int = Field(10485760, ge=0)
     backup_count: int = Field(5, ge=0)
     repeat_window_s: float = Field(60, ge=0)
+    format: Literal["text", "json"] = "text"
 
 
 class StorageSettings(Model):
     fsync: Literal["batch", "always", "never"] = "batch"
     sessions_flush_ms: int = Field(1000, ge=0)
+    min_free: str | int | None = None  # None: the smaller of 1 GiB and 5 % of the disk
+    free_check_ms: int = Field(250, ge=0)
+
+    @field_validator("min_free")
+    @classmethod
+    def _check_min_free(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            parse_threshold(value)
+        return value
 
 
 class ModelSettings(Model):

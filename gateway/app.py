@@ -13,10 +13,11 @@ from aiohttp.typedefs import Middleware
 from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
+from gateway import log_json
 from gateway.api import admin, channels, docs, history, hooks, memory, runs, scheduler, sessions, system, ui
 from gateway.connections import GUARD, ConnectionGuard, GuardedProtocol
 from gateway.hosts import allowed_hosts, host_check
-from gateway.http import BODY_TIMEOUT, Handler, auth_check, error_answer, new_request_id
+from gateway.http import BODY_TIMEOUT, REQUEST_ID, Handler, auth_check, error_answer, new_request_id
 from gateway.openai_compat import routes as openai_routes
 from gateway.openai_compat.errors import is_compat, openai_errors_middleware
 from gateway.services import open_services
@@ -50,6 +51,7 @@ def create_app(
     app[K.REINDEX] = {}
     app[K.PARSED_KEYS] = {}
     app.cleanup_ctx.append(_services_context)
+    app.on_response_prepare.append(_request_id_header)
     app.on_shutdown.append(_stop_turns)
     app.on_shutdown.append(_close_streams)
     for table in (
@@ -95,6 +97,7 @@ def front_middleware(guard: ConnectionGuard, check_host: Check | None, check_aut
         conn = guard.enter(request)
         try:
             request_id = new_request_id(request)
+            log_json.REQUEST_ID.set(request_id)
             try:
                 if is_compat(request.path):
                     response = await openai_errors_middleware(request, partial(admitted, handler=handler, conn=conn))
@@ -106,10 +109,18 @@ def front_middleware(guard: ConnectionGuard, check_host: Check | None, check_aut
             response.headers.setdefault("X-Request-Id", request_id)
             return response
         finally:
+            log_json.clear()  # the connection's next request runs in this same task
             if conn is not None:
                 guard.leave(conn)
 
     return middleware
+
+
+async def _request_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer carries ``X-Request-Id``, streams and errors too (before their headers go)."""
+    request_id = request.get(REQUEST_ID)
+    if request_id is not None:
+        response.headers.setdefault("X-Request-Id", request_id)
 
 
 async def _services_context(app: web.Application) -> AsyncIterator[None]:

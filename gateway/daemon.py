@@ -33,12 +33,14 @@ from gateway import eventloop, exits
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
+from gateway.log_json import ContextFilter, JsonFormatter
 from gateway.logs import RepeatFilter, file_handler, reopen
 from gateway.runner import JsonErrorsAppRunner
 from sessions.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
 from sessions.jsonl import write_json_atomic
 from sessions.layout import Home
 from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
+from sessions.permissions import tighten_root
 
 log = logging.getLogger(__name__)
 QUIET_LOGGERS = ("apscheduler", "httpx", "httpx2", "openai", "sentence_transformers")
@@ -127,6 +129,7 @@ def _run_locked(
         check_writable(home.root)
         if home.contexts.is_dir():  # a mount of its own can be read-only under a writable home
             check_writable(home.contexts)
+        widened = tighten_root(home.root)  # a home made 0755 by the user's umask: private now
         _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
     except DamagedState as exc:
         print(f"error: {exc.message}", file=sys.stderr, flush=True)
@@ -143,8 +146,18 @@ def _run_locked(
         )
         return EXIT_REFUSED
     with _logging_to(home, config.settings.logging) as reopen_log:
+        log.info(
+            "neotask %s starting: home %s, backend files, config %s",
+            version(),
+            home.root,
+            config.config_path or "defaults and environment (no config file)",
+        )
         for warning in config.warnings:
             log.warning(warning)
+        if widened is not None:
+            log.warning(
+                "the home %s was mode %04o (readable by other users): now %04o", home.root, widened, widened & 0o700
+            )
         try:
             return eventloop.run(_serve(config, bind_host, bind_port, env, reopen_log), gateway.event_loop)
         finally:
@@ -293,7 +306,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[Callable[[], 
     written: ``gateway.logs``) through a queue, so the event loop never waits on a log write.
     Yields what reopens the log file (SIGHUP, after an outside rotation moved it)."""
     home.logs.mkdir(parents=True, exist_ok=True)
-    formatter = logging.Formatter(LOG_FORMAT)
+    formatter = JsonFormatter() if settings.format == "json" else logging.Formatter(LOG_FORMAT)
     stderr = logging.StreamHandler(sys.stderr)
     file = file_handler(home.logs / "gateway.log", settings)
     for handler in (stderr, file):
@@ -303,6 +316,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[Callable[[], 
     root = logging.getLogger()
     queue_handler = logging.handlers.QueueHandler(records)
     queue_handler.addFilter(RepeatFilter(settings.repeat_window_s))
+    queue_handler.addFilter(ContextFilter())  # the ids of the request or turn, taken where it logs
     previous_level = root.level
     root.addHandler(queue_handler)
     root.setLevel(logging.INFO)

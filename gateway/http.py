@@ -39,6 +39,7 @@ M = TypeVar("M", bound=BaseModel)
 REQUEST_ID = web.RequestKey("request_id", str)
 _ID_PREFIX = uuid.uuid4().hex[:12]  # unique per process; a counter makes each request's id cheap
 _ID_COUNTER = itertools.count(1)
+SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 _DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to this, then the connection closes
 
 
@@ -100,9 +101,18 @@ def retry_headers(exc: NeotaskError) -> dict[str, str] | None:
     return {"Retry-After": str(max(1, math.ceil(retry)))} if isinstance(retry, int | float) else None
 
 
+def request_id_from(given: str | None) -> str:
+    """The caller's ``X-Request-Id`` when it is sane (1 to 128 of ``A-Z a-z 0-9 . _ : / + = @ -``:
+    it is echoed in a header and written in log lines), else a fresh one."""
+    if given and SANE_REQUEST_ID.fullmatch(given):
+        return given
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):06x}"
+
+
 def new_request_id(request: web.Request) -> str:
-    """The client's ``X-Request-Id``, else a fresh one; kept on the request for error bodies."""
-    request_id = request.headers.get("X-Request-Id") or f"{_ID_PREFIX}{next(_ID_COUNTER):06x}"
+    """The client's ``X-Request-Id`` (when sane), else a fresh one; kept on the request for error
+    bodies, the ``X-Request-Id`` of the answer and the log lines of the request."""
+    request_id = request_id_from(request.headers.get("X-Request-Id"))
     request[REQUEST_ID] = request_id
     return request_id
 

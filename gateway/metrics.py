@@ -33,6 +33,12 @@ class Metrics:
             registry=self.registry,
         )
         self.active_sessions = Gauge("neotask_active_runs", "Runs running or paused", registry=self.registry)
+        self.disk_low = Gauge(
+            "neotask_disk_low", "1 while free disk space is below storage.min_free", registry=self.registry
+        )
+        self.disk_low_crossings = Counter(
+            "neotask_disk_low_crossings", "Times free disk space fell below storage.min_free", registry=self.registry
+        )
         self._stored_by_role: dict[str, Any] = {}
         self._stored: list[tuple[str, float]] = []  # (role, seconds) not yet counted
 

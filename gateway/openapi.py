@@ -251,7 +251,9 @@ INFO = (
     '`{"error": {"code", "message", "request_id"}}`; each operation lists the codes it can return. '
     "When `gateway.tokens` is set, `/v1/*` and `/metrics` need `Authorization: Bearer <token>`; "
     "`/hooks/*`, `/healthz`, `/readyz`, `/openapi.json` and `/ui` do not. Any unknown path answers 404 "
-    "`not_found`. A session key travels as one percent-encoded path segment (`/` as %2F)."
+    "`not_found`. A session key travels as one percent-encoded path segment (`/` as %2F). Every answer carries "
+    "`X-Request-Id`: the caller's own when it is 1 to 128 of `A-Z a-z 0-9 . _ : / + = @ -`, else a fresh one; "
+    "it is the error's `request_id` and names the gateway's log lines of that request."
 )
 
 

@@ -11,14 +11,13 @@ both at ERROR with a traceback, as if the gateway had failed.
 
 from __future__ import annotations
 
-import uuid
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import http_exceptions, web, web_protocol, web_request
 
 from config.errors import InvalidBody, NeotaskError, PayloadTooLarge
-from gateway.http import error_body, json_response
+from gateway.http import error_body, json_response, request_id_from
 
 _ERRORS: dict[int, type[NeotaskError]] = {400: InvalidBody, 413: PayloadTooLarge}
 _HINT = "the request could not be parsed as HTTP/1.1 (headers at most 8190 bytes each, no obs-fold)"
@@ -71,8 +70,9 @@ class JsonErrorHandler(web_protocol.RequestHandler):
             reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Bad Request"
             detail = (message or "").strip().splitlines()[0] if message and message.strip() else _HINT
             text = f"{reason}: {detail}; {_HINT}"
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        request_id = request_id_from(request.headers.get("X-Request-Id"))
         response = json_response(error_body(code, text, request_id), status=plain.status)
+        response.headers["X-Request-Id"] = request_id
         response.force_close()
         return response
 

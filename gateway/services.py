@@ -44,6 +44,7 @@ from gateway.channel_intake import ChannelIntake
 from gateway.commands import Commands
 from gateway.crashpoints import crash_step, openai_crash_step
 from gateway.delivery import Deliverer, Delivery
+from gateway.disk_budget import DiskBudget
 from gateway.events import EventHub
 from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
 from gateway.memory_scope import scope_of_raw
@@ -144,6 +145,7 @@ class Services:
     channels: ChannelIntake
     scheduling: Scheduling
     scheduler: SchedulerService
+    disk_budget: DiskBudget
 
     @property
     def memory_ready(self) -> bool | None:
@@ -239,6 +241,15 @@ async def open_services(
 
             stack.push_async_callback(close_history)
         archives = Archives(store.home)
+
+        async def cleanup_early() -> None:  # below storage.min_free: archive and delete now
+            if scheduling is not None and parts.timers:
+                report = await scheduling.cleanup()
+                done = sum(1 for action in report if action["done"])
+                log.info("early cleanup for low disk space: %d action(s) done", done)
+
+        disk_budget = DiskBudget(store.home.root, settings.storage, metrics, on_low=cleanup_early)
+        stack.push_async_callback(disk_budget.close)
         tools = ToolBox(store)
         conversations = Conversations(
             store,
@@ -249,7 +260,7 @@ async def open_services(
             clock=clock,
             tools=tools,
             hooks=ConversationHooks(
-                before_post=(resets_due,),
+                before_post=(disk_budget.before_post, resets_due),
                 before_append=(recall,) if parts.memory else (),
                 archive_text=archives.text,
             ),
@@ -332,6 +343,7 @@ async def open_services(
             channels=channels,
             scheduling=scheduling,
             scheduler=scheduler,
+            disk_budget=disk_budget,
         )
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from config.errors import ProviderFailure, ShuttingDown
+from gateway import log_json
 from gateway.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
 from gateway.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
 from gateway.logs import EVERY_ONE
@@ -83,6 +84,7 @@ class Conversations(ModelTurns):
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None = None
     ) -> Outcome:
         key = post.key.raw
+        log_json.bind_turn(key, post.key.agent_id)  # the log lines of this message name them
         turn = self.needs_turn(post)
         if self.closing:
             raise ShuttingDown("the gateway is shutting down; nothing was stored, send later")
@@ -117,6 +119,7 @@ class Conversations(ModelTurns):
             await self.store.finish_append(run, message, record, durable)
         self.metrics.message_stored(post.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
+        log_json.RUN_ID.set(run.run_id)
         if post.client_message_id is not None and post.id_scope == "key":
             await self.remember(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
         if on_stored is not None:

@@ -60,3 +60,21 @@ def tighten(root: Path) -> int:
                 continue
             changed += 1
     return changed
+
+
+def tighten_root(root: Path) -> int | None:
+    """At start: a home the user made before the first start (``mkdir`` under a 022 umask gives
+    0755) is made private to the owner. Its old mode when it was wider (the caller logs it), else
+    None. Only the root: what the gateway creates under it carries its own modes, and anything
+    else wider is the doctor's to report."""
+    try:
+        mode = stat.S_IMODE(os.stat(root).st_mode)
+    except FileNotFoundError:
+        return None
+    if not mode & OTHERS:
+        return None
+    try:
+        os.chmod(root, mode & ~OTHERS)
+    except PermissionError:  # not the owner: the doctor reports it (wide_modes)
+        return None
+    return mode

@@ -137,3 +137,10 @@ async def test_telegram_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "PASS  stored messages missing: 0" in out  # every update and every post was stored
     assert status in (0, 1)  # 1 only says the speed target was missed on this machine
+
+
+def test_disk_budget_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import disk_budget
+
+    assert disk_budget.main(["--quick"]) == 0
+    assert "os.statvfs" in capsys.readouterr().out

@@ -49,7 +49,9 @@ async def healthz(request: web.Request) -> web.Response:
     "Readiness: store (and that it can write now), scheduler and memory index",
     "system",
     "`checks.store_writable` is false while a small file cannot be written and synced in contexts/ (a full "
-    "or read-only disk); it turns true by itself once the disk can write. `/healthz` stays liveness only.",
+    "or read-only disk); it turns true by itself once the disk can write. `checks.disk_budget` is false while "
+    "free space is below `storage.min_free` (`problems.disk_budget` says how much is free). `/healthz` stays "
+    "liveness only.",
     answer=READINESS,
     extra_answers=((503, READINESS, "not ready; `checks` says what is missing"),),
 )
@@ -59,6 +61,11 @@ async def readyz(request: web.Request) -> web.Response:
     while it lasts, and ready again by itself once it can write."""
     checks: dict[str, bool] = request.app[K.READY].copy()
     problems: dict[str, str] = {}
+    if K.SERVICES in request.app and checks.get("store"):
+        low = request.app[K.SERVICES].disk_budget.check(fresh=True)
+        checks["disk_budget"] = low is None
+        if low is not None:
+            problems["disk_budget"] = low
     store = request.app.get(K.STORE) if checks.get("store") else None
     if store is not None:
         # a probe at most once a second while all is well (each one is a write and a sync);

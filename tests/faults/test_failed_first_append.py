@@ -59,7 +59,8 @@ async def test_a_full_disk_at_a_new_keys_first_message_leaves_nothing(
     tmpfs: Path, aiohttp_client: Any, clock: FakeClock
 ) -> None:
     home = tmpfs / "home"
-    client = await aiohttp_client(make_app(home, clock))
+    # no disk budget (storage.min_free: 0): the store's own full-disk path is what is tested here
+    client = await aiohttp_client(make_app(home, clock, {"storage": {"min_free": 0}}))
     assert (await client.post(url("agent:main:dm:old"), json={"content": "an existing run"})).status == 200
     before = run_folders(home)
     filler = await asyncio.to_thread(fill, tmpfs)

@@ -21,7 +21,7 @@ from sessions import layout
 from sessions.jsonl import read_records
 from sessions.records import NewMessage
 from tests.faults.conftest import fill
-from tests.gateway.daemons import daemon
+from tests.gateway.daemons import child_env, daemon
 from tests.sessions.helpers import open_store, start
 
 pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
@@ -109,7 +109,8 @@ async def test_a_real_daemon_on_a_full_disk_answers_507_and_resumes(tmpfs: Path)
     home = tmpfs / "home"
     home.mkdir()
     key = quote("agent:main:main", safe="")
-    async with daemon(home) as d, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+    env = child_env(NEOTASK_STORAGE__MIN_FREE="0")  # no disk budget: the store's own full-disk path
+    async with daemon(home, env=env) as d, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
         url = f"{d.url}/v1/sessions/{key}/messages"
         for i in range(3):
             async with http.post(url, json={"content": f"before {i}"}) as resp:

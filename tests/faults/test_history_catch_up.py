@@ -20,7 +20,7 @@ import pytest
 from sessions.history import history_path
 from tests.conftest import FakeClock
 from tests.faults.conftest import fill
-from tests.gateway.daemons import daemon
+from tests.gateway.daemons import child_env, daemon
 from tests.gateway.helpers import make_app
 
 pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
@@ -98,7 +98,8 @@ async def test_messages_stored_while_history_db_is_locked_become_searchable(
 async def test_messages_stored_while_the_disk_is_full_become_searchable(tmpfs: Path) -> None:
     home = tmpfs / "home"
     home.mkdir()
-    async with daemon(home) as gw, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+    env = child_env(NEOTASK_STORAGE__MIN_FREE="0")  # no disk budget: messages stored while the disk fills
+    async with daemon(home, env=env) as gw, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
         for n in range(3):
             assert (await _post(http, gw.url, f"before the disk filled {n}"))["status"] == 200
         assert await _all_found(http, gw.url, ["filled"], 10) == []

@@ -119,3 +119,26 @@ async def test_the_online_doctor_fixes_wider_modes_too(tmp_path: Path, clock: Fa
         await store.close()
     assert len(found) == 1 and found[0].fixed and "contexts/sessions.json 0644" in found[0].detail
     assert mode(tmp_path / "contexts" / "sessions.json") == 0o600
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_home_made_0755_by_the_user_is_made_private_at_start(tmp_path: Path) -> None:
+    """Issue 29 item 7: ``mkdir ~/.neotask`` under a 022 umask, then the first start."""
+    home = tmp_path / "home"
+    with umask(0o022):
+        home.mkdir()
+        assert mode(home) == 0o755
+        async with running(home) as (gw, http):
+            assert mode(home) == 0o700  # before it listens: nothing was written while it was open
+            async with http.post(f"{gw.url}/v1/sessions/{MAIN}/messages", json={"content": "secret"}) as resp:
+                assert resp.status == 200
+        lines = [line for line in gw.stderr().splitlines() if "was mode 0755" in line]
+        assert len(lines) == 1 and str(home) in lines[0] and "0700" in lines[0], gw.stderr()
+        log_lines = [line for line in (home / "logs" / "gateway.log").read_text().splitlines() if "was mode" in line]
+        assert len(log_lines) == 1
+        # a second start finds it private: no line
+        async with running(home) as (again, _):
+            pass
+        assert "was mode" not in again.stderr()
+    assert mode(home) == 0o700

@@ -30,7 +30,8 @@ async def test_health_and_store_only_message(client: Client, tmp_path: Path) -> 
         await asyncio.sleep(0.05)
     body = await ready.json()
     assert ready.status == 200 and body["ready"] is True
-    assert body["checks"] == {"store": True, "store_writable": True, "scheduler": True, "memory": True}
+    checks = {"store": True, "disk_budget": True, "store_writable": True, "scheduler": True, "memory": True}
+    assert body["checks"] == checks
     resp = await client.post(f"/v1/sessions/{url_key('agent:main:main')}/messages", json={"content": "hello"})
     assert resp.status == 200, await resp.text()
     body = await resp.json()
@@ -259,3 +260,19 @@ async def test_a_blank_first_message_is_stored_like_any_other(client: Client, tm
     long_model = await client.post(f"/v1/sessions/{url_key('agent:main:dm:blank')}/commands",
                                    json={"command": "/model " + "m" * 300})  # fmt: skip
     assert "at most 200 characters" in (await long_model.json())["reply"]["content"]
+
+
+async def test_every_answer_carries_a_sane_request_id(client: Client) -> None:
+    """Issue 29 item 4: the caller's X-Request-Id when sane, else a fresh one; errors and streams too."""
+    resp = await client.get("/healthz", headers={"X-Request-Id": "abc-123:x/y"})
+    assert resp.headers["X-Request-Id"] == "abc-123:x/y"
+    for insane in ("a b", "x" * 129, "evil\u00e9", "a\tb"):
+        resp = await client.get("/healthz", headers={"X-Request-Id": insane})
+        assert resp.headers["X-Request-Id"] not in ("", insane)
+    resp = await client.get(f"/v1/sessions/{url_key('nope:')}", headers={"X-Request-Id": "err-1"})
+    assert resp.status == 400 and resp.headers["X-Request-Id"] == "err-1"
+    assert (await resp.json())["error"]["request_id"] == "err-1"
+    resp = await client.get("/no/such/path", headers={"X-Request-Id": "err-2"})
+    assert resp.status == 404 and resp.headers["X-Request-Id"] == "err-2"
+    async with client.get("/v1/events", headers={"X-Request-Id": "stream-1"}) as stream:
+        assert stream.status == 200 and stream.headers["X-Request-Id"] == "stream-1"
