@@ -221,6 +221,7 @@ class Conversations(ModelTurns):
             fields = {k: v for k, v in event.items() if k not in ("type", "run_id")}
             self.store.emit("inheritance", run, **fields)  # run_id: the new run; from_run_id: the earlier
         await self.store.set_inherit_next(key.raw, True)
+        log_json.RUN_ID.set(run.run_id)  # this line and the message's next ones name the new run
         log.info("%s: new run %s (%s)", key.raw, run.run_id,
                  f"inherits run {found.run_id}" if found else "inherits nothing", extra=EVERY_ONE)  # fmt: skip
         return run

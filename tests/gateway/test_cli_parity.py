@@ -165,9 +165,9 @@ async def test_compact_runs_the_memory_flush_online_and_offline(cli: Cli, home: 
         assert await running.stop() == 0
     body = await cli.json("sessions", "compact", "agent:main:dm:offline")
     assert any(e["type"] == "compaction" for e in body["events"]), body
-    logs = list((home / "workspaces" / "main" / "memory").glob("*.md"))
-    text = "".join(p.read_text() for p in logs)
-    assert "remember the online-fact" in text and "remember the offline-fact" in text
+    for peer in ("online", "offline"):  # each peer's flush goes to that peer's memory scope
+        logs = list((home / "workspaces" / "main" / "memory" / "scopes").glob(f"dm-{peer}-*/*.md"))
+        assert f"remember the {peer}-fact" in "".join(p.read_text() for p in logs)
     flushes = [r for r in model.chat_requests if r.last_user_text == FLUSH_PROMPT]
     assert len(flushes) == 2 and all("memory_append" in r.tool_names for r in flushes)
 
