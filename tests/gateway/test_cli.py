@@ -13,6 +13,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 
+from config.clock import system_clock
 from sessions.lock import HomeLock
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
@@ -41,6 +42,9 @@ def cli(capsys: pytest.CaptureFixture[str], home: Path) -> Cli:
 
 
 async def _seed(home: Path, clock: FakeClock) -> dict[str, str]:
+    """Seeded at the real time: the in-process CLI that reads the home reads the real
+    clock (a fixed fake date would put the runs past their daily reset a day later)."""
+    clock.set(system_clock())
     store = await open_store(home, clock)
     try:
         main_run = await start(store, "agent:main:main")

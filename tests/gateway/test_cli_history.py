@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from config.clock import system_clock
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.gateway.test_cli import Cli, cli, home  # noqa: F401  (fixtures)
@@ -19,6 +20,9 @@ KEY = "agent:main:main"
 
 
 async def _seed(home: Path, clock: FakeClock) -> str:  # noqa: F811
+    """Seeded at the real time: the in-process CLI that reads the home reads the real
+    clock (a fixed fake date would put the runs past their daily reset a day later)."""
+    clock.set(system_clock())
     store = await open_store(home, clock)
     try:
         run = await start(store, KEY)
