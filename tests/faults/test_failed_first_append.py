@@ -75,6 +75,7 @@ async def test_a_full_disk_at_a_new_keys_first_message_leaves_nothing(
     body = await resp.json()
     assert resp.status == 200 and body["message_seq"] == 1, body
     assert await asyncio.to_thread(rows_of, home, "agent:main:dm:new1") == 1
+    await client.app[K.STORE].writer.call(lambda: None)  # the marker is removed on the writer thread, in order
     assert not (home / "contexts" / "running" / body["run_id"] / OPENING).exists()
     await client.app[K.STORE].registry.flush()  # sessions.json is coalesced: the doctor reads the file
     assert [(f.check, f.detail) for f in await asyncio.to_thread(check_home, home, fix=False, now="x")] == []
