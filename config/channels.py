@@ -63,15 +63,20 @@ class TelegramAccount(_Model):
         return value
 
 
+def _check_names(accounts: dict[str, Any]) -> None:
+    """Account names go into URLs (``/hooks/telegram/<name>``) and status: one grammar for both platforms."""
+    for name in accounts:
+        if not _ACCOUNT.match(name):
+            raise ValueError(f"account name {name!r} must match [A-Za-z0-9_.@+-/#]+")
+
+
 class TelegramSettings(_Model):
     accounts: dict[str, TelegramAccount] = {}
 
     @field_validator("accounts")
     @classmethod
     def _account_names(cls, value: dict[str, TelegramAccount]) -> dict[str, TelegramAccount]:
-        for name in value:
-            if not _ACCOUNT.match(name):
-                raise ValueError(f"account name {name!r} must match [A-Za-z0-9_.@+-/#]+")
+        _check_names(value)
         return value
 
 
@@ -113,9 +118,7 @@ class SlackSettings(_Model):
     @field_validator("accounts")
     @classmethod
     def _account_names(cls, value: dict[str, SlackAccount]) -> dict[str, SlackAccount]:
-        for name in value:
-            if not _ACCOUNT.match(name):
-                raise ValueError(f"account name {name!r} must match [A-Za-z0-9_.@+-/#]+")
+        _check_names(value)
         return value
 
 
