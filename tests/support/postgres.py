@@ -1,0 +1,146 @@
+"""A real PostgreSQL server for the tests: Debian's binaries, ``initdb`` into a temporary folder, a
+free port, a unix socket in that folder, stopped and removed at the end.
+
+``initdb`` and ``pg_ctl`` refuse to run as root, so as root they run as the ``postgres`` user
+(``runuser``) in a folder that user owns. The binaries are looked for in ``NEOTASK_PG_BIN``, then
+``/usr/lib/postgresql/<newest>/bin``, then on the PATH; ``make test`` installs them when missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+DEBIAN_ROOT = Path("/usr/lib/postgresql")
+OWNER = "postgres"
+
+
+def find_binaries() -> Path | None:
+    """The folder holding initdb, pg_ctl and postgres, or None."""
+    candidates: list[Path] = []
+    if os.environ.get("NEOTASK_PG_BIN"):
+        candidates.append(Path(os.environ["NEOTASK_PG_BIN"]))
+    if DEBIAN_ROOT.is_dir():
+        versions = sorted((p for p in DEBIAN_ROOT.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+        candidates += [p / "bin" for p in reversed(versions)]
+    on_path = shutil.which("pg_ctl")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent)
+    for folder in candidates:
+        if all((folder / name).is_file() for name in ("initdb", "pg_ctl", "postgres")):
+            return folder
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class PgServer:
+    """One running cluster; ``dsn(name)`` for a database on it (``postgres`` exists from the start)."""
+
+    bindir: Path
+    root: Path  # the temporary folder: data/ and the socket
+    port: int
+    started_s: float = 0.0  # how long initdb + start took
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.root
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://{OWNER}@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        command = [str(self.bindir / args[0]), *args[1:]]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", OWNER, "--", *command]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
+
+    def init(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            user = pwd.getpwnam(OWNER)
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+        os.chmod(self.root, 0o700)
+        self._run(
+            "initdb", "-D", str(self.data), "-U", OWNER, "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8",
+            "--no-sync", "--no-instructions",
+        )  # fmt: skip
+
+    def start(self) -> None:
+        # fsync off: the tests kill processes, never the machine; a commit still waits for the WAL write.
+        options = (
+            f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+            " -c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB"
+        )
+        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join((self.root / "server.log").read_text().splitlines()[-lines:])
+        return ""
+
+
+def start_server() -> PgServer:
+    bindir = find_binaries()
+    if bindir is None:
+        raise FileNotFoundError("PostgreSQL binaries")
+    root = Path(tempfile.mkdtemp(prefix="neotask-pg-"))
+    server = PgServer(bindir, root, free_port())
+    began = time.perf_counter()
+    try:
+        server.init()
+        server.start()
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"PostgreSQL did not start: {exc.stderr or exc.stdout}\n{server.log_tail()}") from exc
+    server.started_s = time.perf_counter() - began
+    return server
+
+
+def stop_server(server: PgServer) -> None:
+    with contextlib.suppress(subprocess.SubprocessError, OSError):
+        server.stop("immediate")
+    shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PgServer]:
+    """A PostgreSQL server for the whole test session (one per xdist worker)."""
+    if find_binaries() is None:
+        pytest.skip("PostgreSQL binaries not found (apt-get install postgresql, or `make postgres`)")
+    server = start_server()
+    print(f"\n[postgres] initdb + start took {server.started_s:.2f} s (port {server.port})", file=sys.stderr)
+    try:
+        yield server
+    finally:
+        stop_server(server)
+
+
+def database_name(place: Path | str) -> str:
+    """A database name for a test's place (the same place: the same database, as a reopen needs)."""
+    return "t_" + hashlib.sha1(str(place).encode()).hexdigest()[:20]
