@@ -9,7 +9,6 @@ free port, a unix socket in that folder, stopped and removed at the end.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import pwd
 import shutil
@@ -19,9 +18,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
@@ -59,6 +59,7 @@ class PgServer:
     root: Path  # the temporary folder: data/ and the socket
     port: int
     started_s: float = 0.0  # how long initdb + start took
+    databases: set[str] = field(default_factory=set)  # created by ``database``
 
     @property
     def data(self) -> Path:
@@ -70,6 +71,18 @@ class PgServer:
 
     def dsn(self, database: str = "postgres") -> str:
         return f"postgresql://{OWNER}@127.0.0.1:{self.port}/{database}"
+
+    async def database(self, name: str) -> str:
+        """The DSN of database ``name``, created on first use."""
+        if name not in self.databases:
+            admin = await asyncpg.connect(self.dsn())
+            try:
+                if not await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+                    await admin.execute(f'CREATE DATABASE "{name}"')
+            finally:
+                await admin.close()
+            self.databases.add(name)
+        return self.dsn(name)
 
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         command = [str(self.bindir / args[0]), *args[1:]]
@@ -141,6 +154,19 @@ def postgres_server() -> Iterator[PgServer]:
         stop_server(server)
 
 
-def database_name(place: Path | str) -> str:
-    """A database name for a test's place (the same place: the same database, as a reopen needs)."""
-    return "t_" + hashlib.sha1(str(place).encode()).hexdigest()[:20]
+async def empty_database(dsn: str) -> None:
+    """Remove every row of every table but the schema version (a test starts on an empty store;
+    far cheaper than a new database and its migrations)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        tables = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'neotask_schema'"
+            )
+        ]
+        async with conn.transaction():  # DELETE, not TRUNCATE: ten times cheaper on tables this small
+            for table in sorted(tables, key=lambda t: t == "runs"):  # runs last (the others refer to it)
+                await conn.execute(f"DELETE FROM {table}")
+    finally:
+        await conn.close()

@@ -9,12 +9,21 @@ import pytest
 
 from sessions.protocol import StoreProtocol
 from tests.conftest import FakeClock
-from tests.sessions.conformance.support import BACKENDS, Harness
+from tests.sessions.conformance.support import BACKENDS, SERVER_BACKENDS, Factory, Harness
 
 
-@pytest.fixture(params=sorted(BACKENDS))
-async def harness(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> AsyncIterator[Harness]:
-    harness = Harness(BACKENDS[request.param], tmp_path / "home", clock)
+@pytest.fixture(params=sorted([*BACKENDS, *SERVER_BACKENDS]))
+def backend(request: pytest.FixtureRequest) -> Factory:
+    """The backend's factory (a sync fixture: a server starts outside any test's event loop)."""
+    if request.param in SERVER_BACKENDS:  # skipped, with the reason, where the server cannot run
+        fixture, on_server = SERVER_BACKENDS[request.param]
+        return on_server(request.getfixturevalue(fixture))
+    return BACKENDS[request.param]
+
+
+@pytest.fixture
+async def harness(backend: Factory, tmp_path: Path, clock: FakeClock) -> AsyncIterator[Harness]:
+    harness = Harness(backend, tmp_path / "home", clock)
     try:
         yield harness
     finally:

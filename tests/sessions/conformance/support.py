@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
 from sessions.records import NewMessage, RunState, TaskKey
 from sessions.store import SessionStore
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
+from tests.support.postgres import PgServer, empty_database
 
 KEY = "agent:main:main"
 
@@ -24,6 +26,26 @@ async def _files(place: Path, clock: FakeClock) -> StoreProtocol:
 
 
 BACKENDS: dict[str, Factory] = {"files": _files}
+
+
+def _postgres(server: PgServer) -> Factory:
+    """The PostgreSQL store on a real server: one database for the suite, emptied when a test
+    first opens it (a reopen in the same test finds everything again)."""
+    fresh = True
+
+    async def factory(place: Path, clock: FakeClock) -> StoreProtocol:
+        nonlocal fresh
+        dsn = await server.database("conformance")
+        if fresh:
+            await empty_database(dsn)
+            fresh = False
+        return await PgStore.open(place, settings_with(), dsn=dsn, clock=clock, pool_size=4)
+
+    return factory
+
+
+# Backends that need a server: the fixture that gives it, and the factory on it.
+SERVER_BACKENDS: dict[str, tuple[str, Callable[[PgServer], Factory]]] = {"postgres": ("postgres_server", _postgres)}
 
 
 class Harness:

@@ -1,0 +1,439 @@
+"""The PostgreSQL store's appends (core capability): messages through a per-run queue, tool and plan
+records, usage, calibration, the context rewrite, and the writability probe.
+
+A message's seq is given on the loop (``queue_append`` returns the record at once, as the protocol
+says) and *claimed* in the database by the statement that stores it: one statement per batch of
+queued appends updates the run's row only where ``next_seq`` is the batch's first seq, and inserts
+the message and context lines from that row. It commits before the reply comes back, so an append
+is acknowledged after its COMMIT; a batch that fails (the server gone, a seq another process took)
+consumes no seq: it and every append queued behind it fail, and the run's counters go back.
+A per-run queue keeps arrival order and lets appends that arrive during a round trip share the
+next one (the database's group commit). A context rewrite or a read that must see the queued
+appends is a call in the same queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from config.clock import iso
+from config.errors import Conflict, RunClosing, SessionPaused
+from sessions.context_order import in_model_order
+from sessions.deliveries import Delivery
+from sessions.jsonl import decode, encode, encode_plain
+from sessions.postgres.base import PgBase
+from sessions.postgres.faults import database_error, unavailable
+from sessions.postgres.rewrite import apply_rewrite
+from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState
+from sessions.recovery import context_line, in_context
+from sessions.store_appends import _message_record  # the record's shape, one definition for both backends
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_BATCH = 512  # appends in one statement
+
+_APPEND = """
+WITH r AS (
+    UPDATE runs SET next_seq = $2::bigint + $3::bigint, next_pos = next_pos + $4::bigint,
+        context_tokens = context_tokens + $5::bigint, context_bytes = context_bytes + $6::bigint,
+        context_lines = context_lines + $4::bigint,
+        last_context_seq = CASE WHEN $7::bigint > 0 THEN $7::bigint ELSE last_context_seq END,
+        messages_bytes = messages_bytes + $8::bigint, updated_at = $9::text, opening = false
+    WHERE run_id = $1 AND next_seq = $2::bigint AND status IN ('running', 'paused')
+    RETURNING run_id, next_pos - $4::bigint AS pos0
+), m AS (
+    INSERT INTO messages (run_id, seq, created_at, client_message_id, reply_to, record)
+    SELECT r.run_id, u.seq, u.at, u.cmid, u.reply_to, u.rec
+    FROM r, unnest($10::bigint[], $11::text[], $12::text[], $13::bigint[], $14::json[])
+        AS u(seq, at, cmid, reply_to, rec)
+), c AS (
+    INSERT INTO context_lines (run_id, pos, line)
+    SELECT r.run_id, r.pos0 + u.ord - 1, u.line FROM r, unnest($15::json[]) WITH ORDINALITY AS u(line, ord)
+)
+SELECT count(*) FROM r
+"""
+
+
+@dataclass(frozen=True)
+class _Undo:
+    seq: int
+    messages_bytes: int
+    context_bytes: int
+    tokens: int
+    last_context_seq: int
+
+
+@dataclass
+class _Append:
+    record: MessageRecord
+    text: str
+    line: str | None
+    undo: _Undo
+    future: asyncio.Future[None]
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], Awaitable[Any]]
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class RunQueue:
+    items: collections.deque[_Append | _Call] = field(default_factory=collections.deque)
+    task: asyncio.Task[None] | None = None
+
+
+class PgAppends(PgBase):
+    _queues: dict[str, RunQueue]
+    _append_error: BaseException | None
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def check_writable(self, run: RunState, message: NewMessage) -> None:
+        if run.closing:
+            raise RunClosing(f"run {run.run_id} is completing; retry on the next run")
+        if run.status == "paused" and not message.command:
+            raise SessionPaused(
+                f"session {run.key!r} is paused; send /resume or POST /v1/sessions/{{key}}/resume first"
+            )
+
+    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
+        record, durable = self.queue_append(run, message)
+        return await self.finish_append(run, message, record, durable)
+
+    def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
+        self.check_writable(run, message)
+        stamp = iso(self.clock())
+        record = _message_record(run.next_seq, message, stamp)
+        run.next_seq += 1
+        dump = encode if message.tool_calls else encode_plain
+        data = dump(record)
+        line = dump(context_line(record)) if in_context(record) else b""
+        undo = _Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        item = _Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future)
+        self._enqueue(run, item)
+        run.appends_pending += 1
+        run.messages_bytes += len(data)
+        if line:
+            run.context_bytes += len(line)
+            run.context_tokens += record["tokens"]
+            run.context_lines += 1
+            run.last_context_seq = record["seq"]
+        entry = self.entry(run.key)
+        if entry is not None:
+            if message.role != "system":
+                entry.last_interaction_at = stamp
+            if message.counts_as_activity:
+                entry.last_user_activity_at = stamp
+            entry.updated_at = stamp
+            self.sync_counters(entry, run)
+            self.touch(run.key)
+        return record, future
+
+    async def finish_append(
+        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
+    ) -> MessageRecord:
+        await durable
+        run.opening = False
+        for durable_listener in self.durable_listeners:
+            durable_listener(run, record)
+        self._emit("message", run, at=record["timestamp"], **_event_fields(record))
+        return record
+
+    # -- the run's queue ------------------------------------------------------------------------
+
+    def _enqueue(self, run: RunState, item: _Append | _Call) -> None:
+        queue = self._queues.get(run.run_id)
+        if queue is None:
+            queue = self._queues[run.run_id] = RunQueue()
+        queue.items.append(item)
+        if queue.task is None:
+            queue.task = asyncio.get_running_loop().create_task(self._drain(run, queue))
+
+    def after_queued(self, run: RunState, fn: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        """Run ``fn`` once every append queued for ``run`` before it is stored (in queue order)."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._enqueue(run, _Call(fn, future))
+        return future
+
+    async def _drain(self, run: RunState, queue: RunQueue) -> None:
+        try:
+            while queue.items:
+                head = queue.items[0]
+                if isinstance(head, _Call):
+                    queue.items.popleft()
+                    try:
+                        result = await head.fn()
+                    except Exception as exc:
+                        _settle(head.future, exc)
+                    else:
+                        if not head.future.done():
+                            head.future.set_result(result)
+                    continue
+                batch: list[_Append] = []
+                while len(batch) < MAX_BATCH and queue.items:
+                    waiting = queue.items[0]
+                    if not isinstance(waiting, _Append):
+                        break
+                    batch.append(waiting)
+                    queue.items.popleft()
+                try:
+                    await self._write_batch(run, batch)
+                except Exception as exc:
+                    self._fail(run, queue, batch, exc)
+                else:
+                    self._append_error = None
+                    run.appends_pending -= len(batch)
+                    for item in batch:
+                        if not item.future.done():
+                            item.future.set_result(None)
+        except asyncio.CancelledError:  # the store closes: nothing queued will be written
+            self._fail(run, queue, [], ConnectionError("the store closed"))
+            for left in queue.items:
+                _settle(left.future, ConnectionError("the store closed"))
+            queue.items.clear()
+            raise
+        finally:
+            queue.task = None
+            if not queue.items:
+                self._queues.pop(run.run_id, None)
+
+    async def _write_batch(self, run: RunState, batch: list[_Append]) -> None:
+        first = batch[0].record["seq"]
+        lines = [item.line for item in batch if item.line is not None]
+        in_context_seqs = [item.record["seq"] for item in batch if item.line is not None]
+        args = (
+            run.run_id, first, len(batch), len(lines),
+            sum(item.undo.tokens for item in batch), sum(item.undo.context_bytes for item in batch),
+            in_context_seqs[-1] if in_context_seqs else 0, sum(item.undo.messages_bytes for item in batch),
+            batch[-1].record["timestamp"],
+            [item.record["seq"] for item in batch], [item.record["timestamp"] for item in batch],
+            [item.record.get("client_message_id") for item in batch], [item.record.get("reply_to") for item in batch],
+            [item.text for item in batch], lines,
+        )  # fmt: skip
+        async with self.pool.acquire() as conn:
+            claimed = await conn.fetchval(_APPEND, *args)
+        if claimed != 1:
+            raise Conflict(
+                f"run {run.run_id} no longer takes seq {first} (completed, or written by another process):"
+                " the message was not stored; send it again"
+            )
+
+    def _fail(self, run: RunState, queue: RunQueue, batch: list[_Append], exc: BaseException) -> None:
+        """A batch failed: it and every append queued behind it (their seqs follow its own) fail;
+        the run's counters go back to before the first of them."""
+        failed = batch + [item for item in queue.items if isinstance(item, _Append)]
+        queue.items = collections.deque(item for item in queue.items if isinstance(item, _Call))
+        if not failed:
+            return
+        self._append_error = exc
+        typed = database_error(exc) or exc
+        for item in failed:
+            undo = item.undo
+            run.messages_bytes -= undo.messages_bytes
+            if undo.context_bytes:
+                run.context_bytes -= undo.context_bytes
+                run.context_tokens = max(0, run.context_tokens - undo.tokens)
+                run.context_lines -= 1
+            _settle(item.future, typed)
+        run.appends_pending -= len(failed)
+        run.next_seq, run.last_context_seq = failed[0].undo.seq, failed[0].undo.last_context_seq
+        entry = self.entry(run.key)
+        if entry is not None and entry.run_id == run.run_id:
+            self.sync_counters(entry, run)
+            self.touch(run.key)
+
+    async def settle_queues(self) -> None:
+        """Wait until every queued append is stored or failed (before a close)."""
+        while tasks := [q.task for q in self._queues.values() if q.task is not None]:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- deliveries found in the transcript -----------------------------------------------------
+
+    async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
+        run = self.active_run(key)
+        if run is None:
+            return None
+        with unavailable("the lookup"):
+            row = await self.pool.fetchrow(
+                "SELECT m.seq, m.created_at, (SELECT r.record::text FROM messages r WHERE r.run_id = m.run_id"
+                " AND r.reply_to = m.seq AND r.record->'tool_calls' IS NULL ORDER BY r.seq LIMIT 1) AS reply"
+                " FROM messages m WHERE m.run_id = $1 AND m.client_message_id = $2 ORDER BY m.seq LIMIT 1",
+                run.run_id,
+                client_message_id,
+            )
+        if row is None or row["created_at"] < since:
+            return None
+        reply = None
+        if row["reply"] is not None:
+            answer = decode(row["reply"].encode())
+            reply = {"content": answer.get("content"), "seq": answer.get("seq")}
+        return Delivery(run.run_id, int(row["seq"]), row["created_at"], reply)
+
+    # -- tool and plan records, usage -----------------------------------------------------------
+
+    async def record_tool(
+        self,
+        run: RunState,
+        *,
+        tool_name: str,
+        arguments: Any,
+        result: Any = None,
+        error: str | None = None,
+        duration_ms: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "seq": run.next_tool_seq,
+            "tool_name": tool_name,
+            "arguments": arguments,
+            "result": result,
+            "error": error,
+            "timestamp": iso(self.clock()),
+        }
+        if duration_ms is not None:
+            record["duration_ms"] = round(duration_ms, 3)
+        record.update(extra or {})
+        run.next_tool_seq += 1
+        sql = (
+            "WITH r AS (UPDATE runs SET next_tool_seq = greatest(next_tool_seq, $2::bigint + 1) WHERE run_id = $1"
+            " RETURNING run_id) INSERT INTO tool_calls (run_id, seq, record) SELECT run_id, $2, $3::json FROM r"
+        )
+        with unavailable("the tool call's record"):
+            await self.pool.execute(sql, run.run_id, record["seq"], encode(record)[:-1].decode())
+        return record
+
+    async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
+        record: PlanRecord = {
+            "id": run.next_plan_id,
+            "plan_type": plan_type,
+            "plan_content": plan_content,
+            "created_at": iso(self.clock()),
+        }
+        run.next_plan_id += 1
+        sql = (
+            "WITH r AS (UPDATE runs SET next_plan_id = greatest(next_plan_id, $2::bigint + 1) WHERE run_id = $1"
+            " RETURNING run_id) INSERT INTO plans (run_id, id, record) SELECT run_id, $2, $3::json FROM r"
+        )
+        with unavailable("the plan"):
+            await self.pool.execute(sql, run.run_id, record["id"], encode(dict(record))[:-1].decode())
+        return record
+
+    async def add_usage(self, run: RunState, usage: dict[str, int]) -> None:
+        clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
+        for k, v in clean.items():
+            run.usage[k] += v
+        entry = self.entry(run.key)
+        if entry is not None:
+            for k, v in clean.items():
+                setattr(entry, k, getattr(entry, k) + v)
+            self.touch(run.key)
+        sets = ", ".join(f"{k} = {k} + ${i}" for i, k in enumerate(USAGE_KEYS, start=2))
+        try:
+            with unavailable("the usage"):
+                await self.pool.execute(f"UPDATE runs SET {sets} WHERE run_id = $1", run.run_id, *clean.values())
+        except Exception as exc:  # the turn goes on: its message and reply are stored already
+            log.warning("usage of run %s not added to the database (%s); the entry keeps it", run.run_id, exc)
+
+    def calibrate_context(
+        self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
+    ) -> None:
+        run.context_tokens = max(0, prompt_tokens - overhead_tokens) + max(0, appended_since)
+        entry = self.entry(run.key)
+        if entry is not None:
+            self.sync_counters(entry, run)
+            self.touch(run.key)
+
+    # -- the context rewrite (compaction, uncompact) --------------------------------------------
+
+    async def commit_context_rewrite(
+        self, run: RunState, commit: Callable[[], ContextRewrite | None]
+    ) -> ContextRewrite | None:
+        """Carry out ``commit`` after every append queued before it, and store what it did in one
+        transaction (``sessions.postgres.rewrite``); then count it into the run. Cancelled meanwhile,
+        the rewrite goes on and is counted once done."""
+        tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
+        future = self.after_queued(run, lambda: apply_rewrite(self.pool, run, self.staging_dir(run.run_id), commit))
+        try:
+            done = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(lambda f: self._count_late_rewrite(run, f, tokens_at_call, bytes_at_call))
+            raise
+        if done is None:
+            return None
+        self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
+        return done
+
+    def _count_rewrite(self, run: RunState, done: ContextRewrite, tokens_at_call: int, bytes_at_call: int) -> None:
+        run.context_bytes = done.context_bytes + (run.context_bytes - bytes_at_call)
+        run.context_tokens = done.tokens_after + (run.context_tokens - tokens_at_call)
+        run.context_lines += done.line_delta
+        run.compaction_count = done.compaction_count
+        run.next_summary_id = done.summary_id + 1
+        entry = self.entry(run.key)
+        if entry is not None:
+            self.sync_counters(entry, run)
+            self.touch(run.key)
+
+    def _count_late_rewrite(
+        self, run: RunState, future: asyncio.Future[ContextRewrite | None], tokens_at_call: int, bytes_at_call: int
+    ) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        done = future.result()
+        if done is not None:
+            self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
+
+    # -- reads of the context -------------------------------------------------------------------
+
+    async def read_context(self, run: RunState) -> list[dict[str, Any]]:
+        """The context as the model will see it; with appends of the run queued, read after them."""
+
+        async def _read() -> list[dict[str, Any]]:
+            with unavailable("the context"):
+                rows = await self.pool.fetch(
+                    "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
+                )
+            return in_model_order([decode(row[0].encode()) for row in rows])
+
+        if run.appends_pending == 0:
+            return await _read()
+        return await self.after_queued(run, _read)
+
+    # -- health ---------------------------------------------------------------------------------
+
+    async def writable(self) -> str | None:
+        """None when the database takes a write now; else why not (for ``/readyz``)."""
+        try:
+            async with self.pool.acquire(timeout=5) as conn:
+                await conn.fetchval("SELECT 1", timeout=5)
+            problem = None
+        except Exception as exc:
+            typed = database_error(exc)
+            if typed is None:
+                raise
+            problem = typed.message
+        self._probed = (time.monotonic(), problem)
+        return problem
+
+    def recently_writable(self, max_age_s: float) -> bool:
+        at, problem = self._probed
+        return problem is None and self._append_error is None and time.monotonic() - at < max_age_s
+
+
+def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _event_fields(record: MessageRecord) -> dict[str, Any]:
+    return {k: record[k] for k in ("seq", "role", "content", "name", "kind", "command") if k in record}
