@@ -1,0 +1,93 @@
+"""The schema: migrations applied at open (once), a newer database refused, and the constraints
+that hold whatever the processes do (one active run per key, a seq taken once)."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from config.errors import Conflict, RunActive
+from sessions.damage import DamagedState
+from sessions.postgres.schema import SCHEMA_VERSION
+from sessions.records import NewMessage, TaskKey
+from tests.sessions.postgres.conftest import Opener
+
+KEY = "agent:main:main"
+
+
+async def _start(store, key: str = KEY):  # type: ignore[no-untyped-def]
+    return await store.start_run(
+        key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key, user="u1")
+    )
+
+
+async def test_migrations_are_applied_once_and_recorded(open_store: Opener, pg_dsn: str) -> None:
+    await open_store()
+    await open_store()  # a second gateway on the same database applies nothing again
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        versions = [r[0] for r in await conn.fetch("SELECT version FROM neotask_schema ORDER BY version")]
+        assert versions == list(range(1, SCHEMA_VERSION + 1))
+        tables = {r[0] for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        assert {
+            "runs", "entries", "messages", "context_lines", "summaries", "context_archives", "tool_calls", "plans",
+            "idempotency", "hook_deliveries", "openai_conversations", "openai_responses", "purge_tombstones",
+        } <= tables  # fmt: skip
+    finally:
+        await conn.close()
+
+
+async def test_a_database_newer_than_the_code_is_refused_and_left_alone(open_store: Opener, pg_dsn: str) -> None:
+    await open_store()
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute("INSERT INTO neotask_schema (version) VALUES ($1)", SCHEMA_VERSION + 1)
+        with pytest.raises(DamagedState, match=f"schema version {SCHEMA_VERSION + 1} is newer"):
+            await open_store()
+        assert await conn.fetchval("SELECT max(version) FROM neotask_schema") == SCHEMA_VERSION + 1
+    finally:
+        await conn.execute("DELETE FROM neotask_schema WHERE version > $1", SCHEMA_VERSION)  # for the next tests
+        await conn.close()
+
+
+async def test_one_active_run_per_key_is_a_constraint(open_store: Opener, pg_dsn: str) -> None:
+    """Two processes whose memory both says the key is free: the database lets one start a run."""
+    first, second = await open_store(), await open_store()
+    run = await _start(first)
+    with pytest.raises(RunActive, match="another gateway process"):
+        await _start(second)
+    assert second.active_run(KEY) is None and second.entry(KEY) is None  # nothing half-made
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        with pytest.raises(asyncpg.UniqueViolationError, match="runs_one_active_per_key"):
+            await conn.execute(
+                "INSERT INTO runs (run_id, session_key, status, task_type, created_at) VALUES ('x', $1, 'paused', 'a', 't')",
+                KEY,
+            )
+        assert await conn.fetchval("SELECT count(*) FROM runs WHERE session_key = $1", KEY) == 1
+    finally:
+        await conn.close()
+    await first.complete(KEY)
+    await _start(second)  # the key is free again for any process
+    assert run.status == "completed"
+
+
+async def test_a_seq_is_claimed_in_the_transaction_that_stores_it(open_store: Opener, pg_dsn: str) -> None:
+    """A process whose idea of the next seq is stale stores nothing and gets its seq back."""
+    first = await open_store()
+    run = await _start(first)
+    await first.append(run, NewMessage(role="user", content="one"))
+    second = await open_store()  # sees the run at seq 2
+    stale = second.active_run(KEY)
+    assert stale is not None and stale.next_seq == 2
+    await first.append(run, NewMessage(role="user", content="two"))
+    counters = stale.counters
+    with pytest.raises(Conflict, match="no longer takes seq 2"):
+        await second.append(stale, NewMessage(role="user", content="stale two"))
+    assert stale.counters == counters and stale.appends_pending == 0  # nothing counted
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        rows = await conn.fetch("SELECT seq, record->>'content' FROM messages ORDER BY seq")
+        assert [tuple(r) for r in rows] == [(1, "one"), (2, "two")]
+    finally:
+        await conn.close()
