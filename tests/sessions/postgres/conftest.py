@@ -3,6 +3,7 @@ way to open stores on it (several at once stand for several gateway processes)."
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -36,7 +37,5 @@ async def open_store(postgres_server: PgServer, tmp_path: Path, clock: FakeClock
 
     yield opener
     for store in opened:
-        try:
+        with contextlib.suppress(Exception):  # a test that stopped the server closes what it can
             await store.close()
-        except Exception:  # a test that stopped the server closes what it can
-            pass

@@ -61,7 +61,8 @@ async def test_one_active_run_per_key_is_a_constraint(open_store: Opener, pg_dsn
     try:
         with pytest.raises(asyncpg.UniqueViolationError, match="runs_one_active_per_key"):
             await conn.execute(
-                "INSERT INTO runs (run_id, session_key, status, task_type, created_at) VALUES ('x', $1, 'paused', 'a', 't')",
+                "INSERT INTO runs (run_id, session_key, status, task_type, created_at)"
+                " VALUES ('x', $1, 'paused', 'a', 't')",
                 KEY,
             )
         assert await conn.fetchval("SELECT count(*) FROM runs WHERE session_key = $1", KEY) == 1
