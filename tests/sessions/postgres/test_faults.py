@@ -1,0 +1,73 @@
+"""A database that goes away: every write answers the typed 503 (nothing stored, retry after a
+second) and counts nothing; once the server is back the same store goes on by itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from config.errors import StorageUnavailable
+from gateway.http import retry_headers
+from sessions.postgres.store import PgStore
+from sessions.records import NewMessage, TaskKey
+from tests.conftest import FakeClock
+from tests.sessions.helpers import settings_with
+from tests.support.postgres import PgServer, find_binaries, start_server, stop_server
+
+KEY = "agent:main:main"
+
+
+@pytest.fixture
+async def own_server() -> AsyncIterator[PgServer]:
+    """A server of this test alone (it is stopped and started under the store)."""
+    if find_binaries() is None:
+        pytest.skip("PostgreSQL binaries not found (apt-get install postgresql, or `make postgres`)")
+    server = await asyncio.to_thread(start_server)
+    try:
+        yield server
+    finally:
+        await asyncio.to_thread(stop_server, server)
+
+
+def _task(key: str) -> TaskKey:
+    return TaskKey("agent", key, user="u1")
+
+
+async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
+    own_server: PgServer, tmp_path: Path, clock: FakeClock
+) -> None:
+    store = await PgStore.open(tmp_path, settings_with(), dsn=own_server.dsn(), clock=clock, pool_size=2)
+    try:
+        run = await store.start_run(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY))
+        acked = [(await store.append(run, NewMessage(role="user", content=f"m{i}")))["seq"] for i in range(3)]
+        counters = run.counters
+        await asyncio.to_thread(own_server.stop, "fast")
+
+        with pytest.raises(StorageUnavailable) as info:
+            await store.append(run, NewMessage(role="user", content="while down"))
+        error = info.value
+        assert error.status == 503 and error.code == "storage_unavailable"
+        assert error.extra == {"stored": False, "retry_after_s": 1} and retry_headers(error) == {"Retry-After": "1"}
+        assert "was not stored" in error.message
+        assert run.counters == counters and run.appends_pending == 0  # the failed append took no seq
+        assert store.require_entry(KEY).counters == counters
+        other = "agent:main:other"
+        with pytest.raises(StorageUnavailable):
+            await store.start_run(other, agent_id="main", chat_type="direct", channel=None, task_key=_task(other))
+        assert store.entry(other) is None  # no half-made session
+        assert await store.writable() is not None and not store.recently_writable(60)
+
+        await asyncio.to_thread(own_server.start)
+        after = await store.append(run, NewMessage(role="user", content="after"))
+        assert after["seq"] == 4
+        assert await store.writable() is None and store.recently_writable(60)
+        _, folder = await store.locate_run(run.run_id)
+        assert folder is not None
+        stored = await store.read_messages(folder, after_seq=0, limit=10)
+        assert [(m["seq"], m["content"]) for m in stored] == [(1, "m0"), (2, "m1"), (3, "m2"), (4, "after")]
+        assert acked == [1, 2, 3]
+    finally:
+        await store.close()
