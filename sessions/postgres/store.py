@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from config.clock import Clock
-from config.settings import Settings
+from config.errors import ConfigError
+from config.settings import PostgresSettings, Settings
 from sessions.layout import Home
 from sessions.postgres.base import decode_entry
 from sessions.postgres.faults import unavailable
@@ -163,6 +164,24 @@ def _same_but_tokens(entry: SessionEntry, run: RunState) -> bool:
     """Whether the entry's checkpoint describes the stored run (its token count may then be a
     provider's calibration, which the run's row does not keep)."""
     return Counters._make(counter_values(entry))._replace(context_tokens=0) == run.counters._replace(context_tokens=0)
+
+
+def connection_options(settings: PostgresSettings, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """The DSN and the password (from the environment variable ``password_env``; None: libpq's own
+    PGPASSWORD or a password-less login) of ``storage.postgres``."""
+    if not settings.dsn:
+        raise ConfigError("storage.postgres.dsn is not set: set it, e.g. postgresql://neotask@127.0.0.1:5432/neotask")
+    return settings.dsn, environ.get(settings.password_env) or None
+
+
+async def open_from_settings(
+    root: Path, settings: Settings, environ: Mapping[str, str], *, clock: Clock, **hooks: Any
+) -> PgStore:
+    """``PgStore.open`` as ``storage.postgres`` says (the composition root's one call)."""
+    dsn, password = connection_options(settings.storage.postgres, environ)
+    return await PgStore.open(
+        root, settings, dsn=dsn, password=password, clock=clock, pool_size=settings.storage.postgres.pool_size, **hooks
+    )
 
 
 def redact(dsn: str) -> str:
