@@ -60,6 +60,7 @@ class PgServer:
     port: int
     started_s: float = 0.0  # how long initdb + start took
     databases: set[str] = field(default_factory=set)  # created by ``database``
+    durable: bool = False  # fsync on (benchmarks); off for the tests
 
     @property
     def data(self) -> Path:
@@ -102,12 +103,26 @@ class PgServer:
         )  # fmt: skip
 
     def start(self) -> None:
-        # fsync off: the tests kill processes, never the machine; a commit still waits for the WAL write.
-        options = (
-            f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off"
-            " -c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB"
-        )
+        # fsync off for the tests: they kill processes, never the machine (a commit still waits for
+        # its WAL write); a benchmark starts a durable server (``durable``: the server's defaults).
+        options = f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        if not self.durable:
+            options += " -c fsync=off -c full_page_writes=off -c shared_buffers=32MB"
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start")
+
+    def pids(self) -> list[int]:
+        """The server's processes: the postmaster and its children (backends, writers)."""
+        try:
+            main = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        children = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == main:
+                        children.append(int(entry.name))
+        return [main, *children]
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
@@ -118,12 +133,12 @@ class PgServer:
         return ""
 
 
-def start_server() -> PgServer:
+def start_server(*, durable: bool = False) -> PgServer:
     bindir = find_binaries()
     if bindir is None:
         raise FileNotFoundError("PostgreSQL binaries")
     root = Path(tempfile.mkdtemp(prefix="neotask-pg-"))
-    server = PgServer(bindir, root, free_port())
+    server = PgServer(bindir, root, free_port(), durable=durable)
     began = time.perf_counter()
     try:
         server.init()
