@@ -2,32 +2,25 @@
 records, usage, calibration, the context rewrite, and the writability probe.
 
 A message's seq is given on the loop (``queue_append`` returns the record at once, as the protocol
-says) and *claimed* in the database by the statement that stores it: one statement per batch of
-queued appends updates the run's row only where ``next_seq`` is the batch's first seq, and inserts
-the message and context lines from that row. It commits before the reply comes back, so an append
-is acknowledged after its COMMIT; a batch that fails (the server gone, a seq another process took)
-consumes no seq: it and every append queued behind it fail, and the run's counters go back.
-A per-run queue keeps arrival order and lets appends that arrive during a round trip share the
-next one (the database's group commit). A context rewrite or a read that must see the queued
-appends is a call in the same queue.
+says) and *claimed* in the database by the statement that stores it (``sessions.postgres.batching``:
+the queue, the group commit, what a failure gives back). A context rewrite or a read that must see
+the queued appends is a call in the same per-run queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from config.clock import iso
-from config.errors import Conflict, RunClosing, SessionPaused
+from config.errors import RunClosing, SessionPaused
 from sessions.context_order import in_model_order
 from sessions.deliveries import Delivery
 from sessions.jsonl import decode, encode, encode_plain
-from sessions.postgres.base import PgBase
+from sessions.postgres.batching import Append, PgQueue, Undo
 from sessions.postgres.faults import database_error, unavailable
 from sessions.postgres.rewrite import apply_rewrite
 from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState
@@ -36,65 +29,8 @@ from sessions.store_appends import _message_record  # the record's shape, one de
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-MAX_BATCH = 512  # appends in one statement
 
-_APPEND = """
-WITH r AS (
-    UPDATE runs SET next_seq = $2::bigint + $3::bigint, next_pos = next_pos + $4::bigint,
-        context_tokens = context_tokens + $5::bigint, context_bytes = context_bytes + $6::bigint,
-        context_lines = context_lines + $4::bigint,
-        last_context_seq = CASE WHEN $7::bigint > 0 THEN $7::bigint ELSE last_context_seq END,
-        messages_bytes = messages_bytes + $8::bigint, updated_at = $9::text, opening = false
-    WHERE run_id = $1 AND next_seq = $2::bigint AND status IN ('running', 'paused')
-    RETURNING run_id, next_pos - $4::bigint AS pos0
-), m AS (
-    INSERT INTO messages (run_id, seq, created_at, client_message_id, reply_to, record)
-    SELECT r.run_id, u.seq, u.at, u.cmid, u.reply_to, u.rec
-    FROM r, unnest($10::bigint[], $11::text[], $12::text[], $13::bigint[], $14::json[])
-        AS u(seq, at, cmid, reply_to, rec)
-), c AS (
-    INSERT INTO context_lines (run_id, pos, line)
-    SELECT r.run_id, r.pos0 + u.ord - 1, u.line FROM r, unnest($15::json[]) WITH ORDINALITY AS u(line, ord)
-)
-SELECT count(*) FROM r
-"""
-
-
-@dataclass(frozen=True)
-class _Undo:
-    seq: int
-    messages_bytes: int
-    context_bytes: int
-    tokens: int
-    last_context_seq: int
-
-
-@dataclass
-class _Append:
-    record: MessageRecord
-    text: str
-    line: str | None
-    undo: _Undo
-    future: asyncio.Future[None]
-
-
-@dataclass
-class _Call:
-    fn: Callable[[], Awaitable[Any]]
-    future: asyncio.Future[Any]
-
-
-@dataclass
-class RunQueue:
-    items: collections.deque[_Append | _Call] = field(default_factory=collections.deque)
-    task: asyncio.Task[None] | None = None
-
-
-class PgAppends(PgBase):
-    _queues: dict[str, RunQueue]
-    _append_error: BaseException | None
-
+class PgAppends(PgQueue):
     # -- messages -------------------------------------------------------------------------------
 
     def check_writable(self, run: RunState, message: NewMessage) -> None:
@@ -117,9 +53,9 @@ class PgAppends(PgBase):
         dump = encode if message.tool_calls else encode_plain
         data = dump(record)
         line = dump(context_line(record)) if in_context(record) else b""
-        undo = _Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
+        undo = Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        item = _Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future)
+        item = Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future)
         self._enqueue(run, item)
         run.appends_pending += 1
         run.messages_bytes += len(data)
@@ -148,114 +84,6 @@ class PgAppends(PgBase):
             durable_listener(run, record)
         self._emit("message", run, at=record["timestamp"], **_event_fields(record))
         return record
-
-    # -- the run's queue ------------------------------------------------------------------------
-
-    def _enqueue(self, run: RunState, item: _Append | _Call) -> None:
-        queue = self._queues.get(run.run_id)
-        if queue is None:
-            queue = self._queues[run.run_id] = RunQueue()
-        queue.items.append(item)
-        if queue.task is None:
-            queue.task = asyncio.get_running_loop().create_task(self._drain(run, queue))
-
-    def after_queued(self, run: RunState, fn: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
-        """Run ``fn`` once every append queued for ``run`` before it is stored (in queue order)."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._enqueue(run, _Call(fn, future))
-        return future
-
-    async def _drain(self, run: RunState, queue: RunQueue) -> None:
-        try:
-            while queue.items:
-                head = queue.items[0]
-                if isinstance(head, _Call):
-                    queue.items.popleft()
-                    try:
-                        result = await head.fn()
-                    except Exception as exc:
-                        _settle(head.future, exc)
-                    else:
-                        if not head.future.done():
-                            head.future.set_result(result)
-                    continue
-                batch: list[_Append] = []
-                while len(batch) < MAX_BATCH and queue.items:
-                    waiting = queue.items[0]
-                    if not isinstance(waiting, _Append):
-                        break
-                    batch.append(waiting)
-                    queue.items.popleft()
-                try:
-                    await self._write_batch(run, batch)
-                except Exception as exc:
-                    self._fail(run, queue, batch, exc)
-                else:
-                    self._append_error = None
-                    run.appends_pending -= len(batch)
-                    for item in batch:
-                        if not item.future.done():
-                            item.future.set_result(None)
-        except asyncio.CancelledError:  # the store closes: nothing queued will be written
-            self._fail(run, queue, [], ConnectionError("the store closed"))
-            for left in queue.items:
-                _settle(left.future, ConnectionError("the store closed"))
-            queue.items.clear()
-            raise
-        finally:
-            queue.task = None
-            if not queue.items:
-                self._queues.pop(run.run_id, None)
-
-    async def _write_batch(self, run: RunState, batch: list[_Append]) -> None:
-        first = batch[0].record["seq"]
-        lines = [item.line for item in batch if item.line is not None]
-        in_context_seqs = [item.record["seq"] for item in batch if item.line is not None]
-        args = (
-            run.run_id, first, len(batch), len(lines),
-            sum(item.undo.tokens for item in batch), sum(item.undo.context_bytes for item in batch),
-            in_context_seqs[-1] if in_context_seqs else 0, sum(item.undo.messages_bytes for item in batch),
-            batch[-1].record["timestamp"],
-            [item.record["seq"] for item in batch], [item.record["timestamp"] for item in batch],
-            [item.record.get("client_message_id") for item in batch], [item.record.get("reply_to") for item in batch],
-            [item.text for item in batch], lines,
-        )  # fmt: skip
-        async with self.pool.acquire() as conn:
-            claimed = await conn.fetchval(_APPEND, *args)
-        if claimed != 1:
-            raise Conflict(
-                f"run {run.run_id} no longer takes seq {first} (completed, or written by another process):"
-                " the message was not stored; send it again"
-            )
-
-    def _fail(self, run: RunState, queue: RunQueue, batch: list[_Append], exc: BaseException) -> None:
-        """A batch failed: it and every append queued behind it (their seqs follow its own) fail;
-        the run's counters go back to before the first of them."""
-        failed = batch + [item for item in queue.items if isinstance(item, _Append)]
-        queue.items = collections.deque(item for item in queue.items if isinstance(item, _Call))
-        if not failed:
-            return
-        self._append_error = exc
-        typed = database_error(exc) or exc
-        for item in failed:
-            undo = item.undo
-            run.messages_bytes -= undo.messages_bytes
-            if undo.context_bytes:
-                run.context_bytes -= undo.context_bytes
-                run.context_tokens = max(0, run.context_tokens - undo.tokens)
-                run.context_lines -= 1
-            _settle(item.future, typed)
-        run.appends_pending -= len(failed)
-        run.next_seq, run.last_context_seq = failed[0].undo.seq, failed[0].undo.last_context_seq
-        entry = self.entry(run.key)
-        if entry is not None and entry.run_id == run.run_id:
-            self.sync_counters(entry, run)
-            self.touch(run.key)
-
-    async def settle_queues(self) -> None:
-        """Wait until every queued append is stored or failed (before a close)."""
-        while tasks := [q.task for q in self._queues.values() if q.task is not None]:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- deliveries found in the transcript -----------------------------------------------------
 
@@ -428,11 +256,6 @@ class PgAppends(PgBase):
     def recently_writable(self, max_age_s: float) -> bool:
         at, problem = self._probed
         return problem is None and self._append_error is None and time.monotonic() - at < max_age_s
-
-
-def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
 
 
 def _event_fields(record: MessageRecord) -> dict[str, Any]:

@@ -253,7 +253,7 @@ class PgLifecycle(PgRecords):
 
     async def _settled(self, run: RunState) -> None:
         """Wait for the appends queued for ``run`` before a lifecycle change (they land first)."""
-        if run.run_id in self._queues:
+        if run.appends_pending or run.run_id in self._queues:
             await self.after_queued(run, _nothing)
 
 

@@ -60,6 +60,9 @@ class PgStore(PgLifecycle):
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._queues = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._calls: set[asyncio.Task[None]] = set()
         self._append_error: BaseException | None = None
         self._probed: tuple[float, str | None] = (float("-inf"), None)
 

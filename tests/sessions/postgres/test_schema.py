@@ -3,6 +3,8 @@ that hold whatever the processes do (one active run per key, a seq taken once)."
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 
@@ -92,3 +94,34 @@ async def test_a_seq_is_claimed_in_the_transaction_that_stores_it(open_store: Op
         assert [tuple(r) for r in rows] == [(1, "one"), (2, "two")]
     finally:
         await conn.close()
+
+
+async def test_one_statement_stores_several_runs_and_a_stale_claim_fails_only_its_run(
+    open_store: Opener, pg_dsn: str
+) -> None:
+    """The group commit sends the queued appends of every run together; each run's lines go in
+    only if that run's claim holds, so another process's write fails this run, not its neighbours."""
+    first = await open_store()
+    a, b = await _start(first, "agent:main:a"), await _start(first, "agent:main:b")
+    second = await open_store()
+    await first.append(b, NewMessage(role="user", content="b by first"))  # second's b is stale now
+    a2, b2 = second.active_run("agent:main:a"), second.active_run("agent:main:b")
+    assert a2 is not None and b2 is not None
+    messages = [NewMessage(role="user", content=f"{name} by second {i}") for name in "ab" for i in range(2)]
+    queued = [second.queue_append(run, m) for run, m in zip((a2, a2, b2, b2), messages, strict=True)]
+    outcomes = await asyncio.gather(*(durable for _, durable in queued), return_exceptions=True)
+    assert outcomes[:2] == [None, None]
+    assert all(isinstance(o, Conflict) for o in outcomes[2:])
+    assert (a2.next_seq, b2.next_seq, b2.appends_pending) == (3, 1, 0)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT r.session_key, m.seq, m.record->>'content' FROM messages m JOIN runs r USING (run_id) ORDER BY 1, 2"
+        )
+        assert [tuple(r) for r in rows] == [
+            ("agent:main:a", 1, "a by second 0"), ("agent:main:a", 2, "a by second 1"),
+            ("agent:main:b", 1, "b by first"),
+        ]  # fmt: skip
+    finally:
+        await conn.close()
+    assert a.run_id == a2.run_id
