@@ -25,6 +25,7 @@ import asyncpg
 import pytest
 
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
+DATABASE = "neotask"  # the one database the tests use (emptied by each test that opens a store)
 OWNER = "postgres"
 
 
@@ -109,6 +110,12 @@ class PgServer:
         if not self.durable:
             options += " -c fsync=off -c full_page_writes=off -c shared_buffers=32MB"
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start")
+
+    def running(self) -> bool:
+        command = [str(self.bindir / "pg_ctl"), "-D", str(self.data), "status"]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", OWNER, "--", *command]
+        return subprocess.run(command, capture_output=True, timeout=30).returncode == 0
 
     def pids(self) -> list[int]:
         """The server's processes: the postmaster and its children (backends, writers)."""

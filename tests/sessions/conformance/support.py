@@ -12,7 +12,7 @@ from sessions.records import NewMessage, RunState, TaskKey
 from sessions.store import SessionStore
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
-from tests.support.postgres import PgServer, empty_database
+from tests.support.postgres import DATABASE, PgServer, empty_database
 
 KEY = "agent:main:main"
 
@@ -35,7 +35,7 @@ def _postgres(server: PgServer) -> Factory:
 
     async def factory(place: Path, clock: FakeClock) -> StoreProtocol:
         nonlocal fresh
-        dsn = await server.database("conformance")
+        dsn = await server.database(DATABASE)
         if fresh:
             await empty_database(dsn)
             fresh = False

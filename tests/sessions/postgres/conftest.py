@@ -12,21 +12,21 @@ import pytest
 from sessions.postgres.store import PgStore
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
-from tests.support.postgres import PgServer, empty_database
+from tests.support.postgres import DATABASE, PgServer, empty_database
 
 Opener = Callable[[], Awaitable[PgStore]]
 
 
 @pytest.fixture
 def pg_dsn(postgres_server: PgServer) -> str:
-    return postgres_server.dsn("backend")
+    return postgres_server.dsn(DATABASE)
 
 
 @pytest.fixture
 async def open_store(postgres_server: PgServer, tmp_path: Path, clock: FakeClock) -> AsyncIterator[Opener]:
     """Opens a store on an emptied database (each call another store: another process); all are
     closed at the end."""
-    dsn = await postgres_server.database("backend")
+    dsn = await postgres_server.database(DATABASE)
     await empty_database(dsn)
     opened: list[PgStore] = []
 

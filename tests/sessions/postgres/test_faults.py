@@ -4,7 +4,6 @@ second) and counts nothing; once the server is back the same store goes on by it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,21 +14,9 @@ from sessions.postgres.store import PgStore
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
-from tests.support.postgres import PgServer, find_binaries, start_server, stop_server
+from tests.support.postgres import DATABASE, PgServer, empty_database
 
 KEY = "agent:main:main"
-
-
-@pytest.fixture
-async def own_server() -> AsyncIterator[PgServer]:
-    """A server of this test alone (it is stopped and started under the store)."""
-    if find_binaries() is None:
-        pytest.skip("PostgreSQL binaries not found (apt-get install postgresql, or `make postgres`)")
-    server = await asyncio.to_thread(start_server)
-    try:
-        yield server
-    finally:
-        await asyncio.to_thread(stop_server, server)
 
 
 def _task(key: str) -> TaskKey:
@@ -37,14 +24,17 @@ def _task(key: str) -> TaskKey:
 
 
 async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
-    own_server: PgServer, tmp_path: Path, clock: FakeClock
+    postgres_server: PgServer, tmp_path: Path, clock: FakeClock
 ) -> None:
-    store = await PgStore.open(tmp_path, settings_with(), dsn=own_server.dsn(), clock=clock, pool_size=2)
+    """Stops the suite's server (tests of one worker run one at a time) and starts it again."""
+    dsn = await postgres_server.database(DATABASE)
+    await empty_database(dsn)
+    store = await PgStore.open(tmp_path, settings_with(), dsn=dsn, clock=clock, pool_size=2)
     try:
         run = await store.start_run(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY))
         acked = [(await store.append(run, NewMessage(role="user", content=f"m{i}")))["seq"] for i in range(3)]
         counters = run.counters
-        await asyncio.to_thread(own_server.stop, "fast")
+        await asyncio.to_thread(postgres_server.stop, "fast")
 
         with pytest.raises(StorageUnavailable) as info:
             await store.append(run, NewMessage(role="user", content="while down"))
@@ -60,7 +50,7 @@ async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
         assert store.entry(other) is None  # no half-made session
         assert await store.writable() is not None and not store.recently_writable(60)
 
-        await asyncio.to_thread(own_server.start)
+        await asyncio.to_thread(postgres_server.start)
         after = await store.append(run, NewMessage(role="user", content="after"))
         assert after["seq"] == 4
         assert await store.writable() is None and store.recently_writable(60)
@@ -70,4 +60,6 @@ async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
         assert [(m["seq"], m["content"]) for m in stored] == [(1, "m0"), (2, "m1"), (3, "m2"), (4, "after")]
         assert acked == [1, 2, 3]
     finally:
+        if not await asyncio.to_thread(postgres_server.running):
+            await asyncio.to_thread(postgres_server.start)  # for the next tests
         await store.close()

@@ -14,7 +14,7 @@ from config.settings import PostgresSettings, Settings, StorageSettings
 from gateway.validation import check_config
 from sessions.postgres.store import connection_options, open_from_settings, redact
 from tests.conftest import FakeClock
-from tests.support.postgres import PgServer
+from tests.support.postgres import DATABASE, PgServer
 
 
 def test_the_files_backend_is_the_default_and_postgres_needs_a_dsn() -> None:
@@ -50,7 +50,7 @@ def test_the_password_comes_from_the_environment_variable() -> None:
 
 
 async def test_a_store_opens_from_the_settings(postgres_server: PgServer, tmp_path: Path, clock: FakeClock) -> None:
-    dsn = await postgres_server.database("from_settings")
+    dsn = await postgres_server.database(DATABASE)
     storage = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 2}}
     settings = Settings.model_validate({"storage": storage})
     store = await open_from_settings(tmp_path, settings, {"NEOTASK_PG_PASSWORD": "unused-by-trust"}, clock=clock)
