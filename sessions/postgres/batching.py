@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from config.errors import Conflict
+import asyncpg
+
+from config.errors import Conflict, StorageUnavailable
 from sessions.postgres.base import PgBase
 from sessions.postgres.faults import database_error
 from sessions.records import MessageRecord, RunState
@@ -95,6 +97,7 @@ class PgQueue(PgBase):
     _flusher: asyncio.Task[None] | None
     _wake: asyncio.Event
     _calls: set[asyncio.Task[None]]
+    _unsure: set[str]  # runs whose last statement's outcome is unknown (checked before their next)
     _append_error: BaseException | None
 
     def _enqueue(self, run: RunState, item: Append | Call) -> None:
@@ -185,34 +188,19 @@ class PgQueue(PgBase):
             self._kick()
 
     async def _send(self, batch: list[tuple[RunState, list[Append]]]) -> None:
-        runs: list[list[Any]] = [[] for _ in range(9)]
-        lines: list[list[Any]] = [[] for _ in range(6)]
-        context: list[list[Any]] = [[] for _ in range(3)]
-        for run, items in batch:
-            in_context = [item for item in items if item.line is not None]
-            for column, value in zip(runs, (
-                run.run_id, items[0].record["seq"], len(items), len(in_context),
-                sum(i.undo.tokens for i in items), sum(i.undo.context_bytes for i in items),
-                in_context[-1].record["seq"] if in_context else 0, sum(i.undo.messages_bytes for i in items),
-                items[-1].record["timestamp"],
-            ), strict=True):  # fmt: skip
-                column.append(value)
-            for item in items:
-                record = item.record
-                for column, value in zip(lines, (
-                    run.run_id, record["seq"], record["timestamp"], record.get("client_message_id"),
-                    record.get("reply_to"), item.text,
-                ), strict=True):  # fmt: skip
-                    column.append(value)
-            for ordinal, item in enumerate(in_context):
-                for column, value in zip(context, (run.run_id, ordinal, item.line), strict=True):
-                    column.append(value)
         try:
             async with self.pool.acquire() as conn:
-                claimed = {row[0] for row in await conn.fetch(_APPEND, *runs, *lines, *context)}
-        except Exception as exc:
+                if self._unsure:
+                    batch = await self._verify(conn, batch)
+                    if not batch:
+                        return
+                claimed = {row[0] for row in await conn.fetch(_APPEND, *_arguments(batch))}
+                lost = [(run, items) for run, items in batch if run.run_id not in claimed]
+                rows = await _counters(conn, [run.run_id for run, _ in lost]) if lost else {}
+        except Exception as exc:  # the statement may have committed or not: check before the next
             for run, items in batch:
                 self._fail(run, items, exc)
+                self._unsure.add(run.run_id)
             return
         self._append_error = None
         for run, items in batch:
@@ -222,11 +210,52 @@ class PgQueue(PgBase):
                     f"run {run.run_id} no longer takes seq {first} (completed, or written by another process):"
                     " the message was not stored; send it again"
                 ))  # fmt: skip
+                self._resync(run, rows.get(run.run_id))
                 continue
             run.appends_pending -= len(items)
             for item in items:
                 if not item.future.done():
                     item.future.set_result(None)
+
+    async def _verify(
+        self, conn: asyncpg.Connection, batch: list[tuple[RunState, list[Append]]]
+    ) -> list[tuple[RunState, list[Append]]]:
+        """After a statement whose outcome is unknown (the connection broke under it): a run whose
+        row is not where this process counted it (the lost statement did commit) fails what it
+        queued since, and takes its counters from the row; the rest of the batch is sent."""
+        unsure = [run.run_id for run, _ in batch if run.run_id in self._unsure]
+        if not unsure:
+            return batch
+        rows = await _counters(conn, unsure)
+        kept = []
+        for run, items in batch:
+            if run.run_id not in self._unsure:
+                kept.append((run, items))
+                continue
+            self._unsure.discard(run.run_id)
+            row = rows.get(run.run_id)
+            if row is not None and row["next_seq"] == items[0].record["seq"]:
+                kept.append((run, items))
+                continue
+            self._fail(run, items, StorageUnavailable(
+                f"run {run.run_id} holds messages this process did not count (an earlier append's answer was"
+                " lost with the connection, after its commit): the message was not stored; send it again",
+                stored=False, retry_after_s=1,
+            ))  # fmt: skip
+            self._resync(run, row)
+        return kept
+
+    def _resync(self, run: RunState, row: Mapping[str, Any] | None) -> None:
+        """Take the run's counters from its row (what is committed is the truth)."""
+        if row is None or run.appends_pending:
+            return
+        run.next_seq, run.messages_bytes = int(row["next_seq"]), int(row["messages_bytes"])
+        run.context_tokens, run.context_bytes = int(row["context_tokens"]), int(row["context_bytes"])
+        run.context_lines, run.last_context_seq = int(row["context_lines"]), int(row["last_context_seq"])
+        entry = self.entry(run.key)
+        if entry is not None and entry.run_id == run.run_id:
+            self.sync_counters(entry, run)
+            self.touch(run.key)
 
     def _fail(self, run: RunState, taken: list[Append], exc: BaseException) -> None:
         """``taken`` failed: it and every append queued behind it fail; the run's counters go
@@ -254,6 +283,43 @@ class PgQueue(PgBase):
         if entry is not None and entry.run_id == run.run_id:
             self.sync_counters(entry, run)
             self.touch(run.key)
+
+
+_COUNTERS = (
+    "SELECT run_id, next_seq, messages_bytes, context_tokens, context_bytes, context_lines, last_context_seq"
+    " FROM runs WHERE run_id = ANY($1::text[])"
+)
+
+
+async def _counters(conn: asyncpg.Connection, run_ids: list[str]) -> dict[str, asyncpg.Record]:
+    return {row["run_id"]: row for row in await conn.fetch(_COUNTERS, run_ids)}
+
+
+def _arguments(batch: list[tuple[RunState, list[Append]]]) -> list[list[Any]]:
+    """The statement's 18 arrays: per run, per message line, per context line."""
+    runs: list[list[Any]] = [[] for _ in range(9)]
+    lines: list[list[Any]] = [[] for _ in range(6)]
+    context: list[list[Any]] = [[] for _ in range(3)]
+    for run, items in batch:
+        in_context = [item for item in items if item.line is not None]
+        for column, value in zip(runs, (
+            run.run_id, items[0].record["seq"], len(items), len(in_context),
+            sum(i.undo.tokens for i in items), sum(i.undo.context_bytes for i in items),
+            in_context[-1].record["seq"] if in_context else 0, sum(i.undo.messages_bytes for i in items),
+            items[-1].record["timestamp"],
+        ), strict=True):  # fmt: skip
+            column.append(value)
+        for item in items:
+            record = item.record
+            for column, value in zip(lines, (
+                run.run_id, record["seq"], record["timestamp"], record.get("client_message_id"),
+                record.get("reply_to"), item.text,
+            ), strict=True):  # fmt: skip
+                column.append(value)
+        for ordinal, item in enumerate(in_context):
+            for column, value in zip(context, (run.run_id, ordinal, item.line), strict=True):
+                column.append(value)
+    return [*runs, *lines, *context]
 
 
 def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:

@@ -63,6 +63,7 @@ class PgStore(PgLifecycle):
         self._flusher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._calls: set[asyncio.Task[None]] = set()
+        self._unsure: set[str] = set()
         self._append_error: BaseException | None = None
         self._probed: tuple[float, str | None] = (float("-inf"), None)
 

@@ -8,7 +8,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from config.errors import Conflict, RunActive
+from config.errors import Conflict, RunActive, StorageUnavailable
 from sessions.damage import DamagedState
 from sessions.postgres.schema import SCHEMA_VERSION
 from sessions.records import NewMessage, TaskKey
@@ -87,13 +87,36 @@ async def test_a_seq_is_claimed_in_the_transaction_that_stores_it(open_store: Op
     counters = stale.counters
     with pytest.raises(Conflict, match="no longer takes seq 2"):
         await second.append(stale, NewMessage(role="user", content="stale two"))
-    assert stale.counters == counters and stale.appends_pending == 0  # nothing counted
     conn = await asyncpg.connect(pg_dsn)
     try:
         rows = await conn.fetch("SELECT seq, record->>'content' FROM messages ORDER BY seq")
         assert [tuple(r) for r in rows] == [(1, "one"), (2, "two")]
     finally:
         await conn.close()
+    # the stale process took the run's counters from its row: its next message goes on at seq 3
+    assert stale.counters == run.counters and stale.counters != counters and stale.appends_pending == 0
+    assert (await second.append(stale, NewMessage(role="user", content="three")))["seq"] == 3
+
+
+async def test_after_an_unknown_outcome_the_run_is_checked_before_its_next_statement(open_store: Opener) -> None:
+    """A statement whose answer was lost with the connection may have committed. The run is then
+    marked unsure (set here by hand: the loss cannot be timed from outside) and checked before
+    its next statement: where the row moved on, what was queued since fails with a 503 and the
+    counters come from the row, so the message after that goes on."""
+    first = await open_store()
+    run = await _start(first)
+    second = await open_store()
+    stale = second.active_run(KEY)
+    assert stale is not None
+    await first.append(run, NewMessage(role="user", content="committed, answer lost"))
+    second._unsure.add(stale.run_id)
+    with pytest.raises(StorageUnavailable, match="did not count") as info:
+        await second.append(stale, NewMessage(role="user", content="queued after the loss"))
+    assert info.value.extra == {"stored": False, "retry_after_s": 1}
+    assert stale.next_seq == 2 and stale.counters == run.counters
+    assert (await second.append(stale, NewMessage(role="user", content="next")))["seq"] == 2
+    second._unsure.add(stale.run_id)  # unsure, but the row is where it was counted: sent as is
+    assert (await second.append(stale, NewMessage(role="user", content="after")))["seq"] == 3
 
 
 async def test_one_statement_stores_several_runs_and_a_stale_claim_fails_only_its_run(
@@ -112,7 +135,7 @@ async def test_one_statement_stores_several_runs_and_a_stale_claim_fails_only_it
     outcomes = await asyncio.gather(*(durable for _, durable in queued), return_exceptions=True)
     assert outcomes[:2] == [None, None]
     assert all(isinstance(o, Conflict) for o in outcomes[2:])
-    assert (a2.next_seq, b2.next_seq, b2.appends_pending) == (3, 1, 0)
+    assert (a2.next_seq, b2.next_seq, b2.appends_pending) == (3, 2, 0)  # b took its counters from its row
     conn = await asyncpg.connect(pg_dsn)
     try:
         rows = await conn.fetch(
