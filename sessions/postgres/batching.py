@@ -1,10 +1,11 @@
 """The PostgreSQL store's append queue: the database's group commit.
 
 Each run has a queue of appends (and of calls that must come after them: a context rewrite, a read
-of the context). One flusher task sends the queued appends of EVERY run in one statement, one
-statement in flight at a time: while one round trip is under way the next messages gather, so a
-busy gateway sends a few dozen messages per COMMIT instead of one (the files backend's writer
-thread does the same with its fdatasync). The statement claims each run's seqs on its row (the
+of the context). One flusher task sends the queued appends of EVERY run in one statement, at most
+``MAX_IN_FLIGHT`` statements under way (a run in one of them at a time, so its order holds):
+while a round trip is under way the next messages gather, so a busy gateway sends dozens of
+messages per COMMIT instead of one (the files backend's writer thread does the same with its
+fdatasync). The statement claims each run's seqs on its row (the
 row's ``next_seq`` must be the first seq sent) and inserts that run's lines only if the claim
 held; it commits before its answer comes back, so a message is acknowledged after its COMMIT.
 A run whose claim failed, or every run of a statement that failed, fails its appends and every
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_BATCH = 1024  # messages in one statement
+MAX_IN_FLIGHT = 2  # statements under way at once (on disjoint runs): the database works on one
+# while the loop encodes the next
 
 _APPEND = """
 WITH b AS (
@@ -97,6 +100,8 @@ class PgQueue(PgBase):
     _flusher: asyncio.Task[None] | None
     _wake: asyncio.Event
     _calls: set[asyncio.Task[None]]
+    _in_flight: set[str]  # runs with a statement under way
+    _sending: set[asyncio.Task[None]]  # the statements under way
     _unsure: set[str]  # runs whose last statement's outcome is unknown (checked before their next)
     _append_error: BaseException | None
 
@@ -128,13 +133,14 @@ class PgQueue(PgBase):
         try:
             while True:
                 self._wake.clear()
-                batch = self._take()
+                batch = self._take() if len(self._sending) < MAX_IN_FLIGHT else []
                 if batch:
-                    await self._send(batch)
+                    self._in_flight.update(run.run_id for run, _ in batch)
+                    self._sending.add(asyncio.get_running_loop().create_task(self._send_then_release(batch)))
                     continue
-                if not self._queues:
+                if not self._queues and not self._sending:
                     return
-                await self._wake.wait()  # only runs busy with a call: wait for one to finish
+                await self._wake.wait()  # a statement or a call to finish, or appends to come
         except asyncio.CancelledError:  # the loop is closing: nothing queued will be written
             for queue in list(self._queues.values()):
                 self._fail(queue.run, [], ConnectionError("the store closed"))
@@ -143,13 +149,23 @@ class PgQueue(PgBase):
             self._queues.clear()
             raise
 
+    async def _send_then_release(self, batch: list[tuple[RunState, list[Append]]]) -> None:
+        try:
+            await self._send(batch)
+        finally:  # before the flusher looks again (a done callback would come after it)
+            self._in_flight.difference_update(run.run_id for run, _ in batch)
+            task = asyncio.current_task()
+            if task is not None:
+                self._sending.discard(task)
+            self._wake.set()
+
     def _take(self) -> list[tuple[RunState, list[Append]]]:
         """The leading appends of every run not busy (up to ``MAX_BATCH`` in all); a call at the
         head of a queue is started (the appends before it are stored)."""
         batch: list[tuple[RunState, list[Append]]] = []
         total = 0
         for run_id, queue in list(self._queues.items()):
-            if queue.busy:
+            if queue.busy or run_id in self._in_flight:  # a run is in one statement at a time
                 continue
             head = queue.items[0] if queue.items else None
             if isinstance(head, Call):

@@ -64,6 +64,8 @@ class PgStore(PgLifecycle):
         self._wake = asyncio.Event()
         self._calls: set[asyncio.Task[None]] = set()
         self._unsure: set[str] = set()
+        self._in_flight: set[str] = set()
+        self._sending: set[asyncio.Task[None]] = set()
         self._append_error: BaseException | None = None
         self._probed: tuple[float, str | None] = (float("-inf"), None)
 
