@@ -140,11 +140,34 @@ class PgServer:
         return ""
 
 
+PREFIX = "neotask-pg-"
+OWNER_FILE = "owner.pid"  # the process that started the cluster (a killed one leaves it running)
+
+
+def reap_orphans(bindir: Path) -> None:
+    """Stop and remove the clusters of test processes that died without stopping them (a pytest
+    killed by a timeout): a postmaster outlives the process that started it."""
+    for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        try:
+            owner = int((root / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if Path(f"/proc/{owner}").exists():
+            continue
+        orphan = PgServer(bindir, root, 0)
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            if (orphan.data / "postmaster.pid").exists():
+                orphan.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def start_server(*, durable: bool = False) -> PgServer:
     bindir = find_binaries()
     if bindir is None:
         raise FileNotFoundError("PostgreSQL binaries")
-    root = Path(tempfile.mkdtemp(prefix="neotask-pg-"))
+    reap_orphans(bindir)
+    root = Path(tempfile.mkdtemp(prefix=PREFIX))
+    (root / OWNER_FILE).write_text(str(os.getpid()))
     server = PgServer(bindir, root, free_port(), durable=durable)
     began = time.perf_counter()
     try:

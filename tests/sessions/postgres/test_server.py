@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import asyncpg
+import os
+import subprocess
+import tempfile
+from pathlib import Path
 
-from tests.support.postgres import PgServer
+import asyncpg
+import pytest
+
+from tests.support.postgres import OWNER_FILE, PREFIX, PgServer, find_binaries, reap_orphans
 
 
 async def test_the_server_answers_over_tcp_and_its_socket(postgres_server: PgServer) -> None:
@@ -19,3 +25,25 @@ async def test_the_server_answers_over_tcp_and_its_socket(postgres_server: PgSer
         assert await conn.fetchval("SELECT 1") == 1
     finally:
         await conn.close()
+
+
+def test_clusters_of_dead_test_processes_are_reaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytest killed by a timeout leaves its postmaster running; the next start stops and
+    removes it. A cluster whose owner lives (another xdist worker, another run) is left alone."""
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    dead = _dead_pid()
+    orphan, alive = tmp_path / f"{PREFIX}orphan", tmp_path / f"{PREFIX}alive"
+    for root, owner in ((orphan, dead), (alive, os.getpid())):
+        (root / "data").mkdir(parents=True)
+        (root / OWNER_FILE).write_text(str(owner))
+    bindir = find_binaries()
+    if bindir is None:
+        pytest.skip("PostgreSQL binaries not found")
+    reap_orphans(bindir)
+    assert not orphan.exists() and alive.exists()
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
