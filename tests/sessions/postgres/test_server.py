@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.postgres import OWNER_FILE, PREFIX, PgServer, find_binaries, reap_orphans
 
+pytestmark = pytest.mark.realtime  # real processes
+
 
 async def test_the_server_answers_over_tcp_and_its_socket(postgres_server: PgServer) -> None:
     conn = await asyncpg.connect(postgres_server.dsn())
