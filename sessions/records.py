@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, NotRequired, Protocol, TypedDict, get_args
+from typing import Any, Literal, NamedTuple, NotRequired, Protocol, get_args
+
+from typing_extensions import TypedDict  # pydantic derives the API's answer schemas from these (gateway/contract.typed)
 
 from config.settings import ChatType
 from sessions.deliveries import RunDeliveries

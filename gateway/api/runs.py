@@ -13,10 +13,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.errors import BadRequest, FinalSummaryNotFound, RunNotActive, RunNotFound
 from gateway import keys as K
-from gateway.contract import CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, Answer, ChoiceParam, IntParam, Param, operation
+from gateway.contract import (
+    CURSOR,
+    LIMIT,
+    NULLABLE_STR,
+    OBJ,
+    STR,
+    Answer,
+    ChoiceParam,
+    IntParam,
+    Param,
+    operation,
+    typed,
+)
 from gateway.http import json_response, parse_body
 from sessions import layout
-from sessions.records import RUN_STATUSES
+from sessions.records import RUN_STATUSES, RunRow
 
 routes = web.RouteTableDef()
 STORES = {"summaries": layout.SUMMARIES, "tools": layout.TOOLS, "planning": layout.PLANNING}
@@ -24,12 +36,15 @@ RUN_KEY = Param("key", "session key")
 RUN_STATUS = ChoiceParam("status", "run statuses", choices=RUN_STATUSES, many=True)
 AFTER_SEQ = IntParam("after_seq", "messages after this seq", default=0, low=0, high=2**62)
 PAGE = IntParam("limit", "page size", default=100, low=1, high=1000)
-RUN = Answer(
+RUN = typed(
     "Run",
-    {
-        "type": "object",
-        "properties": {"uuid": STR, "status": STR, "pinned": {"type": "boolean"}, "archived": {"type": "boolean"}},
+    RunRow,
+    replace={
+        "pinned": {"type": "boolean"},
+        "metadata": {"description": "the run's metadata (JSON text when it is not an object)"},
     },
+    add={"archived": {"type": "boolean"}},
+    required=("uuid", "status", "created_at"),
 )
 RUN_LIST = Answer(
     "RunList",
@@ -133,9 +148,7 @@ async def _run_records(request: web.Request, name: str) -> list[dict[str, Any]]:
 
 
 @routes.get("/v1/runs/{uuid}/messages")
-@operation(
-    "A run's messages, by seq", "runs", answer=RUN_MESSAGES, errors=(BadRequest,), params=(AFTER_SEQ, PAGE)
-)
+@operation("A run's messages, by seq", "runs", answer=RUN_MESSAGES, errors=(BadRequest,), params=(AFTER_SEQ, PAGE))
 async def run_messages(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
     after = AFTER_SEQ.read(request)
