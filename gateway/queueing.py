@@ -18,15 +18,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from config.errors import Busy
+from config.settings import QueueMode
 
 if TYPE_CHECKING:
     from gateway.turns import DeltaFn, Outcome, TurnOptions
     from sessions.records import RunState
 
-QueueMode = Literal["collect", "followup", "steer"]
 QUEUE_MODES: tuple[str, ...] = get_args(QueueMode)
 
 

@@ -12,13 +12,13 @@ from typing import Any
 
 from config.clock import Clock
 from config.errors import NoActiveRun, ShuttingDown
-from config.settings import AgentSettings, Settings
+from config.settings import AgentSettings, QueueMode, Settings
 from gateway.events import EventHub
 from gateway.hooks import ConversationHooks
 from gateway.metrics import Metrics
 from gateway.posts import Post, ReplyBody
 from gateway.provider import ChatProvider, Completion
-from gateway.queueing import Batch, Caller, QueueMode, TurnQueue
+from gateway.queueing import QUEUE_MODES, Batch, Caller, TurnQueue
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compactor import Compactor
@@ -97,7 +97,7 @@ class ConversationCore:
         entry = self.store.entry(key)
         override = entry.settings.get("queue_mode") if entry else None
         mode = override or self.agent(agent_id).queue_mode or self.settings.session.queue.mode
-        return mode if mode in ("followup", "steer") else "collect"
+        return mode if mode in QUEUE_MODES else "collect"
 
     def needs_turn(self, post: Post) -> bool:
         answers = post.role == "user" or (post.role == "tool" and post.options is not None and post.options.answer_tool)
