@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from config.errors import Busy
 
 if TYPE_CHECKING:
-    from gateway.turns import DeltaFn, Outcome, TurnOptions
+    from conversations.turns import DeltaFn, Outcome, TurnOptions
     from sessions.records import RunState
 
 QueueMode = Literal["collect", "followup", "steer"]
