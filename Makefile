@@ -76,7 +76,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m 'not slow' $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway sessions memory scheduler config channels tests bench
+	$(BIN)/ruff check gateway conversations sessions memory scheduler config channels tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP)

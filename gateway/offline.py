@@ -28,7 +28,7 @@ from sessions.lock import HomeLock
 from sessions.store import SessionStore
 
 if TYPE_CHECKING:
-    from gateway.posts import ReplyBody
+    from conversations.posts import ReplyBody
     from gateway.services import Services
 
 T = TypeVar("T")

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from config.errors import BadRequest
-from gateway.commands import Commands, dispatch
-from gateway.scheduling import CronOutcome
-from gateway.turns import Conversations, Outcome, Post
+from conversations.commands import Commands, dispatch
+from conversations.housekeeping import CronOutcome
+from conversations.turns import Conversations, Outcome, Post
 from gateway.views import session_view
 from sessions.doctor import check_store
 from sessions.history import HistoryIndex

@@ -17,7 +17,7 @@ and a clock, in this order (closed in the reverse order):
 The daemon (``gateway/app.py``) opens it in one cleanup context; the offline CLI
 (``gateway/offline.py``) opens the same graph under the home lock with ``Parts(timers=False)``, so
 a reset, a compaction or a cron job run without a daemon goes through the same objects (final
-summary, memory flush, memory tools, delivery). Hooks are declared in ``gateway/hooks.py``; they
+summary, memory flush, memory tools, delivery). Hooks are declared in ``conversations/hooks.py``; they
 are connected here and nowhere else. A hook that names an object built later (the store's final
 summarizer is ``Conversations.final_summary``; Conversations' ``before_post`` is
 ``Scheduling.check_on_arrival``) is a closure over this function's locals, called only once
@@ -40,24 +40,24 @@ import aiohttp
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
+from conversations.commands import Commands
+from conversations.events import EventHub
+from conversations.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
+from conversations.housekeeping import Scheduling
+from conversations.memory_scope import scope_of_raw
+from conversations.metrics import Metrics
+from conversations.posts import ReplyBody
+from conversations.provider import ChatProvider
+from conversations.recall import MemoryBridge
+from conversations.session_tools import SessionTools
+from conversations.tools import ToolBox
+from conversations.transcript_memory import TranscriptSource
+from conversations.turns import Conversations, Post
 from gateway.channel_intake import ChannelIntake
-from gateway.commands import Commands
 from gateway.crashpoints import crash_step, openai_crash_step
 from gateway.delivery import Deliverer, Delivery
 from gateway.disk_budget import DiskBudget
-from gateway.events import EventHub
-from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
-from gateway.memory_scope import scope_of_raw
-from gateway.metrics import Metrics
 from gateway.openai_compat.service import OpenAICompat
-from gateway.posts import ReplyBody
-from gateway.provider import ChatProvider
-from gateway.recall import MemoryBridge
-from gateway.scheduling import Scheduling
-from gateway.session_tools import SessionTools
-from gateway.tools import ToolBox
-from gateway.transcript_memory import TranscriptSource
-from gateway.turns import Conversations, Post
 from gateway.validation import check_config
 from gateway.webhook_intake import Webhooks
 from memory import MemoryService

@@ -86,7 +86,7 @@ class SessionStore(LifecycleStore):
         durable_listeners: Iterable[DurableListener] = (),
     ) -> SessionStore:
         """Recover every active run, then load (or rebuild) sessions.json. The caller holds the
-        home lock. The hooks are the composition root's (``gateway.hooks.StoreHooks``)."""
+        home lock. The hooks are the composition root's (``conversations.hooks.StoreHooks``)."""
         home = Home(root)
         try:
             await asyncio.to_thread(home.ensure)

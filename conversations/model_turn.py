@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 from config.errors import NeotaskError, ProviderFailure, TurnFailed
-from gateway.compaction_triggers import CompactionTriggers
-from gateway.posts import DeltaFn, Outcome, TurnOptions, to_openai
-from gateway.provider import Completion, ProviderError, ToolCall, Usage
-from gateway.queueing import TurnScope
+from conversations.compaction_triggers import CompactionTriggers
+from conversations.posts import DeltaFn, Outcome, TurnOptions, to_openai
+from conversations.provider import Completion, ProviderError, ToolCall, Usage
+from conversations.queueing import TurnScope
 from sessions.context_order import anchor
 from sessions.records import NewMessage, RunState
 

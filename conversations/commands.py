@@ -10,8 +10,8 @@ import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from gateway.hooks import CommandHooks, NextReset
-from gateway.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
+from conversations.hooks import CommandHooks, NextReset
+from conversations.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
 from sessions.compactor import SummaryResult
 from sessions.records import RunState
 from sessions.thresholds import compaction_threshold

@@ -1,6 +1,6 @@
 """Memory in conversations (SPEC section 9): auto-recall at the start of a run (or every turn),
 and the model's memory tools. ``memory/`` knows nothing of sessions; this module joins them. Each
-session reads and writes only its key's memory scope (``gateway/memory_scope.py``): recall, the
+session reads and writes only its key's memory scope (``conversations/memory_scope.py``): recall, the
 daily log it is offered, ``memory_search``, ``memory_get`` and ``memory_append`` (the memory
 flush's too)."""
 
@@ -17,11 +17,11 @@ from zoneinfo import ZoneInfo
 
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
-from gateway.memory_scope import scope_of_raw
-from gateway.relevance import tool_result
-from gateway.tools import Tool, ToolError
-from gateway.transcript_memory import is_transcript, run_citation, transcript_path
-from gateway.turns import Conversations, Post
+from conversations.memory_scope import scope_of_raw
+from conversations.relevance import tool_result
+from conversations.tools import Tool, ToolError
+from conversations.transcript_memory import is_transcript, run_citation, transcript_path
+from conversations.turns import Conversations, Post
 from memory import MemoryService, SearchHit, scopes
 from memory.scopes import Scope
 from sessions.records import NewMessage, RunState

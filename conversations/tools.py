@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.errors import NeotaskError
-from gateway.provider import ToolCall
+from conversations.provider import ToolCall
 from sessions.records import RunState
 from sessions.store import SessionStore
 from sessions.tokens import estimate_text

@@ -15,7 +15,7 @@ from openai.types import CompletionUsage
 
 from config.errors import ConfigError, ProviderFailure
 from config.settings import ModelSettings
-from gateway.provider import (
+from conversations.provider import (
     ChatProvider,
     Completion,
     ProviderError,
@@ -24,7 +24,7 @@ from gateway.provider import (
     _SDKClient,
     is_context_overflow,
 )
-from gateway.provider_transport import LeanAsyncClient
+from conversations.provider_transport import LeanAsyncClient
 from tests.support.openai_server import (
     Fail,
     Hang,

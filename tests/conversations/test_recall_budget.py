@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.recall import memory_message
+from conversations.recall import memory_message
 from sessions.tokens import estimate_text
 
 

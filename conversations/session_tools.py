@@ -17,8 +17,8 @@ from typing import Any
 
 from config.errors import NeotaskError
 from config.settings import SendRule, SessionToolsSettings
-from gateway.tools import Tool, ToolError
-from gateway.turns import Conversations, Outcome, Post
+from conversations.tools import Tool, ToolError
+from conversations.turns import Conversations, Outcome, Post
 from sessions.history import HistoryIndex, iter_run_messages, sources_from_rows
 from sessions.history_search import HistoryQuery
 from sessions.keys import parse_key

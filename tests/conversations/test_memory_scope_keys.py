@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gateway.memory_scope import scope_name, scope_of_raw
+from conversations.memory_scope import scope_name, scope_of_raw
 from memory import scopes
 
 AGENTS = ("main", "ops")

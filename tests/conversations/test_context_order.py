@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import FakeClock
-from tests.gateway.test_queue_modes import MAIN, Client, bodies, burst, client_for, contents, transcript
+from tests.conversations.test_queue_modes import MAIN, Client, bodies, burst, client_for, contents, transcript
 from tests.support.openai_server import Hang, OpenAIServer, RecordedRequest, reply
 
 Q1 = "q1: " + "tell me about the migration plan and its risks " * 8

@@ -100,7 +100,7 @@ async def test_compact_and_uncompact_walk_back(aiohttp_client: Any, tmp_path: Pa
 async def test_model_summaries_long_conversation_never_exceeds_the_window(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gateway.summarizer import ModelSummarizer
+    from conversations.summarizer import ModelSummarizer
 
     splits: list[threading.Thread] = []  # the split of the messages into requests: off the event loop
     real_pieces = ModelSummarizer._pieces

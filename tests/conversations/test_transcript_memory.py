@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import pytest
 
-from gateway.transcript_memory import run_citation
+from conversations.transcript_memory import run_citation
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 from tests.gateway.test_memory_gateway import wait_ready

@@ -19,18 +19,18 @@ from zoneinfo import ZoneInfo
 from config.clock import Clock, iso, parse_iso
 from config.errors import NeotaskError
 from config.settings import CronJob, Settings
-from gateway.commands import Commands, dispatch
-from gateway.hooks import SchedulingHooks
+from conversations.commands import Commands, dispatch
+from conversations.hooks import SchedulingHooks
+from conversations.turns import Conversations, Post
 from gateway.logs import EVERY_ONE
-from gateway.turns import Conversations, Post
 from sessions.cleanup import run_cleanup
 from sessions.keys import cron_key, parse_key
 from sessions.registry import SessionEntry
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
 
 if TYPE_CHECKING:
+    from conversations.posts import ReplyBody
     from gateway.delivery import Delivery
-    from gateway.posts import ReplyBody
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The conversation engine's state and configuration (``ConversationCore``), under the layers
-``gateway/idempotency.py`` → ``gateway/compaction_triggers.py`` → ``gateway/model_turn.py`` →
-``gateway/turns.py`` (posting and per-key order), each a subclass of the one before."""
+``conversations/idempotency.py`` → ``conversations/compaction_triggers.py`` → ``conversations/model_turn.py`` →
+``conversations/turns.py`` (posting and per-key order), each a subclass of the one before."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import Any
 from config.clock import Clock
 from config.errors import NoActiveRun, ShuttingDown
 from config.settings import AgentSettings, QueueMode, Settings
-from gateway.events import EventHub
-from gateway.hooks import ConversationHooks
-from gateway.metrics import Metrics
-from gateway.posts import Post, ReplyBody
-from gateway.provider import ChatProvider, Completion
-from gateway.queueing import QUEUE_MODES, Batch, Caller, TurnQueue
-from gateway.summarizer import ModelSummarizer
-from gateway.tools import ToolBox
+from conversations.events import EventHub
+from conversations.hooks import ConversationHooks
+from conversations.metrics import Metrics
+from conversations.posts import Post, ReplyBody
+from conversations.provider import ChatProvider, Completion
+from conversations.queueing import QUEUE_MODES, Batch, Caller, TurnQueue
+from conversations.summarizer import ModelSummarizer
+from conversations.tools import ToolBox
 from sessions.compactor import Compactor
 from sessions.records import MessageRecord, NewMessage, RunState
 from sessions.store import SessionStore
@@ -137,7 +137,7 @@ class ConversationCore:
             self.store.calibrate_context(run, completion.usage.input_tokens, overhead, appended_since=appended)
 
     async def _batch_turn(self, batch: Batch) -> None:
-        """Run one model turn for ``batch``: the posting layer's (``gateway/turns.py``)."""
+        """Run one model turn for ``batch``: the posting layer's (``conversations/turns.py``)."""
         raise NotImplementedError
 
     def _closing_error(self, caller: Caller) -> BaseException:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from gateway.provider import ChatProvider, Completion, ProviderError, Usage
+from conversations.provider import ChatProvider, Completion, ProviderError, Usage
 from sessions.compactor import SummaryRequest, SummaryResult, extractive
 from sessions.summarize import FINAL_PROMPT, SUMMARY_PROMPT, transcript
 from sessions.tokens import estimate_text

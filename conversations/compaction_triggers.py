@@ -6,9 +6,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from gateway.idempotency import Idempotency
-from gateway.posts import Outcome, to_openai
-from gateway.provider import ProviderError
+from conversations.idempotency import Idempotency
+from conversations.posts import Outcome, to_openai
+from conversations.provider import ProviderError
 from sessions.compaction import compaction_due
 from sessions.compactor import CompactionResult, SummaryResult, Trigger
 from sessions.records import RunState

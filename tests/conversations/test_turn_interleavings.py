@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
+from conversations.tools import Tool
 from gateway import keys as K
-from gateway.tools import Tool
 from sessions.records import RunState
 from tests.conftest import FakeClock
 from tests.support.openai_server import Hang, OpenAIServer, reply, tool_call

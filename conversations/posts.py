@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
-from gateway.provider import Usage
+from conversations.provider import Usage
 from sessions.keys import SessionKey
 from sessions.records import Role, TaskKey
 

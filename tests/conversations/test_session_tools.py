@@ -12,8 +12,8 @@ from urllib.parse import quote
 import pytest
 
 from config.settings import SendRule
+from conversations.session_tools import KeyInfo, send_allowed, visible
 from gateway.keys import HISTORY
-from gateway.session_tools import KeyInfo, send_allowed, visible
 from sessions.records import RunState, TaskKey
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
@@ -79,7 +79,7 @@ def tools_of(home: Path, run_id: str) -> list[dict[str, Any]]:
 
 
 # The first model request of a process builds the openai client's SSL context and lazy modules on
-# the loop (gateway/provider.py, ~0.6 s quiet, over 1 s when the machine is loaded): not these tools.
+# the loop (conversations/provider.py, ~0.6 s quiet, over 1 s when the machine is loaded): not these tools.
 @pytest.mark.allow_blocking
 async def test_the_tools_in_real_turns(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer

@@ -1,6 +1,6 @@
 """Conversations: posting messages to keys in per-key order (the top layer of the engine; below
-it ``gateway/model_turn.py``, ``gateway/compaction_triggers.py``, ``gateway/idempotency.py`` and
-``gateway/turn_core.py``; what is posted and answered is ``gateway/posts.py``, re-exported here).
+it ``conversations/model_turn.py``, ``conversations/compaction_triggers.py``, ``conversations/idempotency.py`` and
+``conversations/turn_core.py``; what is posted and answered is ``conversations/posts.py``, re-exported here).
 
 Two locks per key keep the rules of SPEC section 8: the *lifecycle* lock (short: start a run and
 append) and the *turn* lock (held for a model turn). A message that arrives during a turn is
@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable
 
 from config.errors import ProviderFailure, ShuttingDown
+from conversations.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
+from conversations.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
+from conversations.model_turn import ModelTurns, provider_failure, stored_failure
+from conversations.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
+from conversations.provider import ProviderError
+from conversations.queueing import Batch
 from gateway import log_json
-from gateway.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
-from gateway.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
 from gateway.logs import EVERY_ONE
-from gateway.model_turn import ModelTurns, provider_failure, stored_failure
-from gateway.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
-from gateway.provider import ProviderError
-from gateway.queueing import Batch
 from sessions.inheritance import find_inheritance
 from sessions.records import NewMessage, RunState, TaskKey
 
@@ -240,7 +240,7 @@ class Conversations(ModelTurns):
         )
 
     async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
-        """Wait for a turn that answers ``outcome``, as the key's queue mode says (gateway/queueing.py).
+        """Wait for a turn that answers ``outcome``, as the key's queue mode says (conversations/queueing.py).
         The message is stored already: any failure answers ``stored: true`` with its seq."""
         try:
             mode = self.queue_mode(post.key.raw, post.key.agent_id)

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from config.errors import ConfigError, ProviderFailure
 from config.settings import ModelSettings
-from gateway.provider_transport import AiohttpTransport, LeanAsyncClient, byte_lines, sse_data
+from conversations.provider_transport import AiohttpTransport, LeanAsyncClient, byte_lines, sse_data
 
 ProviderErrorKind = Literal["overflow", "timeout", "http", "connection", "malformed"]
 DeltaCallback = Callable[[str], Awaitable[None]]

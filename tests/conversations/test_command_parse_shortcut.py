@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.commands import parse_command, parse_command_fully
+from conversations.commands import parse_command, parse_command_fully
 
 SAMPLES = st.sampled_from(
     [

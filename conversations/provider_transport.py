@@ -1,4 +1,4 @@
-"""The wire under ``gateway.provider``: the HTTP transport under the ``openai`` SDK (aiohttp's
+"""The wire under ``conversations.provider``: the HTTP transport under the ``openai`` SDK (aiohttp's
 client instead of httpx's default stack; issue 15: the gateway pays the SDK's request path on every
 turn) and the server-sent events of a streamed answer, split on bytes."""
 

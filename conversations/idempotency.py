@@ -11,8 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 from config.clock import iso
-from gateway.posts import Outcome, Post, ReplyBody, outcome_from
-from gateway.turn_core import ConversationCore
+from conversations.posts import Outcome, Post, ReplyBody, outcome_from
+from conversations.turn_core import ConversationCore
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from gateway.memory_scope import scope_name
+from conversations.memory_scope import scope_name
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 from tests.support.openai_server import OpenAIServer, RecordedRequest, reply, tool_call

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from sessions.archive import Step
 
 if TYPE_CHECKING:
+    from conversations.posts import ReplyBody
+    from conversations.turns import Post
     from gateway.delivery import Delivery
-    from gateway.posts import ReplyBody
-    from gateway.turns import Post
     from sessions.records import MessageRecord, RunState, StoreEvent
 
 Event = dict[str, Any]
