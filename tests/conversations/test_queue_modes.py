@@ -192,9 +192,10 @@ async def test_the_session_setting_overrides_the_queue_mode_and_is_validated(
 async def test_busy_only_past_the_limit_of_waiting_calls_with_retry_after(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer, limit: int
 ) -> None:
-    client = await client_for(
-        aiohttp_client, tmp_path, clock, openai_server, {"agents": {"main": {"max_queued_turns": limit}}}
-    )
+    # The model's timeout (5 s in these tests) outlasts the burst even on a loaded machine: a first
+    # turn timed out before "one too many" arrives would free the queue and admit it.
+    agent = {"max_queued_turns": limit, "model": {"timeout_s": 60}}
+    client = await client_for(aiohttp_client, tmp_path, clock, openai_server, {"agents": {"main": agent}})
     gate = asyncio.Event()  # the first turn's model call answers once the burst is stored
     openai_server.script(Hang(30, until=gate))
     first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "running"}))
