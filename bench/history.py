@@ -26,11 +26,11 @@ from pathlib import Path
 from bench.common import Report, Summary, fmt_seconds, now, parser, print_table, section
 from config.clock import system_clock
 from config.loader import build_settings, deep_merge, load_defaults
-from sessions.history import HistoryIndex, connect, create_schema
-from sessions.history_search import HistoryQuery, search
+from sessions.files.history import HistoryIndex, connect, create_schema
+from sessions.files.history_search import HistoryQuery, search
+from sessions.files.store import SessionStore
 from sessions.history_text import index_text
 from sessions.records import NewMessage, RunState, TaskKey
-from sessions.store import SessionStore
 
 INGEST_LIMIT = 0.9
 SEARCH_P95_MS = 50.0
@@ -200,8 +200,8 @@ def bench_search(report: Report, *, rows: int, small: int, queries: int, keep: P
 _CHILD = """
 import json, sys
 from pathlib import Path
-from sessions.export import RunExport, export_lines
-from sessions.history import RunSource
+from sessions.files.export import RunExport, export_lines
+from sessions.files.history import RunSource
 
 def peak_kb():
     for line in open("/proc/self/status"):

@@ -21,17 +21,17 @@ from config.loader import LoadedConfig
 from gateway import offline
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
-from sessions.damage import DamagedState
-from sessions.export import ExportFormat, export_lines, runs_of_key
-from sessions.history import HistoryIndex, history_path, rebuild_all
-from sessions.history_doctor import check_home_index
-from sessions.history_search import HistoryQuery
+from sessions.files.damage import DamagedState
+from sessions.files.export import ExportFormat, export_lines, runs_of_key
+from sessions.files.history import HistoryIndex, history_path, rebuild_all
+from sessions.files.history_doctor import check_home_index
+from sessions.files.history_search import HistoryQuery
+from sessions.files.layout import Home
+from sessions.files.ledger import Ledger
+from sessions.files.purge import purge_key
+from sessions.files.store import SessionStore
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
-from sessions.layout import Home
-from sessions.ledger import Ledger
-from sessions.purge import purge_key
-from sessions.store import SessionStore
 
 if TYPE_CHECKING:
     from gateway.cli import Context

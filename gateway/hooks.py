@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sessions.archive import Step
+from sessions.files.archive import Step
 
 if TYPE_CHECKING:
     from gateway.delivery import Delivery

@@ -24,9 +24,9 @@ from gateway.turns import Conversations
 from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import SchedulerService
-from sessions.history import HistoryIndex
+from sessions.files.history import HistoryIndex
+from sessions.files.store import SessionStore
 from sessions.keys import SessionKey
-from sessions.store import SessionStore
 
 CONFIG = web.AppKey("config", LoadedConfig)
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")

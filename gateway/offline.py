@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
-from sessions import doctor
+from sessions.files import doctor
+from sessions.files.layout import Home
+from sessions.files.lock import HomeLock
+from sessions.files.store import SessionStore
 from sessions.keys import parse_key
-from sessions.layout import Home
-from sessions.lock import HomeLock
-from sessions.store import SessionStore
 
 if TYPE_CHECKING:
     from gateway.posts import ReplyBody

@@ -15,13 +15,13 @@ from gateway.commands import Commands, dispatch
 from gateway.scheduling import CronOutcome
 from gateway.turns import Conversations, Outcome, Post
 from gateway.views import session_view
-from sessions.doctor import check_store
-from sessions.history import HistoryIndex
-from sessions.history_doctor import check_index
+from sessions.files.doctor import check_store
+from sessions.files.history import HistoryIndex
+from sessions.files.history_doctor import check_index
+from sessions.files.registry import SessionEntry
+from sessions.files.store import SessionStore
 from sessions.keys import SessionKey
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES
-from sessions.registry import SessionEntry
-from sessions.store import SessionStore
 
 if TYPE_CHECKING:
     from scheduler.service import SchedulerService

@@ -23,9 +23,9 @@ from gateway.commands import Commands, dispatch
 from gateway.hooks import SchedulingHooks
 from gateway.logs import EVERY_ONE
 from gateway.turns import Conversations, Post
-from sessions.cleanup import run_cleanup
+from sessions.files.cleanup import run_cleanup
+from sessions.files.registry import SessionEntry
 from sessions.keys import cron_key, parse_key
-from sessions.registry import SessionEntry
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
 
 if TYPE_CHECKING:

@@ -62,13 +62,13 @@ from gateway.validation import check_config
 from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
-from sessions import archive
-from sessions.history import HistoryIndex, catch_up, history_path, rebuild_all
-from sessions.history_marks import runs_on_disk
-from sessions.layout import Home
+from sessions.files import archive
+from sessions.files.history import HistoryIndex, catch_up, history_path, rebuild_all
+from sessions.files.history_marks import runs_on_disk
+from sessions.files.layout import Home
+from sessions.files.store import SessionStore
 from sessions.records import MessageRecord, RunRow, RunState, StoreEvent
 from sessions.resets import daily_boundaries
-from sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 DELIVERY_TIMEOUT_S = 10.0

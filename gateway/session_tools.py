@@ -19,8 +19,8 @@ from config.errors import NeotaskError
 from config.settings import SendRule, SessionToolsSettings
 from gateway.tools import Tool, ToolError
 from gateway.turns import Conversations, Outcome, Post
-from sessions.history import HistoryIndex, iter_run_messages, sources_from_rows
-from sessions.history_search import HistoryQuery
+from sessions.files.history import HistoryIndex, iter_run_messages, sources_from_rows
+from sessions.files.history_search import HistoryQuery
 from sessions.keys import parse_key
 from sessions.records import RunState
 

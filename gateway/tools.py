@@ -11,8 +11,8 @@ from typing import Any
 
 from config.errors import NeotaskError
 from gateway.provider import ToolCall
+from sessions.files.store import SessionStore
 from sessions.records import RunState
-from sessions.store import SessionStore
 from sessions.tokens import estimate_text
 
 ToolFn = Callable[[RunState, dict[str, Any]], Awaitable[str]]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from memory import scopes
 from memory.scopes import Scope
-from sessions import layout
-from sessions.jsonl import write_atomic
+from sessions.files import layout
+from sessions.files.jsonl import write_atomic
+from sessions.files.store import SessionStore
 from sessions.records import StoreEvent
-from sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 SESSIONS_DIR = "memory/sessions"

@@ -22,8 +22,8 @@ from gateway.queueing import Batch, Caller, QueueMode, TurnQueue
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compactor import Compactor
+from sessions.files.store import SessionStore
 from sessions.records import MessageRecord, NewMessage, RunState
-from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
 from sessions.tokens import estimate_text
 

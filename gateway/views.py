@@ -6,8 +6,8 @@ from datetime import datetime
 from typing import Any
 
 from gateway.contract import NULLABLE_STR, OBJ, STR, Answer
+from sessions.files.registry import SessionEntry
 from sessions.records import RunState
-from sessions.registry import SessionEntry
 
 
 def session_view(

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessions import layout
 from sessions.context_order import clean_cuts, place
+from sessions.files import layout
 from sessions.tokens import estimate_text
 
 Line = dict[str, Any]

@@ -4,7 +4,7 @@ Commit order, chosen so a crash at any point leaves the old or the new context a
 roll forward: (1) the old context is saved to ``compactions/{id}.jsonl`` (``id`` the summary id, so
 an archive is never overwritten, even after ``/uncompact``); (2) the summary record is
 appended to summaries.jsonl and synced — this is the commit point; (3) current.jsonl is replaced
-atomically. Recovery (``sessions.recovery``) redoes (3) when (2) happened without it.
+atomically. Recovery (``sessions.files.recovery``) redoes (3) when (2) happened without it.
 messages.jsonl is never touched.
 """
 
@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 from config.clock import iso
 from config.settings import CompactionSettings
-from sessions import layout
 from sessions.compaction import (
     Line,
     archive_name,
@@ -32,7 +31,8 @@ from sessions.compaction import (
     restore_lines,
     summary_line,
 )
-from sessions.jsonl import encode, read_records, write_records_atomic
+from sessions.files import layout
+from sessions.files.jsonl import encode, read_records, write_records_atomic
 from sessions.protocol import StoreProtocol
 from sessions.records import ContextRewrite, RunState
 from sessions.summarize import extractive_summary

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.jsonl import iter_records
+from sessions.files.jsonl import iter_records
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from config.settings import InheritanceSettings
-from sessions import layout
-from sessions.jsonl import read_records
-from sessions.ledger import run_metadata
+from sessions.files import layout
+from sessions.files.jsonl import read_records
+from sessions.files.ledger import run_metadata
+from sessions.files.store import SessionStore
 from sessions.records import TaskKey
-from sessions.store import SessionStore
 from sessions.tokens import estimate_text
 
 ArchiveText = Callable[[str, str], Awaitable[str | None]]

@@ -27,7 +27,9 @@ from typing import Any, Protocol
 
 from config.clock import Clock
 from sessions.deliveries import Delivery
-from sessions.layout import Home
+from sessions.files.layout import Home
+from sessions.files.registry import SessionEntry
+from sessions.files.store_base import DurableListener, FinalSummarizer, Listener, RunHook
 from sessions.records import (
     CompatConversation,
     ContextRewrite,
@@ -43,8 +45,6 @@ from sessions.records import (
     RunState,
     TaskKey,
 )
-from sessions.registry import SessionEntry
-from sessions.store_base import DurableListener, FinalSummarizer, Listener, RunHook
 
 
 class StoreProtocol(Protocol):

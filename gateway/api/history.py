@@ -29,12 +29,12 @@ from gateway.contract import (
 )
 from gateway.http import json_response
 from gateway.keys import HISTORY
-from sessions.export import ExportFormat, RunExport, export_lines, one_run, runs_of_key
-from sessions.history import HistoryIndex
-from sessions.history_search import HistoryQuery
+from sessions.files.export import ExportFormat, RunExport, export_lines, one_run, runs_of_key
+from sessions.files.history import HistoryIndex
+from sessions.files.history_search import HistoryQuery
+from sessions.files.purge import purge_key
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
-from sessions.purge import purge_key
 from sessions.records import ROLES
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from config.errors import BadRequest, FinalSummaryNotFound, RunNotActive, RunNot
 from gateway import keys as K
 from gateway.contract import CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, Answer, ChoiceParam, IntParam, Param, operation
 from gateway.http import json_response, parse_body
-from sessions import layout
+from sessions.files import layout
 from sessions.records import RUN_STATUSES
 
 routes = web.RouteTableDef()

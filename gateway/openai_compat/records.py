@@ -4,8 +4,8 @@ this process has seen in memory (write-through: it is their only writer)."""
 
 from __future__ import annotations
 
+from sessions.files.store import SessionStore
 from sessions.records import CompatConversation, ResponseRef
-from sessions.store import SessionStore
 
 __all__ = ["CompatRecords", "ResponseRef"]
 

@@ -8,8 +8,8 @@ from typing import Any
 from config.clock import Clock
 from config.loader import build_settings, deep_merge, load_defaults
 from config.settings import Settings
+from sessions.files.store import SessionStore
 from sessions.records import RunState, TaskKey
-from sessions.store import SessionStore
 
 
 def settings_with(overrides: dict[str, Any] | None = None) -> Settings:

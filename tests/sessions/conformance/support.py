@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from sessions.files.store import SessionStore
 from sessions.protocol import StoreProtocol
 from sessions.records import NewMessage, RunState, TaskKey
-from sessions.store import SessionStore
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
 
