@@ -25,14 +25,14 @@ from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import SchedulerService
 from sessions.files.history import HistoryIndex
-from sessions.files.store import SessionStore
 from sessions.keys import SessionKey
+from sessions.protocol import StoreProtocol
 
 CONFIG = web.AppKey("config", LoadedConfig)
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")
 ENV = web.AppKey("env", dict[str, str])
 SERVICES = web.AppKey("services", Services)
-STORE = web.AppKey("store", SessionStore)
+STORE: web.AppKey[StoreProtocol] = web.AppKey("store")
 HUB = web.AppKey("hub", EventHub)
 METRICS = web.AppKey("metrics", Metrics)
 CONVERSATIONS = web.AppKey("conversations", Conversations)

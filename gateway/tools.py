@@ -11,7 +11,7 @@ from typing import Any
 
 from config.errors import NeotaskError
 from gateway.provider import ToolCall
-from sessions.files.store import SessionStore
+from sessions.protocol import ConversationStore
 from sessions.records import RunState
 from sessions.tokens import estimate_text
 
@@ -37,7 +37,7 @@ class Tool:
 
 
 class ToolBox:
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: ConversationStore) -> None:
         self.store = store
         self._tools: dict[str, Tool] = {}
         self._schema_tokens: int | None = None

@@ -22,7 +22,7 @@ from gateway.queueing import Batch, Caller, QueueMode, TurnQueue
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
 from sessions.compactor import Compactor
-from sessions.files.store import SessionStore
+from sessions.protocol import ConversationStore
 from sessions.records import MessageRecord, NewMessage, RunState
 from sessions.thresholds import compaction_threshold
 from sessions.tokens import estimate_text
@@ -36,7 +36,7 @@ class ConversationCore:
 
     def __init__(
         self,
-        store: SessionStore,
+        store: ConversationStore,
         settings: Settings,
         *,
         providers: Mapping[str, ChatProvider],

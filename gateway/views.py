@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from gateway.contract import NULLABLE_STR, OBJ, STR, Answer
-from sessions.files.registry import SessionEntry
+from sessions.entries import SessionEntry
 from sessions.records import RunState
 
 

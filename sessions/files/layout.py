@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from sessions.compaction import COMPACTIONS as COMPACTIONS
+
 RunFolder = Literal["running", "paused", "completed"]
 FOLDERS: tuple[RunFolder, ...] = ("running", "paused", "completed")
 
@@ -16,7 +18,6 @@ TOOLS = "tools.jsonl"
 PLANNING = "planning.jsonl"
 METADATA = "metadata.json"
 FINAL_SUMMARY = "final_summary.txt"
-COMPACTIONS = "compactions"
 STORE_FILES = (MESSAGES, CURRENT, SUMMARIES, TOOLS, PLANNING)
 PRIVATE_DIR = 0o700  # the home and every folder in it: conversations are private to the owner
 PRIVATE_FILE = 0o600

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sessions.compaction import archive_of, last_seq, rolled_forward
+from sessions.context_order import context_line as context_line  # re-exported: the writer's lines
+from sessions.context_order import in_context as in_context
 from sessions.files import layout
 from sessions.files.integrity import cut_lines, describe, scan_lines, seq_of
 from sessions.files.jsonl import (
@@ -62,19 +63,6 @@ class RecoveredRun:
 # tasks.db columns that hold what metadata.json holds: with a ledger row, metadata.json is not read
 LEDGER_METADATA = ("session_key", "agent_id", "chat_type", "channel", "task_type", "task_identifier",
                    "repository", "user", "parent_uuid", "created_at")  # fmt: skip
-
-
-def in_context(record: Mapping[str, Any]) -> bool:
-    """Whether a messages.jsonl line belongs in what the model sees."""
-    return not record.get("command")
-
-
-def context_line(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The current.jsonl line for a messages.jsonl line (OpenAI-compatible, plus seq/tokens)."""
-    line = {k: v for k, v in record.items() if k not in ("timestamp", "client_message_id", "usage", "sender_id")}
-    if line.get("tool_name") is None:
-        line.pop("tool_name", None)
-    return line
 
 
 @dataclass(frozen=True)

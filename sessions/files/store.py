@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ from sessions.files.layout import Home
 from sessions.files.ledger import Ledger, run_metadata
 from sessions.files.recovery import RecoveredRun, recover_all
 from sessions.files.registry import SessionEntry, SessionRegistry
-from sessions.files.store_base import DurableListener, FinalSummarizer, Listener, RunHook
-from sessions.files.store_lifecycle import LifecycleStore
+from sessions.files.store_maintenance import MaintenanceStore
 from sessions.files.writer import AppendWriter
 from sessions.protocol import StoreProtocol
 from sessions.records import (
@@ -35,13 +33,16 @@ from sessions.records import (
     counter_values,
     restore_counters,
 )
+from sessions.store_hooks import DurableListener, FinalSummarizer, Listener, RunHook, StoreHooks
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DurableListener", "FinalSummarizer", "Listener", "RunHook", "SessionStore"]
+__all__ = ["DurableListener", "FinalSummarizer", "Listener", "RunHook", "SessionStore", "StoreHooks"]
+
+NO_HOOKS = StoreHooks()
 
 
-class SessionStore(LifecycleStore):
+class SessionStore(MaintenanceStore):
     def __init__(
         self,
         home: Home,
@@ -51,9 +52,7 @@ class SessionStore(LifecycleStore):
         ledger: Ledger,
         writer: AppendWriter,
         registry: SessionRegistry,
-        final_summarizer: FinalSummarizer | None = None,
-        listeners: Iterable[Listener] = (),
-        durable_listeners: Iterable[DurableListener] = (),
+        hooks: StoreHooks = NO_HOOKS,
     ) -> None:
         self.home = home
         self.settings = settings
@@ -61,11 +60,11 @@ class SessionStore(LifecycleStore):
         self.ledger = ledger
         self.writer = writer
         self.registry = registry
-        self.completion_hooks: dict[str, RunHook] = {}
-        self.stop_hooks: dict[str, RunHook] = {}
-        self.final_summarizer: FinalSummarizer | None = final_summarizer
-        self.listeners: list[Listener] = list(listeners)
-        self.durable_listeners: list[DurableListener] = list(durable_listeners)  # (run, record) once durable
+        self.completion_hooks = hooks.completion_hooks
+        self.stop_hooks = hooks.stop_hooks
+        self.final_summarizer = hooks.final_summarizer
+        self.listeners = hooks.listeners
+        self.durable_listeners = hooks.durable_listeners  # (run, record) once durable
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._files: dict[str, tuple[Path, Path, Path]] = {}  # run id -> (dir, messages, current)
@@ -81,12 +80,10 @@ class SessionStore(LifecycleStore):
         settings: Settings,
         *,
         clock: Clock,
-        final_summarizer: FinalSummarizer | None = None,
-        listeners: Iterable[Listener] = (),
-        durable_listeners: Iterable[DurableListener] = (),
+        hooks: StoreHooks = NO_HOOKS,
     ) -> SessionStore:
         """Recover every active run, then load (or rebuild) sessions.json. The caller holds the
-        home lock. The hooks are the composition root's (``gateway.hooks.StoreHooks``)."""
+        home lock. The hooks are the composition root's (``gateway/services.py``)."""
         home = Home(root)
         try:
             await asyncio.to_thread(home.ensure)
@@ -108,9 +105,7 @@ class SessionStore(LifecycleStore):
             ledger=ledger,
             writer=writer,
             registry=registry,
-            final_summarizer=final_summarizer,
-            listeners=listeners,
-            durable_listeners=durable_listeners,
+            hooks=hooks,
         )
         try:
             await store._recover()

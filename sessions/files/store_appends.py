@@ -1,6 +1,6 @@
 """The store's appends: messages (the performance-critical path: seqs and counters on the loop,
 the line to the writer thread's group commit), tool and plan records, usage, context calibration,
-and the commit of a compaction's rewrite of current.jsonl."""
+and a compaction's rewrite of current.jsonl."""
 
 from __future__ import annotations
 
@@ -8,18 +8,17 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from config.clock import iso
-from config.errors import RunClosing, SessionPaused
+from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.deliveries import Delivery, RunDeliveries
-from sessions.deliveries import scan as scan_deliveries
 from sessions.faults import probe_writable, storage_error
-from sessions.files import layout, leftovers
-from sessions.files.jsonl import encode, encode_plain
+from sessions.files import context_rewrite, layout, leftovers
+from sessions.files.jsonl import encode, encode_plain, iter_records
 from sessions.files.recovery import context_line, in_context
 from sessions.files.store_records import RecordStore
 from sessions.records import (
@@ -30,7 +29,7 @@ from sessions.records import (
     PlanRecord,
     RunState,
 )
-from sessions.tokens import estimate_message
+from sessions.rewrites import ContextChange
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +38,7 @@ class AppendStore(RecordStore):
     # -- appends --------------------------------------------------------------------------------
 
     def check_writable(self, run: RunState, message: NewMessage) -> None:
-        if run.closing:
-            raise RunClosing(f"run {run.run_id} is completing; retry on the next run")
-        if run.status == "paused" and not message.command:
-            raise SessionPaused(
-                f"session {run.key!r} is paused; send /resume or POST /v1/sessions/{{key}}/resume first"
-            )
+        check_writable(run, message)
 
     async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
         """Append a message; returns its messages.jsonl record once durable under the fsync
@@ -64,7 +58,7 @@ class AppendStore(RecordStore):
         then await ``finish_append``."""
         self.check_writable(run, message)
         stamp = iso(self.clock())
-        record = _message_record(run.next_seq, message, stamp)
+        record = message_record(run.next_seq, message, stamp)
         run.next_seq += 1
         dump = encode if message.tool_calls else encode_plain  # no floats without tool calls
         data = dump(record)
@@ -115,7 +109,7 @@ class AppendStore(RecordStore):
             self.writer.call(lambda: marker.unlink(missing_ok=True)).add_done_callback(_log_failure)
         for durable_listener in self.durable_listeners:
             durable_listener(run, record)
-        self._emit("message", run, at=record["timestamp"], **_event_fields(record))
+        self._emit("message", run, at=record["timestamp"], **event_fields(record))
         return record
 
     def _run_files(self, run: RunState) -> tuple[Path, Path, Path]:
@@ -202,19 +196,10 @@ class AppendStore(RecordStore):
         result: Any = None,
         error: str | None = None,
         duration_ms: float | None = None,
-        extra: dict[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "seq": run.next_tool_seq,
-            "tool_name": tool_name,
-            "arguments": arguments,
-            "result": result,
-            "error": error,
-            "timestamp": iso(self.clock()),
-        }
-        if duration_ms is not None:
-            record["duration_ms"] = round(duration_ms, 3)
-        record.update(extra or {})
+        stamp = iso(self.clock())
+        record = tool_record(run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, stamp)
         run.next_tool_seq += 1
         await self.writer.append(run.dir / layout.TOOLS, encode(record), durable=True)
         return record
@@ -230,7 +215,7 @@ class AppendStore(RecordStore):
         await self.writer.append(run.dir / layout.PLANNING, encode(record), durable=True)
         return record
 
-    async def add_usage(self, run: RunState, usage: dict[str, int]) -> None:
+    async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
         """Cumulative usage per run (tasks.db) and per key (sessions.json)."""
         clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
         for k, v in clean.items():
@@ -256,19 +241,18 @@ class AppendStore(RecordStore):
             self.sync_counters(entry, run)
             self.registry.touch(run.key)
 
-    async def commit_context_rewrite(
-        self, run: RunState, commit: Callable[[], ContextRewrite | None]
-    ) -> ContextRewrite | None:
-        """Run a compaction's (or an uncompact's) ``commit`` — blocking file changes that rewrite
-        current.jsonl — on the writer thread, after every append queued before it and with the
-        append handle of current.jsonl closed; then count what it did into the run (appends
+    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
+        """Carry out a compaction's (or an uncompact's) rewrite of current.jsonl on the writer
+        thread (``sessions.files.context_rewrite``), after every append queued before it and with
+        the append handle of current.jsonl closed; then count what it did into the run (appends
         queued meanwhile are kept on top) and checkpoint the counters. None: it changed nothing."""
         current = run.dir / layout.CURRENT
+        folder = run.dir
         tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
 
         def _do() -> ContextRewrite | None:
             self.writer.close_handle(current)
-            return commit()
+            return context_rewrite.commit(folder, change)
 
         future = self.writer.call(_do)
         try:
@@ -322,49 +306,11 @@ class _Undo:
     last_context_seq: int
 
 
-def _message_record(seq: int, message: NewMessage, timestamp: str) -> MessageRecord:
-    record: MessageRecord = {
-        "seq": seq,
-        "role": message.role,
-        "content": message.content,
-        "timestamp": timestamp,
-        "tokens": 0,
-        "tool_name": message.tool_name,
-    }
-    # Optional fields only when set, in this order (one test per field: this runs per message).
-    if message.name is not None:
-        record["name"] = message.name
-    if message.sender_id is not None:
-        record["sender_id"] = message.sender_id
-    if message.tool_call_id is not None:
-        record["tool_call_id"] = message.tool_call_id
-    if message.tool_calls:
-        record["tool_calls"] = list(message.tool_calls)
-    if message.command:
-        record["command"] = True
-    if message.usage is not None:
-        record["usage"] = message.usage
-    if message.kind is not None:
-        record["kind"] = message.kind
-    if message.client_message_id is not None:
-        record["client_message_id"] = message.client_message_id
-    if message.reply_to is not None:
-        record["reply_to"] = message.reply_to
-    if message.after is not None:
-        record["after"] = message.after
-    record["tokens"] = estimate_message(record)
-    return record
-
-
 def _deliveries(run: RunState) -> RunDeliveries:
     if run.deliveries is None:
         run.deliveries = RunDeliveries()
     deliveries: RunDeliveries = run.deliveries
     return deliveries
-
-
-def _event_fields(record: MessageRecord) -> dict[str, Any]:
-    return {k: record[k] for k in ("seq", "role", "content", "name", "kind", "command") if k in record}
 
 
 _LATE_UPDATES: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
@@ -379,3 +325,12 @@ def _ledger_updated(task: asyncio.Task[None]) -> None:
 def _log_failure(future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.warning("could not remove a run's opening marker: %s", future.exception())
+
+
+def scan_deliveries(path: Path) -> RunDeliveries:
+    """Read a messages.jsonl for its deliveries (blocking)."""
+    out = RunDeliveries(scanned=True)
+    for record in iter_records(path):
+        if "client_message_id" in record or "reply_to" in record:
+            out.add(record)
+    return out

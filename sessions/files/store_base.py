@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -20,15 +20,12 @@ from sessions.files.ledger import Ledger
 from sessions.files.recovery import RecoveredRun
 from sessions.files.registry import SessionEntry, SessionRegistry
 from sessions.files.writer import AppendWriter
-from sessions.records import EventType, MessageRecord, RunState, StoreEvent, copy_counters
+from sessions.records import EventType, RunState, StoreEvent, copy_counters
+from sessions.store_hooks import DurableListener, FinalSummarizer, Listener, RunHook
 
 log = logging.getLogger(__name__)
 
 METADATA_FORMAT_VERSION = 1
-Listener = Callable[[StoreEvent], object]
-DurableListener = Callable[[RunState, MessageRecord], object]
-RunHook = Callable[[RunState], Awaitable[None]]
-FinalSummarizer = Callable[[RunState, str], Awaitable[str | None]]
 
 
 class StoreBase:
@@ -40,11 +37,11 @@ class StoreBase:
     ledger: Ledger
     writer: AppendWriter
     registry: SessionRegistry
-    completion_hooks: dict[str, RunHook]
-    stop_hooks: dict[str, RunHook]
+    completion_hooks: Mapping[str, RunHook]  # the hooks given at open (``StoreHooks``)
+    stop_hooks: Mapping[str, RunHook]
     final_summarizer: FinalSummarizer | None
-    listeners: list[Listener]
-    durable_listeners: list[DurableListener]  # (run, record) once the append is durable
+    listeners: tuple[Listener, ...]
+    durable_listeners: tuple[DurableListener, ...]  # (run, record) once the append is durable
     recovered: list[RecoveredRun]
     _runs: dict[str, RunState]
     _locks: dict[str, asyncio.Lock]
@@ -93,7 +90,7 @@ class StoreBase:
         pinned: bool | None = None,
         label: str | None = None,
         clear_label: bool = False,
-        settings: dict[str, Any] | None = None,
+        settings: Mapping[str, object] | None = None,
     ) -> SessionEntry:
         entry = self.require_entry(key)
         if pinned is not None and pinned != entry.pinned:
@@ -192,7 +189,7 @@ class StoreBase:
         # One dict per event (this runs per message); the keys of its type, as StoreEvent lists them.
         at = at or iso(self.clock())
         event = cast(StoreEvent, {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at, **fields})
-        for listener in list(self.listeners):
+        for listener in self.listeners:
             listener(event)
 
     def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None:

@@ -21,8 +21,8 @@ from sessions.files import layout, leftovers
 from sessions.files.jsonl import fsync_dir, write_atomic, write_json_atomic
 from sessions.files.ledger import RunStats
 from sessions.files.store_appends import AppendStore
-from sessions.files.store_base import RunHook
 from sessions.records import RunState, RunStatus, TaskKey
+from sessions.store_hooks import RunHook
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import sessions.compactor as compactor_module
+import sessions.files.context_rewrite as rewrite_module
 from config.clock import system_clock
 from sessions.compactor import Compactor, extractive
 from sessions.files.store import SessionStore
@@ -23,8 +23,8 @@ def die() -> None:
 
 
 def inject(point: str) -> None:
-    real_write = compactor_module.write_records_atomic
-    real_append = compactor_module._append_synced
+    real_write = rewrite_module.write_records_atomic
+    real_append = rewrite_module._append_synced
     calls = {"write": 0}
 
     def write(path: Path, records: Any, *, sync: bool = True) -> None:
@@ -42,8 +42,8 @@ def inject(point: str) -> None:
         if point == "summary":
             die()
 
-    compactor_module.write_records_atomic = write  # type: ignore[assignment]
-    compactor_module._append_synced = append
+    rewrite_module.write_records_atomic = write  # type: ignore[assignment]
+    rewrite_module._append_synced = append
 
 
 async def main(home: Path, point: str) -> None:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import Conflict, NotFound, SessionPaused
+from config.errors import Conflict, NotFound, SessionPaused, StorageUnavailable
 from sessions.files import layout
 from sessions.files.jsonl import read_records
 from sessions.files.ledger import MIGRATIONS
 from sessions.records import NewMessage
+from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start
 
@@ -100,7 +101,6 @@ async def test_context_token_count_is_incremental(tmp_path: Path, clock: FakeClo
 
 
 async def test_lifecycle_moves_folders_and_records_statistics(tmp_path: Path, clock: FakeClock) -> None:
-    store = await open_store(tmp_path, clock)
     stopped, completed = [], []
 
     async def on_stop(run: object) -> None:
@@ -109,8 +109,8 @@ async def test_lifecycle_moves_folders_and_records_statistics(tmp_path: Path, cl
     async def on_complete(run: object) -> None:
         completed.append(run)
 
-    store.stop_hooks["record"] = on_stop
-    store.completion_hooks["record"] = on_complete
+    hooks = StoreHooks(stop_hooks={"record": on_stop}, completion_hooks={"record": on_complete})
+    store = await open_store(tmp_path, clock, hooks=hooks)
     run = await start(store)
     await store.append(run, NewMessage(role="user", content="hi"))
     await store.record_tool(run, tool_name="update_plan", arguments={"plan": "a"}, result="ok", duration_ms=1.5)
@@ -341,3 +341,24 @@ async def test_open_trusts_the_checkpoint_only_when_current_is_unchanged(tmp_pat
     back = third.active_run(run.key)
     assert back is not None and back.context_tokens == expected[0] + 7 and back.context_lines == 6
     await third.close()
+
+
+async def test_a_failing_tasks_db_is_a_typed_storage_error_for_the_records(tmp_path: Path, clock: FakeClock) -> None:
+    """Callers outside the backend (``gateway.idempotency``) know no SQLite: a tasks.db that fails
+    under the records beside the runs raises ``StorageUnavailable``."""
+    store = await open_store(tmp_path, clock)
+    try:
+        conn = sqlite3.connect(tmp_path / "contexts" / "tasks.db")
+        for table in ("idempotency", "hook_deliveries", "openai_conversations"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.close()
+        with pytest.raises(StorageUnavailable):
+            await store.find_idempotency("agent:main:main", "c-1", since="")
+        with pytest.raises(StorageUnavailable):
+            await store.remember_delivery("agent:main:main", "c-1", run_id=None, seq=None)
+        with pytest.raises(StorageUnavailable):
+            await store.record_hook_delivery("d-1", "github", session_key=None, message_seq=None)
+        with pytest.raises(StorageUnavailable):
+            await store.compat_conversation("agent:main:main")
+    finally:
+        await store.close()
