@@ -6,12 +6,11 @@ that fills them is the composition root, ``gateway/services.py``: it decides who
 
 | hook | who calls it | who fills it (in services.py) |
 |---|---|---|
-| ``StoreHooks.final_summarizer`` | ``SessionStore.complete`` | ``Conversations.final_summary`` |
+| ``StoreHooks.final_summarizer`` | the store's ``complete`` | ``Conversations.final_summary`` |
 | ``StoreHooks.listeners`` | every store event | the event hub, the transcript source |
 | ``StoreHooks.durable_listeners`` | an append once durable | the history index |
 | ``ConversationHooks.before_post`` | a message, before its lock | resets due on arrival (``Scheduling``) |
 | ``ConversationHooks.before_append`` | a message, before its append | auto-recall (``MemoryBridge``) |
-| ``ConversationHooks.archive_text`` | inheritance from an archived run | ``Archives.text`` |
 | ``CommandHooks.next_reset`` | ``/status``, the sessions routes | ``Scheduling.next_reset`` |
 | ``SchedulingHooks.deliver`` | a cron job's ``deliver_to`` | the ``Deliverer`` |
 | ``SchedulingHooks.forget_runs`` | cleanup deleting archives | the history index |
@@ -25,45 +24,31 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sessions.archive import Step
+from sessions.protocol import ArchiveStep
+from sessions.store_hooks import StoreHooks as StoreHooks  # declared with the store: it takes them at open
 
 if TYPE_CHECKING:
     from conversations.posts import ReplyBody
     from conversations.turns import Post
     from gateway.delivery import Delivery
-    from sessions.records import MessageRecord, RunState, StoreEvent
+    from sessions.records import RunState
 
 Event = dict[str, Any]
-Listener = Callable[["StoreEvent"], object]
-DurableListener = Callable[["RunState", "MessageRecord"], object]
-FinalSummarizer = Callable[["RunState", str], Awaitable[str | None]]
 BeforePost = Callable[["Post"], Awaitable[list[Event]]]
 BeforeAppend = Callable[["RunState", "Post", bool], Awaitable[list[Event]]]
-ArchiveText = Callable[[str, str], Awaitable[str | None]]
 NextReset = Callable[[str], datetime | None]
 Deliver = Callable[[str, "ReplyBody"], Awaitable["Delivery"]]
 ForgetRuns = Callable[[list[str]], Awaitable[object]]
 
 
 @dataclass(frozen=True)
-class StoreHooks:
-    """What ``SessionStore.open`` is given: the final summary of a completing run, and who hears
-    its events (``listeners``) and its durable appends (``durable_listeners``)."""
-
-    final_summarizer: FinalSummarizer | None = None
-    listeners: tuple[Listener, ...] = ()
-    durable_listeners: tuple[DurableListener, ...] = ()
-
-
-@dataclass(frozen=True)
 class ConversationHooks:
     """``before_post``: events to add before a message is stored (e.g. a reset that fell due);
     ``before_append``: under the key's lock, before the append (``new_run``: the message opens
-    the run; e.g. auto-recall); ``archive_text``: reads a member of an archived run (inheritance)."""
+    the run; e.g. auto-recall)"""
 
     before_post: tuple[BeforePost, ...] = ()
     before_append: tuple[BeforeAppend, ...] = ()
-    archive_text: ArchiveText | None = None
 
 
 @dataclass(frozen=True)
@@ -79,4 +64,4 @@ class SchedulingHooks:
 
     deliver: Deliver | None = None
     forget_runs: ForgetRuns | None = None
-    archive_step: Step | None = None
+    archive_step: ArchiveStep | None = None

@@ -23,9 +23,9 @@ from conversations.commands import Commands, dispatch
 from conversations.hooks import SchedulingHooks
 from conversations.turns import Conversations, Post
 from gateway.logs import EVERY_ONE
-from sessions.cleanup import run_cleanup
+from sessions.entries import SessionEntry
 from sessions.keys import cron_key, parse_key
-from sessions.registry import SessionEntry
+from sessions.protocol import Maintenance
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
 
 if TYPE_CHECKING:
@@ -45,8 +45,10 @@ class Scheduling:
         clock: Clock,
         host_zone: ZoneInfo,
         hooks: SchedulingHooks | None = None,
+        storage: Maintenance,
     ) -> None:
         self.conv = conversations
+        self.storage = storage  # the store's maintenance (cleanup)
         self.commands = commands
         self.store = conversations.store
         self.hooks = hooks or SchedulingHooks()
@@ -186,8 +188,7 @@ class Scheduling:
                 if self.store.active_run(key) is not None:
                     await self.store.complete(key, reason="cleanup")
 
-        report = await run_cleanup(
-            self.store,
+        report = await self.storage.cleanup(
             self.settings.cleanup,
             now=self.clock(),
             dry_run=dry_run,

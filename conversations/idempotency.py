@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sqlite3
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 from config.clock import iso
+from config.errors import StorageUnavailable
 from conversations.posts import Outcome, Post, ReplyBody, outcome_from
 from conversations.turn_core import ConversationCore
 
@@ -51,7 +51,7 @@ class Idempotency(ConversationCore):
         messages.jsonl (the durable truth) with its reply if one was stored."""
         try:
             previous = await self._idempotency_lookup(key, cmid)
-        except sqlite3.Error as exc:
+        except StorageUnavailable as exc:
             log.warning("idempotency lookup on %r failed (%s): checking the transcript instead", key, exc)
             previous = None
         if previous is not None:
@@ -93,7 +93,7 @@ class Idempotency(ConversationCore):
                 await self.store.remember_reply(
                     key, cmid, run_id=outcome.run_id, seq=outcome.message_seq, response=body
                 )
-        except sqlite3.Error as exc:
+        except StorageUnavailable as exc:
             # The message is durable and carries its client_message_id: a redelivery is still
             # recognised from the transcript, so the caller gets its answer, not an error.
             log.warning("idempotency record of %r on %r not saved (%s)", cmid, key, exc)

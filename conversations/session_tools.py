@@ -15,12 +15,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from config.errors import NeotaskError
+from config.errors import NeotaskError, RunNotFound
 from config.settings import SendRule, SessionToolsSettings
 from conversations.tools import Tool, ToolError
 from conversations.turns import Conversations, Outcome, Post
-from sessions.history import HistoryIndex, iter_run_messages, sources_from_rows
-from sessions.history_search import HistoryQuery
+from sessions.files.history import HistoryIndex
+from sessions.files.history_search import HistoryQuery
 from sessions.keys import parse_key
 from sessions.records import RunState
 
@@ -180,23 +180,24 @@ class SessionTools:
         if row is None or not run_key:
             raise ToolError(f"no run {run_id!r}")
         await self.require_visible(run, run_key)
-        sources = await asyncio.to_thread(sources_from_rows, [row], self.store.home)
-        if not sources:
-            raise ToolError(f"run {run_id} has no readable transcript")
-
-        def read() -> list[dict[str, Any]]:
-            out = []
-            for record in iter_run_messages(sources[0]):
-                if int(record.get("seq") or 0) <= after or record.get("command"):
+        messages: list[dict[str, Any]] = []
+        cursor = after
+        while len(messages) <= limit:  # commands are skipped: read on until a page is full
+            try:
+                batch = await self.store.read_messages(run_id, after_seq=cursor, limit=limit + 1)
+            except RunNotFound:
+                raise ToolError(f"run {run_id} has no readable transcript") from None
+            for record in batch:
+                if record.get("command"):
                     continue
                 content = str(record.get("content") or "")
-                out.append({"seq": record.get("seq"), "role": record.get("role"), "name": record.get("name"),
-                            "timestamp": record.get("timestamp"), "content": content[:MAX_CONTENT]})  # fmt: skip
-                if len(out) > limit:
+                messages.append({"seq": record.get("seq"), "role": record.get("role"), "name": record.get("name"),
+                                 "timestamp": record.get("timestamp"), "content": content[:MAX_CONTENT]})  # fmt: skip
+                if len(messages) > limit:
                     break
-            return out
-
-        messages = await asyncio.to_thread(read)
+            if len(batch) <= limit:
+                break
+            cursor = int(batch[-1]["seq"])
         page = messages[:limit]
         next_after = page[-1]["seq"] if len(messages) > limit else None
         body = {"key": row["session_key"], "run_id": run_id, "messages": page, "next_after_seq": next_after}

@@ -11,8 +11,8 @@ from typing import Any
 
 from config.errors import NeotaskError
 from conversations.provider import ToolCall
+from sessions.protocol import ConversationStore
 from sessions.records import RunState
-from sessions.store import SessionStore
 from sessions.tokens import estimate_text
 
 ToolFn = Callable[[RunState, dict[str, Any]], Awaitable[str]]
@@ -37,7 +37,7 @@ class Tool:
 
 
 class ToolBox:
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: ConversationStore) -> None:
         self.store = store
         self._tools: dict[str, Tool] = {}
         self._schema_tokens: int | None = None

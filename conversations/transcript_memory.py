@@ -14,12 +14,12 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from config.errors import RunNotFound
 from memory import scopes
 from memory.scopes import Scope
-from sessions import layout
-from sessions.jsonl import write_atomic
+from sessions.files.jsonl import write_atomic
+from sessions.protocol import ConversationStore
 from sessions.records import StoreEvent
-from sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 SESSIONS_DIR = "memory/sessions"
@@ -50,7 +50,7 @@ class TranscriptSource:
     """``on_event`` is a store listener (``StoreHooks.listeners``, connected in gateway/services.py)."""
 
     def __init__(
-        self, store: SessionStore, workspaces: dict[str, Path], scope_of: Callable[[str], Scope] | None = None
+        self, store: ConversationStore, workspaces: dict[str, Path], scope_of: Callable[[str], Scope] | None = None
     ) -> None:
         self.store = store
         self.workspaces = workspaces
@@ -82,17 +82,19 @@ class TranscriptSource:
         if row is None:
             return
         target = self.path(row.get("agent_id"), run_id, key)
-        folder = self.store.home.run_dir(run_id, "completed")
         if target is None:
+            return
+        try:
+            summary = await self.store.read_final_summary(run_id)
+        except RunNotFound:  # purged meanwhile: nothing to note
+            return
+        except OSError as exc:
+            log.error("could not read the final summary of run %s for memory: %s", run_id, exc)
+            return
+        if summary is None or not summary.strip():
             return
 
         def _write() -> bool:
-            try:
-                summary = (folder / layout.FINAL_SUMMARY).read_text(encoding="utf-8")
-            except FileNotFoundError:
-                return False
-            if not summary.strip():
-                return False
             target.parent.mkdir(parents=True, exist_ok=True)
             note = summary_note(run_id, key, str(row.get("chat_type") or "direct"), ended_at, summary)
             write_atomic(target, note.encode("utf-8"))

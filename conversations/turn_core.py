@@ -22,8 +22,8 @@ from conversations.queueing import QUEUE_MODES, Batch, Caller, TurnQueue
 from conversations.summarizer import ModelSummarizer
 from conversations.tools import ToolBox
 from sessions.compactor import Compactor
+from sessions.protocol import ConversationStore
 from sessions.records import MessageRecord, NewMessage, RunState
-from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
 from sessions.tokens import estimate_text
 
@@ -36,7 +36,7 @@ class ConversationCore:
 
     def __init__(
         self,
-        store: SessionStore,
+        store: ConversationStore,
         settings: Settings,
         *,
         providers: Mapping[str, ChatProvider],

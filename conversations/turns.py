@@ -196,7 +196,6 @@ class Conversations(ModelTurns):
                 key=key.raw,
                 task_key=task_key if key.family == "hook" else None,
                 settings=self.settings.inheritance,
-                archive_text=self.hooks.archive_text,
             )
         run = await self.store.start_run(
             key.raw,

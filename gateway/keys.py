@@ -24,15 +24,15 @@ from gateway.services import Services
 from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import SchedulerService
-from sessions.history import HistoryIndex
+from sessions.files.history import HistoryIndex
 from sessions.keys import SessionKey
-from sessions.store import SessionStore
+from sessions.protocol import StoreProtocol
 
 CONFIG = web.AppKey("config", LoadedConfig)
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")
 ENV = web.AppKey("env", dict[str, str])
 SERVICES = web.AppKey("services", Services)
-STORE = web.AppKey("store", SessionStore)
+STORE: web.AppKey[StoreProtocol] = web.AppKey("store")
 HUB = web.AppKey("hub", EventHub)
 METRICS = web.AppKey("metrics", Metrics)
 CONVERSATIONS = web.AppKey("conversations", Conversations)

@@ -6,8 +6,8 @@ from datetime import datetime
 from typing import Any
 
 from gateway.contract import NULLABLE_STR, typed
+from sessions.entries import SessionEntry
 from sessions.records import RunState
-from sessions.registry import SessionEntry
 
 
 def session_view(

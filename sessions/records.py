@@ -14,6 +14,7 @@ from typing_extensions import TypedDict  # pydantic derives the API's answer sch
 from config.settings import ChatType
 from sessions.deliveries import RunDeliveries
 
+StoredRecord = dict[str, Any]  # a JSON object as a store keeps it (a line of a run's records, a row)
 Role = Literal["user", "assistant", "tool", "system"]
 ROLES: tuple[Role, ...] = ("user", "assistant", "tool", "system")
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")

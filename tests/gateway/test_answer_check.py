@@ -14,8 +14,8 @@ from config.errors import RunNotFound
 from gateway.api.runs import RUN
 from gateway.contract import Answer, operation
 from gateway.views import SESSION
+from sessions.files.registry import SessionEntry
 from sessions.records import RunRow
-from sessions.registry import SessionEntry
 from tests.gateway import answer_check
 
 THING = Answer("Thing", {"type": "object", "properties": {"name": {"type": "string"}, "size": {"type": "integer"}}})
