@@ -25,10 +25,10 @@ from pathlib import Path
 from bench.common import Report, median, parser, percentile, print_table, section
 from config.clock import system_clock
 from config.settings import Settings
+from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
-from sessions.protocol import StoreProtocol
+from sessions.protocol import RunStore
 from sessions.records import NewMessage, TaskKey
-from sessions.store import SessionStore
 from tests.support.postgres import PgServer, empty_database, find_binaries, start_server, stop_server
 
 PG_TARGET = 0.7  # postgres messages/s at least this share of the files backend's
@@ -65,7 +65,7 @@ def _cpu_of(pids: Sequence[int]) -> float:
     return total / TICK
 
 
-async def _drive(store: StoreProtocol, writers: int, messages: int, backend: str, server: PgServer | None) -> Round:
+async def _drive(store: RunStore, writers: int, messages: int, backend: str, server: PgServer | None) -> Round:
     runs = []
     for i in range(writers):
         key = f"agent:main:bench-{i}"
@@ -106,17 +106,11 @@ async def _files_round(settings: Settings, writers: int, messages: int) -> Round
 async def _postgres_round(settings: Settings, server: PgServer, writers: int, messages: int) -> Round:
     dsn = await server.database("bench")
     await empty_database(dsn)
-    home = Path(tempfile.mkdtemp(prefix="neotask-bench-pg-"))
+    store = await PgStore.open(settings, dsn=dsn, clock=system_clock, pool_size=settings.storage.postgres.pool_size)
     try:
-        store = await PgStore.open(
-            home, settings, dsn=dsn, clock=system_clock, pool_size=settings.storage.postgres.pool_size
-        )
-        try:
-            return await _drive(store, writers, messages, "postgres", server)
-        finally:
-            await store.close()
+        return await _drive(store, writers, messages, "postgres", server)
     finally:
-        await asyncio.to_thread(shutil.rmtree, home, True)
+        await store.close()
 
 
 async def _bench(writers: int, messages: int, rounds: int, server: PgServer) -> list[Round]:

@@ -123,7 +123,7 @@ class PostgresSettings(Model):
 
 
 class StorageSettings(Model):
-    backend: Literal["files", "postgres"] = "files"
+    backend: Literal["files", "postgres"] = "files"  # the session store's backend (sessions.backends.open_store)
     postgres: PostgresSettings = PostgresSettings()
     fsync: Literal["batch", "always", "never"] = "batch"
     sessions_flush_ms: int = Field(1000, ge=0)

@@ -12,20 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
 
 from config.clock import iso
-from config.errors import RunClosing, SessionPaused
-from sessions.context_order import in_model_order
+from sessions.appends import check_writable, event_fields, message_record, tool_record
+from sessions.context_order import context_line, in_context, in_model_order
 from sessions.deliveries import Delivery
-from sessions.jsonl import decode, encode, encode_plain
+from sessions.files.jsonl import decode, encode, encode_plain
 from sessions.postgres.batching import Append, PgQueue, Undo
 from sessions.postgres.faults import database_error, unavailable
-from sessions.postgres.rewrite import apply_rewrite
-from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState
-from sessions.recovery import context_line, in_context
-from sessions.store_appends import _message_record  # the record's shape, one definition for both backends
+from sessions.postgres.rewrite import apply_change
+from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState, StoredRecord
+from sessions.rewrites import ContextChange
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +32,7 @@ class PgAppends(PgQueue):
     # -- messages -------------------------------------------------------------------------------
 
     def check_writable(self, run: RunState, message: NewMessage) -> None:
-        if run.closing:
-            raise RunClosing(f"run {run.run_id} is completing; retry on the next run")
-        if run.status == "paused" and not message.command:
-            raise SessionPaused(
-                f"session {run.key!r} is paused; send /resume or POST /v1/sessions/{{key}}/resume first"
-            )
+        check_writable(run, message)
 
     async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
         record, durable = self.queue_append(run, message)
@@ -48,7 +41,7 @@ class PgAppends(PgQueue):
     def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
         self.check_writable(run, message)
         stamp = iso(self.clock())
-        record = _message_record(run.next_seq, message, stamp)
+        record = message_record(run.next_seq, message, stamp)
         run.next_seq += 1
         dump = encode if message.tool_calls else encode_plain
         data = dump(record)
@@ -80,9 +73,9 @@ class PgAppends(PgQueue):
     ) -> MessageRecord:
         await durable
         run.opening = False
-        for durable_listener in self.durable_listeners:
+        for durable_listener in self.hooks.durable_listeners:
             durable_listener(run, record)
-        self._emit("message", run, at=record["timestamp"], **_event_fields(record))
+        self._emit("message", run, at=record["timestamp"], **event_fields(record))
         return record
 
     # -- deliveries found in the transcript -----------------------------------------------------
@@ -114,23 +107,15 @@ class PgAppends(PgQueue):
         run: RunState,
         *,
         tool_name: str,
-        arguments: Any,
-        result: Any = None,
+        arguments: object,
+        result: object = None,
         error: str | None = None,
         duration_ms: float | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "seq": run.next_tool_seq,
-            "tool_name": tool_name,
-            "arguments": arguments,
-            "result": result,
-            "error": error,
-            "timestamp": iso(self.clock()),
-        }
-        if duration_ms is not None:
-            record["duration_ms"] = round(duration_ms, 3)
-        record.update(extra or {})
+        extra: Mapping[str, object] | None = None,
+    ) -> StoredRecord:
+        record = tool_record(
+            run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, iso(self.clock())
+        )
         run.next_tool_seq += 1
         sql = (
             "WITH r AS (UPDATE runs SET next_tool_seq = greatest(next_tool_seq, $2::bigint + 1) WHERE run_id = $1"
@@ -156,7 +141,7 @@ class PgAppends(PgQueue):
             await self.pool.execute(sql, run.run_id, record["id"], encode(dict(record))[:-1].decode())
         return record
 
-    async def add_usage(self, run: RunState, usage: dict[str, int]) -> None:
+    async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
         clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
         for k, v in clean.items():
             run.usage[k] += v
@@ -183,14 +168,12 @@ class PgAppends(PgQueue):
 
     # -- the context rewrite (compaction, uncompact) --------------------------------------------
 
-    async def commit_context_rewrite(
-        self, run: RunState, commit: Callable[[], ContextRewrite | None]
-    ) -> ContextRewrite | None:
-        """Carry out ``commit`` after every append queued before it, and store what it did in one
-        transaction (``sessions.postgres.rewrite``); then count it into the run. Cancelled meanwhile,
-        the rewrite goes on and is counted once done."""
+    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
+        """Carry out ``change`` after every append queued before it, in one transaction
+        (``sessions.postgres.rewrite``); then count it into the run. Cancelled meanwhile, the
+        rewrite goes on and is counted once done."""
         tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
-        future = self.after_queued(run, lambda: apply_rewrite(self.pool, run, self.staging_dir(run.run_id), commit))
+        future = self.after_queued(run, lambda: apply_change(self.pool, run, change))
         try:
             done = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -223,10 +206,10 @@ class PgAppends(PgQueue):
 
     # -- reads of the context -------------------------------------------------------------------
 
-    async def read_context(self, run: RunState) -> list[dict[str, Any]]:
+    async def read_context(self, run: RunState) -> list[StoredRecord]:
         """The context as the model will see it; with appends of the run queued, read after them."""
 
-        async def _read() -> list[dict[str, Any]]:
+        async def _read() -> list[StoredRecord]:
             with unavailable("the context"):
                 rows = await self.pool.fetch(
                     "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
@@ -256,7 +239,3 @@ class PgAppends(PgQueue):
     def recently_writable(self, max_age_s: float) -> bool:
         at, problem = self._probed
         return problem is None and self._append_error is None and time.monotonic() - at < max_age_s
-
-
-def _event_fields(record: MessageRecord) -> dict[str, Any]:
-    return {k: record[k] for k in ("seq", "role", "content", "name", "kind", "command") if k in record}

@@ -10,37 +10,31 @@ import logging
 from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import asyncpg
 
 from config.clock import Clock, iso
 from config.errors import SessionNotFound
 from config.settings import Settings
-from sessions.layout import Home
+from sessions.entries import SessionEntry
 from sessions.postgres.faults import unavailable
 from sessions.records import EventType, RunState, StoreEvent, copy_counters
-from sessions.registry import SessionEntry
-from sessions.store_base import DurableListener, FinalSummarizer, Listener, RunHook
+from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
 
-STAGING = "postgres-staging"  # under the home: per-run scratch folders of the file-shaped rewrite bridge
+NOWHERE = Path("/nonexistent/neotask-postgres")  # a run's ``dir``: its stores are tables, not a folder
 
 
 class PgBase:
     """The attributes ``PgStore.__init__`` sets, and the methods every part uses."""
 
-    home: Home
     settings: Settings
     clock: Clock
     pool: asyncpg.Pool
     where: str  # the database, for messages (no password)
-    completion_hooks: dict[str, RunHook]
-    stop_hooks: dict[str, RunHook]
-    final_summarizer: FinalSummarizer | None
-    listeners: list[Listener]
-    durable_listeners: list[DurableListener]
+    hooks: StoreHooks
     _entries: dict[str, SessionEntry]
     _dirty: set[str]
     _flush_task: asyncio.Task[None] | None
@@ -79,10 +73,6 @@ class PgBase:
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         return lock
-
-    def staging_dir(self, run_id: str) -> Path:
-        """The handle a run's folder-shaped reads take (``locate_run``): its name is the run id."""
-        return self.home.root / STAGING / run_id
 
     # -- the entries' persistence ---------------------------------------------------------------
 
@@ -134,14 +124,14 @@ class PgBase:
     def sync_counters(entry: SessionEntry, run: RunState) -> None:
         copy_counters(run, entry)
 
-    def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: Any) -> None:
+    def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: object) -> None:
         at = at or iso(self.clock())
         event = cast(StoreEvent, {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at, **fields})
-        for listener in list(self.listeners):
+        for listener in self.hooks.listeners:
             listener(event)
 
-    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None:
-        self._emit(event_type, run, **fields)
+    def emit(self, event_type: EventType, run: RunState, **fields: object) -> None:
+        self._emit(event_type, run, at=None, **fields)
 
     def expiry_cutoff(self, days: float) -> str:
         return iso(self.clock() - timedelta(days=days))

@@ -9,18 +9,19 @@ import dataclasses
 import json
 import logging
 import uuid as uuidlib
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
 
 from config.clock import iso
 from config.errors import NoActiveRun, RunActive
-from sessions.postgres.base import _encode_entry
+from sessions.entries import SessionEntry
+from sessions.postgres.base import NOWHERE, _encode_entry
 from sessions.postgres.faults import unavailable
 from sessions.postgres.records import PgRecords
 from sessions.records import RunState, RunStatus, TaskKey
-from sessions.registry import SessionEntry
-from sessions.store_base import RunHook
+from sessions.store_hooks import RunHook
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class PgLifecycle(PgRecords):
         run_id = str(uuidlib.uuid4())
         run = RunState(
             run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
-            dir=self.staging_dir(run_id), started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+            dir=NOWHERE / run_id, started_at=now, task_key=task_key, parent_uuid=parent_uuid,
         )  # fmt: skip
         metadata: dict[str, Any] = {
             "format_version": METADATA_FORMAT_VERSION, "uuid": run_id, "created_at": now, **task_key.as_dict(),
@@ -105,7 +106,7 @@ class PgLifecycle(PgRecords):
         run = self._require_active(key)
         if run.status == "paused":
             return run
-        for name, hook in list(self.stop_hooks.items()):
+        for name, hook in self.hooks.stop_hooks.items():
             await _run_hook("stop", name, hook, run)
         await self._set_status(run, "paused", stats=True)
         self._emit("lifecycle", run, action="pause")
@@ -152,12 +153,12 @@ class PgLifecycle(PgRecords):
 
     async def _complete(self, run: RunState, key: str, error: str | None, reason: str, summarize: bool) -> RunState:
         status: RunStatus = "failed" if error is not None else "completed"
-        for name, hook in list(self.completion_hooks.items()) if summarize else ():
+        for name, hook in self.hooks.completion_hooks.items() if summarize else ():
             await _run_hook("completion", name, hook, run)
         text = None
-        if self.final_summarizer is not None and summarize:
+        if self.hooks.final_summarizer is not None and summarize:
             try:
-                text = await self.final_summarizer(run, reason)
+                text = await self.hooks.final_summarizer(run, reason)
             except Exception:  # the run must still complete; the summary is best effort
                 log.exception("final summary of run %s failed", run.run_id)
         await self._settled(run)
@@ -203,6 +204,8 @@ class PgLifecycle(PgRecords):
         if self.active_run(key) is not None:
             completed = (await self.complete(key, reason="delete")).run_id
         self._entries.pop(key, None)
+        with unavailable("the deletion"):  # a new session on the key inherits nothing of these runs
+            await self.pool.execute("UPDATE runs SET inherit = false WHERE session_key = $1", key)
         await self.flush_entries(key)
         return completed
 
@@ -213,7 +216,7 @@ class PgLifecycle(PgRecords):
         pinned: bool | None = None,
         label: str | None = None,
         clear_label: bool = False,
-        settings: dict[str, Any] | None = None,
+        settings: Mapping[str, object] | None = None,
     ) -> SessionEntry:
         entry = self.require_entry(key)
         if pinned is not None and pinned != entry.pinned:

@@ -1,19 +1,19 @@
-"""The PostgreSQL store's reads (core capability): run rows, the keys runs were on, and a run's
-stores. Today's protocol reads a run's stores through a folder (``locate_run`` gives one); here the
-folder is only a handle whose name is the run id, and the store names map onto tables."""
+"""The PostgreSQL store's reads by run id (base capability): run rows and listings, the keys runs
+were on, the runs a new one inherits from, a run's messages and records, its final summary."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from pathlib import Path
+from datetime import timedelta
 from typing import Any, cast
 
-from config.errors import NotFound, RunNotFound
-from sessions import layout
-from sessions.jsonl import decode
+from config.clock import iso
+from config.errors import RunNotFound
 from sessions.postgres.appends import PgAppends
 from sessions.postgres.faults import unavailable
-from sessions.records import KnownKey, RunRow
+from sessions.protocol import RecordKind
+from sessions.records import KnownKey, RunRow, StoredRecord, TaskKey
 
 RUN_COLUMNS = (
     "run_id AS uuid",
@@ -47,13 +47,11 @@ RUN_COLUMNS = (
 )  # fmt: skip; the tasks.db columns, the same names (RunRow)
 SELECT_RUN = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 
-# A store's file name -> (table, the JSON column, the order)
-_STORES = {
-    layout.MESSAGES: ("messages", "record", "seq"),
-    layout.CURRENT: ("context_lines", "line", "pos"),
-    layout.SUMMARIES: ("summaries", "record", "id"),
-    layout.TOOLS: ("tool_calls", "record", "seq"),
-    layout.PLANNING: ("plans", "record", "id"),
+# A run's records by kind -> (table, order)
+_RECORDS: dict[RecordKind, tuple[str, str]] = {
+    "summaries": ("summaries", "id"),
+    "tools": ("tool_calls", "seq"),
+    "planning": ("plans", "id"),
 }
 
 
@@ -96,40 +94,52 @@ class PgReads(PgAppends):
             rows = await self.pool.fetch(sql)
         return [KnownKey(r[0], r[1], r[2]) for r in rows]
 
-    async def locate_run(self, run_id: str) -> tuple[RunRow, Path | None]:
-        """The row, and the handle its stores are read through (``read_store``, ``read_messages``)."""
+    async def require_run(self, run_id: str) -> RunRow:
         row = await self.get_run(run_id)
         if row is None:
             raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")
-        return row, self.staging_dir(run_id)
+        return row
 
-    async def read_store(self, folder: Path, name: str) -> list[dict[str, Any]]:
-        run_id = folder.name
-        with unavailable("the read"):
-            if name.startswith(f"{layout.COMPACTIONS}/"):
-                text = await self.pool.fetchval(
-                    "SELECT lines::text FROM context_archives WHERE run_id = $1 AND name = $2", run_id, name
-                )
-                return list(decode(text.encode())) if text is not None else []
-            if name not in _STORES:
-                raise NotFound(f"a run has no store {name!r}; stores: {', '.join(sorted(_STORES))}")
-            table, column, order = _STORES[name]
-            rows = await self.pool.fetch(
-                f"SELECT {column}::text FROM {table} WHERE run_id = $1 ORDER BY {order}", run_id
+    async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
+        """Completed or failed runs of ``key`` (or of ``task_key``) ended within ``within_days``,
+        newest first; not those of a deleted session (``inherit`` false)."""
+        since = iso(self.clock() - timedelta(days=within_days))
+        values: list[object] = [since, key]
+        match = "session_key = $2"
+        if task_key is not None:
+            values += [task_key.task_type, task_key.task_identifier, task_key.repository, task_key.user]
+            match += (
+                " OR (task_type = $3 AND task_identifier IS NOT DISTINCT FROM $4"
+                ' AND repository IS NOT DISTINCT FROM $5 AND "user" IS NOT DISTINCT FROM $6)'
             )
-        return [decode(row[0].encode()) for row in rows]
+        sql = (
+            f"{SELECT_RUN} WHERE status IN ('completed', 'failed') AND completed_at >= $1 AND inherit AND ({match})"
+            " ORDER BY completed_at DESC, created_at DESC"
+        )
+        with unavailable("the read"):
+            rows = await self.pool.fetch(sql, *values)
+        return [cast(RunRow, dict(row)) for row in rows]
 
-    async def read_messages(self, folder: Path, *, after_seq: int, limit: int) -> list[dict[str, Any]]:
+    async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[StoredRecord]:
+        await self.require_run(run_id)
         with unavailable("the read"):
             rows = await self.pool.fetch(
                 "SELECT record::text FROM messages WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                folder.name,
+                run_id,
                 after_seq,
                 limit,
             )
-        return [decode(row[0].encode()) for row in rows]
+        return [json.loads(row[0]) for row in rows]
 
-    async def final_summary(self, run_id: str) -> str | None:
+    async def read_records(self, run_id: str, kind: RecordKind) -> list[StoredRecord]:
+        await self.require_run(run_id)
+        table, order = _RECORDS[kind]
+        with unavailable("the read"):
+            rows = await self.pool.fetch(f"SELECT record::text FROM {table} WHERE run_id = $1 ORDER BY {order}", run_id)
+        return [json.loads(row[0]) for row in rows]
+
+    async def read_final_summary(self, run_id: str) -> str | None:
+        await self.require_run(run_id)
         with unavailable("the read"):
             text = await self.pool.fetchval("SELECT final_summary FROM runs WHERE run_id = $1", run_id)
         return str(text) if text is not None else None

@@ -1,118 +1,86 @@
-"""The context rewrite of a compaction or an uncompact, stored in one transaction.
-
-Today's protocol hands the store a callable that rewrites a run folder's files (``current.jsonl``,
-``summaries.jsonl``, ``compactions/``). Until the port gives the rewrite as data, this bridge
-lays the run's context, summaries and archives out in a scratch folder (the run's ``dir``), runs
-the callable there on a worker thread, reads back what it changed, and replaces the context lines,
-adds the summary records and archives, and sets the run's counters in ONE transaction: a crash or
-a lost connection leaves the old context or the new one, never a mix. The scratch folder is
-removed whatever happens; nothing in it is ever read again.
-"""
+"""A context rewrite (``sessions.rewrites``: a compaction or an uncompact, given as data) carried
+out in ONE transaction: the run's row locked, the old context saved as the archive the summary
+record names, the record appended, the context replaced and the counters set. A crash or a lost
+connection leaves the old context or the new one, never a mix."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import asyncpg
 
-from sessions import layout
+from sessions.compaction import COMPACTIONS
+from sessions.files.jsonl import encode
 from sessions.postgres.faults import unavailable
 from sessions.records import ContextRewrite, RunState
+from sessions.rewrites import Compaction, ContextChange, compacted, to_undo, tokens_of, uncompacted
 
 
-@dataclass(frozen=True)
-class _Changes:
-    done: ContextRewrite
-    lines: list[str]  # the new context, one JSON text per line
-    summaries: list[tuple[int, str]]  # (id, record) appended by the commit
-    archives: list[tuple[str, str]]  # (name, JSON array of lines) written by the commit
-
-
-async def apply_rewrite(
-    pool: asyncpg.Pool, run: RunState, folder: Path, commit: Callable[[], ContextRewrite | None]
-) -> ContextRewrite | None:
-    with unavailable("the compaction"):
-        async with pool.acquire() as conn:
-            lines = [r[0] for r in await conn.fetch(
-                "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
-            )]  # fmt: skip
-            summaries = [r[0] for r in await conn.fetch(
-                "SELECT record::text FROM summaries WHERE run_id = $1 ORDER BY id", run.run_id
-            )]  # fmt: skip
-            archives = {r[0]: r[1] for r in await conn.fetch(
-                "SELECT name, lines::text FROM context_archives WHERE run_id = $1", run.run_id
-            )}  # fmt: skip
-    changes = await asyncio.to_thread(_stage_and_commit, folder, lines, summaries, archives, commit)
-    if changes is None:
-        return None
-    done = changes.done
+async def apply_change(pool: asyncpg.Pool, run: RunState, change: ContextChange) -> ContextRewrite | None:
     with unavailable("the compaction"):
         async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", run.run_id)
+            current = [
+                json.loads(r[0])
+                for r in await conn.fetch(
+                    "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
+                )
+            ]
+            if isinstance(change, Compaction):
+                done = compacted(change, current)
+                if done is None:
+                    return None
+                new_lines, record = done
+                archive = str(record.get("archive") or f"{COMPACTIONS}/{change.summary_id}.jsonl")
+                await conn.execute(
+                    "INSERT INTO context_archives (run_id, name, lines) VALUES ($1, $2, $3::json)"
+                    " ON CONFLICT (run_id, name) DO NOTHING",  # an archive is never overwritten
+                    run.run_id, archive, _array(current),
+                )  # fmt: skip
+                count, before = change.compaction_count, int(str(record["tokens_before"]))
+            else:
+                summaries = [
+                    json.loads(r[0])
+                    for r in await conn.fetch(
+                        "SELECT record::text FROM summaries WHERE run_id = $1 ORDER BY id", run.run_id
+                    )
+                ]
+                found = to_undo(summaries)
+                if found is None:
+                    return None
+                undone, archive = found
+                saved = await conn.fetchval(
+                    "SELECT lines::text FROM context_archives WHERE run_id = $1 AND name = $2", run.run_id, archive
+                )
+                if saved is None:
+                    return None
+                new_lines, record = uncompacted(change, undone, archive, json.loads(saved), current)
+                count, before = change.compaction_count - 1, 0
+            texts = [_text(line) for line in new_lines]
+            size = sum(len(text.encode()) + 1 for text in texts)
             await conn.execute("DELETE FROM context_lines WHERE run_id = $1", run.run_id)
             await conn.execute(
                 "INSERT INTO context_lines (run_id, pos, line)"
                 " SELECT $1, u.ord, u.line FROM unnest($2::json[]) WITH ORDINALITY AS u(line, ord)",
-                run.run_id,
-                changes.lines,
-            )
-            if changes.summaries:
-                await conn.executemany(
-                    "INSERT INTO summaries (run_id, id, record) VALUES ($1, $2, $3::json)",
-                    [(run.run_id, i, text) for i, text in changes.summaries],
-                )
-            if changes.archives:
-                await conn.executemany(
-                    "INSERT INTO context_archives (run_id, name, lines) VALUES ($1, $2, $3::json)"
-                    " ON CONFLICT (run_id, name) DO NOTHING",  # an archive is never overwritten
-                    [(run.run_id, name, text) for name, text in changes.archives],
-                )
+                run.run_id, texts,
+            )  # fmt: skip
+            await conn.execute(
+                "INSERT INTO summaries (run_id, id, record) VALUES ($1, $2, $3::json)",
+                run.run_id, change.summary_id, _text(record),
+            )  # fmt: skip
+            delta = len(new_lines) - len(current)
+            rewrite = ContextRewrite(tokens_of(new_lines), delta, size, count, change.summary_id, tokens_before=before)
             await conn.execute(
                 "UPDATE runs SET next_pos = $2, context_lines = $3, context_tokens = $4, context_bytes = $5,"
                 " compaction_count = $6, last_summary_id = greatest(last_summary_id, $7) WHERE run_id = $1",
-                run.run_id, len(changes.lines) + 1, len(changes.lines), done.tokens_after, done.context_bytes,
-                done.compaction_count, done.summary_id,
+                run.run_id, len(texts) + 1, len(texts), rewrite.tokens_after, size, count, change.summary_id,
             )  # fmt: skip
-    return done
+    return rewrite
 
 
-def _stage_and_commit(
-    folder: Path,
-    lines: list[str],
-    summaries: list[str],
-    archives: dict[str, str],
-    commit: Callable[[], ContextRewrite | None],
-) -> _Changes | None:
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder / layout.COMPACTIONS).mkdir(mode=0o700, parents=True)
-    try:
-        _write_lines(folder / layout.CURRENT, lines)
-        _write_lines(folder / layout.SUMMARIES, summaries)
-        for name, text in archives.items():
-            _write_lines(folder / name, [json.dumps(x, ensure_ascii=False) for x in json.loads(text)])
-        done = commit()
-        if done is None:
-            return None
-        after = _read_lines(folder / layout.CURRENT)
-        added = _read_lines(folder / layout.SUMMARIES)[len(summaries) :]
-        new_summaries = [(int(json.loads(text)["id"]), text) for text in added]
-        new_archives = []
-        for path in sorted((folder / layout.COMPACTIONS).iterdir()):
-            name = f"{layout.COMPACTIONS}/{path.name}"
-            if name not in archives:
-                new_archives.append((name, "[" + ",".join(_read_lines(path)) + "]"))
-        return _Changes(done, after, new_summaries, new_archives)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def _text(record: object) -> str:
+    return encode(record)[:-1].decode()  # type: ignore[arg-type]
 
 
-def _write_lines(path: Path, lines: list[str]) -> None:
-    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-
-
-def _read_lines(path: Path) -> list[str]:
-    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def _array(lines: list[dict[str, object]]) -> str:
+    return "[" + ",".join(_text(line) for line in lines) + "]"

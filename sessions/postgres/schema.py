@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from sessions.damage import DamagedState
+from sessions.files.damage import DamagedState
 
 MIGRATION_LOCK = 0x6E656F74  # pg_advisory_xact_lock key while migrating ("neot")
 
@@ -58,7 +58,8 @@ MIGRATIONS: tuple[str, ...] = (
         messages_bytes bigint NOT NULL DEFAULT 0,
         next_tool_seq bigint NOT NULL DEFAULT 1,
         next_plan_id bigint NOT NULL DEFAULT 1,
-        opening boolean NOT NULL DEFAULT false  -- started for a message not stored yet
+        opening boolean NOT NULL DEFAULT false,  -- started for a message not stored yet
+        inherit boolean NOT NULL DEFAULT true  -- false once its session is deleted (a new one starts clean)
     );
     -- at most one active run per key: a constraint, not a hope
     CREATE UNIQUE INDEX runs_one_active_per_key ON runs (session_key) WHERE status IN ('running', 'paused');

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +16,14 @@ import asyncpg
 from config.clock import Clock
 from config.errors import ConfigError
 from config.settings import PostgresSettings, Settings
-from sessions.layout import Home
-from sessions.postgres.base import decode_entry
+from sessions.entries import SessionEntry
+from sessions.postgres.base import NOWHERE, decode_entry
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
 from sessions.postgres.schema import migrate
-from sessions.protocol import StoreProtocol
+from sessions.protocol import ConversationStore
 from sessions.records import USAGE_KEYS, Counters, RunState, TaskKey, counter_values
-from sessions.registry import SessionEntry
-from sessions.store_base import DurableListener, FinalSummarizer, Listener, RunHook
+from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +31,12 @@ POOL_SIZE = 10
 
 
 class PgStore(PgLifecycle):
-    def __init__(
-        self,
-        home: Home,
-        settings: Settings,
-        *,
-        clock: Clock,
-        pool: asyncpg.Pool,
-        where: str,
-        final_summarizer: FinalSummarizer | None = None,
-        listeners: Iterable[Listener] = (),
-        durable_listeners: Iterable[DurableListener] = (),
-    ) -> None:
-        self.home = home
+    def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
         self.settings = settings
         self.clock = clock
         self.pool = pool
         self.where = where
-        self.completion_hooks: dict[str, RunHook] = {}
-        self.stop_hooks: dict[str, RunHook] = {}
-        self.final_summarizer = final_summarizer
-        self.listeners: list[Listener] = list(listeners)
-        self.durable_listeners: list[DurableListener] = list(durable_listeners)
+        self.hooks = hooks
         self._entries: dict[str, SessionEntry] = {}
         self._dirty: set[str] = set()
         self._flush_task: asyncio.Task[None] | None = None
@@ -72,24 +55,18 @@ class PgStore(PgLifecycle):
     @classmethod
     async def open(
         cls,
-        root: Path,
         settings: Settings,
         *,
         dsn: str,
         clock: Clock,
+        hooks: StoreHooks | None = None,
         password: str | None = None,
         pool_size: int = POOL_SIZE,
-        final_summarizer: FinalSummarizer | None = None,
-        listeners: Iterable[Listener] = (),
-        durable_listeners: Iterable[DurableListener] = (),
     ) -> PgStore:
         where = redact(dsn)
         with unavailable("nothing"):
             pool = await asyncpg.create_pool(dsn, password=password, min_size=1, max_size=pool_size)
-        store = cls(
-            Home(root), settings, clock=clock, pool=pool, where=where, final_summarizer=final_summarizer,
-            listeners=listeners, durable_listeners=durable_listeners,
-        )  # fmt: skip
+        store = cls(settings, clock=clock, pool=pool, where=where, hooks=hooks or StoreHooks())
         try:
             async with pool.acquire() as conn:
                 await migrate(conn, where)
@@ -122,7 +99,7 @@ class PgStore(PgLifecycle):
             log.warning("run %s of %r never stored its first message: removed", row[0], row[1])
         self._entries = {row[0]: decode_entry(row[1]) for row in entries}
         for row in rows:
-            run = _state_from_row(dict(row), self.staging_dir(row["run_id"]))
+            run = _state_from_row(dict(row), NOWHERE / row["run_id"])
             entry = self._entries.get(run.key)
             if entry is not None and entry.run_id == run.run_id and _same_but_tokens(entry, run):
                 run.context_tokens = entry.context_tokens  # a calibration the row does not hold
@@ -181,12 +158,12 @@ def connection_options(settings: PostgresSettings, environ: Mapping[str, str]) -
 
 
 async def open_from_settings(
-    root: Path, settings: Settings, environ: Mapping[str, str], *, clock: Clock, **hooks: Any
+    settings: Settings, environ: Mapping[str, str], *, clock: Clock, hooks: StoreHooks | None = None
 ) -> PgStore:
     """``PgStore.open`` as ``storage.postgres`` says (the composition root's one call)."""
     dsn, password = connection_options(settings.storage.postgres, environ)
     return await PgStore.open(
-        root, settings, dsn=dsn, password=password, clock=clock, pool_size=settings.storage.postgres.pool_size, **hooks
+        settings, dsn=dsn, password=password, clock=clock, hooks=hooks, pool_size=settings.storage.postgres.pool_size
     )
 
 
@@ -200,5 +177,5 @@ def redact(dsn: str) -> str:
     return f"{scheme}://{user}@{host}"
 
 
-def _conforms(store: PgStore) -> StoreProtocol:
-    return store  # mypy checks here that PgStore implements the protocol
+def _conforms(store: PgStore) -> ConversationStore:
+    return store  # mypy checks here that PgStore has the base and record capabilities

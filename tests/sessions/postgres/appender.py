@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 
 from config.clock import system_clock
 from sessions.postgres.store import PgStore
@@ -13,8 +12,8 @@ from sessions.records import NewMessage, TaskKey
 from tests.sessions.helpers import settings_with
 
 
-async def main(home: Path, dsn: str, writers: int) -> None:
-    store = await PgStore.open(home, settings_with(), dsn=dsn, clock=system_clock, pool_size=2)
+async def main(dsn: str, writers: int) -> None:
+    store = await PgStore.open(settings_with(), dsn=dsn, clock=system_clock, pool_size=2)
     runs = []
     for i in range(writers):
         key = f"agent:main:dm:peer{i}"
@@ -38,4 +37,4 @@ async def main(home: Path, dsn: str, writers: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))

@@ -31,7 +31,7 @@ async def open_store(postgres_server: PgServer, tmp_path: Path, clock: FakeClock
     opened: list[PgStore] = []
 
     async def opener() -> PgStore:
-        store = await PgStore.open(tmp_path / "home", settings_with(), dsn=dsn, clock=clock, pool_size=2)
+        store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2)
         opened.append(store)
         return store
 

@@ -45,7 +45,7 @@ async def test_sigkill_loses_no_committed_append(
 ) -> None:
     # the fixture emptied the database; the child writes it, this process reads it afterwards
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.sessions.postgres.appender", str(tmp_path / "child"), pg_dsn, "4"],
+        [sys.executable, "-m", "tests.sessions.postgres.appender", pg_dsn, "4"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     acked = await asyncio.to_thread(_collect, child, ACKS)
@@ -55,9 +55,7 @@ async def test_sigkill_loses_no_committed_append(
     for key in {k for k, _, _ in acked}:
         run = store.active_run(key)
         assert run is not None
-        _, folder = await store.locate_run(run.run_id)
-        assert folder is not None
-        stored = await store.read_messages(folder, after_seq=0, limit=100_000)
+        stored = await store.read_messages(run.run_id, after_seq=0, limit=100_000)
         seqs = [m["seq"] for m in stored]
         assert seqs == list(range(1, len(seqs) + 1)), "seqs must be gapless from 1"
         assert run.next_seq == len(seqs) + 1 and run.context_lines == len(seqs)

@@ -53,7 +53,7 @@ async def test_a_store_opens_from_the_settings(postgres_server: PgServer, tmp_pa
     dsn = await postgres_server.database(DATABASE)
     storage = {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 2}}
     settings = Settings.model_validate({"storage": storage})
-    store = await open_from_settings(tmp_path, settings, {"NEOTASK_PG_PASSWORD": "unused-by-trust"}, clock=clock)
+    store = await open_from_settings(settings, {"NEOTASK_PG_PASSWORD": "unused-by-trust"}, clock=clock)
     try:
         assert await store.writable() is None and store.pool.get_max_size() == 2
     finally:
