@@ -3,7 +3,9 @@
 | ``storage.backend`` | backend | capabilities (``sessions.protocol``) |
 |---|---|---|
 | ``files`` (default) | ``sessions.files.store.SessionStore``: run folders, tasks.db, sessions.json | all |
+| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | base and records (refused here) |
 
+``postgres`` is refused here (a ``ConfigError``) until it has the history and maintenance capabilities.
 The in-memory backend (``sessions.inmemory``) has the base and record capabilities only (no
 history index, no doctor or cleanup), so the daemon does not offer it; tests open it directly."""
 
