@@ -33,15 +33,8 @@ def message(seq: int, content: str, role: str = "user", **extra: Any) -> dict[st
         (message(4, "Summary of the previous run", role="system", kind="inheritance"), False),
         (message(5, "42 results", role="tool", tool_call_id="c1"), True),
         (message(6, "   "), False),
-        (
-            {
-                "seq": 7,
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
-            },
-            True,
-        ),
+        ({"seq": 7, "role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+         True),
     ],
 )
 def test_what_is_indexed(record: dict[str, Any], expected: bool) -> None:
