@@ -35,20 +35,30 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 def diversify(ranked: Sequence[tuple[float, frozenset[str], T]], lam: float, *, depth: int = MMR_DEPTH) -> list[T]:
     """Re-order ``ranked`` (``(score, words, item)``, best first) by maximal marginal relevance.
 
-    Ties go to the earlier item of ``ranked`` (so ``lam`` 1 returns the fused order)."""
+    Ties go to the earlier item of ``ranked`` (so ``lam`` 1 returns the fused order). Word sets
+    are compared as bit sets (one bit per distinct word: a Jaccard index is two popcounts), which
+    keeps the 1,225 comparisons of 50 results within a millisecond or two."""
     head, tail = list(ranked[:depth]), [item for _, _, item in ranked[depth:]]
     if lam >= 1 or len(head) < 2:
         return [item for _, _, item in head] + tail
     best = max(score for score, _, _ in head)
-    relevance = [score / best if best > 0 else 0.0 for score, _, _ in head]
-    words = [w for _, w, _ in head]
-    closest = [0.0] * len(head)  # each left item's largest similarity to a picked one
+    gain = [lam * (score / best if best > 0 else 0.0) for score, _, _ in head]
+    bit: dict[str, int] = {}
+    bits = [sum(1 << bit.setdefault(w, len(bit)) for w in words) for _, words, _ in head]
+    sizes = [b.bit_count() for b in bits]
+    penalty = [0.0] * len(head)  # (1 - lam) x each left item's largest similarity to a picked one
     left = list(range(len(head)))
     order: list[int] = []
     while left:
-        pick = max(left, key=lambda i: (lam * relevance[i] - (1 - lam) * closest[i], -i))
+        pick = left[0]
+        for i in left[1:]:
+            if gain[i] - penalty[i] > gain[pick] - penalty[pick]:
+                pick = i
         left.remove(pick)
         order.append(pick)
+        b, n = bits[pick], sizes[pick]
         for i in left:
-            closest[i] = max(closest[i], jaccard(words[i], words[pick]))
+            common = (bits[i] & b).bit_count()
+            if common:
+                penalty[i] = max(penalty[i], (1 - lam) * common / (sizes[i] + n - common))
     return [head[i][2] for i in order] + tail
