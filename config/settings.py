@@ -302,6 +302,7 @@ class SearchSettings(Model):
     min_text_score: float = Field(0.5, ge=0, le=1)
     recency_half_life_days: float | None = Field(None, gt=0)
     neighbour_weight: float = Field(0.2, ge=0, le=1)
+    mmr: float | None = Field(None, ge=0, le=1)  # maximal marginal relevance's lambda; None: off
 
 
 class RecallSettings(Model):

@@ -268,6 +268,7 @@ class MemoryService:
             text_saturation=s.text_saturation,
             use_vector=use_vector,
             neighbour_weight=s.neighbour_weight,
+            mmr=s.mmr,
         )
         return fuse(pool, params, today=self._clock().date(), k=k)
 
