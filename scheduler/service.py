@@ -6,7 +6,7 @@ the sweep, the cleanup and cron firings, and the settings that say when to call 
 and logged (daily reset jobs for several boundaries share one guard, since they share a callback).
 
 Job ids: ``daily_reset`` (and ``daily_reset:<zone>:<HH>`` for further boundaries), ``sweep``,
-``cleanup``, ``cron:<id>`` for each cron job.
+``cleanup``, ``backup`` (when ``backup.schedule`` is set), ``cron:<id>`` for each cron job.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from config.settings import CronJob
 
 logger = logging.getLogger(__name__)
 
-JobKind = Literal["daily_reset", "sweep", "cleanup", "cron"]
+JobKind = Literal["daily_reset", "sweep", "cleanup", "cron", "backup"]
 Callback = Callable[[], Awaitable[object]]  # what a job's firing returns is what ``run_now`` answers
 
 CRON_PREFIX = "cron:"
@@ -180,6 +180,7 @@ class SchedulerService:
         clock: Clock,
         misfire_grace_s: float = 3600,
         stop_timeout_s: float = 5,
+        backup: tuple[str, Callback] | None = None,
     ) -> None:
         if sweep_seconds <= 0:
             raise ValueError(f"sweep_seconds must be positive, not {sweep_seconds}")
@@ -215,6 +216,18 @@ class SchedulerService:
                 misfire_grace_s=misfire_grace_s,
             )
         )
+        if backup is not None:  # backup.schedule: a crontab expression in the reset zone
+            jobs.append(
+                _Job(
+                    id="backup",
+                    kind="backup",
+                    guard="backup",
+                    trigger=crontab_trigger(backup[0], timezone),
+                    text=f"cron {backup[0]} {timezone.key}",
+                    call=backup[1],
+                    misfire_grace_s=misfire_grace_s,
+                )
+            )
         for job in cron_jobs:
             zone = ZoneInfo(job.timezone) if job.timezone else timezone
             job_id = CRON_PREFIX + job.id
