@@ -18,6 +18,7 @@ class BackupInvalid(BadRequest):
 class HomeNotEmpty(Conflict):
     code = "home_not_empty"
     doc = "a restore goes into a new or empty folder only: choose another --home"
+    http = False  # neotask restore works on the files, never through the API
 
 
 class BackupRunning(Conflict):
