@@ -113,6 +113,17 @@ async def test_a_backup_under_64_writers_restores_every_acknowledged_message_onc
         seqs = [json.loads(line)["seq"] for line in (folder / "messages.jsonl").read_text().splitlines()]
         assert seqs == list(range(1, at_point["seq"] + 1))
 
+    offline = await run_cli("backup", "--home", str(home), "--json", env=ENV, timeout=120)  # no daemon now
+    assert offline.returncode == 0, offline.stderr
+    taken = json.loads(offline.stdout)
+    assert taken["mode"] == "offline" and Path(taken["path"]).parent == home / "backups"
+    assert taken["counts"]["runs"] >= summary["counts"]["runs"]
+    again_restored = tmp_path / "restored-offline"
+    done = await run_cli("restore", taken["path"], "--home", str(again_restored), env=ENV, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert set(stored_contents(again_restored)) == {content for _, content in acked}  # everything, stopped daemon
+    print(f"archive {summary['size']} bytes, {summary['counts']['runs']} runs, {summary['counts']['files']} files")
+
     async with daemon(restored) as again:  # the restored home opens
         async with aiohttp.ClientSession() as session:
             async with session.post(messages_url(again.url, KEYS[0]), json={"content": "after restore"}) as resp:
