@@ -13,10 +13,52 @@ from backups import retention
 from backups.errors import BackupInvalid, BackupRunning, BackupTargetError
 from config.errors import PayloadTooLarge
 from gateway import keys as K
-from gateway.contract import operation
+from gateway.contract import NULLABLE_STR, STR, Answer, operation
 from gateway.http import json_response, parse_body
 
 routes = web.RouteTableDef()
+
+INT = {"type": "integer"}
+COUNTS = {
+    "type": "object",
+    "properties": {
+        name: INT for name in ("files", "bytes", "runs", "active_runs", "archives", "memory_files", "workspace_files")
+    },
+}
+SUMMARY = {
+    "type": "object",
+    "required": ["path", "size", "created_at", "mode", "counts", "point"],
+    "properties": {
+        "path": STR,
+        "size": INT,
+        "created_at": STR,
+        "mode": {"enum": ["online", "offline"]},
+        "counts": COUNTS,
+        "point": {
+            "type": "object",
+            "description": "when, and for each active run (by uuid) its state and the last seq the backup holds",
+            "properties": {"at": NULLABLE_STR, "runs": {"type": "object"}},
+        },
+        "notes": {"type": "object", "description": "`skipped`: what was outside the home and is not in the archive"},
+        "pruned": {"type": "array", "items": STR, "description": "older backups deleted (`backup.keep`)"},
+    },
+}
+BACKUP = Answer("Backup", SUMMARY)
+BACKUPS = Answer(
+    "Backups",
+    {
+        "type": "object",
+        "required": ["backups", "keep"],
+        "properties": {
+            "backups": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"name": STR, "path": STR, "size": INT}},
+            },
+            "last": {"oneOf": [{"type": "null"}, SUMMARY], "description": "the last backup this gateway took"},
+            "keep": INT,
+        },
+    },
+)
 
 
 class BackupBody(BaseModel):
@@ -35,6 +77,7 @@ class BackupBody(BaseModel):
     " Without `output` it goes to <home>/backups and backups beyond `backup.keep` are pruned.",
     body=BackupBody,
     body_required=False,
+    answer=BACKUP,
     errors=(BackupTargetError, BackupRunning, BackupInvalid, PayloadTooLarge),
 )
 async def take_backup(request: web.Request) -> web.Response:
@@ -45,7 +88,7 @@ async def take_backup(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/admin/backups")
-@operation("The backups in <home>/backups, newest first", "admin")
+@operation("The backups in <home>/backups, newest first", "admin", answer=BACKUPS)
 async def list_backups(request: web.Request) -> web.Response:
     home = request.app[K.CONFIG].home
     found = await asyncio.to_thread(retention.list_backups, home)

@@ -7,11 +7,31 @@ from aiohttp import web
 
 from config.errors import PayloadTooLarge
 from gateway import keys as K
-from gateway.contract import operation
+from gateway.contract import NULLABLE_STR, STR, Answer, operation
 from gateway.http import json_response, read_body
 from gateway.reload import RELOADS, ConfigRejected
 
 routes = web.RouteTableDef()
+
+PATHS = {"type": "array", "items": STR}
+RELOAD = Answer(
+    "ConfigReload",
+    {
+        "type": "object",
+        "required": ["reloaded", "trigger", "changed", "restart_required", "since"],
+        "properties": {
+            "reloaded": {"type": "boolean", "description": "false: the file holds nothing new that can change now"},
+            "trigger": {"enum": ["api", "SIGHUP"]},
+            "changed": {**PATHS, "description": "dotted keys now in force with their new value"},
+            "restart_required": {
+                **PATHS,
+                "description": "changed keys that keep their running value",
+            },
+            "since": {**STR, "description": "when the settings in force came in force"},
+            "config_path": NULLABLE_STR,
+        },
+    },
+)
 
 
 @routes.post("/v1/admin/config/reload")
@@ -24,6 +44,7 @@ routes = web.RouteTableDef()
     " the keys now in force, `restart_required` those that keep their running value until a restart"
     " (home, listening address, storage backend, ...). An invalid file changes nothing: 400"
     " `config_rejected` naming the key.",
+    answer=RELOAD,
     errors=(ConfigRejected, PayloadTooLarge),
 )
 async def reload_config(request: web.Request) -> web.Response:
