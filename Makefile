@@ -61,7 +61,7 @@ test: $(STAMP) browser wrk
 # 20 minutes at one date: too long for seven dates in CI's budget. CALENDAR_TESTS=tests runs it all.
 CALENDAR_TESTS ?= tests/gateway/test_startup_resets.py tests/scheduler/test_service.py \
   tests/gateway/test_cli_parity.py tests/gateway/test_cli_ops.py tests/gateway/test_cli.py \
-  tests/faults/test_damaged_state.py tests/sessions/test_doctor.py
+  tests/faults/test_damaged_state.py tests/sessions/files/test_doctor.py
 test-calendar: $(STAMP) faketime wrk
 	$(BIN)/python -m tests.clock_shift --calendar -- -m 'realtime and not browser' $(XDIST) $(PYTEST_ARGS) \
 	  $(CALENDAR_TESTS)
@@ -76,7 +76,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m 'not slow' $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway sessions memory scheduler config channels tests bench
+	$(BIN)/ruff check gateway conversations sessions memory scheduler config channels tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP)

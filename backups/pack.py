@@ -23,11 +23,11 @@ from typing import Any
 from backups.errors import BackupInvalid, BackupTargetError, HomeNotEmpty
 from backups.manifest import FORMAT, FORMAT_VERSION, HOME_PREFIX, MANIFEST, counts, file_table, verify, walk_files
 from config.settings import Settings
-from sessions.doctor import check_home
-from sessions.history_doctor import check_home_index
-from sessions.jsonl import fsync_dir
-from sessions.layout import PRIVATE_DIR, Home
-from sessions.ledger import Ledger
+from sessions.files.doctor import check_home
+from sessions.files.history_doctor import check_home_index
+from sessions.files.jsonl import fsync_dir
+from sessions.files.layout import PRIVATE_DIR, Home
+from sessions.files.ledger import Ledger
 
 COMPRESS_LEVEL = 3  # a backup of a busy home is CPU-bound at 6 for little gain
 

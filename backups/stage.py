@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backups.manifest import walk_files
-from sessions.jsonl import write_atomic
-from sessions.layout import FOLDERS, MESSAGES, PRIVATE_DIR, Home
-from sessions.registry import FORMAT_VERSION as SESSIONS_FORMAT
+from sessions.files.jsonl import write_atomic
+from sessions.files.layout import FOLDERS, MESSAGES, PRIVATE_DIR, Home
+from sessions.files.registry import FORMAT_VERSION as SESSIONS_FORMAT
 
 STAGING_PREFIX = ".staging-"
 CHUNK = 1 << 20

@@ -96,6 +96,7 @@ class LoggingSettings(Model):
 
 
 class StorageSettings(Model):
+    backend: Literal["files"] = "files"  # the session store's backend (sessions.backends.open_store)
     fsync: Literal["batch", "always", "never"] = "batch"
     sessions_flush_ms: int = Field(1000, ge=0)
     min_free: str | int | None = None  # None: the smaller of 1 GiB and 5 % of the disk

@@ -24,10 +24,12 @@ from typing import Any
 from backups import pack, retention, stage
 from backups.errors import BackupRunning
 from config.clock import Clock, iso
+from config.errors import Unavailable
 from config.loader import LoadedConfig
 from memory import MemoryService
-from sessions.layout import Home
-from sessions.store import SessionStore
+from sessions.files.layout import Home
+from sessions.files.store import SessionStore
+from sessions.protocol import StoreProtocol
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +121,7 @@ def _summary(out: Path, manifest: Mapping[str, Any], pruned: list[str]) -> dict[
 class Backups:
     """Backups inside the daemon: one at a time (a second call while one runs is a 409)."""
 
-    def __init__(self, config: LoadedConfig, store: SessionStore, memory: MemoryService | None, clock: Clock) -> None:
+    def __init__(self, config: LoadedConfig, store: StoreProtocol, memory: MemoryService | None, clock: Clock) -> None:
         self.config = config
         self.store = store
         self.memory = memory
@@ -133,13 +135,16 @@ class Backups:
         if self._lock.locked():
             raise BackupRunning("a backup is being taken already: wait for it to finish")
         async with self._lock:
-            home = self.store.home
+            store = self.store
+            if not isinstance(store, SessionStore):  # the run-folder backend's files are what is copied
+                raise Unavailable(f"backups need storage.backend files, not {self.config.settings.storage.backend}")
+            home = store.home
             out = await asyncio.to_thread(_target, home, output, self.clock)
             await asyncio.to_thread(pack.check_target, out)
             started = self.clock()
             target = await asyncio.to_thread(stage.new_stage, home, f"{started:%Y%m%dT%H%M%S}-{os.getpid()}")
             try:
-                manifest = await self._stage_and_pack(home, target, out)
+                manifest = await self._stage_and_pack(store, home, target, out)
             finally:
                 await asyncio.to_thread(shutil.rmtree, target.root, True)
             keep = self.config.settings.backup.keep
@@ -160,12 +165,12 @@ class Backups:
             log.exception("scheduled backup failed")
             return None
 
-    async def _stage_and_pack(self, home: Home, target: Home, out: Path) -> dict[str, Any]:
+    async def _stage_and_pack(self, store: SessionStore, home: Home, target: Home, out: Path) -> dict[str, Any]:
         await asyncio.to_thread(stage_databases, home, target)
         # The point: one pass of the loop takes the entries and queues the freeze behind every append.
         at = iso(self.clock())
-        encoded = {key: entry.encode() for key, entry in self.store.registry.entries.items()}
-        active = [run.run_id for run in self.store.active_runs()]
+        encoded = {key: entry.encode() for key, entry in store.registry.entries.items()}
+        active = [run.run_id for run in store.active_runs()]
 
         def freeze() -> list[stage.FrozenRun]:
             folders = [
@@ -173,7 +178,7 @@ class Backups:
             ]
             return stage.freeze_runs(target, [f for f in folders if f.is_dir()])
 
-        frozen = await self.store.writer.call(freeze)
+        frozen = await store.writer.call(freeze)
         await asyncio.to_thread(stage.write_sessions, target, encoded)
         await asyncio.to_thread(stage.settle_runs, frozen)
         notes = await asyncio.to_thread(stage_files, self.config, home, target, {run.run_id for run in frozen})

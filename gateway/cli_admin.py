@@ -18,7 +18,7 @@ import yaml
 from config.errors import ConfigError
 from gateway import cli_history, exits, offline
 from gateway.tables import table as _table
-from sessions.damage import EXIT_STATE
+from sessions.files.damage import EXIT_STATE
 
 if TYPE_CHECKING:
     from gateway.cli import Context

@@ -36,11 +36,11 @@ from gateway.heap import settle_heap
 from gateway.log_json import ContextFilter, JsonFormatter
 from gateway.logs import RepeatFilter, file_handler, reopen
 from gateway.runner import JsonErrorsAppRunner
-from sessions.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
-from sessions.jsonl import write_json_atomic
-from sessions.layout import Home
-from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
-from sessions.permissions import tighten_root
+from sessions.files.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
+from sessions.files.jsonl import write_json_atomic
+from sessions.files.layout import Home
+from sessions.files.lock import EXIT_LOCKED, HomeLock, HomeLocked
+from sessions.files.permissions import tighten_root
 
 log = logging.getLogger(__name__)
 QUIET_LOGGERS = ("apscheduler", "httpx", "httpx2", "openai", "sentence_transformers")

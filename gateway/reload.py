@@ -26,9 +26,9 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, ConfigError
 from config.loader import LoadedConfig, load_config
 from config.settings import Settings
+from conversations.provider import ChatProvider
 from gateway import keys as K
 from gateway.http import auth_check
-from gateway.provider import ChatProvider
 from gateway.reload_swap import counterparts, swap
 
 log = logging.getLogger(__name__)

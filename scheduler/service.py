@@ -27,7 +27,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from config.clock import Clock, iso
-from config.crontab import check_schedule
+from config.crontab import WEEKDAYS, check_schedule
 from config.errors import JobNotFound, JobRunning
 from config.settings import CronJob
 
@@ -37,7 +37,6 @@ JobKind = Literal["daily_reset", "sweep", "cleanup", "cron", "backup"]
 Callback = Callable[[], Awaitable[object]]  # what a job's firing returns is what ``run_now`` answers
 
 CRON_PREFIX = "cron:"
-_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
 
 def _weekday(token: str) -> int:
@@ -45,8 +44,8 @@ def _weekday(token: str) -> int:
     text = token.strip().lower()
     if text.isdigit() and 0 <= int(text) <= 7:
         return int(text)
-    if text in _WEEKDAYS:
-        return _WEEKDAYS.index(text)
+    if text in WEEKDAYS:
+        return WEEKDAYS.index(text)
     raise ValueError(f"bad day of week {token!r}: use 0-7 (0 and 7 are Sunday) or sun-sat")
 
 
@@ -74,7 +73,7 @@ def _weekday_field(field_text: str) -> str:
         if last < first:
             raise ValueError(f"bad day-of-week range {part!r}")
         days.update(day % 7 for day in range(first, last + 1, step))
-    return ",".join(_WEEKDAYS[day] for day in sorted(days))
+    return ",".join(WEEKDAYS[day] for day in sorted(days))
 
 
 def crontab_trigger(schedule: str, zone: ZoneInfo) -> BaseTrigger:
