@@ -252,7 +252,7 @@ def install(app: web.Application, config: LoadedConfig, env: Mapping[str, str], 
 
 async def on_hangup(app: web.Application) -> None:
     """SIGHUP: reload, log the outcome (a bad file is logged, and nothing changes)."""
-    if K.SERVICES not in app:
+    if K.SERVICES not in app or not app[K.READY].get("store") or app[K.SERVICES].conversations.closing:
         log.warning("SIGHUP during start-up or shutdown: the configuration is not reloaded now")
         return
     with contextlib.suppress(ConfigRejected):  # logged by reload: nothing changed
