@@ -126,3 +126,17 @@ def test_which_keys_need_a_restart() -> None:
     settings, live, restart = in_force(old, new)
     assert sorted(restart) == ["gateway.port", "gateway.tokens"] and live == []
     assert settings.gateway.tokens == ("a",) and settings.gateway.port == 8787  # emptying tokens: at a restart
+
+
+async def test_a_reload_restarts_the_channels_with_new_accounts(client: Client, tmp_path: Path) -> None:
+    resp = await client.get("/v1/channels", headers=AUTH)
+    assert resp.status == 200 and "ops" not in await resp.text()
+    (tmp_path / "config.yaml").write_text(
+        BASE + "channels: {telegram: {accounts: {ops: {token_env: OPS_BOT_TOKEN}}}}\n"
+    )
+    resp = await client.post("/v1/admin/config/reload", headers=AUTH)
+    assert resp.status == 200, await resp.text()
+    assert any(path.startswith("channels.telegram.accounts") for path in (await resp.json())["changed"])
+    resp = await client.get("/v1/channels", headers=AUTH)
+    text = await resp.text()
+    assert resp.status == 200 and "ops" in text and "OPS_BOT_TOKEN is not set" in text  # the new account, judged
