@@ -393,6 +393,21 @@ class CronSettings(Model):
         return self
 
 
+class BackupSettings(Model):
+    schedule: str | None = None  # a crontab expression in the reset zone; None: no scheduled backups
+    keep: int = Field(7, ge=0)  # scheduled and default backups kept in <home>/backups (0 = all)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                check_schedule(value)
+            except ValueError as exc:
+                raise ValueError(f"bad backup.schedule {value!r}: {exc}") from exc
+        return value
+
+
 class HookMapping(Model):
     secret_env: str | None = None
     key_template: str | None = None
@@ -426,6 +441,7 @@ class Settings(Model):
     hooks: dict[str, HookMapping] = {}
     logging: LoggingSettings = LoggingSettings()
     channels: ChannelsSettings = ChannelsSettings()
+    backup: BackupSettings = BackupSettings()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Settings:

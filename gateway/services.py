@@ -53,6 +53,7 @@ from conversations.session_tools import SessionTools
 from conversations.tools import ToolBox
 from conversations.transcript_memory import TranscriptSource
 from conversations.turns import Conversations, Post
+from gateway.backups import Backups
 from gateway.channel_intake import ChannelIntake
 from gateway.crashpoints import crash_step, openai_crash_step
 from gateway.delivery import Deliverer, Delivery
@@ -131,6 +132,7 @@ class Services:
     scheduling: Scheduling
     scheduler: SchedulerService
     disk_budget: DiskBudget
+    backups: Backups
 
     @property
     def memory_ready(self) -> bool | None:
@@ -298,7 +300,8 @@ async def open_services(
                 archive_step=crash_step(env),
             ),
         )
-        scheduler = scheduler_service(config, scheduling, zone, clock)
+        backups = Backups(config, store, memory, clock)
+        scheduler = scheduler_service(config, scheduling, zone, clock, backups=backups)
         if parts.timers:
             await scheduler.start()
             scheduling.start()
@@ -329,12 +332,18 @@ async def open_services(
             scheduling=scheduling,
             scheduler=scheduler,
             disk_budget=disk_budget,
+            backups=backups,
         )
 
 
-def scheduler_service(config: LoadedConfig, scheduling: Scheduling, zone: ZoneInfo, clock: Clock) -> SchedulerService:
-    """The APScheduler jobs: the daily reset boundary and the sweep, cleanup, cron jobs."""
+def scheduler_service(
+    config: LoadedConfig, scheduling: Scheduling, zone: ZoneInfo, clock: Clock, *, backups: Backups | None = None
+) -> SchedulerService:
+    """The APScheduler jobs: the daily reset boundary and the sweep, cleanup, cron jobs, backups."""
     settings = config.settings
+    backup = None
+    if backups is not None and settings.backup.schedule:
+        backup = (settings.backup.schedule, backups.scheduled)
     reset_zone = ZoneInfo(settings.session.reset.timezone) if settings.session.reset.timezone else zone
     return SchedulerService(
         timezone=reset_zone,
@@ -348,6 +357,7 @@ def scheduler_service(config: LoadedConfig, scheduling: Scheduling, zone: ZoneIn
         cron_jobs=settings.cron.jobs,
         run_cron=scheduling.run_cron,
         clock=clock,
+        backup=backup,
     )
 
 
