@@ -37,6 +37,7 @@ from zoneinfo import ZoneInfo
 
 import aiohttp
 
+from channels.hooks import Webhooks
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
@@ -59,7 +60,6 @@ from gateway.tools import ToolBox
 from gateway.transcript_memory import TranscriptSource
 from gateway.turns import Conversations, Post
 from gateway.validation import check_config
-from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
 from sessions import archive
