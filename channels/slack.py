@@ -25,7 +25,8 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
+from channels.access import DirectAccess
+from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
 from channels.slack_events import CHANNEL, Skip, inbound
 from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
@@ -69,7 +70,7 @@ class SlackConnector:
         self._bot_user: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._post: PostFn | None = None
-        self._approved: set[str] = set()
+        self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify, noun="app")
         self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
 
     async def start(self, post: PostFn) -> None:
@@ -92,7 +93,7 @@ class SlackConnector:
             return
         self._bot_user = str(auth["user_id"])
         self.status.username = str(auth.get("user") or self._bot_user)
-        self._approved = await self.store.approved(CHANNEL, self.account)
+        await self.access.load()
         if self.settings.mode == "events":
             self.status.connected = True
             self.status.last_error = None
@@ -153,7 +154,7 @@ class SlackConnector:
         if isinstance(message, Skip):
             log.debug("slack account %s: event skipped: %s", self.account, message.reason)
             return True
-        if message.chat_type == "direct" and not await self._admitted(message):
+        if message.chat_type == "direct" and not await self.access.admitted(message):
             return True
         try:
             await self._post(message)
@@ -167,23 +168,6 @@ class SlackConnector:
             return True
         self.status.messages_in += 1
         return True
-
-    async def _admitted(self, message: Inbound) -> bool:
-        policy = self.settings.dm_policy
-        sender = message.sender_id
-        if policy == "open" or sender in self.settings.allow_from:
-            return True
-        if policy == "pairing":
-            self._approved = await self.store.approved(CHANNEL, self.account)
-            if sender in self._approved:
-                return True
-            code = await self.store.pairing_code(CHANNEL, self.account, sender, None, iso(self.clock()))
-            log.info("slack account %s: pairing code %s given to unknown sender %s", self.account, code, sender)
-            await self.notify(message.target, f"This app does not know you yet. Pairing code: {code}\n"
-                              f"Ask its owner to run: neotask channels approve {code}")  # fmt: skip
-            return False
-        log.info("slack account %s: direct message from %s (not in allow_from) ignored", self.account, sender)
-        return False
 
     def render(self, markdown: str) -> list[str]:
         return split(markdown, self.limit)

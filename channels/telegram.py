@@ -38,7 +38,8 @@ from aiogram.types import BotCommand, ReplyParameters, Update
 from aiogram.utils.token import TokenValidationError
 from pydantic import ValidationError
 
-from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
+from channels.access import DirectAccess
+from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
 from channels.store import ChannelStore
 from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
 from channels.telegram_updates import CHANNEL, BotIdentity, Skip, inbound
@@ -77,7 +78,7 @@ class TelegramConnector:
         self._bot: Bot | None = None
         self._me: BotIdentity | None = None
         self._task: asyncio.Task[None] | None = None
-        self._approved: set[str] = set()
+        self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify)
         self._webhook_secret = webhook_secret
         self._post: PostFn | None = None
 
@@ -111,7 +112,7 @@ class TelegramConnector:
                 me = await bot.get_me()
                 self._me = BotIdentity(me.id, me.username or "")
                 self.status.username = me.username
-                self._approved = await self.store.approved(CHANNEL, self.account)
+                await self.access.load()
                 await bot.set_my_commands([BotCommand(command=c, description=d) for c, d in COMMANDS])
                 if self.settings.mode == "webhook":
                     assert self.settings.webhook_url is not None
@@ -212,7 +213,7 @@ class TelegramConnector:
         if isinstance(message, Skip):
             log.debug("telegram account %s: update %s skipped: %s", self.account, update.update_id, message.reason)
             return True
-        if message.chat_type == "direct" and not await self._admitted(message):
+        if message.chat_type == "direct" and not await self.access.admitted(message):
             return True
         try:
             await post(message)
@@ -227,26 +228,6 @@ class TelegramConnector:
             return True
         self.status.messages_in += 1
         return True
-
-    async def _admitted(self, message: Inbound) -> bool:
-        policy = self.settings.dm_policy
-        sender = message.sender_id
-        if policy == "open" or sender in self.settings.allow_from:
-            return True
-        if policy == "pairing":
-            if sender in self._approved:
-                return True
-            self._approved = await self.store.approved(CHANNEL, self.account)
-            if sender in self._approved:
-                return True
-            code = await self.store.pairing_code(CHANNEL, self.account, sender, message.sender_name, iso(self.clock()))
-            log.info("telegram account %s: pairing code %s given to unknown sender %s (%s)", self.account, code,
-                     sender, message.sender_name or "no name")  # fmt: skip
-            await self.notify(message.target, f"This bot does not know you yet. Pairing code: {code}\n"
-                              f"Ask its owner to run: neotask channels approve {code}")  # fmt: skip
-            return False
-        log.info("telegram account %s: direct message from %s (not in allow_from) ignored", self.account, sender)
-        return False
 
     # -- sending --------------------------------------------------------------------------------
 
