@@ -7,6 +7,12 @@ acknowledged only after its message is durable (the post function returned): an 
 acknowledged is delivered again by Slack, and its ``event_id`` (``slack:<account>:<event_id>``
 as client_message_id) makes the second store a no-op. Replies go out with ``chat.postMessage``
 in mrkdwn, to the same channel and thread.
+
+Slash commands (``/new``, ``/reset``, ``/compact``, ``/status``, ``/help`` registered in the app)
+arrive as ``slash_commands`` envelopes, routed by a slack_bolt ``AsyncApp`` (its ``command``
+listeners and ``ack``): acknowledged at once (Slack allows 3 seconds and never redelivers a
+slash command), then handed on like the same command typed as a message; the answer goes to the
+conversation it was typed in through the outbox.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from slack_bolt.adapter.socket_mode.async_internals import run_async_bolt_app, send_async_response
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock as SignatureClock
 from slack_sdk.signature import SignatureVerifier
@@ -26,8 +35,8 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.access import DirectAccess
-from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
-from channels.slack_events import CHANNEL, Skip, inbound
+from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
+from channels.slack_events import CHANNEL, Skip, inbound, slash_inbound
 from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
 from config.channels import SlackAccount
@@ -36,6 +45,7 @@ from config.errors import BadRequest, ChannelNotReady, InvalidSignature, Neotask
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
+SLASH_COMMANDS = ("/new", "/reset", "/compact", "/status", "/help")
 
 
 class _SlackClock(SignatureClock):
@@ -72,6 +82,10 @@ class SlackConnector:
         self._post: PostFn | None = None
         self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify, noun="app")
         self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
+        self.bolt = AsyncApp(client=self.web, logger=log, request_verification_enabled=False,
+                             url_verification_enabled=False, ssl_check_enabled=False)  # fmt: skip
+        for command in SLASH_COMMANDS:
+            self.bolt.command(command)(self._on_command)
 
     async def start(self, post: PostFn) -> None:
         self._post = post
@@ -140,11 +154,24 @@ class SlackConnector:
         return {"ok": True}
 
     async def _on_request(self, client: SocketModeClient, request: SocketModeRequest) -> None:
+        if request.type == "slash_commands":
+            await send_async_response(client, request, await run_async_bolt_app(self.bolt, request), 0.0)
+            return
         if request.type != "events_api":
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
             return
         if await self._take(request.payload):
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+
+    async def _on_command(self, ack: AsyncAck, command: dict[str, Any]) -> None:
+        """A slash command (bolt's listener): acknowledged now, then handed on as its text."""
+        await ack()
+        self.status.last_update_at = iso(self.clock())
+        message = slash_inbound(command, self.account, self.settings)
+        if isinstance(message, Skip):
+            log.info("slack account %s: slash command skipped: %s", self.account, message.reason)
+            return
+        await self._hand_on(message)
 
     async def _take(self, payload: dict[str, Any]) -> bool:
         """Hand one event on; True once it needs no further delivery (stored, or skipped)."""
@@ -154,6 +181,10 @@ class SlackConnector:
         if isinstance(message, Skip):
             log.debug("slack account %s: event skipped: %s", self.account, message.reason)
             return True
+        return await self._hand_on(message)
+
+    async def _hand_on(self, message: Inbound) -> bool:
+        assert self._post is not None
         if message.chat_type == "direct" and not await self.access.admitted(message):
             return True
         try:

@@ -247,7 +247,8 @@ class ChannelIntake:
         if not text:
             await self.store.sent(inbound.client_message_id, self._now())
             return True
-        ref = f"{outcome.session_key}#{reply['seq']}" if reply is not None and reply.get("seq") is not None else None
+        seq = reply.get("seq") if reply is not None else None
+        ref = f"{outcome.session_key}#{outcome.run_id}#{seq}" if seq is not None else None  # seqs restart per run
         if await self.store.answer(inbound.client_message_id, text, ref, self._now()):
             self._crash("channels.answered")
             await self._deliver(inbound.client_message_id)
