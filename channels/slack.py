@@ -48,6 +48,15 @@ DEFAULT_API = "https://slack.com/api/"
 SLASH_COMMANDS = ("/new", "/reset", "/compact", "/status", "/help")
 
 
+class _NoTokenNotice(logging.Filter):
+    """bolt reads ``SLACK_BOT_TOKEN`` from the environment and warns that the client's token wins
+    (it always does here: each account has its own client)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`token` will be unused" not in record.getMessage()
+
+
+
 class _SlackClock(SignatureClock):
     """The gateway's clock for slack_sdk's timestamp check."""
 
@@ -82,7 +91,10 @@ class SlackConnector:
         self._post: PostFn | None = None
         self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify, noun="app")
         self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
-        self.bolt = AsyncApp(client=self.web, logger=log, request_verification_enabled=False,
+        bolt_log = logging.getLogger(f"{__name__}.bolt")
+        if not any(isinstance(f, _NoTokenNotice) for f in bolt_log.filters):
+            bolt_log.addFilter(_NoTokenNotice())
+        self.bolt = AsyncApp(client=self.web, logger=bolt_log, request_verification_enabled=False,
                              url_verification_enabled=False, ssl_check_enabled=False)  # fmt: skip
         for command in SLASH_COMMANDS:
             self.bolt.command(command)(self._on_command)
