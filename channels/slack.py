@@ -141,6 +141,10 @@ class SlackConnector:
         self.status.last_error = None
         log.info("slack account %s: connected as %s, Socket Mode", self.account, self.status.username)
 
+    @property
+    def takes_calls(self) -> bool:
+        return self.settings.mode == "events"
+
     async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
         """One Events API call (``/hooks/slack/<account>``): the signature is checked (slack_sdk's
         verifier: ``v0`` HMAC of the timestamp and body, timestamp within 5 minutes); a

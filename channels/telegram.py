@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from aiogram import Bot
@@ -45,7 +47,7 @@ from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
 from channels.telegram_updates import CHANNEL, BotIdentity, Skip, inbound
 from config.channels import TelegramAccount
 from config.clock import Clock, iso
-from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NeotaskError, Unavailable
+from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError, Unavailable
 
 log = logging.getLogger(__name__)
 COMMANDS = (
@@ -56,6 +58,7 @@ COMMANDS = (
     ("help", "the commands"),
 )
 ALLOWED_UPDATES = ["message", "edited_message"]
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 MAX_BACKOFF_S = 30.0
 
 
@@ -136,10 +139,15 @@ class TelegramConnector:
         log.info("telegram account %s: connected as @%s, long polling", self.account, self._me.username)
         await self._poll(bot, post)
 
-    async def receive(self, data: Any, secret: str | None) -> None:
+    @property
+    def takes_calls(self) -> bool:
+        return self.settings.mode == "webhook"
+
+    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
         """One webhook call (``/hooks/telegram/<account>``): returns once the update is durable, so
         the 200 tells Telegram it is done; otherwise raises (Telegram retries a call it was not
-        answered 2xx)."""
+        answered 2xx). The secret is checked before the body is read."""
+        secret = headers.get(SECRET_HEADER)
         expected = self._webhook_secret or ""
         if not secret or not hmac.compare_digest(secret.encode(), expected.encode()):
             raise InvalidSignature(
@@ -149,11 +157,16 @@ class TelegramConnector:
         if self._me is None or self._post is None or self._bot is None:
             raise ChannelNotReady(f"telegram account {self.account} is not connected yet; Telegram will retry")
         try:
+            data = json.loads(body)
+        except ValueError:
+            raise InvalidBody("the body is not JSON: Telegram sends one Update object per call") from None
+        try:
             update = Update.model_validate(data, context={"bot": self._bot})
         except ValidationError as exc:
             raise BadRequest(f"not a Telegram update: {exc.errors()[0]['msg']}") from None
         if not await self._take(update, self._post):
             raise ChannelNotReady(f"update {update.update_id} could not be stored now; Telegram will retry")
+        return {"ok": True}
 
     async def _wait_after(self, exc: Exception, backoff: float) -> float:
         self.status.connected = False

@@ -300,18 +300,14 @@ class ChannelIntake:
 
     # -- status, pairing, shutdown --------------------------------------------------------------
 
-    def telegram_webhook(self, account: str) -> TelegramConnector:
-        """The connector a ``/hooks/telegram/<account>`` call is for."""
-        connector = self.connectors.get(("telegram", account))
-        if not isinstance(connector, TelegramConnector) or connector.settings.mode != "webhook":
-            raise NotFound(f"no running Telegram account {account!r} in webhook mode (channels.telegram.accounts)")
-        return connector
-
-    def slack_events(self, account: str) -> SlackConnector:
-        """The connector a ``/hooks/slack/<account>`` call is for."""
-        connector = self.connectors.get(("slack", account))
-        if not isinstance(connector, SlackConnector) or connector.settings.mode != "events":
-            raise NotFound(f"no running Slack account {account!r} in events mode (channels.slack.accounts)")
+    def called(self, channel: str, account: str) -> Connector:
+        """The connector a ``/hooks/<channel>/<account>`` call is for (an account the platform
+        calls: Telegram's webhook mode, Slack's events mode)."""
+        connector = self.connectors.get((channel, account))
+        if connector is None or not connector.takes_calls:
+            mode = {"telegram": "webhook", "slack": "events"}.get(channel, "a calling")
+            raise NotFound(f"no running {channel.capitalize()} account {account!r} in {mode} mode"
+                           f" (channels.{channel}.accounts)")  # fmt: skip
         return connector
 
     def status(self) -> list[dict[str, Any]]:
