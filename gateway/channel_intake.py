@@ -31,7 +31,7 @@ from channels.slack import SlackConnector
 from channels.store import ChannelStore, OutboxRow, Pairing
 from channels.telegram import TelegramConnector
 from config.clock import Clock, iso
-from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown, Unavailable
+from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown
 from config.settings import Settings
 from gateway.commands import Commands, dispatch, parse_command
 from gateway.crashpoints import CRASH_ENV
@@ -168,11 +168,14 @@ class ChannelIntake:
             if finished.cancelled():
                 return
             exc = finished.exception()
-            if exc is None and finished.result():
-                self._remember(cmid)
-            elif isinstance(exc, NeotaskError) and not isinstance(exc, Unavailable):
-                self._remember(cmid)  # refused for good (the connector said so); Unavailable: it comes again
-            elif exc is not None and not isinstance(exc, NeotaskError):
+            if exc is None:
+                if finished.result():
+                    self._remember(cmid)
+            elif isinstance(exc, ShuttingDown):
+                return  # not stored: the platform delivers it again after the restart
+            elif isinstance(exc, NeotaskError):
+                self._remember(cmid)  # refused: the post function's error
+            else:
                 log.error("channel message %s failed", cmid, exc_info=exc)
 
         stored = self.turns.launch(
