@@ -1,6 +1,6 @@
 """Slack end to end, the rest of issue 27: ``pairing`` and ``open`` under a real daemon, slash
 commands over Socket Mode (slack_bolt's listener and ack, slack_sdk's client, the local Slack
-server), and a deleted message recorded as such."""
+server), a deleted message recorded as such, a file, and a 10,000-character answer split."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import yaml
 from tests.channels.harness import daemon, session_lines, wait_until
 from tests.channels.test_slack_daemon import APP_TOKEN, BOT_TOKEN, configure, env
 from tests.gateway.daemons import child_env, run_cli
-from tests.support.openai_server import OpenAIServer
+from tests.support.openai_server import OpenAIServer, Reply
 from tests.support.slack_server import SlackServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 OPEN_BOT, OPEN_APP = "xoxb-2-open", "xapp-2-open"
 
 
-async def test_pairing_open_slash_commands_and_a_deletion(tmp_path: Path) -> None:
+async def test_pairing_open_slash_commands_a_deletion_a_file_and_a_long_answer(tmp_path: Path) -> None:
     home = tmp_path / "home"
     async with OpenAIServer() as model, SlackServer() as slack:
         app = slack.add_app(BOT_TOKEN, APP_TOKEN)
@@ -80,7 +80,23 @@ async def test_pairing_open_slash_commands_and_a_deletion(tmp_path: Path) -> Non
             )
             assert [x["content"] for x in lines] == ["a typo", "echo: a typo", f"[deleted message {deleted_ts}]"]
             assert await run_of(gw.url, "agent:main:dm:U555") != run_before
-            assert len(slack.posted("D5")) == 6
+            assert len(slack.posted("D5")) == 6  # the deletion is not answered
+
+            # a file with a comment: stored as a line saying what arrived
+            files = [{"name": "report.pdf", "mimetype": "application/pdf"}]
+            slack.message(app, channel="D5", user="U555", text="see this", subtype="file_share", files=files)
+            await slack.wait_for(lambda: len(slack.posted("D5")) == 7)
+            assert slack.posted("D5")[6].params["text"] == "echo: see this\n[file report.pdf (application/pdf)]"
+
+            # a 10,000-character answer: split between paragraphs under Slack's limit, nothing lost
+            long = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 80 for i in range(11))
+            assert len(long) > 10_000
+            model.script(Reply(text=long))
+            slack.message(app, channel="D5", user="U555", text="write a lot")
+            await slack.wait_for(lambda: len(slack.posted("D5")) == 10)
+            parts = [str(c.params["text"]) for c in slack.posted("D5")[7:]]
+            assert all(len(p) <= 4000 and p.startswith("Part ") for p in parts)
+            assert "\n\n".join(parts) == long
 
 
 async def run_of(url: str, key: str) -> str:
