@@ -1,8 +1,14 @@
-"""Chat connectors (SPEC section 13): platforms that post into sessions and take replies back.
+"""Chat connectors (SPEC section 13) and the webhook intake: what posts into sessions from outside.
 
 ``channels/protocol.py`` is the small contract between a connector and the gateway (start with a
-post function, render and send a reply, stop); ``channels/telegram.py`` is the Telegram connector
-on aiogram 3, ``channels/slack.py`` the Slack one on slack_sdk (Socket Mode);
-``channels/store.py`` keeps the durable outbox and the pairing codes in ``<home>/channels.db``.
-Nothing here serves HTTP or knows the engine: the gateway wires it (``gateway/channel_intake.py``).
+post function, render and send a reply, stop; an HTTP-mode connector also takes calls);
+``channels/telegram.py`` is the Telegram connector on aiogram 3, ``channels/slack.py`` the Slack
+one on slack_sdk (Socket Mode); ``channels/access.py`` decides who may talk in a direct chat
+(``dm_policy``); ``channels/store.py`` keeps the durable outbox and the pairing codes in
+``<home>/channels.db``. Nothing here serves HTTP.
+
+``channels/background.py`` is the one "stored → background turn → deliver" path, and
+``channels/hooks.py`` the webhook intake on it (typed outcomes; the route renders them): the only
+modules here that import the engine (``conversations.turns``, ``gateway.delivery``, ``gateway.webhooks``).
+The gateway wires the connectors (``gateway/channel_intake.py``).
 """

@@ -4,12 +4,14 @@ A connector turns platform updates into :class:`Inbound` messages and hands each
 gateway's post function, which returns once the message is durable (so a connector acknowledges
 the platform only then). Replies come back as text the connector renders into platform parts
 (``render``) and sends one part at a time (``send_part``); a send the platform did not accept
-raises :class:`RetryLater` or :class:`Rejected`.
+raises :class:`RetryLater` or :class:`Rejected`. A connector the platform calls over HTTP
+(Telegram's webhook, Slack's Events API) also takes those calls (``receive``): the gateway's route
+hands it the raw body and headers and renders the JSON answer it returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -120,3 +122,13 @@ class Connector(Protocol):
 
     async def stop(self) -> None:
         """Stop taking updates and close the connection."""
+
+    @property
+    def takes_calls(self) -> bool:
+        """Whether the platform calls the gateway for this account (``receive``) instead of the
+        connector fetching updates or holding a socket."""
+
+    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
+        """One call from the platform: checked (its secret or signature), and answered once its
+        message is durable; raises otherwise (InvalidSignature, BadRequest, ChannelNotReady: the
+        platform retries a call not answered 2xx)."""

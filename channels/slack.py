@@ -7,6 +7,12 @@ acknowledged only after its message is durable (the post function returned): an 
 acknowledged is delivered again by Slack, and its ``event_id`` (``slack:<account>:<event_id>``
 as client_message_id) makes the second store a no-op. Replies go out with ``chat.postMessage``
 in mrkdwn, to the same channel and thread.
+
+Slash commands (``/new``, ``/reset``, ``/compact``, ``/status``, ``/help`` registered in the app)
+arrive as ``slash_commands`` envelopes, routed by a slack_bolt ``AsyncApp`` (its ``command``
+listeners and ``ack``): acknowledged at once (Slack allows 3 seconds and never redelivers a
+slash command), then handed on like the same command typed as a message; the answer goes to the
+conversation it was typed in through the outbox.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from slack_bolt.adapter.socket_mode.async_internals import run_async_bolt_app, send_async_response
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock as SignatureClock
 from slack_sdk.signature import SignatureVerifier
@@ -25,8 +34,9 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.access import DirectAccess
 from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
-from channels.slack_events import CHANNEL, Skip, inbound
+from channels.slack_events import CHANNEL, Skip, inbound, slash_inbound
 from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
 from config.channels import SlackAccount
@@ -35,6 +45,16 @@ from config.errors import BadRequest, ChannelNotReady, InvalidSignature, Neotask
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
+SLASH_COMMANDS = ("/new", "/reset", "/compact", "/status", "/help")
+
+
+class _NoTokenNotice(logging.Filter):
+    """bolt reads ``SLACK_BOT_TOKEN`` from the environment and warns that the client's token wins
+    (it always does here: each account has its own client)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`token` will be unused" not in record.getMessage()
+
 
 
 class _SlackClock(SignatureClock):
@@ -69,8 +89,15 @@ class SlackConnector:
         self._bot_user: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._post: PostFn | None = None
-        self._approved: set[str] = set()
+        self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify, noun="app")
         self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
+        bolt_log = logging.getLogger(f"{__name__}.bolt")
+        if not any(isinstance(f, _NoTokenNotice) for f in bolt_log.filters):
+            bolt_log.addFilter(_NoTokenNotice())
+        self.bolt = AsyncApp(client=self.web, logger=bolt_log, request_verification_enabled=False,
+                             url_verification_enabled=False, ssl_check_enabled=False)  # fmt: skip
+        for command in SLASH_COMMANDS:
+            self.bolt.command(command)(self._on_command)
 
     async def start(self, post: PostFn) -> None:
         self._post = post
@@ -92,7 +119,7 @@ class SlackConnector:
             return
         self._bot_user = str(auth["user_id"])
         self.status.username = str(auth.get("user") or self._bot_user)
-        self._approved = await self.store.approved(CHANNEL, self.account)
+        await self.access.load()
         if self.settings.mode == "events":
             self.status.connected = True
             self.status.last_error = None
@@ -113,6 +140,10 @@ class SlackConnector:
         self.status.connected = True
         self.status.last_error = None
         log.info("slack account %s: connected as %s, Socket Mode", self.account, self.status.username)
+
+    @property
+    def takes_calls(self) -> bool:
+        return self.settings.mode == "events"
 
     async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
         """One Events API call (``/hooks/slack/<account>``): the signature is checked (slack_sdk's
@@ -139,11 +170,24 @@ class SlackConnector:
         return {"ok": True}
 
     async def _on_request(self, client: SocketModeClient, request: SocketModeRequest) -> None:
+        if request.type == "slash_commands":
+            await send_async_response(client, request, await run_async_bolt_app(self.bolt, request), 0.0)
+            return
         if request.type != "events_api":
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
             return
         if await self._take(request.payload):
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
+
+    async def _on_command(self, ack: AsyncAck, command: dict[str, Any]) -> None:
+        """A slash command (bolt's listener): acknowledged now, then handed on as its text."""
+        await ack()
+        self.status.last_update_at = iso(self.clock())
+        message = slash_inbound(command, self.account, self.settings)
+        if isinstance(message, Skip):
+            log.info("slack account %s: slash command skipped: %s", self.account, message.reason)
+            return
+        await self._hand_on(message)
 
     async def _take(self, payload: dict[str, Any]) -> bool:
         """Hand one event on; True once it needs no further delivery (stored, or skipped)."""
@@ -153,7 +197,11 @@ class SlackConnector:
         if isinstance(message, Skip):
             log.debug("slack account %s: event skipped: %s", self.account, message.reason)
             return True
-        if message.chat_type == "direct" and not await self._admitted(message):
+        return await self._hand_on(message)
+
+    async def _hand_on(self, message: Inbound) -> bool:
+        assert self._post is not None
+        if message.chat_type == "direct" and not await self.access.admitted(message):
             return True
         try:
             await self._post(message)
@@ -167,23 +215,6 @@ class SlackConnector:
             return True
         self.status.messages_in += 1
         return True
-
-    async def _admitted(self, message: Inbound) -> bool:
-        policy = self.settings.dm_policy
-        sender = message.sender_id
-        if policy == "open" or sender in self.settings.allow_from:
-            return True
-        if policy == "pairing":
-            self._approved = await self.store.approved(CHANNEL, self.account)
-            if sender in self._approved:
-                return True
-            code = await self.store.pairing_code(CHANNEL, self.account, sender, None, iso(self.clock()))
-            log.info("slack account %s: pairing code %s given to unknown sender %s", self.account, code, sender)
-            await self.notify(message.target, f"This app does not know you yet. Pairing code: {code}\n"
-                              f"Ask its owner to run: neotask channels approve {code}")  # fmt: skip
-            return False
-        log.info("slack account %s: direct message from %s (not in allow_from) ignored", self.account, sender)
-        return False
 
     def render(self, markdown: str) -> list[str]:
         return split(markdown, self.limit)

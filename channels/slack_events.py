@@ -7,8 +7,11 @@
 - In channels with ``require_mention`` the bot answers only when ``<@BOTID>`` is in the text;
   other messages are stored without an answer when ``store_unmentioned`` is on, else skipped.
 - Files are described with the text (``[file report.pdf (application/pdf)]``); an edit
-  (``message_changed``) is stored as such without an answer; bots' messages and other subtypes
-  (joins, topic changes, deletions) are not stored.
+  (``message_changed``) and a deletion (``message_deleted``) of a user's message are stored as
+  such (``[edited message <ts>] <new text>``, ``[deleted message <ts>]``) without an answer; bots'
+  messages and other subtypes (joins, topic changes) are not stored.
+- A slash command (``/status`` registered in the app) becomes the same command as text, answered
+  in the conversation it was typed in; its ``trigger_id`` is its delivery id.
 """
 
 from __future__ import annotations
@@ -38,10 +41,14 @@ def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, b
     if event.get("type") != "message":
         return Skip(f"a {event.get('type')} event")
     subtype = event.get("subtype")
-    edited = subtype == "message_changed"
-    if edited:
+    edited = subtype in ("message_changed", "message_deleted")
+    if subtype == "message_changed":
         event = {**event, **(event.get("message") or {}), "channel": event.get("channel"),
                  "channel_type": event.get("channel_type")}  # fmt: skip
+    elif subtype == "message_deleted":
+        before = event.get("previous_message") or {}
+        event = {**before, "channel": event.get("channel"), "channel_type": event.get("channel_type"),
+                 "ts": event.get("deleted_ts") or before.get("ts"), "text": "(deleted)", "files": None}  # fmt: skip
     elif subtype not in (None, "file_share", "thread_broadcast"):
         return Skip(f"a {subtype} message")
     if event.get("bot_id") or not event.get("user") or event.get("user") == bot_user:
@@ -56,7 +63,10 @@ def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, b
     reply = True
     if chat_type == "channel" and account.require_mention:
         reply = mention in text
-    if edited:
+    if subtype == "message_deleted":
+        text = f"[deleted message {event.get('ts')}]"
+        reply = False
+    elif edited:
         text = f"[edited message {event.get('ts')}] {text}"
         reply = False
     if not reply and chat_type == "channel" and not account.store_unmentioned and not edited:
@@ -75,4 +85,27 @@ def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, b
         update_id=str(payload.get("event_id") or event.get("client_msg_id") or event.get("ts")),
         target=Target(chat_id=str(event.get("channel")), thread_id=thread),
         reply=reply,
+    )
+
+
+def slash_inbound(payload: dict[str, Any], account_name: str, account: SlackAccount) -> Inbound | Skip:
+    """A ``slash_commands`` payload as the command's text, for the conversation it was typed in."""
+    command = str(payload.get("command") or "")
+    user = payload.get("user_id")
+    channel = payload.get("channel_id")
+    if not command.startswith("/") or not user or not channel:
+        return Skip("a slash command without command, user or channel")
+    chat_type: ChatType = "direct" if str(channel).startswith("D") else "channel"
+    text = f"{command} {str(payload.get('text') or '').strip()}".strip()
+    return Inbound(
+        channel=CHANNEL,
+        account=account_name,
+        agent=account.agent,
+        chat_type=chat_type,
+        chat_id=str(channel),
+        sender_id=str(user),
+        sender_name=payload.get("user_name"),
+        text=text,
+        update_id=f"cmd:{payload.get('trigger_id') or payload.get('response_url') or text}",
+        target=Target(chat_id=str(channel)),
     )

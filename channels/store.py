@@ -127,7 +127,7 @@ class ChannelStore:
 
     async def answer(self, client_message_id: str, reply: str, reply_ref: str | None, now: str) -> bool:
         """Record the answer; False (and the row marked sent) when another row already carries the
-        same answer (``reply_ref``, the answer's key and seq: one turn answered several messages)."""
+        same answer (``reply_ref``, the answer's key, run and seq: one turn answered several messages)."""
 
         def work(db: sqlite3.Connection) -> bool:
             if reply_ref is not None:

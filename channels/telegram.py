@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from aiogram import Bot
@@ -38,13 +40,14 @@ from aiogram.types import BotCommand, ReplyParameters, Update
 from aiogram.utils.token import TokenValidationError
 from pydantic import ValidationError
 
-from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
+from channels.access import DirectAccess
+from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
 from channels.store import ChannelStore
 from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
 from channels.telegram_updates import CHANNEL, BotIdentity, Skip, inbound
 from config.channels import TelegramAccount
 from config.clock import Clock, iso
-from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NeotaskError, Unavailable
+from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError, Unavailable
 
 log = logging.getLogger(__name__)
 COMMANDS = (
@@ -55,6 +58,7 @@ COMMANDS = (
     ("help", "the commands"),
 )
 ALLOWED_UPDATES = ["message", "edited_message"]
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 MAX_BACKOFF_S = 30.0
 
 
@@ -77,7 +81,7 @@ class TelegramConnector:
         self._bot: Bot | None = None
         self._me: BotIdentity | None = None
         self._task: asyncio.Task[None] | None = None
-        self._approved: set[str] = set()
+        self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify)
         self._webhook_secret = webhook_secret
         self._post: PostFn | None = None
 
@@ -111,7 +115,7 @@ class TelegramConnector:
                 me = await bot.get_me()
                 self._me = BotIdentity(me.id, me.username or "")
                 self.status.username = me.username
-                self._approved = await self.store.approved(CHANNEL, self.account)
+                await self.access.load()
                 await bot.set_my_commands([BotCommand(command=c, description=d) for c, d in COMMANDS])
                 if self.settings.mode == "webhook":
                     assert self.settings.webhook_url is not None
@@ -135,10 +139,15 @@ class TelegramConnector:
         log.info("telegram account %s: connected as @%s, long polling", self.account, self._me.username)
         await self._poll(bot, post)
 
-    async def receive(self, data: Any, secret: str | None) -> None:
+    @property
+    def takes_calls(self) -> bool:
+        return self.settings.mode == "webhook"
+
+    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
         """One webhook call (``/hooks/telegram/<account>``): returns once the update is durable, so
         the 200 tells Telegram it is done; otherwise raises (Telegram retries a call it was not
-        answered 2xx)."""
+        answered 2xx). The secret is checked before the body is read."""
+        secret = headers.get(SECRET_HEADER)
         expected = self._webhook_secret or ""
         if not secret or not hmac.compare_digest(secret.encode(), expected.encode()):
             raise InvalidSignature(
@@ -148,11 +157,16 @@ class TelegramConnector:
         if self._me is None or self._post is None or self._bot is None:
             raise ChannelNotReady(f"telegram account {self.account} is not connected yet; Telegram will retry")
         try:
+            data = json.loads(body)
+        except ValueError:
+            raise InvalidBody("the body is not JSON: Telegram sends one Update object per call") from None
+        try:
             update = Update.model_validate(data, context={"bot": self._bot})
         except ValidationError as exc:
             raise BadRequest(f"not a Telegram update: {exc.errors()[0]['msg']}") from None
         if not await self._take(update, self._post):
             raise ChannelNotReady(f"update {update.update_id} could not be stored now; Telegram will retry")
+        return {"ok": True}
 
     async def _wait_after(self, exc: Exception, backoff: float) -> float:
         self.status.connected = False
@@ -212,7 +226,7 @@ class TelegramConnector:
         if isinstance(message, Skip):
             log.debug("telegram account %s: update %s skipped: %s", self.account, update.update_id, message.reason)
             return True
-        if message.chat_type == "direct" and not await self._admitted(message):
+        if message.chat_type == "direct" and not await self.access.admitted(message):
             return True
         try:
             await post(message)
@@ -227,26 +241,6 @@ class TelegramConnector:
             return True
         self.status.messages_in += 1
         return True
-
-    async def _admitted(self, message: Inbound) -> bool:
-        policy = self.settings.dm_policy
-        sender = message.sender_id
-        if policy == "open" or sender in self.settings.allow_from:
-            return True
-        if policy == "pairing":
-            if sender in self._approved:
-                return True
-            self._approved = await self.store.approved(CHANNEL, self.account)
-            if sender in self._approved:
-                return True
-            code = await self.store.pairing_code(CHANNEL, self.account, sender, message.sender_name, iso(self.clock()))
-            log.info("telegram account %s: pairing code %s given to unknown sender %s (%s)", self.account, code,
-                     sender, message.sender_name or "no name")  # fmt: skip
-            await self.notify(message.target, f"This bot does not know you yet. Pairing code: {code}\n"
-                              f"Ask its owner to run: neotask channels approve {code}")  # fmt: skip
-            return False
-        log.info("telegram account %s: direct message from %s (not in allow_from) ignored", self.account, sender)
-        return False
 
     # -- sending --------------------------------------------------------------------------------
 

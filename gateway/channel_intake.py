@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from channels.background import BackgroundTurns, StoredFn
 from channels.protocol import AccountStatus, Connector, Inbound, Rejected, RetryLater
 from channels.slack import SlackConnector
 from channels.store import ChannelStore, OutboxRow, Pairing
@@ -66,9 +67,9 @@ class ChannelIntake:
         self.connectors: dict[tuple[str, str], Connector] = {}
         self.statuses: list[AccountStatus] = []
         self._crash_at = env.get(CRASH_ENV) if env.get(CRASH_ENV) in CRASH_STEPS else None
-        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         self._handled: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._tasks: set[asyncio.Task[bool]] = set()
+        self.turns = BackgroundTurns(conversations)
         self._send_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._started = asyncio.Event()
         for name, account in settings.channels.telegram.accounts.items():
@@ -156,26 +157,31 @@ class ChannelIntake:
         if len(self._handled) > HANDLED_KEPT:
             self._handled.popitem(last=False)
 
-    def _launch(self, inbound: Inbound, row: OutboxRow | None) -> asyncio.Future[None]:
-        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def _launch(self, inbound: Inbound, row: OutboxRow | None) -> asyncio.Future[Outcome]:
+        """The message's background turn (``channels/background.py``); the future resolves once
+        the message is durable."""
         cmid = inbound.client_message_id
-        self._inflight[cmid] = stored
-        task = asyncio.create_task(self._handle(inbound, row, stored), name=f"channel message {cmid}")
-        self._tasks.add(task)
 
         def done(finished: asyncio.Task[bool]) -> None:
-            self._tasks.discard(finished)
             if self._inflight.get(cmid) is stored:
                 del self._inflight[cmid]
-            if not stored.done():
-                stored.set_exception(ShuttingDown("the gateway stopped before the message was stored"))
-                stored.exception()
-            if not finished.cancelled() and (exc := finished.exception()) is not None:
+            if finished.cancelled():
+                return
+            exc = finished.exception()
+            if exc is None:
+                if finished.result():
+                    self._remember(cmid)
+            elif isinstance(exc, ShuttingDown):
+                return  # not stored: the platform delivers it again after the restart
+            elif isinstance(exc, NeotaskError):
+                self._remember(cmid)  # refused: the post function's error
+            else:
                 log.error("channel message %s failed", cmid, exc_info=exc)
-            elif not finished.cancelled() and finished.result():
-                self._remember(cmid)
 
-        task.add_done_callback(done)
+        stored = self.turns.launch(
+            f"channel message {cmid}", lambda on_stored: self._handle(inbound, row, on_stored), on_done=done
+        )
+        self._inflight[cmid] = stored
         return stored
 
     def _post_for(self, inbound: Inbound) -> Post:
@@ -196,26 +202,25 @@ class ChannelIntake:
             client_message_id=inbound.client_message_id,
         )
 
-    async def _handle(self, inbound: Inbound, row: OutboxRow | None, stored: asyncio.Future[None]) -> bool:
-        def on_stored(_: Outcome) -> None:
-            if not stored.done():
-                stored.set_result(None)
+    async def _handle(self, inbound: Inbound, row: OutboxRow | None, stored_fn: StoredFn) -> bool:
+        """Store one message, run its turn (or command) and deliver the answer through the outbox;
+        True once nothing is left to do for it (False: shutdown stopped it, the row stays pending)."""
+        stored = asyncio.Event()
+
+        def on_stored(outcome: Outcome) -> None:
+            stored.set()
+            stored_fn(outcome)
 
         await self._started.wait()
         if row is not None and row.state == "answered":
             on_stored(Outcome("", None, None))
             await self._deliver(inbound.client_message_id)
             return True
-        try:
-            post = self._post_for(inbound)
-            command = inbound.reply and parse_command(inbound.text) is not None
-            wants_reply = inbound.reply and (command or self.conv.needs_turn(post))
-            if wants_reply and row is None:
-                await self.store.expect(inbound, self._now())
-        except BaseException as exc:
-            if not stored.done():
-                stored.set_exception(exc)
-            raise
+        post = self._post_for(inbound)
+        command = inbound.reply and parse_command(inbound.text) is not None
+        wants_reply = inbound.reply and (command or self.conv.needs_turn(post))
+        if wants_reply and row is None:
+            await self.store.expect(inbound, self._now())
         connector = self.connectors.get((inbound.channel, inbound.account))
         typing: asyncio.Task[None] | None = None
         try:
@@ -226,17 +231,18 @@ class ChannelIntake:
                     typing = asyncio.create_task(self._typing(connector, inbound, stored))
                 outcome = await self.conv.post(post, on_stored=on_stored)
         except ShuttingDown:
+            if not stored.is_set():
+                raise
             return False  # the row stays pending: the next start finishes it
         except NeotaskError as exc:
-            if not stored.done():
-                stored.set_exception(exc)
-                return True
+            if not stored.is_set():  # nothing stored: the error is the post function's answer
+                raise
             log.warning("%s: the turn on %s failed: %s", inbound.client_message_id, post.key.raw, exc.message)
             outcome = Outcome(post.key.raw, None, None, reply={"content": f"(no answer: {exc.message})", "seq": None})
         finally:
             if typing is not None:
                 typing.cancel()
-            on_stored(Outcome("", None, None))  # a repeat stores nothing new and calls no on_stored
+        on_stored(Outcome("", None, None))  # a repeat stores nothing new and calls no on_stored
         if not wants_reply:
             return True
         reply = outcome.reply
@@ -244,15 +250,15 @@ class ChannelIntake:
         if not text:
             await self.store.sent(inbound.client_message_id, self._now())
             return True
-        ref = f"{outcome.session_key}#{reply['seq']}" if reply is not None and reply.get("seq") is not None else None
+        seq = reply.get("seq") if reply is not None else None
+        ref = f"{outcome.session_key}#{outcome.run_id}#{seq}" if seq is not None else None  # seqs restart per run
         if await self.store.answer(inbound.client_message_id, text, ref, self._now()):
             self._crash("channels.answered")
             await self._deliver(inbound.client_message_id)
         return True
 
-    async def _typing(self, connector: Connector, inbound: Inbound, stored: asyncio.Future[None]) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(stored)
+    async def _typing(self, connector: Connector, inbound: Inbound, stored: asyncio.Event) -> None:
+        await stored.wait()
         while True:
             with contextlib.suppress(Rejected):
                 await connector.typing(inbound.target)
@@ -297,18 +303,14 @@ class ChannelIntake:
 
     # -- status, pairing, shutdown --------------------------------------------------------------
 
-    def telegram_webhook(self, account: str) -> TelegramConnector:
-        """The connector a ``/hooks/telegram/<account>`` call is for."""
-        connector = self.connectors.get(("telegram", account))
-        if not isinstance(connector, TelegramConnector) or connector.settings.mode != "webhook":
-            raise NotFound(f"no running Telegram account {account!r} in webhook mode (channels.telegram.accounts)")
-        return connector
-
-    def slack_events(self, account: str) -> SlackConnector:
-        """The connector a ``/hooks/slack/<account>`` call is for."""
-        connector = self.connectors.get(("slack", account))
-        if not isinstance(connector, SlackConnector) or connector.settings.mode != "events":
-            raise NotFound(f"no running Slack account {account!r} in events mode (channels.slack.accounts)")
+    def called(self, channel: str, account: str) -> Connector:
+        """The connector a ``/hooks/<channel>/<account>`` call is for (an account the platform
+        calls: Telegram's webhook mode, Slack's events mode)."""
+        connector = self.connectors.get((channel, account))
+        if connector is None or not connector.takes_calls:
+            mode = {"telegram": "webhook", "slack": "events"}.get(channel, "a calling")
+            raise NotFound(f"no running {channel.capitalize()} account {account!r} in {mode} mode"
+                           f" (channels.{channel}.accounts)")  # fmt: skip
         return connector
 
     def status(self) -> list[dict[str, Any]]:
@@ -325,14 +327,10 @@ class ChannelIntake:
 
     async def idle(self) -> None:
         """Wait until every message in hand is answered and sent (tests)."""
-        while self._tasks:
-            await asyncio.wait(set(self._tasks))
+        await self.turns.idle()
 
     async def close(self) -> None:
         for connector in self.connectors.values():
             await connector.stop()
-        tasks = set(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.turns.close()
         await self.store.close()

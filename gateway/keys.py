@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from channels.hooks import Webhooks
 from config.clock import Clock
 from config.loader import LoadedConfig
 from conversations.commands import Commands
@@ -21,7 +22,6 @@ from conversations.turns import Conversations
 from gateway.channel_intake import ChannelIntake
 from gateway.openai_compat.service import OpenAICompat
 from gateway.services import Services
-from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import SchedulerService
 from sessions.files.history import HistoryIndex

@@ -37,6 +37,7 @@ from zoneinfo import ZoneInfo
 
 import aiohttp
 
+from channels.hooks import Webhooks
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
@@ -60,7 +61,6 @@ from gateway.delivery import Deliverer, Delivery
 from gateway.disk_budget import DiskBudget
 from gateway.openai_compat.service import OpenAICompat
 from gateway.validation import check_config
-from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
 from sessions.backends import open_store

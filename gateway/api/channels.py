@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NotFound, PairingCodeNotFound
 from gateway import keys as K
 from gateway.contract import operation
-from gateway.http import json_response, parse_body, read_body, read_object
+from gateway.http import json_response, parse_body, read_body
 
 routes = web.RouteTableDef()
 
@@ -53,10 +53,7 @@ async def approve(request: web.Request) -> web.Response:
     errors=(BadRequest, InvalidSignature, NotFound, ChannelNotReady),
 )
 async def telegram_webhook(request: web.Request) -> web.Response:
-    connector = request.app[K.CHANNELS].telegram_webhook(request.match_info["account"])
-    data = await read_object(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
-    await connector.receive(data, request.headers.get("X-Telegram-Bot-Api-Secret-Token"))
-    return json_response({"ok": True})
+    return await _called(request, "telegram")
 
 
 @routes.post("/hooks/slack/{account}")
@@ -69,6 +66,10 @@ async def telegram_webhook(request: web.Request) -> web.Response:
     errors=(BadRequest, InvalidSignature, NotFound, ChannelNotReady),
 )
 async def slack_events(request: web.Request) -> web.Response:
-    connector = request.app[K.CHANNELS].slack_events(request.match_info["account"])
+    return await _called(request, "slack")
+
+
+async def _called(request: web.Request, channel: str) -> web.Response:
+    connector = request.app[K.CHANNELS].called(channel, request.match_info["account"])
     body = await read_body(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
     return json_response(await connector.receive(body, request.headers))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from channels.hooks import Accepted, HookOutcome, Webhooks
 from config.errors import (
     HookNotFound,
     HookSecretMissing,
@@ -23,9 +24,8 @@ from config.errors import (
 )
 from config.settings import HookMapping
 from gateway.contract import NULLABLE_STR, STR, TURN_ERRORS, Answer, Param, operation
-from gateway.http import read_body
+from gateway.http import json_response, read_body
 from gateway.keys import WEBHOOKS
-from gateway.webhook_intake import Webhooks
 from gateway.webhooks import (
     STANDARD_ID,
     STANDARD_SIGNATURE,
@@ -89,7 +89,18 @@ async def receive_hook(request: web.Request) -> web.Response:
     signature = None if secret is None else _check_signature(request, hooks, name, mapping, secret, body)
     payload = parse_payload(body, request.content_type)
     delivery_id = request.headers.get(DELIVERY_HEADER) or request.headers.get(STANDARD_ID) or None
-    return await hooks.receive(name, mapping, payload, delivery_id, signature)
+    return render(await hooks.receive(name, mapping, payload, delivery_id, signature))
+
+
+def render(outcome: HookOutcome) -> web.Response:
+    """202 for a delivery stored now, 200 for a duplicate (SPEC section 8)."""
+    if isinstance(outcome, Accepted):
+        body = {"status": outcome.status, "session_key": outcome.session_key, "run_id": outcome.run_id,
+                "message_seq": outcome.message_seq}  # fmt: skip
+        return json_response(body, status=202)
+    body = {"status": outcome.status, "delivery_id": outcome.delivery_id, "session_key": outcome.session_key,
+            "message_seq": outcome.message_seq}  # fmt: skip
+    return json_response(body)
 
 
 def _check_signature(

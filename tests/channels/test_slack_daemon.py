@@ -104,6 +104,7 @@ async def test_killed_between_storing_an_event_and_its_ack_it_is_stored_and_answ
         assert len(slack.posted("D1")) == 1
 
 
+@pytest.mark.timeout(240)  # three daemon starts and an 8 s backoff: over 100 s at a load of 12 on the shared machine
 async def test_a_429_storm_then_a_kill_between_the_answer_and_the_send(tmp_path: Path) -> None:
     home = tmp_path / "home"
     async with OpenAIServer() as model, SlackServer() as slack:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from channels.protocol import Inbound
-from channels.slack_events import Skip, inbound
+from channels.slack_events import Skip, inbound, slash_inbound
 from channels.slack_format import split, to_mrkdwn
 from config.channels import SlackAccount
 
@@ -75,3 +75,32 @@ def test_files_are_described_and_an_edit_is_stored_without_an_answer() -> None:
                    message={"user": "U1", "text": "fixed", "ts": "1.0"})  # fmt: skip
     got = inbound(edit, "w", SlackAccount(), "UBOT")
     assert isinstance(got, Inbound) and got.text == "[edited message 1.0] fixed" and got.reply is False
+
+
+def test_a_deletion_of_a_users_message_is_stored_as_such_without_an_answer() -> None:
+    deleted = payload(channel="C1", channel_type="channel", subtype="message_deleted", hidden=True,
+                      deleted_ts="1700000000.000007", previous_message={"user": "U1", "text": "oops", "ts":
+                      "1700000000.000007", "thread_ts": "1699999999.000100"})  # fmt: skip
+    got = inbound(deleted, "w", SlackAccount(), "UBOT")
+    assert isinstance(got, Inbound) and got.text == "[deleted message 1700000000.000007]" and got.reply is False
+    assert (got.sender_id, got.chat_type, got.thread_id) == ("U1", "channel", "1699999999.000100")
+    by_bot = payload(channel="D1", channel_type="im", subtype="message_deleted", deleted_ts="2.0",
+                     previous_message={"user": "UBOT", "text": "my answer", "ts": "2.0"})  # fmt: skip
+    assert isinstance(inbound(by_bot, "w", SlackAccount(), "UBOT"), Skip)
+
+
+@pytest.mark.parametrize(
+    ("channel", "chat_type"), [("D024BE91L", "direct"), ("C2147483705", "channel"), ("G1", "channel")]
+)
+def test_a_slash_command_is_its_command_as_text_in_the_conversation_it_was_typed_in(
+    channel: str, chat_type: str
+) -> None:
+    command = {"command": "/status", "text": "", "user_id": "U1", "user_name": "ann", "channel_id": channel,
+               "trigger_id": "13345224609.738474920.8088930838d88f008e0", "response_url": "https://hooks"}  # fmt: skip
+    got = slash_inbound(command, "work", SlackAccount())
+    assert isinstance(got, Inbound)
+    assert (got.text, got.chat_type, got.chat_id, got.sender_id) == ("/status", chat_type, channel, "U1")
+    assert got.client_message_id == "slack:work:cmd:13345224609.738474920.8088930838d88f008e0"
+    again = slash_inbound({**command, "command": "/new", "text": " now "}, "w", SlackAccount())
+    assert isinstance(again, Inbound) and again.text == "/new now" and again.reply
+    assert isinstance(slash_inbound({**command, "user_id": None}, "w", SlackAccount()), Skip)

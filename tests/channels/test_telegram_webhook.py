@@ -39,6 +39,10 @@ async def test_webhook_calls_are_checked_stored_once_and_answered(tmp_path: Path
                         assert resp.status == 401
                         assert (await resp.json())["error"]["code"] == "invalid_signature"
                 assert await session_lines(gw.url, "agent:main:main") == []
+                async with http.post(hook, data=b"not json") as resp:  # the secret is checked first
+                    assert resp.status == 401
+                async with http.post(hook, data=b"not json", headers={HEADER: SECRET}) as resp:
+                    assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_body"
                 async with http.post(f"{gw.url}/hooks/telegram/nobody", json=update, headers={HEADER: SECRET}) as resp:
                     assert resp.status == 404
                 for _ in range(2):  # Telegram retries a call it did not see answered: stored once

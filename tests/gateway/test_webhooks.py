@@ -326,7 +326,7 @@ async def test_shutdown_cancels_a_running_turn_and_keeps_the_message(
     await openai_server.wait_for_requests(1)
     async with asyncio.timeout(5):
         await client.close()
-    assert not app[WEBHOOKS]._tasks and rec.bodies.empty() and rec.hits == 0
+    assert not app[WEBHOOKS].turns._tasks and rec.bodies.empty() and rec.hits == 0
     assert body["message_seq"] == 1 and [m["role"] for m in messages(tmp_path, body["run_id"])] == ["user"]
 
 

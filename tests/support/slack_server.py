@@ -101,6 +101,40 @@ class SlackServer:
         app.arrived.set()
         return event_id
 
+    def deletion(
+        self, app: App, *, channel: str, deleted_ts: str, user: str, text: str, channel_type: str = "im"
+    ) -> str:
+        """Queue a ``message_deleted`` event for a message of ``user``; its event_id is returned."""
+        n = next(self._ids)
+        event = {"type": "message", "subtype": "message_deleted", "hidden": True, "channel": channel,
+                 "channel_type": channel_type, "ts": f"1700000000.{n:06d}", "deleted_ts": deleted_ts,
+                 "previous_message": {"type": "message", "user": user, "text": text, "ts": deleted_ts}}  # fmt: skip
+        return self._queue(app, n, "events_api", event=event)
+
+    def slash(self, app: App, *, command: str, user: str, channel: str, text: str = "") -> str:
+        """Queue a ``slash_commands`` envelope (what Slack sends when a user types ``/status``);
+        its envelope id is returned."""
+        n = next(self._ids)
+        payload = {"token": "x", "team_id": "T1", "team_domain": "t", "channel_id": channel, "channel_name": "x",
+                   "user_id": user, "user_name": user.lower(), "command": command, "text": text, "api_app_id": "A1",
+                   "is_enterprise_install": "false", "response_url": f"http://127.0.0.1:{self.port}/respond/{n}",
+                   "trigger_id": f"{n}.1.abc"}  # fmt: skip
+        envelope = {"envelope_id": f"env-{n}", "type": "slash_commands", "accepts_response_payload": True,
+                    "payload": payload}  # fmt: skip
+        app.envelopes[envelope["envelope_id"]] = envelope
+        app.arrived.set()
+        return str(envelope["envelope_id"])
+
+    def _queue(self, app: App, n: int, kind: str, *, event: dict[str, Any]) -> str:
+        event_id = f"Ev{n:08d}"
+        payload = {"team_id": "T1", "api_app_id": "A1", "event": event, "type": "event_callback", "event_id": event_id,
+                   "event_time": int(time.time())}  # fmt: skip
+        envelope = {"envelope_id": f"env-{n}", "type": kind, "accepts_response_payload": False,
+                    "retry_attempt": 0, "retry_reason": "", "payload": payload}  # fmt: skip
+        app.envelopes[envelope["envelope_id"]] = envelope
+        app.arrived.set()
+        return event_id
+
     def fail(self, method: str, status: int, error: str, retry_after: int | None = None, times: int = 1) -> None:
         """The next ``times`` calls of ``method`` answer this failure (429 with ``Retry-After``)."""
         self.failures.setdefault(method, []).extend([(status, error, retry_after)] * times)
@@ -163,7 +197,8 @@ class SlackServer:
                     if envelope_id not in sent:
                         sent.add(envelope_id)
                         await ws.send_json(envelope)
-                        envelope["retry_attempt"] += 1
+                        if "retry_attempt" in envelope:  # events count retries; slash commands are never retried
+                            envelope["retry_attempt"] += 1
                 app.arrived.clear()
                 await app.arrived.wait()
 
