@@ -41,7 +41,7 @@ from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
 from config.channels import SlackAccount
 from config.clock import Clock, iso
-from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NeotaskError, Unavailable
+from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NeotaskError
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
@@ -205,11 +205,11 @@ class SlackConnector:
             return True
         try:
             await self._post(message)
-        except Unavailable as exc:
-            log.warning("slack account %s: event not stored: %s", self.account, exc.message)
-            self.status.last_error = exc.message
-            return False
         except NeotaskError as exc:
+            if exc.transient:  # shutting down, storage unavailable or full, busy: Slack delivers it again
+                log.warning("slack account %s: event not stored: %s", self.account, exc.message)
+                self.status.last_error = exc.message
+                return False
             log.warning("slack account %s: event refused: %s", self.account, exc.message)
             self.status.last_error = exc.message
             return True

@@ -47,7 +47,7 @@ from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
 from channels.telegram_updates import CHANNEL, BotIdentity, Skip, inbound
 from config.channels import TelegramAccount
 from config.clock import Clock, iso
-from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError, Unavailable
+from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
 
 log = logging.getLogger(__name__)
 COMMANDS = (
@@ -230,12 +230,15 @@ class TelegramConnector:
             return True
         try:
             await post(message)
-        except Unavailable as exc:  # shutting down, storage unavailable: the update comes again
-            log.warning("telegram account %s: update %s not stored: %s", self.account, update.update_id, exc.message)
-            self.status.last_error = exc.message
-            await asyncio.sleep(1.0)
-            return False
-        except NeotaskError as exc:  # refused for good (a paused session, a bad id): dropped, said so
+        except NeotaskError as exc:
+            if exc.transient:  # shutting down, storage unavailable or full, busy: the update comes again
+                log.warning(
+                    "telegram account %s: update %s not stored: %s", self.account, update.update_id, exc.message
+                )
+                self.status.last_error = exc.message
+                await asyncio.sleep(1.0)
+                return False
+            # refused for good (a paused session, a bad id): dropped, said so
             log.warning("telegram account %s: update %s refused: %s", self.account, update.update_id, exc.message)
             self.status.last_error = exc.message
             return True

@@ -18,6 +18,9 @@ class NeotaskError(Exception):
     code: ClassVar[str] = "internal_error"
     doc: ClassVar[str] = "the gateway failed on this request; see its log"
     http: ClassVar[bool] = True  # False: raised at start-up or by the CLI, never an HTTP answer
+    # True: "not now" (nothing stored; the same message sent again later can be), so a chat
+    # connector leaves it for the platform's redelivery instead of dropping it
+    transient: ClassVar[bool] = False
 
     def __init__(self, message: str, **extra: Any) -> None:
         if "code" in extra:
@@ -213,6 +216,7 @@ class PayloadTooLarge(NeotaskError):
 
 class Busy(NeotaskError):
     status = 429
+    transient = True
     code = "session_busy"
     doc = (
         "more than `agents.<id>.max_queued_turns` calls would wait for a model turn on this key; the `Retry-After`"
@@ -253,6 +257,7 @@ class ProviderFailure(NeotaskError):
 
 class Unavailable(NeotaskError):
     status = 503
+    transient = True
     code = "unavailable"
     doc = "a resource the route needs is not ready"
 
@@ -301,6 +306,7 @@ class InsufficientStorage(NeotaskError):
     """The disk is full: nothing was stored, nothing half written, no seq consumed."""
 
     status = 507
+    transient = True
     code = "insufficient_storage"
     doc = (
         "the disk is full, or its free space is below `storage.min_free`: nothing was stored, nothing half"

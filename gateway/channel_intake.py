@@ -171,8 +171,8 @@ class ChannelIntake:
             if exc is None:
                 if finished.result():
                     self._remember(cmid)
-            elif isinstance(exc, ShuttingDown):
-                return  # not stored: the platform delivers it again after the restart
+            elif isinstance(exc, NeotaskError) and exc.transient:
+                return  # not stored (shutdown, storage unavailable or full): the platform delivers it again
             elif isinstance(exc, NeotaskError):
                 self._remember(cmid)  # refused: the post function's error
             else:
