@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
 RETRY_S = 1.0  # a failed batch (the database away) is tried again after this
+FLUSH_WAIT_S = 5.0  # the doctor waits this long for the rows in flight
 MAX_PENDING = 100_000  # rows kept while the database is away; beyond, catch-up at the next start
 
 MIGRATION = """
@@ -226,6 +227,8 @@ class PgHistoryIndex:
     async def check(self, *, fix: bool) -> list[dict[str, Any]]:
         """The doctor's findings on the index: rows of no stored message, stored messages it lacks."""
         findings: list[dict[str, Any]] = []
+        with contextlib.suppress(TimeoutError):  # rows in flight are not holes (a database away: they are)
+            await asyncio.wait_for(self.flush(), timeout=FLUSH_WAIT_S)
         with unavailable("nothing"):
             stale = int(await self.pool.fetchval(_STALE))
             stored = await self.pool.fetch(_UNINDEXED)

@@ -2,7 +2,8 @@
 PostgreSQL server: messages posted are read back from the database, the history search finds
 Japanese text, ``/readyz`` reports the database; a stopped database answers 503
 ``storage_unavailable`` with ``Retry-After`` and ``stored: false``, and the same daemon serves again
-once the database is back (no restart)."""
+once the database is back (no restart); the doctor finds it clean; a purge leaves no row of the key
+and nothing for the search to find."""
 
 from __future__ import annotations
 
@@ -95,6 +96,21 @@ async def test_a_daemon_on_postgres_stores_searches_and_survives_a_database_rest
         assert contents == ["明日の会議は十時から", "the budget review", "back again"]  # "lost?" never stored
         async with http.get(f"{gw.url}/readyz") as resp:
             assert resp.status == 200, await resp.text()
+
+        async with http.post(f"{gw.url}/v1/admin/doctor") as resp:
+            assert resp.status == 200 and (await resp.json())["actions"] == [], await resp.text()
+        async with http.delete(f"{gw.url}{SESSION}", params={"purge": "true"}) as resp:
+            purged = await resp.json()
+        assert purged["purged"] is True and purged["tombstone"]["messages"] == 3, purged
+        async with http.get(f"{gw.url}/v1/history/search", params={"q": "会議"}) as resp:
+            assert (await resp.json())["results"] == []
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM runs") == 0
+            assert await conn.fetchval("SELECT count(*) FROM history") == 0
+            assert await conn.fetchval("SELECT count(*) FROM purge_tombstones WHERE session_key = $1", KEY) == 1
+        finally:
+            await conn.close()
     log = gw.stderr()
     assert f"backend postgres {dsn}" in log  # the start-up line names the database
     assert "ERROR" not in log, log  # (asyncpg's own pool warning while the server was down is expected)

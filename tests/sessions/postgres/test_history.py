@@ -210,3 +210,11 @@ async def test_purge_leaves_no_trace_but_a_tombstone(pg: tuple[PgStore, PgHistor
         assert await reopened.list_runs(session_key=A) == []
     finally:
         await reopened.close()
+
+
+async def test_the_doctor_waits_for_rows_in_flight(pg: tuple[PgStore, PgHistoryIndex, str]) -> None:
+    """Rows fed but not yet written (the batch waits BATCH_WAIT_S) are not holes."""
+    store, index, _ = pg
+    await _fill(store)  # no flush: the last batch is in flight
+    assert await store.check_history(index, fix=False) == []
+    assert await index.count() == 6
