@@ -36,6 +36,7 @@ from gateway.heap import settle_heap
 from gateway.log_json import ContextFilter, JsonFormatter
 from gateway.logs import RepeatFilter, file_handler, reopen
 from gateway.runner import JsonErrorsAppRunner
+from sessions.backends import describe_backend
 from sessions.files.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
 from sessions.files.jsonl import write_json_atomic
 from sessions.files.layout import Home
@@ -147,9 +148,10 @@ def _run_locked(
         return EXIT_REFUSED
     with _logging_to(home, config.settings.logging) as reopen_log:
         log.info(
-            "neotask %s starting: home %s, backend files, config %s",
+            "neotask %s starting: home %s, backend %s, config %s",
             version(),
             home.root,
+            describe_backend(config.settings),
             config.config_path or "defaults and environment (no config file)",
         )
         for warning in config.warnings:

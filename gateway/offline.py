@@ -165,6 +165,8 @@ def delete_session(config: LoadedConfig, env: Mapping[str, str], key: str) -> di
 def run_doctor(config: LoadedConfig, *, fix: bool) -> dict[str, Any]:
     """The doctor over the files; with ``fix``, an empty directory in place of gateway.lock (which
     stops the lock from being taken at all) is removed first."""
+    if config.settings.storage.backend == "postgres":
+        return _database_doctor(config, fix=fix)
     cleared = doctor.clear_lock_dir(Home(config.home)) if fix else None
 
     def work() -> dict[str, Any]:
@@ -172,6 +174,24 @@ def run_doctor(config: LoadedConfig, *, fix: bool) -> dict[str, Any]:
         return {"actions": [f.as_dict() for f in ([cleared] if cleared else []) + findings]}
 
     return locked(config, work)
+
+
+def _database_doctor(config: LoadedConfig, *, fix: bool) -> dict[str, Any]:
+    """The doctor on ``storage.backend: postgres``: the database's checks and its history index's
+    (the store is opened: its start-up recovery runs first; there are no run folders or archives)."""
+
+    async def work(store: StoreProtocol) -> dict[str, Any]:
+        findings = await store.check(fix=fix)
+        if config.settings.history.enabled:
+            history = store.open_history()
+            await history.open()
+            try:
+                findings += await store.check_history(history, fix=fix)
+            finally:
+                await history.close()
+        return {"actions": findings}
+
+    return with_store(config, work)
 
 
 def _check_key(config: LoadedConfig, key: str) -> str:

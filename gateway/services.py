@@ -211,6 +211,7 @@ async def open_services(
             config.home,
             settings,
             clock=clock,
+            environ=env,
             hooks=StoreHooks(
                 final_summarizer=final_summary,
                 listeners=(on_event,),

@@ -3,15 +3,20 @@
 | ``storage.backend`` | backend | capabilities (``sessions.protocol``) |
 |---|---|---|
 | ``files`` (default) | ``sessions.files.store.SessionStore``: run folders, tasks.db, sessions.json | all |
-| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | base and records (refused here) |
+| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | all (export refused, no archives) |
 
-``postgres`` is refused here (a ``ConfigError``) until it has the history and maintenance capabilities.
+The postgres backend's history index is ``sessions.postgres.history.PgHistoryIndex`` (the same
+calls as the files backend's ``HistoryIndex``, which ``sessions.protocol`` still names: hence the
+cast below until the Protocol names an index Protocol).
 The in-memory backend (``sessions.inmemory``) has the base and record capabilities only (no
 history index, no doctor or cleanup), so the daemon does not offer it; tests open it directly."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from config.clock import Clock
 from config.errors import ConfigError
@@ -21,11 +26,31 @@ from sessions.protocol import StoreProtocol
 from sessions.store_hooks import StoreHooks
 
 
-async def open_store(root: Path, settings: Settings, *, clock: Clock, hooks: StoreHooks | None = None) -> StoreProtocol:
-    """Open the configured backend's storage under the home ``root`` (the caller holds its lock)."""
+async def open_store(
+    root: Path,
+    settings: Settings,
+    *,
+    clock: Clock,
+    hooks: StoreHooks | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> StoreProtocol:
+    """Open the configured backend's storage under the home ``root`` (the caller holds its lock),
+    or in the database ``storage.postgres`` names (its password from ``environ``)."""
     backend = settings.storage.backend
     if backend == "files":
         return await SessionStore.open(root, settings, clock=clock, hooks=hooks or StoreHooks())
-    # postgres: sessions.postgres has the base and record capabilities, not yet history and maintenance;
-    # gateway.validation.check_config refuses it before the daemon gets here
+    if backend == "postgres":
+        from sessions.postgres.store import open_from_settings  # asyncpg only when configured
+
+        store = await open_from_settings(settings, os.environ if environ is None else environ, clock=clock, hooks=hooks)
+        return cast(StoreProtocol, store)  # its history index is PgHistoryIndex (see above)
     raise ConfigError(f"storage.backend {backend!r} is not served by this gateway yet; set storage.backend: files")
+
+
+def describe_backend(settings: Settings) -> str:
+    """The backend as the start-up line names it (a DSN without its password)."""
+    if settings.storage.backend == "postgres" and settings.storage.postgres.dsn:
+        from sessions.postgres.store import redact
+
+        return f"postgres {redact(settings.storage.postgres.dsn)}"
+    return settings.storage.backend

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncpg
 
 from sessions.files.damage import DamagedState
+from sessions.postgres.history import MIGRATION as HISTORY_MIGRATION
 
 MIGRATION_LOCK = 0x6E656F74  # pg_advisory_xact_lock key while migrating ("neot")
 
@@ -156,6 +157,8 @@ MIGRATIONS: tuple[str, ...] = (
         reason text
     );
     """,
+    # 2: the history index (a tsvector of the simple configuration, CJK as bigrams; GIN)
+    HISTORY_MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

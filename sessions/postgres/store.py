@@ -17,12 +17,14 @@ from config.clock import Clock
 from config.errors import ConfigError
 from config.settings import PostgresSettings, Settings
 from sessions.entries import SessionEntry
+from sessions.files.history import MAX_BATCH
 from sessions.postgres.base import NOWHERE, decode_entry
 from sessions.postgres.faults import unavailable
-from sessions.postgres.lifecycle import PgLifecycle
+from sessions.postgres.history import PgHistoryIndex
+from sessions.postgres.maintenance import PgMaintenance
 from sessions.postgres.schema import migrate
 from sessions.protocol import ConversationStore
-from sessions.records import USAGE_KEYS, Counters, RunState, TaskKey, counter_values
+from sessions.records import USAGE_KEYS, Counters, RunState, StoredRecord, TaskKey, counter_values
 from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 10
 
 
-class PgStore(PgLifecycle):
+class PgStore(PgMaintenance):
     def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
         self.settings = settings
         self.clock = clock
@@ -84,6 +86,21 @@ class PgStore(PgLifecycle):
             await self.flush_entries()
         finally:
             await self.pool.close()
+
+    # -- HistorySource (on the ``history`` table: sessions.postgres.history) -----------------------
+
+    def open_history(self, *, max_batch: int | None = None) -> PgHistoryIndex:
+        """The history index in this database (not started yet: ``await index.open()``)."""
+        return PgHistoryIndex(self.pool, max_batch=max_batch or MAX_BATCH)
+
+    async def rebuild_history(self, index: PgHistoryIndex) -> int:
+        return await index.rebuild()
+
+    async def catch_up_history(self, index: PgHistoryIndex) -> None:
+        await index.catch_up()
+
+    async def check_history(self, index: PgHistoryIndex, *, fix: bool) -> list[StoredRecord]:
+        return await index.check(fix=fix)
 
     async def _recover(self) -> None:
         with unavailable("nothing"):

@@ -60,10 +60,8 @@ async def test_a_store_opens_from_the_settings(postgres_server: PgServer, tmp_pa
         await store.close()
 
 
-def test_the_gateway_refuses_the_postgres_backend_until_it_is_wired(tmp_path: Path) -> None:
-    """Not silently the files backend: the daemon and the CLI stop at the configuration check."""
+def test_the_gateway_takes_the_postgres_backend(tmp_path: Path) -> None:
+    """The configuration check lets it through (tests/gateway/test_postgres_daemon.py runs it)."""
     overrides = {"storage": {"backend": "postgres", "postgres": {"dsn": "postgresql://neo@127.0.0.1/neo"}}}
-    config = load_config(env={}, home=tmp_path, overrides=overrides)
-    with pytest.raises(ConfigError, match=r"storage\.backend: postgres is not served by this gateway yet"):
-        check_config(config, {})
+    assert check_config(load_config(env={}, home=tmp_path, overrides=overrides), {}) == []
     check_config(load_config(env={}, home=tmp_path), {})  # files: fine

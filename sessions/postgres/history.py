@@ -1,0 +1,311 @@
+"""The history index on PostgreSQL: the ``history`` table (one row per indexed message, with a
+``tsvector`` of the ``simple`` configuration under a GIN index), fed in batches after each durable
+append, searched with the files backend's rules (``sessions.history_text``).
+
+CJK text takes the files backend's path: each run of kana, kanji or hangul is indexed as its
+overlapping character bigrams (``index_text``), which PostgreSQL's parser sees as words; a query of
+two or more CJK characters is the phrase of its bigrams, one character a prefix match. pg_trgm was
+not used: it ships outside core PostgreSQL (contrib) and, like FTS5's trigram tokenizer, cannot
+match a two-character word such as 会議 through its index.
+
+Rows refer to their run (``ON DELETE CASCADE``): a purge that deletes a key's runs deletes their
+index rows in the same transaction, so no text of a purged message stays searchable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import asyncpg
+
+from sessions.files.history import MAX_BATCH, HistoryStats, row_values
+from sessions.files.history_search import HistoryHit, HistoryQuery
+from sessions.history_text import index_text, query_terms, snippet
+from sessions.postgres.faults import unavailable
+
+log = logging.getLogger(__name__)
+
+BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
+RETRY_S = 1.0  # a failed batch (the database away) is tried again after this
+FLUSH_WAIT_S = 5.0  # the doctor waits this long for the rows in flight
+MAX_PENDING = 100_000  # rows kept while the database is away; beyond, catch-up at the next start
+
+MIGRATION = """
+CREATE TABLE history (
+    id bigserial PRIMARY KEY,
+    run_id text NOT NULL REFERENCES runs ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    session_key text NOT NULL,
+    agent_id text,
+    role text NOT NULL,
+    "timestamp" text,
+    tool boolean NOT NULL,
+    content text NOT NULL,
+    body tsvector NOT NULL,
+    UNIQUE (run_id, seq)
+);
+CREATE INDEX history_body ON history USING gin (body);
+CREATE INDEX history_by_key ON history (session_key);
+"""
+
+_INSERT = """
+INSERT INTO history (run_id, seq, session_key, agent_id, role, "timestamp", tool, content, body)
+SELECT u.run_id, u.seq, u.session_key, u.agent_id, u.role, u.ts, u.tool, u.content, to_tsvector('simple', u.body)
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[],
+            $9::text[]) AS u(run_id, seq, session_key, agent_id, role, ts, tool, content, body)
+WHERE EXISTS (SELECT 1 FROM runs r WHERE r.run_id = u.run_id)
+ON CONFLICT (run_id, seq) DO NOTHING
+"""
+
+# messages of runs the index lacks (what a crash or a failed batch left unindexed)
+_UNINDEXED = """
+SELECT m.run_id, r.session_key, r.agent_id, m.record::text FROM messages m JOIN runs r USING (run_id)
+WHERE r.session_key IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM history h WHERE h.run_id = m.run_id AND h.seq = m.seq)
+ORDER BY m.run_id, m.seq
+"""
+_ORPHANS = "FROM history h WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.run_id = h.run_id AND m.seq = h.seq)"
+_STALE = "SELECT count(*) " + _ORPHANS
+_DELETE_STALE = "DELETE " + _ORPHANS
+
+Row = tuple[Any, ...]
+
+
+def tsquery_sql(q: str, first: int) -> tuple[str, list[str]] | None:
+    """The SQL of the tsquery matching every term of ``q`` (parameters from ``$first``) and its
+    values; None when ``q`` has no term. Each term is a bound parameter: nothing a user types is
+    read as tsquery syntax."""
+    words, runs = query_terms(q)
+    parts: list[str] = []
+    values: list[str] = []
+    for word in words:
+        values.append(word)
+        parts.append(f"plainto_tsquery('simple', ${first + len(values) - 1})")
+    for run in runs:
+        if len(run) == 1:
+            values.append(run)
+            parts.append(f"to_tsquery('simple', ${first + len(values) - 1} || ':*')")
+        else:
+            values.append(" ".join(run[i : i + 2] for i in range(len(run) - 1)))
+            parts.append(f"phraseto_tsquery('simple', ${first + len(values) - 1})")
+    if not parts:
+        return None
+    return "(" + " && ".join(parts) + ")", values
+
+
+def _columns(rows: list[Row]) -> list[list[Any]]:
+    """The batch as the INSERT's arrays (the last one the text handed to the parser)."""
+    columns: list[list[Any]] = [[] for _ in range(9)]
+    for run_id, seq, key, agent_id, role, timestamp, tool, content in rows:
+        for column, value in zip(
+            columns,
+            (run_id, seq, key, agent_id, role, timestamp, bool(tool), content, index_text(content)),
+            strict=True,
+        ):
+            column.append(value)
+    return columns
+
+
+class PgHistoryIndex:
+    """The interface of ``sessions.files.history.HistoryIndex`` that the daemon, the session tools
+    and the history routes use, on the ``history`` table."""
+
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH) -> None:
+        self.pool = pool
+        self.max_batch = max_batch
+        self.stats = HistoryStats()
+        self._pending: list[Row] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self) -> bool:
+        """Start the batch writer; True when the index is empty but messages are stored (then
+        ``rebuild_history`` fills it), as the files index says it was created."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="pg-history-index")
+        with unavailable("nothing"):
+            empty = await self.pool.fetchval("SELECT NOT EXISTS (SELECT 1 FROM history)")
+            stored = await self.pool.fetchval("SELECT EXISTS (SELECT 1 FROM messages)")
+        return bool(empty and stored)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.flush(), timeout=5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def feed(self, run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> None:
+        row = row_values(run_id, key, agent_id, record)
+        if row is None or self._task is None:
+            return
+        if len(self._pending) >= MAX_PENDING:
+            return  # the database has been away long: catch-up at the next start indexes these
+        self._pending.append(row)
+        self._idle.clear()
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Wait until every fed row is written."""
+        if self._task is None:
+            return
+        await self._idle.wait()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(BATCH_WAIT_S)
+            while self._pending:
+                batch = self._pending[: self.max_batch]
+                try:
+                    await self.insert(batch)
+                except Exception as exc:  # the database away: keep the rows, try again
+                    log.warning("history index batch of %d row(s) failed (%s): retrying", len(batch), exc)
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                del self._pending[: len(batch)]
+            self._idle.set()
+
+    async def insert(self, rows: list[Row]) -> int:
+        if not rows:
+            return 0
+        with unavailable("the history rows"):
+            status = await self.pool.execute(_INSERT, *_columns(rows))
+        inserted = int(status.split()[-1])
+        self.stats.indexed += inserted
+        self.stats.batches += 1
+        return inserted
+
+    async def delete_runs(self, run_ids: Iterable[str]) -> int:
+        ids = list(run_ids)
+        with unavailable("nothing"):
+            status = await self.pool.execute("DELETE FROM history WHERE run_id = ANY($1::text[])", ids)
+        deleted = int(status.split()[-1])
+        self.stats.deleted += deleted
+        return deleted
+
+    async def delete_key(self, key: str) -> int:
+        with unavailable("nothing"):
+            status = await self.pool.execute("DELETE FROM history WHERE session_key = $1", key)
+        deleted = int(status.split()[-1])
+        self.stats.deleted += deleted
+        return deleted
+
+    async def scrub(self) -> None:
+        """Deleted rows are gone from every query at commit; VACUUM then frees their space."""
+        with unavailable("nothing"):
+            await self.pool.execute("VACUUM history")
+
+    async def catch_up(self) -> int:
+        """Index every stored message the index lacks; the number of rows added."""
+        with unavailable("nothing"):
+            stored = await self.pool.fetch(_UNINDEXED)
+        rows = [r for r in (row_values(s[0], s[1], s[2], json.loads(s[3])) for s in stored) if r is not None]
+        added = 0
+        for start in range(0, len(rows), self.max_batch):
+            added += await self.insert(rows[start : start + self.max_batch])
+        return added
+
+    async def rebuild(self) -> int:
+        """Empty the index and index every stored message again."""
+        with unavailable("nothing"):
+            await self.pool.execute("DELETE FROM history")
+        self.stats.rebuilt_runs += 1
+        return await self.catch_up()
+
+    async def check(self, *, fix: bool) -> list[dict[str, Any]]:
+        """The doctor's findings on the index: rows of no stored message, stored messages it lacks."""
+        findings: list[dict[str, Any]] = []
+        with contextlib.suppress(TimeoutError):  # rows in flight are not holes (a database away: they are)
+            await asyncio.wait_for(self.flush(), timeout=FLUSH_WAIT_S)
+        with unavailable("nothing"):
+            stale = int(await self.pool.fetchval(_STALE))
+            stored = await self.pool.fetch(_UNINDEXED)
+        lacking = [r for r in (row_values(s[0], s[1], s[2], json.loads(s[3])) for s in stored) if r is not None]
+        if stale:
+            if fix:
+                with unavailable("nothing"):
+                    await self.pool.execute(_DELETE_STALE)
+            findings.append(_finding("history_stale", f"{stale} index row(s) have no stored message",
+                                     "delete their index rows", fix))  # fmt: skip
+        if lacking:
+            if fix:
+                for start in range(0, len(lacking), self.max_batch):
+                    await self.insert(lacking[start : start + self.max_batch])
+            runs = len({row[0] for row in lacking})
+            findings.append(_finding("history_holes", f"{len(lacking)} message(s) of {runs} run(s) are missing"
+                                     " from the history index", "index them", fix))  # fmt: skip
+        return findings
+
+    async def search(self, query: HistoryQuery) -> list[HistoryHit]:
+        """Best first (``ts_rank``, then newest); the files index's filters."""
+        built = tsquery_sql(query.q, 1)
+        if built is None:
+            return []
+        tsquery, values = built
+        params: list[Any] = list(values)
+        clauses = ["h.body @@ q.q"]
+        for column, value in (("h.agent_id", query.agent), ("h.session_key", query.key), ("h.role", query.role)):
+            if value is not None:
+                params.append(value)
+                clauses.append(f"{column} = ${len(params)}")
+        if query.since is not None:
+            params.append(query.since)
+            clauses.append(f'h."timestamp" >= ${len(params)}')
+        if query.until is not None:
+            params.append(query.until)
+            clauses.append(f'h."timestamp" < ${len(params)}')
+        if query.keys is not None:
+            if not query.keys:
+                return []
+            params.append(sorted(query.keys))
+            clauses.append(f"h.session_key = ANY(${len(params)}::text[])")
+        params.extend([query.limit, query.offset])
+        sql = (
+            'SELECT h.session_key, h.run_id, h.seq, h.role, h."timestamp", h.content, h.agent_id, h.tool,'
+            f" ts_rank(h.body, q.q) AS score FROM history h, (SELECT {tsquery}) AS q(q) WHERE {' AND '.join(clauses)}"
+            f" ORDER BY score DESC, h.id DESC LIMIT ${len(params) - 1} OFFSET ${len(params)}"
+        )
+        with unavailable("nothing"):
+            rows = await self.pool.fetch(sql, *params)
+        return [
+            HistoryHit(
+                session_key=r[0],
+                run_id=r[1],
+                seq=int(r[2]),
+                role=r[3],
+                timestamp=r[4],
+                snippet=snippet(r[5], query.q),
+                score=round(float(r[8]), 4),
+                agent_id=r[6],
+                tool=bool(r[7]),
+            )
+            for r in rows
+        ]
+
+    async def count(self) -> int:
+        with unavailable("nothing"):
+            return int(await self.pool.fetchval("SELECT count(*) FROM history"))
+
+    async def seqs(self, run_id: str) -> set[int]:
+        with unavailable("nothing"):
+            return {int(r[0]) for r in await self.pool.fetch("SELECT seq FROM history WHERE run_id = $1", run_id)}
+
+    async def run_ids(self) -> set[str]:
+        with unavailable("nothing"):
+            return {r[0] for r in await self.pool.fetch("SELECT DISTINCT run_id FROM history")}
+
+
+def _finding(check: str, detail: str, fix: str, fixed: bool) -> dict[str, Any]:
+    return {"check": check, "severity": "warning", "detail": detail, "fix": fix, "fixed": fixed, "fixable": True}

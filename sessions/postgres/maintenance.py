@@ -1,0 +1,202 @@
+"""The PostgreSQL store's ``Maintenance`` capability, as far as it goes on a database: purge (every
+row of a key in one transaction, the history index rows with its runs, a tombstone without
+content), export, cleanup and the doctor (``sessions.postgres.doctor``)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from config.clock import iso, parse_iso
+from config.errors import BadRequest, SessionNotFound
+from config.settings import CleanupSettings
+from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
+from sessions.files.cleanup import DELIVERY_ID_DAYS, IDEMPOTENCY_DAYS
+from sessions.postgres.faults import unavailable
+from sessions.postgres.lifecycle import PgLifecycle
+from sessions.protocol import ArchiveStep, CompleteRun
+from sessions.records import StoredRecord
+
+log = logging.getLogger(__name__)
+
+# the tables with a session_key column besides runs (whose rows cascade to messages, the context,
+# summaries, archives, tool calls, plans and the history index)
+KEYED_TABLES = ("idempotency", "hook_deliveries", "openai_conversations", "openai_responses")
+
+
+class PgMaintenance(PgLifecycle):
+    async def purge(self, key: str, *, history: Any = None) -> StoredRecord:
+        """Erase ``key`` for good (``SessionNotFound`` when neither an entry nor a run of it exists);
+        the tombstone ``{session_key, deleted_at, runs, messages}``. ``history`` (the index) needs
+        nothing: its rows go with the runs. The caller holds the key's lock."""
+        with unavailable("nothing"):
+            rows = await self.pool.fetch("SELECT run_id, total_messages FROM runs WHERE session_key = $1", key)
+        if self.entry(key) is None and not rows:
+            raise SessionNotFound(f"no session or run with key {key!r}")
+        if self.active_run(key) is not None:
+            await self.complete(key, reason="purge", summarize=False)
+        stamp = iso(self.clock())
+        with unavailable("nothing"):
+            async with self.pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch("DELETE FROM runs WHERE session_key = $1 RETURNING run_id, total_messages", key)
+                for table in KEYED_TABLES:
+                    await conn.execute(f"DELETE FROM {table} WHERE session_key = $1", key)
+                await conn.execute("DELETE FROM entries WHERE key = $1", key)
+                run_ids: list[str | None] = [r["run_id"] for r in rows] or [None]
+                await conn.executemany(
+                    "INSERT INTO purge_tombstones (session_key, run_id, purged_at, reason)"
+                    " VALUES ($1, $2, $3, 'purge')",
+                    [(key, run_id, stamp) for run_id in run_ids],
+                )
+        self._entries.pop(key, None)
+        self._dirty.discard(key)
+        tombstone = {
+            "session_key": key,
+            "deleted_at": stamp,
+            "runs": len(rows),
+            "messages": sum(int(r["total_messages"] or 0) for r in rows),
+        }
+        log.info("purged session %s: %d run(s), %d message(s)", key, tombstone["runs"], tombstone["messages"])
+        return tombstone
+
+    async def tombstones(self, key: str | None = None) -> list[StoredRecord]:
+        sql = "SELECT session_key, run_id, purged_at FROM purge_tombstones"
+        with unavailable("nothing"):
+            rows = await (self.pool.fetch(sql + " WHERE session_key = $1 ORDER BY id", key) if key is not None
+                          else self.pool.fetch(sql + " ORDER BY id"))  # fmt: skip
+        return [dict(r) for r in rows]
+
+    # -- cleanup (the plan of sessions.cleanup_plan; an archive is the run's rows marked archived) --
+
+    async def cleanup(
+        self,
+        settings: CleanupSettings,
+        *,
+        now: datetime,
+        dry_run: bool,
+        complete: CompleteRun,
+        step: ArchiveStep | None = None,
+    ) -> list[StoredRecord]:
+        """The files backend's decisions (``plan_cleanup``) on the database: ``archive`` marks a
+        run's row archived (its rows stay, readable; no tar.gz on this backend), ``delete_archive``
+        deletes the run's rows (its messages, records and index rows with them); expired
+        idempotency and webhook delivery records are forgotten."""
+        with unavailable("nothing"):
+            rows = await self.pool.fetch(_FACTS)
+        runs, archived = [], []
+        for row in rows:
+            key = row["session_key"] or ""
+            entry = self.entry(key)
+            pinned = bool(row["pinned"]) or bool(entry and entry.pinned)
+            if row["archived_at"]:
+                archived.append(ArchiveFacts(row["run_id"], parse_iso(row["archived_at"]), key, pinned))
+                continue
+            last = entry.last_interaction_at if entry and entry.run_id == row["run_id"] else None
+            runs.append(
+                RunFacts(
+                    run_id=row["run_id"],
+                    session_key=key,
+                    chat_type=row["chat_type"] or "direct",
+                    status=row["status"],
+                    completed_at=_when(row["completed_at"]),
+                    last_interaction_at=_when(last or row["updated_at"] or row["created_at"]),
+                    pinned=pinned,
+                )
+            )
+        actions = plan_cleanup(runs, archived, settings, now)
+        if dry_run:
+            return [{**_describe(a), "done": False} for a in actions]
+        report: list[StoredRecord] = []
+        for action in actions:
+            if action.kind == "complete":
+                if action.session_key and self.active_run(action.session_key) is not None:
+                    await complete(action.session_key)
+            elif action.kind == "archive":
+                with unavailable("nothing"):
+                    await self.pool.execute(
+                        "UPDATE runs SET archived_at = $2 WHERE run_id = $1", action.run_id, iso(self.clock())
+                    )
+                if step is not None:
+                    step("recorded")
+            else:
+                with unavailable("nothing"):
+                    await self.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
+            report.append({**_describe(action), "done": True})
+        with unavailable("nothing"):
+            keys = await self.pool.execute(
+                "DELETE FROM idempotency WHERE created_at < $1", iso(now - timedelta(days=IDEMPOTENCY_DAYS))
+            )
+            hooks = await self.pool.execute(
+                "DELETE FROM hook_deliveries WHERE created_at < $1", iso(now - timedelta(days=DELIVERY_ID_DAYS))
+            )
+        trimmed = int(keys.split()[-1]) + int(hooks.split()[-1])
+        if trimmed:
+            log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
+        return report
+
+    # -- export: refused (its streams read run folders and archives) -------------------------------
+
+    async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[Any]:
+        raise BadRequest(
+            "exports read run folders and archives: not available with storage.backend: postgres yet;"
+            " read the runs through GET /v1/runs/{run_id}/messages instead"
+        )
+
+    # -- the doctor ---------------------------------------------------------------------------------
+
+    async def check(self, *, fix: bool) -> list[StoredRecord]:
+        """What can be checked on the database: seq gaps, one active run per key (also a
+        constraint), entries naming no active run.
+        Archives (tar.gz) and run folders are files-only: nothing to check here."""
+        findings: list[StoredRecord] = []
+        with unavailable("nothing"):
+            gaps = await self.pool.fetch(_GAPS)
+            doubled = await self.pool.fetch(_DOUBLED)
+        for row in gaps:
+            detail = f"run {row[0]} has {row[1]} message(s) but seqs up to {row[2]}: seqs are missing"
+            findings.append(_finding("seq_gaps", "error", detail, None, run_id=row[0], key=row[3]))
+        for row in doubled:
+            detail = f"key {row[0]} has {row[1]} active runs (the constraint runs_one_active_per_key is missing?)"
+            findings.append(_finding("active_runs", "error", detail, None, key=row[0]))
+        for entry in list(self._entries.values()):
+            if entry.run_id is not None and self.active_run(entry.key) is None:
+                detail = f"the entry of {entry.key} names run {entry.run_id}, which is not active"
+                if fix:
+                    entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
+                    await self.flush_entries(entry.key)
+                findings.append(_finding("entries", "warning", detail, "set the entry idle", key=entry.key, fixed=fix))
+        return findings
+
+
+_FACTS = (
+    "SELECT run_id, session_key, chat_type, status, completed_at, updated_at, created_at, pinned, archived_at"
+    " FROM runs ORDER BY created_at, run_id"
+)
+_GAPS = (
+    "SELECT m.run_id, count(*), max(m.seq), r.session_key FROM messages m JOIN runs r USING (run_id)"
+    " GROUP BY m.run_id, r.session_key HAVING count(*) <> max(m.seq)"
+)
+_DOUBLED = (
+    "SELECT session_key, count(*) FROM runs WHERE status IN ('running', 'paused')"
+    " GROUP BY session_key HAVING count(*) > 1"
+)
+
+
+def _when(text: str | None) -> datetime | None:
+    return parse_iso(text) if text else None
+
+
+def _describe(action: CleanupAction) -> StoredRecord:
+    return {"action": action.kind, "run_id": action.run_id, "session_key": action.session_key, "reason": action.reason}
+
+
+def _finding(
+    check: str, severity: str, detail: str, fix: str | None, *, run_id: str | None = None, key: str | None = None,
+    fixed: bool = False,
+) -> StoredRecord:  # fmt: skip
+    body: StoredRecord = {"check": check, "severity": severity, "detail": detail, "fix": fix}
+    for name, value in (("run_id", run_id), ("key", key)):
+        if value is not None:
+            body[name] = value
+    return body | {"fixed": fixed, "fixable": fix is not None}
