@@ -28,17 +28,29 @@ from sessions.protocol import ArchiveStep
 from sessions.store_hooks import StoreHooks as StoreHooks  # declared with the store: it takes them at open
 
 if TYPE_CHECKING:
-    from conversations.posts import ReplyBody
-    from conversations.turns import Post
-    from gateway.delivery import Delivery
+    from conversations.posts import Post, ReplyBody
     from sessions.records import RunState
 
 Event = dict[str, Any]
 BeforePost = Callable[["Post"], Awaitable[list[Event]]]
 BeforeAppend = Callable[["RunState", "Post", bool], Awaitable[list[Event]]]
 NextReset = Callable[[str], datetime | None]
-Deliver = Callable[[str, "ReplyBody"], Awaitable["Delivery"]]
+Deliver = Callable[[str, "ReplyBody"], Awaitable["Delivery"]]  # the Deliverer (gateway/delivery.py)
 ForgetRuns = Callable[[list[str]], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How one ``deliver_to`` went (``gateway/delivery.py`` POSTs it): delivered or not, after how
+    many attempts, and why not."""
+
+    url: str
+    delivered: bool
+    attempts: int
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "delivered": self.delivered, "attempts": self.attempts, "error": self.error}
 
 
 @dataclass(frozen=True)

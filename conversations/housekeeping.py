@@ -21,16 +21,16 @@ from config.errors import NeotaskError
 from config.settings import CronJob, Settings
 from conversations.commands import Commands, dispatch
 from conversations.hooks import SchedulingHooks
+from conversations.log_context import EVERY_ONE
 from conversations.turns import Conversations, Post
-from gateway.logs import EVERY_ONE
 from sessions.entries import SessionEntry
 from sessions.keys import cron_key, parse_key
 from sessions.protocol import Maintenance
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
 
 if TYPE_CHECKING:
+    from conversations.hooks import Delivery
     from conversations.posts import ReplyBody
-    from gateway.delivery import Delivery
 
 log = logging.getLogger(__name__)
 
