@@ -64,7 +64,7 @@ from sessions.records import (
 from sessions.rewrites import ContextChange
 
 if TYPE_CHECKING:  # the files backend's history index (SQLite FTS5) and export streams
-    from sessions.files.export import RunExport
+    from sessions.files.history_sources import RunExport
     from sessions.files.history import HistoryIndex
 
 RecordKind = Literal["summaries", "tools", "planning"]  # a run's records besides its messages
