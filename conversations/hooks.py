@@ -6,7 +6,6 @@ that fills them is the composition root, ``gateway/services.py``: it decides who
 
 | hook | who calls it | who fills it (in services.py) |
 |---|---|---|
-| ``StoreHooks.final_summarizer`` | the store's ``complete`` | ``Conversations.final_summary`` |
 | ``StoreHooks.listeners`` | every store event | the event hub, the transcript source |
 | ``StoreHooks.durable_listeners`` | an append once durable | the history index |
 | ``ConversationHooks.before_post`` | a message, before its lock | resets due on arrival (``Scheduling``) |

@@ -18,9 +18,8 @@ The daemon (``gateway/app.py``) opens it in one cleanup context; the offline CLI
 (``gateway/offline.py``) opens the same graph under the home lock with ``Parts(timers=False)``, so
 a reset, a compaction or a cron job run without a daemon goes through the same objects (final
 summary, memory flush, memory tools, delivery). Hooks are declared in ``conversations/hooks.py``; they
-are connected here and nowhere else. A hook that names an object built later (the store's final
-summarizer is ``Conversations.final_summary``; Conversations' ``before_post`` is
-``Scheduling.check_on_arrival``) is a closure over this function's locals, called only once
+are connected here and nowhere else. A hook that names an object built later (Conversations'
+``before_post`` is ``Scheduling.check_on_arrival``) is a closure over this function's locals, called only once
 everything is built.
 """
 
@@ -192,10 +191,6 @@ async def open_services(
             if history is not None and conversations is not None:
                 history.feed(run.run_id, run.key, run.agent_id, record)
 
-        async def final_summary(run: RunState, reason: str) -> str | None:
-            # None during the store's own recovery (a damaged run failed at open): no summary then
-            return None if conversations is None else await conversations.final_summary(run, reason)
-
         async def resets_due(post: Post) -> list[Event]:
             return [] if scheduling is None else await scheduling.check_on_arrival(post)
 
@@ -210,7 +205,6 @@ async def open_services(
             settings,
             clock=clock,
             hooks=StoreHooks(
-                final_summarizer=final_summary,
                 listeners=(on_event,),
                 durable_listeners=(feed,) if settings.history.enabled else (),
             ),
