@@ -9,6 +9,8 @@ one on slack_sdk (Socket Mode); ``channels/access.py`` decides who may talk in a
 
 ``channels/background.py`` is the one "stored → background turn → deliver" path, and
 ``channels/hooks.py`` the webhook intake on it (typed outcomes; the route renders them): the only
-modules here that import the engine (``conversations.turns``, ``gateway.delivery``, ``gateway.webhooks``).
+modules here that import the engine (``conversations.turns``); ``channels/webhooks.py`` maps a hook's
+payload to a session key and a message (templates, signatures; pure) and ``channels/delivery.py``
+POSTs an answer to a hook's ``deliver_to``.
 The gateway wires the connectors (``gateway/channel_intake.py``).
 """

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from channels.background import BackgroundTurns, Conversations, Deliver, Outcome, Post, TurnFailure
+from channels.delivery import Deliverer
+from channels.webhooks import plan
 from config.clock import Clock
 from config.errors import HookNotFound, HookSecretMissing
 from config.settings import HookMapping, Settings
-from gateway.delivery import Deliverer
-from gateway.webhooks import plan
 
 log = logging.getLogger(__name__)
 DELIVER_TIMEOUT_S = 10.0

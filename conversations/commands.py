@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from conversations.hooks import CommandHooks, NextReset
+from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
 from sessions.compactor import SummaryResult
 from sessions.records import RunState
@@ -270,14 +271,10 @@ class Commands:
                     else "Session reset. The next session starts with a summary of this one."
                 )
                 outcome = await self.answer_locked(call, text, run=run)
-                if inherit:
-                    await self.conv.memory_flush(run)
-                await self.store.complete(call.key, reason="new" if not inherit else "reset")
-                outcome.events.append({"type": "reset", "command": f"/{call.name}", "previous_run_id": run.run_id})
-                self.store.emit(
-                    "reset", run, reason="command", command=f"/{call.name}", previous_run_id=run.run_id, boundary=None
-                )
-                self.conv.metrics.resets.labels(word).inc()
+                how = RunEnd("command", store_reason="reset" if inherit else "new", flush=inherit,
+                             command=f"/{call.name}", counted=word)  # fmt: skip
+                _, event = await end_active_run(self.conv, call.key, how)
+                outcome.events.append(event)
             await self.store.set_inherit_next(call.key, inherit)
         if not call.args:
             return outcome

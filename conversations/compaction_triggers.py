@@ -115,6 +115,6 @@ class CompactionTriggers(Idempotency):
             log.warning("memory flush for run %s failed (%s); continuing", run.run_id, exc)
 
     async def final_summary(self, run: RunState, reason: str) -> str | None:
-        """The store's ``final_summarizer`` hook: the text of final_summary.txt."""
+        """The text of final_summary.txt, which ``conversations/run_end.py`` hands to the store."""
         result = await self.compactors[run.agent_id or "main"].final_summary(run, self.threshold(run.agent_id))
         return f"{result.text}\n\n(summarizer: {result.summarizer})\n"

@@ -6,7 +6,6 @@ that fills them is the composition root, ``gateway/services.py``: it decides who
 
 | hook | who calls it | who fills it (in services.py) |
 |---|---|---|
-| ``StoreHooks.final_summarizer`` | the store's ``complete`` | ``Conversations.final_summary`` |
 | ``StoreHooks.listeners`` | every store event | the event hub, the transcript source |
 | ``StoreHooks.durable_listeners`` | an append once durable | the history index |
 | ``ConversationHooks.before_post`` | a message, before its lock | resets due on arrival (``Scheduling``) |
@@ -28,17 +27,29 @@ from sessions.protocol import ArchiveStep
 from sessions.store_hooks import StoreHooks as StoreHooks  # declared with the store: it takes them at open
 
 if TYPE_CHECKING:
-    from conversations.posts import ReplyBody
-    from conversations.turns import Post
-    from gateway.delivery import Delivery
+    from conversations.posts import Post, ReplyBody
     from sessions.records import RunState
 
 Event = dict[str, Any]
 BeforePost = Callable[["Post"], Awaitable[list[Event]]]
 BeforeAppend = Callable[["RunState", "Post", bool], Awaitable[list[Event]]]
 NextReset = Callable[[str], datetime | None]
-Deliver = Callable[[str, "ReplyBody"], Awaitable["Delivery"]]
+Deliver = Callable[[str, "ReplyBody"], Awaitable["Delivery"]]  # the Deliverer (channels/delivery.py)
 ForgetRuns = Callable[[list[str]], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How one ``deliver_to`` went (``channels/delivery.py`` POSTs it): delivered or not, after how
+    many attempts, and why not."""
+
+    url: str
+    delivered: bool
+    attempts: int
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "delivered": self.delivered, "attempts": self.attempts, "error": self.error}
 
 
 @dataclass(frozen=True)

@@ -16,21 +16,22 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo
 
-from config.clock import Clock, iso, parse_iso
+from config.clock import Clock, parse_iso
 from config.errors import NeotaskError
 from config.settings import CronJob, Settings
 from conversations.commands import Commands, dispatch
 from conversations.hooks import SchedulingHooks
+from conversations.log_context import EVERY_ONE
+from conversations.run_end import RunEnd, end_active_run, end_run
 from conversations.turns import Conversations, Post
-from gateway.logs import EVERY_ONE
 from sessions.entries import SessionEntry
 from sessions.keys import cron_key, parse_key
 from sessions.protocol import Maintenance
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
 
 if TYPE_CHECKING:
+    from conversations.hooks import Delivery
     from conversations.posts import ReplyBody
-    from gateway.delivery import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -127,15 +128,9 @@ class Scheduling:
             run = self.store.active_run(key)
             if run is None or again is None or not again.due:
                 return None
-            await self.conv.memory_flush(run)
             reason = again.reason or "daily"
-            await self.store.complete(key, reason=f"reset:{reason}")
-            if again.boundary is not None:
-                await self.store.set_reset_boundary(key, iso(again.boundary))
-        self.conv.metrics.resets.labels(reason).inc()
-        event = {"type": "reset", "reason": reason, "previous_run_id": run.run_id,
-                 "boundary": iso(again.boundary) if again.boundary else None}  # fmt: skip
-        self.store.emit("reset", run, reason=reason, boundary=event["boundary"])
+            how = RunEnd(reason, store_reason=f"reset:{reason}", flush=True, boundary=again.boundary, counted=reason)
+            _, event = await end_active_run(self.conv, key, how)
         log.info("reset %s (%s): run %s completed; the next message opens its new run", key, reason, run.run_id,
                  extra=EVERY_ONE)  # fmt: skip
         return event
@@ -185,8 +180,7 @@ class Scheduling:
     async def cleanup(self, *, dry_run: bool = False) -> list[dict[str, Any]]:
         async def complete(key: str) -> None:
             async with self.conv.exclusive(key):
-                if self.store.active_run(key) is not None:
-                    await self.store.complete(key, reason="cleanup")
+                await end_run(self.conv, key, RunEnd("cleanup"))
 
         report = await self.storage.cleanup(
             self.settings.cleanup,
@@ -208,8 +202,7 @@ class Scheduling:
         key = replace(key, agent_id=job.agent)
         if job.isolated and self.store.active_run(key.raw) is not None:
             async with self.conv.exclusive(key.raw):
-                if self.store.active_run(key.raw) is not None:
-                    await self.store.complete(key.raw, reason="cron")
+                await end_run(self.conv, key.raw, RunEnd("cron"))
         if job.isolated and not job.inherit:  # this firing starts clean (cron.jobs[].inherit: false)
             await self.store.set_inherit_next(key.raw, False)
         post = Post(key=key, role="user", content=job.message, user_activity=False, name="cron")
@@ -223,8 +216,7 @@ class Scheduling:
             return CronOutcome(job.id, key.raw, "failed", error=f"{type(exc).__name__}: {exc}")
         if job.isolated:
             async with self.conv.exclusive(key.raw):
-                if self.store.active_run(key.raw) is not None:
-                    await self.store.complete(key.raw, reason="cron")
+                await end_run(self.conv, key.raw, RunEnd("cron"))
         body = outcome.body()
         delivery = None
         if job.deliver_to and self.hooks.deliver is not None:

@@ -24,7 +24,7 @@ from config.errors import Busy
 from config.settings import QueueMode
 
 if TYPE_CHECKING:
-    from conversations.turns import DeltaFn, Outcome, TurnOptions
+    from conversations.posts import DeltaFn, Outcome, TurnOptions
     from sessions.records import RunState
 
 QUEUE_MODES: tuple[str, ...] = get_args(QueueMode)

@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable
 
 from config.errors import ProviderFailure, ShuttingDown
+from conversations import log_context
 from conversations.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
 from conversations.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
+from conversations.log_context import EVERY_ONE
 from conversations.model_turn import ModelTurns, provider_failure, stored_failure
 from conversations.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
 from conversations.provider import ProviderError
 from conversations.queueing import Batch
-from gateway import log_json
-from gateway.logs import EVERY_ONE
 from sessions.inheritance import find_inheritance
 from sessions.records import NewMessage, RunState, TaskKey
 
@@ -84,7 +84,7 @@ class Conversations(ModelTurns):
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None = None
     ) -> Outcome:
         key = post.key.raw
-        log_json.bind_turn(key, post.key.agent_id)  # the log lines of this message name them
+        log_context.bind_turn(key, post.key.agent_id)  # the log lines of this message name them
         turn = self.needs_turn(post)
         if self.closing:
             raise ShuttingDown("the gateway is shutting down; nothing was stored, send later")
@@ -119,7 +119,7 @@ class Conversations(ModelTurns):
             await self.store.finish_append(run, message, record, durable)
         self.metrics.message_stored(post.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
-        log_json.RUN_ID.set(run.run_id)
+        log_context.RUN_ID.set(run.run_id)
         if post.client_message_id is not None and post.id_scope == "key":
             await self.remember(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
         if on_stored is not None:
@@ -220,7 +220,7 @@ class Conversations(ModelTurns):
             fields = {k: v for k, v in event.items() if k not in ("type", "run_id")}
             self.store.emit("inheritance", run, **fields)  # run_id: the new run; from_run_id: the earlier
         await self.store.set_inherit_next(key.raw, True)
-        log_json.RUN_ID.set(run.run_id)  # this line and the message's next ones name the new run
+        log_context.RUN_ID.set(run.run_id)  # this line and the message's next ones name the new run
         log.info("%s: new run %s (%s)", key.raw, run.run_id,
                  f"inherits run {found.run_id}" if found else "inherits nothing", extra=EVERY_ONE)  # fmt: skip
         return run

@@ -26,24 +26,13 @@ from backups.errors import BackupRunning
 from config.clock import Clock, iso
 from config.errors import Unavailable
 from config.loader import LoadedConfig
+from gateway.places import memory_uri, version, workspaces
 from memory import MemoryService
 from sessions.files.layout import Home
 from sessions.files.store import SessionStore
 from sessions.protocol import StoreProtocol
 
 log = logging.getLogger(__name__)
-
-
-def workspaces(config: LoadedConfig) -> dict[str, Path]:
-    from gateway.services import workspaces as of_config
-
-    return of_config(config)
-
-
-def memory_uri(config: LoadedConfig) -> Path:
-    from gateway.services import memory_uri as of_config
-
-    return of_config(config)
 
 
 def _inside(path: Path, root: Path) -> Path | None:
@@ -84,12 +73,6 @@ def stage_memory(config: LoadedConfig, home: Home, target: Home, notes: dict[str
         notes["skipped"].append(f"memory index {uri} is outside the home (rebuilt from the workspaces if missing)")
         return
     notes["memory_files"] = stage.copy_lance(uri, target.root / rel)
-
-
-def version() -> str:
-    from gateway.daemon import version as of_package
-
-    return of_package()
 
 
 def _meta(config: LoadedConfig, mode: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from gateway.tables import table as _table
 from sessions.files.damage import EXIT_STATE
 
 if TYPE_CHECKING:
-    from gateway.cli import Context
+    from gateway.cli_context import Context
 
 EXIT_OK = exits.OK
 EXIT_ERROR = exits.FAILED

@@ -18,7 +18,7 @@ from config.clock import iso, system_clock
 from gateway import exits, offline
 
 if TYPE_CHECKING:
-    from gateway.cli import Context
+    from gateway.cli_context import Context
 
 BACKUP_TIMEOUT_S = 3600.0
 

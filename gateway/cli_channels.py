@@ -16,7 +16,7 @@ from gateway import offline
 from gateway.tables import table
 
 if TYPE_CHECKING:
-    from gateway.cli import Context
+    from gateway.cli_context import Context
 
 
 def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None:

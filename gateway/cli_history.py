@@ -32,7 +32,7 @@ from sessions.keys import parse_key
 from sessions.protocol import StoreProtocol
 
 if TYPE_CHECKING:
-    from gateway.cli import Context
+    from gateway.cli_context import Context
 
 _MARK = re.compile(r"</?mark>")
 

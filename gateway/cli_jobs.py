@@ -16,7 +16,7 @@ from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
 
 if TYPE_CHECKING:
-    from gateway.cli import Context
+    from gateway.cli_context import Context
 
 REINDEX_TIMEOUT_S = 3600.0  # a forced reindex of a large memory takes a while; the bar shows it moving
 PROGRESS_POLL_S = 0.2

@@ -21,7 +21,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
 from gateway.log_json import ContextFilter, JsonFormatter
 from gateway.logs import RepeatFilter, file_handler, reopen
+from gateway.places import version
 from gateway.runner import JsonErrorsAppRunner
 from sessions.backends import describe_backend
 from sessions.files.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
@@ -51,13 +51,6 @@ EXIT_REFUSED = exits.CONFIG  # a public address without tokens: the configuratio
 CLEANUP_RESERVE_S = 2.0  # of gateway.shutdown_timeout_s, kept for closing the store after requests
 WATCHDOG_MARGIN_S = 0.25  # the process is forced out this long before gateway.shutdown_timeout_s
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def version() -> str:
-    try:
-        return metadata.version("neotask")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def is_loopback(host: str) -> bool:

@@ -2,36 +2,24 @@
 with ``time``, ``level``, ``logger``, ``message`` and, where known, the ``request_id``,
 ``session_key``, ``run_id`` and ``agent`` of the request or turn that logged it (null otherwise).
 
-The ids live in context variables: the front middleware binds the request id (and clears all
-four when the request is done: a keep-alive connection serves its next request in the same task),
-the turn code binds the session key, agent and run id. :class:`ContextFilter` copies them onto
+The ids live in context variables (``conversations/log_context.py``, the engine binds them too):
+the front middleware binds the request id (and clears all four when the request is done: a
+keep-alive connection serves its next request in the same task), the turn code binds the session
+key, agent and run id. :class:`ContextFilter` copies them onto
 each record where it is logged (the formatting happens later, on the log thread, in another
 context)."""
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 from datetime import UTC, datetime
 
-REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
-SESSION_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("session_key", default=None)
-RUN_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("run_id", default=None)
-AGENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("agent", default=None)
-FIELDS = {"request_id": REQUEST_ID, "session_key": SESSION_KEY, "run_id": RUN_ID, "agent": AGENT}
+from conversations.log_context import AGENT, FIELDS, REQUEST_ID, RUN_ID, SESSION_KEY, bind_turn, clear
 
-
-def clear() -> None:
-    for var in FIELDS.values():
-        var.set(None)
-
-
-def bind_turn(key: str, agent: str | None, run_id: str | None = None) -> None:
-    SESSION_KEY.set(key)
-    AGENT.set(agent)
-    if run_id is not None:
-        RUN_ID.set(run_id)
+__all__ = [  # the context variables stay importable from here (the front middleware sets them)
+    "AGENT", "FIELDS", "REQUEST_ID", "RUN_ID", "SESSION_KEY", "ContextFilter", "JsonFormatter", "bind_turn", "clear"
+]  # fmt: skip
 
 
 class ContextFilter(logging.Filter):

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from config.settings import LoggingSettings
+from conversations.log_context import EACH
 
 MAX_KEYS = 1024  # distinct lines tracked at once; older ones are forgotten first
-EACH = "each"  # ``log.info(..., extra=EVERY_ONE)``: a record about one thing (a key's reset) is never a repeat
-EVERY_ONE = {EACH: True}
 
 
 class RepeatFilter(logging.Filter):

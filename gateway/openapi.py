@@ -261,8 +261,3 @@ INFO = (
     "it is the error's `request_id` and names the gateway's log lines of that request."
 )
 
-
-if __name__ == "__main__":  # python -m gateway.openapi > the table of docs/errors.md
-    import gateway.app  # noqa: F401  (every route module and error class loaded)
-
-    print(errors_markdown(), end="")

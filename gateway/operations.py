@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from config.errors import BadRequest
 from conversations.commands import Commands, dispatch
 from conversations.housekeeping import CronOutcome
+from conversations.run_end import RunEnd, end_run
 from conversations.turns import Conversations, Outcome, Post
 from gateway.views import session_view
 from sessions.entries import SessionEntry
@@ -119,7 +120,9 @@ async def delete_session(conv: Conversations, key: str) -> dict[str, Any]:
     conv.store.require_entry(key)
     conv.stop_turn(key)
     async with conv.exclusive(key):
-        completed = await conv.store.delete(key)
+        ended = await end_run(conv, key, RunEnd("delete"))
+        await conv.store.delete(key)
+    completed = ended[0].run_id if ended is not None else None
     return {"session_key": key, "deleted": True, "completed_run_id": completed}
 
 

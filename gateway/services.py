@@ -18,9 +18,8 @@ The daemon (``gateway/app.py``) opens it in one cleanup context; the offline CLI
 (``gateway/offline.py``) opens the same graph under the home lock with ``Parts(timers=False)``, so
 a reset, a compaction or a cron job run without a daemon goes through the same objects (final
 summary, memory flush, memory tools, delivery). Hooks are declared in ``conversations/hooks.py``; they
-are connected here and nowhere else. A hook that names an object built later (the store's final
-summarizer is ``Conversations.final_summary``; Conversations' ``before_post`` is
-``Scheduling.check_on_arrival``) is a closure over this function's locals, called only once
+are connected here and nowhere else. A hook that names an object built later (Conversations'
+``before_post`` is ``Scheduling.check_on_arrival``) is a closure over this function's locals, called only once
 everything is built.
 """
 
@@ -31,12 +30,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import aiohttp
 
+from channels.delivery import Deliverer, Delivery
 from channels.hooks import Webhooks
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
@@ -57,9 +56,9 @@ from conversations.turns import Conversations, Post
 from gateway.backups import Backups
 from gateway.channel_intake import ChannelIntake
 from gateway.crashpoints import crash_step, openai_crash_step
-from gateway.delivery import Deliverer, Delivery
 from gateway.disk_budget import DiskBudget
 from gateway.openai_compat.service import OpenAICompat
+from gateway.places import memory_uri, workspaces
 from gateway.validation import check_config
 from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
@@ -83,19 +82,6 @@ class Parts:
     memory: bool = True
     timers: bool = True
     channels: bool | None = None  # run the chat connectors; None: with the timers (the daemon)
-
-
-def workspaces(config: LoadedConfig) -> dict[str, Path]:
-    home: Path = config.home
-    return {
-        agent_id: Path(agent.workspace).expanduser() if agent.workspace else home / "workspaces" / agent_id
-        for agent_id, agent in config.settings.agents.items()
-    }
-
-
-def memory_uri(config: LoadedConfig) -> Path:
-    uri = config.settings.memory.uri
-    return Path(uri).expanduser() if uri else config.home / "memory.lance"
 
 
 def memory_service(
@@ -194,10 +180,6 @@ async def open_services(
             if history is not None and conversations is not None:
                 history.feed(run.run_id, run.key, run.agent_id, record)
 
-        async def final_summary(run: RunState, reason: str) -> str | None:
-            # None during the store's own recovery (a damaged run failed at open): no summary then
-            return None if conversations is None else await conversations.final_summary(run, reason)
-
         async def resets_due(post: Post) -> list[Event]:
             return [] if scheduling is None else await scheduling.check_on_arrival(post)
 
@@ -213,7 +195,6 @@ async def open_services(
             clock=clock,
             environ=env,
             hooks=StoreHooks(
-                final_summarizer=final_summary,
                 listeners=(on_event,),
                 durable_listeners=(feed,) if settings.history.enabled else (),
             ),

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from channels.webhooks import TemplateError, check_mapping
 from config.errors import ConfigError
 from config.loader import LoadedConfig
 from gateway import eventloop
-from gateway.webhooks import TemplateError, check_mapping
 
 REDACTED = "***"
 

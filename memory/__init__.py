@@ -56,13 +56,13 @@ Embedders (``memory.embedders``): ``Embedder`` protocol, ``SentenceTransformerEm
 that knows its script), ``build_embedder(settings.memory.embedding)``.
 """
 
+from memory.embedder_choice import build_embedder
 from memory.embedders import (
     Embedder,
     EmbedderIdentity,
     OpenAIEmbedder,
     SentenceTransformerEmbedder,
     UniversalSentenceEncoderEmbedder,
-    build_embedder,
 )
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.service import MemoryService

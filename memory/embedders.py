@@ -17,7 +17,7 @@ import asyncio
 import copy
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,6 @@ import numpy as np
 import numpy.typing as npt
 
 from config.errors import ConfigError, EmbeddingError, MemoryNotReady
-from config.settings import EmbeddingSettings
 from memory.chunking import estimate_tokens
 from memory.loading import ModelLoader
 
@@ -450,46 +449,3 @@ class OpenAIEmbedder:
 
     async def close(self) -> None:
         await self._client.close()
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = None) -> Embedder:
-    """The embedder ``memory.embedding`` describes (not started).
-
-    ``env`` is the environment the caller was started with (the daemon's and the CLI's): the API
-    key is ``env[settings.api_key_env]`` and ``HF_HUB_OFFLINE`` (1/true/yes/on) keeps a named
-    sentence-transformers model off the hub. Nothing is read from ``os.environ``: without ``env``
-    there is no key and no offline flag."""
-    env = env or {}
-    if settings.provider == "openai":
-        if not settings.model:
-            raise ConfigError("memory.embedding.model is required when memory.embedding.provider is openai")
-        return OpenAIEmbedder(
-            model=settings.model,
-            base_url=settings.base_url,
-            api_key=env.get(settings.api_key_env) or None,
-            dimensions=settings.dimensions,
-            batch_size=settings.batch_size,
-        )
-    if settings.provider == "auto":
-        if settings.model:
-            raise ConfigError(
-                "memory.embedding.model must be null when memory.embedding.provider is auto "
-                "(it uses the two packaged models); set provider: sentence-transformers to use another model"
-            )
-        from memory.routed import RoutedEmbedder
-
-        return RoutedEmbedder(batch_size=settings.batch_size)
-    if settings.provider == "universal-sentence-encoder":
-        if settings.model:
-            raise ConfigError(
-                "memory.embedding.model must be null when memory.embedding.provider is universal-sentence-encoder "
-                "(the package ships one model)"
-            )
-        return UniversalSentenceEncoderEmbedder(batch_size=settings.batch_size)
-    return SentenceTransformerEmbedder(
-        settings.model, batch_size=min(settings.batch_size, 32), offline=_truthy(env.get("HF_HUB_OFFLINE"))
-    )

@@ -17,7 +17,8 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownAgent
 from config.settings import MemorySettings
 from memory import scopes, sources
-from memory.embedders import Embedder, build_embedder, is_multilingual
+from memory.embedder_choice import build_embedder
+from memory.embedders import Embedder, is_multilingual
 from memory.fusion import (
     Candidate,
     FusionParams,
@@ -42,7 +43,7 @@ class MemoryService:
     ``workspaces`` maps agent id → workspace folder (``MEMORY.md``, ``memory/**/*.md``).
     ``uri`` is the LanceDB folder (``memory.uri``). ``embedder`` defaults to the one
     ``settings.embedding`` describes, built with ``env`` (the caller's environment: the API key
-    and the offline flag, see :func:`memory.embedders.build_embedder`; None: an empty one); an
+    and the offline flag, see :func:`memory.embedder_choice.build_embedder`; None: an empty one); an
     embedder passed in is not closed by :meth:`close`.
 
     ``background`` false (a short-lived CLI command): no indexing, watching or sweeping; the index

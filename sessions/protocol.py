@@ -64,8 +64,8 @@ from sessions.records import (
 from sessions.rewrites import ContextChange
 
 if TYPE_CHECKING:  # the files backend's history index (SQLite FTS5) and export streams
-    from sessions.files.export import RunExport
     from sessions.files.history import HistoryIndex
+    from sessions.files.history_sources import RunExport
 
 RecordKind = Literal["summaries", "tools", "planning"]  # a run's records besides its messages
 CompleteRun = Callable[[str], Awaitable[None]]  # cleanup completes a stale run of a key through it
@@ -121,7 +121,13 @@ class RunStore(Protocol):
     async def pause(self, key: str) -> RunState: ...
     async def resume(self, key: str) -> RunState: ...
     async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True
+        self,
+        key: str,
+        *,
+        error: str | None = None,
+        reason: str = "complete",
+        summarize: bool = True,
+        final_summary: str | None = None,
     ) -> RunState: ...
     async def delete(self, key: str) -> str | None: ...
 

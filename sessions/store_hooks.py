@@ -14,18 +14,16 @@ from sessions.records import MessageRecord, RunState, StoreEvent
 Listener = Callable[[StoreEvent], object]
 DurableListener = Callable[[RunState, MessageRecord], object]
 RunHook = Callable[[RunState], Awaitable[None]]
-FinalSummarizer = Callable[[RunState, str], Awaitable[str | None]]
 
 
 @dataclass(frozen=True)
 class StoreHooks:
     """``listeners`` hear every event (lifecycle, message, compaction...); ``durable_listeners``
     hear each append once it is durable; ``completion_hooks`` run before a run completes (not on a
-    purge), ``stop_hooks`` before it pauses; ``final_summarizer`` gives the text kept as the run's
-    final summary (``None``: none is written)."""
+    purge), ``stop_hooks`` before it pauses. The final summary is no hook: the engine writes it
+    and hands the text to ``complete`` (``conversations/run_end.py``)."""
 
     listeners: tuple[Listener, ...] = ()
     durable_listeners: tuple[DurableListener, ...] = ()
     completion_hooks: Mapping[str, RunHook] = field(default_factory=dict)
     stop_hooks: Mapping[str, RunHook] = field(default_factory=dict)
-    final_summarizer: FinalSummarizer | None = None

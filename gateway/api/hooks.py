@@ -4,16 +4,27 @@ The route checks the hook, its secret and the signature of the raw body (GitHub'
 ``X-Hub-Signature-256``, or Standard Webhooks' timestamped ``webhook-signature``), parses the JSON,
 skips a delivery whose id or signature it has seen (``hook_deliveries`` in tasks.db: a captured body
 replayed with its delivery id dropped or changed carries the same signature), applies the mapping
-(``gateway.webhooks.plan``) and stores the message. It answers 202 as soon as the message is
+(``channels.webhooks.plan``) and stores the message. It answers 202 as soon as the message is
 durable; the model turn goes on in a background task that shutdown cancels, and its answer is
 POSTed to the hook's ``deliver_to``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from channels.hooks import Accepted, HookOutcome, Webhooks
+from channels.webhooks import (
+    STANDARD_ID,
+    STANDARD_SIGNATURE,
+    STANDARD_TIMESTAMP,
+    SignatureError,
+    sign,
+    verify,
+    verify_standard,
+)
 from config.errors import (
     HookNotFound,
     HookSecretMissing,
@@ -24,20 +35,15 @@ from config.errors import (
 )
 from config.settings import HookMapping
 from gateway.contract import NULLABLE_STR, STR, TURN_ERRORS, Answer, Param, operation
-from gateway.http import json_response, read_body
+from gateway.http import decode_json, json_response, read_body
 from gateway.keys import WEBHOOKS
-from gateway.webhooks import (
-    STANDARD_ID,
-    STANDARD_SIGNATURE,
-    STANDARD_TIMESTAMP,
-    SignatureError,
-    parse_payload,
-    sign,
-    verify,
-    verify_standard,
-)
 
 routes = web.RouteTableDef()
+
+
+def parse_payload(body: bytes, content_type: str) -> Any:
+    """The JSON value of a hook body; BadRequest ``invalid_body`` otherwise."""
+    return decode_json(body, content_type, hint=" (on GitHub, set the webhook's content type to application/json)")
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 DELIVERY_HEADER = "X-GitHub-Delivery"

@@ -12,6 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, SessionNotFound
 from conversations.commands import dispatch, parse_command
 from conversations.queueing import QUEUE_MODES
+from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Post
 from gateway import keys as K
 from gateway import operations
@@ -408,7 +409,7 @@ async def _lifecycle(request: web.Request, action: str) -> web.Response:
         elif action == "resume":
             run = await store.resume(key.raw)
         else:
-            run = await store.complete(key.raw, error=error, reason=action)
+            run, _ = await end_active_run(conv, key.raw, RunEnd(action, error=error))
     return json_response({"session_key": key.raw, "run_id": run.run_id, "status": run.status})
 
 

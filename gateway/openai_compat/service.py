@@ -29,6 +29,7 @@ from config.errors import (
     ResponseNotLatest,
 )
 from conversations.commands import Commands, dispatch
+from conversations.run_end import RunEnd, end_run
 from conversations.turns import Outcome, Post, TurnOptions
 from gateway.openai_compat import history
 from gateway.openai_compat.history import ChatMessage, Plan
@@ -292,11 +293,9 @@ class OpenAICompat:
         """A diverged conversation: complete the key's run; the next one starts from the client's
         history alone (no inherited summary: the client resends what it wants the agent to see)."""
         async with self.conv.exclusive(key):
-            run = self.store.active_run(key)
-            if run is not None:
-                await self.store.complete(key, reason="openai-diverged")
+            ended = await end_run(self.conv, key, RunEnd("openai-diverged"))
             await self.store.set_inherit_next(key, False)
-            return run.run_id if run is not None else None
+            return ended[0].run_id if ended is not None else None
 
     def _end_later(self, key: str) -> None:
         """A stateless call's run is completed after the answer went out, off the request's path,
@@ -306,8 +305,7 @@ class OpenAICompat:
         async def end() -> None:
             try:
                 async with self.conv.exclusive(key):
-                    if self.store.active_run(key) is not None:
-                        await self.store.complete(key, reason="openai-stateless", summarize=False)
+                    await end_run(self.conv, key, RunEnd("openai-stateless", summarize=False))
                     if self.store.entry(key) is not None:
                         await self.store.delete(key)
             except Exception:  # a background job has no caller to answer: log it

@@ -19,7 +19,7 @@ from config.settings import CleanupSettings
 from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
 from sessions.files import archive as archives
 from sessions.files.archive import Step
-from sessions.files.store import SessionStore
+from sessions.files.store_lifecycle import LifecycleStore
 
 log = logging.getLogger(__name__)
 CompleteFn = Callable[[str], Awaitable[None]]
@@ -29,7 +29,7 @@ def _when(text: str | None) -> datetime | None:
     return parse_iso(text) if text else None
 
 
-async def gather(store: SessionStore) -> tuple[list[RunFacts], list[ArchiveFacts]]:
+async def gather(store: LifecycleStore) -> tuple[list[RunFacts], list[ArchiveFacts]]:
     rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute("SELECT * FROM tasks")])
     runs, archives = [], []
     for row in rows:
@@ -61,7 +61,7 @@ def describe(action: CleanupAction) -> dict[str, Any]:
 
 
 async def run_cleanup(
-    store: SessionStore,
+    store: LifecycleStore,
     settings: CleanupSettings,
     *,
     now: datetime,
@@ -116,7 +116,7 @@ def _no_step(name: str) -> None:
     return None
 
 
-async def _unfinished(store: SessionStore) -> list[dict[str, Any]]:
+async def _unfinished(store: LifecycleStore) -> list[dict[str, Any]]:
     """Archives a crash left half done: recorded but the folder still there, or a folder moved
     aside and not yet removed."""
     rows = await store.ledger.execute(
@@ -137,7 +137,7 @@ async def _unfinished(store: SessionStore) -> list[dict[str, Any]]:
     return await asyncio.to_thread(scan)
 
 
-async def _finish(store: SessionStore, run_id: str) -> None:
+async def _finish(store: LifecycleStore, run_id: str) -> None:
     archive = store.home.archive_file(run_id)
     folder = store.home.run_dir(run_id, "completed")
 
@@ -150,7 +150,7 @@ async def _finish(store: SessionStore, run_id: str) -> None:
     await asyncio.to_thread(finish)
 
 
-async def _apply(store: SessionStore, action: CleanupAction, complete: CompleteFn, step: Step) -> None:
+async def _apply(store: LifecycleStore, action: CleanupAction, complete: CompleteFn, step: Step) -> None:
     if action.kind == "complete":
         if action.session_key and store.active_run(action.session_key) is not None:
             await complete(action.session_key)

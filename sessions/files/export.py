@@ -9,25 +9,21 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from config.errors import RunNotFound, SessionNotFound
 from sessions.files import archive, layout
 from sessions.files.history import RunSource, iter_run_messages, sources_from_rows
+from sessions.files.history_sources import RunExport
 from sessions.files.jsonl import read_records
 from sessions.files.layout import Home
-from sessions.files.store import SessionStore
+from sessions.files.store_lifecycle import LifecycleStore
+
+__all__ = ["ExportFormat", "RunExport", "export_lines", "jsonl_lines", "markdown_lines", "one_run", "runs_of_key"]
 
 ExportFormat = Literal["jsonl", "md"]
 RUN_FIELDS = ("uuid", "session_key", "agent_id", "chat_type", "channel", "status", "created_at", "completed_at",
               "parent_uuid", "archived_at")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class RunExport:
-    row: dict[str, Any]
-    source: RunSource
 
 
 def _side_records(source: RunSource) -> tuple[list[dict[str, Any]], str | None]:
@@ -140,7 +136,7 @@ def _sources(rows: list[dict[str, Any]], home: Home) -> list[RunExport]:
     return [RunExport(row, by_id[row["uuid"]]) for row in rows if row["uuid"] in by_id]
 
 
-async def runs_of_key(store: SessionStore, key: str) -> list[RunExport]:
+async def runs_of_key(store: LifecycleStore, key: str) -> list[RunExport]:
     """Every readable run of ``key``, oldest first (NotFound when the key has no run)."""
     sql = "SELECT * FROM tasks WHERE session_key = ? ORDER BY created_at, rowid"
     rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute(sql, (key,))])
@@ -149,7 +145,7 @@ async def runs_of_key(store: SessionStore, key: str) -> list[RunExport]:
     return await asyncio.to_thread(_sources, rows, store.home)
 
 
-async def one_run(store: SessionStore, run_id: str) -> RunExport:
+async def one_run(store: LifecycleStore, run_id: str) -> RunExport:
     row = await store.ledger.get_run(run_id)
     if row is None:
         raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from sessions.files.doctor import Finding
+from sessions.files.doctor_checks import Finding
 from sessions.files.history import (
     HistoryIndex,
     RunSource,

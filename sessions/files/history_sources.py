@@ -29,6 +29,14 @@ class RunSource:
     archive: Path | None = None
 
 
+@dataclass(frozen=True)
+class RunExport:
+    """A run to export: its tasks.db row and where its messages are (``sessions/files/export.py``)."""
+
+    row: dict[str, Any]
+    source: RunSource
+
+
 def iter_run_messages(source: RunSource) -> Iterator[dict[str, Any]]:
     """The messages.jsonl records of a run folder or an archive, streamed (blocking)."""
     if source.folder is not None:

@@ -22,7 +22,7 @@ from config.errors import SessionNotFound
 from sessions.files import layout
 from sessions.files.history import HistoryIndex
 from sessions.files.jsonl import fsync_dir
-from sessions.files.store import SessionStore
+from sessions.files.store_lifecycle import LifecycleStore
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def _remove_run_files(home: layout.Home, run_id: str) -> None:
         fsync_dir(archive.parent)
 
 
-async def purge_key(store: SessionStore, key: str, *, history: HistoryIndex | None) -> Tombstone:
+async def purge_key(store: LifecycleStore, key: str, *, history: HistoryIndex | None) -> Tombstone:
     """Erase ``key`` (NotFound when neither an entry nor a run of it exists)."""
     rows = await store.ledger.execute(lambda c: _key_rows(c, key))
     if store.entry(key) is None and not rows:
@@ -119,7 +119,7 @@ async def purge_key(store: SessionStore, key: str, *, history: HistoryIndex | No
     return tombstone
 
 
-async def tombstones(store: SessionStore, key: str | None = None) -> list[dict[str, Any]]:
+async def tombstones(store: LifecycleStore, key: str | None = None) -> list[dict[str, Any]]:
     def _read(conn: sqlite3.Connection) -> list[dict[str, Any]]:
         sql = "SELECT session_key, deleted_at, runs, messages FROM tombstones"
         params: tuple[Any, ...] = ()

@@ -33,11 +33,11 @@ from sessions.records import (
     counter_values,
     restore_counters,
 )
-from sessions.store_hooks import DurableListener, FinalSummarizer, Listener, RunHook, StoreHooks
+from sessions.store_hooks import DurableListener, Listener, RunHook, StoreHooks
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DurableListener", "FinalSummarizer", "Listener", "RunHook", "SessionStore", "StoreHooks"]
+__all__ = ["DurableListener", "Listener", "RunHook", "SessionStore", "StoreHooks"]
 
 NO_HOOKS = StoreHooks()
 
@@ -62,7 +62,6 @@ class SessionStore(MaintenanceStore):
         self.registry = registry
         self.completion_hooks = hooks.completion_hooks
         self.stop_hooks = hooks.stop_hooks
-        self.final_summarizer = hooks.final_summarizer
         self.listeners = hooks.listeners
         self.durable_listeners = hooks.durable_listeners  # (run, record) once durable
         self._runs: dict[str, RunState] = {}

@@ -21,7 +21,7 @@ from sessions.files.recovery import RecoveredRun
 from sessions.files.registry import SessionEntry, SessionRegistry
 from sessions.files.writer import AppendWriter
 from sessions.records import EventType, RunState, StoreEvent, copy_counters
-from sessions.store_hooks import DurableListener, FinalSummarizer, Listener, RunHook
+from sessions.store_hooks import DurableListener, Listener, RunHook
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,6 @@ class StoreBase:
     registry: SessionRegistry
     completion_hooks: Mapping[str, RunHook]  # the hooks given at open (``StoreHooks``)
     stop_hooks: Mapping[str, RunHook]
-    final_summarizer: FinalSummarizer | None
     listeners: tuple[Listener, ...]
     durable_listeners: tuple[DurableListener, ...]  # (run, record) once the append is durable
     recovered: list[RecoveredRun]

@@ -146,26 +146,26 @@ class LifecycleStore(AppendStore):
         return run
 
     async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True
+        self,
+        key: str,
+        *,
+        error: str | None = None,
+        reason: str = "complete",
+        summarize: bool = True,
+        final_summary: str | None = None,
     ) -> RunState:
         """Complete (or, with ``error``, fail) the key's active run: completion hooks, the final
-        summary, statistics, the move to completed/; the entry stays, idle, with ``run_id: null``.
-        ``summarize=False`` (a purge, a one-off run nothing inherits) runs no hook and writes no
-        final summary."""
+        summary it is given (``final_summary.txt``), statistics, the move to completed/; the entry
+        stays, idle, with ``run_id: null``. ``summarize=False`` (a purge, a one-off run nothing
+        inherits) runs no hook and writes no final summary."""
         run = self._require_active(key)
         run.closing = True
         status: RunStatus = "failed" if error is not None else "completed"
         for name, hook in list(self.completion_hooks.items()) if summarize else ():
             await _run_hook("completion", name, hook, run)
-        if self.final_summarizer is not None and summarize:
-            try:
-                text = await self.final_summarizer(run, reason)
-            except Exception:  # the run must still complete; the summary is best effort
-                log.exception("final summary of run %s failed", run.run_id)
-                text = None
-            if text is not None:
-                path = run.dir / layout.FINAL_SUMMARY
-                await self.writer.call(lambda: _write_text(path, text))
+        if final_summary is not None and summarize:
+            text, path = final_summary, run.dir / layout.FINAL_SUMMARY
+            await self.writer.call(lambda: _write_text(path, text))
         await self._record_deliveries(run)
         await self._move(run, "completed")
         now = iso(self.clock())

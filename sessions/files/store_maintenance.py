@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from config.settings import CleanupSettings
+from sessions.files.cleanup import run_cleanup
+from sessions.files.doctor_store import check_store
+from sessions.files.export import RunExport, one_run, runs_of_key
 from sessions.files.history import MAX_BATCH, HistoryIndex, catch_up, history_path, rebuild_all
+from sessions.files.history_doctor import check_index
 from sessions.files.history_marks import runs_on_disk
+from sessions.files.purge import purge_key
 from sessions.files.store_lifecycle import LifecycleStore
 from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
-
-if TYPE_CHECKING:  # export imports the store
-    from sessions.files.export import RunExport
 
 _ENDED_UNARCHIVED = (
     "SELECT uuid, session_key, agent_id FROM tasks WHERE archived_at IS NULL AND session_key IS NOT NULL"
@@ -44,16 +45,12 @@ class MaintenanceStore(LifecycleStore):
         await catch_up(index, runs)
 
     async def check_history(self, index: HistoryIndex, *, fix: bool) -> list[StoredRecord]:
-        from sessions.files.history_doctor import check_index  # it imports the doctor, which imports the store
-
         return [f.as_dict() for f in await check_index(index, self.ledger, self.home, fix=fix)]
 
     # -- Maintenance ------------------------------------------------------------------------------
 
     async def check(self, *, fix: bool) -> list[StoredRecord]:
-        from sessions.files.doctor import check_store  # the doctor imports the store
-
-        return [f.as_dict() for f in await check_store(self, fix=fix)]  # type: ignore[arg-type]
+        return [f.as_dict() for f in await check_store(self, fix=fix)]
 
     async def cleanup(
         self,
@@ -64,19 +61,13 @@ class MaintenanceStore(LifecycleStore):
         complete: CompleteRun,
         step: ArchiveStep | None = None,
     ) -> list[StoredRecord]:
-        from sessions.files.cleanup import run_cleanup  # cleanup imports the store
-
-        return await run_cleanup(self, settings, now=now, dry_run=dry_run, complete=complete, step=step)  # type: ignore[arg-type]
+        return await run_cleanup(self, settings, now=now, dry_run=dry_run, complete=complete, step=step)
 
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
-        from sessions.files.export import one_run, runs_of_key  # export imports the store
-
         if run_id is not None:
-            return [await one_run(self, run_id)]  # type: ignore[arg-type]
+            return [await one_run(self, run_id)]
         assert key is not None, "export_runs needs a key or a run id"
-        return await runs_of_key(self, key)  # type: ignore[arg-type]
+        return await runs_of_key(self, key)
 
     async def purge(self, key: str, *, history: HistoryIndex | None) -> StoredRecord:
-        from sessions.files.purge import purge_key  # purge imports the store
-
-        return (await purge_key(self, key, history=history)).as_dict()  # type: ignore[arg-type]
+        return (await purge_key(self, key, history=history)).as_dict()

@@ -203,22 +203,21 @@ class MemoryStore(MemoryReads, MemoryRecords):
         return run
 
     async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True
+        self,
+        key: str,
+        *,
+        error: str | None = None,
+        reason: str = "complete",
+        summarize: bool = True,
+        final_summary: str | None = None,
     ) -> RunState:
         run = self._require_active(key)
         run.closing = True
         status: RunStatus = "failed" if error is not None else "completed"
         for name, hook in list(self.hooks.completion_hooks.items()) if summarize else ():
             await _run_hook("completion", name, hook, run)
-        summarizer = self.hooks.final_summarizer
-        if summarizer is not None and summarize:
-            try:
-                text = await summarizer(run, reason)
-            except Exception:  # the run must still complete; the summary is best effort
-                log.exception("final summary of run %s failed", run.run_id)
-                text = None
-            if text is not None:
-                self.data.runs[run.run_id].final_summary = text
+        if final_summary is not None and summarize:
+            self.data.runs[run.run_id].final_summary = final_summary
         self.keep_deliveries(run)
         now = iso(self.clock())
         cast(dict[str, Any], self._row(run)).update(

@@ -140,27 +140,31 @@ class PgLifecycle(PgRecords):
             entry.status, entry.updated_at = after.status, after.updated_at
 
     async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True
+        self,
+        key: str,
+        *,
+        error: str | None = None,
+        reason: str = "complete",
+        summarize: bool = True,
+        final_summary: str | None = None,
     ) -> RunState:
+        """Complete (or fail) the key's run, keeping the final summary it is given (the engine's
+        ``conversations/run_end.py`` writes it; the store summarizes nothing)."""
         run = self._require_active(key)
         run.closing = True
         try:
-            return await self._complete(run, key, error, reason, summarize)
+            return await self._complete(run, key, error, reason, final_summary if summarize else None, summarize)
         except BaseException:
             if run.run_id in self._runs:
                 run.closing = False  # not completed: the run goes on
             raise
 
-    async def _complete(self, run: RunState, key: str, error: str | None, reason: str, summarize: bool) -> RunState:
+    async def _complete(
+        self, run: RunState, key: str, error: str | None, reason: str, text: str | None, summarize: bool
+    ) -> RunState:
         status: RunStatus = "failed" if error is not None else "completed"
         for name, hook in self.hooks.completion_hooks.items() if summarize else ():
             await _run_hook("completion", name, hook, run)
-        text = None
-        if self.hooks.final_summarizer is not None and summarize:
-            try:
-                text = await self.hooks.final_summarizer(run, reason)
-            except Exception:  # the run must still complete; the summary is best effort
-                log.exception("final summary of run %s failed", run.run_id)
         await self._settled(run)
         now = iso(self.clock())
         entry = self.entry(key)

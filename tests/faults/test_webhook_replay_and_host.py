@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.webhooks import sign, sign_standard
+from channels.webhooks import sign, sign_standard
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
 

@@ -13,11 +13,10 @@ from conversations.events import EventHub
 from conversations.metrics import Metrics
 from conversations.posts import Post
 from conversations.provider import ChatProvider
+from conversations.run_end import RunEnd, end_run
 from conversations.turns import Conversations
 from sessions.inmemory import MemoryData, MemoryStore
 from sessions.keys import parse_key
-from sessions.records import RunState
-from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.gateway.helpers import gateway_config
 from tests.support.openai_server import OpenAIServer
@@ -28,12 +27,7 @@ KEY = "agent:main:main"
 @pytest.fixture
 async def engine(openai_server: OpenAIServer, tmp_path: Path, clock: FakeClock) -> AsyncIterator[Conversations]:
     settings = gateway_config(tmp_path, base_url=openai_server.base_url).settings
-    conversations: Conversations | None = None
-
-    async def final_summary(run: RunState, reason: str) -> str | None:
-        return None if conversations is None else await conversations.final_summary(run, reason)
-
-    store = await MemoryStore.open(MemoryData(), clock=clock, hooks=StoreHooks(final_summarizer=final_summary))
+    store = await MemoryStore.open(MemoryData(), clock=clock)
     provider = ChatProvider(settings.agents["main"].model, api_key="test")
     conversations = Conversations(
         store, settings, providers={"main": provider}, hub=EventHub(), metrics=Metrics(), clock=clock
@@ -70,7 +64,8 @@ async def test_a_redelivery_is_answered_once(engine: Conversations, openai_serve
 async def test_the_next_run_inherits_the_final_summary(engine: Conversations) -> None:
     first = await engine.post(post("remember the code word tangerine"))
     assert first.run_id is not None
-    await engine.store.complete(KEY, reason="reset")
+    async with engine.exclusive(KEY):
+        await end_run(engine, KEY, RunEnd("command", store_reason="reset", command="/reset"))
     summary = await engine.store.read_final_summary(first.run_id)
     assert summary is not None and "tangerine" in summary
     second = await engine.post(post("what was the code word?"))

@@ -208,7 +208,7 @@ def test_docs_errors_md_is_the_table_of_the_classes() -> None:
     import gateway.app  # noqa: F401
 
     text = (Path(__file__).resolve().parents[2] / "docs/errors.md").read_text(encoding="utf-8")
-    assert text.endswith("\n\n" + openapi.errors_markdown()), "regenerate it: python -m gateway.openapi"
+    assert text.endswith("\n\n" + openapi.errors_markdown()), "regenerate it: python -m gateway.errors_table"
 
 
 async def test_each_published_limit_and_enum_is_the_one_the_handler_enforces(client: Client) -> None:

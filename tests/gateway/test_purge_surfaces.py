@@ -17,8 +17,8 @@ from urllib.parse import quote
 import pytest
 from aiohttp.test_utils import TestClient
 
+from channels.webhooks import sign
 from gateway import keys as K
-from gateway.webhooks import sign
 from tests.conftest import FakeClock
 from tests.gateway.helpers import Cli, make_app
 from tests.support.openai_server import OpenAIServer

@@ -28,7 +28,7 @@ async def test_without_timers_a_reset_writes_the_final_summary_and_its_events_re
         stored = await services.conversations.post(Post(key=key, role="user", content="the sky is teal"))
         outcome = await operations.run_command(services.commands, key, "/reset")
         assert any(e["type"] == "reset" and e["previous_run_id"] == stored.run_id for e in outcome.events)
-        # the store's final_summarizer hook is Conversations.final_summary (extractive without a model)
+        # run_end writes the final summary (Conversations.final_summary: extractive without a model)
         summary = tmp_path / "contexts" / "completed" / str(stored.run_id) / "final_summary.txt"
         assert "the sky is teal" in summary.read_text()
         entry = services.store.entry(key.raw)

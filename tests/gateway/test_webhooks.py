@@ -16,11 +16,11 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from channels.delivery import Deliverer
+from channels.webhooks import MissingPath, TemplateError, lookup, placeholders, plan, render, sign, text_of, verify
 from config.errors import BadRequest, ConfigError, InvalidKey
 from config.settings import HookMapping
-from gateway.delivery import Deliverer
 from gateway.keys import WEBHOOKS
-from gateway.webhooks import MissingPath, TemplateError, lookup, placeholders, plan, render, sign, text_of, verify
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
 from tests.support.openai_server import Hang, OpenAIServer, server_error

@@ -77,25 +77,24 @@ async def test_complete_with_an_error_fails_the_run(store: StoreProtocol) -> Non
     assert await store.list_runs(statuses=["completed"]) == []
 
 
-async def test_complete_runs_the_hooks_and_the_final_summarizer(harness: Harness) -> None:
+async def test_complete_runs_the_hooks_and_keeps_the_final_summary_it_is_given(harness: Harness) -> None:
     seen: list[tuple[str, Any]] = []
 
     async def hook(run: RunState) -> None:
         seen.append(("hook", run.run_id))
 
-    async def summarize(run: RunState, reason: str) -> str | None:
-        seen.append(("summary", reason))
-        return "what happened"
-
-    store = await harness.open(StoreHooks(completion_hooks={"test": hook}, final_summarizer=summarize))
+    store = await harness.open(StoreHooks(completion_hooks={"test": hook}))
     run = await start(store)
-    await store.complete(KEY, reason="reset")
-    assert seen == [("hook", run.run_id), ("summary", "reset")]
+    await store.complete(KEY, reason="reset", final_summary="what happened")
+    assert seen == [("hook", run.run_id)]
     assert await store.read_final_summary(run.run_id) == "what happened"
     seen.clear()
-    await start(store)
-    await store.complete(KEY, reason="purge", summarize=False)
-    assert seen == []
+    other = await start(store)
+    await store.complete(KEY, reason="purge", summarize=False, final_summary="not kept")
+    assert seen == [] and await store.read_final_summary(other.run_id) is None
+    third = await start(store)
+    await store.complete(KEY)  # given none, the store writes none
+    assert await store.read_final_summary(third.run_id) is None
 
 
 async def test_delete_removes_the_entry_and_keeps_the_runs(store: StoreProtocol) -> None:

@@ -25,7 +25,6 @@ from typing import Any
 
 from config.errors import BadRequest, InvalidKey
 from config.settings import HookMapping
-from gateway.http import decode_json
 from sessions.keys import SessionKey, escape_segment, hook_key, parse_key
 from sessions.records import TaskKey
 
@@ -185,11 +184,6 @@ def verify_standard(
 
 
 # -- payloads and plans -------------------------------------------------------------------------
-
-
-def parse_payload(body: bytes, content_type: str) -> Any:
-    """The JSON value of a hook body; BadRequest ``invalid_body`` otherwise."""
-    return decode_json(body, content_type, hint=" (on GitHub, set the webhook's content type to application/json)")
 
 
 @dataclass(frozen=True)

@@ -11,27 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from conversations.hooks import Delivery
+
+__all__ = ["Deliverer", "Delivery"]  # Delivery, the report, is the engine's (conversations/hooks.py)
+
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 425, 429})
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """How one ``deliver_to`` went: delivered or not, after how many attempts, and why not."""
-
-    url: str
-    delivered: bool
-    attempts: int
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "delivered": self.delivered, "attempts": self.attempts, "error": self.error}
 
 
 class Deliverer:
