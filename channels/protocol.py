@@ -128,7 +128,8 @@ class Connector(Protocol):
         """Whether the platform calls the gateway for this account (``receive``) instead of the
         connector fetching updates or holding a socket."""
 
-    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
+    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """One call from the platform: checked (its secret or signature), and answered once its
-        message is durable; raises otherwise (InvalidSignature, BadRequest, ChannelNotReady: the
+        message is durable (None: an empty 200, which is how a Slack slash command is only
+        acknowledged); raises otherwise (InvalidSignature, BadRequest, ChannelNotReady: the
         platform retries a call not answered 2xx)."""

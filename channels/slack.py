@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qsl
 
 from slack_bolt.adapter.socket_mode.async_internals import run_async_bolt_app, send_async_response
 from slack_bolt.app.async_app import AsyncApp
@@ -41,7 +42,7 @@ from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
 from config.channels import SlackAccount
 from config.clock import Clock, iso
-from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NeotaskError
+from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
@@ -89,6 +90,7 @@ class SlackConnector:
         self._bot_user: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._post: PostFn | None = None
+        self._commands: set[asyncio.Task[bool]] = set()  # slash commands over HTTP, acknowledged, being handed on
         self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify, noun="app")
         self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
         bolt_log = logging.getLogger(f"{__name__}.bolt")
@@ -145,7 +147,7 @@ class SlackConnector:
     def takes_calls(self) -> bool:
         return self.settings.mode == "events"
 
-    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
+    async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """One Events API call (``/hooks/slack/<account>``): the signature is checked (slack_sdk's
         verifier: ``v0`` HMAC of the timestamp and body, timestamp within 5 minutes); a
         ``url_verification`` is answered with its challenge; an event returns once it is durable
@@ -155,10 +157,13 @@ class SlackConnector:
                 "missing, wrong or stale X-Slack-Signature / X-Slack-Request-Timestamp: the calls are signed with"
                 f" the secret in {self.settings.signing_secret_env}"
             )
+        if str(headers.get("Content-Type", "")).startswith("application/x-www-form-urlencoded"):
+            self._command_call(body)
+            return None
         try:
             payload = json.loads(body)
         except ValueError:
-            raise BadRequest("the body is not JSON") from None
+            raise InvalidBody("the body is not JSON") from None
         if not isinstance(payload, dict):
             raise BadRequest("the body is not a JSON object")
         if payload.get("type") == "url_verification":
@@ -168,6 +173,23 @@ class SlackConnector:
         if payload.get("type") == "event_callback" and not await self._take(payload):
             raise ChannelNotReady("the event could not be stored now; Slack will retry")
         return {"ok": True}
+
+    def _command_call(self, body: bytes) -> None:
+        """A slash command over HTTP (form-encoded, to the same Request URL): acknowledged at once
+        with an empty 200, as over Socket Mode (Slack allows 3 s and never resends a command), then
+        handed on as its text; the answer goes through the outbox."""
+        form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        if "command" not in form:
+            raise InvalidBody("a form-encoded call that is not a slash command: Slack sends events as JSON")
+        if self._bot_user is None or self._post is None:
+            raise ChannelNotReady(f"slack account {self.account} is not connected yet; type the command again")
+        self.status.last_update_at = iso(self.clock())
+        message = slash_inbound(form, self.account, self.settings)
+        if isinstance(message, Skip):
+            raise BadRequest(f"not a slash command this app takes: {message.reason}")
+        task = asyncio.create_task(self._hand_on(message))
+        self._commands.add(task)
+        task.add_done_callback(self._commands.discard)
 
     async def _on_request(self, client: SocketModeClient, request: SocketModeRequest) -> None:
         if request.type == "slash_commands":
@@ -245,6 +267,9 @@ class SlackConnector:
             log.warning("slack account %s: notice to %s not sent: %s", self.account, target.chat_id, exc)
 
     async def stop(self) -> None:
+        for command in list(self._commands):  # a shutdown stops them before they are stored: as over Socket Mode
+            command.cancel()
+        await asyncio.gather(*self._commands, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

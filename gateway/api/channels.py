@@ -10,7 +10,7 @@ import dataclasses
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from config.errors import BadRequest, ChannelNotReady, InvalidSignature, NotFound, PairingCodeNotFound
+from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NotFound, PairingCodeNotFound
 from gateway import keys as K
 from gateway.contract import operation
 from gateway.http import json_response, parse_body, read_body
@@ -50,7 +50,7 @@ async def approve(request: web.Request) -> web.Response:
     "channels",
     "Telegram's calls for an account with `mode: webhook`: the `X-Telegram-Bot-Api-Secret-Token` header must be the "
     "account's secret; answered 200 once the update is durable (else an error, and Telegram retries).",
-    errors=(BadRequest, InvalidSignature, NotFound, ChannelNotReady),
+    errors=(BadRequest, InvalidBody, InvalidSignature, NotFound, ChannelNotReady),
 )
 async def telegram_webhook(request: web.Request) -> web.Response:
     return await _called(request, "telegram")
@@ -62,8 +62,9 @@ async def telegram_webhook(request: web.Request) -> web.Response:
     "channels",
     "Slack's calls for an account with `mode: events`, signed with the app's signing secret (`X-Slack-Signature`, "
     "`X-Slack-Request-Timestamp` within 5 minutes); `url_verification` is answered with its challenge; an event is "
-    "answered 200 once durable (else an error, and Slack retries).",
-    errors=(BadRequest, InvalidSignature, NotFound, ChannelNotReady),
+    "answered 200 once durable (else an error, and Slack retries); a slash command (form-encoded, to the same "
+    "Request URL) is acknowledged with an empty 200 and answered in the conversation it was typed in.",
+    errors=(BadRequest, InvalidBody, InvalidSignature, NotFound, ChannelNotReady),
 )
 async def slack_events(request: web.Request) -> web.Response:
     return await _called(request, "slack")
@@ -72,4 +73,5 @@ async def slack_events(request: web.Request) -> web.Response:
 async def _called(request: web.Request, channel: str) -> web.Response:
     connector = request.app[K.CHANNELS].called(channel, request.match_info["account"])
     body = await read_body(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
-    return json_response(await connector.receive(body, request.headers))
+    answer = await connector.receive(body, request.headers)
+    return web.Response(status=200) if answer is None else json_response(answer)

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
@@ -169,3 +170,37 @@ async def test_events_api_calls_are_verified_stored_once_and_answered(tmp_path: 
             lines = await session_lines(gw.url, "agent:main:main")
             assert [x["content"] for x in lines] == ["over http", "echo: over http"]
             assert not [c for c in slack.calls if c.method == "apps.connections.open"]  # no socket in events mode
+
+
+async def test_slash_commands_over_http_are_acknowledged_empty_and_answered_in_place(tmp_path: Path) -> None:
+    """Events API mode: Slack POSTs a slash command form-encoded to the same Request URL; the call is
+    checked by its signature, acknowledged with an empty 200, and the command's answer is posted in
+    the conversation it was typed in (the model not asked)."""
+    home = tmp_path / "home"
+    secret = "8f742231b10e8888abcd99yyyzzz85a5"
+    async with OpenAIServer() as model, SlackServer() as slack:
+        slack.add_app(BOT_TOKEN, APP_TOKEN)
+        events = {"bot_token_env": "SLACK_BOT_TOKEN", "api_base": slack.url, "mode": "events",
+                  "signing_secret_env": "SLACK_SIGNING_SECRET", "allow_from": ["U012AB3CD"]}  # fmt: skip
+        config = configure(tmp_path, model, slack)
+        data = yaml.safe_load(config.read_text())
+        data["channels"]["slack"]["accounts"] = {"http": events}
+        config.write_text(yaml.safe_dump(data))
+        async with daemon(home, "--config", str(config), env=child_env(SLACK_BOT_TOKEN=BOT_TOKEN,
+                          SLACK_SIGNING_SECRET=secret)) as gw, aiohttp.ClientSession() as http:  # fmt: skip
+            hook = f"{gw.url}/hooks/slack/http"
+            form = {"token": "x", "team_id": "T1", "channel_id": "D1", "user_id": "U012AB3CD", "user_name": "ann",
+                    "command": "/status", "text": "", "trigger_id": "13345224609.738474920.8088930838d88f008e0",
+                    "response_url": f"{slack.url}/respond/1"}  # fmt: skip
+            body = urlencode(form).encode()
+            form_headers = {**signed(body, secret), "Content-Type": "application/x-www-form-urlencoded"}
+            async with http.post(hook, data=body, headers={**form_headers, **signed(body, "wrong")}) as resp:
+                assert resp.status == 401  # signed like every call
+            async with http.post(hook, data=body, headers=form_headers) as resp:
+                assert resp.status == 200 and await resp.read() == b"", await resp.text()
+            await slack.wait_for(lambda: len(slack.posted("D1")) == 1)
+            assert "Tokens:" in slack.posted("D1")[0].params["text"] and not model.chat_requests
+            junk = urlencode({"text": "no command"}).encode()
+            async with http.post(hook, data=junk, headers={**signed(junk, secret),
+                                 "Content-Type": "application/x-www-form-urlencoded"}) as resp:  # fmt: skip
+                assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_body", await resp.text()
