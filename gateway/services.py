@@ -46,12 +46,12 @@ from gateway.crashpoints import crash_step, openai_crash_step
 from gateway.delivery import Deliverer, Delivery
 from gateway.disk_budget import DiskBudget
 from gateway.events import EventHub
+from gateway.fallbacks import ModelChain
 from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
 from gateway.memory_scope import scope_of_raw
 from gateway.metrics import Metrics
 from gateway.openai_compat.service import OpenAICompat
 from gateway.posts import ReplyBody
-from gateway.provider import ChatProvider
 from gateway.recall import MemoryBridge
 from gateway.scheduling import Scheduling
 from gateway.session_tools import SessionTools
@@ -131,7 +131,7 @@ class Services:
     host_zone: ZoneInfo
     hub: EventHub
     metrics: Metrics
-    providers: dict[str, ChatProvider]
+    providers: dict[str, ModelChain]
     store: SessionStore
     archives: Archives
     history: HistoryIndex | None
@@ -159,9 +159,10 @@ class Services:
             await self.transcripts.forget(agent_id, [r["uuid"] for r in runs if r.get("agent_id") == agent_id])
 
 
-def providers_for(config: LoadedConfig, env: Mapping[str, str]) -> dict[str, ChatProvider]:
+def providers_for(config: LoadedConfig, env: Mapping[str, str], clock: Clock = system_clock) -> dict[str, ModelChain]:
+    """Each agent's model and its fallbacks (``gateway/fallbacks.py``)."""
     return {
-        agent_id: ChatProvider(agent.model, api_key=env.get(agent.model.api_key_env))
+        agent_id: ModelChain(agent.model, env=env, clock=clock)
         for agent_id, agent in config.settings.agents.items()
         if agent.model.base_url
     }
@@ -186,7 +187,7 @@ async def open_services(
     async with contextlib.AsyncExitStack() as stack:
         hub = EventHub()
         metrics = Metrics()
-        providers = providers_for(config, env)
+        providers = providers_for(config, env, clock)
         stack.push_async_callback(_close_providers, providers)
 
         # Hooks naming objects built further down: called only once open_services has yielded.
@@ -366,7 +367,7 @@ def scheduler_service(config: LoadedConfig, scheduling: Scheduling, zone: ZoneIn
     )
 
 
-async def _close_providers(providers: dict[str, ChatProvider]) -> None:
+async def _close_providers(providers: dict[str, ModelChain]) -> None:
     for provider in providers.values():
         await provider.close()
 

@@ -14,10 +14,11 @@ from config.clock import Clock
 from config.errors import NoActiveRun, ShuttingDown
 from config.settings import AgentSettings, Settings
 from gateway.events import EventHub
+from gateway.fallbacks import ModelChain
 from gateway.hooks import ConversationHooks
 from gateway.metrics import Metrics
 from gateway.posts import Post, ReplyBody
-from gateway.provider import ChatProvider, Completion
+from gateway.provider import Completion
 from gateway.queueing import Batch, Caller, QueueMode, TurnQueue
 from gateway.summarizer import ModelSummarizer
 from gateway.tools import ToolBox
@@ -39,7 +40,7 @@ class ConversationCore:
         store: SessionStore,
         settings: Settings,
         *,
-        providers: Mapping[str, ChatProvider],
+        providers: Mapping[str, ModelChain],
         hub: EventHub,
         metrics: Metrics,
         clock: Clock,
@@ -84,7 +85,7 @@ class ConversationCore:
     def agent(self, agent_id: str | None) -> AgentSettings:
         return self.settings.agents[agent_id or "main"]
 
-    def provider(self, agent_id: str | None) -> ChatProvider | None:
+    def provider(self, agent_id: str | None) -> ModelChain | None:
         return self.providers.get(agent_id or "main")
 
     def model_name(self, key: str, agent_id: str | None) -> str:
