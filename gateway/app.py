@@ -14,7 +14,8 @@ from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
 from gateway import log_json
-from gateway.api import admin, channels, docs, history, hooks, memory, runs, scheduler, sessions, system, ui
+from gateway.api import admin, channels, docs, history, hooks, memory, runs, scheduler, sessions, system, ui, usage
+from gateway.api import logs as log_routes
 from gateway.connections import GUARD, ConnectionGuard, GuardedProtocol
 from gateway.hosts import allowed_hosts, host_check
 from gateway.http import BODY_TIMEOUT, REQUEST_ID, Handler, auth_check, error_answer, new_request_id
@@ -67,6 +68,8 @@ def create_app(
         ui.routes,
         openai_routes.routes,
         channels.routes,
+        usage.routes,
+        log_routes.routes,
     ):
         app.router.add_routes(table)
     return app

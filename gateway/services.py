@@ -40,6 +40,7 @@ import aiohttp
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
+from gateway.budgets import Budgets
 from gateway.channel_intake import ChannelIntake
 from gateway.commands import Commands
 from gateway.crashpoints import crash_step, openai_crash_step
@@ -218,6 +219,11 @@ async def open_services(
         async def recall(run: RunState, post: Post, new_run: bool) -> list[Event]:
             return [] if bridge is None else await bridge.recall(run, post, new_run)
 
+        async def budget_check(post: Post) -> list[Event]:  # before anything is stored
+            if conversations is not None and conversations.needs_turn(post):
+                await budgets.check(post.key.agent_id or "main", post.key.raw)
+            return []
+
         def next_reset(key: str) -> Any:
             return None if scheduling is None else scheduling.next_reset(key)
 
@@ -251,6 +257,7 @@ async def open_services(
 
         disk_budget = DiskBudget(store.home.root, settings.storage, metrics, on_low=cleanup_early)
         stack.push_async_callback(disk_budget.close)
+        budgets = Budgets(store, settings, clock)
         tools = ToolBox(store)
         conversations = Conversations(
             store,
@@ -261,7 +268,7 @@ async def open_services(
             clock=clock,
             tools=tools,
             hooks=ConversationHooks(
-                before_post=(disk_budget.before_post, resets_due),
+                before_post=(disk_budget.before_post, budget_check, resets_due),
                 before_append=(recall,) if parts.memory else (),
                 archive_text=archives.text,
             ),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
+from datetime import date
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ from sessions.records import (
 )
 from sessions.registry import SessionEntry
 from sessions.store_base import DurableListener, FinalSummarizer, Listener, RunHook
+from sessions.usage import UsageBy
 
 
 class StoreProtocol(Protocol):
@@ -148,6 +150,16 @@ class StoreProtocol(Protocol):
         before: tuple[str, str] | None = None,
     ) -> list[RunRow]: ...
     async def known_keys(self) -> list[KnownKey]: ...
+    async def daily_usage(
+        self,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
+        by: UsageBy = "key",
+    ) -> list[dict[str, Any]]: ...
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]: ...
     async def locate_run(self, run_id: str) -> tuple[RunRow, Path | None]: ...
     async def read_store(self, folder: Path, name: str) -> list[dict[str, Any]]: ...
     async def read_messages(self, folder: Path, *, after_seq: int, limit: int) -> list[dict[str, Any]]: ...
