@@ -18,6 +18,7 @@ from tests.gateway.daemons import daemon
 from tests.support.openai_server import Behaviour, Fail, OpenAIServer, RecordedRequest, Reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
+SLOW_START_S = 120  # a start imports torch and LanceDB: on a loaded machine that alone can take a minute
 
 
 def path(key: str) -> str:
@@ -54,7 +55,7 @@ async def test_a_failing_model_fails_over_and_each_attempt_is_in_tools_jsonl(tmp
         server.add_rule(rule)
         model = {"base_url": server.base_url, "name": "primary", "max_retries": 1, "backoff_s": 0.05}
         config = write_config(tmp_path, {"agents": {"main": {"model": {**model, "fallbacks": ["backup"]}}}})
-        async with daemon(home, "--config", str(config)) as gw, aiohttp.ClientSession() as http:
+        async with daemon(home, "--config", str(config), timeout=SLOW_START_S) as gw, aiohttp.ClientSession() as http:
             async with http.post(f"{gw.url}{path('agent:main:main')}/messages", json={"content": "one"}) as resp:
                 assert resp.status == 200, await resp.text()
                 assert (await resp.json())["reply"]["content"] == "echo: one"
@@ -93,7 +94,7 @@ async def test_daily_budgets_refuse_with_429_and_usage_is_kept_per_agent_key_and
         }
         config = write_config(tmp_path, {"agents": agents, "session": {"dm_scope": "per-peer"}})
         server.script(spent(50, 10), spent(30, 15), spent(20, 25), spent(5, 5))
-        async with daemon(home, "--config", str(config)) as gw, aiohttp.ClientSession() as http:
+        async with daemon(home, "--config", str(config), timeout=SLOW_START_S) as gw, aiohttp.ClientSession() as http:
 
             async def post(key: str, text: str) -> tuple[int, dict[str, Any], aiohttp.typedefs.LooseHeaders]:
                 async with http.post(f"{gw.url}{path(key)}/messages", json={"content": text}) as resp:
@@ -157,9 +158,12 @@ async def test_daily_budgets_refuse_with_429_and_usage_is_kept_per_agent_key_and
                     assert resp.status == 400 and error["field"] == field, (query, error)
 
         # the budget survives a restart: it is in tasks.db
-        async with daemon(home, "--config", str(config)) as gw, aiohttp.ClientSession() as http:
-            async with http.post(f"{gw.url}{path('agent:main:main')}/messages", json={"content": "again"}) as resp:
-                assert resp.status == 429 and (await resp.json())["error"]["code"] == "token_budget_exhausted"
+        async with (
+            daemon(home, "--config", str(config), timeout=SLOW_START_S) as gw,
+            aiohttp.ClientSession() as http,
+            http.post(f"{gw.url}{path('agent:main:main')}/messages", json={"content": "again"}) as resp,
+        ):
+            assert resp.status == 429 and (await resp.json())["error"]["code"] == "token_budget_exhausted"
     db = sqlite3.connect(home / "contexts" / "tasks.db")
     assert db.execute("PRAGMA user_version").fetchone()[0] == 6
     assert db.execute("SELECT SUM(input_tokens + output_tokens) FROM usage_daily").fetchone()[0] == 160

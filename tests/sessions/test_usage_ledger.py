@@ -25,7 +25,8 @@ def build_version(path: Path, version: int) -> None:
                 conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {number}")
     conn.execute(
-        "INSERT INTO tasks (uuid, status, task_type, created_at, input_tokens) VALUES ('r1', 'completed', 'agent', 'x', 7)"
+        "INSERT INTO tasks (uuid, status, task_type, created_at, input_tokens)"
+        " VALUES ('r1', 'completed', 'agent', 'x', 7)"
     )
     conn.close()
 
