@@ -16,10 +16,10 @@ routes = web.RouteTableDef()
 
 LINES = IntParam("lines", "how many of the last lines a first call gets", default=200, low=0, high=5000)
 AFTER = IntParam(
-    "after", "the `offset` of the previous answer: only what was written since", default=-1, low=0, high=2**62
+    "after", "the `offset` of the previous answer: only what was written since", default=0, low=0, high=2**62
 )
 INODE = IntParam(
-    "inode", "the `inode` of the previous answer (a different one: the log was rotated)", default=-1, low=0, high=2**62
+    "inode", "the `inode` of the previous answer (another one: the log was rotated)", default=0, low=0, high=2**62
 )
 LOG_TAIL = Answer(
     "LogTail",
