@@ -123,7 +123,8 @@ class Link:
 
 
 def fallback_settings(primary: ModelSettings) -> list[ModelSettings]:
-    """Each fallback as whole model settings: its fields over the primary's."""
+    """Each fallback as whole model settings: its fields over the primary's (its API key is the
+    primary's only on the primary's server: ``ModelChain``)."""
     chain = []
     for fallback in primary.fallbacks:
         given = {k: v for k, v in fallback.model_dump().items() if v is not None}
@@ -147,12 +148,14 @@ class ModelChain:
         self._sleep = sleep
         self.links = [
             Link(
-                ChatProvider(one, api_key=env.get(one.api_key_env), sdk_retries=0),
-                None if i == 0 else one.name,
-                one.max_retries,
+                ChatProvider(settings, api_key=env.get(settings.api_key_env), sdk_retries=0), None, settings.max_retries
             )
-            for i, one in enumerate([settings, *fallback_settings(settings)])
         ]
+        for given, one in zip(settings.fallbacks, fallback_settings(settings), strict=True):
+            # the agent's key goes to the agent's server only: a fallback elsewhere names its own
+            same_server = given.base_url is None or given.base_url == settings.base_url
+            key = env.get(one.api_key_env) if given.api_key_env is not None or same_server else None
+            self.links.append(Link(ChatProvider(one, api_key=key, sdk_retries=0), one.name, one.max_retries))
 
     async def close(self) -> None:
         for link in self.links:

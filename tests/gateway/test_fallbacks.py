@@ -184,3 +184,30 @@ async def test_a_stream_that_times_out_before_its_first_text_is_retried_and_stre
     assert "".join(seen) == completion.content == "echo: hello"
     assert [(a.model, a.error_kind) for a in attempts] == [("primary", "timeout"), ("primary", None)]
     assert slept == [0.5]
+
+
+async def test_the_agents_api_key_goes_to_a_fallback_on_another_server_only_when_it_names_one(
+    clock: FakeClock,
+) -> None:
+    async def no_wait(seconds: float) -> None:
+        pass
+
+    async with OpenAIServer(api_key="primary-secret") as primary, OpenAIServer() as other:
+        primary.add_rule(lambda request: Fail(503))
+        env = {"OPENAI_API_KEY": "primary-secret", "OTHER_KEY": "other-secret"}
+        fallbacks: list[Any] = [
+            {"name": "same-server"},
+            {"name": "elsewhere", "base_url": other.base_url},
+            {"name": "elsewhere-keyed", "base_url": other.base_url, "api_key_env": "OTHER_KEY"},
+        ]
+        settings = ModelSettings(base_url=primary.base_url, name="primary", max_retries=0, fallbacks=fallbacks)
+        chain = ModelChain(settings, env=env, clock=clock, sleep=no_wait)
+        try:
+            other.add_rule(by_model({"elsewhere": [Fail(500)]}))
+            await chain.complete(USER)
+        finally:
+            await chain.close()
+        assert [r.headers.get("Authorization") for r in primary.chat_requests] == ["Bearer primary-secret"] * 2
+        sent = {r.body["model"]: r.headers.get("Authorization", "") for r in other.chat_requests}
+        assert "primary-secret" not in sent["elsewhere"]
+        assert sent["elsewhere-keyed"] == "Bearer other-secret"
