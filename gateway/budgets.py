@@ -9,6 +9,7 @@ under the budget ends normally even when its tokens cross it; the next message i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, time, timedelta
 
 from config.clock import Clock
@@ -26,14 +27,14 @@ def seconds_to_next_day(now: datetime) -> float:
 
 
 class Budgets:
-    def __init__(self, store: SessionStore, settings: Settings, clock: Clock) -> None:
+    def __init__(self, store: SessionStore, settings: Callable[[], Settings], clock: Clock) -> None:
         self.store = store
-        self.settings = settings
+        self.settings = settings  # read at each check: the settings in force (a reload may swap them)
         self.clock = clock
 
     async def check(self, agent_id: str, key: str) -> None:
         """Raise ``TokenBudgetExhausted`` when the agent's or the key's budget of today is spent."""
-        limits = self.settings.agents[agent_id].limits
+        limits = self.settings().agents[agent_id].limits
         if limits.tokens_per_day is None and limits.tokens_per_key_per_day is None:
             return
         now = self.clock()

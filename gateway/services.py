@@ -257,7 +257,7 @@ async def open_services(
 
         disk_budget = DiskBudget(store.home.root, settings.storage, metrics, on_low=cleanup_early)
         stack.push_async_callback(disk_budget.close)
-        budgets = Budgets(store, settings, clock)
+        budgets = Budgets(store, lambda: settings if conversations is None else conversations.settings, clock)
         tools = ToolBox(store)
         conversations = Conversations(
             store,

@@ -18,9 +18,9 @@ export function mountConfig(root) {
         h("dl", { class: "meta config-source" },
           ["kind", "config_path", "home"].map((k) => [h("dt", {}, k), h("dd", { class: "mono" }, source[k] ?? "none")])),
         Object.entries(data.settings).map(([section, value]) =>
-          h("details", { class: "panel config-section", open: ["gateway", "agents"].includes(section), dataset: { section } },
+          h("details", { class: "config-section", open: ["gateway", "agents"].includes(section), dataset: { section } },
             h("summary", {}, h("strong", {}, section)),
-            h("pre", { class: "kv-pre" }, pretty(value)))));
+            h("pre", { class: "config-json" }, pretty(value)))));
     } catch (error) {
       if (!stopped) replace(body, empty(`Could not load the configuration: ${error.message}`));
     }

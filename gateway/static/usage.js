@@ -92,7 +92,7 @@ export function mountUsage(root, query) {
           h("td", {}, r.day), h("td", {}, r.agent),
           [r.input_tokens, r.output_tokens, r.cache_read_tokens, r.calls, r.total_tokens].map((v) => h("td", { class: "num" }, num(v)))))));
       replace(body,
-        data.usage.length ? h("div", { class: "panel" }, chart(days, used, totals), legend(used, data.limits))
+        data.usage.length ? h("div", { class: "usage-panel" }, chart(days, used, totals), legend(used, data.limits))
           : empty("No model calls in these days."),
         h("p", { class: "muted" }, `Total: ${num(data.totals.total_tokens)} tokens in ${num(data.totals.calls)} calls.`),
         data.usage.length ? h("div", { class: "table-wrap" }, table) : null);
