@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: run test test-fast test-calendar test-at lint bench install browser wrk faketime clean
+.PHONY: run test test-fast test-calendar test-at lint bench install browser wrk faketime postgres clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,16 @@ wrk:
 	  else echo "wrk missing and not root: its bench smoke test will be skipped"; fi; \
 	fi
 
+# PostgreSQL (Debian's postgresql): the tests initdb a throwaway cluster (tests/support/postgres.py);
+# its tests are skipped, with the reason, only when the binaries are absent.
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+	      || echo "postgresql could not be installed: the postgres backend's tests will be skipped"; \
+	  else echo "postgresql missing and not root: the postgres backend's tests will be skipped"; fi; \
+	fi
+
 # faketime (libfaketime) shifts the clock of a process tree: the suite at other dates (test-calendar, test-at).
 faketime:
 	@if ! command -v faketime >/dev/null 2>&1; then \
@@ -50,7 +60,7 @@ faketime:
 	  else echo "faketime missing and not root: apt-get install faketime"; exit 1; fi; \
 	fi
 
-test: $(STAMP) browser wrk
+test: $(STAMP) browser wrk postgres
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # What CI runs again at each date of tests/clock_shift.py's CALENDAR: the date-sensitive part of
@@ -61,7 +71,7 @@ test: $(STAMP) browser wrk
 # 20 minutes at one date: too long for seven dates in CI's budget. CALENDAR_TESTS=tests runs it all.
 CALENDAR_TESTS ?= tests/gateway/test_startup_resets.py tests/scheduler/test_service.py \
   tests/gateway/test_cli_parity.py tests/gateway/test_cli_ops.py tests/gateway/test_cli.py \
-  tests/faults/test_damaged_state.py tests/sessions/test_doctor.py
+  tests/faults/test_damaged_state.py tests/sessions/files/test_doctor.py
 test-calendar: $(STAMP) faketime wrk
 	$(BIN)/python -m tests.clock_shift --calendar -- -m 'realtime and not browser' $(XDIST) $(PYTEST_ARGS) \
 	  $(CALENDAR_TESTS)
@@ -72,11 +82,11 @@ ZONE ?= Europe/Berlin
 test-at: $(STAMP) faketime browser wrk
 	$(BIN)/python -m tests.clock_shift --at '$(AT)' --zone '$(ZONE)' -- $(XDIST) $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) postgres
 	$(BIN)/python -m pytest -m 'not slow' $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway sessions memory scheduler config channels tests bench
+	$(BIN)/ruff check gateway conversations sessions memory scheduler config channels tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP)

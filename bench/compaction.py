@@ -20,8 +20,8 @@ from config.clock import system_clock
 from config.loader import build_settings, deep_merge, load_defaults
 from sessions.compaction import compaction_due, plan_compaction
 from sessions.compactor import Compactor, extractive
+from sessions.files.store import SessionStore
 from sessions.records import NewMessage, RunState, TaskKey
-from sessions.store import SessionStore
 from sessions.thresholds import compaction_threshold
 
 BIG, SMALL, CHECKS = 10_000, 10, 200_000

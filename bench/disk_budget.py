@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from config.settings import StorageSettings
+from conversations.metrics import Metrics
 from gateway.disk_budget import DiskBudget
-from gateway.metrics import Metrics
 
 
 def per_call_ns(fn: Callable[[], object], n: int) -> float:

@@ -113,7 +113,7 @@ def _durable_echo_app(home: Path) -> web.Application:
     sent once the line is synced. What the gateway does beyond this is its own bookkeeping."""
     import orjson
 
-    from sessions.writer import AppendWriter
+    from sessions.files.writer import AppendWriter
 
     writer = AppendWriter("batch")
     files: dict[str, Path] = {}
@@ -141,8 +141,8 @@ def _store_echo_app(home: Path) -> web.Application:
     messages.jsonl and current.jsonl through the writer's group commit); no validation, commands,
     hooks, history index, metrics or conversation layer."""
     from config.clock import system_clock
+    from sessions.files.store import SessionStore
     from sessions.records import NewMessage, TaskKey
-    from sessions.store import SessionStore
 
     state: dict[str, SessionStore] = {}
 

@@ -26,11 +26,12 @@ from pathlib import Path
 from bench.common import Report, Summary, fmt_seconds, now, parser, print_table, section
 from config.clock import system_clock
 from config.loader import build_settings, deep_merge, load_defaults
-from sessions.history import HistoryIndex, connect, create_schema
-from sessions.history_search import HistoryQuery, search
+from sessions.files.history import HistoryIndex, connect, create_schema
+from sessions.files.history_search import HistoryQuery, search
+from sessions.files.store import SessionStore
 from sessions.history_text import index_text
 from sessions.records import NewMessage, RunState, TaskKey
-from sessions.store import SessionStore
+from sessions.store_hooks import StoreHooks
 
 INGEST_LIMIT = 0.9
 SEARCH_P95_MS = 50.0
@@ -69,7 +70,8 @@ async def bench_ingest(report: Report, *, rounds: int, per_round: int, keys: int
         history = HistoryIndex(Path(on_home) / "contexts" / "history.db")
         for name, home in (("on", on_home), ("off", off_home)):
             feed = () if name == "off" else (lambda run, rec: history.feed(run.run_id, run.key, run.agent_id, rec),)
-            store = await SessionStore.open(Path(home), settings, clock=system_clock, durable_listeners=feed)
+            hooks = StoreHooks(durable_listeners=feed)
+            store = await SessionStore.open(Path(home), settings, clock=system_clock, hooks=hooks)
             stores[name] = store
             runs[name] = [
                 await store.start_run(f"agent:main:dm:p{i}", agent_id="main", chat_type="direct", channel=None,
@@ -200,8 +202,8 @@ def bench_search(report: Report, *, rows: int, small: int, queries: int, keep: P
 _CHILD = """
 import json, sys
 from pathlib import Path
-from sessions.export import RunExport, export_lines
-from sessions.history import RunSource
+from sessions.files.export import RunExport, export_lines
+from sessions.files.history import RunSource
 
 def peak_kb():
     for line in open("/proc/self/status"):

@@ -343,9 +343,39 @@ def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload:
         for name, p in methods(shipped).items()
         if name in ("vector", "text", "before (0.8/0.2, no neighbours)", "shipped weights, no neighbours")
     }
+    extra |= {f"MMR (search.mmr {lam})": _pool_ranking(replace(shipped, mmr=lam)) for lam in (0.9, 0.7, 0.5)}
     out = realtalk_eval.report(run, extra)
+    quiet = replace(shipped, min_score=defaults.min_score, min_text_score=defaults.min_text_score)
+    out["abstention"] = _realtalk_abstention(run, quiet)
     payload[f"realtalk-{emb}"] = out
     return bool(out["pass"])
+
+
+def _realtalk_abstention(run: Any, shipped: FusionParams) -> list[dict[str, float]]:
+    """min_score swept on the same pools (top 10): unanswerable questions refused (no result),
+    answerable ones refused, and R@10 with abstention; the shipped value first."""
+    from bench import realtalk_eval
+
+    if not run.unanswerable_pools:
+        print("abstention sweep: the cached run holds no unanswerable pools (collect again without --reuse)")
+        return []
+    rows = []
+    print(f"\nabstention on REALTALK by min_score (top 10; {len(run.unanswerable_pools)} unanswerable questions)")
+    print(f"{'min_score':>10} {'unanswerable refused':>22} {'answerable refused':>20} {'R@10 on':>8} {'R@10 off':>9}")
+    off = realtalk_eval.score(run.asked, _pool_ranking(replace(shipped, min_score=0.0)))["all"]["r@10"]
+    for ms in dict.fromkeys((shipped.min_score, 0.0, 0.06, 0.07, 0.08, 0.09, 0.1, 0.12, 0.15)):
+        p = replace(shipped, min_score=ms)
+        empty = sum(1 for _, pool in run.unanswerable_pools if not fuse(pool, p, today=TODAY, k=10))
+        wrong = sum(1 for a in run.asked if not fuse(a.pool, p, today=TODAY, k=10))
+        on = realtalk_eval.score(run.asked, _pool_ranking(p))["all"]["r@10"]
+        n_un, n_an = len(run.unanswerable_pools), len(run.asked)
+        print(
+            f"{ms:>10.3f} {f'{empty}/{n_un} ({100 * empty / n_un:.0f} %)':>22} "
+            f"{f'{wrong}/{n_an} ({100 * wrong / n_an:.1f} %)':>20} {on:8.1f} {off:9.1f}"
+        )
+        rows.append({"min_score": ms, "unanswerable_refused": empty / n_un, "answerable_refused": wrong / n_an,
+                     "r@10_on": on, "r@10_off": off})  # fmt: skip
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,7 @@ import random
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -233,7 +234,7 @@ async def breakdown(
     """Where a search's time goes, each part timed alone, one after the other (p95, ms): the query
     embedding, the vector query as the service runs it (100 rows), the full-text query, the
     fusion of the two pools; and the whole ``candidates`` call, which overlaps the text query with
-    the other two."""
+    the other two; and the fusion with ``search.mmr`` 0.7 (what MMR adds, on the same pools)."""
     from memory.fusion import FusionParams, fuse
 
     s = MemorySettings().search
@@ -241,7 +242,8 @@ async def breakdown(
         s.vector_weight, s.text_weight, s.min_score, s.min_text_score, method=s.fusion,
         text_saturation=s.text_saturation,
     )  # fmt: skip
-    times: dict[str, list[float]] = {"embed": [], "vector": [], "fts": [], "candidates": [], "fusion": []}
+    times: dict[str, list[float]] = {"embed": [], "vector": [], "fts": [], "candidates": [], "fusion": [], "mmr": []}
+    diverse = replace(params, mmr=0.7)
     for q in qs:
         t0 = time.perf_counter()
         v = await embedder.embed([q])
@@ -254,7 +256,9 @@ async def breakdown(
         t4 = time.perf_counter()
         fuse(pool, params, today=clock().date(), k=6)
         t5 = time.perf_counter()
-        for name, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+        fuse(pool, diverse, today=clock().date(), k=6)
+        t6 = time.perf_counter()
+        for name, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True):
             times[name].append(dt)
     out: dict[str, Any] = {name: percentile(ts, 95) * 1000 for name, ts in times.items()}
     return out
@@ -356,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"where a search's time goes at {s['rows']} rows (p95, each part alone): "
           f"query embedding {b['embed']:.1f} ms, vector query {b['vector']:.1f} ms, "
           f"full-text query {b['fts']:.1f} ms, both pools together (candidates) {b['candidates']:.1f} ms, "
-          f"fusion {b['fusion']:.2f} ms")  # fmt: skip
+          f"fusion {b['fusion']:.2f} ms, fusion with search.mmr 0.7 {b['mmr']:.2f} ms")  # fmt: skip
     print(f"raw LanceDB vector query alone (the baseline's, through the index) p95 {s['flat_vector_p95_ms']:.1f} ms")
     print(f"in-memory mirror of the table (vectors and text columns): {s['mirror_mb']:.1f} MB")
     print("vector query (agent prefilter, 100 rows) per index; recall of the flat scan's pool:")

@@ -11,7 +11,7 @@ difference (the overhead Neotask adds). Rounds alternate direct and gateway so d
 machine hits both; the spread over rounds is printed. The client sends ``messages`` through
 ``extra_body`` on both sides: the SDK's typed transform of a message list costs ~15 ms of client
 CPU per call here, which at 16 clients would measure the load generator rather than the servers
-(the gateway's own provider does the same, see ``gateway/provider.py``). Target: p50 overhead < 5 ms plus the
+(the gateway's own provider does the same, see ``conversations/provider.py``). Target: p50 overhead < 5 ms plus the
 fsyncs of the two appends (an fsync of a small append in the same home is timed in this run).
 
 The model server and the gateway run in their own processes (``--serve model|gateway``), so the
@@ -183,7 +183,7 @@ async def sdk_phase(model_url: str, clients: int, requests: int) -> Phase:
     parse), ``clients`` at a time, no tools offered. What this process spends per call is CPU the
     gateway cannot spend less of while it calls its model through the ``openai`` package."""
     from config.settings import ModelSettings
-    from gateway.provider import ChatProvider
+    from conversations.provider import ChatProvider
 
     provider = ChatProvider(ModelSettings(base_url=model_url, name="bench-model", max_retries=0), api_key=None)
     latencies: list[float] = []

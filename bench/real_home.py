@@ -33,8 +33,8 @@ import aiohttp
 from bench.common import Report, fmt_seconds, median, parser, print_table, ratio, section
 from config.clock import system_clock
 from config.loader import build_settings, load_defaults
-from sessions import layout
-from sessions.store import SessionStore
+from sessions.files import layout
+from sessions.files.store import SessionStore
 
 OPEN_LIMIT = 3.0
 OPEN_AIM_S = 2.0

@@ -54,6 +54,7 @@ class RealtalkRun:
     embedded: int
     search_ms: list[float]
     refused: dict[str, tuple[int, int]] = field(default_factory=dict)  # agent -> (no result, asked)
+    unanswerable_pools: list[tuple[str, list[Candidate]]] = field(default_factory=list)  # (agent, pool)
 
 
 def no_abstention(settings: MemorySettings) -> MemorySettings:
@@ -132,14 +133,16 @@ async def collect(data: Path, cache: Path, embedder: Embedder, settings: MemoryS
                 ranked = [(h.path, h.start_line, h.end_line) for h in hits]
                 asked.append(Asked(chat.agent, q, ranked, pool, b1, b2, len(shown)))
         refused = {}
+        unanswerable_pools = []
         for chat, _ in chats:
             qs = unanswerable(chat.turns, chat.people)
             empty = [not await quiet.search(chat.agent, q.text, k=10) for q in qs]
             refused[chat.agent] = (sum(empty), len(qs))
+            unanswerable_pools += [(chat.agent, await service.candidates(chat.agent, q.text)) for q in qs]
     finally:
         await quiet.close()
         await service.close()
-    return RealtalkRun(asked, len(rows), seconds, report.chunks_embedded, search_ms, refused)
+    return RealtalkRun(asked, len(rows), seconds, report.chunks_embedded, search_ms, refused, unanswerable_pools)
 
 
 def ranks_of(q: Question, ranked: Ranked) -> list[int | None]:

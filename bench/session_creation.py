@@ -19,7 +19,7 @@ from bench.common import Report, Summary, fmt_seconds, median, now, parser, prin
 from bench.session_homes import make_template, peer_key, start_chat_run, write_home
 from bench.sessions_engine import TIMED, settings_for_bench
 from config.clock import system_clock
-from sessions.store import SessionStore
+from sessions.files.store import SessionStore
 
 CREATE_LIMIT = 1.3
 WARMUP = 20

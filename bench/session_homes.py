@@ -21,13 +21,13 @@ from typing import Any
 
 from config.clock import Clock
 from config.settings import Settings
-from sessions import layout
-from sessions.jsonl import write_json_atomic
-from sessions.layout import Home
-from sessions.ledger import RUN_COLUMNS, Ledger
+from sessions.files import layout
+from sessions.files.jsonl import write_json_atomic
+from sessions.files.layout import Home
+from sessions.files.ledger import RUN_COLUMNS, Ledger
+from sessions.files.registry import SessionRegistry
+from sessions.files.store import SessionStore
 from sessions.records import NewMessage, RunState, TaskKey
-from sessions.registry import SessionRegistry
-from sessions.store import SessionStore
 
 CHANNEL = "telegram"
 TEMPLATE_KEY = f"agent:main:{CHANNEL}:dm:template"

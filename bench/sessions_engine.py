@@ -33,11 +33,11 @@ from bench.session_homes import (
 from config.clock import system_clock
 from config.loader import build_settings, deep_merge, load_defaults
 from config.settings import Settings
-from sessions import layout
+from sessions.files import layout
+from sessions.files.recovery import recover_all
+from sessions.files.store import SessionStore
 from sessions.keys import Ingress, route
 from sessions.records import NewMessage, RunState
-from sessions.recovery import recover_all
-from sessions.store import SessionStore
 
 APPEND_LIMIT = 1.3
 ROUTE_LIMIT = 1.3

@@ -95,7 +95,36 @@ class LoggingSettings(Model):
     format: Literal["text", "json"] = "text"
 
 
+class PostgresSettings(Model):
+    """``storage.backend: postgres``: where the database is. The password is never in the file:
+    it is read from the environment variable ``password_env`` (or libpq's PGPASSWORD)."""
+
+    dsn: str | None = None  # postgresql://user@host:5432/database
+    password_env: str = "NEOTASK_PG_PASSWORD"
+    pool_size: int = Field(10, ge=1, le=500)
+
+    _env = field_validator("password_env")(_check_env_name)
+
+    @field_validator("dsn")
+    @classmethod
+    def _check_dsn(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        how = "write it as postgresql://user@host:5432/database"
+        parts = urlsplit(value)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError(f"{value.split('@')[-1]!r} is not a PostgreSQL DSN; {how}")
+        if parts.password is not None:
+            raise ValueError(
+                "storage.postgres.dsn holds a password: remove it from the file and set the environment variable"
+                " named by storage.postgres.password_env (NEOTASK_PG_PASSWORD by default)"
+            )
+        return value
+
+
 class StorageSettings(Model):
+    backend: Literal["files", "postgres"] = "files"  # the session store's backend (sessions.backends.open_store)
+    postgres: PostgresSettings = PostgresSettings()
     fsync: Literal["batch", "always", "never"] = "batch"
     sessions_flush_ms: int = Field(1000, ge=0)
     min_free: str | int | None = None  # None: the smaller of 1 GiB and 5 % of the disk
@@ -107,6 +136,15 @@ class StorageSettings(Model):
         if value is not None:
             parse_threshold(value)
         return value
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> StorageSettings:
+        if self.backend == "postgres" and not self.postgres.dsn:
+            raise ValueError(
+                "storage.backend is postgres but storage.postgres.dsn is not set: set it, e.g."
+                " postgresql://neotask@127.0.0.1:5432/neotask"
+            )
+        return self
 
 
 class FallbackModel(Model):
@@ -294,6 +332,7 @@ class SearchSettings(Model):
     min_text_score: float = Field(0.5, ge=0, le=1)
     recency_half_life_days: float | None = Field(None, gt=0)
     neighbour_weight: float = Field(0.2, ge=0, le=1)
+    mmr: float | None = Field(None, ge=0, le=1)  # maximal marginal relevance's lambda; None: off
 
 
 class RecallSettings(Model):
@@ -384,6 +423,21 @@ class CronSettings(Model):
         return self
 
 
+class BackupSettings(Model):
+    schedule: str | None = None  # a crontab expression in the reset zone; None: no scheduled backups
+    keep: int = Field(7, ge=0)  # scheduled and default backups kept in <home>/backups (0 = all)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                check_schedule(value)
+            except ValueError as exc:
+                raise ValueError(f"bad backup.schedule {value!r}: {exc}") from exc
+        return value
+
+
 class HookMapping(Model):
     secret_env: str | None = None
     key_template: str | None = None
@@ -417,6 +471,7 @@ class Settings(Model):
     hooks: dict[str, HookMapping] = {}
     logging: LoggingSettings = LoggingSettings()
     channels: ChannelsSettings = ChannelsSettings()
+    backup: BackupSettings = BackupSettings()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Settings:

@@ -13,14 +13,17 @@ from aiohttp.typedefs import Middleware
 from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
-from gateway import log_json
+from gateway import log_json, reload
 from gateway.api import admin, channels, docs, history, hooks, memory, runs, scheduler, sessions, system, ui, usage
+from gateway.api import backup as backup_routes
+from gateway.api import config_reload as reload_routes
 from gateway.api import logs as log_routes
 from gateway.connections import GUARD, ConnectionGuard, GuardedProtocol
 from gateway.hosts import allowed_hosts, host_check
-from gateway.http import BODY_TIMEOUT, REQUEST_ID, Handler, auth_check, error_answer, new_request_id
+from gateway.http import BODY_TIMEOUT, REQUEST_ID, Handler, error_answer, new_request_id
 from gateway.openai_compat import routes as openai_routes
 from gateway.openai_compat.errors import is_compat, openai_errors_middleware
+from gateway.reload import LiveAuth
 from gateway.services import open_services
 
 
@@ -37,10 +40,9 @@ def create_app(
         header_timeout_s=settings.gateway.header_timeout_s,
         max_body_reads_per_peer=settings.gateway.max_body_reads_per_peer,
     )
+    auth = LiveAuth(settings.gateway.tokens)  # gateway.tokens may change on a config reload
     app = web.Application(
-        middlewares=[
-            front_middleware(guard, host_check(allowed_hosts(settings.gateway)), auth_check(settings.gateway.tokens)),
-        ],
+        middlewares=[front_middleware(guard, host_check(allowed_hosts(settings.gateway)), auth)],
         client_max_size=settings.gateway.max_body_bytes,
     )
     app[K.CONFIG] = config
@@ -51,6 +53,7 @@ def create_app(
     app[K.READY] = {"store": False}
     app[K.REINDEX] = {}
     app[K.PARSED_KEYS] = {}
+    reload.install(app, config, env or {}, clock, auth)
     app.cleanup_ctx.append(_services_context)
     app.on_response_prepare.append(_request_id_header)
     app.on_shutdown.append(_stop_turns)
@@ -70,6 +73,8 @@ def create_app(
         channels.routes,
         usage.routes,
         log_routes.routes,
+        backup_routes.routes,
+        reload_routes.routes,
     ):
         app.router.add_routes(table)
     return app

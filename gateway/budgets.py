@@ -15,7 +15,7 @@ from datetime import UTC, datetime, time, timedelta
 from config.clock import Clock
 from config.errors import TokenBudgetExhausted
 from config.settings import Settings
-from sessions.store import SessionStore
+from sessions.protocol import UsageRecords
 from sessions.usage import usage_day
 
 
@@ -27,7 +27,7 @@ def seconds_to_next_day(now: datetime) -> float:
 
 
 class Budgets:
-    def __init__(self, store: SessionStore, settings: Callable[[], Settings], clock: Clock) -> None:
+    def __init__(self, store: UsageRecords, settings: Callable[[], Settings], clock: Clock) -> None:
         self.store = store
         self.settings = settings  # read at each check: the settings in force (a reload may swap them)
         self.clock = clock

@@ -32,9 +32,9 @@ from channels.telegram import TelegramConnector
 from config.clock import Clock, iso
 from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown
 from config.settings import Settings
-from gateway.commands import Commands, dispatch, parse_command
+from conversations.commands import Commands, dispatch, parse_command
+from conversations.turns import Conversations, Outcome, Post
 from gateway.crashpoints import CRASH_ENV
-from gateway.turns import Conversations, Outcome, Post
 from sessions.keys import Ingress, route
 
 log = logging.getLogger(__name__)

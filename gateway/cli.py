@@ -26,12 +26,12 @@ from typing import Any, TextIO
 
 from config.errors import ConfigError, NeotaskError
 from config.loader import LoadedConfig, load_config, resolve_home
-from gateway import cli_admin, cli_channels, cli_history, cli_jobs, exits, offline
+from gateway import cli_admin, cli_backup, cli_channels, cli_history, cli_jobs, exits, offline
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
-from sessions.damage import EXIT_STATE, DamagedState
-from sessions.layout import PRIVATE_UMASK
-from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked, read_gateway_json
+from sessions.files.damage import EXIT_STATE, DamagedState
+from sessions.files.layout import PRIVATE_UMASK
+from sessions.files.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked, read_gateway_json
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES
 
 EXIT_OK = exits.OK
@@ -180,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_admin.add_commands(commands, both)
     cli_channels.add_commands(commands, both)
+    cli_backup.add_commands(commands, both)
     return parser
 
 

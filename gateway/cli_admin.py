@@ -18,7 +18,7 @@ import yaml
 from config.errors import ConfigError
 from gateway import cli_history, exits, offline
 from gateway.tables import table as _table
-from sessions.damage import EXIT_STATE
+from sessions.files.damage import EXIT_STATE
 
 if TYPE_CHECKING:
     from gateway.cli import Context
@@ -38,6 +38,10 @@ def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None
         help="the effective configuration (a running daemon's, else the files'; tokens redacted)",
     )
     show.set_defaults(handler=cmd_config_show)
+    reload = config_actions.add_parser(
+        "reload", parents=both, help="have the running gateway read its config file again (as SIGHUP does)"
+    )
+    reload.set_defaults(handler=cmd_config_reload)
 
     doctor = commands.add_parser("doctor", parents=both, help="consistency checks over the home (exit 78: errors left)")
     doctor.add_argument("--fix", action="store_true", help="apply the safe fixes")
@@ -90,6 +94,32 @@ def cmd_config_show(ctx: Context) -> int:
         return EXIT_OK
     ctx.print(f"# {title}: home {source['home']}, file {source['config_path'] or 'none'}")
     ctx.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
+    return EXIT_OK
+
+
+def cmd_config_reload(ctx: Context) -> int:
+    """``POST /v1/admin/config/reload``: what changed, what needs a restart; an invalid file is
+    refused (exit 1) and nothing changes. Without a running gateway there is nothing to reload."""
+    from gateway.client import GatewayClient
+
+    info = ctx.gateway_info()
+    if info is None or not info.get("url"):
+        print(f"error: no gateway runs on {ctx.home}: the next start reads the config file", file=sys.stderr)
+        return exits.NOT_RUNNING
+    try:  # the file may be the bad one: then the gateway says what is wrong (a token: --token)
+        token = ctx.token()
+    except ConfigError:
+        token = None
+    body = GatewayClient(str(info["url"]), token=token).post("/v1/admin/config/reload")
+    if ctx.as_json:
+        ctx.print_json(body)
+        return EXIT_OK
+    changed, restart = body["changed"], body["restart_required"]
+    ctx.print(f"reloaded: {len(changed)} change(s) in force" if changed else "reloaded: nothing changed")
+    for path in changed:
+        ctx.print(f"  {path}")
+    for path in restart:
+        print(f"warning: {path} changed in the file but needs a restart of the gateway", file=sys.stderr)
     return EXIT_OK
 
 

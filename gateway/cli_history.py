@@ -21,17 +21,15 @@ from config.loader import LoadedConfig
 from gateway import offline
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
-from sessions.damage import DamagedState
-from sessions.export import ExportFormat, export_lines, runs_of_key
-from sessions.history import HistoryIndex, history_path, rebuild_all
-from sessions.history_doctor import check_home_index
-from sessions.history_search import HistoryQuery
+from sessions.files.damage import DamagedState
+from sessions.files.export import ExportFormat, export_lines
+from sessions.files.history_doctor import check_home_index
+from sessions.files.history_search import HistoryQuery
+from sessions.files.layout import Home
+from sessions.files.ledger import Ledger
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
-from sessions.layout import Home
-from sessions.ledger import Ledger
-from sessions.purge import purge_key
-from sessions.store import SessionStore
+from sessions.protocol import StoreProtocol
 
 if TYPE_CHECKING:
     from gateway.cli import Context
@@ -66,10 +64,10 @@ def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser], session
 
 
 def _offline_search(config: LoadedConfig, query: HistoryQuery) -> dict[str, Any]:
-    async def work(store: SessionStore) -> dict[str, Any]:
-        history = HistoryIndex(history_path(store.home.contexts))
+    async def work(store: StoreProtocol) -> dict[str, Any]:
+        history = store.open_history()
         if await history.open():
-            await rebuild_all(history, store.ledger, store.home)
+            await store.rebuild_history(history)
         try:
             hits = await history.search(query)
         finally:
@@ -136,8 +134,8 @@ def _stream_online(client: GatewayClient, path: str, fmt: str, out: TextIO | Any
 
 
 def _offline_export(config: LoadedConfig, key: str, fmt: ExportFormat, out: Any) -> None:
-    async def work(store: SessionStore) -> None:
-        runs = await runs_of_key(store, key)
+    async def work(store: StoreProtocol) -> None:
+        runs = await store.export_runs(key=key)
 
         def write() -> None:
             for line in export_lines(runs, fmt, title=f"Session {key}"):
@@ -175,17 +173,17 @@ def cmd_sessions_export(ctx: Context) -> int:
 
 
 def _offline_purge(config: LoadedConfig, key: str) -> dict[str, Any]:
-    async def work(store: SessionStore) -> dict[str, Any]:
+    async def work(store: StoreProtocol) -> dict[str, Any]:
         history = None
         if config.settings.history.enabled:
-            history = HistoryIndex(history_path(store.home.contexts))
+            history = store.open_history()
             await history.open()
         try:
-            tombstone = await purge_key(store, key, history=history)
+            tombstone = await store.purge(key, history=history)
         finally:
             if history is not None:
                 await history.close()
-        return {"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()}
+        return {"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone}
 
     return offline.with_store(config, work)
 

@@ -186,7 +186,7 @@ def cmd_memory_search(ctx: Context) -> int:
         async def work(service: Any) -> dict[str, Any]:
             await service.reindex(ctx.args.agent)
             hits = await service.search(ctx.args.agent, query, k=ctx.args.k)
-            from gateway.relevance import present  # memory loads only for the commands that use it
+            from conversations.relevance import present  # memory loads only for the commands that use it
 
             return {"query": query, "results": [present(h) for h in hits]}
 

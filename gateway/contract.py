@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from config.errors import (
     BadRequest,
@@ -61,6 +61,30 @@ class Answer:
     @property
     def ref(self) -> Schema:
         return ref(self.name)
+
+
+def typed(
+    name: str, typ: type, *, add: Schema | None = None, replace: Schema | None = None, required: tuple[str, ...] = ()
+) -> Answer:
+    """The answer schema of a typed value (a dataclass or TypedDict the handler serializes), derived
+    by pydantic from its annotations, so a field added to the type is a field documented. ``add``:
+    the properties a view adds to it; ``replace``: those it serializes differently; ``required``:
+    for a ``total=False`` TypedDict, the keys that are always there."""
+    schema: Schema = TypeAdapter(typ).json_schema(mode="serialization")
+    assert "$defs" not in schema, f"{typ.__name__}: a nested type; give it an Answer of its own"
+    properties: Schema = {
+        field_name: {k: v for k, v in prop.items() if k not in ("title", "default")}
+        for field_name, prop in schema.get("properties", {}).items()
+    }
+    properties.update(replace or {})
+    properties.update(add or {})
+    out: Schema = {"type": "object", "properties": properties}
+    if schema.get("description"):
+        out["description"] = " ".join(str(schema["description"]).split())
+    needed = [n for n in schema.get("required", []) if n in properties] + [n for n in required if n in properties]
+    if needed:
+        out["required"] = list(dict.fromkeys(needed))
+    return Answer(name, out)
 
 
 def ref(name: str) -> Schema:

@@ -5,7 +5,7 @@ address without tokens, build the app and open its cleanup contexts (the store r
 active run), bind, and only then write ``gateway.json`` and print where it listens. SIGTERM or
 SIGINT: stop accepting, let in-flight requests finish, close the cleanup contexts (sessions.json
 flushed), remove ``gateway.json``, release the lock, exit 0. SIGHUP reopens the log file (after a
-log rotator moved it) and is otherwise ignored: there is no live reload yet.
+log rotator moved it) and reloads the configuration (``gateway/reload.py``).
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ from config.clock import iso, system_clock
 from config.errors import ConfigError
 from config.loader import LoadedConfig
 from config.settings import LoggingSettings
-from gateway import eventloop, exits
+from gateway import eventloop, exits, reload
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
 from gateway.log_json import ContextFilter, JsonFormatter
 from gateway.logs import RepeatFilter, file_handler, reopen
 from gateway.runner import JsonErrorsAppRunner
-from sessions.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
-from sessions.jsonl import write_json_atomic
-from sessions.layout import Home
-from sessions.lock import EXIT_LOCKED, HomeLock, HomeLocked
-from sessions.permissions import tighten_root
+from sessions.files.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
+from sessions.files.jsonl import write_json_atomic
+from sessions.files.layout import Home
+from sessions.files.lock import EXIT_LOCKED, HomeLock, HomeLocked
+from sessions.files.permissions import tighten_root
 
 log = logging.getLogger(__name__)
 QUIET_LOGGERS = ("apscheduler", "httpx", "httpx2", "openai", "sentence_transformers")
@@ -183,6 +183,7 @@ async def _serve(
     stop = asyncio.Event()
 
     timeout = config.settings.gateway.shutdown_timeout_s
+    app = create_app(config, clock=system_clock, env=env)  # nothing opens before runner.setup()
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -194,7 +195,8 @@ async def _serve(
 
     async def hangup() -> None:
         await asyncio.to_thread(reopen_log)
-        log.info("SIGHUP: log file reopened; the configuration is not reloaded (restart the gateway for that)")
+        log.info("SIGHUP: log file reopened; reloading the configuration")
+        await reload.on_hangup(app)
 
     hangups: set[asyncio.Task[None]] = set()
 
@@ -209,7 +211,6 @@ async def _serve(
 
     grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
     gateway = config.settings.gateway
-    app = create_app(config, clock=system_clock, env=env)
     guard = app[GUARD]
     limits = connection_limits(gateway.max_connections, gateway.fd_reserve)
     guard.max_connections = limits.max_connections

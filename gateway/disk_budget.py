@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from config.errors import InsufficientStorage
 from config.settings import StorageSettings
 from config.sizes import Threshold, parse_threshold
-from gateway.metrics import Metrics
+from conversations.metrics import Metrics
 
 if TYPE_CHECKING:
-    from gateway.hooks import Event
-    from gateway.turns import Post
+    from conversations.hooks import Event
+    from conversations.turns import Post
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30

@@ -30,9 +30,9 @@ import openai
 
 from config.clock import Clock
 from config.settings import ModelSettings
-from gateway.provider import ChatProvider, Completion, DeltaCallback, ProviderError
+from conversations.provider import ChatProvider, Completion, DeltaCallback, ProviderError
+from sessions.protocol import RunStore
 from sessions.records import RunState
-from sessions.store import SessionStore
 
 RETRIED_STATUSES = frozenset({408, 409, 429})
 MAX_BACKOFF_S = 8.0
@@ -237,7 +237,7 @@ class ModelChain:
         ) from last
 
 
-async def record_attempts(store: SessionStore, run: RunState, attempts: list[Attempt]) -> None:
+async def record_attempts(store: RunStore, run: RunState, attempts: list[Attempt]) -> None:
     """Every attempt of a model call in the run's tools.jsonl (``tool_name: "model"``), when any
     failed; a call answered at once by the first model writes nothing."""
     if all(a.ok for a in attempts):

@@ -13,26 +13,26 @@ from aiohttp import web
 
 from config.clock import Clock
 from config.loader import LoadedConfig
+from conversations.commands import Commands
+from conversations.events import EventHub
+from conversations.housekeeping import Scheduling
+from conversations.metrics import Metrics
+from conversations.turns import Conversations
 from gateway.channel_intake import ChannelIntake
-from gateway.commands import Commands
-from gateway.events import EventHub
-from gateway.metrics import Metrics
 from gateway.openai_compat.service import OpenAICompat
-from gateway.scheduling import Scheduling
 from gateway.services import Services
-from gateway.turns import Conversations
 from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import SchedulerService
-from sessions.history import HistoryIndex
+from sessions.files.history import HistoryIndex
 from sessions.keys import SessionKey
-from sessions.store import SessionStore
+from sessions.protocol import StoreProtocol
 
 CONFIG = web.AppKey("config", LoadedConfig)
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")
 ENV = web.AppKey("env", dict[str, str])
 SERVICES = web.AppKey("services", Services)
-STORE = web.AppKey("store", SessionStore)
+STORE: web.AppKey[StoreProtocol] = web.AppKey("store")
 HUB = web.AppKey("hub", EventHub)
 METRICS = web.AppKey("metrics", Metrics)
 CONVERSATIONS = web.AppKey("conversations", Conversations)

@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
-from sessions import doctor
+from sessions.backends import open_store
+from sessions.files import doctor
+from sessions.files.layout import Home
+from sessions.files.lock import HomeLock
 from sessions.keys import parse_key
-from sessions.layout import Home
-from sessions.lock import HomeLock
-from sessions.store import SessionStore
+from sessions.protocol import StoreProtocol
 
 if TYPE_CHECKING:
-    from gateway.posts import ReplyBody
+    from conversations.posts import ReplyBody
     from gateway.services import Services
 
 T = TypeVar("T")
@@ -67,11 +68,11 @@ def locked(config: LoadedConfig, work: Callable[[], T]) -> T:
         return work()
 
 
-def with_store(config: LoadedConfig, work: Callable[[SessionStore], Awaitable[T]]) -> T:
+def with_store(config: LoadedConfig, work: Callable[[StoreProtocol], Awaitable[T]]) -> T:
     """Only the store (export, purge, history search: nothing of a conversation happens)."""
 
     async def run() -> T:
-        store = await SessionStore.open(config.home, config.settings, clock=system_clock)
+        store = await open_store(config.home, config.settings, clock=system_clock)
         try:
             return await work(store)
         finally:

@@ -236,6 +236,11 @@ def error_schema() -> Schema:
                     },
                     "kind": {"type": "string", "description": "provider_error: the kind of failure"},
                     "retry_after_s": {"type": "number", "description": "session_busy: when to retry"},
+                    "type": {"type": "string", "description": "OpenAI-compatible routes: OpenAI's error type"},
+                    "param": {
+                        "type": ["string", "null"],
+                        "description": "OpenAI-compatible routes: the parameter at fault, else null",
+                    },
                 },
             }
         },

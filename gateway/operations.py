@@ -11,17 +11,15 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from config.errors import BadRequest
-from gateway.commands import Commands, dispatch
-from gateway.scheduling import CronOutcome
-from gateway.turns import Conversations, Outcome, Post
+from conversations.commands import Commands, dispatch
+from conversations.housekeeping import CronOutcome
+from conversations.turns import Conversations, Outcome, Post
 from gateway.views import session_view
-from sessions.doctor import check_store
-from sessions.history import HistoryIndex
-from sessions.history_doctor import check_index
+from sessions.entries import SessionEntry
+from sessions.files.history import HistoryIndex
 from sessions.keys import SessionKey
+from sessions.protocol import StoreProtocol
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES
-from sessions.registry import SessionEntry
-from sessions.store import SessionStore
 
 if TYPE_CHECKING:
     from scheduler.service import SchedulerService
@@ -35,7 +33,7 @@ def sort_key(entry: SessionEntry) -> tuple[str, str]:
 
 
 def matching_sessions(
-    store: SessionStore, *, agent: str | None, chat_type: str | None, status: str | None
+    store: StoreProtocol, *, agent: str | None, chat_type: str | None, status: str | None
 ) -> list[SessionEntry]:
     """The entries a listing shows, newest activity first; a bad filter is a 400."""
     if status is not None and status not in STATUSES:
@@ -125,10 +123,10 @@ async def delete_session(conv: Conversations, key: str) -> dict[str, Any]:
     return {"session_key": key, "deleted": True, "completed_run_id": completed}
 
 
-async def doctor(store: SessionStore, history: HistoryIndex | None, *, fix: bool) -> list[dict[str, Any]]:
+async def doctor(store: StoreProtocol, history: HistoryIndex | None, *, fix: bool) -> list[dict[str, Any]]:
     """The doctor inside a running gateway (``POST /v1/admin/doctor``): the store's checks, then
     the history index's."""
-    findings = await check_store(store, fix=fix)
+    findings = await store.check(fix=fix)
     if history is not None:
-        findings += await check_index(history, store.ledger, store.home, fix=fix)
-    return [f.as_dict() for f in findings]
+        findings += await store.check_history(history, fix=fix)
+    return findings

@@ -17,7 +17,7 @@ and a clock, in this order (closed in the reverse order):
 The daemon (``gateway/app.py``) opens it in one cleanup context; the offline CLI
 (``gateway/offline.py``) opens the same graph under the home lock with ``Parts(timers=False)``, so
 a reset, a compaction or a cron job run without a daemon goes through the same objects (final
-summary, memory flush, memory tools, delivery). Hooks are declared in ``gateway/hooks.py``; they
+summary, memory flush, memory tools, delivery). Hooks are declared in ``conversations/hooks.py``; they
 are connected here and nowhere else. A hook that names an object built later (the store's final
 summarizer is ``Conversations.final_summary``; Conversations' ``before_post`` is
 ``Scheduling.check_on_arrival``) is a closure over this function's locals, called only once
@@ -40,36 +40,36 @@ import aiohttp
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
+from conversations.commands import Commands
+from conversations.events import EventHub
+from conversations.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
+from conversations.housekeeping import Scheduling
+from conversations.memory_scope import scope_of_raw
+from conversations.metrics import Metrics
+from conversations.posts import ReplyBody
+from conversations.recall import MemoryBridge
+from conversations.session_tools import SessionTools
+from conversations.tools import ToolBox
+from conversations.transcript_memory import TranscriptSource
+from conversations.turns import Conversations, Post
+from gateway.backups import Backups
 from gateway.budgets import Budgets
 from gateway.channel_intake import ChannelIntake
-from gateway.commands import Commands
 from gateway.crashpoints import crash_step, openai_crash_step
 from gateway.delivery import Deliverer, Delivery
 from gateway.disk_budget import DiskBudget
-from gateway.events import EventHub
 from gateway.fallbacks import ModelChain
-from gateway.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
-from gateway.memory_scope import scope_of_raw
-from gateway.metrics import Metrics
 from gateway.openai_compat.service import OpenAICompat
-from gateway.posts import ReplyBody
-from gateway.recall import MemoryBridge
-from gateway.scheduling import Scheduling
-from gateway.session_tools import SessionTools
-from gateway.tools import ToolBox
-from gateway.transcript_memory import TranscriptSource
-from gateway.turns import Conversations, Post
 from gateway.validation import check_config
 from gateway.webhook_intake import Webhooks
 from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
-from sessions import archive
-from sessions.history import HistoryIndex, catch_up, history_path, rebuild_all
-from sessions.history_marks import runs_on_disk
-from sessions.layout import Home
+from sessions.backends import open_store
+from sessions.files.history import HistoryIndex
+from sessions.protocol import StoreProtocol
 from sessions.records import MessageRecord, RunRow, RunState, StoreEvent
 from sessions.resets import daily_boundaries
-from sessions.store import SessionStore
+from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
 DELIVERY_TIMEOUT_S = 10.0
@@ -109,19 +109,6 @@ def memory_service(
     )
 
 
-class Archives:
-    """Archived runs (``archive/<uuid>.tar.gz``) stay readable: the run routes and inheritance."""
-
-    def __init__(self, home: Home) -> None:
-        self.home = home
-
-    async def records(self, run_id: str, name: str) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(archive.read_records, self.home.archive_file(run_id), run_id, name)
-
-    async def text(self, run_id: str, name: str) -> str | None:
-        return await asyncio.to_thread(archive.read_member, self.home.archive_file(run_id), run_id, name)
-
-
 @dataclass
 class Services:
     """Everything the daemon and the CLI work with, built by :func:`open_services`."""
@@ -133,8 +120,7 @@ class Services:
     hub: EventHub
     metrics: Metrics
     providers: dict[str, ModelChain]
-    store: SessionStore
-    archives: Archives
+    store: StoreProtocol
     history: HistoryIndex | None
     conversations: Conversations
     commands: Commands
@@ -147,6 +133,7 @@ class Services:
     scheduling: Scheduling
     scheduler: SchedulerService
     disk_budget: DiskBudget
+    backups: Backups
 
     @property
     def memory_ready(self) -> bool | None:
@@ -227,17 +214,19 @@ async def open_services(
         def next_reset(key: str) -> Any:
             return None if scheduling is None else scheduling.next_reset(key)
 
-        store = await SessionStore.open(
+        store = await open_store(
             config.home,
             settings,
             clock=clock,
-            final_summarizer=final_summary,
-            listeners=(on_event,),
-            durable_listeners=(feed,) if settings.history.enabled else (),
+            hooks=StoreHooks(
+                final_summarizer=final_summary,
+                listeners=(on_event,),
+                durable_listeners=(feed,) if settings.history.enabled else (),
+            ),
         )
         stack.push_async_callback(store.close)
         if settings.history.enabled:
-            history = HistoryIndex(history_path(store.home.contexts), max_batch=settings.history.max_batch)
+            history = store.open_history(max_batch=settings.history.max_batch)
             created = await history.open()
 
             async def close_history() -> None:  # the store's appends stop feeding it first
@@ -247,7 +236,6 @@ async def open_services(
                     await index.close()
 
             stack.push_async_callback(close_history)
-        archives = Archives(store.home)
 
         async def cleanup_early() -> None:  # below storage.min_free: archive and delete now
             if scheduling is not None and parts.timers:
@@ -255,7 +243,7 @@ async def open_services(
                 done = sum(1 for action in report if action["done"])
                 log.info("early cleanup for low disk space: %d action(s) done", done)
 
-        disk_budget = DiskBudget(store.home.root, settings.storage, metrics, on_low=cleanup_early)
+        disk_budget = DiskBudget(config.home, settings.storage, metrics, on_low=cleanup_early)
         stack.push_async_callback(disk_budget.close)
         budgets = Budgets(store, lambda: settings if conversations is None else conversations.settings, clock)
         tools = ToolBox(store)
@@ -270,7 +258,6 @@ async def open_services(
             hooks=ConversationHooks(
                 before_post=(disk_budget.before_post, budget_check, resets_due),
                 before_append=(recall,) if parts.memory else (),
-                archive_text=archives.text,
             ),
         )
         commands = Commands(conversations, hooks=CommandHooks(next_reset=next_reset))
@@ -314,13 +301,15 @@ async def open_services(
             settings,
             clock=clock,
             host_zone=zone,
+            storage=store,
             hooks=SchedulingHooks(
                 deliver=deliver,
                 forget_runs=history.delete_runs if history is not None else None,
                 archive_step=crash_step(env),
             ),
         )
-        scheduler = scheduler_service(config, scheduling, zone, clock)
+        backups = Backups(config, store, memory, clock)
+        scheduler = scheduler_service(config, scheduling, zone, clock, backups=backups)
         if parts.timers:
             await scheduler.start()
             scheduling.start()
@@ -339,7 +328,6 @@ async def open_services(
             metrics=metrics,
             providers=providers,
             store=store,
-            archives=archives,
             history=history,
             conversations=conversations,
             commands=commands,
@@ -352,12 +340,18 @@ async def open_services(
             scheduling=scheduling,
             scheduler=scheduler,
             disk_budget=disk_budget,
+            backups=backups,
         )
 
 
-def scheduler_service(config: LoadedConfig, scheduling: Scheduling, zone: ZoneInfo, clock: Clock) -> SchedulerService:
-    """The APScheduler jobs: the daily reset boundary and the sweep, cleanup, cron jobs."""
+def scheduler_service(
+    config: LoadedConfig, scheduling: Scheduling, zone: ZoneInfo, clock: Clock, *, backups: Backups | None = None
+) -> SchedulerService:
+    """The APScheduler jobs: the daily reset boundary and the sweep, cleanup, cron jobs, backups."""
     settings = config.settings
+    backup = None
+    if backups is not None and settings.backup.schedule:
+        backup = (settings.backup.schedule, backups.scheduled)
     reset_zone = ZoneInfo(settings.session.reset.timezone) if settings.session.reset.timezone else zone
     return SchedulerService(
         timezone=reset_zone,
@@ -371,6 +365,7 @@ def scheduler_service(config: LoadedConfig, scheduling: Scheduling, zone: ZoneIn
         cron_jobs=settings.cron.jobs,
         run_cron=scheduling.run_cron,
         clock=clock,
+        backup=backup,
     )
 
 
@@ -380,7 +375,7 @@ async def _close_providers(providers: dict[str, ModelChain]) -> None:
 
 
 async def _prepare_index(
-    history: HistoryIndex, store: SessionStore, created: bool, background: bool
+    history: HistoryIndex, store: StoreProtocol, created: bool, background: bool
 ) -> asyncio.Task[None] | None:
     """Rebuild the index when it was missing, else catch up the active runs a crash left behind:
     in the background (the daemon), or now (the CLI, which closes again soon)."""
@@ -398,18 +393,12 @@ async def _settle_index(task: asyncio.Task[None] | None) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def _level_index(history: HistoryIndex, store: SessionStore, *, rebuild: bool) -> None:
+async def _level_index(history: HistoryIndex, store: StoreProtocol, *, rebuild: bool) -> None:
     try:
         if rebuild:
             log.info("history index missing: rebuilding it from the run folders and archives")
-            await rebuild_all(history, store.ledger, store.home)
+            await store.rebuild_history(history)
         else:
-            runs = [(r.run_id, r.key, r.agent_id, r.dir, r.next_seq - 1) for r in store.active_runs()]
-            active = {run[0] for run in runs}
-            sql = "SELECT uuid, session_key, agent_id FROM tasks WHERE archived_at IS NULL AND session_key IS NOT NULL"
-            rows = await store.ledger.execute(lambda c: [tuple(r) for r in c.execute(sql)])
-            ended = [row for row in rows if row[0] not in active]
-            runs += await asyncio.to_thread(runs_on_disk, history.marks.locate, ended)  # a crash after a run ended
-            await catch_up(history, runs)
+            await store.catch_up_history(history)
     except Exception:  # the index is derived: a failed rebuild is logged; doctor --fix retries
         log.exception("history index rebuild failed")

@@ -10,11 +10,11 @@ from typing import Any
 from aiohttp import web
 
 from config.errors import NeotaskError
+from conversations.commands import dispatch
+from conversations.turns import Post
 from gateway import keys as K
-from gateway.commands import dispatch
 from gateway.contract import OBJ, STR, Answer, ref
 from gateway.http import REQUEST_ID, error_body, message_response
-from gateway.turns import Post
 from sessions.records import USAGE_KEYS
 
 _USAGE = {k: {"type": "integer"} for k in USAGE_KEYS}

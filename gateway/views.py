@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from gateway.contract import NULLABLE_STR, OBJ, STR, Answer
+from gateway.contract import NULLABLE_STR, typed
+from sessions.entries import SessionEntry
 from sessions.records import RunState
-from sessions.registry import SessionEntry
 
 
 def session_view(
@@ -37,24 +37,19 @@ def session_view(
     return body
 
 
-SESSION = Answer(
+TOKEN_FIELDS = ("context", "threshold", "input", "output", "cache_read", "cache_write")
+SESSION = typed(
     "Session",
-    {
-        "type": "object",
-        "properties": {
-            "key": STR,
-            "agent_id": NULLABLE_STR,
-            "chat_type": STR,
-            "status": STR,
-            "run_id": NULLABLE_STR,
-            "pinned": {"type": "boolean"},
-            "label": NULLABLE_STR,
-            "settings": OBJ,
-            "tokens": OBJ,
-            "threshold": {"type": "integer"},
-            "compactions": {"type": "integer"},
-            "next_reset": NULLABLE_STR,
-            "model": NULLABLE_STR,
+    SessionEntry,
+    add={
+        "tokens": {
+            "type": "object",
+            "description": "the context's size against the compaction threshold, and the run's token use",
+            "properties": {name: {"type": "integer"} for name in TOKEN_FIELDS},
         },
+        "threshold": {"type": "integer"},
+        "compactions": {"type": "integer"},
+        "next_reset": NULLABLE_STR,
+        "model": NULLABLE_STR,
     },
 )

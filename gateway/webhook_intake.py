@@ -14,9 +14,9 @@ from aiohttp import web
 from config.clock import Clock
 from config.errors import HookNotFound, HookSecretMissing, NeotaskError, ShuttingDown
 from config.settings import HookMapping, Settings
+from conversations.turns import Conversations, Outcome, Post
 from gateway.delivery import Deliverer
 from gateway.http import json_response
-from gateway.turns import Conversations, Outcome, Post
 from gateway.webhooks import plan
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ from typing import Any
 
 import snowballstemmer  # imported with the module: its import takes a second, never on the loop
 
+from memory.mmr import MMR_DEPTH, diversify
 from memory.records import SearchHit
 
 RRF_K = 60
@@ -101,6 +102,12 @@ def query_terms(query: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return words, tuple(dict.fromkeys(cjk))
 
 
+def words_of(text: str) -> frozenset[str]:
+    """A chunk's content words as :func:`query_terms` finds a query's (MMR's similarity)."""
+    latin, cjk = query_terms(text)
+    return frozenset(latin) | frozenset(cjk)
+
+
 def text_share(terms: tuple[tuple[str, ...], tuple[str, ...]], content: str) -> float:
     """The share of the query's terms that ``content`` holds, in [0, 1].
 
@@ -162,6 +169,7 @@ class FusionParams:
     text_saturation: float = 40.0  # score fusion: the BM25 score that counts as a half match
     use_vector: bool = True  # False: the query is in a language the embedder does not know
     neighbour_weight: float = 0.0  # share of the best adjacent chunk's score a chunk gains
+    mmr: float | None = None  # maximal marginal relevance's lambda (memory.mmr); None: off
 
 
 def _ranks(pool: Sequence[tuple[Candidate, float]]) -> list[tuple[Candidate, int]]:
@@ -313,7 +321,7 @@ def with_neighbours(own: dict[str, float], candidates: Sequence[Candidate], weig
 
 def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, k: int) -> list[SearchHit]:
     """Rank (with the neighbours' share), abstain (on a chunk's own score), decay, order (score,
-    then chunk id) and cut to ``k``."""
+    then chunk id), diversify (``params.mmr``: :mod:`memory.mmr`) and cut to ``k``."""
     pool = list(candidates)
     own = {c.chunk_id: fused_score(c, params) if params.method == "score" else rrf_score(c, params) for c in pool}
     ranked = with_neighbours(own, pool, params.neighbour_weight)
@@ -324,6 +332,9 @@ def fuse(candidates: Iterable[Candidate], params: FusionParams, *, today: date, 
         score = ranked[c.chunk_id]
         scored.append((-round(decay(score, c.path, today, params.recency_half_life_days), 6), c.chunk_id, c))
     scored.sort(key=lambda t: (t[0], t[1]))
+    if params.mmr is not None:
+        head = [(-t[0], words_of(t[2].text), t) for t in scored[:MMR_DEPTH]]
+        scored = diversify(head, params.mmr) + scored[MMR_DEPTH:]
     return [
         SearchHit(
             path=c.path,

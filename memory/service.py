@@ -146,6 +146,11 @@ class MemoryService:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
+    async def exclusive(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (blocking) on the index's write thread: no LanceDB write happens meanwhile
+        (a backup copies the tables there)."""
+        return await self._call(fn)
+
     def _notify(self, agents: set[str]) -> None:
         self._queued |= agents & set(self._workspaces)
         self._wake.set()
@@ -268,6 +273,7 @@ class MemoryService:
             text_saturation=s.text_saturation,
             use_vector=use_vector,
             neighbour_weight=s.neighbour_weight,
+            mmr=s.mmr,
         )
         return fuse(pool, params, today=self._clock().date(), k=k)
 

@@ -6,7 +6,7 @@ the sweep, the cleanup and cron firings, and the settings that say when to call 
 and logged (daily reset jobs for several boundaries share one guard, since they share a callback).
 
 Job ids: ``daily_reset`` (and ``daily_reset:<zone>:<HH>`` for further boundaries), ``sweep``,
-``cleanup``, ``cron:<id>`` for each cron job.
+``cleanup``, ``backup`` (when ``backup.schedule`` is set), ``cron:<id>`` for each cron job.
 """
 
 from __future__ import annotations
@@ -28,17 +28,16 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from config.clock import Clock, iso
-from config.crontab import check_schedule
+from config.crontab import WEEKDAYS, check_schedule
 from config.errors import JobNotFound, JobRunning
 from config.settings import CronJob
 
 logger = logging.getLogger(__name__)
 
-JobKind = Literal["daily_reset", "sweep", "cleanup", "cron"]
+JobKind = Literal["daily_reset", "sweep", "cleanup", "cron", "backup"]
 Callback = Callable[[], Awaitable[object]]  # what a job's firing returns is what ``run_now`` answers
 
 CRON_PREFIX = "cron:"
-_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
 
 def _weekday(token: str) -> int:
@@ -46,8 +45,8 @@ def _weekday(token: str) -> int:
     text = token.strip().lower()
     if text.isdigit() and 0 <= int(text) <= 7:
         return int(text)
-    if text in _WEEKDAYS:
-        return _WEEKDAYS.index(text)
+    if text in WEEKDAYS:
+        return WEEKDAYS.index(text)
     raise ValueError(f"bad day of week {token!r}: use 0-7 (0 and 7 are Sunday) or sun-sat")
 
 
@@ -75,7 +74,7 @@ def _weekday_field(field_text: str) -> str:
         if last < first:
             raise ValueError(f"bad day-of-week range {part!r}")
         days.update(day % 7 for day in range(first, last + 1, step))
-    return ",".join(_WEEKDAYS[day] for day in sorted(days))
+    return ",".join(WEEKDAYS[day] for day in sorted(days))
 
 
 def crontab_trigger(schedule: str, zone: ZoneInfo) -> BaseTrigger:
@@ -222,6 +221,7 @@ class SchedulerService:
         clock: Clock,
         misfire_grace_s: float = 3600,
         stop_timeout_s: float = 5,
+        backup: tuple[str, Callback] | None = None,
     ) -> None:
         if sweep_seconds <= 0:
             raise ValueError(f"sweep_seconds must be positive, not {sweep_seconds}")
@@ -257,6 +257,18 @@ class SchedulerService:
                 misfire_grace_s=misfire_grace_s,
             )
         )
+        if backup is not None:  # backup.schedule: a crontab expression in the reset zone
+            jobs.append(
+                _Job(
+                    id="backup",
+                    kind="backup",
+                    guard="backup",
+                    trigger=crontab_trigger(backup[0], timezone),
+                    text=f"cron {backup[0]} {timezone.key}",
+                    call=backup[1],
+                    misfire_grace_s=misfire_grace_s,
+                )
+            )
         for job in cron_jobs:
             zone = ZoneInfo(job.timezone) if job.timezone else timezone
             job_id = CRON_PREFIX + job.id
@@ -304,22 +316,50 @@ class SchedulerService:
             raise RuntimeError("the scheduler is already started")
         scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop(), timezone=self._zone)
         for job in self._jobs.values():
-            trigger = job.trigger or IntervalTrigger(seconds=job.interval_s, timezone=self._zone)
-            scheduler.add_job(
-                self._fire,
-                trigger=trigger,
-                args=(job.id,),
-                id=job.id,
-                name=job.id,
-                misfire_grace_time=max(1, round(job.misfire_grace_s)),
-                coalesce=True,
-                max_instances=1,
-            )
+            self._schedule(scheduler, job)
         scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
         scheduler.start()
         self._scheduler = scheduler
         self.ready = True
         logger.info("scheduler started with %d jobs", len(self._jobs))
+
+    def _schedule(self, scheduler: AsyncIOScheduler, job: _Job) -> None:
+        trigger = job.trigger or IntervalTrigger(seconds=job.interval_s, timezone=self._zone)
+        scheduler.add_job(
+            self._fire,
+            trigger=trigger,
+            args=(job.id,),
+            id=job.id,
+            name=job.id,
+            misfire_grace_time=max(1, round(job.misfire_grace_s)),
+            coalesce=True,
+            max_instances=1,
+            replace_existing=True,
+        )
+
+    def adopt(self, other: SchedulerService) -> list[str]:
+        """Take over the jobs of ``other`` (built from reloaded settings, never started): jobs
+        gone are removed, new or changed ones (scheduled) again, the rest keep their next run
+        time and take the new callback. A firing in progress finishes. The ids that changed."""
+        changed = []
+        for job_id in [j for j in self._jobs if j not in other._jobs]:
+            del self._jobs[job_id]
+            if self._scheduler is not None and self._scheduler.get_job(job_id) is not None:
+                self._scheduler.remove_job(job_id)
+            changed.append(job_id)
+        for job_id, job in other._jobs.items():
+            mine = self._jobs.get(job_id)
+            if mine is not None and mine.text == job.text and mine.misfire_grace_s == job.misfire_grace_s:
+                mine.call = job.call
+                continue
+            if mine is not None:
+                job.tasks, job.last_run_at, job.skipped = mine.tasks, mine.last_run_at, mine.skipped
+            self._jobs[job_id] = job
+            if self._scheduler is not None:
+                self._schedule(self._scheduler, job)
+            changed.append(job_id)
+        self._zone = other._zone
+        return changed
 
     async def stop(self) -> None:
         """Stop firing; give running firings ``stop_timeout_s`` to finish, then cancel them."""

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessions import layout
 from sessions.context_order import clean_cuts, place
 from sessions.tokens import estimate_text
 
+COMPACTIONS = "compactions"  # where a compaction keeps the context it replaced: compactions/{summary_id}.jsonl
 Line = dict[str, Any]
 
 
@@ -111,7 +111,7 @@ def rolled_forward(last: Line, current: Sequence[Line], saved: Sequence[Line] | 
 
 
 def archive_name(summary_id: int) -> str:
-    return f"{layout.COMPACTIONS}/{summary_id}.jsonl"
+    return f"{COMPACTIONS}/{summary_id}.jsonl"
 
 
 def archive_of(record: dict[str, Any]) -> str:
@@ -121,7 +121,7 @@ def archive_of(record: dict[str, Any]) -> str:
     if isinstance(named, str):
         return named
     number = record.get("reverts") if record.get("type") == "uncompact" else record.get("compaction_count")
-    return f"{layout.COMPACTIONS}/{number}.jsonl"
+    return f"{COMPACTIONS}/{number}.jsonl"
 
 
 def in_effect(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,40 +1,23 @@
-"""Carrying out compactions (SPEC section 5): summarize, then commit on the writer thread.
-
-Commit order, chosen so a crash at any point leaves the old or the new context and recovery can
-roll forward: (1) the old context is saved to ``compactions/{id}.jsonl`` (``id`` the summary id, so
-an archive is never overwritten, even after ``/uncompact``); (2) the summary record is
-appended to summaries.jsonl and synced — this is the commit point; (3) current.jsonl is replaced
-atomically. Recovery (``sessions.recovery``) redoes (3) when (2) happened without it.
-messages.jsonl is never touched.
-"""
+"""Carrying out compactions (SPEC section 5): summarize, then hand the store the rewrite as data
+(``sessions.rewrites``); the store keeps the old context, appends the summary record and replaces
+the context in an order its recovery can roll forward (``sessions.files.context_rewrite`` for the
+run folders)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from config.clock import iso
 from config.settings import CompactionSettings
-from sessions import layout
-from sessions.compaction import (
-    Line,
-    archive_name,
-    archive_of,
-    in_effect,
-    is_summary,
-    plan_compaction,
-    restore_lines,
-    summary_line,
-)
-from sessions.jsonl import encode, read_records, write_records_atomic
-from sessions.protocol import StoreProtocol
-from sessions.records import ContextRewrite, RunState
+from sessions.compaction import Line, archive_name, is_summary, plan_compaction, summary_line
+from sessions.protocol import RunStore
+from sessions.records import RunState
+from sessions.rewrites import Compaction, Uncompaction
 from sessions.summarize import extractive_summary
 
 log = logging.getLogger(__name__)
@@ -111,7 +94,7 @@ def summary_budget(threshold: int) -> int:
 
 
 class Compactor:
-    def __init__(self, store: StoreProtocol, summarizer: Summarizer, settings: CompactionSettings) -> None:
+    def __init__(self, store: RunStore, summarizer: Summarizer, settings: CompactionSettings) -> None:
         self.store = store
         self.summarizer = summarizer
         self.settings = settings
@@ -165,24 +148,8 @@ class Compactor:
         }
         if instructions:
             record["instructions"] = instructions
-        folder = run.dir
-
-        def commit() -> ContextRewrite | None:
-            current = read_records(folder / layout.CURRENT)
-            before = sum(int(x.get("tokens", 0)) for x in current)
-            new_lines = [head, *(x for x in current if x.get("seq") is not None and x["seq"] > plan.end_seq)]
-            after = sum(int(x.get("tokens", 0)) for x in new_lines)
-            if after >= before:
-                return None
-            record.update(tokens_before=before, tokens_after=after, tokens_saved=before - after)
-            (folder / layout.COMPACTIONS).mkdir(mode=0o700, exist_ok=True)
-            write_records_atomic(folder / str(record["archive"]), current)
-            _append_synced(folder / layout.SUMMARIES, record)
-            write_records_atomic(folder / layout.CURRENT, new_lines)
-            size = (folder / layout.CURRENT).stat().st_size
-            return ContextRewrite(after, len(new_lines) - len(current), size, number, summary_id, tokens_before=before)
-
-        done = await self.store.commit_context_rewrite(run, commit)
+        change = Compaction(summary_id, number, head, plan.end_seq, record)
+        done = await self.store.rewrite_context(run, change)
         if done is None:
             log.info("compaction of run %s would free nothing; skipped", run.run_id)
             return None
@@ -207,39 +174,8 @@ class Compactor:
         number = run.compaction_count
         if number == 0:
             return None
-        folder = run.dir
-        summary_id = run.next_summary_id
-        created = iso(self.store.clock())
-
-        def commit() -> ContextRewrite | None:
-            undone = in_effect(read_records(folder / layout.SUMMARIES))
-            if not undone:
-                return None
-            archive = archive_of(undone[-1])
-            saved = folder / archive
-            if not saved.exists():
-                return None
-            restored = read_records(saved)
-            current = read_records(folder / layout.CURRENT)
-            new_lines = restore_lines(restored, current)
-            head = restored[0].get("summary_id") if restored and is_summary(restored[0]) else None
-            record = {
-                "id": summary_id,
-                "type": "uncompact",
-                "reverts": number,
-                "reverts_id": undone[-1].get("id"),
-                "archive": archive,
-                "restored_head": head,
-                "created_at": created,
-                "compaction_count": number - 1,
-            }
-            _append_synced(folder / layout.SUMMARIES, record)
-            write_records_atomic(folder / layout.CURRENT, new_lines)
-            tokens = sum(int(x.get("tokens", 0)) for x in new_lines)
-            size = (folder / layout.CURRENT).stat().st_size
-            return ContextRewrite(tokens, len(new_lines) - len(current), size, number - 1, summary_id)
-
-        if await self.store.commit_context_rewrite(run, commit) is None:
+        change = Uncompaction(run.next_summary_id, number, iso(self.store.clock()))
+        if await self.store.rewrite_context(run, change) is None:
             return None
         run.hold_compaction = True
         self.store.emit("compaction", run, action="uncompact", reverts=number, compaction=number - 1)
@@ -277,11 +213,3 @@ class Compactor:
         )
         return result
 
-
-def _append_synced(path: Path, record: dict[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, encode(record))
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -90,3 +90,16 @@ def clean_cuts(seqs: Sequence[int]) -> list[bool]:
         high = seqs[i - 1] if high is None else max(high, seqs[i - 1])
         clean[i] = high < suffix_min[i]
     return clean
+
+
+def in_context(record: Mapping[str, Any]) -> bool:
+    """Whether a messages.jsonl line belongs in what the model sees."""
+    return not record.get("command")
+
+
+def context_line(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The current.jsonl line for a messages.jsonl line (OpenAI-compatible, plus seq/tokens)."""
+    line = {k: v for k, v in record.items() if k not in ("timestamp", "client_message_id", "usage", "sender_id")}
+    if line.get("tool_name") is None:
+        line.pop("tool_name", None)
+    return line

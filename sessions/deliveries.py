@@ -1,4 +1,4 @@
-"""Deliveries: which ``client_message_id`` a run's messages.jsonl holds, read from the file.
+"""Deliveries: which ``client_message_id`` a run's messages hold, read from what is stored.
 
 The durable truth for idempotent redelivery. The idempotency rows in tasks.db commit after the
 message is durable, so a crash (or a locked tasks.db) between the two leaves a stored message with
@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from sessions.jsonl import iter_records
 
 
 @dataclass(frozen=True)
@@ -58,12 +55,3 @@ class RunDeliveries:
         if found is None or found[1] < since:
             return None
         return Delivery(run_id, found[0], found[1], self.replies.get(found[0]))
-
-
-def scan(path: Path) -> RunDeliveries:
-    """Read a messages.jsonl for its deliveries (blocking)."""
-    out = RunDeliveries(scanned=True)
-    for record in iter_records(path):
-        if "client_message_id" in record or "reply_to" in record:
-            out.add(record)
-    return out

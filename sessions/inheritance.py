@@ -3,22 +3,14 @@ starts from the final summary and planning history of the key's previous run."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from config.errors import RunNotFound
 from config.settings import InheritanceSettings
-from sessions import layout
-from sessions.jsonl import read_records
-from sessions.ledger import run_metadata
-from sessions.records import TaskKey
-from sessions.store import SessionStore
+from sessions.protocol import RunStore
+from sessions.records import StoredRecord, TaskKey
 from sessions.tokens import estimate_text
-
-ArchiveText = Callable[[str, str], Awaitable[str | None]]
 
 
 @dataclass(frozen=True)
@@ -65,24 +57,13 @@ def build_message(
 
 
 async def find_inheritance(
-    store: SessionStore,
-    *,
-    key: str,
-    task_key: TaskKey | None,
-    settings: InheritanceSettings,
-    archive_text: ArchiveText | None = None,
+    store: RunStore, *, key: str, task_key: TaskKey | None, settings: InheritanceSettings
 ) -> Inheritance | None:
     """The newest completed or failed run of the key (for hooks, also of the seed's task key)
     within ``expiry_days``, as the message that opens the next run."""
-    rows = await store.ledger.previous_runs(
-        session_key=key,
-        task_key=task_key.as_dict() if task_key is not None else None,
-        since=store.expiry_cutoff(settings.expiry_days),
-    )
+    rows = await store.previous_runs(key=key, task_key=task_key, within_days=settings.expiry_days)
     for row in rows:
-        if run_metadata(row.get("metadata")).get("inherit") is False:  # its session was deleted
-            continue
-        summary, plans = await _load(store, row, archive_text)
+        summary, plans = await _load(store, row["uuid"])
         if summary is None and not plans:
             continue
         ended = str(row["completed_at"])
@@ -94,29 +75,10 @@ async def find_inheritance(
     return None
 
 
-async def _load(
-    store: SessionStore, row: dict[str, Any], archive_text: ArchiveText | None
-) -> tuple[str | None, list[dict[str, Any]]]:
-    folder = store.home.run_dir(row["uuid"], "completed")
-
-    def _read() -> tuple[str | None, list[dict[str, Any]]] | None:
-        if not folder.is_dir():
-            return None
-        return _text(folder / layout.FINAL_SUMMARY), read_records(folder / layout.PLANNING)
-
-    found = await asyncio.to_thread(_read)
-    if found is not None:
-        return found
-    if archive_text is None:
-        return None, []
-    summary = await archive_text(row["uuid"], layout.FINAL_SUMMARY)
-    planning = await archive_text(row["uuid"], layout.PLANNING)
-    plans = [json.loads(x) for x in (planning or "").splitlines() if x.strip()]
-    return summary, plans
-
-
-def _text(path: Path) -> str | None:
+async def _load(store: RunStore, run_id: str) -> tuple[str | None, list[StoredRecord]]:
+    """The run's final summary and planning records (from wherever its backend keeps an ended or
+    archived run); nothing when they cannot be read any more."""
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
+        return await store.read_final_summary(run_id), await store.read_records(run_id, "planning")
+    except RunNotFound:
+        return None, []

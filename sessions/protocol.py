@@ -1,34 +1,51 @@
-"""The session store as the rest of the program sees it: intent methods, no SQL, no entry to mutate.
+"""The session store as the rest of the program sees it, split by capability.
 
-``SessionStore`` (run folders, tasks.db, sessions.json) is the one implementation. A second
-backend (a shared database, later) implements this protocol and must pass the conformance suite in
-``tests/sessions/conformance/``, which is written against this protocol only.
+The Protocol speaks of keys, runs and records only: no folder, no path, no SQL, no callable that
+writes a file. A backend implements the capabilities it has; the conformance suite
+(``tests/sessions/conformance/``) runs each case over every backend that has the capability the
+case needs (``support.BACKENDS`` says which backend has which), as LangGraph's checkpoint
+conformance suite splits its base and extended capabilities.
 
-Contract, in short (the suite checks each point):
+| capability | what it is | files (``sessions.files``) | memory (``sessions.memory``) |
+|---|---|---|---|
+| ``RunStore`` (base) | keys, runs, lifecycle, appends, reads by run id, the context rewrite | yes | yes |
+| ``DeliveryRecords`` | idempotency records, deliveries in the transcript, webhook delivery ids | yes | yes |
+| ``CompatRecords`` | the OpenAI-compatible routes' conversations and response ids | yes | yes |
+| ``UsageRecords`` | token usage per UTC day, agent and key (``GET /v1/usage``, budgets) | yes | yes |
+| ``HistorySource`` | feeds, rebuilds and checks the full-text history index | yes | no |
+| ``Maintenance`` | doctor (check and fix), cleanup (archive, expire, trim), export, purge | yes | no |
+
+``ConversationStore`` (base + delivery + compat records) is what the conversation engine needs;
+``StoreProtocol`` (every capability) is what the daemon's composition root opens
+(``storage.backend``). A backend is given its hooks at open (``sessions.store_hooks.StoreHooks``).
+
+Contract of the base capability, in short (the suite checks each point):
 
 - a key has at most one active run; ``start_run`` on a key with one raises ``Conflict``;
 - seqs of a run start at 1, have no gaps, and follow arrival order (``queue_append`` assigns them
   on the event loop); an append is durable when it returns; a failed one consumes no seq;
 - ``pause`` keeps the run, refuses non-command appends (``SessionPaused``); ``resume`` undoes it;
   ``complete`` ends the run (``completed``, or ``failed`` with an error), leaves the key's entry
-  idle with ``last_run_id`` set; ``delete`` also removes the entry (tasks.db keeps the runs);
+  idle with ``last_run_id`` set; ``delete`` also removes the entry (the runs stay listed);
 - the entry's ``counters`` equal the active run's ``counters`` after every change;
-- everything acknowledged survives ``close`` and a reopen of the same home, counters included;
-- idempotency records, webhook delivery ids and the OpenAI-compatible records are read back as
-  written (the first webhook record of an id wins; a new delivery's record replaces an expired one).
+- everything acknowledged survives ``close`` and a reopen of the same storage, counters included;
+- a storage failure is a typed error (``StorageUnavailable``, ``InsufficientStorage``), never a
+  backend's own exception type;
+- delivery records and the OpenAI-compatible records are read back as written (the first webhook
+  record of an id wins; a new delivery's record replaces an expired one).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
-from datetime import date
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from config.clock import Clock
+from config.settings import CleanupSettings
 from sessions.deliveries import Delivery
-from sessions.layout import Home
+from sessions.entries import SessionEntry
 from sessions.records import (
     CompatConversation,
     ContextRewrite,
@@ -42,22 +59,26 @@ from sessions.records import (
     ResponseRef,
     RunRow,
     RunState,
+    StoredRecord,
     TaskKey,
 )
-from sessions.registry import SessionEntry
-from sessions.store_base import DurableListener, FinalSummarizer, Listener, RunHook
-from sessions.usage import UsageBy
+from sessions.rewrites import ContextChange
+from sessions.usage import DailyUsage, UsageBy
+
+if TYPE_CHECKING:  # the files backend's history index (SQLite FTS5) and export streams
+    from sessions.files.export import RunExport
+    from sessions.files.history import HistoryIndex
+
+RecordKind = Literal["summaries", "tools", "planning"]  # a run's records besides its messages
+CompleteRun = Callable[[str], Awaitable[None]]  # cleanup completes a stale run of a key through it
+ArchiveStep = Callable[[str], None]  # called at each step of archiving a run (a test hook)
 
 
-class StoreProtocol(Protocol):
-    home: Home  # where run folders and archives are read from (history, exports)
-    clock: Clock
-    # Hooks (the composition root fills them): names kept as the store has them.
-    completion_hooks: dict[str, RunHook]
-    stop_hooks: dict[str, RunHook]
-    final_summarizer: FinalSummarizer | None
-    listeners: list[Listener]
-    durable_listeners: list[DurableListener]
+class RunStore(Protocol):
+    """Base capability: keys and their entries, runs and their lifecycle, appends, reads by run id."""
+
+    @property
+    def clock(self) -> Clock: ...
 
     async def close(self) -> None: ...
 
@@ -80,7 +101,7 @@ class StoreProtocol(Protocol):
         pinned: bool | None = None,
         label: str | None = None,
         clear_label: bool = False,
-        settings: dict[str, Any] | None = None,
+        settings: Mapping[str, object] | None = None,
     ) -> SessionEntry: ...
     async def set_inherit_next(self, key: str, inherit: bool) -> bool: ...
     async def set_reset_boundary(self, key: str, boundary: str) -> None: ...
@@ -114,33 +135,37 @@ class StoreProtocol(Protocol):
     async def finish_append(
         self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
     ) -> MessageRecord: ...
-    async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None: ...
     async def record_tool(
         self,
         run: RunState,
         *,
         tool_name: str,
-        arguments: Any,
-        result: Any = None,
+        arguments: object,
+        result: object = None,
         error: str | None = None,
         duration_ms: float | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> dict[str, Any]: ...
+        extra: Mapping[str, object] | None = None,
+    ) -> StoredRecord: ...
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord: ...
-    async def add_usage(self, run: RunState, usage: dict[str, int]) -> None: ...
+    async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None: ...
     def calibrate_context(
         self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
     ) -> None: ...
-    async def commit_context_rewrite(
-        self, run: RunState, commit: Callable[[], ContextRewrite | None]
-    ) -> ContextRewrite | None: ...
+    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
+        """Carry out a compaction or an uncompact given as data (``sessions.rewrites``), after every
+        append queued before it; None when it changed nothing. A caller cancelled meanwhile does
+        not undo it: the run's counters follow it once it is done."""
+        ...
     async def writable(self) -> str | None: ...
     def recently_writable(self, max_age_s: float) -> bool: ...
-    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None: ...
+    def emit(self, event_type: EventType, run: RunState, **fields: object) -> None: ...
 
-    # -- reads ------------------------------------------------------------------------------------
+    # -- reads by run id --------------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> RunRow | None: ...
+    async def require_run(self, run_id: str) -> RunRow:
+        """The run's row; ``RunNotFound`` when there is none."""
+        ...
     async def list_runs(
         self,
         *,
@@ -150,23 +175,23 @@ class StoreProtocol(Protocol):
         before: tuple[str, str] | None = None,
     ) -> list[RunRow]: ...
     async def known_keys(self) -> list[KnownKey]: ...
-    async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[dict[str, Any]]: ...
-    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]: ...
-    async def locate_run(self, run_id: str) -> tuple[RunRow, Path | None]: ...
-    async def read_store(self, folder: Path, name: str) -> list[dict[str, Any]]: ...
-    async def read_messages(self, folder: Path, *, after_seq: int, limit: int) -> list[dict[str, Any]]: ...
-    async def read_context(self, run: RunState) -> list[dict[str, Any]]: ...
+    async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
+        """The completed or failed runs of ``key`` (or of ``task_key``) that ended within
+        ``within_days``, newest first; not those of a deleted session (a new session starts clean)."""
+        ...
+    async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[StoredRecord]:
+        """A page of the run's messages by seq (an ended or archived run too); ``RunNotFound``."""
+        ...
+    async def read_records(self, run_id: str, kind: RecordKind) -> list[StoredRecord]: ...
+    async def read_final_summary(self, run_id: str) -> str | None: ...
+    async def read_context(self, run: RunState) -> list[StoredRecord]: ...
 
-    # -- records beside the runs ------------------------------------------------------------------
 
+class DeliveryRecords(Protocol):
+    """Idempotent redelivery: records per (key, client_message_id), deliveries found in the active
+    run's transcript, and webhook delivery ids."""
+
+    async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None: ...
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None: ...
     async def remember_delivery(
         self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None
@@ -178,8 +203,79 @@ class StoreProtocol(Protocol):
     async def record_hook_delivery(
         self, delivery_id: str, hook: str, *, session_key: str | None, message_seq: int | None
     ) -> None: ...
+
+
+class CompatRecords(Protocol):
+    """The OpenAI-compatible routes' conversation per key and their response ids."""
+
     async def compat_conversation(self, key: str) -> CompatConversation | None: ...
     async def save_compat_conversation(self, key: str, record: CompatConversation) -> None: ...
     async def compat_response(self, response_id: str) -> ResponseRef | None: ...
     async def latest_compat_response(self, key: str) -> str | None: ...
     async def save_compat_response(self, ref: ResponseRef) -> None: ...
+
+
+class UsageRecords(Protocol):
+    """Token usage per UTC day, agent and key, counted by ``add_usage`` (``GET /v1/usage``, the
+    daily budgets ``agents.<id>.limits``)."""
+
+    async def daily_usage(
+        self,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
+        by: UsageBy = "key",
+    ) -> list[DailyUsage]:
+        """Per day and ``by`` (``key``, ``agent``: the keys summed, ``day``: all summed), oldest
+        day first; ``since`` and ``until`` inclusive."""
+        ...
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
+        """Input plus output tokens of ``day`` (``YYYY-MM-DD``, UTC): the agent's, and the key's."""
+        ...
+
+
+class HistorySource(Protocol):
+    """A backend whose messages feed the full-text history index kept beside its runs."""
+
+    def open_history(self, *, max_batch: int | None = None) -> HistoryIndex: ...
+    async def rebuild_history(self, index: HistoryIndex) -> int: ...
+    async def catch_up_history(self, index: HistoryIndex) -> None:
+        """Index what a crash left unindexed (active runs, and runs ended since the last batch)."""
+        ...
+    async def check_history(self, index: HistoryIndex, *, fix: bool) -> list[StoredRecord]: ...
+
+
+class Maintenance(Protocol):
+    """The doctor, cleanup, export and purge of a backend's storage."""
+
+    async def check(self, *, fix: bool) -> list[StoredRecord]:
+        """The doctor's findings (``{"check", "severity", "detail", "fix", "fixed", ...}``)."""
+        ...
+    async def cleanup(
+        self,
+        settings: CleanupSettings,
+        *,
+        now: datetime,
+        dry_run: bool,
+        complete: CompleteRun,
+        step: ArchiveStep | None = None,
+    ) -> list[StoredRecord]:
+        """Complete stale runs (through ``complete``), archive old ended ones, delete expired
+        archives, forget expired delivery records; the actions, done or planned (``dry_run``)."""
+        ...
+    async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
+        """Every readable run of ``key`` oldest first, or the one run ``run_id``, to stream out."""
+        ...
+    async def purge(self, key: str, *, history: HistoryIndex | None) -> StoredRecord:
+        """Erase ``key`` for good (every run, record and index row of it); its tombstone."""
+        ...
+
+
+class ConversationStore(RunStore, DeliveryRecords, CompatRecords, Protocol):
+    """What the conversation engine needs: every base and record capability."""
+
+
+class StoreProtocol(ConversationStore, UsageRecords, HistorySource, Maintenance, Protocol):
+    """Every capability: what the daemon opens (``gateway.services``)."""

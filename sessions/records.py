@@ -7,11 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, NotRequired, Protocol, TypedDict, get_args
+from typing import Any, Literal, NamedTuple, NotRequired, Protocol, get_args
+
+from typing_extensions import TypedDict  # pydantic derives the API's answer schemas from these (gateway/contract.typed)
 
 from config.settings import ChatType
 from sessions.deliveries import RunDeliveries
 
+StoredRecord = dict[str, Any]  # a JSON object as a store keeps it (a line of a run's records, a row)
 Role = Literal["user", "assistant", "tool", "system"]
 ROLES: tuple[Role, ...] = ("user", "assistant", "tool", "system")
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")

@@ -1,5 +1,7 @@
-"""Token usage per UTC day, agent and session key: tasks.db's ``usage_daily`` table (ledger
-migration 6). The statements run on the ledger thread (``Ledger.add_usage``, ``Ledger.execute``);
+"""Token usage per UTC day, agent and session key (the ``UsageRecords`` capability of
+``sessions.protocol``): the files backend's tasks.db ``usage_daily`` table (ledger migration 6,
+whose statements run on the ledger thread: ``Ledger.add_usage``, ``Ledger.execute``), PostgreSQL's
+``usage_daily`` table (``sessions.postgres.schema``), the in-memory backend's :func:`tally`.
 ``GET /v1/usage`` and the daily budgets (``agents.<id>.limits``) read them.
 
 Model calls are counted from the day the table exists (runs before the upgrade keep their totals
@@ -8,9 +10,10 @@ in ``tasks``, without a day)."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from sessions.records import USAGE_KEYS
 
@@ -47,6 +50,35 @@ def usage_day(now: datetime) -> str:
     return now.astimezone(UTC).date().isoformat()
 
 
+class DailyUsage(TypedDict):
+    """One row of usage: ``agent`` and ``key`` are None where ``by`` summed them."""
+
+    day: str
+    agent: str | None
+    key: str | None
+    total_tokens: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    calls: int
+
+
+def daily_row(day: str, agent: str | None, key: str | None, sums: Mapping[str, int]) -> DailyUsage:
+    counts = {k: int(sums.get(k) or 0) for k in USAGE_COLUMNS}
+    return DailyUsage(
+        day=day,
+        agent=agent,
+        key=key,
+        total_tokens=counts["input_tokens"] + counts["output_tokens"],
+        input_tokens=counts["input_tokens"],
+        output_tokens=counts["output_tokens"],
+        cache_read_tokens=counts["cache_read_tokens"],
+        cache_write_tokens=counts["cache_write_tokens"],
+        calls=counts["calls"],
+    )
+
+
 @dataclass(frozen=True)
 class DailyKey:
     day: str
@@ -78,7 +110,7 @@ def rows(
     since: date | None = None,
     until: date | None = None,
     by: UsageBy = "key",
-) -> list[dict[str, Any]]:
+) -> list[DailyUsage]:
     """Usage per day and ``by`` (``key``: per agent and key; ``agent``: the keys of an agent summed;
     ``day``: everything of a day summed), oldest day first; ``since`` and ``until`` inclusive."""
     clauses, values = [], []
@@ -100,8 +132,49 @@ def rows(
     out = []
     for row in conn.execute(sql, values):
         item = dict(row)
-        item["agent"] = item.pop("agent_id", None)
-        item["key"] = item.pop("session_key", None)
-        item["total_tokens"] = item["input_tokens"] + item["output_tokens"]
-        out.append(item)
+        out.append(daily_row(item["day"], item.get("agent_id"), item.get("session_key"), item))
     return out
+
+
+def tally(
+    counts: Iterable[tuple[DailyKey, Mapping[str, int]]],
+    *,
+    agent_id: str | None = None,
+    session_key: str | None = None,
+    since: date | None = None,
+    until: date | None = None,
+    by: UsageBy = "key",
+) -> list[DailyUsage]:
+    """:func:`rows` over counts kept in memory (each ``DailyKey``'s ``USAGE_COLUMNS``)."""
+    low, high = since.isoformat() if since else "", until.isoformat() if until else "9999-12-31"
+    groups: dict[tuple[str, str | None, str | None], dict[str, int]] = {}
+    for where, sums in counts:
+        if (agent_id is not None and where.agent_id != agent_id) or (
+            session_key is not None and where.session_key != session_key
+        ):
+            continue
+        if not low <= where.day <= high:
+            continue
+        agent = None if by == "day" else where.agent_id
+        group = groups.setdefault((where.day, agent, where.session_key if by == "key" else None), {})
+        for k in USAGE_COLUMNS:
+            group[k] = group.get(k, 0) + int(sums.get(k) or 0)
+    return [daily_row(day, agent, key, sums) for (day, agent, key), sums in sorted(groups.items(), key=_order)]
+
+
+def _order(item: tuple[tuple[str, str | None, str | None], dict[str, int]]) -> tuple[str, str, str]:
+    (day, agent, key), _ = item
+    return day, agent or "", key or ""
+
+
+def tokens_of(
+    counts: Iterable[tuple[DailyKey, Mapping[str, int]]], day: str, agent_id: str, key: str
+) -> tuple[int, int]:
+    """:func:`spent` over counts kept in memory."""
+    agent_total = key_total = 0
+    for where, sums in counts:
+        if where.day == day and where.agent_id == agent_id:
+            spent_here = int(sums.get("input_tokens") or 0) + int(sums.get("output_tokens") or 0)
+            agent_total += spent_here
+            key_total += spent_here if where.session_key == key else 0
+    return agent_total, key_total

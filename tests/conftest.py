@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.postgres"]
 
 # A callback that holds the loop longer than this fails the test. fsync, SQLite, LanceDB and model
 # work belong on their threads; done on the loop they take seconds here. Two kinds of time inside a

@@ -49,3 +49,30 @@ def test_chat_becomes_one_file_per_session_and_questions_point_at_their_turns(tm
     asked = unanswerable(c.turns, c.people)
     assert asked and all(not q.evidence and ("Ann" in q.text or "Bo" in q.text) for q in asked)
     assert not any("cat" in q.text.lower().split() for q in asked)
+
+
+def test_abstention_sweep_counts_refusals_on_the_kept_pools() -> None:
+    """The REALTALK run keeps the unanswerable questions' pools; the sweep counts, per min_score,
+    the unanswerable questions that get nothing and the answerable ones refused with them."""
+    from bench.memory_eval import _realtalk_abstention
+    from bench.realtalk_eval import Asked, RealtalkRun
+    from bench.retrieval.conversations import Question
+    from memory.fusion import Candidate, FusionParams
+
+    def pool(cosine: float, line: int = 3) -> list[Candidate]:
+        return [Candidate(f"c{line}", "memory/chat/session-01.md", line, line, "", "text", cosine, 0.0, 1, None)]
+
+    def asked(cosine: float, line: int) -> Asked:
+        q = Question("multi-hop", "q?", (("memory/chat/session-01.md", line),))
+        return Asked("chat-1", q, [], pool(cosine, line), [], [])
+
+    run = RealtalkRun(
+        [asked(0.9, 3), asked(0.45, 5)], 2, 0.0, 0, [1.0],
+        unanswerable_pools=[("chat-1", pool(0.3)), ("chat-1", pool(0.48)), ("chat-1", [])],
+    )  # fmt: skip
+    params = FusionParams(1.0, 0.0, 0.4, 0.5, method="score")
+    rows = {r["min_score"]: r for r in _realtalk_abstention(run, params)}
+    assert rows[0.4]["unanswerable_refused"] == 2 / 3 and rows[0.4]["answerable_refused"] == 0.0
+    assert rows[0.4]["r@10_on"] == rows[0.4]["r@10_off"] == 100.0
+    assert rows[0.0]["unanswerable_refused"] == 1 / 3
+    assert set(rows) >= {0.4, 0.0, 0.06, 0.1, 0.15}

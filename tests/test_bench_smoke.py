@@ -144,3 +144,17 @@ def test_disk_budget_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> Non
 
     assert disk_budget.main(["--quick"]) == 0
     assert "os.statvfs" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_postgres_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import postgres_ingest
+    from tests.support.postgres import find_binaries
+
+    if find_binaries() is None:
+        pytest.skip("PostgreSQL binaries not found (apt-get install postgresql, or `make postgres`)")
+    status = await asyncio.to_thread(postgres_ingest.main, ["--quick"])
+    assert status in (0, 1)
+    out = capsys.readouterr().out
+    assert re.search(r"^  files +\d+ ", out, re.M) and re.search(r"^  postgres +\d+ ", out, re.M)

@@ -3,14 +3,18 @@ gateway's effective configuration (``GET /v1/admin/config``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from config.clock import iso
 from gateway import keys as K
 from gateway import operations, validation
 from gateway.contract import operation
 from gateway.http import json_response, parse_body
 from gateway.keys import HISTORY
+from gateway.reload import RELOADS
 
 routes = web.RouteTableDef()
 
@@ -25,8 +29,9 @@ class DoctorBody(BaseModel):
     "The running gateway's effective configuration",
     "admin",
     "Tokens redacted; `source` names the gateway, its config file and home, `settings` the merged"
-    " settings with the address the gateway really listens on (what `neotask config show` prints"
-    " while a daemon runs).",
+    " settings in force with the address the gateway really listens on (what `neotask config show`"
+    " prints while a daemon runs); `since`: when they came in force (the start, or the last reload"
+    " that changed something), `reloads` how many reloads did, `last_reload` the last one's answer.",
 )
 async def effective_config(request: web.Request) -> web.Response:
     """The running gateway's effective configuration (tokens redacted), with the address it
@@ -35,7 +40,13 @@ async def effective_config(request: web.Request) -> web.Response:
     sockname = request.transport.get_extra_info("sockname") if request.transport else None
     host, port = (str(sockname[0]), int(sockname[1])) if isinstance(sockname, tuple) else (None, None)
     source = validation.config_source(config, "gateway")
-    return json_response({"source": source, "settings": validation.effective_config(config, host=host, port=port)})
+    body: dict[str, Any] = {"source": source, "settings": validation.effective_config(config, host=host, port=port)}
+    reloads = request.app.get(RELOADS)
+    if reloads is not None:  # in force since the start or the last reload that changed something
+        body["since"] = iso(reloads.since)
+        body["reloads"] = reloads.count
+        body["last_reload"] = reloads.last
+    return json_response(body)
 
 
 @routes.post("/v1/admin/doctor")

@@ -29,12 +29,11 @@ from gateway.contract import (
 )
 from gateway.http import json_response
 from gateway.keys import HISTORY
-from sessions.export import ExportFormat, RunExport, export_lines, one_run, runs_of_key
-from sessions.history import HistoryIndex
-from sessions.history_search import HistoryQuery
+from sessions.files.export import ExportFormat, RunExport, export_lines
+from sessions.files.history import HistoryIndex
+from sessions.files.history_search import HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
-from sessions.purge import purge_key
 from sessions.records import ROLES
 
 log = logging.getLogger(__name__)
@@ -233,7 +232,7 @@ async def export_session(request: web.Request) -> web.StreamResponse:
     settings = request.app[K.CONFIG].settings
     key = parse_key(request.match_info["key"], agents=settings.agents).raw
     fmt = export_format(request)
-    runs = await runs_of_key(request.app[K.STORE], key)
+    runs = await request.app[K.STORE].export_runs(key=key)
     return await stream_export(request, runs, fmt, title=f"Session {key}", filename=_safe_name(key))
 
 
@@ -249,7 +248,7 @@ async def export_session(request: web.Request) -> web.StreamResponse:
 )
 async def export_run(request: web.Request) -> web.StreamResponse:
     fmt = export_format(request)
-    run = await one_run(request.app[K.STORE], request.match_info["uuid"])
+    (run,) = await request.app[K.STORE].export_runs(run_id=request.match_info["uuid"])
     title = f"Run {run.row['uuid']} of {run.row.get('session_key')}"
     return await stream_export(request, [run], fmt, title=title, filename=run.row["uuid"])
 
@@ -268,7 +267,7 @@ async def purge(request: web.Request, key: str) -> web.Response:
         conv.stop_turn(key)  # a turn that started while an OpenAI call held the key
         async with conv.exclusive(key):
             runs = await store.list_runs(session_key=key, limit=1_000_000)
-            tombstone = await purge_key(store, key, history=history_of(request.app))
+            tombstone = await store.purge(key, history=history_of(request.app))
             await request.app[K.SERVICES].forget_transcripts(runs)
             request.app[K.HUB].forget(key)
-    return json_response({"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone.as_dict()})
+    return json_response({"session_key": key, "deleted": True, "purged": True, "tombstone": tombstone})

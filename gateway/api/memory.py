@@ -9,11 +9,11 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from config.errors import BadRequest, EmbeddingError, MemoryFileNotFound, MemoryNotReady
+from conversations.relevance import present
 from gateway import keys as K
 from gateway.contract import AGENT, NULLABLE_STR, STR, Answer, IntParam, Param, operation
 from gateway.http import json_response, parse_body
 from gateway.keys import MEMORY
-from gateway.relevance import present
 
 routes = web.RouteTableDef()
 QUERY = Param("q", "the query", required=True)

@@ -6,30 +6,44 @@ import base64
 import contextlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from config.errors import BadRequest, FinalSummaryNotFound, RunNotActive, RunNotFound
+from config.errors import BadRequest, FinalSummaryNotFound, RunNotActive
 from gateway import keys as K
-from gateway.contract import CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, Answer, ChoiceParam, IntParam, Param, operation
+from gateway.contract import (
+    CURSOR,
+    LIMIT,
+    NULLABLE_STR,
+    OBJ,
+    STR,
+    Answer,
+    ChoiceParam,
+    IntParam,
+    Param,
+    operation,
+    typed,
+)
 from gateway.http import json_response, parse_body
-from sessions import layout
-from sessions.records import RUN_STATUSES
+from sessions.protocol import RecordKind
+from sessions.records import RUN_STATUSES, RunRow
 
 routes = web.RouteTableDef()
-STORES = {"summaries": layout.SUMMARIES, "tools": layout.TOOLS, "planning": layout.PLANNING}
 RUN_KEY = Param("key", "session key")
 RUN_STATUS = ChoiceParam("status", "run statuses", choices=RUN_STATUSES, many=True)
 AFTER_SEQ = IntParam("after_seq", "messages after this seq", default=0, low=0, high=2**62)
 PAGE = IntParam("limit", "page size", default=100, low=1, high=1000)
-RUN = Answer(
+RUN = typed(
     "Run",
-    {
-        "type": "object",
-        "properties": {"uuid": STR, "status": STR, "pinned": {"type": "boolean"}, "archived": {"type": "boolean"}},
+    RunRow,
+    replace={
+        "pinned": {"type": "boolean"},
+        "metadata": {"description": "the run's metadata (JSON text when it is not an object)"},
     },
+    add={"archived": {"type": "boolean"}},
+    required=("uuid", "status", "created_at"),
 )
 RUN_LIST = Answer(
     "RunList",
@@ -116,49 +130,31 @@ async def list_runs(request: web.Request) -> web.Response:
 @operation("A run's ledger row", "runs", answer=RUN)
 async def get_run(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
-    row, _ = await store.locate_run(request.match_info["uuid"])
+    row = await store.require_run(request.match_info["uuid"])
     return json_response(run_body(row))
 
 
-async def _run_records(request: web.Request, name: str) -> list[dict[str, Any]]:
-    store = request.app[K.STORE]
-    reader = request.app[K.SERVICES].archives.records
-    row, folder = await store.locate_run(request.match_info["uuid"])
-    if folder is not None:
-        return await store.read_store(folder, name)
-    if row.get("archived_at"):
-        records: list[dict[str, Any]] = await reader(row["uuid"], name)
-        return records
-    raise RunNotFound(f"run {row['uuid']} has no readable folder")
-
-
 @routes.get("/v1/runs/{uuid}/messages")
-@operation(
-    "A run's messages, by seq", "runs", answer=RUN_MESSAGES, errors=(BadRequest,), params=(AFTER_SEQ, PAGE)
-)
+@operation("A run's messages, by seq", "runs", answer=RUN_MESSAGES, errors=(BadRequest,), params=(AFTER_SEQ, PAGE))
 async def run_messages(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
     after = AFTER_SEQ.read(request)
     limit = PAGE.read(request)
-    row, folder = await store.locate_run(request.match_info["uuid"])
-    if folder is not None:
-        records = await store.read_messages(folder, after_seq=after, limit=limit + 1)
-    else:
-        records = [r for r in await _run_records(request, layout.MESSAGES) if int(r.get("seq", 0)) > after]
-        records = records[: limit + 1]
+    run_id = request.match_info["uuid"]
+    records = await store.read_messages(run_id, after_seq=after, limit=limit + 1)
     page = records[:limit]
     return json_response(
         {
-            "run_id": row["uuid"],
+            "run_id": run_id,
             "messages": page,
             "next_after_seq": page[-1]["seq"] if len(records) > limit else None,
         }
     )
 
 
-def _store_route(path: str, name: str) -> None:
+def _store_route(path: RecordKind) -> None:
     async def handler(request: web.Request) -> web.Response:
-        records = await _run_records(request, name)
+        records = await request.app[K.STORE].read_records(request.match_info["uuid"], path)
         return json_response({"run_id": request.match_info["uuid"], path: records})
 
     handler.__name__ = f"run_{path}"
@@ -166,39 +162,21 @@ def _store_route(path: str, name: str) -> None:
     routes.get(f"/v1/runs/{{uuid}}/{path}")(describe(handler))
 
 
-for _path, _name in STORES.items():
-    _store_route(_path, _name)
+for _path in get_args(RecordKind):
+    _store_route(_path)
 
 
 @routes.get("/v1/runs/{uuid}/final-summary")
 @operation("A completed run's final summary", "runs", answer=FINAL_SUMMARY, errors=(FinalSummaryNotFound,))
 async def run_final_summary(request: web.Request) -> web.Response:
     store = request.app[K.STORE]
-    row, folder = await store.locate_run(request.match_info["uuid"])
-    text: str | None = None
-    if folder is not None:
-        path = folder / layout.FINAL_SUMMARY
-        text = await _read_text(path)
-    else:
-        if row.get("archived_at"):
-            text = await request.app[K.SERVICES].archives.text(row["uuid"], layout.FINAL_SUMMARY)
+    row = await store.require_run(request.match_info["uuid"])
+    text = await store.read_final_summary(row["uuid"])
     if text is None:
         raise FinalSummaryNotFound(
             f"run {row['uuid']} has no final summary (status {row['status']}); runs get one when they complete",
         )
     return json_response({"run_id": row["uuid"], "status": row["status"], "final_summary": text})
-
-
-async def _read_text(path: Any) -> str | None:
-    import asyncio
-
-    def _read() -> str | None:
-        try:
-            return str(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-
-    return await asyncio.to_thread(_read)
 
 
 def _active_run(request: web.Request) -> Any:
@@ -216,7 +194,7 @@ def _active_run(request: web.Request) -> Any:
 async def record_tool(request: web.Request) -> web.Response:
     config = request.app[K.CONFIG]
     store = request.app[K.STORE]
-    await store.locate_run(request.match_info["uuid"])
+    await store.require_run(request.match_info["uuid"])
     body = await parse_body(request, ToolBody, config.settings.gateway.max_body_bytes)
     run = _active_run(request)
     record = await store.record_tool(
@@ -230,7 +208,7 @@ async def record_tool(request: web.Request) -> web.Response:
 async def record_plan(request: web.Request) -> web.Response:
     config = request.app[K.CONFIG]
     store = request.app[K.STORE]
-    await store.locate_run(request.match_info["uuid"])
+    await store.require_run(request.match_info["uuid"])
     body = await parse_body(request, PlanBody, config.settings.gateway.max_body_bytes)
     run = _active_run(request)
     record = await store.record_plan(run, plan_type=body.plan_type, plan_content=body.plan_content)

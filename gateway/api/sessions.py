@@ -10,6 +10,9 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, SessionNotFound
+from conversations.commands import dispatch, parse_command
+from conversations.queueing import QUEUE_MODES
+from conversations.turns import Post
 from gateway import keys as K
 from gateway import operations
 from gateway.api import history
@@ -21,14 +24,11 @@ from gateway.api.fastbody import (
     plain_ingress,
     plain_message,
 )
-from gateway.commands import dispatch, parse_command
 from gateway.contract import AGENT, CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, TURN_ERRORS, Answer, ChoiceParam, Param
 from gateway.contract import operation as op
 from gateway.http import json_response, parse_body, read_json, read_object, validate
 from gateway.operations import describe_session, matching_sessions
-from gateway.queueing import QUEUE_MODES
 from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer
-from gateway.turns import Post
 from gateway.views import SESSION
 from sessions.keys import Ingress, SessionKey, parse_key, route
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES, Role, TaskKey

@@ -8,10 +8,10 @@ import contextlib
 from aiohttp import web
 
 from config.errors import BadRequest, InvalidKey
+from conversations.metrics import CONTENT_TYPE
 from gateway import keys as K
 from gateway.contract import STR, Answer, Param, operation
 from gateway.http import json_response
-from gateway.metrics import CONTENT_TYPE
 from sessions.keys import parse_key
 
 routes = web.RouteTableDef()

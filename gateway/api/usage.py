@@ -3,7 +3,9 @@ daily budgets (``agents.<id>.limits``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date
+from typing import cast
 
 from aiohttp import web
 
@@ -98,7 +100,8 @@ async def usage(request: web.Request) -> web.Response:
     rows = await request.app[K.STORE].daily_usage(
         agent_id=agent, session_key=KEY.raw(request) or None, since=since, until=until, by=by
     )
-    totals = {name: sum(int(r[name]) for r in rows) for name in ("total_tokens", *USAGE_COLUMNS)}
+    counted = [cast(Mapping[str, int], r) for r in rows]
+    totals = {name: sum(int(r[name]) for r in counted) for name in ("total_tokens", *USAGE_COLUMNS)}
     limits = {agent_id: a.limits.model_dump() for agent_id, a in settings.agents.items()}
     return json_response(
         {

@@ -4,14 +4,14 @@ this process has seen in memory (write-through: it is their only writer)."""
 
 from __future__ import annotations
 
+from sessions.protocol import ConversationStore
 from sessions.records import CompatConversation, ResponseRef
-from sessions.store import SessionStore
 
 __all__ = ["CompatRecords", "ResponseRef"]
 
 
 class CompatRecords:
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: ConversationStore) -> None:
         self.store = store
         self._known: dict[str, CompatConversation] = {}
 

@@ -28,11 +28,11 @@ from config.errors import (
     ResponseNotFound,
     ResponseNotLatest,
 )
-from gateway.commands import Commands, dispatch
+from conversations.commands import Commands, dispatch
+from conversations.turns import Outcome, Post, TurnOptions
 from gateway.openai_compat import history
 from gateway.openai_compat.history import ChatMessage, Plan
 from gateway.openai_compat.records import CompatRecords, ResponseRef
-from gateway.turns import Outcome, Post, TurnOptions
 from sessions.keys import Ingress, SessionKey, hook_key, parse_key, route
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from config.settings import StorageSettings
+from conversations.metrics import Metrics
 from gateway.disk_budget import GIB, DiskBudget, min_free_bytes
-from gateway.metrics import Metrics
 from tests.gateway.daemons import child_env, daemon
 
 pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too

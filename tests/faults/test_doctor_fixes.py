@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.doctor import Finding, check_home, check_store
+from sessions.files.doctor import Finding, check_home, check_store
 from tests.conftest import FakeClock
 from tests.faults.state_support import BOB, MAIN, ledger_rows, messages_path, rewrite_line, seed_home, with_seq
 from tests.sessions.helpers import open_store

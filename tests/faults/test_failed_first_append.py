@@ -19,9 +19,9 @@ from urllib.parse import quote
 import pytest
 
 from gateway import keys as K
-from sessions import layout
-from sessions.doctor import check_home
-from sessions.leftovers import OPENING
+from sessions.files import layout
+from sessions.files.doctor import check_home
+from sessions.files.leftovers import OPENING
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.faults.conftest import fill

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from config.errors import InsufficientStorage
-from sessions import layout
-from sessions.jsonl import read_records
+from sessions.files import layout
+from sessions.files.jsonl import read_records
 from sessions.records import NewMessage
 from tests.faults.conftest import fill
 from tests.gateway.daemons import child_env, daemon

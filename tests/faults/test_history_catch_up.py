@@ -17,7 +17,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 
-from sessions.history import history_path
+from sessions.files.history import history_path
 from tests.conftest import FakeClock
 from tests.faults.conftest import fill
 from tests.gateway.daemons import child_env, daemon

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.doctor import check_home, check_store
+from sessions.files.doctor import check_home, check_store
 from tests.conftest import FakeClock
 from tests.faults.state_support import MAIN, doctor, messages_path, running, seed_home
 from tests.sessions.helpers import open_store

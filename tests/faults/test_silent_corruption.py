@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sessions.damage import EXIT_STATE, DamagedState
-from sessions.doctor import Finding, check_home
-from sessions.jsonl import read_records
-from sessions.ledger import MIGRATIONS
+from sessions.files.damage import EXIT_STATE, DamagedState
+from sessions.files.doctor import Finding, check_home
+from sessions.files.jsonl import read_records
+from sessions.files.ledger import MIGRATIONS
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.faults.state_support import (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.writer import AppendWriter
+from sessions.files.writer import AppendWriter
 from tests.faults.conftest import fill
 
 BIG = b'{"content": "' + b"x" * 200_000 + b'"}\n'  # needs fresh pages: refused once the disk is full

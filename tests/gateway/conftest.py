@@ -8,6 +8,7 @@ server's URL), ``gateway_app`` (taking the shared one, e.g. to add a route or se
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from aiohttp.test_utils import TestClient
 
 from gateway import keys as K
 from tests.conftest import FakeClock
+from tests.gateway import answer_check
 from tests.gateway.helpers import make_app
 
 Client = TestClient[Any, Any]
@@ -36,13 +38,16 @@ def gateway_base_url() -> str | None:
 def gateway_app(
     tmp_path: Path, clock: FakeClock, gateway_overrides: dict[str, Any] | None, gateway_base_url: str | None
 ) -> web.Application:
-    return make_app(tmp_path, clock, gateway_overrides, base_url=gateway_base_url)
+    return answer_check.install(make_app(tmp_path, clock, gateway_overrides, base_url=gateway_base_url))
 
 
 @pytest.fixture
-async def client(aiohttp_client: Any, gateway_app: web.Application) -> Client:
+async def client(aiohttp_client: Any, gateway_app: web.Application) -> AsyncIterator[Client]:
+    """The test client; at teardown, every JSON answer it got must match ``/openapi.json``."""
     result: Client = await aiohttp_client(gateway_app)
-    return result
+    yield result
+    mismatches = gateway_app.get(answer_check.MISMATCHES, [])
+    assert not mismatches, "answers that /openapi.json does not describe:\n" + "\n".join(dict.fromkeys(mismatches))
 
 
 async def settled(client: Client) -> None:

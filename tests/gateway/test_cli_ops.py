@@ -156,7 +156,7 @@ async def test_each_reset_at_start_up_is_logged_with_its_key_and_runs(home: Path
         assert await running.stop() == 0
     text = log_file.read_text()
     for key, run_id in old.items():
-        assert f"INFO gateway.scheduling: reset {key} (idle): run {run_id} completed" in text
+        assert f"INFO conversations.housekeeping: reset {key} (idle): run {run_id} completed" in text
     assert f"agent:main:dm:peer0: new run {new_run} (inherits run {old['agent:main:dm:peer0']})" in text
 
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from gateway.turns import FLUSH_PROMPT
+from conversations.turns import FLUSH_PROMPT
 from tests.gateway.daemons import child_env, daemon, start_daemon
 from tests.gateway.helpers import Cli
 from tests.support.openai_server import OpenAIServer, RecordedRequest, reply, tool_call

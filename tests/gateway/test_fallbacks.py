@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from config.settings import ModelSettings
+from conversations.provider import ProviderError
 from gateway.fallbacks import Attempt, ModelChain, collect_attempts
-from gateway.provider import ProviderError
 from tests.conftest import FakeClock
 from tests.support.openai_server import Behaviour, Fail, Hang, OpenAIServer, RecordedRequest, Reply
 

@@ -22,7 +22,8 @@ from gateway.api.sessions import CommandBody, FailBody, IngressBody, MessageBody
 from gateway.contract import operation_of
 
 Client = TestClient[Any, Any]
-NOT_HTTP = {"invalid_config", "gateway_running", "damaged_state"}  # raised at start-up or by the CLI, never answered
+# raised at start-up or by the CLI, never answered
+NOT_HTTP = {"invalid_config", "gateway_running", "damaged_state", "home_not_empty"}
 # Answerable, but no route lists them: `unavailable` comes from the connection cap (before any route), `conflict`
 # is a family nothing raises as such, and the others are guards a route checks first (memory routes refuse an
 # unknown agent as invalid_field; a turn never starts a run over an active one).
@@ -144,7 +145,7 @@ async def test_message_answers_and_streams_are_described(client: Client) -> None
 
 def test_one_class_per_code_each_with_its_status_and_meaning() -> None:
     import gateway.app  # noqa: F401  (every error class of the code base is loaded)
-    import sessions.lock  # noqa: F401
+    import sessions.files.lock  # noqa: F401
 
     every = error_classes(http_only=False)
     assert set(every) - set(error_classes()) == NOT_HTTP

@@ -8,10 +8,10 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import cast
 
+from conversations.events import Event
+from conversations.turns import Post
 from gateway import operations
-from gateway.events import Event
 from gateway.services import Parts, open_services
-from gateway.turns import Post
 from sessions.keys import parse_key
 from tests.conftest import FakeClock
 from tests.gateway.helpers import gateway_config

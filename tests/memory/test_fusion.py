@@ -253,3 +253,49 @@ def test_neighbours_never_let_a_chunk_past_abstention() -> None:
     p = FusionParams(1.0, 0.0, 0.45, 0.0, method="score", neighbour_weight=0.5)
     hits = fuse([turn("weak", 3, 0.3), turn("strong", 5, 0.9)], p, today=TODAY, k=5)
     assert [h.chunk_id for h in hits] == ["strong"]
+
+
+def note(cid: str, cosine: float, text: str, line: int) -> Candidate:
+    return Candidate(cid, "MEMORY.md", line, line, "", text, cosine, 0.0, 1, None)
+
+
+MMR_POOL = [
+    note("dentist-1", 0.90, "Dentist appointment with Dr. Wong on Tuesday at nine", 1),
+    note("dentist-2", 0.89, "Dentist appointment with Dr. Wong moved to Tuesday at nine", 3),
+    note("dentist-3", 0.88, "Reminder: dentist appointment, Dr. Wong, Tuesday nine", 5),
+    note("insurance", 0.80, "The dental insurance card is in the blue folder", 7),
+    note("parking", 0.70, "Parking near the clinic is on Elm Street", 9),
+]
+
+
+def test_mmr_pushes_repeats_of_a_shown_result_down() -> None:
+    """search.mmr: with a lambda the near-duplicates of the best hit give way to other facts; the
+    best hit stays first, each hit keeps its own score, and lambda 1 or off is the fused order."""
+    p = FusionParams(1.0, 0.0, 0.0, 0.0, method="score")
+    fused = [h.chunk_id for h in fuse(MMR_POOL, p, today=TODAY, k=5)]
+    assert fused == ["dentist-1", "dentist-2", "dentist-3", "insurance", "parking"]
+    assert [h.chunk_id for h in fuse(MMR_POOL, replace(p, mmr=1.0), today=TODAY, k=5)] == fused
+    diverse = fuse(MMR_POOL, replace(p, mmr=0.5), today=TODAY, k=5)
+    assert [h.chunk_id for h in diverse][:3] == ["dentist-1", "insurance", "parking"]
+    assert sorted(h.chunk_id for h in diverse) == sorted(fused)
+    assert {h.chunk_id: h.score for h in diverse}["insurance"] == pytest.approx(0.80)
+    # the first k never change as k grows (the re-ordered depth does not depend on k)
+    for k in range(1, 6):
+        assert [h.chunk_id for h in fuse(MMR_POOL, replace(p, mmr=0.5), today=TODAY, k=k)] == [
+            h.chunk_id for h in diverse
+        ][:k]
+
+
+def test_mmr_similarity_is_of_the_chunks_own_words() -> None:
+    """Japanese chunks are compared on their CJK words; stop words and the indexed context do not
+    make two chunks alike."""
+    from memory.fusion import words_of
+    from memory.mmr import diversify, jaccard
+
+    assert jaccard(words_of("The dentist is on Tuesday"), words_of("Is it the dentist on Tuesday?")) == 1.0
+    assert jaccard(words_of("the and of it"), words_of("the and of it")) == 0.0
+    assert jaccard(words_of("歯医者の予約は火曜日"), words_of("歯医者の予約は火曜日です")) == 1.0
+    ranked = [(0.9, words_of("歯医者の予約は火曜日"), "a"), (0.89, words_of("歯医者の予約は火曜日です"), "b"),
+              (0.8, words_of("保険証は青いフォルダ"), "c")]  # fmt: skip
+    assert diversify(ranked, 0.5) == ["a", "c", "b"]
+    assert diversify(ranked, 0.5, depth=1) == ["a", "b", "c"]

@@ -261,6 +261,35 @@ async def test_recency_decay_prefers_recent_daily_logs(
         await embedder.close()
 
 
+async def test_mmr_setting_diversifies_the_results(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    """memory.search.mmr reaches the search: the same note written three times gives way to a
+    different fact about the same thing; without it the three repeats come first."""
+    write(workspace, "memory/dentist.md", "Dentist appointment with Doctor Wong on Tuesday.\n\n"
+          "Dentist appointment: Doctor Wong, Tuesday!\n\nReminder: dentist appointment with Doctor Wong on Tuesday.\n\n"
+          "Dentist bills go to the blue insurance folder.\n")  # fmt: skip
+    embedder = openai_embedder(openai_server)
+    off = {"min_score": 0, "min_text_score": 0}
+    ws = {"main": workspace}
+    plain = MemoryService(memory_settings(search=off), ws, tmp_path / "a", clock=clock, embedder=embedder)
+    mmr = memory_settings(search={**off, "mmr": 0.3})
+    diverse = MemoryService(mmr, ws, tmp_path / "b", clock=clock, embedder=embedder)
+    await plain.start()
+    await diverse.start()
+    try:
+        await eventually(lambda: plain.ready and diverse.ready)
+        query = "dentist appointment Tuesday"
+        first = [h.snippet for h in await plain.search("main", query, k=4)]
+        assert all("appointment" in s for s in first[:3]) and "insurance" in first[3]
+        second = [h.snippet for h in await diverse.search("main", query, k=4)]
+        assert second[0] == first[0] and "insurance" in second[1]
+    finally:
+        await diverse.close()
+        await plain.close()
+        await embedder.close()
+
+
 async def test_status_reports_the_index(service: MemoryService) -> None:
     status = service.status()
     assert status["ready"] is True

@@ -8,16 +8,19 @@ from typing import Any
 from config.clock import Clock
 from config.loader import build_settings, deep_merge, load_defaults
 from config.settings import Settings
+from sessions.files.store import SessionStore
 from sessions.records import RunState, TaskKey
-from sessions.store import SessionStore
+from sessions.store_hooks import StoreHooks
 
 
 def settings_with(overrides: dict[str, Any] | None = None) -> Settings:
     return build_settings(deep_merge(load_defaults(), overrides or {}))
 
 
-async def open_store(home: Path, clock: Clock, overrides: dict[str, Any] | None = None) -> SessionStore:
-    return await SessionStore.open(home, settings_with(overrides), clock=clock)
+async def open_store(
+    home: Path, clock: Clock, overrides: dict[str, Any] | None = None, *, hooks: StoreHooks | None = None
+) -> SessionStore:
+    return await SessionStore.open(home, settings_with(overrides), clock=clock, hooks=hooks or StoreHooks())
 
 
 async def start(store: SessionStore, key: str = "agent:main:main", *, user: str | None = "u1") -> RunState:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sessions.damage import DamagedState
-from sessions.ledger import MIGRATIONS, Ledger, migrate
+from sessions.files.damage import DamagedState
+from sessions.files.ledger import MIGRATIONS, Ledger, migrate
 from sessions.usage import usage_day
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start

@@ -4,42 +4,97 @@ that use the protocol only."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from sessions.protocol import StoreProtocol
+from sessions.files.store import SessionStore
+from sessions.inmemory import MemoryData, MemoryStore
+from sessions.postgres.store import PgStore
+from sessions.protocol import ConversationStore
 from sessions.records import NewMessage, RunState, TaskKey
-from sessions.store import SessionStore
+from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
+from tests.support.postgres import DATABASE, PgServer, empty_database
 
 KEY = "agent:main:main"
 
-# A factory opens the backend's storage at a place (the same place again on a reopen).
-Factory = Callable[[Path, FakeClock], Awaitable[StoreProtocol]]
+
+class Factory(Protocol):
+    """Opens a backend's storage at ``place`` (the same place again on a reopen)."""
+
+    def __call__(self, place: Path, clock: FakeClock, hooks: StoreHooks) -> Awaitable[ConversationStore]: ...
 
 
-async def _files(place: Path, clock: FakeClock) -> StoreProtocol:
+async def _files(place: Path, clock: FakeClock, hooks: StoreHooks) -> ConversationStore:
     """The run-folder store: JSONL files, tasks.db and sessions.json in a real home."""
-    return await SessionStore.open(place, settings_with(), clock=clock)
+    return await SessionStore.open(place, settings_with(), clock=clock, hooks=hooks)
 
 
-BACKENDS: dict[str, Factory] = {"files": _files}
+_MEMORY: dict[Path, MemoryData] = {}  # what a memory store keeps, per place: a reopen finds it again
+
+
+async def _memory(place: Path, clock: FakeClock, hooks: StoreHooks) -> ConversationStore:
+    """The in-memory store: a reopen in the same process sees what was acknowledged."""
+    return await MemoryStore.open(_MEMORY.setdefault(place, MemoryData()), clock=clock, hooks=hooks)
+
+
+@dataclass(frozen=True)
+class Backend:
+    factory: Factory
+    capabilities: frozenset[str]  # the capability protocols of sessions.protocol it implements
+
+
+BASE = "RunStore"
+DELIVERY = "DeliveryRecords"
+COMPAT = "CompatRecords"
+USAGE = "UsageRecords"
+BACKENDS: dict[str, Backend] = {
+    "files": Backend(_files, frozenset({BASE, DELIVERY, COMPAT, USAGE, "HistorySource", "Maintenance"})),
+    "memory": Backend(_memory, frozenset({BASE, DELIVERY, COMPAT, USAGE})),
+}
+
+
+def _postgres(server: PgServer) -> Factory:
+    """The PostgreSQL store on a real server: one database for the suite, emptied when a test
+    first opens it (a reopen in the same test finds everything again)."""
+    fresh = True
+
+    async def factory(place: Path, clock: FakeClock, hooks: StoreHooks) -> ConversationStore:
+        nonlocal fresh
+        dsn = await server.database(DATABASE)
+        if fresh:
+            await empty_database(dsn)
+            fresh = False
+        return await PgStore.open(settings_with(), dsn=dsn, clock=clock, hooks=hooks, pool_size=4)
+
+    return factory
+
+
+# Backends on a server: the fixture that gives the server, the factory on it, the capabilities.
+SERVER_BACKENDS: dict[str, tuple[str, Callable[[PgServer], Factory], frozenset[str]]] = {
+    "postgres": ("postgres_server", _postgres, frozenset({BASE, DELIVERY, COMPAT, USAGE})),
+}
 
 
 class Harness:
     """One backend's storage: ``open`` it, ``reopen`` it as a restart would (everything
     acknowledged must be there again), and close it at the end of the test."""
 
-    def __init__(self, factory: Factory, place: Path, clock: FakeClock) -> None:
-        self.factory, self.place, self.clock = factory, place, clock
-        self.store: StoreProtocol | None = None
+    def __init__(self, name: str, backend: Backend, place: Path, clock: FakeClock) -> None:
+        self.name, self.backend, self.place, self.clock = name, backend, place, clock
+        self.store: ConversationStore | None = None
+        self.hooks = StoreHooks()
 
-    async def open(self) -> StoreProtocol:
+    async def open(self, hooks: StoreHooks | None = None) -> ConversationStore:
+        """Open the storage (with ``hooks``, kept for every reopen)."""
         assert self.store is None, "already open"
-        self.store = await self.factory(self.place, self.clock)
+        self.hooks = hooks or self.hooks
+        self.store = await self.backend.factory(self.place, self.clock, self.hooks)
         return self.store
 
-    async def reopen(self) -> StoreProtocol:
+    async def reopen(self) -> ConversationStore:
         await self.close()
         return await self.open()
 
@@ -49,7 +104,7 @@ class Harness:
             await store.close()
 
 
-async def start(store: StoreProtocol, key: str = KEY, *, chat_type: str = "direct") -> RunState:
+async def start(store: ConversationStore, key: str = KEY, *, chat_type: str = "direct") -> RunState:
     return await store.start_run(
         key,
         agent_id="main",
@@ -67,7 +122,7 @@ def command(text: str) -> NewMessage:
     return NewMessage(role="user", content=text, command=True, user_activity=False)
 
 
-def counters_agree(store: StoreProtocol, key: str = KEY) -> None:
+def counters_agree(store: ConversationStore, key: str = KEY) -> None:
     """The entry's checkpoint is the active run's counters (every change keeps them in step)."""
     run, entry = store.active_run(key), store.entry(key)
     assert run is not None and entry is not None

@@ -7,9 +7,11 @@ import asyncio
 import pytest
 
 from config.errors import Conflict
+from sessions.compaction import summary_line
 from sessions.compactor import Compactor, extractive
 from sessions.protocol import StoreProtocol
 from sessions.records import NewMessage
+from sessions.rewrites import Compaction, Uncompaction
 from tests.sessions.conformance.support import KEY, command, counters_agree, start, user
 from tests.sessions.helpers import settings_with
 
@@ -25,12 +27,10 @@ async def test_seqs_are_gapless_and_in_arrival_order(store: StoreProtocol) -> No
         for m, (record, durable) in zip(messages, queued, strict=True)
     ]
     assert [r["seq"] for r in done] == list(range(101, 111))
-    _, folder = await store.locate_run(run.run_id)
-    assert folder is not None
-    stored = await store.read_messages(folder, after_seq=0, limit=1000)
+    stored = await store.read_messages(run.run_id, after_seq=0, limit=1000)
     assert [m["seq"] for m in stored] == list(range(1, 111))
     assert [m["content"] for m in stored[:3]] == ["message 0", "message 1", "message 2"]
-    assert [m["seq"] for m in await store.read_messages(folder, after_seq=105, limit=3)] == [106, 107, 108]
+    assert [m["seq"] for m in await store.read_messages(run.run_id, after_seq=105, limit=3)] == [106, 107, 108]
     assert run.message_count == 110
     counters_agree(store)
 
@@ -87,10 +87,8 @@ async def test_tool_and_plan_records_are_numbered_from_one(store: StoreProtocol)
     assert (first["seq"], second["seq"], second["error"], second["duration_ms"]) == (1, 2, "failed", 1.235)
     plan = await store.record_plan(run, plan_type="todo", plan_content="1. this")
     assert plan["id"] == 1 and (await store.record_plan(run, plan_type="todo", plan_content="2."))["id"] == 2
-    _, folder = await store.locate_run(run.run_id)
-    assert folder is not None
-    assert [r["tool_name"] for r in await store.read_store(folder, "tools.jsonl")] == ["search", "search"]
-    assert [r["id"] for r in await store.read_store(folder, "planning.jsonl")] == [1, 2]
+    assert [r["tool_name"] for r in await store.read_records(run.run_id, "tools")] == ["search", "search"]
+    assert [r["id"] for r in await store.read_records(run.run_id, "planning")] == [1, 2]
 
 
 async def test_usage_adds_up_on_the_run_the_entry_and_the_row(store: StoreProtocol) -> None:
@@ -132,58 +130,16 @@ async def test_a_compaction_commits_through_the_store(store: StoreProtocol) -> N
     assert (await store.append(run, user("after")))["seq"] == 13
 
 
-async def test_a_compaction_cancelled_during_its_commit_is_still_counted(
-    store: StoreProtocol, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A caller cancelled (``/stop``, a shutdown) while the writer thread commits its compaction:
-    the commit goes on, and the run's counters follow it, so the next compaction takes the next
-    summary id instead of reusing this one's (and its archive's name)."""
-    import threading
-
-    from sessions import compactor as compactor_module
-
-    run = await start(store)
-    for i in range(12):
-        await store.append(run, user(f"message {i} " + "word " * 40))
-    held, release = threading.Event(), threading.Event()
-    real_write = compactor_module.write_records_atomic
-
-    def slow_write(*args: object, **kwargs: object) -> None:
-        held.set()
-        assert release.wait(30)
-        real_write(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(compactor_module, "write_records_atomic", slow_write)
-    compactor = Compactor(store, extractive, settings_with().compaction)
-    compaction = compactor.compact(run, trigger="manual", threshold=2000, keep_recent=2, min_to_compress=1)
-    task = asyncio.create_task(compaction)
-    while not held.is_set():
-        await asyncio.sleep(0.01)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    release.set()
-    monkeypatch.setattr(compactor_module, "write_records_atomic", real_write)
-    await store.append(run, user("after the cancelled compaction"))  # behind the commit on the writer
-    await asyncio.sleep(0.05)  # the late count's ledger update
-    assert run.compaction_count == 1 and run.next_summary_id == 2
-    context = await store.read_context(run)
-    assert context[0].get("kind") == "summary" and run.context_lines == len(context)
-    assert run.context_tokens == sum(int(line.get("tokens", 0)) for line in context)
-    assert (await store.get_run(run.run_id) or {}).get("compaction_count") == 1
-    counters_agree(store)
-    for i in range(12):
-        await store.append(run, user(f"more {i} " + "word " * 40))
-    second = await compactor.compact(run, trigger="manual", threshold=2000, keep_recent=2, min_to_compress=1)
-    assert second is not None and (second.summary_id, second.compaction) == (2, 2)
-
-
 async def test_a_commit_that_changes_nothing_changes_no_counter(store: StoreProtocol) -> None:
     run = await start(store)
     await store.append(run, user("hello"))
     before = run.counters
-    assert await store.commit_context_rewrite(run, lambda: None) is None
+    longer = summary_line(1, "word " * 500, covers_from=1, end_seq=1)  # longer than what it replaces
+    assert await store.rewrite_context(run, Compaction(1, 1, longer, 1)) is None
+    assert await store.rewrite_context(run, Uncompaction(1, 1, "2026-11-30T00:00:00Z")) is None  # none to undo
     assert run.counters == before
+    assert [line["seq"] for line in await store.read_context(run)] == [1]
+    assert await store.read_records(run.run_id, "summaries") == []
     counters_agree(store)
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from config.errors import Conflict, NotFound, SessionPaused
 from sessions.protocol import StoreProtocol
-from sessions.records import RunState
-from tests.sessions.conformance.support import KEY, command, start, user
+from sessions.records import RunState, StoreEvent
+from sessions.store_hooks import StoreHooks
+from tests.sessions.conformance.support import KEY, Harness, command, start, user
 
 
 async def test_a_started_run_is_the_keys_active_run(store: StoreProtocol) -> None:
@@ -76,7 +77,7 @@ async def test_complete_with_an_error_fails_the_run(store: StoreProtocol) -> Non
     assert await store.list_runs(statuses=["completed"]) == []
 
 
-async def test_complete_runs_the_hooks_and_the_final_summarizer(store: StoreProtocol) -> None:
+async def test_complete_runs_the_hooks_and_the_final_summarizer(harness: Harness) -> None:
     seen: list[tuple[str, Any]] = []
 
     async def hook(run: RunState) -> None:
@@ -86,11 +87,11 @@ async def test_complete_runs_the_hooks_and_the_final_summarizer(store: StoreProt
         seen.append(("summary", reason))
         return "what happened"
 
-    store.completion_hooks["test"] = hook
-    store.final_summarizer = summarize
+    store = await harness.open(StoreHooks(completion_hooks={"test": hook}, final_summarizer=summarize))
     run = await start(store)
     await store.complete(KEY, reason="reset")
     assert seen == [("hook", run.run_id), ("summary", "reset")]
+    assert await store.read_final_summary(run.run_id) == "what happened"
     seen.clear()
     await start(store)
     await store.complete(KEY, reason="purge", summarize=False)
@@ -121,11 +122,13 @@ async def test_discard_run_leaves_nothing_of_the_run(store: StoreProtocol, remov
     assert (entry is None) if remove_entry else (entry is not None and entry.status == "idle")
 
 
-async def test_listeners_hear_lifecycle_and_message_events(store: StoreProtocol) -> None:
-    events: list[dict[str, Any]] = []
-    store.listeners.append(events.append)
+async def test_listeners_hear_lifecycle_and_message_events(harness: Harness) -> None:
+    events: list[StoreEvent] = []
     durable: list[int] = []
-    store.durable_listeners.append(lambda run, record: durable.append(record["seq"]))
+    hooks = StoreHooks(
+        listeners=(events.append,), durable_listeners=(lambda run, record: durable.append(record["seq"]),)
+    )
+    store = await harness.open(hooks)
     run = await start(store)
     await store.append(run, user("hello"))
     await store.pause(KEY)

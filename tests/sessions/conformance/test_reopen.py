@@ -21,9 +21,7 @@ async def test_an_active_run_goes_on_after_a_restart(harness: Harness) -> None:
     assert back.counters == counters and back.next_tool_seq == 2
     counters_agree(store)
     assert (await store.append(back, user("after")))["seq"] == 7
-    _, folder = await store.locate_run(run.run_id)
-    assert folder is not None
-    assert [m["seq"] for m in await store.read_messages(folder, after_seq=0, limit=100)] == list(range(1, 8))
+    assert [m["seq"] for m in await store.read_messages(run.run_id, after_seq=0, limit=100)] == list(range(1, 8))
 
 
 async def test_counters_after_a_compaction_survive_a_restart(harness: Harness) -> None:
@@ -65,9 +63,7 @@ async def test_completed_runs_and_entry_settings_survive(harness: Harness) -> No
     assert (entry.pinned, entry.label, entry.settings, entry.input_tokens) == (True, "work", {"model": "m"}, 7)
     row = await store.get_run(run.run_id)
     assert row is not None and row["status"] == "completed" and row["pinned"]
-    _, folder = await store.locate_run(run.run_id)
-    assert folder is not None
-    assert [m["content"] for m in await store.read_messages(folder, after_seq=0, limit=10)] == ["hello"]
+    assert [m["content"] for m in await store.read_messages(run.run_id, after_seq=0, limit=10)] == ["hello"]
 
 
 async def test_a_discarded_run_is_gone_after_a_restart(harness: Harness) -> None:

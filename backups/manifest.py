@@ -1,0 +1,128 @@
+"""The manifest of a backup (``manifest.json``, the archive's first member): format version,
+neotask version, when, the point (the last seq of every active run), counts, and a SHA-256 per
+file. ``verify`` checks an archive against it member by member."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from backups.errors import BackupInvalid
+
+FORMAT = "neotask-backup"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+HOME_PREFIX = "home/"  # every file of the home is under home/ in the archive
+CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_stream(stream: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    while block := stream.read(CHUNK):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def walk_files(root: Path) -> Iterator[Path]:
+    """Every regular file under ``root``, sorted (the archive's order)."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            yield path
+
+
+def file_table(root: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {size, sha256}}`` of every file under ``root``."""
+    return {
+        path.relative_to(root).as_posix(): {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in walk_files(root)
+    }
+
+
+def counts(files: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, int]:
+    folders = ("contexts/running/", "contexts/paused/", "contexts/completed/")
+    runs = {name.split("/")[2] for name in files if name.startswith(folders) and name.count("/") >= 3}
+    return {
+        "files": len(files),
+        "bytes": sum(int(entry["size"]) for entry in files.values()),
+        "runs": len(runs),
+        "active_runs": len(point.get("runs", {})),
+        "archives": sum(1 for name in files if name.startswith("contexts/archive/") and name.endswith(".tar.gz")),
+        "memory_files": sum(1 for name in files if name.startswith("memory.lance/")),
+        "workspace_files": sum(1 for name in files if name.startswith("workspaces/")),
+    }
+
+
+def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
+    try:
+        member = tar.next()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise BackupInvalid(f"not a readable backup archive ({exc})") from exc
+    if member is None or member.name != MANIFEST or not member.isfile():
+        raise BackupInvalid(f"not a neotask backup: the archive does not start with {MANIFEST}")
+    handle = tar.extractfile(member)
+    if handle is None:
+        raise BackupInvalid(f"{MANIFEST} is unreadable")
+    try:
+        manifest = json.loads(handle.read())
+    except ValueError as exc:
+        raise BackupInvalid(f"{MANIFEST} is not JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BackupInvalid(f"not a neotask backup: {MANIFEST} has no format {FORMAT!r}")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise BackupInvalid(f"backup format_version {version!r} is newer than this neotask knows ({FORMAT_VERSION})")
+    return manifest
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """Read the whole archive: every file the manifest lists is there once with its size and
+    SHA-256, and nothing else. The manifest, or ``BackupInvalid`` naming the first problem."""
+    try:
+        tar = tarfile.open(path, "r:gz")  # noqa: SIM115 (closed by the with below, once opened)
+    except FileNotFoundError as exc:
+        raise BackupInvalid(f"{path}: no such file") from exc
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise BackupInvalid(f"{path} is not a readable backup archive ({exc})") from exc
+    with tar:
+        manifest = read_manifest(tar)
+        expected: dict[str, Any] = dict(manifest.get("files") or {})
+        seen: set[str] = set()
+        try:
+            for member in tar:
+                if member.isdir() or (member.name == MANIFEST and member.offset == 0):
+                    continue
+                name = member.name.removeprefix(HOME_PREFIX)
+                if not member.name.startswith(HOME_PREFIX) or not member.isfile() or name not in expected:
+                    raise BackupInvalid(f"{path}: {member.name} is not listed in the manifest")
+                if name in seen:
+                    raise BackupInvalid(f"{path}: {member.name} is in the archive twice")
+                handle = tar.extractfile(member)
+                digest = sha256_stream(handle) if handle is not None else ""
+                entry = expected[name]
+                if member.size != entry["size"] or digest != entry["sha256"]:
+                    raise BackupInvalid(f"{path}: {member.name} does not match its checksum (the archive is damaged)")
+                seen.add(name)
+        except (tarfile.TarError, OSError, EOFError, zlib_error()) as exc:
+            raise BackupInvalid(f"{path} is truncated or damaged ({exc})") from exc
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise BackupInvalid(f"{path}: {len(missing)} file(s) of the manifest are missing, e.g. {missing[0]}")
+    return manifest
+
+
+def zlib_error() -> type[Exception]:
+    import zlib
+
+    return zlib.error

@@ -1,0 +1,150 @@
+"""Packing a staged home into one archive, and a restore out of one (blocking).
+
+``finish``: the doctor's safe fixes over the stage (the folders are the truth: a run that started
+or ended between the ledger's copy and the point is brought in line, as start-up recovery does),
+then a check that finds nothing, then ``manifest.json`` and every file into ``<out>.tmp``, fsync,
+rename. ``restore``: verify the whole archive, refuse a home that is not empty, extract into a
+sibling temp folder, check it with the doctor, rename it into place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import shutil
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from backups.errors import BackupInvalid, BackupTargetError, HomeNotEmpty
+from backups.manifest import FORMAT, FORMAT_VERSION, HOME_PREFIX, MANIFEST, counts, file_table, verify, walk_files
+from config.settings import Settings
+from sessions.files.doctor import check_home
+from sessions.files.history_doctor import check_home_index
+from sessions.files.jsonl import fsync_dir
+from sessions.files.layout import PRIVATE_DIR, Home
+from sessions.files.ledger import Ledger
+
+COMPRESS_LEVEL = 3  # a backup of a busy home is CPU-bound at 6 for little gain
+
+
+def check_target(out: Path) -> None:
+    """Fail before any work when ``out`` cannot be written (nothing is left behind)."""
+    parent = out.parent
+    if out.exists() and out.is_dir():
+        raise BackupTargetError(f"{out} is a folder: give a file name for the backup")
+    if not parent.is_dir():
+        raise BackupTargetError(f"{parent} does not exist: create it or choose another -o")
+    probe = parent / f".{out.name}.probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BackupTargetError(f"cannot write to {parent}: {exc.strerror or exc}; choose another -o") from exc
+
+
+def problems(findings: list[Any]) -> list[str]:
+    return [f.detail for f in findings if f.severity in ("error", "warning") and not f.fixed]
+
+
+def finish(
+    stage: Home, out: Path, *, meta: Mapping[str, Any], point: Mapping[str, Any], now: str, settings: Settings
+) -> dict[str, Any]:
+    """Bring the stage in line, check it, pack it into ``out``; the manifest."""
+    check_home(stage.root, fix=True, now=now, settings=settings)
+    left = problems(check_home(stage.root, fix=False, now=now, settings=settings))
+    if left:  # never expected: a backup that would not restore clean is not written
+        raise BackupInvalid(f"the staged copy is not consistent ({left[0]}); nothing was written")
+    files = file_table(stage.root)
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        **meta,
+        "created_at": now,
+        "point": dict(point),
+        "counts": counts(files, point),
+        "history_index": "not included: rebuilt from the run folders and archives at the first start",
+        "files": files,
+    }
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        with open(tmp, "wb", opener=lambda p, f: os.open(p, f, 0o600)) as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=COMPRESS_LEVEL, format=tarfile.PAX_FORMAT) as tar:
+                data = json.dumps(manifest, ensure_ascii=False, indent=1).encode("utf-8")
+                info = tarfile.TarInfo(MANIFEST)
+                info.size, info.mode, info.mtime = len(data), 0o600, int(os.path.getmtime(stage.root))
+                tar.addfile(info, io.BytesIO(data))
+                for path in walk_files(stage.root):
+                    tar.add(path, arcname=HOME_PREFIX + path.relative_to(stage.root).as_posix(), recursive=False)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise BackupTargetError(f"cannot write {out}: {exc.strerror or exc}; choose another -o") from exc
+    return manifest
+
+
+def is_empty(path: Path) -> bool:
+    return not path.exists() or (path.is_dir() and not any(path.iterdir()))
+
+
+def restore(archive: Path, target: Path, *, now: str, settings: Settings) -> dict[str, Any]:
+    """Restore ``archive`` into ``target`` (new or empty); the manifest. Nothing is written
+    when the archive is bad or the target is not empty."""
+    target = target.expanduser().absolute()
+    if not is_empty(target):
+        raise HomeNotEmpty(f"{target} is not empty: restore into a new or empty folder (--home)")
+    if not target.parent.is_dir():
+        raise BackupTargetError(f"{target.parent} does not exist: create it first")
+    manifest = verify(archive)
+    work = target.parent / f".{target.name}.restoring-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        work.mkdir(mode=PRIVATE_DIR)
+        with tarfile.open(archive, "r:gz") as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(HOME_PREFIX) and m.isfile()]
+            for member in members:
+                member.name = member.name.removeprefix(HOME_PREFIX)
+            tar.extractall(work, members=members, filter="data")
+        for path in [work, *work.rglob("*")]:
+            os.chmod(path, PRIVATE_DIR if path.is_dir() else 0o600)
+        Home(work).ensure()
+        if settings.history.enabled:
+            asyncio.run(build_history(Home(work)))
+        left = problems(check_home(work, fix=False, now=now, settings=settings))
+        if left:
+            raise BackupInvalid(f"the restored home does not check clean ({left[0]}); nothing was restored")
+        if target.exists():
+            target.rmdir()
+        os.rename(work, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return manifest
+
+
+async def build_history(home: Home) -> None:
+    """The history index the backup left out, built from the restored runs and archives (so the
+    doctor finds it, and the first start need not)."""
+    ledger = Ledger(home.tasks_db)
+    await ledger.open()
+    try:
+        findings = await check_home_index(home.contexts, ledger, home, fix=True)
+    finally:
+        await ledger.close()
+    left = problems(findings)
+    if left:
+        raise BackupInvalid(f"the history index of the restored home could not be built ({left[0]})")
+
+
+def restored_files(manifest: Mapping[str, Any]) -> int:
+    return len(manifest.get("files") or {})

@@ -1,0 +1,297 @@
+"""Chat commands (SPEC section 8): typed as a message starting with ``/`` or posted to
+``/v1/sessions/{key}/commands``. Command lines and their answers are stored with ``command: true``
+and never reach the model; every command answers 200, an unknown one with help."""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from conversations.hooks import CommandHooks, NextReset
+from conversations.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
+from sessions.compactor import SummaryResult
+from sessions.records import RunState
+from sessions.thresholds import compaction_threshold
+
+_NAME = re.compile(r"^/([^\W\d_][\w-]*)$")
+
+HELP = {
+    "new": "/new [text] - end this session and start a fresh one without the previous summary",
+    "reset": "/reset [text] - end this session; the next one starts with its summary",
+    "compact": "/compact [instructions] - summarize older messages now",
+    "uncompact": "/uncompact - undo the last compaction",
+    "status": "/status - run, tokens against the threshold, compactions, next reset",
+    "model": "/model [name|default] - show or set this session's model",
+    "pause": "/pause - pause the session (messages are refused until /resume)",
+    "resume": "/resume - resume a paused session",
+    "stop": "/stop - cancel the running model turn",
+    "help": "/help - this list",
+}
+
+MAX_MODEL_NAME = 200  # as PATCH /v1/sessions/{key} allows: a sessions.json entry stays small
+Handler = Callable[["CommandCall"], Awaitable[Outcome]]
+
+
+def parse_command(text: str) -> tuple[str, str] | None:
+    """``("compact", "focus on decisions")`` for ``/compact focus on decisions``; None when the
+    text is not a command (``/path/to/file`` is not). The command word is NFKC-normalised, so a
+    full-width slash and letters typed with an IME (U+FF0F, U+FF53...) make ``/status``; a name in
+    any script is a command (an unknown one is answered with the help)."""
+    first = text.lstrip()[:1]
+    if first.isascii() and first != "/":  # NFKC leaves a leading ASCII character first: no command
+        return None
+    return parse_command_fully(text)
+
+
+def parse_command_fully(text: str) -> tuple[str, str] | None:
+    """``parse_command`` without its shortcut for a leading ASCII character (what the shortcut is
+    tested against)."""
+    parts = text.strip().split(maxsplit=1)
+    if not parts:
+        return None
+    match = _NAME.match(unicodedata.normalize("NFKC", parts[0]))
+    if match is None:
+        return None
+    return match.group(1).casefold(), (parts[1] if len(parts) > 1 else "").strip()
+
+
+@dataclass(frozen=True)
+class CommandCall:
+    post: Post
+    name: str
+    args: str
+
+    @property
+    def key(self) -> str:
+        return self.post.key.raw
+
+
+class Commands:
+    def __init__(self, conversations: Conversations, *, hooks: CommandHooks | None = None) -> None:
+        self.conv = conversations
+        self.store = conversations.store
+        self.next_reset: NextReset | None = (hooks or CommandHooks()).next_reset
+        self.handlers: dict[str, Handler] = {
+            "help": self._help,
+            "status": self._status,
+            "model": self._model,
+            "pause": self._pause,
+            "resume": self._resume,
+            "stop": self._stop,
+            "new": self._new,
+            "reset": self._reset,
+            "compact": self._compact,
+            "uncompact": self._uncompact,
+        }
+
+    async def run(self, post: Post, name: str, args: str) -> Outcome:
+        handler = self.handlers.get(name, self._unknown)
+        return await handler(CommandCall(post, name, args))
+
+    async def run_once(self, post: Post, name: str, args: str) -> Outcome:
+        """A command sent with a client_message_id runs at most once: a redelivery answers what the
+        first delivery answered (from its idempotency record, or from the transcript, where the
+        command line carries the id and its answer the command's seq) and runs nothing again."""
+        assert post.client_message_id is not None
+        previous = await self.conv.find_previous(post.key.raw, post.client_message_id)
+        if previous is not None:
+            if previous["response"] is not None:
+                return outcome_from(json.loads(previous["response"]))
+            return Outcome(post.key.raw, previous["run_id"], previous["message_seq"], reply=previous.get("reply"))
+        outcome = await self.run(post, name, args)
+        await self.conv.remember(post.key.raw, post.client_message_id, outcome)
+        return outcome
+
+    # -- storing a command and its answer -------------------------------------------------------
+
+    async def answer(self, call: CommandCall, text: str, *, run: RunState | None = None) -> Outcome:
+        """Store the command line and its answer in the key's active run (if it has one)."""
+        async with self.store.lock_for(call.key):
+            return await self.answer_locked(call, text, run=run)
+
+    async def answer_locked(self, call: CommandCall, text: str, *, run: RunState | None = None) -> Outcome:
+        run = run or self.store.active_run(call.key)
+        if run is None:
+            return Outcome(call.key, None, None, reply={"content": text, "seq": None})
+        asked, answered = await self.conv.command_exchange(
+            run, call.post.content, text, client_message_id=call.post.client_message_id
+        )
+        return Outcome(call.key, run.run_id, asked["seq"], reply={"content": text, "seq": answered["seq"]})
+
+    # -- the commands ---------------------------------------------------------------------------
+
+    async def _help(self, call: CommandCall) -> Outcome:
+        return await self.answer(call, "Commands:\n" + "\n".join(HELP.values()))
+
+    async def _unknown(self, call: CommandCall) -> Outcome:
+        text = f"Unknown command /{call.name}. " + "Commands:\n" + "\n".join(HELP.values())
+        return await self.answer(call, text)
+
+    async def _compact(self, call: CommandCall) -> Outcome:
+        async with self.conv.turn_lock(call.key):
+            run = self.store.active_run(call.key)
+            if run is None:
+                return await self.answer(call, "Nothing to compact: this session has no active run.")
+            summaries: list[SummaryResult] = []
+            result = await self.conv.compact(
+                run, None, trigger="manual", instructions=call.args or None, on_summary=summaries.append
+            )
+            failed = next((s for s in summaries if s.error), None)
+            model_note = (
+                f" The model failed to summarize ({failed.model}: {failed.error}), so the extractive summary was used."
+                if failed is not None
+                else ""
+            )
+            if result is None and not summaries:
+                minimum = self.conv.settings.compaction.min_to_compress
+                keep = self.conv.settings.compaction.keep_recent
+                text = f"Nothing to compact yet: fewer than {minimum} messages come before the {keep} most recent ones."
+                return await self.answer(call, text)
+            if result is None:
+                text = f"Nothing was compacted: the summary would not be shorter than the messages.{model_note}"
+                return await self.answer(call, text)
+            text = (
+                f"Compacted messages {result.start_seq}-{result.end_seq} into a summary"
+                f" ({result.tokens_before} -> {result.tokens_after} tokens, {result.summarizer})."
+                f"{model_note} Send /uncompact to undo."
+            )
+            outcome = await self.answer(call, text)
+            outcome.events.append(result.event())
+            return outcome
+
+    async def _uncompact(self, call: CommandCall) -> Outcome:
+        async with self.conv.turn_lock(call.key):
+            run = self.store.active_run(call.key)
+            reverted = None
+            if run is not None:
+                reverted = await self.conv.compactors[run.agent_id or "main"].uncompact(run)
+            if reverted is None:
+                return await self.answer(call, "Nothing to undo: no compaction to revert in this session.")
+            outcome = await self.answer(
+                call,
+                f"Restored the context from before compaction {reverted}."
+                " Automatic compaction waits until the next model call.",
+            )
+            outcome.events.append({"type": "uncompact", "reverts": reverted})
+            return outcome
+
+    async def _status(self, call: CommandCall) -> Outcome:
+        return await self.answer(call, self.status_text(call.key, call.post.key.agent_id))
+
+    def status_text(self, key: str, agent_id: str | None) -> str:
+        entry = self.store.entry(key)
+        run = self.store.active_run(key)
+        agent = self.conv.agent(agent_id)
+        threshold = compaction_threshold(self.conv.settings.compaction, agent.model)
+        used = (run.context_tokens if run else 0) + self.conv.context_overhead(agent_id)
+        nxt = self.next_reset(key) if self.next_reset and entry else None
+        provider = self.conv.provider(agent_id)
+        lines = [
+            f"Session: {key}",
+            f"Run: {run.run_id} ({run.status})" if run else "Run: none (the next message starts one)",
+            f"Tokens: {used} / {threshold} ({100 * used // max(threshold, 1)}%)",
+            f"Compactions: {run.compaction_count if run else 0}",
+            f"Next reset: {nxt.isoformat() if nxt else 'none scheduled'}",
+            f"Model: {self.conv.model_name(key, agent_id)}" if provider else "Model: none (store-only mode)",
+        ]
+        if entry is not None:
+            usage = (entry.input_tokens, entry.output_tokens, entry.cache_read_tokens, entry.cache_write_tokens)
+            lines.append("Usage: input {} / output {} / cache read {} / cache write {}".format(*usage))
+        return "\n".join(lines)
+
+    async def _model(self, call: CommandCall) -> Outcome:
+        entry = self.store.entry(call.key)
+        agent_id = call.post.key.agent_id
+        if self.conv.provider(agent_id) is None and not call.args:
+            text = (
+                "No model is configured (store-only mode): messages are stored without replies. Set"
+                f" agents.{agent_id or 'main'}.model.base_url to answer through a model."
+            )
+            return await self.answer(call, text)
+        if not call.args:
+            return await self.answer(call, f"Model: {self.conv.model_name(call.key, agent_id)}")
+        if entry is None:
+            return await self.answer(call, "No session yet: send a message first, then set its model.")
+        if call.args.lower() in ("default", "reset"):
+            await self.store.update_entry(call.key, settings={"model": None})
+            return await self.answer(call, f"Model reset to the default: {self.conv.agent(agent_id).model.name}")
+        if len(call.args) > MAX_MODEL_NAME:
+            return await self.answer(call, f"A model name is at most {MAX_MODEL_NAME} characters.")
+        await self.store.update_entry(call.key, settings={"model": call.args})
+        return await self.answer(call, f"Model set to {call.args} for this session.")
+
+    async def _pause(self, call: CommandCall) -> Outcome:
+        async with self.conv.exclusive(call.key):
+            run = self.store.active_run(call.key)
+            if run is None:
+                return await self.answer_locked(call, "Nothing to pause: this session has no active run.")
+            if run.status == "paused":
+                return await self.answer_locked(call, "Already paused. Send /resume to continue.")
+            outcome = await self.answer_locked(call, "Paused. Messages are refused until /resume.")
+            await self.store.pause(call.key)
+            return outcome
+
+    async def _resume(self, call: CommandCall) -> Outcome:
+        async with self.conv.exclusive(call.key):
+            run = self.store.active_run(call.key)
+            if run is None:
+                return await self.answer_locked(call, "Nothing to resume: this session has no active run.")
+            if run.status == "running":
+                return await self.answer_locked(call, "Not paused.")
+            await self.store.resume(call.key)
+            return await self.answer_locked(call, "Resumed.")
+
+    async def _stop(self, call: CommandCall) -> Outcome:
+        stopped = self.conv.stop_turn(call.key)
+        return await self.answer(call, "Stopped the running turn." if stopped else "No turn is running.")
+
+    async def _new(self, call: CommandCall) -> Outcome:
+        return await self._end_and_maybe_continue(call, inherit=False)
+
+    async def _reset(self, call: CommandCall) -> Outcome:
+        return await self._end_and_maybe_continue(call, inherit=True)
+
+    async def _end_and_maybe_continue(self, call: CommandCall, *, inherit: bool) -> Outcome:
+        """``/new`` and ``/reset``: their lines belong to the run they end; the new run opens with
+        the next message, or with the text after the command."""
+        word = "new session" if not inherit else "reset"
+        async with self.conv.exclusive(call.key):
+            run = self.store.active_run(call.key)
+            if run is None:
+                text = "Started fresh." if not inherit else "Reset: the next message starts a new session."
+                outcome = await self.answer_locked(call, text)
+            else:
+                text = (
+                    "Started a new session without the previous summary."
+                    if not inherit
+                    else "Session reset. The next session starts with a summary of this one."
+                )
+                outcome = await self.answer_locked(call, text, run=run)
+                if inherit:
+                    await self.conv.memory_flush(run)
+                await self.store.complete(call.key, reason="new" if not inherit else "reset")
+                outcome.events.append({"type": "reset", "command": f"/{call.name}", "previous_run_id": run.run_id})
+                self.store.emit(
+                    "reset", run, reason="command", command=f"/{call.name}", previous_run_id=run.run_id, boundary=None
+                )
+                self.conv.metrics.resets.labels(word).inc()
+            await self.store.set_inherit_next(call.key, inherit)
+        if not call.args:
+            return outcome
+        follow = await dispatch(self, replace(call.post, content=call.args, client_message_id=None))
+        follow.events = outcome.events + follow.events
+        return follow
+
+
+async def dispatch(commands: Commands, post: Post, *, on_delta: DeltaFn | None = None) -> Outcome:
+    """The one entry point for posted messages: a user message that is a command runs it."""
+    if post.role == "user":
+        parsed = parse_command(post.content)
+        if parsed is not None:
+            if post.client_message_id is None:
+                return await commands.run(post, *parsed)
+            return await commands.conv.once(post, lambda: commands.run_once(post, *parsed))
+    return await commands.conv.post(post, on_delta=on_delta)

@@ -1,0 +1,99 @@
+"""Idempotent redelivery of posted messages and commands (SPEC section 8)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from config.clock import iso
+from config.errors import StorageUnavailable
+from conversations.posts import Outcome, Post, ReplyBody, outcome_from
+from conversations.turn_core import ConversationCore
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENCY_WINDOW = timedelta(days=1)
+
+
+class Idempotency(ConversationCore):
+    """A delivery with a client_message_id is stored and answered once: a repeat within
+    ``IDEMPOTENCY_WINDOW`` gets the first one's answer (its ``idempotency`` record in tasks.db, or
+    the transcript, which is the durable truth, when the record is missing)."""
+
+    async def once(self, post: Post, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        """Run ``work`` for a delivery with a client_message_id; a second delivery of the same id
+        arriving while the first is handled waits for the first one's answer."""
+        assert post.client_message_id is not None
+        marker = (post.key.raw, post.client_message_id)
+        if marker in self._inflight:  # the same delivery is being handled right now
+            return outcome_from(await asyncio.shield(self._inflight[marker]))
+        future: asyncio.Future[ReplyBody] = asyncio.get_running_loop().create_future()
+        self._inflight[marker] = future
+        try:
+            outcome = await work()
+            future.set_result(outcome.body())
+            return outcome
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it, nobody logs it as lost
+            raise
+        finally:
+            del self._inflight[marker]
+
+    async def find_previous(self, key: str, cmid: str) -> dict[str, Any] | None:
+        """An earlier delivery of ``cmid`` on ``key`` within the window: its idempotency record,
+        or, when there is none (a crash or a tasks.db error came between storing the message and
+        committing the record) or tasks.db cannot be read, the message found in the active run's
+        messages.jsonl (the durable truth) with its reply if one was stored."""
+        try:
+            previous = await self._idempotency_lookup(key, cmid)
+        except StorageUnavailable as exc:
+            log.warning("idempotency lookup on %r failed (%s): checking the transcript instead", key, exc)
+            previous = None
+        if previous is not None:
+            return previous
+        since = iso(self.clock() - IDEMPOTENCY_WINDOW)
+        found = await self.store.find_delivery(key, cmid, since=since)
+        if found is None:
+            return None
+        log.info("redelivery of %r on %r recognised from the transcript (seq %d)", cmid, key, found.seq)
+        return {"run_id": found.run_id, "message_seq": found.seq, "response": None, "reply": found.reply}
+
+    async def find_in_run(self, key: str, cmid: str) -> dict[str, Any] | None:
+        """A delivery of ``cmid`` in the key's active run, from its transcript alone and at any
+        age (ids scoped to the run: ``Post.id_scope``), with its reply if one was stored."""
+        found = await self.store.find_delivery(key, cmid, since="")
+        if found is None:
+            return None
+        return {"run_id": found.run_id, "message_seq": found.seq, "response": None, "reply": found.reply}
+
+    async def _idempotency_lookup(self, key: str, cmid: str) -> dict[str, Any] | None:
+        found = await self.store.find_idempotency(key, cmid, since=iso(self.clock() - IDEMPOTENCY_WINDOW))
+        if found is None:
+            return None
+        return {"run_id": found.run_id, "message_seq": found.message_seq, "response": found.response}
+
+    async def remember_delivery(self, key: str, cmid: str, *, run_id: str, seq: int) -> None:
+        """Record that ``seq`` was stored as delivery ``cmid`` without an answer, as if it had been
+        posted with that id: a repeat within the window then runs the turn again, storing nothing."""
+        await self.remember(key, cmid, None, run_id=run_id, seq=seq)
+
+    async def remember(
+        self, key: str, cmid: str, outcome: Outcome | None, *, run_id: str | None = None, seq: int | None = None
+    ) -> None:
+        try:
+            if outcome is None:  # a new delivery (none within the window): its window starts now
+                await self.store.remember_delivery(key, cmid, run_id=run_id, seq=seq)
+            else:
+                body = json.dumps(outcome.body(), ensure_ascii=False)
+                await self.store.remember_reply(
+                    key, cmid, run_id=outcome.run_id, seq=outcome.message_seq, response=body
+                )
+        except StorageUnavailable as exc:
+            # The message is durable and carries its client_message_id: a redelivery is still
+            # recognised from the transcript, so the caller gets its answer, not an error.
+            log.warning("idempotency record of %r on %r not saved (%s)", cmid, key, exc)

@@ -1,0 +1,178 @@
+"""Carrying out a cleanup (SPEC section 7): gather the facts, plan (``sessions.cleanup_plan``),
+then complete stale active runs, archive old completed ones, delete expired archives, VACUUM.
+
+Archiving is ordered so that ``kill -9`` at any step loses nothing (issue 10 item 2): write the
+archive (never over an existing one), record ``archived_at`` in tasks.db, then remove the folder.
+A cleanup first finishes what a crash interrupted: folders of recorded archives are removed, and a
+folder whose archive exists is not packed again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from config.clock import iso, parse_iso
+from config.settings import CleanupSettings
+from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
+from sessions.files import archive as archives
+from sessions.files.archive import Step
+from sessions.files.store import SessionStore
+
+log = logging.getLogger(__name__)
+CompleteFn = Callable[[str], Awaitable[None]]
+
+
+def _when(text: str | None) -> datetime | None:
+    return parse_iso(text) if text else None
+
+
+async def gather(store: SessionStore) -> tuple[list[RunFacts], list[ArchiveFacts]]:
+    rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute("SELECT * FROM tasks")])
+    runs, archives = [], []
+    for row in rows:
+        key = row.get("session_key") or ""
+        entry = store.entry(key)
+        pinned = bool(row.get("pinned")) or bool(entry and entry.pinned)
+        if row.get("archived_at"):
+            if await asyncio.to_thread(store.home.archive_file(row["uuid"]).exists):
+                archives.append(ArchiveFacts(row["uuid"], parse_iso(row["archived_at"]), key, pinned))
+            continue
+        last = entry.last_interaction_at if entry and entry.run_id == row["uuid"] else None
+        runs.append(
+            RunFacts(
+                run_id=row["uuid"],
+                session_key=key,
+                chat_type=row.get("chat_type") or "direct",
+                status=row["status"],
+                completed_at=_when(row.get("completed_at")),
+                last_interaction_at=_when(last or row.get("updated_at") or row.get("created_at")),
+                pinned=pinned,
+            )
+        )
+    return runs, archives
+
+
+def describe(action: CleanupAction) -> dict[str, Any]:
+    return {"action": action.kind, "run_id": action.run_id, "session_key": action.session_key,
+            "reason": action.reason}  # fmt: skip
+
+
+async def run_cleanup(
+    store: SessionStore,
+    settings: CleanupSettings,
+    *,
+    now: datetime,
+    dry_run: bool,
+    complete: CompleteFn,
+    step: Step | None = None,
+) -> list[dict[str, Any]]:
+    """``step`` is called at each step of archiving (``archive.STEPS``): a test hook."""
+    unfinished = await _unfinished(store)
+    runs, archive_facts = await gather(store)
+    actions = plan_cleanup(runs, archive_facts, settings, now)
+    if dry_run:
+        return [*unfinished, *({**describe(a), "done": False} for a in actions)]
+    report = []
+    for item in unfinished:
+        try:
+            await _finish(store, item["run_id"])
+            report.append({**item, "done": True})
+        except OSError as exc:
+            log.error("cleanup: finishing the archive of run %s failed: %s", item["run_id"], exc)
+            report.append({**item, "error": str(exc)})
+    for action in actions:
+        try:
+            await _apply(store, action, complete, step or _no_step)
+            report.append({**describe(action), "done": True})
+        except OSError as exc:
+            log.error("cleanup %s of run %s failed: %s", action.kind, action.run_id, exc)
+            report.append({**describe(action), "done": False, "error": str(exc)})
+    trimmed = await store.ledger.execute(lambda c: _trim_deliveries(c, now))
+    if trimmed:
+        log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
+    if actions or trimmed or unfinished:
+        await store.ledger.execute(lambda c: c.execute("VACUUM"))
+        log.info("cleanup: %d action(s) done", sum(1 for r in report if r["done"]))
+    return report
+
+
+IDEMPOTENCY_DAYS = 1  # SPEC section 8: a repeat within a day answers the first answer
+DELIVERY_ID_DAYS = 7  # webhook senders retry a delivery for hours, not weeks
+
+
+def _trim_deliveries(conn: Any, now: datetime) -> int:
+    """Forget redelivery records past their window (only rows nothing can match any more)."""
+    keys_before = iso(now - timedelta(days=IDEMPOTENCY_DAYS))
+    hooks_before = iso(now - timedelta(days=DELIVERY_ID_DAYS))
+    keys = conn.execute("DELETE FROM idempotency WHERE created_at < ?", (keys_before,))
+    hooks = conn.execute("DELETE FROM hook_deliveries WHERE created_at < ?", (hooks_before,))
+    return int(keys.rowcount) + int(hooks.rowcount)
+
+
+def _no_step(name: str) -> None:
+    return None
+
+
+async def _unfinished(store: SessionStore) -> list[dict[str, Any]]:
+    """Archives a crash left half done: recorded but the folder still there, or a folder moved
+    aside and not yet removed."""
+    rows = await store.ledger.execute(
+        lambda c: [dict(r) for r in c.execute("SELECT uuid, session_key FROM tasks WHERE archived_at IS NOT NULL")]
+    )
+
+    def scan() -> list[dict[str, Any]]:
+        found = []
+        for row in rows:
+            folder = store.home.run_dir(row["uuid"], "completed")
+            aside = store.home.archive / f"{archives.REMOVING_PREFIX}{row['uuid']}"
+            if folder.is_dir() or aside.is_dir():
+                found.append({"action": "finish_archive", "run_id": row["uuid"], "session_key": row["session_key"],
+                              "reason": "archived, but a crash interrupted the removal of its folder",
+                              "done": False})  # fmt: skip
+        return found
+
+    return await asyncio.to_thread(scan)
+
+
+async def _finish(store: SessionStore, run_id: str) -> None:
+    archive = store.home.archive_file(run_id)
+    folder = store.home.run_dir(run_id, "completed")
+
+    def finish() -> None:
+        if folder.is_dir() and not archives.archive_ok(archive, run_id):
+            raise archives.ArchiveDamaged(2, f"run {run_id} is recorded as archived but {archive} is missing")
+        archives.remove_folder(folder, archive.parent)
+        archives.finish_removals(archive.parent)
+
+    await asyncio.to_thread(finish)
+
+
+async def _apply(store: SessionStore, action: CleanupAction, complete: CompleteFn, step: Step) -> None:
+    if action.kind == "complete":
+        if action.session_key and store.active_run(action.session_key) is not None:
+            await complete(action.session_key)
+        return
+    archive = store.home.archive_file(action.run_id)
+    if action.kind == "archive":
+        folder = store.home.run_dir(action.run_id, "completed")
+
+        def write() -> bool:
+            if archives.archive_ok(archive, action.run_id):
+                archives.temp_of(archive).unlink(missing_ok=True)  # a kill between link and unlink left it
+                if folder.is_dir():
+                    log.warning("run %s: its archive exists already; finishing, not packing again", action.run_id)
+                return True
+            if folder.is_dir():
+                return archives.write_archive(folder, archive, step=step) or True
+            return False
+
+        if not await asyncio.to_thread(write):
+            log.error("cleanup: run %s has neither a folder nor an archive; marking it archived", action.run_id)
+        await store.ledger.update_run(action.run_id, archived_at=iso(store.clock()))
+        step("recorded")
+        await asyncio.to_thread(archives.remove_folder, folder, archive.parent, step=step)
+        return
+    await asyncio.to_thread(archive.unlink, True)

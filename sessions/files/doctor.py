@@ -1,0 +1,319 @@
+"""Consistency checks over a home (``neotask doctor``, ``POST /v1/admin/doctor``).
+
+Three steps: take a ``Snapshot`` (run folders, tasks.db rows, sessions.json entries, stray temp
+files), ``diagnose`` it (pure: a list of ``Finding``), and, when asked, apply the safe fixes. The
+snapshot and the fixes come in two flavours: over the files (``check_home``: no daemon, the caller
+holds the home lock) and over an open ``SessionStore`` (``check_store``: inside the daemon, whose
+in-memory state is the truth for active runs and entries). Fixes follow what start-up recovery
+does: the folders are the truth, tasks.db and sessions.json follow them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from config.clock import iso, parse_iso, system_clock
+from config.errors import NeotaskError
+from config.settings import Settings
+from sessions.files.damage import DamagedState
+from sessions.files.doctor_checks import (
+    ACTIVE,
+    DAMAGED,
+    FOLDER_FIXES,
+    LOST,
+    ONLINE_MIN_AGE_S,
+    RESTART,
+    SET_ASIDE,
+    Finding,
+    FixKind,
+    RunFolder,
+    Severity,
+    Snapshot,
+    diagnose,
+)
+from sessions.files.doctor_files import (
+    file_findings,
+    fix_files,
+    read_rows,
+    scan_archives,
+    scan_folders,
+    scan_tmp,
+)
+from sessions.files.doctor_fixes import (
+    LedgerFix,
+    _mark,
+    _plan,
+    entry_fix,
+    folder_fix,
+    ledger_finding,
+    ledger_fix,
+    rebuild_archived_rows,
+    remove_tmp,
+    set_ledger_aside,
+)
+from sessions.files.jsonl import fsync_dir
+from sessions.files.layout import Home
+from sessions.files.ledger import Ledger
+from sessions.files.registry import SessionRegistry
+from sessions.files.store import SessionStore
+
+__all__ = [
+    "ACTIVE", "DAMAGED", "FOLDER_FIXES", "LOST", "ONLINE_MIN_AGE_S", "RESTART", "SET_ASIDE", "Finding", "FixKind",
+    "LedgerFix", "RunFolder", "Severity", "Snapshot", "check_home", "check_store", "clear_lock_dir", "diagnose",
+    "entry_fix", "file_findings", "fix_files", "folder_fix", "ledger_finding", "ledger_fix", "read_rows",
+    "rebuild_archived_rows", "recorded_damage", "remove_tmp", "scan_archives", "scan_folders", "scan_tmp",
+    "set_aside_file", "set_ledger_aside",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+# -- over the files (no daemon) --------------------------------------------------------------------
+
+
+def check_home(
+    root: Path, *, fix: bool, now: str, min_age_s: float = 0.0, settings: Settings | None = None
+) -> list[Finding]:
+    """Check (and with ``fix`` repair) a home whose lock the caller holds (blocking). Fixes that
+    need the start-up recovery (an unreadable sessions.json, an active run to fail) open a
+    ``SessionStore`` over the home with ``settings`` (the defaults when None)."""
+    home = Home(root)
+    try:
+        rows = read_rows(home.tasks_db)
+    except DamagedState as exc:
+        damaged = ledger_finding(exc)
+        if not fix or damaged.kind is None:
+            return [damaged]
+        aside = set_ledger_aside(home)
+        ledger = Ledger(home.tasks_db)
+        ledger.open_sync()
+        try:
+            archived = rebuild_archived_rows(home, ledger, now)
+        finally:
+            ledger.close_sync()
+        detail = f"{damaged.detail} (moved to {aside.name}; {archived} archived run(s) restored from their archives)"
+        again = check_home(root, fix=True, now=now, min_age_s=min_age_s, settings=settings)
+        return [replace(damaged, detail=detail, fixed=True), *again]
+    registry = SessionRegistry(home.sessions_json, flush_ms=0)
+    try:
+        problem = registry.load()
+    except DamagedState as exc:  # a newer format: judged as unreadable, never rewritten
+        problem = f"unsupported ({exc.problem}: {exc.todo})"
+    snap = Snapshot(
+        folders=scan_folders(home, min_age_s=min_age_s),
+        rows=rows,
+        entries={k: e.run_id for k, e in registry.entries.items()},
+        tmp_files=scan_tmp(home, min_age_s=min_age_s),
+        archives=scan_archives(home),
+    )
+    findings = diagnose(snap) + file_findings(home, snap.folders, recorded_damage(rows))
+    if problem not in (None, "missing"):
+        newer = problem.startswith("unsupported")  # rebuilding it would throw a newer neotask's entries away
+        findings.append(
+            Finding(
+                "unreadable_sessions_json",
+                "error",
+                f"sessions.json is {problem}",
+                "upgrade neotask, or move the file aside to have it rebuilt from tasks.db and the run folders"
+                if newer
+                else "move it aside (sessions.json.damaged) and rebuild it from tasks.db and the run folders,"
+                " as start-up recovery does",
+                kind=None if newer else "rebuild_sessions",
+                path="contexts/sessions.json",
+                manual=newer,
+            )
+        )
+    if not fix:
+        return findings
+    folders = {f.run_id: f for f in snap.folders}
+    plan = _plan(findings, folders, now)
+    fixed: set[int] = set()
+    if plan.ledger:
+        ledger = Ledger(home.tasks_db)
+        ledger.open_sync()
+        try:
+            for index, sql in plan.ledger:
+                ledger.submit(sql)
+                fixed.add(index)
+        finally:
+            ledger.close_sync()
+    if plan.entries and problem in (None, "missing"):
+        changed = [i for i in plan.entries if entry_fix(findings[i], registry.entries, folders, now)]
+        if changed:
+            asyncio.run(_save_entries(registry, [findings[i].key or "" for i in changed]))
+            fixed.update(changed)
+    fixed.update(i for i in plan.tmp if remove_tmp(home, findings[i].path or ""))
+    fixed.update(i for i in plan.folders if folder_fix(home, findings[i], snap.rows))
+    fixed.update(i for i in plan.files if fix_files(home, findings[i]))
+    rebuild = [i for i, f in enumerate(findings) if f.kind == "rebuild_sessions"]
+    if plan.runs or rebuild:
+        for _ in rebuild:
+            set_aside_file(home.sessions_json)
+        failed = asyncio.run(_recover(root, settings, now, {findings[i].run_id or "": findings[i] for i in plan.runs}))
+        if failed is not None:
+            fixed.update(rebuild)
+            fixed.update(plan.entries if rebuild else ())  # the rebuilt entries follow the runs
+            fixed.update(i for i in plan.runs if findings[i].run_id in failed)
+    return _mark(findings, fixed)
+
+
+def recorded_damage(rows: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+    """The runs failed for damaged files (the reason is in their tasks.db row)."""
+    return frozenset(
+        rid
+        for rid, row in rows.items()
+        if row.get("status") == "failed" and str(row.get("error_message") or "").startswith(DAMAGED)
+    )
+
+
+def set_aside_file(path: Path) -> Path:
+    """Rename ``path`` to ``<name>.damaged[-n]`` (kept for a person); the new name."""
+    target, n = path.with_name(f"{path.name}.damaged"), 1
+    while target.exists():
+        target, n = path.with_name(f"{path.name}.damaged-{n}"), n + 1
+    os.replace(path, target)
+    fsync_dir(path.parent)
+    return target
+
+
+async def _recover(root: Path, settings: Settings | None, now: str, damaged: Mapping[str, Finding]) -> set[str] | None:
+    """Run the start-up recovery over the home (it rebuilds a missing sessions.json and fails the
+    runs whose files it finds damaged), then fail the ``damaged`` runs it left active; the runs
+    no longer active afterwards (None when the store could not be opened)."""
+    from config.loader import build_settings, load_defaults  # only here: the daemon passes none
+
+    at = parse_iso(now) if now[:1].isdigit() else system_clock()
+    try:
+        store = await SessionStore.open(root, settings or build_settings(load_defaults()), clock=lambda: at)
+    except (NeotaskError, OSError, sqlite3.Error) as exc:
+        log.error("doctor: the home could not be opened to finish the fixes: %s", exc)
+        return None
+    done = set()
+    try:
+        for run_id, finding in damaged.items():
+            run = next((r for r in store.active_runs() if r.run_id == run_id), None)
+            if run is not None and store.active_run(run.key) is run:
+                try:
+                    await store.complete(run.key, error=f"{DAMAGED} (doctor): {finding.detail}", reason="damaged")
+                except (NeotaskError, OSError) as exc:
+                    log.error("doctor: run %s could not be failed: %s", run_id, exc)
+                    continue
+            if all(r.run_id != run_id for r in store.active_runs()):
+                done.add(run_id)
+    finally:
+        await store.close()
+    return done
+
+
+
+
+def clear_lock_dir(home: Home) -> Finding | None:
+    """Remove a directory standing where gateway.lock belongs, when it is empty (blocking; before
+    the lock is taken). A finding (fixed) when there was one; ``DamagedState`` when it holds files."""
+    path = home.lock_file
+    if not path.is_dir() or path.is_symlink():
+        return None
+    try:
+        path.rmdir()
+    except OSError as exc:
+        problem = f"is a directory, not the lock file, and cannot be removed ({exc.strerror})"
+        raise DamagedState(path, problem, "move it aside, then start again") from None
+    detail = f"{path} was a directory, not the lock file"
+    return Finding("lock_is_directory", "error", detail, "remove it", path="gateway.lock", fixed=True)
+
+
+async def _save_entries(registry: SessionRegistry, keys: list[str]) -> None:
+    for key in keys:
+        registry.touch(key)
+    await registry.close()
+
+
+# -- over an open store (inside the daemon) --------------------------------------------------------
+
+
+async def check_store(store: SessionStore, *, fix: bool, min_age_s: float = ONLINE_MIN_AGE_S) -> list[Finding]:
+    """Check (and repair) while the daemon runs. The runs the store holds are active whatever the
+    files say (their rows are left alone: a lifecycle change may be half way), entries are judged
+    against them, and files changed within ``min_age_s`` may belong to a write in progress."""
+    home = store.home
+    folders, tmp_files, archives = await asyncio.to_thread(_scan_files, home, min_age_s)
+    rows = {r["uuid"]: r for r in await store.ledger.execute(_all_rows)}
+    live = {run.run_id: run for run in store.active_runs()}
+    on_disk = {(f.run_id, f.state) for f in folders}
+    strays = tuple(  # another folder of a held run, whose own folder is where the store has it
+        f
+        for f in folders
+        if f.run_id in live
+        and not f.young
+        and f.state != live[f.run_id].status
+        and (f.run_id, live[f.run_id].status) in on_disk
+    )
+    held = tuple(
+        RunFolder(
+            rid,
+            run.status,
+            {
+                "session_key": run.key,
+                "agent_id": run.agent_id,
+                "chat_type": run.chat_type,
+                "channel": run.channel,
+                "created_at": run.started_at,
+            },
+            young=True,
+        )
+        for rid, run in live.items()
+    )
+    snap = Snapshot(
+        folders=held + tuple(f for f in folders if f.run_id not in live) + strays,
+        rows={rid: row for rid, row in rows.items() if rid not in live},
+        entries={k: e.run_id for k, e in store.registry.entries.items()},
+        tmp_files=tmp_files,
+        archives=archives,
+        live=frozenset(live),
+    )
+    resting = tuple(f for f in folders if f.run_id not in live)  # the daemon does not write these
+    findings = diagnose(snap) + await asyncio.to_thread(file_findings, home, resting, recorded_damage(rows))
+    if not fix:
+        return findings
+    now = iso(store.clock())
+    by_id = {f.run_id: f for f in snap.folders}
+    plan = _plan(findings, by_id, now)
+    fixed: set[int] = set()
+    for index, sql in plan.ledger:
+        await store.ledger.execute(sql)
+        fixed.add(index)
+    for index in plan.entries:
+        finding = findings[index]
+        if finding.key is not None and entry_fix(finding, store.registry.entries, by_id, now):
+            store.registry.touch(finding.key)
+            fixed.add(index)
+    if plan.entries:
+        await store.registry.flush()
+    for index in plan.tmp:
+        if await asyncio.to_thread(remove_tmp, home, findings[index].path or ""):
+            fixed.add(index)
+    for index in plan.folders:  # never the folder the store holds (a held run's strays may go)
+        finding = findings[index]
+        held_run = live.get(finding.run_id or "")
+        if held_run is not None and (held_run.status == finding.status or held_run.dir.parent.name == finding.status):
+            continue
+        if await asyncio.to_thread(folder_fix, home, finding, rows):
+            fixed.add(index)
+    for index in plan.files:
+        if await asyncio.to_thread(fix_files, home, findings[index]):
+            fixed.add(index)
+    return _mark(findings, fixed)
+
+
+def _scan_files(home: Home, min_age_s: float) -> tuple[tuple[RunFolder, ...], tuple[str, ...], frozenset[str]]:
+    return scan_folders(home, min_age_s=min_age_s), scan_tmp(home, min_age_s=min_age_s), scan_archives(home)
+
+
+def _all_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute("SELECT * FROM tasks")]

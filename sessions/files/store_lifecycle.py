@@ -1,0 +1,285 @@
+"""The run lifecycle: start (and undo a start), pause, resume, complete (hooks, the final
+summary, statistics, the move to completed/) and delete; each keeps the run folder, its tasks.db
+row and the key's sessions.json entry in step."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import sqlite3
+import uuid as uuidlib
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from config.clock import iso
+from config.errors import NeotaskError, NoActiveRun, RunActive, StorageUnavailable
+from sessions.faults import storage_error
+from sessions.files import layout, leftovers
+from sessions.files.jsonl import fsync_dir, write_atomic, write_json_atomic
+from sessions.files.ledger import RunStats
+from sessions.files.store_appends import AppendStore
+from sessions.records import RunState, RunStatus, TaskKey
+from sessions.store_hooks import RunHook
+
+log = logging.getLogger(__name__)
+
+
+class LifecycleStore(AppendStore):
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        key: str,
+        *,
+        agent_id: str | None,
+        chat_type: str,
+        channel: str | None,
+        task_key: TaskKey,
+        parent_uuid: str | None = None,
+        opening: bool = False,
+    ) -> RunState:
+        """A new active run for ``key``. With ``opening`` the run exists for the message about to
+        be appended: until that message is durable the folder carries a marker, and start-up
+        removes a marked folder that holds no message (a crash or a storage error came between)."""
+        entry = self.entry(key)
+        if entry is not None and entry.run_id is not None:
+            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+        now = iso(self.clock())
+        run_id = str(uuidlib.uuid4())
+        run = RunState(
+            run_id=run_id,
+            key=key,
+            agent_id=agent_id,
+            chat_type=chat_type,
+            channel=channel,
+            status="running",
+            dir=self.home.run_dir(run_id, "running"),
+            started_at=now,
+            task_key=task_key,
+            parent_uuid=parent_uuid,
+        )
+        metadata = self._metadata(run)
+        created = False
+        try:
+            await self.writer.call(lambda: _create_run_folder(run.dir, metadata, opening=opening))
+            created = True
+            await self.ledger.insert_run(self._ledger_row(run))
+        except (OSError, sqlite3.Error) as exc:
+            # a run that cannot be created leaves nothing behind: no folder, no row, no entry
+            if created:
+                await self._remove_run_files(run)
+            else:
+                try:
+                    await self.writer.call(lambda: _remove_folder(run.dir))
+                except OSError as cleanup:  # a folder with no message: start-up recovery removes it
+                    log.error("could not remove the half-created folder of run %s (%s)", run.run_id, cleanup)
+            raise _start_error(exc) from exc
+        run.opening = opening
+        self._runs[run_id] = run
+        if entry is None:
+            entry = self._new_entry(key, agent_id, chat_type, channel)
+            self.registry.entries[key] = entry
+        entry.run_id, entry.status, entry.started_at = run_id, "running", now
+        self.sync_counters(entry, run)  # every checkpoint field: none may describe the previous run
+        entry.updated_at = now
+        # Coalesced like appends, not rewritten at once: the run folder and its tasks.db row are the
+        # durable truth, and recovery rebuilds the entry from them (a rewrite per new run made
+        # creating a session O(keys): issue 10 item 12).
+        self.registry.touch(key)
+        self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        return run
+
+    async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
+        """Undo ``start_run`` for a run whose first posted message could not be stored: its folder
+        and tasks.db row go, and the key's entry is removed (``remove_entry``: this run created it)
+        or set idle. What cannot be removed now (a read-only disk) start-up recovery removes."""
+        self._runs.pop(run.run_id, None)
+        entry = self.entry(run.key)
+        if entry is not None and entry.run_id == run.run_id:
+            if remove_entry:
+                self.registry.remove(run.key)
+            else:
+                entry.run_id, entry.status = None, "idle"
+                entry.context_tokens = entry.message_count = 0
+                self.registry.touch(run.key)
+        await self._remove_run_files(run)
+        await self._flush_registry()
+        self._emit("lifecycle", run, action="discard")
+
+    async def _remove_run_files(self, run: RunState) -> None:
+        def _do() -> None:
+            self.writer.close_handles_under(run.dir)
+            _remove_folder(run.dir)
+
+        try:
+            await self.writer.call(_do)
+        except OSError as exc:
+            log.error("could not remove the folder of discarded run %s (%s): start-up recovery will", run.run_id, exc)
+        try:
+            await self.ledger.execute(lambda c: c.execute("DELETE FROM tasks WHERE uuid = ?", (run.run_id,)))
+        except sqlite3.Error as exc:
+            log.error("could not delete the tasks.db row of discarded run %s (%s): recovery will", run.run_id, exc)
+
+    async def pause(self, key: str) -> RunState:
+        run = self._require_active(key)
+        if run.status == "paused":
+            return run
+        for name, hook in list(self.stop_hooks.items()):
+            await _run_hook("stop", name, hook, run)
+        await self._move(run, "paused")
+        await self.ledger.update_run(run.run_id, status="paused", updated_at=iso(self.clock()), **_stats(run))
+        await self._entry_status(run, "paused")
+        self._emit("lifecycle", run, action="pause")
+        return run
+
+    async def resume(self, key: str) -> RunState:
+        run = self._require_active(key)
+        if run.status == "running":
+            return run
+        await self._move(run, "running")
+        await self.ledger.update_run(run.run_id, status="running", updated_at=iso(self.clock()))
+        await self._entry_status(run, "running")
+        self._emit("lifecycle", run, action="resume")
+        return run
+
+    async def complete(
+        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True
+    ) -> RunState:
+        """Complete (or, with ``error``, fail) the key's active run: completion hooks, the final
+        summary, statistics, the move to completed/; the entry stays, idle, with ``run_id: null``.
+        ``summarize=False`` (a purge, a one-off run nothing inherits) runs no hook and writes no
+        final summary."""
+        run = self._require_active(key)
+        run.closing = True
+        status: RunStatus = "failed" if error is not None else "completed"
+        for name, hook in list(self.completion_hooks.items()) if summarize else ():
+            await _run_hook("completion", name, hook, run)
+        if self.final_summarizer is not None and summarize:
+            try:
+                text = await self.final_summarizer(run, reason)
+            except Exception:  # the run must still complete; the summary is best effort
+                log.exception("final summary of run %s failed", run.run_id)
+                text = None
+            if text is not None:
+                path = run.dir / layout.FINAL_SUMMARY
+                await self.writer.call(lambda: _write_text(path, text))
+        await self._record_deliveries(run)
+        await self._move(run, "completed")
+        now = iso(self.clock())
+        await self.ledger.update_run(
+            run.run_id,
+            status=status,
+            completed_at=now,
+            updated_at=now,
+            error_message=error,
+            compaction_count=run.compaction_count,
+            **_stats(run),
+        )
+        del self._runs[run.run_id]
+        self._files.pop(run.run_id, None)
+        entry = self.entry(key)
+        if entry is not None:
+            entry.last_run_id, entry.run_id, entry.status = run.run_id, None, "idle"
+            entry.context_tokens = entry.message_count = 0
+            entry.updated_at = now
+            self.registry.touch(key)
+            await self.registry.flush()
+        run.status = status
+        self._emit("lifecycle", run, action=status, reason=reason, error=error)
+        return run
+
+    async def delete(self, key: str) -> str | None:
+        """Complete the active run (if any) and remove the entry; runs stay in tasks.db."""
+        self.require_entry(key)
+        completed = None
+        if self.active_run(key) is not None:
+            completed = (await self.complete(key, reason="delete")).run_id
+        self.registry.remove(key)  # the key's lock stays: callers may be queued on it
+        await self.registry.flush()
+        await self.ledger.set_key_metadata(key, {"inherit": False})  # a new session on the key starts clean
+        return completed
+
+    def _require_active(self, key: str) -> RunState:
+        self.require_entry(key)
+        run = self.active_run(key)
+        if run is None:
+            raise NoActiveRun(f"session {key!r} has no active run")
+        return run
+
+    async def _move(self, run: RunState, status: RunStatus) -> None:
+        old, new = run.dir, self.home.run_dir(run.run_id, status)
+        run.dir = new
+        run.status = status
+
+        def _do() -> None:
+            self.writer.close_handles_under(old)
+            new.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(old, new)
+            fsync_dir(new.parent)
+            fsync_dir(old.parent)
+
+        await self.writer.call(_do)
+
+    async def _entry_status(self, run: RunState, status: str) -> None:
+        entry = self.entry(run.key)
+        if entry is not None:
+            entry.status = status
+            entry.updated_at = iso(self.clock())
+            self.registry.touch(run.key)
+            await self.registry.flush()
+
+
+def _stats(run: RunState) -> dict[str, Any]:
+    """The seed's statistics columns, from the run's counters."""
+    counters = run.counters
+    return asdict(
+        RunStats(
+            total_messages=counters.message_count,
+            total_summaries=counters.last_summary_id,
+            total_tool_calls=run.next_tool_seq - 1,
+            final_token_count=counters.context_tokens,
+            final_message_count=counters.context_lines,
+        )
+    )
+
+
+def _create_run_folder(folder: Path, metadata: dict[str, Any], *, opening: bool) -> None:
+    folder.mkdir(mode=0o700, parents=True, exist_ok=False)
+    if opening:
+        (folder / leftovers.OPENING).touch(mode=0o600)
+    write_json_atomic(folder / layout.METADATA, metadata)
+    for name in (layout.MESSAGES, layout.CURRENT, layout.SUMMARIES, layout.TOOLS, layout.PLANNING):
+        (folder / name).touch(mode=0o600)  # the seed's layout, whole from the start
+    fsync_dir(folder)
+    fsync_dir(folder.parent)
+
+
+def _remove_folder(folder: Path) -> None:
+    """Remove a run folder that holds no acknowledged message (blocking; missing is fine)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+        fsync_dir(folder.parent)
+
+
+def _start_error(exc: OSError | sqlite3.Error) -> NeotaskError:
+    if isinstance(exc, OSError):
+        return storage_error(exc)
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return storage_error(OSError(errno.ENOSPC, "tasks.db: database or disk is full"))
+    return StorageUnavailable(
+        f"tasks.db cannot record the new run ({exc}): the message was not stored; send it again shortly"
+    )
+
+
+def _write_text(path: Path, text: str) -> None:
+    write_atomic(path, text.encode("utf-8"))
+
+
+async def _run_hook(kind: str, name: str, hook: RunHook, run: RunState) -> None:
+    try:
+        await hook(run)
+    except Exception:  # a broken hook must not stop the lifecycle change; it is logged
+        log.exception("%s hook %r failed for run %s", kind, name, run.run_id)

@@ -1,0 +1,296 @@
+"""The store's reads (tasks.db rows, run folders, the JSONL stores) and the small records tasks.db
+keeps beside the runs: idempotency records, webhook delivery ids, and the OpenAI-compatible
+routes' conversations and response ids. Every SQL statement the gateway needs is here."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Sequence
+from datetime import date
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from config.clock import iso
+from config.errors import RunNotFound, StorageUnavailable
+from sessions import usage as usage_days
+from sessions.context_order import in_model_order
+from sessions.files import archive, layout
+from sessions.files.jsonl import iter_records, read_records
+from sessions.files.ledger import run_metadata
+from sessions.files.store_base import StoreBase
+from sessions.protocol import RecordKind
+from sessions.records import (
+    CompatConversation,
+    HookDelivery,
+    IdempotencyRecord,
+    KnownKey,
+    ResponseRef,
+    RunRow,
+    RunState,
+    TaskKey,
+)
+from sessions.usage import DailyUsage, UsageBy
+
+T = TypeVar("T")
+
+
+class RecordStore(StoreBase):
+    # -- runs in tasks.db -----------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunRow | None:
+        return cast(RunRow | None, await self.ledger.get_run(run_id))
+
+    async def list_runs(
+        self,
+        *,
+        session_key: str | None = None,
+        statuses: Sequence[str] = (),  # RunStatus values
+        limit: int = 50,
+        before: tuple[str, str] | None = None,
+    ) -> list[RunRow]:
+        """Newest first by (created_at, uuid); ``before`` is the cursor of the last row seen."""
+        rows = await self.ledger.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
+        return cast(list[RunRow], rows)
+
+    async def daily_usage(
+        self,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
+        by: UsageBy = "key",
+    ) -> list[DailyUsage]:
+        """Token usage per UTC day (``sessions/usage.py``): per agent and key, per agent or per day."""
+        return await self.ledger.execute(
+            lambda c: usage_days.rows(c, agent_id=agent_id, session_key=session_key, since=since, until=until, by=by)
+        )
+
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
+        """Input plus output tokens of a UTC day: the agent's, and the key's."""
+        return await self.ledger.execute(lambda c: usage_days.spent(c, day, agent_id, session_key))
+
+    async def known_keys(self) -> list[KnownKey]:
+        """Every key some run was on, with its agent and chat type (entries may be gone)."""
+        return await self.ledger.execute(_known_keys)
+
+    async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
+        rows = await self.ledger.previous_runs(
+            session_key=key,
+            task_key=task_key.as_dict() if task_key is not None else None,
+            since=self.expiry_cutoff(within_days),
+        )
+        return [cast(RunRow, r) for r in rows if run_metadata(r.get("metadata")).get("inherit") is not False]
+
+    # -- reading stores -------------------------------------------------------------------------
+
+    async def require_run(self, run_id: str) -> RunRow:
+        row = await self.get_run(run_id)
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")
+        return row
+
+    async def locate_run(self, run_id: str) -> tuple[RunRow, Path | None]:
+        """The ledger row and the folder (None when archived or missing)."""
+        row = await self.require_run(run_id)
+        active = self._runs.get(run_id)
+        if active is not None:
+            return row, active.dir
+        folder = self.home.run_dir(run_id, row["status"])
+        return row, folder if await asyncio.to_thread(folder.is_dir) else None
+
+    async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """From the run's folder, or streamed out of its archive."""
+        row, folder = await self.locate_run(run_id)
+        if folder is None:
+            records = [r for r in await self._archived(row, layout.MESSAGES) if int(r.get("seq", 0)) > after_seq]
+            return records[:limit]
+        path = folder / layout.MESSAGES
+
+        def _read() -> list[dict[str, Any]]:
+            out = []
+            for record in iter_records(path):
+                if int(record.get("seq", 0)) > after_seq:
+                    out.append(record)
+                    if len(out) >= limit:
+                        break
+            return out
+
+        return await asyncio.to_thread(_read)
+
+    async def read_records(self, run_id: str, kind: RecordKind) -> list[dict[str, Any]]:
+        row, folder = await self.locate_run(run_id)
+        name = _RECORD_FILES[kind]
+        if folder is None:
+            return await self._archived(row, name)
+        return await asyncio.to_thread(read_records, folder / name)
+
+    async def read_final_summary(self, run_id: str) -> str | None:
+        row, folder = await self.locate_run(run_id)
+        if folder is not None:
+            path = folder / layout.FINAL_SUMMARY
+            return await asyncio.to_thread(_read_text, path)
+        if row.get("archived_at"):
+            tarball = self.home.archive_file(run_id)
+            return await asyncio.to_thread(archive.read_member, tarball, run_id, layout.FINAL_SUMMARY)
+        return None
+
+    async def _archived(self, row: RunRow, name: str) -> list[dict[str, Any]]:
+        if not row.get("archived_at"):
+            raise RunNotFound(f"run {row['uuid']} has no readable folder")
+        run_id = row["uuid"]
+        return await asyncio.to_thread(archive.read_records, self.home.archive_file(run_id), run_id, name)
+
+    async def read_context(self, run: RunState) -> list[dict[str, Any]]:
+        """current.jsonl as the model will see it, in its order (``sessions.context_order``: a
+        turn's reply before the messages that waited for a later turn). With appends of the run queued, it is read
+        through the writer, after them; with none (a turn reads after its message is durable), it
+        is whole on disk and read on a worker thread, not queued behind other runs' writes and
+        syncs (issue 15: a wait in series on every turn), and not on the loop (a context near the
+        compaction threshold is hundreds of kB to parse). Rewrites of the file (compaction,
+        uncompact) run under the key's turn lock and are awaited, so none is in flight while a
+        turn reads."""
+        path = run.dir / layout.CURRENT
+
+        def _read() -> list[dict[str, Any]]:
+            return in_model_order(read_records(path))
+
+        if run.appends_pending == 0:
+            return await asyncio.to_thread(_read)
+        return await self.writer.call(_read)
+
+    # -- idempotency records --------------------------------------------------------------------
+
+    async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
+        """The record of ``client_message_id`` on ``key`` made at or after ``since``."""
+
+        def _find(conn: sqlite3.Connection) -> IdempotencyRecord | None:
+            row = conn.execute(
+                "SELECT run_id, message_seq, response FROM idempotency"
+                " WHERE session_key = ? AND client_message_id = ? AND created_at >= ?",
+                (key, client_message_id, since),
+            ).fetchone()
+            return IdempotencyRecord(row[0], row[1], row[2]) if row else None
+
+        return await self._records(_find)
+
+    async def remember_delivery(self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None) -> None:
+        """A new delivery of ``client_message_id`` stored as ``seq`` (no reply yet): it replaces
+        an expired record whole, so its window starts now and the old reply is not replayed."""
+        update = "created_at = excluded.created_at, response = NULL"
+        await self._save_idempotency(key, client_message_id, run_id, seq, None, update)
+
+    async def remember_reply(
+        self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
+    ) -> None:
+        """The reply body (JSON) to replay to a redelivery of ``client_message_id``."""
+        update = "response = COALESCE(excluded.response, idempotency.response)"
+        await self._save_idempotency(key, client_message_id, run_id, seq, response, update)
+
+    async def _save_idempotency(
+        self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str
+    ) -> None:
+        row = (key, cmid, iso(self.clock()), run_id, seq, response)
+        sql = (
+            "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
+            " run_id = excluded.run_id, message_seq = excluded.message_seq, " + update
+        )
+        await self._records(lambda c: c.execute(sql, row))
+
+    # -- webhook deliveries ---------------------------------------------------------------------
+
+    async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
+        def _find(conn: sqlite3.Connection) -> HookDelivery | None:
+            row = conn.execute(
+                "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = ?", (delivery_id,)
+            ).fetchone()
+            return HookDelivery(row[0], row[1]) if row else None
+
+        return await self._records(_find)
+
+    async def record_hook_delivery(
+        self, delivery_id: str, hook: str, *, session_key: str | None, message_seq: int | None
+    ) -> None:
+        """Remember a delivery id (the first record of an id wins)."""
+        row = (delivery_id, hook, iso(self.clock()), session_key, message_seq)
+        sql = (
+            "INSERT INTO hook_deliveries (delivery_id, hook, created_at, session_key, message_seq)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (delivery_id) DO NOTHING"
+        )
+        await self._records(lambda c: c.execute(sql, row))
+
+    # -- the OpenAI-compatible routes' records --------------------------------------------------
+
+    async def compat_conversation(self, key: str) -> CompatConversation | None:
+        def _get(conn: sqlite3.Connection) -> CompatConversation | None:
+            row = conn.execute(
+                "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
+                " FROM openai_conversations WHERE session_key = ?",
+                (key,),
+            ).fetchone()
+            return CompatConversation(*row) if row else None
+
+        return await self._records(_get)
+
+    async def save_compat_conversation(self, key: str, record: CompatConversation) -> None:
+        row = (
+            key, record.epoch, record.base_count, record.request_count, record.request_digest,
+            record.answered_count, record.answered_digest, record.answer, iso(self.clock()),
+        )  # fmt: skip
+        sql = (
+            "INSERT OR REPLACE INTO openai_conversations (session_key, epoch, base_count, request_count,"
+            " request_digest, answered_count, answered_digest, answer, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        await self._records(lambda c: c.execute(sql, row))
+
+    async def compat_response(self, response_id: str) -> ResponseRef | None:
+        def _get(conn: sqlite3.Connection) -> ResponseRef | None:
+            row = conn.execute(
+                "SELECT response_id, session_key, run_id, seq FROM openai_responses WHERE response_id = ?",
+                (response_id,),
+            ).fetchone()
+            return ResponseRef(*row) if row else None
+
+        return await self._records(_get)
+
+    async def latest_compat_response(self, key: str) -> str | None:
+        def _get(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(
+                "SELECT response_id FROM openai_responses WHERE session_key = ? ORDER BY rowid DESC LIMIT 1", (key,)
+            ).fetchone()
+            return str(row[0]) if row else None
+
+        return await self._records(_get)
+
+    async def save_compat_response(self, ref: ResponseRef) -> None:
+        row = (ref.response_id, ref.session_key, ref.run_id, ref.seq, iso(self.clock()))
+        sql = "INSERT INTO openai_responses (response_id, session_key, run_id, seq, created_at) VALUES (?, ?, ?, ?, ?)"
+        await self._records(lambda c: c.execute(sql, row))
+
+
+    async def _records(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """A statement on the records beside the runs; a tasks.db failure is the typed
+        ``StorageUnavailable`` (callers outside the backend know no SQLite)."""
+        try:
+            return await self.ledger.execute(work)
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(f"tasks.db cannot read or write the record ({exc}); try again shortly") from exc
+
+def _known_keys(conn: sqlite3.Connection) -> list[KnownKey]:
+    sql = "SELECT session_key, max(agent_id), max(chat_type) FROM tasks WHERE session_key IS NOT NULL GROUP BY 1"
+    return [KnownKey(r[0], r[1], r[2]) for r in conn.execute(sql)]
+
+
+_RECORD_FILES: dict[RecordKind, str] = {
+    "summaries": layout.SUMMARIES, "tools": layout.TOOLS, "planning": layout.PLANNING,
+}  # fmt: skip
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,460 @@
+"""The in-memory store: the base capability (keys, runs, lifecycle, appends, reads, the context
+rewrite) over a ``MemoryData``. An append is "durable" when it is in the data; nothing can fail
+for want of storage, so ``writable`` is always None."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid as uuidlib
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+from config.clock import Clock, iso
+from config.errors import NoActiveRun, RunActive, SessionNotFound
+from sessions.appends import check_writable, event_fields, message_record, tool_record
+from sessions.compaction import COMPACTIONS
+from sessions.context_order import context_line, in_context
+from sessions.entries import SessionEntry
+from sessions.inmemory.data import MemoryData, StoredRun, line_size
+from sessions.inmemory.paths import NOWHERE
+from sessions.inmemory.reads import MemoryReads
+from sessions.inmemory.records import MemoryRecords
+from sessions.protocol import ConversationStore
+from sessions.records import (
+    ACTIVE_STATUSES,
+    USAGE_KEYS,
+    ContextRewrite,
+    EventType,
+    MessageRecord,
+    NewMessage,
+    PlanRecord,
+    RunRow,
+    RunState,
+    RunStatus,
+    StoredRecord,
+    StoreEvent,
+    TaskKey,
+    copy_counters,
+    restore_counters,
+)
+from sessions.rewrites import Compaction, ContextChange, compacted, to_undo, tokens_of, uncompacted
+from sessions.store_hooks import RunHook, StoreHooks
+
+log = logging.getLogger(__name__)
+
+
+class MemoryStore(MemoryReads, MemoryRecords):
+    def __init__(self, data: MemoryData, *, clock: Clock, hooks: StoreHooks) -> None:
+        self.data, self.clock, self.hooks = data, clock, hooks
+        self._entries = {key: SessionEntry.from_dict(dict(raw)) for key, raw in data.entries.items()}
+        self._runs: dict[str, RunState] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        for run_id, stored in data.runs.items():
+            if stored.row["status"] in ACTIVE_STATUSES:
+                self._runs[run_id] = _state_of(stored)
+
+    @classmethod
+    async def open(cls, data: MemoryData, *, clock: Clock, hooks: StoreHooks | None = None) -> MemoryStore:
+        return cls(data, clock=clock, hooks=hooks or StoreHooks())
+
+    async def close(self) -> None:
+        self._save_entries()
+
+    def _save_entries(self) -> None:
+        self.data.entries = {key: entry.to_dict() for key, entry in self._entries.items()}
+
+    # -- lookups ----------------------------------------------------------------------------------
+
+    def entry(self, key: str) -> SessionEntry | None:
+        return self._entries.get(key)
+
+    def require_entry(self, key: str) -> SessionEntry:
+        entry = self._entries.get(key)
+        if entry is None:
+            raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
+        return entry
+
+    def entries(self) -> Iterable[SessionEntry]:
+        return self._entries.values()
+
+    def active_run(self, key: str) -> RunState | None:
+        entry = self._entries.get(key)
+        return None if entry is None or entry.run_id is None else self._runs.get(entry.run_id)
+
+    def run_state(self, run_id: str) -> RunState | None:
+        return self._runs.get(run_id)
+
+    def active_runs(self) -> Iterable[RunState]:
+        return self._runs.values()
+
+    def lock_for(self, key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    # -- the entry outside a run's lifecycle ------------------------------------------------------
+
+    async def update_entry(
+        self,
+        key: str,
+        *,
+        pinned: bool | None = None,
+        label: str | None = None,
+        clear_label: bool = False,
+        settings: Mapping[str, object] | None = None,
+    ) -> SessionEntry:
+        entry = self.require_entry(key)
+        if pinned is not None and pinned != entry.pinned:
+            entry.pinned = pinned
+            for stored in self.data.runs.values():
+                if stored.row.get("session_key") == key:
+                    stored.row["pinned"] = int(pinned)
+        if label is not None or clear_label:
+            entry.label = label
+        if settings is not None:
+            merged = {**entry.settings, **settings}
+            entry.settings = {k: v for k, v in merged.items() if v is not None}
+        entry.updated_at = iso(self.clock())
+        self._save_entries()
+        return entry
+
+    async def set_inherit_next(self, key: str, inherit: bool) -> bool:
+        entry = self._entries.get(key)
+        if entry is None or entry.inherit_next == inherit:
+            return False
+        entry.inherit_next = inherit
+        return True
+
+    async def set_reset_boundary(self, key: str, boundary: str) -> None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.last_reset_boundary = boundary
+            self._save_entries()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        key: str,
+        *,
+        agent_id: str | None,
+        chat_type: str,
+        channel: str | None,
+        task_key: TaskKey,
+        parent_uuid: str | None = None,
+        opening: bool = False,
+    ) -> RunState:
+        entry = self._entries.get(key)
+        if entry is not None and entry.run_id is not None:
+            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+        now = iso(self.clock())
+        run_id = str(uuidlib.uuid4())
+        run = RunState(
+            run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
+            dir=NOWHERE / run_id, started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+        )  # fmt: skip
+        pinned = entry is not None and entry.pinned
+        row = cast(RunRow, {
+            "uuid": run_id, "status": "running", **task_key.as_dict(), "created_at": now, "updated_at": now,
+            "completed_at": None, "metadata": None, "total_messages": 0, "total_summaries": 0, "total_tool_calls": 0,
+            "final_token_count": None, "final_message_count": None, "error_message": None, "session_key": key,
+            "agent_id": agent_id, "channel": channel, "chat_type": chat_type, "parent_uuid": parent_uuid,
+            **dict.fromkeys(USAGE_KEYS, 0), "compaction_count": 0, "pinned": int(pinned), "archived_at": None,
+        })  # fmt: skip
+        self.data.runs[run_id] = StoredRun(row, {"session_key": key, **task_key.as_dict()})
+        self._runs[run_id] = run
+        if entry is None:
+            entry = self._entries[key] = SessionEntry(
+                key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, created_at=now, updated_at=now
+            )
+        entry.run_id, entry.status, entry.started_at, entry.updated_at = run_id, "running", now, now
+        self._checkpoint(run)
+        self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        return run
+
+    async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
+        self._runs.pop(run.run_id, None)
+        self.data.runs.pop(run.run_id, None)
+        entry = self._entries.get(run.key)
+        if entry is not None and entry.run_id == run.run_id:
+            if remove_entry:
+                del self._entries[run.key]
+            else:
+                entry.run_id, entry.status = None, "idle"
+                entry.context_tokens = entry.message_count = 0
+        self._save_entries()
+        self._emit("lifecycle", run, action="discard")
+
+    async def pause(self, key: str) -> RunState:
+        run = self._require_active(key)
+        if run.status == "paused":
+            return run
+        for name, hook in list(self.hooks.stop_hooks.items()):
+            await _run_hook("stop", name, hook, run)
+        self._set_status(run, "paused", **_stats(run))
+        self._emit("lifecycle", run, action="pause")
+        return run
+
+    async def resume(self, key: str) -> RunState:
+        run = self._require_active(key)
+        if run.status == "running":
+            return run
+        self._set_status(run, "running")
+        self._emit("lifecycle", run, action="resume")
+        return run
+
+    async def complete(
+        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True
+    ) -> RunState:
+        run = self._require_active(key)
+        run.closing = True
+        status: RunStatus = "failed" if error is not None else "completed"
+        for name, hook in list(self.hooks.completion_hooks.items()) if summarize else ():
+            await _run_hook("completion", name, hook, run)
+        summarizer = self.hooks.final_summarizer
+        if summarizer is not None and summarize:
+            try:
+                text = await summarizer(run, reason)
+            except Exception:  # the run must still complete; the summary is best effort
+                log.exception("final summary of run %s failed", run.run_id)
+                text = None
+            if text is not None:
+                self.data.runs[run.run_id].final_summary = text
+        self.keep_deliveries(run)
+        now = iso(self.clock())
+        cast(dict[str, Any], self._row(run)).update(
+            status=status, completed_at=now, updated_at=now, error_message=error,
+            compaction_count=run.compaction_count, **_stats(run),
+        )  # fmt: skip
+        del self._runs[run.run_id]
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.last_run_id, entry.run_id, entry.status = run.run_id, None, "idle"
+            entry.context_tokens = entry.message_count = 0
+            entry.updated_at = now
+        self._save_entries()
+        run.status = status
+        self._emit("lifecycle", run, action=status, reason=reason, error=error)
+        return run
+
+    async def delete(self, key: str) -> str | None:
+        self.require_entry(key)
+        completed = None
+        if self.active_run(key) is not None:
+            completed = (await self.complete(key, reason="delete")).run_id
+        self._entries.pop(key, None)
+        self._save_entries()
+        for stored in self.data.runs.values():  # a new session on the key starts clean
+            if stored.row.get("session_key") == key:
+                stored.metadata["inherit"] = False
+        return completed
+
+    def _require_active(self, key: str) -> RunState:
+        self.require_entry(key)
+        run = self.active_run(key)
+        if run is None:
+            raise NoActiveRun(f"session {key!r} has no active run")
+        return run
+
+    def _set_status(self, run: RunState, status: RunStatus, **stats: int) -> None:
+        run.status = status
+        cast(dict[str, Any], self._row(run)).update(status=status, updated_at=iso(self.clock()), **stats)
+        entry = self._entries.get(run.key)
+        if entry is not None:
+            entry.status, entry.updated_at = status, iso(self.clock())
+        self._save_entries()
+
+    # -- appends ----------------------------------------------------------------------------------
+
+    def check_writable(self, run: RunState, message: NewMessage) -> None:
+        check_writable(run, message)
+
+    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
+        record, durable = self.queue_append(run, message)
+        return await self.finish_append(run, message, record, durable)
+
+    def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
+        check_writable(run, message)
+        stamp = iso(self.clock())
+        record = message_record(run.next_seq, message, stamp)
+        stored = self.data.runs[run.run_id]
+        run.next_seq += 1
+        stored.messages.append(dict(record))
+        run.messages_bytes += line_size(dict(record))
+        if in_context(record):
+            line = context_line(record)
+            stored.context.append(line)
+            run.context_bytes += line_size(line)
+            run.context_tokens += record["tokens"]
+            run.context_lines += 1
+            run.last_context_seq = record["seq"]
+        entry = self._entries.get(run.key)
+        if entry is not None:
+            if message.role != "system":
+                entry.last_interaction_at = stamp
+            if message.counts_as_activity:
+                entry.last_user_activity_at = stamp
+            entry.updated_at = stamp
+        self._checkpoint(run)
+        # Durable at once, settled on the loop's next turn, as a writer thread would settle it.
+        run.appends_pending += 1
+        loop = asyncio.get_running_loop()
+        durable: asyncio.Future[None] = loop.create_future()
+        loop.call_soon(_settle, run, durable)
+        return record, durable
+
+    async def finish_append(
+        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
+    ) -> MessageRecord:
+        await durable
+        run.opening = False
+        for listener in self.hooks.durable_listeners:
+            listener(run, record)
+        self._emit("message", run, at=record["timestamp"], **event_fields(record))
+        return record
+
+    async def record_tool(
+        self,
+        run: RunState,
+        *,
+        tool_name: str,
+        arguments: object,
+        result: object = None,
+        error: str | None = None,
+        duration_ms: float | None = None,
+        extra: Mapping[str, object] | None = None,
+    ) -> StoredRecord:
+        stamp = iso(self.clock())
+        record = tool_record(run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, stamp)
+        run.next_tool_seq += 1
+        self.data.runs[run.run_id].tools.append(record)
+        return record
+
+    async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
+        record: PlanRecord = {
+            "id": run.next_plan_id, "plan_type": plan_type, "plan_content": plan_content,
+            "created_at": iso(self.clock()),
+        }  # fmt: skip
+        run.next_plan_id += 1
+        self.data.runs[run.run_id].planning.append(dict(record))
+        return record
+
+    async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
+        clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
+        row = cast(dict[str, Any], self._row(run))
+        for k, v in clean.items():
+            run.usage[k] += v
+            row[k] = int(row.get(k) or 0) + v
+        entry = self._entries.get(run.key)
+        if entry is not None:
+            for k, v in clean.items():
+                setattr(entry, k, getattr(entry, k) + v)
+        self.count_usage(run, clean)
+
+    def calibrate_context(
+        self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
+    ) -> None:
+        run.context_tokens = max(0, prompt_tokens - overhead_tokens) + max(0, appended_since)
+        self._checkpoint(run)
+
+    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
+        stored = self.data.runs[run.run_id]
+        current = stored.context
+        if isinstance(change, Compaction):
+            done = compacted(change, current)
+            if done is None:
+                return None
+            new_lines, record = done
+            stored.saved_contexts[str(record.get("archive") or f"{COMPACTIONS}/{change.summary_id}.jsonl")] = current
+            count, before = change.compaction_count, int(record["tokens_before"])
+        else:
+            found = to_undo(stored.summaries)
+            if found is None or found[1] not in stored.saved_contexts:
+                return None
+            undone, archive = found
+            new_lines, record = uncompacted(change, undone, archive, stored.saved_contexts[archive], current)
+            count, before = change.compaction_count - 1, 0
+        stored.summaries.append(record)
+        stored.context = new_lines
+        size = sum(line_size(line) for line in new_lines)
+        rewrite = ContextRewrite(
+            tokens_of(new_lines), len(new_lines) - len(current), size, count, change.summary_id, tokens_before=before
+        )
+        run.context_bytes, run.context_tokens = rewrite.context_bytes, rewrite.tokens_after
+        run.context_lines += rewrite.line_delta
+        run.compaction_count, run.next_summary_id = count, change.summary_id + 1
+        self._row(run)["compaction_count"] = count
+        self._checkpoint(run)
+        return rewrite
+
+    async def writable(self) -> str | None:
+        return None
+
+    def recently_writable(self, max_age_s: float) -> bool:
+        return True
+
+    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None:
+        self._emit(event_type, run, **fields)
+
+    def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: object) -> None:
+        event = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at or iso(self.clock()), **fields}
+        for listener in self.hooks.listeners:
+            listener(cast(StoreEvent, event))
+
+    def _checkpoint(self, run: RunState) -> None:
+        """The run's counters, in its entry and in the data (what a reopen restores)."""
+        stored = self.data.runs.get(run.run_id)
+        if stored is not None:
+            stored.counters = run.counters
+        entry = self._entries.get(run.key)
+        if entry is not None and entry.run_id == run.run_id:
+            copy_counters(run, entry)
+
+    def _row(self, run: RunState) -> RunRow:
+        return self.data.runs[run.run_id].row
+
+
+def _state_of(stored: StoredRun) -> RunState:
+    """An active run as a reopen finds it: its counters as last checkpointed."""
+    row = stored.row
+    run = RunState(
+        run_id=row["uuid"], key=str(row.get("session_key") or ""), agent_id=row.get("agent_id"),
+        chat_type=str(row.get("chat_type") or "direct"), channel=row.get("channel"), status=row["status"],
+        dir=NOWHERE / row["uuid"], started_at=row["created_at"],
+        task_key=TaskKey(
+            task_type=str(row.get("task_type") or "agent"), task_identifier=row.get("task_identifier"),
+            repository=row.get("repository"), user=row.get("user"),
+        ),
+        parent_uuid=row.get("parent_uuid"), next_tool_seq=len(stored.tools) + 1,
+        next_plan_id=len(stored.planning) + 1,
+    )  # fmt: skip
+    restore_counters(run, stored.counters)
+    run.usage = {k: int(cast(dict[str, Any], row).get(k) or 0) for k in USAGE_KEYS}
+    return run
+
+
+def _settle(run: RunState, durable: asyncio.Future[None]) -> None:
+    run.appends_pending -= 1
+    if not durable.done():
+        durable.set_result(None)
+
+
+def _stats(run: RunState) -> dict[str, int]:
+    counters = run.counters
+    return {
+        "total_messages": counters.message_count,
+        "total_summaries": counters.last_summary_id,
+        "total_tool_calls": run.next_tool_seq - 1,
+        "final_token_count": counters.context_tokens,
+        "final_message_count": counters.context_lines,
+    }
+
+
+async def _run_hook(kind: str, name: str, hook: RunHook, run: RunState) -> None:
+    try:
+        await hook(run)
+    except Exception:  # a broken hook must not stop the lifecycle change; it is logged
+        log.exception("%s hook %r failed for run %s", kind, name, run.run_id)
+
+
+def _conforms(store: MemoryStore) -> ConversationStore:
+    return store  # mypy checks here that MemoryStore implements the base and record capabilities

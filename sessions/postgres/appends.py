@@ -1,0 +1,246 @@
+"""The PostgreSQL store's appends (core capability): messages through a per-run queue, tool and plan
+records, usage, calibration, the context rewrite, and the writability probe.
+
+A message's seq is given on the loop (``queue_append`` returns the record at once, as the protocol
+says) and *claimed* in the database by the statement that stores it (``sessions.postgres.batching``:
+the queue, the group commit, what a failure gives back). A context rewrite or a read that must see
+the queued appends is a call in the same per-run queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+
+from config.clock import iso
+from sessions.appends import check_writable, event_fields, message_record, tool_record
+from sessions.context_order import context_line, in_context, in_model_order
+from sessions.deliveries import Delivery
+from sessions.files.jsonl import decode, encode, encode_plain
+from sessions.postgres.batching import Append, PgQueue, Undo
+from sessions.postgres.faults import database_error, unavailable
+from sessions.postgres.rewrite import apply_change
+from sessions.postgres.usage import add_daily
+from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState, StoredRecord
+from sessions.rewrites import ContextChange
+from sessions.usage import DailyKey, usage_day
+
+log = logging.getLogger(__name__)
+
+
+class PgAppends(PgQueue):
+    # -- messages -------------------------------------------------------------------------------
+
+    def check_writable(self, run: RunState, message: NewMessage) -> None:
+        check_writable(run, message)
+
+    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
+        record, durable = self.queue_append(run, message)
+        return await self.finish_append(run, message, record, durable)
+
+    def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
+        self.check_writable(run, message)
+        stamp = iso(self.clock())
+        record = message_record(run.next_seq, message, stamp)
+        run.next_seq += 1
+        dump = encode if message.tool_calls else encode_plain
+        data = dump(record)
+        line = dump(context_line(record)) if in_context(record) else b""
+        undo = Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        item = Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future)
+        self._enqueue(run, item)
+        run.appends_pending += 1
+        run.messages_bytes += len(data)
+        if line:
+            run.context_bytes += len(line)
+            run.context_tokens += record["tokens"]
+            run.context_lines += 1
+            run.last_context_seq = record["seq"]
+        entry = self.entry(run.key)
+        if entry is not None:
+            if message.role != "system":
+                entry.last_interaction_at = stamp
+            if message.counts_as_activity:
+                entry.last_user_activity_at = stamp
+            entry.updated_at = stamp
+            self.sync_counters(entry, run)
+            self.touch(run.key)
+        return record, future
+
+    async def finish_append(
+        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
+    ) -> MessageRecord:
+        await durable
+        run.opening = False
+        for durable_listener in self.hooks.durable_listeners:
+            durable_listener(run, record)
+        self._emit("message", run, at=record["timestamp"], **event_fields(record))
+        return record
+
+    # -- deliveries found in the transcript -----------------------------------------------------
+
+    async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
+        run = self.active_run(key)
+        if run is None:
+            return None
+        with unavailable("the lookup"):
+            row = await self.pool.fetchrow(
+                "SELECT m.seq, m.created_at, (SELECT r.record::text FROM messages r WHERE r.run_id = m.run_id"
+                " AND r.reply_to = m.seq AND r.record->'tool_calls' IS NULL ORDER BY r.seq LIMIT 1) AS reply"
+                " FROM messages m WHERE m.run_id = $1 AND m.client_message_id = $2 ORDER BY m.seq LIMIT 1",
+                run.run_id,
+                client_message_id,
+            )
+        if row is None or row["created_at"] < since:
+            return None
+        reply = None
+        if row["reply"] is not None:
+            answer = decode(row["reply"].encode())
+            reply = {"content": answer.get("content"), "seq": answer.get("seq")}
+        return Delivery(run.run_id, int(row["seq"]), row["created_at"], reply)
+
+    # -- tool and plan records, usage -----------------------------------------------------------
+
+    async def record_tool(
+        self,
+        run: RunState,
+        *,
+        tool_name: str,
+        arguments: object,
+        result: object = None,
+        error: str | None = None,
+        duration_ms: float | None = None,
+        extra: Mapping[str, object] | None = None,
+    ) -> StoredRecord:
+        record = tool_record(
+            run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, iso(self.clock())
+        )
+        run.next_tool_seq += 1
+        sql = (
+            "WITH r AS (UPDATE runs SET next_tool_seq = greatest(next_tool_seq, $2::bigint + 1) WHERE run_id = $1"
+            " RETURNING run_id) INSERT INTO tool_calls (run_id, seq, record) SELECT run_id, $2, $3::json FROM r"
+        )
+        with unavailable("the tool call's record"):
+            await self.pool.execute(sql, run.run_id, record["seq"], encode(record)[:-1].decode())
+        return record
+
+    async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
+        record: PlanRecord = {
+            "id": run.next_plan_id,
+            "plan_type": plan_type,
+            "plan_content": plan_content,
+            "created_at": iso(self.clock()),
+        }
+        run.next_plan_id += 1
+        sql = (
+            "WITH r AS (UPDATE runs SET next_plan_id = greatest(next_plan_id, $2::bigint + 1) WHERE run_id = $1"
+            " RETURNING run_id) INSERT INTO plans (run_id, id, record) SELECT run_id, $2, $3::json FROM r"
+        )
+        with unavailable("the plan"):
+            await self.pool.execute(sql, run.run_id, record["id"], encode(dict(record))[:-1].decode())
+        return record
+
+    async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
+        clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
+        for k, v in clean.items():
+            run.usage[k] += v
+        entry = self.entry(run.key)
+        if entry is not None:
+            for k, v in clean.items():
+                setattr(entry, k, getattr(entry, k) + v)
+            self.touch(run.key)
+        sets = ", ".join(f"{k} = {k} + ${i}" for i, k in enumerate(USAGE_KEYS, start=2))
+        daily = DailyKey(usage_day(self.clock()), run.agent_id or "main", run.key)
+        try:
+            with unavailable("the usage"):
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await conn.execute(f"UPDATE runs SET {sets} WHERE run_id = $1", run.run_id, *clean.values())
+                    await add_daily(conn, daily, clean)
+        except Exception as exc:  # the turn goes on: its message and reply are stored already
+            log.warning("usage of run %s not added to the database (%s); the entry keeps it", run.run_id, exc)
+
+    def calibrate_context(
+        self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
+    ) -> None:
+        run.context_tokens = max(0, prompt_tokens - overhead_tokens) + max(0, appended_since)
+        entry = self.entry(run.key)
+        if entry is not None:
+            self.sync_counters(entry, run)
+            self.touch(run.key)
+
+    # -- the context rewrite (compaction, uncompact) --------------------------------------------
+
+    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
+        """Carry out ``change`` after every append queued before it, in one transaction
+        (``sessions.postgres.rewrite``); then count it into the run. Cancelled meanwhile, the
+        rewrite goes on and is counted once done."""
+        tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
+        future = self.after_queued(run, lambda: apply_change(self.pool, run, change))
+        try:
+            done = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(lambda f: self._count_late_rewrite(run, f, tokens_at_call, bytes_at_call))
+            raise
+        if done is None:
+            return None
+        self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
+        return done
+
+    def _count_rewrite(self, run: RunState, done: ContextRewrite, tokens_at_call: int, bytes_at_call: int) -> None:
+        run.context_bytes = done.context_bytes + (run.context_bytes - bytes_at_call)
+        run.context_tokens = done.tokens_after + (run.context_tokens - tokens_at_call)
+        run.context_lines += done.line_delta
+        run.compaction_count = done.compaction_count
+        run.next_summary_id = done.summary_id + 1
+        entry = self.entry(run.key)
+        if entry is not None:
+            self.sync_counters(entry, run)
+            self.touch(run.key)
+
+    def _count_late_rewrite(
+        self, run: RunState, future: asyncio.Future[ContextRewrite | None], tokens_at_call: int, bytes_at_call: int
+    ) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        done = future.result()
+        if done is not None:
+            self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
+
+    # -- reads of the context -------------------------------------------------------------------
+
+    async def read_context(self, run: RunState) -> list[StoredRecord]:
+        """The context as the model will see it; with appends of the run queued, read after them."""
+
+        async def _read() -> list[StoredRecord]:
+            with unavailable("the context"):
+                rows = await self.pool.fetch(
+                    "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
+                )
+            return in_model_order([decode(row[0].encode()) for row in rows])
+
+        if run.appends_pending == 0:
+            return await _read()
+        return await self.after_queued(run, _read)
+
+    # -- health ---------------------------------------------------------------------------------
+
+    async def writable(self) -> str | None:
+        """None when the database takes a write now; else why not (for ``/readyz``)."""
+        try:
+            async with self.pool.acquire(timeout=5) as conn:
+                await conn.fetchval("SELECT 1", timeout=5)
+            problem = None
+        except Exception as exc:
+            typed = database_error(exc)
+            if typed is None:
+                raise
+            problem = typed.message
+        self._probed = (time.monotonic(), problem)
+        return problem
+
+    def recently_writable(self, max_age_s: float) -> bool:
+        at, problem = self._probed
+        return problem is None and self._append_error is None and time.monotonic() - at < max_age_s

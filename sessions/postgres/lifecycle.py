@@ -1,0 +1,282 @@
+"""The run lifecycle in PostgreSQL (core capability): start (and undo a start), pause, resume,
+complete and delete. Each change is one transaction over the run's row and the key's entry; the
+partial unique index ``runs_one_active_per_key`` refuses a second active run on a key, also when
+another process started it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import uuid as uuidlib
+from collections.abc import Mapping
+from typing import Any
+
+import asyncpg
+
+from config.clock import iso
+from config.errors import NoActiveRun, RunActive
+from sessions.entries import SessionEntry
+from sessions.postgres.base import NOWHERE, _encode_entry
+from sessions.postgres.faults import unavailable
+from sessions.postgres.records import PgRecords
+from sessions.records import RunState, RunStatus, TaskKey
+from sessions.store_hooks import RunHook
+
+log = logging.getLogger(__name__)
+
+METADATA_FORMAT_VERSION = 1
+_UPSERT_ENTRY = (
+    "INSERT INTO entries (key, body) VALUES ($1, $2::json) ON CONFLICT (key) DO UPDATE SET body = excluded.body"
+)
+
+
+class PgLifecycle(PgRecords):
+    async def start_run(
+        self,
+        key: str,
+        *,
+        agent_id: str | None,
+        chat_type: str,
+        channel: str | None,
+        task_key: TaskKey,
+        parent_uuid: str | None = None,
+        opening: bool = False,
+    ) -> RunState:
+        entry = self.entry(key)
+        if entry is not None and entry.run_id is not None:
+            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+        now = iso(self.clock())
+        run_id = str(uuidlib.uuid4())
+        run = RunState(
+            run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
+            dir=NOWHERE / run_id, started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+        )  # fmt: skip
+        metadata: dict[str, Any] = {
+            "format_version": METADATA_FORMAT_VERSION, "uuid": run_id, "created_at": now, **task_key.as_dict(),
+            "session_key": key, "agent_id": agent_id, "chat_type": chat_type, "channel": channel,
+            "parent_uuid": parent_uuid,
+        }  # fmt: skip
+        if entry is not None and (entry.label is not None or entry.settings):
+            metadata |= {"label": entry.label, "settings": entry.settings}
+        try:
+            with unavailable("the message"):
+                await self.pool.execute(
+                    "INSERT INTO runs (run_id, session_key, status, task_type, task_identifier, repository, \"user\","
+                    " created_at, updated_at, metadata, agent_id, channel, chat_type, parent_uuid, pinned, opening)"
+                    " VALUES ($1, $2, 'running', $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    run_id, key, task_key.task_type, task_key.task_identifier, task_key.repository, task_key.user,
+                    now, json.dumps(metadata, ensure_ascii=False), agent_id, channel, chat_type, parent_uuid,
+                    int(bool(entry and entry.pinned)), opening,
+                )  # fmt: skip
+        except asyncpg.UniqueViolationError:
+            raise RunActive(f"session {key!r} already has an active run (started by another gateway process)") from None
+        run.opening = opening
+        self._runs[run_id] = run
+        if entry is None:
+            entry = self._new_entry(key, agent_id, chat_type, channel)
+            self._entries[key] = entry
+        entry.run_id, entry.status, entry.started_at = run_id, "running", now
+        self.sync_counters(entry, run)
+        entry.updated_at = now
+        self.touch(key)  # the run's row is the truth; recovery rebuilds the entry from it
+        self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        return run
+
+    async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
+        """Undo ``start_run`` for a run whose first message could not be stored: its row (and
+        everything under it) goes; the entry is removed or set idle."""
+        self._runs.pop(run.run_id, None)
+        entry = self.entry(run.key)
+        if entry is not None and entry.run_id == run.run_id:
+            if remove_entry:
+                del self._entries[run.key]
+            else:
+                entry.run_id, entry.status = None, "idle"
+                entry.context_tokens = entry.message_count = 0
+        try:
+            with unavailable("the discarded run"):
+                await self.pool.execute("DELETE FROM runs WHERE run_id = $1", run.run_id)
+            await self.flush_entries(run.key)
+        except Exception as exc:  # an opening run with no message: start-up removes it
+            log.error("could not remove discarded run %s (%s): start-up recovery will", run.run_id, exc)
+        self._emit("lifecycle", run, action="discard")
+
+    async def pause(self, key: str) -> RunState:
+        run = self._require_active(key)
+        if run.status == "paused":
+            return run
+        for name, hook in self.hooks.stop_hooks.items():
+            await _run_hook("stop", name, hook, run)
+        await self._set_status(run, "paused", stats=True)
+        self._emit("lifecycle", run, action="pause")
+        return run
+
+    async def resume(self, key: str) -> RunState:
+        run = self._require_active(key)
+        if run.status == "running":
+            return run
+        await self._set_status(run, "running", stats=False)
+        self._emit("lifecycle", run, action="resume")
+        return run
+
+    async def _set_status(self, run: RunState, status: RunStatus, *, stats: bool) -> None:
+        await self._settled(run)
+        now = iso(self.clock())
+        entry = self.entry(run.key)
+        after = dataclasses.replace(entry, status=status, updated_at=now) if entry is not None else None
+        extra = _stats(run) if stats else {}
+        sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(extra, start=4))
+        with unavailable("the change"):
+            async with self.pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    f"UPDATE runs SET status = $2, updated_at = $3{', ' + sets if sets else ''} WHERE run_id = $1",
+                    run.run_id, status, now, *extra.values(),
+                )  # fmt: skip
+                if after is not None:
+                    await conn.execute(_UPSERT_ENTRY, after.key, _encode_entry(after))
+        run.status = status
+        if entry is not None and after is not None:
+            entry.status, entry.updated_at = after.status, after.updated_at
+
+    async def complete(
+        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True
+    ) -> RunState:
+        run = self._require_active(key)
+        run.closing = True
+        try:
+            return await self._complete(run, key, error, reason, summarize)
+        except BaseException:
+            if run.run_id in self._runs:
+                run.closing = False  # not completed: the run goes on
+            raise
+
+    async def _complete(self, run: RunState, key: str, error: str | None, reason: str, summarize: bool) -> RunState:
+        status: RunStatus = "failed" if error is not None else "completed"
+        for name, hook in self.hooks.completion_hooks.items() if summarize else ():
+            await _run_hook("completion", name, hook, run)
+        text = None
+        if self.hooks.final_summarizer is not None and summarize:
+            try:
+                text = await self.hooks.final_summarizer(run, reason)
+            except Exception:  # the run must still complete; the summary is best effort
+                log.exception("final summary of run %s failed", run.run_id)
+        await self._settled(run)
+        now = iso(self.clock())
+        entry = self.entry(key)
+        after = None
+        if entry is not None:
+            after = dataclasses.replace(
+                entry, last_run_id=run.run_id, run_id=None, status="idle", context_tokens=0, message_count=0,
+                updated_at=now,
+            )  # fmt: skip
+        stats = _stats(run)
+        sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(stats, start=8))
+        with unavailable("the run's completion"):
+            async with self.pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    f"UPDATE runs SET status = $2, completed_at = $3, updated_at = $3, error_message = $4,"
+                    f" compaction_count = $5, final_summary = $6, opening = $7, {sets} WHERE run_id = $1",
+                    run.run_id, status, now, error, run.compaction_count, text, False, *stats.values(),
+                )  # fmt: skip
+                # every client_message_id the run stored keeps its idempotency record after the run
+                await conn.execute(
+                    "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq)"
+                    " SELECT $2, client_message_id, min(created_at), $1, min(seq) FROM messages"
+                    " WHERE run_id = $1 AND client_message_id IS NOT NULL GROUP BY client_message_id"
+                    " ON CONFLICT (session_key, client_message_id) DO NOTHING",
+                    run.run_id, key,
+                )  # fmt: skip
+                if after is not None:
+                    await conn.execute(_UPSERT_ENTRY, after.key, _encode_entry(after))
+        del self._runs[run.run_id]
+        if entry is not None and after is not None:
+            self._entries[key] = after
+            self._dirty.discard(key)
+        run.status = status
+        self._emit("lifecycle", run, action=status, reason=reason, error=error)
+        return run
+
+    async def delete(self, key: str) -> str | None:
+        """Complete the active run (if any) and remove the entry; the runs stay."""
+        self.require_entry(key)
+        completed = None
+        if self.active_run(key) is not None:
+            completed = (await self.complete(key, reason="delete")).run_id
+        self._entries.pop(key, None)
+        with unavailable("the deletion"):  # a new session on the key inherits nothing of these runs
+            await self.pool.execute("UPDATE runs SET inherit = false WHERE session_key = $1", key)
+        await self.flush_entries(key)
+        return completed
+
+    async def update_entry(
+        self,
+        key: str,
+        *,
+        pinned: bool | None = None,
+        label: str | None = None,
+        clear_label: bool = False,
+        settings: Mapping[str, object] | None = None,
+    ) -> SessionEntry:
+        entry = self.require_entry(key)
+        if pinned is not None and pinned != entry.pinned:
+            entry.pinned = pinned
+            with unavailable("the change"):
+                await self.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
+        if label is not None or clear_label:
+            entry.label = label
+        if settings is not None:
+            merged = {**entry.settings, **settings}
+            entry.settings = {k: v for k, v in merged.items() if v is not None}
+        entry.updated_at = iso(self.clock())
+        await self.flush_entries(key)
+        return entry
+
+    async def set_inherit_next(self, key: str, inherit: bool) -> bool:
+        entry = self.entry(key)
+        if entry is None or entry.inherit_next == inherit:
+            return False
+        entry.inherit_next = inherit
+        self.touch(key)
+        return True
+
+    async def set_reset_boundary(self, key: str, boundary: str) -> None:
+        entry = self.entry(key)
+        if entry is None:
+            return
+        entry.last_reset_boundary = boundary
+        await self.flush_entries(key)
+
+    def _require_active(self, key: str) -> RunState:
+        self.require_entry(key)
+        run = self.active_run(key)
+        if run is None:
+            raise NoActiveRun(f"session {key!r} has no active run")
+        return run
+
+    async def _settled(self, run: RunState) -> None:
+        """Wait for the appends queued for ``run`` before a lifecycle change (they land first)."""
+        if run.appends_pending or run.run_id in self._queues:
+            await self.after_queued(run, _nothing)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _stats(run: RunState) -> dict[str, Any]:
+    counters = run.counters
+    return {
+        "total_messages": counters.message_count,
+        "total_summaries": counters.last_summary_id,
+        "total_tool_calls": run.next_tool_seq - 1,
+        "final_token_count": counters.context_tokens,
+        "final_message_count": counters.context_lines,
+    }
+
+
+async def _run_hook(kind: str, name: str, hook: RunHook, run: RunState) -> None:
+    try:
+        await hook(run)
+    except Exception:  # a broken hook must not stop the lifecycle change; it is logged
+        log.exception("%s hook %r failed for run %s", kind, name, run.run_id)

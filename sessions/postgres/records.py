@@ -1,0 +1,115 @@
+"""The records beside the runs, in PostgreSQL: idempotency records and webhook delivery ids (the
+delivery capability) and the OpenAI-compatible routes' conversations and response ids."""
+
+from __future__ import annotations
+
+from config.clock import iso
+from sessions.postgres.faults import unavailable
+from sessions.postgres.reads import PgReads
+from sessions.postgres.usage import PgUsage
+from sessions.records import CompatConversation, HookDelivery, IdempotencyRecord, ResponseRef
+
+_SAVE_IDEMPOTENCY = (
+    "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
+    " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
+    " run_id = excluded.run_id, message_seq = excluded.message_seq, "
+)
+
+
+class PgRecords(PgReads, PgUsage):
+    # -- idempotency ----------------------------------------------------------------------------
+
+    async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
+        with unavailable("the lookup"):
+            row = await self.pool.fetchrow(
+                "SELECT run_id, message_seq, response FROM idempotency"
+                " WHERE session_key = $1 AND client_message_id = $2 AND created_at >= $3",
+                key,
+                client_message_id,
+                since,
+            )
+        return IdempotencyRecord(row[0], row[1], row[2]) if row else None
+
+    async def remember_delivery(self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None) -> None:
+        """A new delivery replaces an expired record whole (its window starts now, no old reply)."""
+        update = "created_at = excluded.created_at, response = NULL"
+        await self._save_idempotency(key, client_message_id, run_id, seq, None, update)
+
+    async def remember_reply(
+        self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
+    ) -> None:
+        update = "response = COALESCE(excluded.response, idempotency.response)"
+        await self._save_idempotency(key, client_message_id, run_id, seq, response, update)
+
+    async def _save_idempotency(
+        self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str
+    ) -> None:
+        with unavailable("the idempotency record"):
+            await self.pool.execute(_SAVE_IDEMPOTENCY + update, key, cmid, iso(self.clock()), run_id, seq, response)
+
+    # -- webhook deliveries ---------------------------------------------------------------------
+
+    async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
+        with unavailable("the lookup"):
+            row = await self.pool.fetchrow(
+                "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = $1", delivery_id
+            )
+        return HookDelivery(row[0], row[1]) if row else None
+
+    async def record_hook_delivery(
+        self, delivery_id: str, hook: str, *, session_key: str | None, message_seq: int | None
+    ) -> None:
+        """Remember a delivery id (the first record of an id wins)."""
+        with unavailable("the delivery record"):
+            await self.pool.execute(
+                "INSERT INTO hook_deliveries (delivery_id, hook, created_at, session_key, message_seq)"
+                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (delivery_id) DO NOTHING",
+                delivery_id, hook, iso(self.clock()), session_key, message_seq,
+            )  # fmt: skip
+
+    # -- the OpenAI-compatible routes' records --------------------------------------------------
+
+    async def compat_conversation(self, key: str) -> CompatConversation | None:
+        with unavailable("the lookup"):
+            row = await self.pool.fetchrow(
+                "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
+                " FROM openai_conversations WHERE session_key = $1",
+                key,
+            )
+        return CompatConversation(*row) if row else None
+
+    async def save_compat_conversation(self, key: str, record: CompatConversation) -> None:
+        with unavailable("the conversation record"):
+            await self.pool.execute(
+                "INSERT INTO openai_conversations (session_key, epoch, base_count, request_count, request_digest,"
+                " answered_count, answered_digest, answer, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                " ON CONFLICT (session_key) DO UPDATE SET epoch = excluded.epoch, base_count = excluded.base_count,"
+                " request_count = excluded.request_count, request_digest = excluded.request_digest,"
+                " answered_count = excluded.answered_count, answered_digest = excluded.answered_digest,"
+                " answer = excluded.answer, updated_at = excluded.updated_at",
+                key, record.epoch, record.base_count, record.request_count, record.request_digest,
+                record.answered_count, record.answered_digest, record.answer, iso(self.clock()),
+            )  # fmt: skip
+
+    async def compat_response(self, response_id: str) -> ResponseRef | None:
+        with unavailable("the lookup"):
+            row = await self.pool.fetchrow(
+                "SELECT response_id, session_key, run_id, seq FROM openai_responses WHERE response_id = $1",
+                response_id,
+            )
+        return ResponseRef(*row) if row else None
+
+    async def latest_compat_response(self, key: str) -> str | None:
+        with unavailable("the lookup"):
+            value = await self.pool.fetchval(
+                "SELECT response_id FROM openai_responses WHERE session_key = $1 ORDER BY ord DESC LIMIT 1", key
+            )
+        return str(value) if value is not None else None
+
+    async def save_compat_response(self, ref: ResponseRef) -> None:
+        with unavailable("the response record"):
+            await self.pool.execute(
+                "INSERT INTO openai_responses (response_id, session_key, run_id, seq, created_at)"
+                " VALUES ($1, $2, $3, $4, $5)",
+                ref.response_id, ref.session_key, ref.run_id, ref.seq, iso(self.clock()),
+            )  # fmt: skip

@@ -1,0 +1,181 @@
+"""``PgStore``: the session store on PostgreSQL. ``open`` connects, applies the migrations (refusing
+a database a newer neotask migrated), removes runs a start left without their first message, and
+loads the entries and the active runs; ``close`` waits for the queued appends and writes the
+entries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from config.clock import Clock
+from config.errors import ConfigError
+from config.settings import PostgresSettings, Settings
+from sessions.entries import SessionEntry
+from sessions.postgres.base import NOWHERE, decode_entry
+from sessions.postgres.faults import unavailable
+from sessions.postgres.lifecycle import PgLifecycle
+from sessions.postgres.schema import migrate
+from sessions.protocol import ConversationStore
+from sessions.records import USAGE_KEYS, Counters, RunState, TaskKey, counter_values
+from sessions.store_hooks import StoreHooks
+
+log = logging.getLogger(__name__)
+
+POOL_SIZE = 10
+
+
+class PgStore(PgLifecycle):
+    def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.pool = pool
+        self.where = where
+        self.hooks = hooks
+        self._entries: dict[str, SessionEntry] = {}
+        self._dirty: set[str] = set()
+        self._flush_task: asyncio.Task[None] | None = None
+        self._runs: dict[str, RunState] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._queues = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._calls: set[asyncio.Task[None]] = set()
+        self._unsure: set[str] = set()
+        self._in_flight: set[str] = set()
+        self._sending: set[asyncio.Task[None]] = set()
+        self._append_error: BaseException | None = None
+        self._probed: tuple[float, str | None] = (float("-inf"), None)
+
+    @classmethod
+    async def open(
+        cls,
+        settings: Settings,
+        *,
+        dsn: str,
+        clock: Clock,
+        hooks: StoreHooks | None = None,
+        password: str | None = None,
+        pool_size: int = POOL_SIZE,
+    ) -> PgStore:
+        where = redact(dsn)
+        with unavailable("nothing"):
+            pool = await asyncpg.create_pool(dsn, password=password, min_size=1, max_size=pool_size)
+        store = cls(settings, clock=clock, pool=pool, where=where, hooks=hooks or StoreHooks())
+        try:
+            async with pool.acquire() as conn:
+                await migrate(conn, where)
+            await store._recover()
+        except BaseException:
+            await pool.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        await self.settle_queues()
+        if self._flush_task is not None and not self._flush_task.done():
+            self._flush_task.cancel()
+        try:
+            await self.flush_entries()
+        finally:
+            await self.pool.close()
+
+    async def _recover(self) -> None:
+        with unavailable("nothing"):
+            async with self.pool.acquire() as conn:
+                # a start that never stored its first message (a crash, a failed append) leaves nothing
+                dropped = await conn.fetch(
+                    "DELETE FROM runs WHERE opening AND next_seq = 1 AND status IN ('running', 'paused')"
+                    " RETURNING run_id, session_key"
+                )
+                entries = await conn.fetch("SELECT key, body::text FROM entries")
+                rows = await conn.fetch("SELECT * FROM runs WHERE status IN ('running', 'paused')")
+        for row in dropped:
+            log.warning("run %s of %r never stored its first message: removed", row[0], row[1])
+        self._entries = {row[0]: decode_entry(row[1]) for row in entries}
+        for row in rows:
+            run = _state_from_row(dict(row), NOWHERE / row["run_id"])
+            entry = self._entries.get(run.key)
+            if entry is not None and entry.run_id == run.run_id and _same_but_tokens(entry, run):
+                run.context_tokens = entry.context_tokens  # a calibration the row does not hold
+            self._runs[run.run_id] = run
+        self._reconcile_entries()
+        if self._dirty:
+            await self.flush_entries()
+
+    def _reconcile_entries(self) -> None:
+        """Make the entries agree with the active runs (the runs table is the truth)."""
+        for run in self._runs.values():
+            entry = self._entries.get(run.key)
+            if entry is None:
+                entry = self._entries[run.key] = self._new_entry(run.key, run.agent_id, run.chat_type, run.channel)
+            if entry.run_id != run.run_id:
+                entry.inherit_next = True
+            before = (entry.run_id, entry.status, entry.started_at, counter_values(entry))
+            entry.run_id, entry.status, entry.started_at = run.run_id, run.status, run.started_at
+            self.sync_counters(entry, run)
+            if (entry.run_id, entry.status, entry.started_at, counter_values(entry)) != before:
+                self._dirty.add(run.key)
+        for entry in self._entries.values():
+            if entry.run_id is not None and entry.run_id not in self._runs:
+                entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
+                self._dirty.add(entry.key)
+
+
+def _state_from_row(row: dict[str, Any], folder: Path) -> RunState:
+    run = RunState(
+        run_id=row["run_id"], key=row["session_key"] or "", agent_id=row["agent_id"],
+        chat_type=row["chat_type"] or "direct", channel=row["channel"], status=row["status"], dir=folder,
+        started_at=row["created_at"],
+        task_key=TaskKey(row["task_type"], row["task_identifier"], row["repository"], row["user"]),
+        parent_uuid=row["parent_uuid"], next_tool_seq=int(row["next_tool_seq"]), next_plan_id=int(row["next_plan_id"]),
+    )  # fmt: skip
+    run.next_seq, run.next_summary_id = int(row["next_seq"]), int(row["last_summary_id"]) + 1
+    run.context_tokens, run.compaction_count = int(row["context_tokens"]), int(row["compaction_count"])
+    run.context_bytes, run.context_lines = int(row["context_bytes"]), int(row["context_lines"])
+    run.last_context_seq, run.messages_bytes = int(row["last_context_seq"]), int(row["messages_bytes"])
+    run.usage = {k: int(row[k] or 0) for k in USAGE_KEYS}
+    return run
+
+
+def _same_but_tokens(entry: SessionEntry, run: RunState) -> bool:
+    """Whether the entry's checkpoint describes the stored run (its token count may then be a
+    provider's calibration, which the run's row does not keep)."""
+    return Counters._make(counter_values(entry))._replace(context_tokens=0) == run.counters._replace(context_tokens=0)
+
+
+def connection_options(settings: PostgresSettings, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """The DSN and the password (from the environment variable ``password_env``; None: libpq's own
+    PGPASSWORD or a password-less login) of ``storage.postgres``."""
+    if not settings.dsn:
+        raise ConfigError("storage.postgres.dsn is not set: set it, e.g. postgresql://neotask@127.0.0.1:5432/neotask")
+    return settings.dsn, environ.get(settings.password_env) or None
+
+
+async def open_from_settings(
+    settings: Settings, environ: Mapping[str, str], *, clock: Clock, hooks: StoreHooks | None = None
+) -> PgStore:
+    """``PgStore.open`` as ``storage.postgres`` says (the composition root's one call)."""
+    dsn, password = connection_options(settings.storage.postgres, environ)
+    return await PgStore.open(
+        settings, dsn=dsn, password=password, clock=clock, hooks=hooks, pool_size=settings.storage.postgres.pool_size
+    )
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for messages and logs."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep or "@" not in rest:
+        return dsn
+    credentials, _, host = rest.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}@{host}"
+
+
+def _conforms(store: PgStore) -> ConversationStore:
+    return store  # mypy checks here that PgStore has the base and record capabilities

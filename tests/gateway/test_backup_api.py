@@ -1,0 +1,145 @@
+"""``POST /v1/admin/backup`` and the archive it writes, in-process (issue 29 item 1): the manifest's
+counts and checksums, ``verify``, a restore; bad input (an unwritable output, a corrupt archive, a
+home that is not empty) is a clear error that changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backups.errors import BackupInvalid, BackupTargetError, HomeNotEmpty
+from backups.manifest import MANIFEST, verify
+from backups.pack import restore
+from config.settings import Settings
+from gateway import keys as K
+from tests.gateway.conftest import Client, settled
+from tests.gateway.helpers import tree_digest
+
+KEY = "agent%3Amain%3Amain"
+NOW = "2026-11-30T12:00:00+00:00"
+
+
+async def _seed(client: Client, n: int = 5) -> None:
+    for i in range(n):
+        resp = await client.post(f"/v1/sessions/{KEY}/messages", json={"content": f"message {i}"})
+        assert resp.status == 200, await resp.text()
+    resp = await client.post(f"/v1/sessions/{KEY}/messages", json={"content": "/new"})
+    assert resp.status == 200
+    resp = await client.post(f"/v1/sessions/{KEY}/messages", json={"content": "in the second run"})
+    assert resp.status == 200
+    await settled(client)
+
+
+async def _backup(client: Client, out: Path) -> dict[str, Any]:
+    resp = await client.post("/v1/admin/backup", json={"output": str(out)})
+    assert resp.status == 200, await resp.text()
+    body: dict[str, Any] = await resp.json()
+    return body
+
+
+async def test_a_backup_holds_a_manifest_that_verifies_and_restores(client: Client, tmp_path: Path) -> None:
+    await _seed(client)
+    out = tmp_path.parent / f"{tmp_path.name}-out.tar.gz"
+    body = await _backup(client, out)
+    assert body["counts"]["runs"] == 2 and body["counts"]["active_runs"] == 1
+    assert list(body["point"]["runs"].values()) == [{"state": "running", "seq": 1}]
+    manifest = await asyncio.to_thread(verify, out)
+    assert manifest["format_version"] == 1 and manifest["mode"] == "online"
+    assert {"contexts/tasks.db", "contexts/sessions.json", "channels.db"} <= set(manifest["files"])
+    with tarfile.open(out, "r:gz") as tar:
+        assert tar.next().name == MANIFEST  # type: ignore[union-attr]
+    target = tmp_path.parent / f"{tmp_path.name}-restored"
+    await asyncio.to_thread(restore, out, target, now=NOW, settings=Settings())
+    assert (target / "contexts" / "history.db").exists()  # rebuilt, not copied
+    lines = [
+        json.loads(line)
+        for p in (target / "contexts").glob("*/*/messages.jsonl")
+        for line in p.read_text().splitlines()
+    ]
+    assert sorted(r["content"] for r in lines if not r.get("command")) == sorted(
+        [f"message {i}" for i in range(5)] + ["in the second run"]
+    )
+
+
+async def test_an_unwritable_output_is_a_clear_error_and_writes_nothing(client: Client, tmp_path: Path) -> None:
+    await _seed(client, 2)
+    before = tree_digest(tmp_path)
+    for output in (str(tmp_path / "missing" / "b.tar.gz"), str(tmp_path / "contexts")):
+        resp = await client.post("/v1/admin/backup", json={"output": output})
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+        assert error["code"] == "backup_target_unwritable" and "-o" in error["message"]
+    for body in ({"output": 5}, {"outptu": "x"}):
+        resp = await client.post("/v1/admin/backup", json=body)
+        assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_field"
+    await settled(client)
+    assert tree_digest(tmp_path) == before
+    assert not (tmp_path / "backups").exists()
+
+
+def _corrupt(good: Path, bad: Path, how: str) -> None:
+    data = bytearray(good.read_bytes())
+    if how == "flipped":
+        raw = bytearray(gzip.decompress(bytes(data)))
+        raw[len(raw) // 2] ^= 0xFF  # a byte inside a member: the gzip stream stays valid, a checksum fails
+        data = bytearray(gzip.compress(bytes(raw)))
+    elif how == "truncated":
+        del data[len(data) * 2 // 3 :]
+    else:
+        data = bytearray(b"not a backup at all\n")
+    bad.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated", "garbage"])
+async def test_a_corrupt_archive_is_refused_and_nothing_is_restored(client: Client, tmp_path: Path, how: str) -> None:
+    await _seed(client, 3)
+    good = tmp_path.parent / f"{tmp_path.name}-good.tar.gz"
+    await _backup(client, good)
+    bad = tmp_path.parent / f"{tmp_path.name}-{how}.tar.gz"
+    await asyncio.to_thread(_corrupt, good, bad, how)
+    with pytest.raises(BackupInvalid) as caught:
+        await asyncio.to_thread(verify, bad)
+    assert str(bad) in caught.value.message or "not a" in caught.value.message
+    target = tmp_path.parent / f"{tmp_path.name}-{how}-restored"
+    with pytest.raises(BackupInvalid):
+        await asyncio.to_thread(restore, bad, target, now=NOW, settings=Settings())
+    assert not target.exists()
+    assert not list(tmp_path.parent.glob(f".{target.name}.restoring-*"))
+
+
+async def test_a_restore_refuses_a_home_that_is_not_empty(client: Client, tmp_path: Path) -> None:
+    await _seed(client, 2)
+    out = tmp_path.parent / f"{tmp_path.name}-b.tar.gz"
+    await _backup(client, out)
+    with pytest.raises(HomeNotEmpty) as caught:
+        await asyncio.to_thread(restore, out, tmp_path, now=NOW, settings=Settings())
+    assert "new or empty" in caught.value.message
+    other = tmp_path.parent / f"{tmp_path.name}-other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(HomeNotEmpty):
+        await asyncio.to_thread(restore, out, other, now=NOW, settings=Settings())
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
+async def test_a_second_backup_while_one_runs_is_refused(client: Client, tmp_path: Path) -> None:
+    await _seed(client, 1)
+    backups = client.app[K.SERVICES].backups
+    first = asyncio.create_task(backups.take(tmp_path.parent / f"{tmp_path.name}-1.tar.gz"))
+    await asyncio.sleep(0)
+    resp = await client.post("/v1/admin/backup", json={"output": str(tmp_path.parent / f"{tmp_path.name}-2.tar.gz")})
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "backup_running"
+    await first
+
+
+def test_the_target_check_names_the_folder(tmp_path: Path) -> None:
+    with pytest.raises(BackupTargetError, match="does not exist"):
+        from backups.pack import check_target
+
+        check_target(tmp_path / "nope" / "x.tar.gz")

@@ -1,0 +1,1 @@
+"""Tests of the run-folder backend (sessions.files)."""

@@ -1,0 +1,63 @@
+"""A database that goes away: every write answers the typed 503 (nothing stored, retry after a
+second) and counts nothing; once the server is back the same store goes on by itself."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from config.errors import StorageUnavailable
+from gateway.http import retry_headers
+from sessions.postgres.store import PgStore
+from sessions.records import NewMessage, TaskKey
+from tests.conftest import FakeClock
+from tests.sessions.helpers import settings_with
+from tests.support.postgres import DATABASE, PgServer, empty_database
+
+KEY = "agent:main:main"
+
+
+def _task(key: str) -> TaskKey:
+    return TaskKey("agent", key, user="u1")
+
+
+async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
+    postgres_server: PgServer, tmp_path: Path, clock: FakeClock
+) -> None:
+    """Stops the suite's server (tests of one worker run one at a time) and starts it again."""
+    dsn = await postgres_server.database(DATABASE)
+    await empty_database(dsn)
+    store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2)
+    try:
+        run = await store.start_run(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY))
+        acked = [(await store.append(run, NewMessage(role="user", content=f"m{i}")))["seq"] for i in range(3)]
+        counters = run.counters
+        await asyncio.to_thread(postgres_server.stop, "fast")
+
+        with pytest.raises(StorageUnavailable) as info:
+            await store.append(run, NewMessage(role="user", content="while down"))
+        error = info.value
+        assert error.status == 503 and error.code == "storage_unavailable"
+        assert error.extra == {"stored": False, "retry_after_s": 1} and retry_headers(error) == {"Retry-After": "1"}
+        assert "was not stored" in error.message
+        assert run.counters == counters and run.appends_pending == 0  # the failed append took no seq
+        assert store.require_entry(KEY).counters == counters
+        other = "agent:main:other"
+        with pytest.raises(StorageUnavailable):
+            await store.start_run(other, agent_id="main", chat_type="direct", channel=None, task_key=_task(other))
+        assert store.entry(other) is None  # no half-made session
+        assert await store.writable() is not None and not store.recently_writable(60)
+
+        await asyncio.to_thread(postgres_server.start)
+        after = await store.append(run, NewMessage(role="user", content="after"))
+        assert after["seq"] == 4
+        assert await store.writable() is None and store.recently_writable(60)
+        stored = await store.read_messages(run.run_id, after_seq=0, limit=10)
+        assert [(m["seq"], m["content"]) for m in stored] == [(1, "m0"), (2, "m1"), (3, "m2"), (4, "after")]
+        assert acked == [1, 2, 3]
+    finally:
+        if not await asyncio.to_thread(postgres_server.running):
+            await asyncio.to_thread(postgres_server.start)  # for the next tests
+        await store.close()
