@@ -2,6 +2,7 @@
 
 import { auth, get, live, onUnauthorized } from "./api.js";
 import { empty, h, replace } from "./dom.js";
+import { mountBackups } from "./backups.js";
 import { mountChannels } from "./channels.js";
 import { mountConfig } from "./config.js";
 import { mountCron } from "./cron.js";
@@ -15,7 +16,7 @@ import { mountUsage } from "./usage.js";
 import { tokenDialog } from "./ui.js";
 
 const view = document.getElementById("view");
-const OWN_SECTIONS = ["memory", "search", "channels", "cron", "usage", "logs", "config"];
+const OWN_SECTIONS = ["memory", "search", "channels", "cron", "usage", "logs", "config", "backups"];
 let unmount = () => {};
 let asking = null;
 
@@ -45,6 +46,7 @@ function route() {
     else if (section === "usage") cleanup = mountUsage(view, query);
     else if (section === "logs") cleanup = mountLogs(view);
     else if (section === "config") cleanup = mountConfig(view);
+    else if (section === "backups") cleanup = mountBackups(view);
     else if (!section || section === "sessions") cleanup = mountSessions(view, query);
     else replace(view, empty("No such page."), h("a", { href: "#/sessions" }, "Back to the sessions"));
   } catch (error) {
