@@ -224,6 +224,16 @@ class Busy(NeotaskError):
     )
 
 
+class TokenBudgetExhausted(NeotaskError):
+    status = 429
+    code = "token_budget_exhausted"
+    doc = (
+        "the agent's daily token budget (`agents.<id>.limits.tokens_per_day`) or this key's"
+        " (`tokens_per_key_per_day`) is spent for the UTC day: nothing is stored; `Retry-After` and"
+        " `error.retry_after_s` say when the next day begins"
+    )
+
+
 class TooManyBodyReads(NeotaskError):
     status = 429
     code = "too_many_body_reads"

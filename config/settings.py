@@ -147,6 +147,19 @@ class StorageSettings(Model):
         return self
 
 
+class FallbackModel(Model):
+    """A model tried when the one before it fails; a field left null is the primary model's."""
+
+    name: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    timeout_s: float | None = Field(None, gt=0)
+    max_retries: int | None = Field(None, ge=0)
+
+    _url = field_validator("base_url")(_check_url)
+    _env = field_validator("api_key_env")(_check_env_name)
+
+
 class ModelSettings(Model):
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
@@ -155,9 +168,25 @@ class ModelSettings(Model):
     max_output_tokens: int = Field(4096, ge=1)
     timeout_s: float = Field(120, gt=0)
     max_retries: int = Field(2, ge=0)
+    backoff_s: float = Field(0.5, ge=0)
+    retry_after_max_s: float = Field(30, ge=0)
+    fallbacks: tuple[FallbackModel, ...] = ()
 
     _url = field_validator("base_url")(_check_url)
     _env = field_validator("api_key_env")(_check_env_name)
+
+    @field_validator("fallbacks", mode="before")
+    @classmethod
+    def _fallback_names(cls, value: object) -> object:
+        """A fallback written as a bare string is a model name on the primary's server."""
+        if isinstance(value, list | tuple):
+            return tuple({"name": item} if isinstance(item, str) else item for item in value)
+        return value
+
+
+class AgentLimits(Model):
+    tokens_per_day: int | None = Field(None, ge=1)
+    tokens_per_key_per_day: int | None = Field(None, ge=1)
 
 
 QueueMode = Literal["collect", "followup", "steer"]
@@ -194,6 +223,7 @@ class AgentSettings(Model):
     queue_mode: QueueMode | None = None
     model: ModelSettings = ModelSettings()
     tools: AgentToolsSettings = AgentToolsSettings()
+    limits: AgentLimits = AgentLimits()
 
     _zone = field_validator("timezone")(_check_zone)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from config.errors import NeotaskError, ProviderFailure, TurnFailed
 from conversations.compaction_triggers import CompactionTriggers
+from conversations.fallbacks import collect_attempts, record_attempts
 from conversations.posts import DeltaFn, Outcome, TurnOptions, to_openai
 from conversations.provider import Completion, ProviderError, ToolCall, Usage
 from conversations.queueing import TurnScope
@@ -69,13 +70,19 @@ class ModelTurns(CompactionTriggers):
                 if out_of_rounds:  # one last call without tools, asking for the answer
                     messages.append({"role": "system", "content": TOOL_LIMIT_PROMPT.format(rounds=rounds)})
                 try:
-                    completion = await provider.complete(
-                        messages,
-                        tools=offered,
-                        model=model,
-                        on_delta=on_delta,
-                        tool_choice=options.tool_choice if offered else None,
-                    )
+                    with collect_attempts() as attempts:
+                        try:
+                            completion = await provider.complete(
+                                messages,
+                                tools=offered,
+                                model=model,
+                                on_delta=on_delta,
+                                tool_choice=options.tool_choice if offered else None,
+                            )
+                        finally:  # each attempt, when one failed; a stopped turn records nothing
+                            task = asyncio.current_task()
+                            if task is None or not task.cancelling():
+                                await record_attempts(self.store, run, attempts)
                 except ProviderError as exc:
                     if exc.kind != "overflow" or overflow_cycles >= MAX_OVERFLOW_CYCLES:
                         raise

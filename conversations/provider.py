@@ -77,10 +77,11 @@ class ChatProvider:
     ``api_key`` is the value of the variable named by ``settings.api_key_env``, read once by the
     caller at start (``None``: the server needs none). ``timeout_s`` bounds each connect and read
     (for a stream: the wait for each chunk); ``max_retries`` retries connection errors, timeouts,
-    429 and 5xx with the SDK's backoff.
+    429 and 5xx with the SDK's backoff (``sdk_retries`` replaces it: 0 when ``conversations.fallbacks``
+    retries and records each attempt itself).
     """
 
-    def __init__(self, settings: ModelSettings, *, api_key: str | None) -> None:
+    def __init__(self, settings: ModelSettings, *, api_key: str | None, sdk_retries: int | None = None) -> None:
         if settings.base_url is None:
             raise ConfigError("model.base_url is not set: without a model the gateway runs store-only")
         self.settings = settings
@@ -89,7 +90,7 @@ class ChatProvider:
             base_url=settings.base_url,
             api_key=api_key or "not-needed",
             timeout=settings.timeout_s,
-            max_retries=settings.max_retries,
+            max_retries=settings.max_retries if sdk_retries is None else sdk_retries,
             http_client=LeanAsyncClient(
                 transport=AiohttpTransport(), timeout=settings.timeout_s, follow_redirects=True
             ),

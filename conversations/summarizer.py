@@ -11,7 +11,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from conversations.provider import ChatProvider, Completion, ProviderError, Usage
+from conversations.fallbacks import ModelChain
+from conversations.provider import Completion, ProviderError, Usage
 from sessions.compactor import SummaryRequest, SummaryResult, extractive
 from sessions.summarize import FINAL_PROMPT, SUMMARY_PROMPT, transcript
 from sessions.tokens import estimate_text
@@ -21,7 +22,7 @@ MARGIN = 0.9  # the token estimate is rough; leave room
 
 
 class ModelSummarizer:
-    def __init__(self, provider: ChatProvider | None, *, model: str, context_window: int, max_output_tokens: int):
+    def __init__(self, provider: ModelChain | None, *, model: str, context_window: int, max_output_tokens: int):
         self.provider = provider
         self.model = model
         self.context_window = context_window

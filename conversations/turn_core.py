@@ -14,10 +14,11 @@ from config.clock import Clock
 from config.errors import NoActiveRun, ShuttingDown
 from config.settings import AgentSettings, QueueMode, Settings
 from conversations.events import EventHub
+from conversations.fallbacks import ModelChain
 from conversations.hooks import ConversationHooks
 from conversations.metrics import Metrics
 from conversations.posts import Post, ReplyBody
-from conversations.provider import ChatProvider, Completion
+from conversations.provider import Completion
 from conversations.queueing import QUEUE_MODES, Batch, Caller, TurnQueue
 from conversations.summarizer import ModelSummarizer
 from conversations.tools import ToolBox
@@ -39,7 +40,7 @@ class ConversationCore:
         store: ConversationStore,
         settings: Settings,
         *,
-        providers: Mapping[str, ChatProvider],
+        providers: Mapping[str, ModelChain],
         hub: EventHub,
         metrics: Metrics,
         clock: Clock,
@@ -84,7 +85,7 @@ class ConversationCore:
     def agent(self, agent_id: str | None) -> AgentSettings:
         return self.settings.agents[agent_id or "main"]
 
-    def provider(self, agent_id: str | None) -> ChatProvider | None:
+    def provider(self, agent_id: str | None) -> ModelChain | None:
         return self.providers.get(agent_id or "main")
 
     def model_name(self, key: str, agent_id: str | None) -> str:

@@ -14,9 +14,10 @@ from config.clock import Clock, system_clock
 from config.loader import LoadedConfig
 from gateway import keys as K
 from gateway import log_json, reload
-from gateway.api import admin, channels, docs, history, hooks, memory, runs, scheduler, sessions, system, ui
+from gateway.api import admin, channels, docs, history, hooks, memory, runs, scheduler, sessions, system, ui, usage
 from gateway.api import backup as backup_routes
 from gateway.api import config_reload as reload_routes
+from gateway.api import logs as log_routes
 from gateway.connections import GUARD, ConnectionGuard, GuardedProtocol
 from gateway.hosts import allowed_hosts, host_check
 from gateway.http import BODY_TIMEOUT, REQUEST_ID, Handler, error_answer, new_request_id
@@ -70,6 +71,8 @@ def create_app(
         ui.routes,
         openai_routes.routes,
         channels.routes,
+        usage.routes,
+        log_routes.routes,
         backup_routes.routes,
         reload_routes.routes,
     ):

@@ -29,6 +29,7 @@ from config.errors import (
     SessionPaused,
     ShuttingDown,
     StorageUnavailable,
+    TokenBudgetExhausted,
     TurnFailed,
 )
 
@@ -44,7 +45,7 @@ ATTRIBUTE = "__neotask_operation__"
 # that runs a turn.
 TURN_ERRORS: Errors = (
     SessionPaused, RunClosing, Busy, ProviderFailure, ShuttingDown, InsufficientStorage, StorageUnavailable,
-    TurnFailed,
+    TurnFailed, TokenBudgetExhausted,
 )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, ConfigError
 from config.loader import LoadedConfig, load_config
 from config.settings import Settings
-from conversations.provider import ChatProvider
+from conversations.fallbacks import ModelChain
 from gateway import keys as K
 from gateway.http import auth_check
 from gateway.reload_swap import counterparts, swap
@@ -126,7 +126,7 @@ class Reloads:
     since: datetime
     count: int = 0
     last: dict[str, Any] | None = None
-    retired: list[ChatProvider] = field(default_factory=list)
+    retired: list[ModelChain] = field(default_factory=list)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def read(self) -> LoadedConfig:
@@ -180,12 +180,12 @@ class Reloads:
         channel intake is rebuilt in place."""
         services = app[K.SERVICES]
         old = config.settings
-        fresh: dict[str, ChatProvider] = {}
+        fresh: dict[str, ModelChain] = {}
         for agent_id, agent in settings.agents.items():  # built before anything changes: may fail
             before = old.agents.get(agent_id)
             same = before is not None and before.model == agent.model and agent_id in services.providers
             if agent.model.base_url and not same:
-                fresh[agent_id] = ChatProvider(agent.model, api_key=self.env.get(agent.model.api_key_env))
+                fresh[agent_id] = ModelChain(agent.model, env=self.env, clock=self.clock)
         parts = counterparts(old, settings)
         # From here to the end of the swap nothing awaits: no request sees half the change.
         for agent_id in list(services.providers):

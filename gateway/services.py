@@ -40,14 +40,15 @@ from channels.hooks import Webhooks
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
+from conversations.budgets import Budgets
 from conversations.commands import Commands
 from conversations.events import EventHub
+from conversations.fallbacks import ModelChain
 from conversations.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
 from conversations.housekeeping import Scheduling
 from conversations.memory_scope import scope_of_raw
 from conversations.metrics import Metrics
 from conversations.posts import ReplyBody
-from conversations.provider import ChatProvider
 from conversations.recall import MemoryBridge
 from conversations.session_tools import SessionTools
 from conversations.tools import ToolBox
@@ -104,7 +105,7 @@ class Services:
     host_zone: ZoneInfo
     hub: EventHub
     metrics: Metrics
-    providers: dict[str, ChatProvider]
+    providers: dict[str, ModelChain]
     store: StoreProtocol
     history: HistoryIndex | None
     conversations: Conversations
@@ -132,9 +133,10 @@ class Services:
             await self.transcripts.forget(agent_id, [r["uuid"] for r in runs if r.get("agent_id") == agent_id])
 
 
-def providers_for(config: LoadedConfig, env: Mapping[str, str]) -> dict[str, ChatProvider]:
+def providers_for(config: LoadedConfig, env: Mapping[str, str], clock: Clock = system_clock) -> dict[str, ModelChain]:
+    """Each agent's model and its fallbacks (``conversations/fallbacks.py``)."""
     return {
-        agent_id: ChatProvider(agent.model, api_key=env.get(agent.model.api_key_env))
+        agent_id: ModelChain(agent.model, env=env, clock=clock)
         for agent_id, agent in config.settings.agents.items()
         if agent.model.base_url
     }
@@ -159,7 +161,7 @@ async def open_services(
     async with contextlib.AsyncExitStack() as stack:
         hub = EventHub()
         metrics = Metrics()
-        providers = providers_for(config, env)
+        providers = providers_for(config, env, clock)
         stack.push_async_callback(_close_providers, providers)
 
         # Hooks naming objects built further down: called only once open_services has yielded.
@@ -185,6 +187,11 @@ async def open_services(
 
         async def recall(run: RunState, post: Post, new_run: bool) -> list[Event]:
             return [] if bridge is None else await bridge.recall(run, post, new_run)
+
+        async def budget_check(post: Post) -> list[Event]:  # before anything is stored
+            if conversations is not None and conversations.needs_turn(post):
+                await budgets.check(post.key.agent_id or "main", post.key.raw)
+            return []
 
         def next_reset(key: str) -> Any:
             return None if scheduling is None else scheduling.next_reset(key)
@@ -220,6 +227,7 @@ async def open_services(
 
         disk_budget = DiskBudget(config.home, settings.storage, metrics, on_low=cleanup_early)
         stack.push_async_callback(disk_budget.close)
+        budgets = Budgets(store, lambda: settings if conversations is None else conversations.settings, clock)
         tools = ToolBox(store)
         conversations = Conversations(
             store,
@@ -230,7 +238,7 @@ async def open_services(
             clock=clock,
             tools=tools,
             hooks=ConversationHooks(
-                before_post=(disk_budget.before_post, resets_due),
+                before_post=(disk_budget.before_post, budget_check, resets_due),
                 before_append=(recall,) if parts.memory else (),
             ),
         )
@@ -343,7 +351,7 @@ def scheduler_service(
     )
 
 
-async def _close_providers(providers: dict[str, ChatProvider]) -> None:
+async def _close_providers(providers: dict[str, ModelChain]) -> None:
     for provider in providers.values():
         await provider.close()
 

@@ -16,6 +16,7 @@ from channels.webhooks import TemplateError, check_mapping
 from config.errors import ConfigError
 from config.loader import LoadedConfig
 from gateway import eventloop
+from gateway.masking import mask_secrets
 
 REDACTED = "***"
 
@@ -59,9 +60,10 @@ def config_source(config: LoadedConfig, kind: str) -> dict[str, Any]:
 
 
 def effective_config(config: LoadedConfig, *, host: str | None = None, port: int | None = None) -> dict[str, Any]:
-    """The settings as JSON, tokens redacted; ``host``/``port``: where the daemon really listens
-    (``--host``/``--port`` override the file, port 0 means any free one)."""
-    data = config.settings.model_dump(mode="json")
+    """The settings as JSON, tokens redacted and URLs' secrets masked (``gateway/masking.py``);
+    ``host``/``port``: where the daemon really listens (``--host``/``--port`` override the file,
+    port 0 means any free one)."""
+    data: dict[str, Any] = mask_secrets(config.settings.model_dump(mode="json"))
     gateway = data["gateway"]
     if gateway.get("tokens"):
         gateway["tokens"] = [REDACTED for _ in gateway["tokens"]]

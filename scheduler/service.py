@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -113,6 +114,44 @@ class DailyJob:
     boundaries: Sequence[tuple[ZoneInfo, int]] = ()
 
 
+LAST_RUNS = 10
+
+
+@dataclass(frozen=True)
+class Firing:
+    """One firing of a job, kept in memory (the last ``LAST_RUNS`` per job since the start):
+    ``ok`` false when the call raised or its result says so (a cron job's ``CronOutcome``)."""
+
+    started_at: datetime
+    finished_at: datetime
+    ok: bool
+    status: str | None = None
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "ok": self.ok,
+            "status": self.status,
+            "error": self.error,
+        }
+
+    @classmethod
+    def of(cls, started_at: datetime, finished_at: datetime, result: object, error: BaseException | None) -> Firing:
+        if error is not None:
+            return cls(started_at, finished_at, False, "failed", f"{type(error).__name__}: {error}")
+        ok = getattr(result, "ok", True)
+        status, why = getattr(result, "status", None), getattr(result, "error", None)
+        return cls(
+            started_at,
+            finished_at,
+            ok if isinstance(ok, bool) else True,
+            status if isinstance(status, str) else None,
+            why if isinstance(why, str) else None,
+        )
+
+
 @dataclass(frozen=True)
 class JobInfo:
     """One scheduled job as ``GET /v1/scheduler/jobs`` and ``neotask cron list`` show it."""
@@ -124,6 +163,7 @@ class JobInfo:
     running: bool = False
     last_run_at: datetime | None = None
     skipped: int = 0
+    last_runs: tuple[Firing, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -134,6 +174,7 @@ class JobInfo:
             "running": self.running,
             "last_run_at": None if self.last_run_at is None else iso(self.last_run_at),
             "skipped": self.skipped,
+            "last_runs": [firing.as_json() for firing in reversed(self.last_runs)],
         }
 
 
@@ -150,6 +191,7 @@ class _Job:
     last_run_at: datetime | None = None
     skipped: int = 0
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    firings: deque[Firing] = field(default_factory=lambda: deque(maxlen=LAST_RUNS))
 
 
 def _daily_trigger(at_hour: int, zone: ZoneInfo) -> CronTrigger:
@@ -353,6 +395,7 @@ class SchedulerService:
                 running=job.guard in self._running,
                 last_run_at=job.last_run_at,
                 skipped=job.skipped,
+                last_runs=tuple(job.firings),
             )
             for job in self._jobs.values()
         ]
@@ -392,12 +435,18 @@ class SchedulerService:
             logger.warning("job %s skipped: its previous firing is still running", job.id)
             return None
         self._running.add(job.guard)
-        job.last_run_at = self._clock()
+        started = job.last_run_at = self._clock()
         task = asyncio.current_task()
         if task is not None:
             job.tasks.add(task)
         try:
-            return await job.call()
+            result = await job.call()
+        except Exception as exc:
+            job.firings.append(Firing.of(started, self._clock(), None, exc))
+            raise
+        else:
+            job.firings.append(Firing.of(started, self._clock(), result, None))
+            return result
         finally:
             self._running.discard(job.guard)
             if task is not None:

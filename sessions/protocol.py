@@ -11,6 +11,7 @@ conformance suite splits its base and extended capabilities.
 | ``RunStore`` (base) | keys, runs, lifecycle, appends, reads by run id, the context rewrite | yes | yes |
 | ``DeliveryRecords`` | idempotency records, deliveries in the transcript, webhook delivery ids | yes | yes |
 | ``CompatRecords`` | the OpenAI-compatible routes' conversations and response ids | yes | yes |
+| ``UsageRecords`` | token usage per UTC day, agent and key (``GET /v1/usage``, budgets) | yes | yes |
 | ``HistorySource`` | feeds, rebuilds and checks the full-text history index | yes | no |
 | ``Maintenance`` | doctor (check and fix), cleanup (archive, expire, trim), export, purge | yes | no |
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from config.clock import Clock
@@ -62,6 +63,7 @@ from sessions.records import (
     TaskKey,
 )
 from sessions.rewrites import ContextChange
+from sessions.usage import DailyUsage, UsageBy
 
 if TYPE_CHECKING:  # the files backend's history index (SQLite FTS5) and export streams
     from sessions.files.history import HistoryIndex
@@ -219,6 +221,27 @@ class CompatRecords(Protocol):
     async def save_compat_response(self, ref: ResponseRef) -> None: ...
 
 
+class UsageRecords(Protocol):
+    """Token usage per UTC day, agent and key, counted by ``add_usage`` (``GET /v1/usage``, the
+    daily budgets ``agents.<id>.limits``)."""
+
+    async def daily_usage(
+        self,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
+        by: UsageBy = "key",
+    ) -> list[DailyUsage]:
+        """Per day and ``by`` (``key``, ``agent``: the keys summed, ``day``: all summed), oldest
+        day first; ``since`` and ``until`` inclusive."""
+        ...
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
+        """Input plus output tokens of ``day`` (``YYYY-MM-DD``, UTC): the agent's, and the key's."""
+        ...
+
+
 class HistorySource(Protocol):
     """A backend whose messages feed the full-text history index kept beside its runs."""
 
@@ -260,5 +283,5 @@ class ConversationStore(RunStore, DeliveryRecords, CompatRecords, Protocol):
     """What the conversation engine needs: every base and record capability."""
 
 
-class StoreProtocol(ConversationStore, HistorySource, Maintenance, Protocol):
+class StoreProtocol(ConversationStore, UsageRecords, HistorySource, Maintenance, Protocol):
     """Every capability: what the daemon opens (``gateway.services``)."""

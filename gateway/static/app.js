@@ -2,15 +2,21 @@
 
 import { auth, get, live, onUnauthorized } from "./api.js";
 import { empty, h, replace } from "./dom.js";
+import { mountBackups } from "./backups.js";
 import { mountChannels } from "./channels.js";
+import { mountConfig } from "./config.js";
+import { mountCron } from "./cron.js";
+import { mountLogs } from "./logs.js";
 import { mountMemory } from "./memory.js";
 import { mountRun } from "./run.js";
 import { mountSearch } from "./search.js";
 import { mountSession } from "./session.js";
 import { mountSessions } from "./sessions.js";
+import { mountUsage } from "./usage.js";
 import { tokenDialog } from "./ui.js";
 
 const view = document.getElementById("view");
+const OWN_SECTIONS = ["memory", "search", "channels", "cron", "usage", "logs", "config", "backups"];
 let unmount = () => {};
 let asking = null;
 
@@ -27,7 +33,7 @@ function route() {
   const { parts, query } = parseHash();
   const [section, arg] = parts;
   for (const link of document.querySelectorAll(".nav a")) {
-    link.setAttribute("aria-current", String(link.dataset.section === (["memory", "search", "channels"].includes(section) ? section : "sessions")));
+    link.setAttribute("aria-current", String(link.dataset.section === (OWN_SECTIONS.includes(section) ? section : "sessions")));
   }
   let cleanup;
   try {
@@ -36,6 +42,11 @@ function route() {
     else if (section === "search") cleanup = mountSearch(view, query);
     else if (section === "memory") cleanup = mountMemory(view, query);
     else if (section === "channels") cleanup = mountChannels(view);
+    else if (section === "cron") cleanup = mountCron(view);
+    else if (section === "usage") cleanup = mountUsage(view, query);
+    else if (section === "logs") cleanup = mountLogs(view);
+    else if (section === "config") cleanup = mountConfig(view);
+    else if (section === "backups") cleanup = mountBackups(view);
     else if (!section || section === "sessions") cleanup = mountSessions(view, query);
     else replace(view, empty("No such page."), h("a", { href: "#/sessions" }, "Back to the sessions"));
   } catch (error) {

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sessions import usage as usage_days
 from sessions.files.damage import FIX_LEDGER, DamagedState, ledger_error, storage_damage
 
 T = TypeVar("T")
@@ -120,6 +121,8 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX idx_openai_responses_key ON openai_responses(session_key);
     """,
+    # 6: token usage per UTC day, agent and key (GET /v1/usage, agents.<id>.limits).
+    usage_days.MIGRATION,
 )
 
 RUN_COLUMNS = (
@@ -274,7 +277,10 @@ class Ledger:
         values = [*fields.values(), uuid]
         await self._run(lambda c: c.execute(f"UPDATE tasks SET {assignments} WHERE uuid = ?", values))
 
-    async def add_usage(self, uuid: str, usage: dict[str, int], updated_at: str) -> None:
+    async def add_usage(
+        self, uuid: str, usage: dict[str, int], updated_at: str, daily: usage_days.DailyKey | None = None
+    ) -> None:
+        """A model call's usage on its run's row and, with ``daily``, on its day (one transaction)."""
         sql = (
             "UPDATE tasks SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
             " cache_read_tokens = cache_read_tokens + ?, cache_write_tokens = cache_write_tokens + ?,"
@@ -284,7 +290,13 @@ class Ledger:
             usage.get("input_tokens", 0), usage.get("output_tokens", 0),
             usage.get("cache_read_tokens", 0), usage.get("cache_write_tokens", 0), updated_at, uuid,
         ]  # fmt: skip
-        await self._run(lambda c: c.execute(sql, values))
+
+        def _add(c: sqlite3.Connection) -> None:
+            c.execute(sql, values)
+            if daily is not None:
+                usage_days.add(c, daily, usage)
+
+        await self._run(_add)
 
     async def set_key_metadata(self, session_key: str, fields: dict[str, Any]) -> None:
         """Merge ``fields`` into the ``metadata`` JSON of every run of the key: the durable home of

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import iso
+from sessions import usage as usage_days
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.deliveries import Delivery, RunDeliveries
 from sessions.faults import probe_writable, storage_error
@@ -226,7 +227,9 @@ class AppendStore(RecordStore):
                 setattr(entry, k, getattr(entry, k) + v)
             self.registry.touch(run.key)
         try:
-            await self.ledger.add_usage(run.run_id, clean, iso(self.clock()))
+            now = self.clock()
+            daily = usage_days.DailyKey(usage_days.usage_day(now), run.agent_id or "main", run.key)
+            await self.ledger.add_usage(run.run_id, clean, iso(now), daily)
         except sqlite3.Error as exc:  # the turn goes on: its message and reply are stored already
             log.warning("usage of run %s not added to tasks.db (%s); sessions.json keeps it", run.run_id, exc)
 

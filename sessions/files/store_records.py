@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
+from datetime import date
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from config.clock import iso
 from config.errors import RunNotFound, StorageUnavailable
+from sessions import usage as usage_days
 from sessions.context_order import in_model_order
 from sessions.files import archive, layout
 from sessions.files.jsonl import iter_records, read_records
@@ -28,6 +30,7 @@ from sessions.records import (
     RunState,
     TaskKey,
 )
+from sessions.usage import DailyUsage, UsageBy
 
 T = TypeVar("T")
 
@@ -49,6 +52,24 @@ class RecordStore(StoreBase):
         """Newest first by (created_at, uuid); ``before`` is the cursor of the last row seen."""
         rows = await self.ledger.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
         return cast(list[RunRow], rows)
+
+    async def daily_usage(
+        self,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
+        by: UsageBy = "key",
+    ) -> list[DailyUsage]:
+        """Token usage per UTC day (``sessions/usage.py``): per agent and key, per agent or per day."""
+        return await self.ledger.execute(
+            lambda c: usage_days.rows(c, agent_id=agent_id, session_key=session_key, since=since, until=until, by=by)
+        )
+
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
+        """Input plus output tokens of a UTC day: the agent's, and the key's."""
+        return await self.ledger.execute(lambda c: usage_days.spent(c, day, agent_id, session_key))
 
     async def known_keys(self) -> list[KnownKey]:
         """Every key some run was on, with its agent and chat type (entries may be gone)."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.records import CompatConversation, Counters, ResponseRef, RunRow, StoredRecord
+from sessions.usage import DailyKey
 
 
 def line_size(record: StoredRecord) -> int:
@@ -48,3 +49,4 @@ class MemoryData:
     hook_deliveries: dict[str, tuple[str, str, str | None, int | None]] = field(default_factory=dict)
     compat_conversations: dict[str, CompatConversation] = field(default_factory=dict)
     compat_responses: list[tuple[ResponseRef, str]] = field(default_factory=list)
+    usage_daily: dict[DailyKey, dict[str, int]] = field(default_factory=dict)  # USAGE_COLUMNS per day, agent, key

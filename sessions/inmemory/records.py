@@ -1,12 +1,18 @@
 """The in-memory backend's records beside the runs: idempotency records, deliveries found in the
-active run's transcript, webhook delivery ids, and the OpenAI-compatible routes' records."""
+active run's transcript, webhook delivery ids, the OpenAI-compatible routes' records, and token
+usage per UTC day."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import date
+
 from config.clock import Clock, iso
+from sessions import usage as usage_days
 from sessions.deliveries import Delivery, RunDeliveries
 from sessions.inmemory.data import Idempotency, MemoryData
 from sessions.records import CompatConversation, HookDelivery, IdempotencyRecord, ResponseRef, RunState
+from sessions.usage import DailyUsage, UsageBy
 
 
 class MemoryRecords:
@@ -83,3 +89,29 @@ class MemoryRecords:
 
     async def save_compat_response(self, ref: ResponseRef) -> None:
         self.data.compat_responses.append((ref, iso(self.clock())))
+
+    # -- token usage per UTC day ------------------------------------------------------------------
+
+    def count_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
+        """One model call's usage added to the day it answered on (``add_usage``)."""
+        where = usage_days.DailyKey(usage_days.usage_day(self.clock()), run.agent_id or "main", run.key)
+        sums = self.data.usage_daily.setdefault(where, {})
+        for k, v in usage.items():
+            sums[k] = sums.get(k, 0) + int(v)
+        sums["calls"] = sums.get("calls", 0) + 1
+
+    async def daily_usage(
+        self,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
+        by: UsageBy = "key",
+    ) -> list[DailyUsage]:
+        return usage_days.tally(
+            self.data.usage_daily.items(), agent_id=agent_id, session_key=session_key, since=since, until=until, by=by
+        )
+
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
+        return usage_days.tokens_of(self.data.usage_daily.items(), day, agent_id, session_key)

@@ -347,6 +347,7 @@ class MemoryStore(MemoryReads, MemoryRecords):
         if entry is not None:
             for k, v in clean.items():
                 setattr(entry, k, getattr(entry, k) + v)
+        self.count_usage(run, clean)
 
     def calibrate_context(
         self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0

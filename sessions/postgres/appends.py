@@ -22,8 +22,10 @@ from sessions.files.jsonl import decode, encode, encode_plain
 from sessions.postgres.batching import Append, PgQueue, Undo
 from sessions.postgres.faults import database_error, unavailable
 from sessions.postgres.rewrite import apply_change
+from sessions.postgres.usage import add_daily
 from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState, StoredRecord
 from sessions.rewrites import ContextChange
+from sessions.usage import DailyKey, usage_day
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +153,12 @@ class PgAppends(PgQueue):
                 setattr(entry, k, getattr(entry, k) + v)
             self.touch(run.key)
         sets = ", ".join(f"{k} = {k} + ${i}" for i, k in enumerate(USAGE_KEYS, start=2))
+        daily = DailyKey(usage_day(self.clock()), run.agent_id or "main", run.key)
         try:
             with unavailable("the usage"):
-                await self.pool.execute(f"UPDATE runs SET {sets} WHERE run_id = $1", run.run_id, *clean.values())
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await conn.execute(f"UPDATE runs SET {sets} WHERE run_id = $1", run.run_id, *clean.values())
+                    await add_daily(conn, daily, clean)
         except Exception as exc:  # the turn goes on: its message and reply are stored already
             log.warning("usage of run %s not added to the database (%s); the entry keeps it", run.run_id, exc)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from config.clock import iso
 from sessions.postgres.faults import unavailable
 from sessions.postgres.reads import PgReads
+from sessions.postgres.usage import PgUsage
 from sessions.records import CompatConversation, HookDelivery, IdempotencyRecord, ResponseRef
 
 _SAVE_IDEMPOTENCY = (
@@ -15,7 +16,7 @@ _SAVE_IDEMPOTENCY = (
 )
 
 
-class PgRecords(PgReads):
+class PgRecords(PgReads, PgUsage):
     # -- idempotency ----------------------------------------------------------------------------
 
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncpg
 
 from sessions.files.damage import DamagedState
+from sessions.postgres import usage as usage_daily
 from sessions.postgres.history import MIGRATION as HISTORY_MIGRATION
 
 MIGRATION_LOCK = 0x6E656F74  # pg_advisory_xact_lock key while migrating ("neot")
@@ -159,6 +160,8 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 2: the history index (a tsvector of the simple configuration, CJK as bigrams; GIN)
     HISTORY_MIGRATION,
+    # 3: token usage per UTC day, agent and key (GET /v1/usage, agents.<id>.limits)
+    usage_daily.MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -109,7 +109,9 @@ class Daemon:
         return self.proc.returncode
 
 
-async def start_daemon(home: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True) -> Daemon:
+async def start_daemon(
+    home: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True, timeout: float = START_TIMEOUT_S
+) -> Daemon:
     stderr_path = home.parent / f"daemon-{next(_COUNTER)}.stderr"
     with stderr_path.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
@@ -122,7 +124,7 @@ async def start_daemon(home: Path, *args: str, env: dict[str, str] | None = None
     daemon = Daemon(home, proc, stderr_path)
     if wait:
         try:
-            await daemon.wait_listening()
+            await daemon.wait_listening(timeout)
         except BaseException:
             await _reap(proc)
             raise
@@ -130,9 +132,12 @@ async def start_daemon(home: Path, *args: str, env: dict[str, str] | None = None
 
 
 @contextlib.asynccontextmanager
-async def daemon(home: Path, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[Daemon]:
-    """A started daemon, killed and reaped on the way out if the test left it running."""
-    started = await start_daemon(home, *args, env=env)
+async def daemon(
+    home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = START_TIMEOUT_S
+) -> AsyncIterator[Daemon]:
+    """A started daemon, killed and reaped on the way out if the test left it running (``timeout``:
+    how long its start may take; a loaded machine can take a minute only to import)."""
+    started = await start_daemon(home, *args, env=env, timeout=timeout)
     try:
         yield started
     finally:

@@ -88,7 +88,7 @@ async def wait_ready(base: str, headers: dict[str, str] | None = None) -> None:
 async def start(home: Path, config: dict[str, Any]) -> AsyncIterator[Daemon]:
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(json.dumps(config))
-    async with daemon(home) as started:
+    async with daemon(home, timeout=120) as started:  # a loaded machine may take a minute only to import
         try:
             yield started
         finally:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -148,6 +149,7 @@ async def test_jobs_before_start_come_from_the_clock(make: Factory, clock: FakeC
         "running": False,
         "last_run_at": None,
         "skipped": 0,
+        "last_runs": [],
     }
 
 
@@ -214,6 +216,46 @@ async def test_run_now_calls_the_job_and_records_when(make: Factory, clock: Fake
     assert infos["sweep"].last_run_at == clock.now - timedelta(minutes=5)
     assert infos["cron:nightly"].last_run_at == clock.now
     assert infos["daily_reset"].last_run_at is None
+
+
+@dataclass(frozen=True)
+class Result:
+    ok: bool
+    status: str
+    error: str | None = None
+
+
+async def test_each_firing_keeps_its_outcome_newest_first_the_last_ten(make: Factory, clock: FakeClock) -> None:
+    results: list[object] = [Result(True, "answered"), Result(False, "failed", "provider_error: down")]
+
+    async def sweep() -> object:
+        clock.advance(seconds=2)
+        outcome = results.pop(0) if results else None
+        if outcome is None:
+            raise RuntimeError("the sweep broke")
+        return outcome
+
+    service = SchedulerService(
+        timezone=NY, daily_reset=None, sweep_seconds=60, sweep=sweep, cleanup_at_hour=3,
+        cleanup=Calls().callback("cleanup"), cron_jobs=(), run_cron=Calls().run_cron, clock=clock,
+    )  # fmt: skip
+    started = clock.now
+    await service.run_now("sweep")
+    await service.run_now("sweep")
+    with pytest.raises(RuntimeError):
+        await service.run_now("sweep")
+    runs = by_id(service.jobs())["sweep"].as_json()["last_runs"]
+    assert [(r["ok"], r["status"], r["error"]) for r in runs] == [
+        (False, "failed", "RuntimeError: the sweep broke"),
+        (False, "failed", "provider_error: down"),
+        (True, "answered", None),
+    ]
+    assert runs[-1]["started_at"] == started.isoformat() and runs[-1]["finished_at"] > runs[-1]["started_at"]
+    for _ in range(12):
+        results.append(Result(True, "answered"))
+        await service.run_now("sweep")
+    assert len(service.jobs()[0].last_runs) == 10
+    assert by_id(service.jobs())["cleanup"].last_runs == ()
 
 
 async def test_run_now_unknown_job_is_not_found(make: Factory) -> None:

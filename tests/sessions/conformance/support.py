@@ -49,9 +49,10 @@ class Backend:
 BASE = "RunStore"
 DELIVERY = "DeliveryRecords"
 COMPAT = "CompatRecords"
+USAGE = "UsageRecords"
 BACKENDS: dict[str, Backend] = {
-    "files": Backend(_files, frozenset({BASE, DELIVERY, COMPAT, "HistorySource", "Maintenance"})),
-    "memory": Backend(_memory, frozenset({BASE, DELIVERY, COMPAT})),
+    "files": Backend(_files, frozenset({BASE, DELIVERY, COMPAT, USAGE, "HistorySource", "Maintenance"})),
+    "memory": Backend(_memory, frozenset({BASE, DELIVERY, COMPAT, USAGE})),
 }
 
 
@@ -73,7 +74,7 @@ def _postgres(server: PgServer) -> Factory:
 
 # Backends on a server: the fixture that gives the server, the factory on it, the capabilities.
 SERVER_BACKENDS: dict[str, tuple[str, Callable[[PgServer], Factory], frozenset[str]]] = {
-    "postgres": ("postgres_server", _postgres, frozenset({BASE, DELIVERY, COMPAT})),
+    "postgres": ("postgres_server", _postgres, frozenset({BASE, DELIVERY, COMPAT, USAGE})),
 }
 
 

@@ -1,0 +1,65 @@
+"""Daily token budgets (issue 29 item 5): ``agents.<id>.limits.tokens_per_day`` (every key of the
+agent) and ``tokens_per_key_per_day`` (each session key), counted in input plus output tokens per
+UTC day from tasks.db's ``usage_daily`` (``sessions/usage.py``).
+
+The check is a ``ConversationHooks.before_post`` hook: a message that would need a model turn is
+refused with 429 ``token_budget_exhausted`` before anything is stored, so the caller can send it
+again the next day. Chat commands never reach it (``/status`` still answers). A turn that began
+under the budget ends normally even when its tokens cross it; the next message is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, time, timedelta
+
+from config.clock import Clock
+from config.errors import TokenBudgetExhausted
+from config.settings import Settings
+from sessions.protocol import UsageRecords
+from sessions.usage import usage_day
+
+
+def seconds_to_next_day(now: datetime) -> float:
+    """Seconds from ``now`` to the next 00:00 UTC, when a budget renews (at least 1)."""
+    utc = now.astimezone(UTC)
+    midnight = datetime.combine(utc.date() + timedelta(days=1), time(), tzinfo=UTC)
+    return max(1.0, (midnight - utc).total_seconds())
+
+
+class Budgets:
+    def __init__(self, store: UsageRecords, settings: Callable[[], Settings], clock: Clock) -> None:
+        self.store = store
+        self.settings = settings  # read at each check: the settings in force (a reload may swap them)
+        self.clock = clock
+
+    async def check(self, agent_id: str, key: str) -> None:
+        """Raise ``TokenBudgetExhausted`` when the agent's or the key's budget of today is spent."""
+        limits = self.settings().agents[agent_id].limits
+        if limits.tokens_per_day is None and limits.tokens_per_key_per_day is None:
+            return
+        now = self.clock()
+        day = usage_day(now)
+        agent_total, key_total = await self.store.tokens_spent(day, agent_id, key)
+        renew = seconds_to_next_day(now)
+        hours, minutes = int(renew // 3600), int(renew % 3600 // 60)
+        when = f"it renews at 00:00 UTC (in {hours} h {minutes:02d} min)"
+        if limits.tokens_per_day is not None and agent_total >= limits.tokens_per_day:
+            raise TokenBudgetExhausted(
+                f"agent {agent_id!r} has used its daily token budget ({agent_total} of"
+                f" agents.{agent_id}.limits.tokens_per_day {limits.tokens_per_day} on {day}, UTC); the message"
+                f" was not stored: send it again once {when}, or raise the limit",
+                retry_after_s=renew,
+                agent=agent_id,
+                used=agent_total,
+                limit=limits.tokens_per_day,
+            )
+        if limits.tokens_per_key_per_day is not None and key_total >= limits.tokens_per_key_per_day:
+            raise TokenBudgetExhausted(
+                f"session {key!r} has used its daily token budget ({key_total} of"
+                f" agents.{agent_id}.limits.tokens_per_key_per_day {limits.tokens_per_key_per_day} on {day}, UTC);"
+                f" the message was not stored: send it again once {when}, or raise the limit",
+                retry_after_s=renew,
+                agent=agent_id,
+                used=key_total,
+                limit=limits.tokens_per_key_per_day,
+            )
