@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from config.errors import ConfigError, NeotaskError
-from gateway import cli_admin, cli_backup, cli_channels, cli_history, cli_jobs, exits, offline
+from gateway import cli_admin, cli_backup, cli_channels, cli_history, cli_jobs, cli_storage, exits, offline
 from gateway.cli_context import START_WAIT_S, Context
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_admin.add_commands(commands, both)
     cli_channels.add_commands(commands, both)
     cli_backup.add_commands(commands, both)
+    cli_storage.add_commands(commands, both)
     return parser
 
 
