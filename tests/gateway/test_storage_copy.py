@@ -130,6 +130,10 @@ async def test_files_to_postgres_and_back(postgres_server: PgServer, tmp_path: P
 
     config = tmp_path / "pg.yaml"
     config.write_text(yaml.safe_dump({"storage": {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 2}}}))
+    found = await run_cli("history", "search", "会議", "--home", str(tmp_path / "pghome"), "--config", str(config),
+                          "--json", env=child_env())  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert sorted(h["session_key"] for h in json.loads(found.stdout)["results"]) == sorted(KEYS)  # indexed on open
     back = tmp_path / "back"
     returned = await run_cli(
         "storage", "copy", "--to", str(back), "--home", str(tmp_path / "pghome"), "--config", str(config), "--json",
