@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions.compaction import COMPACTIONS
-from sessions.copying import RECORD_TABLES, Line, RunCopy, Snapshot, line_text
+from sessions.copying import RECORD_TABLES, CopyRefused, Line, RunCopy, Snapshot, line_text
 from sessions.files import layout
 from sessions.files.jsonl import write_atomic, write_json_atomic
 from sessions.files.layout import Home
@@ -65,8 +65,13 @@ def _run(row: dict[str, Any], folder: Path) -> RunCopy:
 def _lines(path: Path) -> list[Line]:
     if not path.exists():
         return []
-    text = path.read_text(encoding="utf-8")
-    return [line for line in text.splitlines() if line.strip()]
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for number, line in enumerate(lines, start=1):
+        try:
+            json.loads(line)
+        except ValueError as exc:
+            raise CopyRefused(f"{path}: line {number} is not JSON ({exc}); run `neotask doctor --fix` first") from exc
+    return lines
 
 
 def _entries(home: Home) -> dict[str, dict[str, Any]]:

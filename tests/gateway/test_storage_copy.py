@@ -171,6 +171,16 @@ async def test_non_empty_target_and_bad_targets(postgres_server: PgServer, tmp_p
     after = await asyncio.to_thread(files_bulk.dump, occupied)
     assert after.report() == before.report()
 
+    torn = next((source / "contexts" / "running").iterdir()) / "messages.jsonl"
+    kept = torn.read_bytes()
+    torn.write_bytes(kept + b'{"seq": 9, "ro')  # a crash's torn line: the doctor's work, not the copy's
+    unreadable = await run_cli(
+        "storage", "copy", "--to", str(tmp_path / "torn"), "--home", str(source), env=child_env()
+    )
+    assert unreadable.returncode == 1 and "is not JSON" in unreadable.stderr and "doctor" in unreadable.stderr
+    assert not (tmp_path / "torn" / "contexts").exists()
+    torn.write_bytes(kept)
+
     bad = await run_cli("storage", "copy", "--to", "mysql://x/y", "--home", str(source), env=child_env())
     assert bad.returncode == 2 and "not a postgres:// DSN nor a directory" in bad.stderr, bad.stderr
     closed = f"postgresql://neotask@127.0.0.1:{postgres_server.port + 1}/nothing"
