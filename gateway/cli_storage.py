@@ -2,7 +2,7 @@
 an empty PostgreSQL database (``postgres://…``) or a new files home (a directory), then verify it
 (``sessions.copying``). Offline only: the command holds the source home's lock, so it refuses,
 in one line, while a daemon (or another command) works on it. It prints each run's counts and
-sha256, and what it could not carry (archived runs of a files home)."""
+sha256, and what it could not carry (a run whose folder or archive is missing)."""
 
 from __future__ import annotations
 

@@ -5,13 +5,17 @@ would have left them. Synchronous: the CLI runs it under the home lock, off any 
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from sessions.compaction import COMPACTIONS
 from sessions.copying import RECORD_TABLES, CopyRefused, Line, RunCopy, Snapshot, line_text
 from sessions.files import layout
+from sessions.files.archive import write_archive
 from sessions.files.jsonl import write_atomic, write_json_atomic
 from sessions.files.layout import Home
 from sessions.files.ledger import RUN_COLUMNS, migrate
@@ -40,11 +44,14 @@ def dump(root: Path) -> Snapshot:
     for row in rows:
         row = {k: row.get(k) for k in RUN_COLUMNS}
         folder = home.run_dir(row["uuid"], row["status"])
-        if not folder.is_dir():
-            why = "archived (its tar.gz is not read by the copy)" if row.get("archived_at") else "its folder is missing"
+        archive = home.archive_file(row["uuid"])
+        if folder.is_dir():
+            snapshot.runs.append(_run(row, folder))
+        elif row.get("archived_at") and archive.is_file():
+            snapshot.runs.append(_archived_run(row, archive))
+        else:
+            why = "archived, its tar.gz is missing" if row.get("archived_at") else "its folder is missing"
             snapshot.skipped.append(f"run {row['uuid']} of {row.get('session_key')!r}: {why}")
-            continue
-        snapshot.runs.append(_run(row, folder))
     snapshot.entries = _entries(home)
     return snapshot
 
@@ -60,6 +67,13 @@ def _run(row: dict[str, Any], folder: Path) -> RunCopy:
         for path in sorted(archives.glob("*.jsonl")):
             run.archives[f"{COMPACTIONS}/{path.name}"] = _lines(path)
     return run
+
+
+def _archived_run(row: dict[str, Any], archive: Path) -> RunCopy:
+    """An archived run, read from its tar.gz (unpacked into a private temporary folder)."""
+    with tempfile.TemporaryDirectory(prefix="neotask-copy-") as tmp, tarfile.open(archive, mode="r:gz") as tar:
+        tar.extractall(tmp, filter="data")
+        return _run(row, Path(tmp) / str(row["uuid"]))
 
 
 def _lines(path: Path) -> list[Line]:
@@ -107,6 +121,9 @@ def load(root: Path, snapshot: Snapshot) -> None:
             (folder / COMPACTIONS).mkdir(mode=layout.PRIVATE_DIR)
             for name, lines in run.archives.items():
                 _write_lines(folder / name, lines)
+        if run.row.get("archived_at"):  # as cleanup leaves an archived run: its tar.gz, no folder
+            write_archive(folder, home.archive_file(run.run_id))
+            shutil.rmtree(folder)
     conn = sqlite3.connect(home.tasks_db)
     try:
         migrate(conn)

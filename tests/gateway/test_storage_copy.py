@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import yaml
 from config.clock import system_clock
 from sessions.compaction import archive_name, summary_line
 from sessions.files import bulk as files_bulk
+from sessions.files.archive import write_archive
 from sessions.files.layout import Home
 from sessions.files.lock import HomeLock
 from sessions.files.store import SessionStore
@@ -61,8 +64,16 @@ async def _seed(root: Path) -> None:
                   "trigger": "manual", "compaction_count": 1, "archive": archive_name(1)}  # fmt: skip
         assert await store.rewrite_context(compacted, Compaction(1, 1, head, 2, record)) is not None
         await store.complete(KEYS[0], summarize=False)
+        done = store.require_entry(KEYS[0]).last_run_id
     finally:
         await store.close()
+    assert done is not None
+    home = Home(root)  # archived as cleanup does it: a tar.gz, archived_at, no folder
+    assert write_archive(home.run_dir(done, "completed"), home.archive_file(done))
+    shutil.rmtree(home.run_dir(done, "completed"))
+    with sqlite3.connect(home.tasks_db) as conn:
+        conn.execute("UPDATE tasks SET archived_at = '2026-12-01T00:00:00Z' WHERE uuid = ?", (done,))
+    conn.close()
 
 
 async def _view(store: ConversationStore) -> dict[str, Any]:
@@ -145,6 +156,10 @@ async def test_files_to_postgres_and_back(postgres_server: PgServer, tmp_path: P
     original = await asyncio.to_thread(files_bulk.dump, source)
     assert {r["run_id"]: r["sha256"] for r in report["runs"]} == {r.run_id: r.checksum() for r in original.runs}
     assert await _files_view(back) == before
+    archived = [r for r in original.runs if r.row.get("archived_at")]
+    assert len(archived) == 1 and archived[0].messages  # read from its tar.gz, and back into one
+    assert Home(back).archive_file(archived[0].run_id).is_file()
+    assert not Home(back).run_dir(archived[0].run_id, "completed").exists()
 
 
 async def test_non_empty_target_and_bad_targets(postgres_server: PgServer, tmp_path: Path) -> None:
