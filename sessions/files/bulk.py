@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions.compaction import COMPACTIONS
-from sessions.copying import RECORD_TABLES, CopyRefused, Line, RunCopy, Snapshot, line_text
+from sessions.copy_snapshot import RECORD_TABLES, CopyRefused, Line, RunCopy, Snapshot, line_text
 from sessions.files import layout
 from sessions.files.archive import write_archive
 from sessions.files.jsonl import write_atomic, write_json_atomic

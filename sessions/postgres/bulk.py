@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from sessions.copying import RECORD_TABLES, RunCopy, Snapshot, line_text
+from sessions.copy_snapshot import RECORD_TABLES, RunCopy, Snapshot, line_text
 from sessions.files.ledger import RUN_COLUMNS
 from sessions.postgres.schema import migrate
 
