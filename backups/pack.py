@@ -35,10 +35,13 @@ COMPRESS_LEVEL = 3  # a backup of a busy home is CPU-bound at 6 for little gain
 def check_target(out: Path) -> None:
     """Fail before any work when ``out`` cannot be written (nothing is left behind)."""
     parent = out.parent
-    if out.exists() and out.is_dir():
-        raise BackupTargetError(f"{out} is a folder: give a file name for the backup")
-    if not parent.is_dir():
-        raise BackupTargetError(f"{parent} does not exist: create it or choose another -o")
+    try:
+        if out.exists() and out.is_dir():
+            raise BackupTargetError(f"{out} is a folder: give a file name for the backup")
+        if not parent.is_dir():
+            raise BackupTargetError(f"{parent} does not exist: create it or choose another -o")
+    except OSError as exc:  # a name too long, a loop of links: not a path this host can write
+        raise BackupTargetError(f"cannot use {str(out)[:200]!r}: {exc.strerror or exc}; choose another -o") from exc
     probe = parent / f".{out.name}.probe"
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -133,7 +133,7 @@ class Backups:
             keep = self.config.settings.backup.keep
             pruned = []
             if prune if prune is not None else output is None:
-                pruned = await asyncio.to_thread(retention.prune, home.root, keep)
+                pruned = await asyncio.to_thread(retention.prune, home.root, keep, spare=out.name)
             summary = await asyncio.to_thread(_summary, out, manifest, pruned)
             self.last = summary
             log.info("backup written: %s (%d runs, %d bytes)", out, manifest["counts"]["runs"], summary["size"])
@@ -198,5 +198,5 @@ def take_offline(config: LoadedConfig, output: Path | None, clock: Clock) -> dic
         )  # fmt: skip
     finally:
         shutil.rmtree(target.root, ignore_errors=True)
-    pruned = retention.prune(home.root, config.settings.backup.keep) if output is None else []
+    pruned = retention.prune(home.root, config.settings.backup.keep, spare=out.name) if output is None else []
     return _summary(out, manifest, pruned)

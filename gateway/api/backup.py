@@ -64,7 +64,11 @@ BACKUPS = Answer(
 class BackupBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     output: str | None = Field(
-        None, min_length=1, description="the archive to write (a path on the gateway's host); default <home>/backups"
+        None,
+        min_length=1,
+        max_length=4096,
+        pattern=r"^[^\x00]+$",  # no file system takes a NUL in a path
+        description="the archive to write (a path on the gateway's host); default <home>/backups",
     )
 
 

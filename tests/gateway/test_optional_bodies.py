@@ -34,6 +34,7 @@ def optional_body_routes(app: Any) -> list[tuple[str, str]]:
 
 async def test_the_document_marks_these_bodies_optional(client: Any) -> None:
     assert optional_body_routes(client.app) == [
+        ("POST", "/v1/admin/backup"),
         ("POST", "/v1/admin/cleanup"),
         ("POST", "/v1/admin/doctor"),
         ("POST", "/v1/memory/reindex"),
