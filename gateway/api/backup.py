@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backups import retention
 from backups.errors import BackupInvalid, BackupRunning, BackupTargetError
@@ -68,8 +68,16 @@ class BackupBody(BaseModel):
         min_length=1,
         max_length=4096,
         pattern=r"^[^\x00]+$",  # no file system takes a NUL in a path
-        description="the archive to write (a path on the gateway's host); default <home>/backups",
+        description="the archive to write: an absolute path on the gateway's host; default <home>/backups",
     )
+
+    @field_validator("output")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        # a relative path would land in the daemon's working folder, wherever that is
+        if value is not None and not Path(value).expanduser().is_absolute():
+            raise ValueError("give an absolute path (neotask backup -o makes its path absolute)")
+        return value
 
 
 @routes.post("/v1/admin/backup")

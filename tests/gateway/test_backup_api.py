@@ -75,12 +75,16 @@ async def test_an_unwritable_output_is_a_clear_error_and_writes_nothing(client: 
         assert resp.status == 400
         error = (await resp.json())["error"]
         assert error["code"] == "backup_target_unwritable" and "-o" in error["message"]
-    for body in ({"output": 5}, {"outptu": "x"}):
+    cwd_before = sorted(Path.cwd().iterdir())
+    for body in ({"output": 5}, {"outptu": "x"}, {"output": "relative.tar.gz"}, {"output": "a\u0000b"}):
         resp = await client.post("/v1/admin/backup", json=body)
-        assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_field"
+        assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_field", body
+    resp = await client.post("/v1/admin/backup", json={"output": "relative.tar.gz"})
+    assert "absolute path" in (await resp.json())["error"]["message"]
     await settled(client)
     assert tree_digest(tmp_path) == before
     assert not (tmp_path / "backups").exists()
+    assert sorted(Path.cwd().iterdir()) == cwd_before  # nothing written where the daemon happens to run
 
 
 def _corrupt(good: Path, bad: Path, how: str) -> None:
