@@ -86,7 +86,7 @@ test-fast: $(STAMP) postgres
 	$(BIN)/python -m pytest -m 'not slow' $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway conversations sessions memory scheduler config channels tests bench
+	$(BIN)/ruff check gateway conversations sessions memory scheduler config channels backups tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP)
