@@ -6,6 +6,7 @@ store afterwards (the composition root, ``gateway/services.py``, decides who lis
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -27,3 +28,14 @@ class StoreHooks:
     durable_listeners: tuple[DurableListener, ...] = ()
     completion_hooks: Mapping[str, RunHook] = field(default_factory=dict)
     stop_hooks: Mapping[str, RunHook] = field(default_factory=dict)
+
+
+log = logging.getLogger(__name__)
+
+
+async def run_hook(kind: str, name: str, hook: RunHook, run: RunState) -> None:
+    """Run one completion or stop hook; a broken hook must not stop the lifecycle change (logged)."""
+    try:
+        await hook(run)
+    except Exception:
+        log.exception("%s hook %r failed for run %s", kind, name, run.run_id)

@@ -22,7 +22,7 @@ from sessions.files.jsonl import fsync_dir, write_atomic, write_json_atomic
 from sessions.files.ledger import RunStats
 from sessions.files.store_appends import AppendStore
 from sessions.records import RunState, RunStatus, TaskKey
-from sessions.store_hooks import RunHook
+from sessions.store_hooks import run_hook
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class LifecycleStore(AppendStore):
         if run.status == "paused":
             return run
         for name, hook in list(self.stop_hooks.items()):
-            await _run_hook("stop", name, hook, run)
+            await run_hook("stop", name, hook, run)
         await self._move(run, "paused")
         await self.ledger.update_run(run.run_id, status="paused", updated_at=iso(self.clock()), **_stats(run))
         await self._entry_status(run, "paused")
@@ -162,7 +162,7 @@ class LifecycleStore(AppendStore):
         run.closing = True
         status: RunStatus = "failed" if error is not None else "completed"
         for name, hook in list(self.completion_hooks.items()) if summarize else ():
-            await _run_hook("completion", name, hook, run)
+            await run_hook("completion", name, hook, run)
         if final_summary is not None and summarize:
             text, path = final_summary, run.dir / layout.FINAL_SUMMARY
             await self.writer.call(lambda: _write_text(path, text))
@@ -276,10 +276,3 @@ def _start_error(exc: OSError | sqlite3.Error) -> NeotaskError:
 
 def _write_text(path: Path, text: str) -> None:
     write_atomic(path, text.encode("utf-8"))
-
-
-async def _run_hook(kind: str, name: str, hook: RunHook, run: RunState) -> None:
-    try:
-        await hook(run)
-    except Exception:  # a broken hook must not stop the lifecycle change; it is logged
-        log.exception("%s hook %r failed for run %s", kind, name, run.run_id)

@@ -39,7 +39,7 @@ from sessions.records import (
     restore_counters,
 )
 from sessions.rewrites import Compaction, ContextChange, compacted, to_undo, tokens_of, uncompacted
-from sessions.store_hooks import RunHook, StoreHooks
+from sessions.store_hooks import StoreHooks, run_hook
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class MemoryStore(MemoryReads, MemoryRecords):
         if run.status == "paused":
             return run
         for name, hook in list(self.hooks.stop_hooks.items()):
-            await _run_hook("stop", name, hook, run)
+            await run_hook("stop", name, hook, run)
         self._set_status(run, "paused", **_stats(run))
         self._emit("lifecycle", run, action="pause")
         return run
@@ -215,7 +215,7 @@ class MemoryStore(MemoryReads, MemoryRecords):
         run.closing = True
         status: RunStatus = "failed" if error is not None else "completed"
         for name, hook in list(self.hooks.completion_hooks.items()) if summarize else ():
-            await _run_hook("completion", name, hook, run)
+            await run_hook("completion", name, hook, run)
         if final_summary is not None and summarize:
             self.data.runs[run.run_id].final_summary = final_summary
         self.keep_deliveries(run)
@@ -448,11 +448,6 @@ def _stats(run: RunState) -> dict[str, int]:
     }
 
 
-async def _run_hook(kind: str, name: str, hook: RunHook, run: RunState) -> None:
-    try:
-        await hook(run)
-    except Exception:  # a broken hook must not stop the lifecycle change; it is logged
-        log.exception("%s hook %r failed for run %s", kind, name, run.run_id)
 
 
 def _conforms(store: MemoryStore) -> ConversationStore:

@@ -21,7 +21,7 @@ from sessions.postgres.base import NOWHERE, _encode_entry
 from sessions.postgres.faults import unavailable
 from sessions.postgres.records import PgRecords
 from sessions.records import RunState, RunStatus, TaskKey
-from sessions.store_hooks import RunHook
+from sessions.store_hooks import run_hook
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class PgLifecycle(PgRecords):
         if run.status == "paused":
             return run
         for name, hook in self.hooks.stop_hooks.items():
-            await _run_hook("stop", name, hook, run)
+            await run_hook("stop", name, hook, run)
         await self._set_status(run, "paused", stats=True)
         self._emit("lifecycle", run, action="pause")
         return run
@@ -164,7 +164,7 @@ class PgLifecycle(PgRecords):
     ) -> RunState:
         status: RunStatus = "failed" if error is not None else "completed"
         for name, hook in self.hooks.completion_hooks.items() if summarize else ():
-            await _run_hook("completion", name, hook, run)
+            await run_hook("completion", name, hook, run)
         await self._settled(run)
         now = iso(self.clock())
         entry = self.entry(key)
@@ -277,10 +277,3 @@ def _stats(run: RunState) -> dict[str, Any]:
         "final_token_count": counters.context_tokens,
         "final_message_count": counters.context_lines,
     }
-
-
-async def _run_hook(kind: str, name: str, hook: RunHook, run: RunState) -> None:
-    try:
-        await hook(run)
-    except Exception:  # a broken hook must not stop the lifecycle change; it is logged
-        log.exception("%s hook %r failed for run %s", kind, name, run.run_id)
