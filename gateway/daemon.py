@@ -33,7 +33,7 @@ from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
 from gateway.log_json import ContextFilter, JsonFormatter
-from gateway.logs import RepeatFilter, file_handler, reopen
+from gateway.logs import LogListener, RepeatFilter, file_handler
 from gateway.places import version
 from gateway.runner import JsonErrorsAppRunner
 from sessions.backends import describe_backend
@@ -308,7 +308,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[Callable[[], 
     for handler in (stderr, file):
         handler.setFormatter(formatter)
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    listener = logging.handlers.QueueListener(records, stderr, file, respect_handler_level=True)
+    listener = LogListener(records, stderr, file)
     root = logging.getLogger()
     queue_handler = logging.handlers.QueueHandler(records)
     queue_handler.addFilter(RepeatFilter(settings.repeat_window_s))
@@ -320,7 +320,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[Callable[[], 
         logging.getLogger(noisy).setLevel(logging.WARNING)
     listener.start()
     try:
-        yield lambda: reopen(file)
+        yield listener.reopen_in_order
     finally:
         root.removeHandler(queue_handler)
         root.setLevel(previous_level)

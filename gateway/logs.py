@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from config.settings import LoggingSettings
 from conversations.log_context import EACH
 
 MAX_KEYS = 1024  # distinct lines tracked at once; older ones are forgotten first
+REOPEN = "neotask_reopen"  # the attribute of the queue's marker record that asks for a reopen
+REOPEN_WAIT_S = 5.0
 
 
 class RepeatFilter(logging.Filter):
@@ -57,6 +60,39 @@ def file_handler(path: Path, settings: LoggingSettings) -> logging.FileHandler:
             path, maxBytes=settings.max_bytes, backupCount=settings.backup_count, encoding="utf-8"
         )
     return logging.FileHandler(path, encoding="utf-8")
+
+
+class LogListener(logging.handlers.QueueListener):
+    """The queue's writer thread, which also reopens the log file *in the queue's order*: a
+    record logged before SIGHUP lands in the file that was rotated away, one logged after it in
+    the new file, however far behind the writer is (the event loop never waits on a write, so the
+    queue may hold records that were logged before the signal came)."""
+
+    def __init__(self, records: queue.SimpleQueue[logging.LogRecord], stderr: logging.Handler,
+                 file: logging.FileHandler) -> None:
+        super().__init__(records, stderr, file, respect_handler_level=True)
+        self.records = records
+        self.file = file
+
+    def handle(self, record: logging.LogRecord) -> None:
+        done = getattr(record, REOPEN, None)
+        if isinstance(done, threading.Event):
+            try:
+                reopen(self.file)
+            finally:
+                done.set()
+            return
+        super().handle(record)
+
+    def reopen_in_order(self, timeout_s: float = REOPEN_WAIT_S) -> None:
+        """Queue a reopen behind every record logged so far and wait until the writer did it
+        (blocking: call it from a thread). A writer that does not get there in ``timeout_s``
+        (stopped, or stuck on a full disk) leaves the reopen to be done here."""
+        done = threading.Event()
+        marker = logging.makeLogRecord({REOPEN: done, "msg": "reopen the log file"})
+        self.records.put(marker)
+        if not done.wait(timeout_s):
+            reopen(self.file)
 
 
 def reopen(handler: logging.FileHandler) -> None:

@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import resource
+import threading
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +20,7 @@ from aiohttp import web
 from config.settings import LoggingSettings
 from gateway.app import front_middleware
 from gateway.connections import ConnectionGuard, GuardedSite, connection_limits
-from gateway.logs import RepeatFilter, file_handler
+from gateway.logs import LogListener, RepeatFilter, file_handler
 from tests.faults.ops_support import call, limited_daemon, nofile_limit, write_config
 
 pytestmark = pytest.mark.realtime  # reads the real clock: CI runs it at shifted dates too
@@ -124,6 +126,36 @@ async def _raw(host: str, port: int, data: bytes) -> tuple[asyncio.StreamReader,
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
+def test_a_reopen_keeps_the_order_of_the_queue(tmp_path: Path) -> None:
+    """SIGHUP after a log rotator moved the file: what was logged before the signal goes to the
+    moved file even when the writer thread is behind (a loaded CI machine: a start-up line once
+    landed in the new file), and what is logged after it to the new one."""
+    path = tmp_path / "gateway.log"
+    file = file_handler(path, LoggingSettings(max_bytes=0))
+    file.setFormatter(logging.Formatter("%(message)s"))
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = LogListener(records, logging.NullHandler(), file)
+    blocked = threading.Event()
+    file.acquire()  # the writer stalls on its first record, as on a slow disk
+    try:
+        listener.start()
+        records.put(logging.makeLogRecord({"msg": "before 1", "levelno": logging.INFO}))
+        records.put(logging.makeLogRecord({"msg": "before 2", "levelno": logging.INFO}))
+        path.rename(tmp_path / "gateway.log.1")
+        reopening = threading.Thread(target=lambda: (listener.reopen_in_order(), blocked.set()))
+        reopening.start()
+        assert not blocked.wait(0.2)  # it waits for the writer
+    finally:
+        file.release()
+    reopening.join(10)
+    assert blocked.is_set()
+    records.put(logging.makeLogRecord({"msg": "after", "levelno": logging.INFO}))
+    listener.stop()
+    file.close()
+    assert (tmp_path / "gateway.log.1").read_text().split() == ["before", "1", "before", "2"]
+    assert path.read_text() == "after\n"
+
+
 async def test_idle_sockets_under_a_low_ulimit_starve_no_one(tmp_path: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < IDLE_SOCKETS + 200:
