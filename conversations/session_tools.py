@@ -19,8 +19,7 @@ from config.errors import NeotaskError, RunNotFound
 from config.settings import SendRule, SessionToolsSettings
 from conversations.tools import Tool, ToolError
 from conversations.turns import Conversations, Outcome, Post
-from sessions.files.history import HistoryIndex
-from sessions.files.history_search import HistoryQuery
+from sessions.history_index import HistoryIndexProtocol, HistoryQuery
 from sessions.keys import parse_key
 from sessions.records import RunState
 
@@ -62,7 +61,7 @@ def send_allowed(rules: tuple[SendRule, ...], default: str, *, key: str, channel
 
 
 class SessionTools:
-    def __init__(self, conversations: Conversations, history: HistoryIndex | None) -> None:
+    def __init__(self, conversations: Conversations, history: HistoryIndexProtocol | None) -> None:
         self.conv = conversations
         self.store = conversations.store
         self.history = history

@@ -24,9 +24,9 @@ from gateway.tables import table as _table
 from sessions.files.damage import DamagedState
 from sessions.files.export import ExportFormat, export_lines
 from sessions.files.history_doctor import check_home_index
-from sessions.files.history_search import HistoryQuery
 from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
+from sessions.history_index import HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.protocol import StoreProtocol

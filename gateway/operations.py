@@ -17,7 +17,7 @@ from conversations.run_end import RunEnd, end_run
 from conversations.turns import Conversations, Outcome, Post
 from gateway.views import session_view
 from sessions.entries import SessionEntry
-from sessions.files.history import HistoryIndex
+from sessions.history_index import HistoryIndexProtocol
 from sessions.keys import SessionKey
 from sessions.protocol import StoreProtocol
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES
@@ -126,7 +126,7 @@ async def delete_session(conv: Conversations, key: str) -> dict[str, Any]:
     return {"session_key": key, "deleted": True, "completed_run_id": completed}
 
 
-async def doctor(store: StoreProtocol, history: HistoryIndex | None, *, fix: bool) -> list[dict[str, Any]]:
+async def doctor(store: StoreProtocol, history: HistoryIndexProtocol | None, *, fix: bool) -> list[dict[str, Any]]:
     """The doctor inside a running gateway (``POST /v1/admin/doctor``): the store's checks, then
     the history index's."""
     findings = await store.check(fix=fix)

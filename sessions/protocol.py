@@ -46,6 +46,7 @@ from config.clock import Clock
 from config.settings import CleanupSettings
 from sessions.deliveries import Delivery
 from sessions.entries import SessionEntry
+from sessions.history_index import HistoryIndexProtocol
 from sessions.records import (
     CompatConversation,
     ContextRewrite,
@@ -65,8 +66,7 @@ from sessions.records import (
 from sessions.rewrites import ContextChange
 from sessions.usage import DailyUsage, UsageBy
 
-if TYPE_CHECKING:  # the files backend's history index (SQLite FTS5) and export streams
-    from sessions.files.history import HistoryIndex
+if TYPE_CHECKING:  # the files backend's export streams
     from sessions.files.history_sources import RunExport
 
 RecordKind = Literal["summaries", "tools", "planning"]  # a run's records besides its messages
@@ -245,12 +245,12 @@ class UsageRecords(Protocol):
 class HistorySource(Protocol):
     """A backend whose messages feed the full-text history index kept beside its runs."""
 
-    def open_history(self, *, max_batch: int | None = None) -> HistoryIndex: ...
-    async def rebuild_history(self, index: HistoryIndex) -> int: ...
-    async def catch_up_history(self, index: HistoryIndex) -> None:
+    def open_history(self, *, max_batch: int | None = None) -> HistoryIndexProtocol: ...
+    async def rebuild_history(self, index: HistoryIndexProtocol) -> int: ...
+    async def catch_up_history(self, index: HistoryIndexProtocol) -> None:
         """Index what a crash left unindexed (active runs, and runs ended since the last batch)."""
         ...
-    async def check_history(self, index: HistoryIndex, *, fix: bool) -> list[StoredRecord]: ...
+    async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]: ...
 
 
 class Maintenance(Protocol):
@@ -274,7 +274,7 @@ class Maintenance(Protocol):
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         """Every readable run of ``key`` oldest first, or the one run ``run_id``, to stream out."""
         ...
-    async def purge(self, key: str, *, history: HistoryIndex | None) -> StoredRecord:
+    async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
         """Erase ``key`` for good (every run, record and index row of it); its tombstone."""
         ...
 
