@@ -16,6 +16,7 @@ from typing import Any
 from config.clock import iso
 from sessions import usage as usage_days
 from sessions.appends import check_writable, event_fields, message_record, tool_record
+from sessions.bookkeeping import count_append, note_message
 from sessions.deliveries import Delivery, RunDeliveries
 from sessions.faults import probe_writable, storage_error
 from sessions.files import context_rewrite, layout, leftovers
@@ -74,20 +75,10 @@ class AppendStore(RecordStore):
             guarded=True,
             on_done=lambda error: self._settle_append(run, undo, error),
         )
-        run.appends_pending += 1
-        run.messages_bytes += len(data)
-        if line:
-            run.context_bytes += len(line)
-            run.context_tokens += record["tokens"]
-            run.context_lines += 1
-            run.last_context_seq = record["seq"]
+        count_append(run, record, len(data), len(line) if line else None)
         entry = self.entry(run.key)
         if entry is not None:
-            if message.role != "system":
-                entry.last_interaction_at = stamp
-            if message.counts_as_activity:
-                entry.last_user_activity_at = stamp
-            entry.updated_at = stamp
+            note_message(entry, message, stamp)
             self.sync_counters(entry, run)
             self.registry.touch(run.key)
         return record, durable

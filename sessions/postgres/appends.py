@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from config.clock import iso
 from sessions.appends import check_writable, event_fields, message_record, tool_record
+from sessions.bookkeeping import count_append, note_message
 from sessions.context_order import context_line, in_context, in_model_order
 from sessions.deliveries import Delivery
 from sessions.files.jsonl import decode, encode, encode_plain
@@ -52,20 +53,10 @@ class PgAppends(PgQueue):
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         item = Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future)
         self._enqueue(run, item)
-        run.appends_pending += 1
-        run.messages_bytes += len(data)
-        if line:
-            run.context_bytes += len(line)
-            run.context_tokens += record["tokens"]
-            run.context_lines += 1
-            run.last_context_seq = record["seq"]
+        count_append(run, record, len(data), len(line) if line else None)
         entry = self.entry(run.key)
         if entry is not None:
-            if message.role != "system":
-                entry.last_interaction_at = stamp
-            if message.counts_as_activity:
-                entry.last_user_activity_at = stamp
-            entry.updated_at = stamp
+            note_message(entry, message, stamp)
             self.sync_counters(entry, run)
             self.touch(run.key)
         return record, future
