@@ -27,6 +27,7 @@ from conversations.turns import Conversations, Post
 from sessions.entries import SessionEntry
 from sessions.keys import cron_key, parse_key
 from sessions.protocol import Maintenance
+from sessions.records import NewMessage
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ class Scheduling:
         cached = self._not_before.get(key)
         if cached is not None and cached[0] == run.run_id and now < cached[1]:
             return []  # activity only ever moves a reset later, so this bound still holds
-        activity = now if post.role == "user" and post.user_activity is not False else None
+        activity = now if post.message.role == "user" and post.message.user_activity is not False else None
         decision = self.decision(key, activity_at=activity)
         if decision is None or not decision.due:
             earliest = self.next_reset(key)
@@ -205,7 +206,7 @@ class Scheduling:
                 await end_run(self.conv, key.raw, RunEnd("cron"))
         if job.isolated and not job.inherit:  # this firing starts clean (cron.jobs[].inherit: false)
             await self.store.set_inherit_next(key.raw, False)
-        post = Post(key=key, role="user", content=job.message, user_activity=False, name="cron")
+        post = Post(key=key, message=NewMessage(role="user", content=job.message, user_activity=False, name="cron"))
         try:
             outcome = await dispatch(self.commands, post)
         except NeotaskError as exc:  # a failing job must not stop the scheduler: it is reported and logged

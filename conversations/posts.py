@@ -10,7 +10,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from conversations.provider import Usage
 from sessions.keys import SessionKey
-from sessions.records import Role, TaskKey
+from sessions.records import NewMessage, TaskKey
 
 DeltaFn = Callable[[str], Awaitable[None]]
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -35,20 +35,15 @@ class TurnOptions:
 
 @dataclass(frozen=True)
 class Post:
-    """A message to post to a key, as the routes build it."""
+    """A message to post to a key, as the routes build it: the ``message`` the store keeps (the
+    engine stores it as given, but for the speaker's name made OpenAI-safe), and its routing:
+    ``reply`` (False: store it, no turn), the run's ``task_key`` when the post starts one, the
+    per-call ``options`` and the scope of its ``client_message_id``."""
 
     key: SessionKey
-    role: Role
-    content: str
-    name: str | None = None
-    sender_id: str | None = None
-    tool_name: str | None = None
-    tool_call_id: str | None = None
+    message: NewMessage
     reply: bool = True
-    client_message_id: str | None = None
-    user_activity: bool | None = None
     task_key: TaskKey | None = None
-    tool_calls: tuple[dict[str, Any], ...] = ()
     options: TurnOptions | None = None
     # ``key``: a client_message_id is recognised on the key within the idempotency window (its
     # record in tasks.db, else the transcript); ``run``: it names a place in the active run's

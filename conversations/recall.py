@@ -101,9 +101,9 @@ class MemoryBridge:
         """Before the first user message of a run (or every user message with ``on:
         every_turn``): inject what the memory holds about it."""
         recall = self.settings.memory.recall
-        if not recall.enabled or post.role != "user" or run.chat_type not in recall.chat_types:
+        if not recall.enabled or post.message.role != "user" or run.chat_type not in recall.chat_types:
             return []
-        if not post.content.strip():  # nothing to search for
+        if not post.message.content.strip():  # nothing to search for
             return []
         if recall.on == "session_start" and not new_run:
             return []
@@ -112,7 +112,8 @@ class MemoryBridge:
             return []
         agent = run.agent_id or "main"
         scope = self.scope(run)
-        hits = await self.memory.search(agent, post.content, k=recall.top_k, include_memory_md=True, scope=scope)
+        query = post.message.content
+        hits = await self.memory.search(agent, query, k=recall.top_k, include_memory_md=True, scope=scope)
         daily = await asyncio.to_thread(self._daily_logs, agent, scope) if recall.daily_logs and new_run else []
         text = memory_message(hits, daily, recall.max_tokens)
         if text is None:

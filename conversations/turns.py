@@ -12,6 +12,7 @@ first, then the lifecycle lock.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -51,18 +52,18 @@ class Conversations(ModelTurns):
         """Store ``post`` and run its model turn. ``on_stored`` is called with the outcome as soon as
         this call has made the message durable, before the turn (webhooks answer 202 then); it is
         not called when nothing new is stored (an idempotent repeat)."""
-        if post.client_message_id is None:
+        if post.message.client_message_id is None:
             return await self._post(post, on_delta, on_stored)
         return await self.once(post, lambda: self._post_once(post, on_delta, on_stored))
 
     async def _post_once(
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None
     ) -> Outcome:
-        assert post.client_message_id is not None
+        assert post.message.client_message_id is not None
         if post.id_scope == "run":
-            previous = await self.find_in_run(post.key.raw, post.client_message_id)
+            previous = await self.find_in_run(post.key.raw, post.message.client_message_id)
         else:
-            previous = await self.find_previous(post.key.raw, post.client_message_id)
+            previous = await self.find_previous(post.key.raw, post.message.client_message_id)
         if previous is None:
             outcome = await self._post(post, on_delta, on_stored)
         elif previous["response"] is not None:
@@ -77,7 +78,7 @@ class Conversations(ModelTurns):
                 outcome = Outcome(post.key.raw, run.run_id, previous["message_seq"])
                 await self._queued_turn(post, run, outcome, on_delta)
         if post.id_scope == "key":
-            await self.remember(post.key.raw, post.client_message_id, outcome)
+            await self.remember(post.key.raw, post.message.client_message_id, outcome)
         return outcome
 
     async def _post(
@@ -98,7 +99,7 @@ class Conversations(ModelTurns):
             new_run = run is None
             had_entry = self.store.entry(key) is not None
             if run is not None:
-                self.store.check_writable(run, NewMessage(role=post.role, content=""))
+                self.store.check_writable(run, NewMessage(role=post.message.role, content=""))
             else:
                 run = await self._start_run(post, outcome)
             started = time.perf_counter()
@@ -117,11 +118,11 @@ class Conversations(ModelTurns):
             # Durable outside the lock: the seq and the file order are fixed already, and the key's
             # next messages join this group commit instead of each waiting for the previous sync.
             await self.store.finish_append(run, message, record, durable)
-        self.metrics.message_stored(post.role, time.perf_counter() - started)
+        self.metrics.message_stored(post.message.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         log_context.RUN_ID.set(run.run_id)
-        if post.client_message_id is not None and post.id_scope == "key":
-            await self.remember(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
+        if post.message.client_message_id is not None and post.id_scope == "key":
+            await self.remember(key, post.message.client_message_id, None, run_id=run.run_id, seq=record["seq"])
         if on_stored is not None:
             on_stored(outcome)
         if turn:
@@ -185,7 +186,7 @@ class Conversations(ModelTurns):
     async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
         key = post.key
         task_key = post.task_key or TaskKey(
-            task_type=key.family, task_identifier=key.raw, repository=None, user=post.sender_id
+            task_type=key.family, task_identifier=key.raw, repository=None, user=post.message.sender_id
         )
         entry = self.store.entry(key.raw)
         inherit = self.settings.inheritance.enabled and (entry is None or entry.inherit_next)
@@ -226,17 +227,10 @@ class Conversations(ModelTurns):
         return run
 
     def _new_message(self, post: Post) -> NewMessage:
-        return NewMessage(
-            role=post.role,
-            content=post.content,
-            name=speaker_name(post.name) if post.role == "user" else post.name,
-            sender_id=post.sender_id,
-            tool_name=post.tool_name,
-            tool_call_id=post.tool_call_id,
-            tool_calls=post.tool_calls,
-            client_message_id=post.client_message_id,
-            user_activity=post.user_activity,
-        )
+        message = post.message
+        if message.role == "user" and message.name is not None:
+            return dataclasses.replace(message, name=speaker_name(message.name))
+        return message
 
     async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
         """Wait for a turn that answers ``outcome``, as the key's queue mode says (conversations/queueing.py).

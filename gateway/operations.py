@@ -20,7 +20,7 @@ from sessions.entries import SessionEntry
 from sessions.history_index import HistoryIndexProtocol
 from sessions.keys import SessionKey
 from sessions.protocol import StoreProtocol
-from sessions.records import CHAT_TYPES, ENTRY_STATUSES
+from sessions.records import CHAT_TYPES, ENTRY_STATUSES, NewMessage
 
 if TYPE_CHECKING:
     from scheduler.service import SchedulerService
@@ -101,7 +101,7 @@ async def run_command(commands: Commands, key: SessionKey, command: str) -> Outc
     """A chat command on an existing session (``/reset``, ``/compact ...``): an unknown key is
     404, not a new session."""
     commands.store.require_entry(key.raw)
-    return await dispatch(commands, Post(key=key, role="user", content=command))
+    return await dispatch(commands, Post(key=key, message=NewMessage(role="user", content=command)))
 
 
 async def run_job(scheduler: SchedulerService, job_id: str, *, at: str) -> dict[str, Any]:
