@@ -25,6 +25,7 @@ from conversations.log_context import EVERY_ONE
 from conversations.run_end import RunEnd, end_active_run, end_run
 from conversations.turns import Conversations, Post
 from sessions.entries import SessionEntry
+from sessions.events import ResetEvent, TurnEvent
 from sessions.keys import cron_key, parse_key
 from sessions.protocol import Maintenance
 from sessions.records import NewMessage
@@ -99,7 +100,7 @@ class Scheduling:
 
     # -- carrying it out ------------------------------------------------------------------------
 
-    async def check_on_arrival(self, post: Post) -> list[dict[str, Any]]:
+    async def check_on_arrival(self, post: Post) -> list[TurnEvent]:
         """Before a message is appended: reset first if one is due. The arriving user message
         counts as activity after the boundary, so it can defer a daily reset whose boundary this
         gateway was running at, never one that fell due while it was down (``sessions.resets``):
@@ -123,7 +124,7 @@ class Scheduling:
 
     async def reset(
         self, key: str, decision: ResetDecision, *, activity_at: datetime | None = None
-    ) -> dict[str, Any] | None:
+    ) -> ResetEvent | None:
         async with self.conv.exclusive(key):
             again = self.decision(key, activity_at=activity_at)  # the state may have moved meanwhile
             run = self.store.active_run(key)

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from config.clock import iso
 from config.errors import NeotaskError, ProviderFailure, TurnFailed
 from conversations.compaction_triggers import CompactionTriggers
 from conversations.fallbacks import collect_attempts, record_attempts
@@ -14,6 +15,7 @@ from conversations.posts import DeltaFn, Outcome, TurnOptions, to_openai
 from conversations.provider import Completion, ProviderError, ToolCall, Usage
 from conversations.queueing import TurnScope
 from sessions.context_order import anchor
+from sessions.events import reply_published
 from sessions.records import NewMessage, RunState
 
 log = logging.getLogger(__name__)
@@ -103,7 +105,10 @@ class ModelTurns(CompactionTriggers):
                             "seq": seq,
                             "tool_calls": [_call_dict(c) for c in client],
                         }
-                        self.store.emit("reply", run, seq=seq, content=completion.content, model=completion.model)
+                        published = reply_published(
+                            run, iso(self.store.clock()), seq=seq, content=completion.content, model=completion.model
+                        )
+                        self.store.emit(published)
                         break
                     continue
                 content = completion.content
@@ -124,7 +129,8 @@ class ModelTurns(CompactionTriggers):
                 record, _ = await asyncio.gather(self.store.append(run, reply), accounting)
                 self.metrics.messages.labels("assistant").inc()
                 outcome.reply = {"content": content, "seq": record["seq"]}
-                self.store.emit("reply", run, seq=record["seq"], content=content, model=completion.model)
+                at = iso(self.store.clock())
+                self.store.emit(reply_published(run, at, seq=record["seq"], content=content, model=completion.model))
                 break
         except asyncio.CancelledError:
             self.metrics.turns.labels("stopped").inc()

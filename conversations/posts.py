@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
 from conversations.provider import Usage
+from sessions.events import TurnEvent
 from sessions.keys import SessionKey
 from sessions.records import NewMessage, TaskKey
 
@@ -69,7 +70,7 @@ class ReplyBody(TypedDict):
     run_id: str | None
     message_seq: int | None
     reply: Reply | None
-    events: list[dict[str, Any]]
+    events: list[TurnEvent]
     usage: dict[str, int]
 
 
@@ -84,7 +85,7 @@ class Outcome:
     run_id: str | None
     message_seq: int | None
     reply: Reply | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[TurnEvent] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=_NO_USAGE.copy)
 
     def body(self) -> ReplyBody:

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from config.clock import iso
 from config.errors import ProviderFailure, ShuttingDown
 from conversations import log_context
 from conversations.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
@@ -27,6 +28,7 @@ from conversations.model_turn import ModelTurns, provider_failure, stored_failur
 from conversations.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
 from conversations.provider import ProviderError
 from conversations.queueing import Batch
+from sessions.events import inheritance_published
 from sessions.inheritance import find_inheritance
 from sessions.records import NewMessage, RunState, TaskKey
 
@@ -216,10 +218,11 @@ class Conversations(ModelTurns):
             await self.store.discard_run(run, remove_entry=entry is None)
             raise
         if found is not None:
-            event = {**found.event(), "from_run_id": found.run_id}
+            event = found.event()
+            event["from_run_id"] = found.run_id
             outcome.events.append(event)  # run_id: the earlier run, as SPEC section 6 has it for replies
-            fields = {k: v for k, v in event.items() if k not in ("type", "run_id")}
-            self.store.emit("inheritance", run, **fields)  # run_id: the new run; from_run_id: the earlier
+            # published: run_id the new run, from_run_id the earlier
+            self.store.emit(inheritance_published(run, iso(self.store.clock()), event))
         await self.store.set_inherit_next(key.raw, True)
         log_context.RUN_ID.set(run.run_id)  # this line and the message's next ones name the new run
         log.info("%s: new run %s (%s)", key.raw, run.run_id,

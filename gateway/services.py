@@ -64,9 +64,10 @@ from gateway.validation import check_config
 from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
 from sessions.backends import open_store
+from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
 from sessions.protocol import StoreProtocol
-from sessions.records import MessageRecord, RunRow, RunState, StoreEvent
+from sessions.records import MessageRecord, RunRow, RunState
 from sessions.resets import daily_boundaries
 from sessions.store_hooks import StoreHooks
 

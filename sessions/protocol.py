@@ -46,11 +46,11 @@ from config.clock import Clock
 from config.settings import CleanupSettings
 from sessions.deliveries import Delivery
 from sessions.entries import SessionEntry
+from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
 from sessions.records import (
     CompatConversation,
     ContextRewrite,
-    EventType,
     HookDelivery,
     IdempotencyRecord,
     KnownKey,
@@ -164,7 +164,10 @@ class RunStore(Protocol):
         ...
     async def writable(self) -> str | None: ...
     def recently_writable(self, max_age_s: float) -> bool: ...
-    def emit(self, event_type: EventType, run: RunState, **fields: object) -> None: ...
+    def emit(self, event: StoreEvent) -> None:
+        """Publish an event of the engine's (``sessions.events``: reply, memory, inheritance, reset,
+        compaction) to the store's listeners, as the store publishes its own."""
+        ...
 
     # -- reads by run id --------------------------------------------------------------------------
 

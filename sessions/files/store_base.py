@@ -15,12 +15,13 @@ from typing import Any, cast
 from config.clock import Clock, iso
 from config.errors import SessionNotFound
 from config.settings import Settings
+from sessions.events import EventType, StoreEvent
 from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.files.recovery import RecoveredRun
 from sessions.files.registry import SessionEntry, SessionRegistry
 from sessions.files.writer import AppendWriter
-from sessions.records import EventType, RunState, StoreEvent, copy_counters
+from sessions.records import RunState, copy_counters
 from sessions.store_hooks import DurableListener, Listener, RunHook
 
 log = logging.getLogger(__name__)
@@ -191,9 +192,10 @@ class StoreBase:
         for listener in self.listeners:
             listener(event)
 
-    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None:
+    def emit(self, event: StoreEvent) -> None:
         """Publish a domain event (compaction, inheritance, reset, reply) to listeners."""
-        self._emit(event_type, run, **fields)
+        for listener in self.listeners:
+            listener(event)
 
     def expiry_cutoff(self, days: float) -> str:
         return iso(self.clock() - timedelta(days=days))

@@ -25,6 +25,7 @@ from sessions.bookkeeping import (
 from sessions.compaction import COMPACTIONS
 from sessions.context_order import context_line, in_context
 from sessions.entries import SessionEntry
+from sessions.events import EventType, StoreEvent
 from sessions.inmemory.data import MemoryData, StoredRun, line_size
 from sessions.inmemory.paths import NOWHERE
 from sessions.inmemory.reads import MemoryReads
@@ -34,7 +35,6 @@ from sessions.records import (
     ACTIVE_STATUSES,
     USAGE_KEYS,
     ContextRewrite,
-    EventType,
     MessageRecord,
     NewMessage,
     PlanRecord,
@@ -42,7 +42,6 @@ from sessions.records import (
     RunState,
     RunStatus,
     StoredRecord,
-    StoreEvent,
     TaskKey,
     copy_counters,
     restore_counters,
@@ -381,8 +380,9 @@ class MemoryStore(MemoryReads, MemoryRecords):
     def recently_writable(self, max_age_s: float) -> bool:
         return True
 
-    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None:
-        self._emit(event_type, run, **fields)
+    def emit(self, event: StoreEvent) -> None:
+        for listener in self.hooks.listeners:
+            listener(event)
 
     def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: object) -> None:
         event = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at or iso(self.clock()), **fields}
