@@ -64,7 +64,7 @@ class ModelTurns(CompactionTriggers):
                     shown = [line for line in context if scope.visible(line)]
                     hidden = sum(int(line.get("tokens") or 0) for line in context if not scope.visible(line))
                     context = shown
-                    scope.seen_upto = max((int(line["seq"]) for line in context if line.get("seq")), default=0)
+                    scope.seen_upto = max((seq for line in context if (seq := line.get("seq"))), default=0)
                 after = anchor(context)  # what this call writes follows what it saw, not what waits
                 messages = [{"role": "system", "content": system}, *map(to_openai, context)]
                 out_of_rounds = rounds >= agent.max_tool_rounds

@@ -107,7 +107,7 @@ def speaker_name(name: str | None) -> str | None:
     return cleaned or None
 
 
-def to_openai(line: dict[str, Any]) -> dict[str, Any]:
+def to_openai(line: Mapping[str, Any]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": line["role"], "content": line.get("content") or ""}
     if line["role"] == "user" and line.get("name"):
         message["name"] = line["name"]

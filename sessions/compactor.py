@@ -14,7 +14,8 @@ from typing import Literal
 
 from config.clock import iso
 from config.settings import CompactionSettings
-from sessions.compaction import Line, archive_name, is_summary, plan_compaction, summary_line
+from sessions.compaction import archive_name, is_summary, plan_compaction, summary_line
+from sessions.context_lines import ContextLine
 from sessions.events import CompactionEvent, compaction_published, uncompact_published
 from sessions.protocol import RunStore
 from sessions.records import RunState
@@ -28,7 +29,7 @@ Trigger = Literal["auto", "manual", "overflow", "reset"]
 
 @dataclass(frozen=True)
 class SummaryRequest:
-    lines: tuple[Line, ...]
+    lines: tuple[ContextLine, ...]
     previous: str | None
     instructions: str | None
     purpose: Literal["compaction", "final"]

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from config.clock import Clock
 from config.settings import CleanupSettings
+from sessions.context_lines import ContextLine
 from sessions.deliveries import Delivery
 from sessions.entries import SessionEntry
 from sessions.events import StoreEvent
@@ -193,7 +194,9 @@ class RunStore(Protocol):
         ...
     async def read_records(self, run_id: str, kind: RecordKind) -> list[StoredRecord]: ...
     async def read_final_summary(self, run_id: str) -> str | None: ...
-    async def read_context(self, run: RunState) -> list[StoredRecord]: ...
+    async def read_context(self, run: RunState) -> list[ContextLine]:
+        """The run's context lines in the order the model sees them (``sessions.context_order``)."""
+        ...
 
 
 class DeliveryRecords(Protocol):

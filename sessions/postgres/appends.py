@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from config.clock import iso
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import count_append, note_message
-from sessions.context_order import context_line, in_context, in_model_order
+from sessions.context_lines import ContextLine, read_back
+from sessions.context_order import context_line, in_context
 from sessions.deliveries import Delivery
 from sessions.files.jsonl import decode, encode, encode_plain
 from sessions.postgres.batching import Append, PgQueue, Undo
@@ -202,15 +203,15 @@ class PgAppends(PgQueue):
 
     # -- reads of the context -------------------------------------------------------------------
 
-    async def read_context(self, run: RunState) -> list[StoredRecord]:
+    async def read_context(self, run: RunState) -> list[ContextLine]:
         """The context as the model will see it; with appends of the run queued, read after them."""
 
-        async def _read() -> list[StoredRecord]:
+        async def _read() -> list[ContextLine]:
             with unavailable("the context"):
                 rows = await self.pool.fetch(
                     "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
                 )
-            return in_model_order([decode(row[0].encode()) for row in rows])
+            return read_back([decode(row[0].encode()) for row in rows])
 
         if run.appends_pending == 0:
             return await _read()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -19,30 +18,10 @@ from sessions.events import HubEvent, StoreEvent, TurnEvent
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 from tests.support.openai_server import OpenAIServer, RecordedRequest, reply
+from tests.support.typed_dicts import matching_types
 
 Client = TestClient[Any, Any]
 MAIN = "/v1/sessions/agent%3Amain%3Amain"
-
-
-def _literal_values(hint: object) -> set[object]:
-    return set(typing.get_args(hint)) if typing.get_origin(hint) is typing.Literal else set()
-
-
-def matching_types(event: dict[str, Any], union: object) -> list[str]:
-    """The TypedDicts of ``union`` that ``event`` is: its ``type`` (and ``action``, where the type
-    names its values), every required key, no key the type does not declare."""
-    found = []
-    for cls in typing.get_args(union):
-        hints = typing.get_type_hints(cls)
-        if event.get("type") not in _literal_values(hints["type"]):
-            continue
-        actions = _literal_values(hints["action"]) if "action" in hints else set()
-        if actions and "action" in event and event["action"] not in actions:
-            continue
-        keys = set(event)
-        if cls.__required_keys__ <= keys <= cls.__required_keys__ | cls.__optional_keys__:
-            found.append(cls.__name__)
-    return found
 
 
 def test_the_checker_refuses_a_missing_an_extra_and_an_unknown_key() -> None:
