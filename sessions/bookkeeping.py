@@ -5,11 +5,12 @@ takes a message. The backends call these and persist the result their own way (s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from config.errors import NoActiveRun
 from sessions.entries import SessionEntry
-from sessions.records import MessageRecord, NewMessage, RunState
+from sessions.records import USAGE_KEYS, MessageRecord, NewMessage, PlanRecord, RunState
 
 
 class _Lookups(Protocol):
@@ -76,3 +77,34 @@ def end_entry(entry: SessionEntry, run_id: str, now: str) -> None:
     entry.last_run_id = run_id
     idle_entry(entry)
     entry.updated_at = now
+
+
+def relabel_entry(
+    entry: SessionEntry, *, label: str | None, clear_label: bool, settings: Mapping[str, object] | None
+) -> None:
+    """``update_entry``'s label and settings: a setting given as None is removed."""
+    if label is not None or clear_label:
+        entry.label = label
+    if settings is not None:
+        merged = {**entry.settings, **settings}
+        entry.settings = {k: v for k, v in merged.items() if v is not None}
+
+
+def add_usage_counts(run: RunState, entry: SessionEntry | None, usage: Mapping[str, int]) -> dict[str, int]:
+    """A model call's usage added to the run's and the entry's totals; the usage, every key of
+    ``USAGE_KEYS`` an int (what the backend then adds to its rows)."""
+    clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
+    for k, v in clean.items():
+        run.usage[k] += v
+    if entry is not None:
+        for k, v in clean.items():
+            setattr(entry, k, getattr(entry, k) + v)
+    return clean
+
+
+def plan_record(run: RunState, plan_type: str, plan_content: str, stamp: str) -> PlanRecord:
+    """The run's next planning record (its id taken)."""
+    record: PlanRecord = {"id": run.next_plan_id, "plan_type": plan_type, "plan_content": plan_content,
+                          "created_at": stamp}  # fmt: skip
+    run.next_plan_id += 1
+    return record

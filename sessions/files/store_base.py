@@ -15,6 +15,7 @@ from typing import Any, cast
 from config.clock import Clock, iso
 from config.errors import SessionNotFound
 from config.settings import Settings
+from sessions.bookkeeping import relabel_entry
 from sessions.events import EventType, StoreEvent
 from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
@@ -96,11 +97,7 @@ class StoreBase:
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             await self.ledger.set_pinned(key, pinned)
-        if label is not None or clear_label:
-            entry.label = label
-        if settings is not None:
-            merged = {**entry.settings, **settings}
-            entry.settings = {k: v for k, v in merged.items() if v is not None}
+        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
         if label is not None or clear_label or settings is not None:  # durable beyond sessions.json
             await self.ledger.set_key_metadata(key, {"label": entry.label, "settings": entry.settings})
         entry.updated_at = iso(self.clock())

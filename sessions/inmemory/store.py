@@ -14,10 +14,13 @@ from config.clock import Clock, iso
 from config.errors import RunActive, SessionNotFound
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import (
+    add_usage_counts,
     count_append,
     end_entry,
     idle_entry,
     note_message,
+    plan_record,
+    relabel_entry,
     require_active,
     run_stats,
     start_entry,
@@ -116,11 +119,7 @@ class MemoryStore(MemoryReads, MemoryRecords):
             for stored in self.data.runs.values():
                 if stored.row.get("session_key") == key:
                     stored.row["pinned"] = int(pinned)
-        if label is not None or clear_label:
-            entry.label = label
-        if settings is not None:
-            merged = {**entry.settings, **settings}
-            entry.settings = {k: v for k, v in merged.items() if v is not None}
+        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
         entry.updated_at = iso(self.clock())
         self._save_entries()
         return entry
@@ -318,24 +317,15 @@ class MemoryStore(MemoryReads, MemoryRecords):
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        record: PlanRecord = {
-            "id": run.next_plan_id, "plan_type": plan_type, "plan_content": plan_content,
-            "created_at": iso(self.clock()),
-        }  # fmt: skip
-        run.next_plan_id += 1
+        record = plan_record(run, plan_type, plan_content, iso(self.clock()))
         self.data.runs[run.run_id].planning.append(dict(record))
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
-        clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
+        clean = add_usage_counts(run, self._entries.get(run.key), usage)
         row = cast(dict[str, Any], self._row(run))
         for k, v in clean.items():
-            run.usage[k] += v
             row[k] = int(row.get(k) or 0) + v
-        entry = self._entries.get(run.key)
-        if entry is not None:
-            for k, v in clean.items():
-                setattr(entry, k, getattr(entry, k) + v)
         self.count_usage(run, clean)
 
     def calibrate_context(

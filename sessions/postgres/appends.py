@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from config.clock import iso
 from sessions.appends import check_writable, event_fields, message_record, tool_record
-from sessions.bookkeeping import count_append, note_message
+from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
 from sessions.context_lines import ContextLine, read_back
 from sessions.context_order import context_line, in_context
 from sessions.deliveries import Delivery
@@ -120,13 +120,7 @@ class PgAppends(PgQueue):
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        record: PlanRecord = {
-            "id": run.next_plan_id,
-            "plan_type": plan_type,
-            "plan_content": plan_content,
-            "created_at": iso(self.clock()),
-        }
-        run.next_plan_id += 1
+        record = plan_record(run, plan_type, plan_content, iso(self.clock()))
         sql = (
             "WITH r AS (UPDATE runs SET next_plan_id = greatest(next_plan_id, $2::bigint + 1) WHERE run_id = $1"
             " RETURNING run_id) INSERT INTO plans (run_id, id, record) SELECT run_id, $2, $3::json FROM r"
@@ -136,13 +130,9 @@ class PgAppends(PgQueue):
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
-        clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
-        for k, v in clean.items():
-            run.usage[k] += v
         entry = self.entry(run.key)
+        clean = add_usage_counts(run, entry, usage)
         if entry is not None:
-            for k, v in clean.items():
-                setattr(entry, k, getattr(entry, k) + v)
             self.touch(run.key)
         sets = ", ".join(f"{k} = {k} + ${i}" for i, k in enumerate(USAGE_KEYS, start=2))
         daily = DailyKey(usage_day(self.clock()), run.agent_id or "main", run.key)

@@ -16,7 +16,7 @@ import asyncpg
 
 from config.clock import iso
 from config.errors import RunActive
-from sessions.bookkeeping import end_entry, idle_entry, require_active, run_stats, start_entry
+from sessions.bookkeeping import end_entry, idle_entry, relabel_entry, require_active, run_stats, start_entry
 from sessions.entries import SessionEntry
 from sessions.postgres.base import NOWHERE, _encode_entry
 from sessions.postgres.faults import unavailable
@@ -224,11 +224,7 @@ class PgLifecycle(PgRecords):
             entry.pinned = pinned
             with unavailable("the change"):
                 await self.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
-        if label is not None or clear_label:
-            entry.label = label
-        if settings is not None:
-            merged = {**entry.settings, **settings}
-            entry.settings = {k: v for k, v in merged.items() if v is not None}
+        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
         entry.updated_at = iso(self.clock())
         await self.flush_entries(key)
         return entry

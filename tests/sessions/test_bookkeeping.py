@@ -11,10 +11,13 @@ import pytest
 from config.errors import NoActiveRun, SessionNotFound
 from sessions.appends import message_record
 from sessions.bookkeeping import (
+    add_usage_counts,
     count_append,
     end_entry,
     idle_entry,
     note_message,
+    plan_record,
+    relabel_entry,
     require_active,
     run_stats,
     start_entry,
@@ -121,3 +124,30 @@ def test_require_active_names_what_is_missing() -> None:
         require_active(_Lookups(_entry(), None), KEY)
     with pytest.raises(SessionNotFound):
         require_active(_Lookups(None, None), KEY)
+
+
+def test_relabel_sets_or_clears_the_label_and_merges_settings_dropping_nones() -> None:
+    entry = _entry()
+    entry.label, entry.settings = "old", {"model": "a", "queue_mode": "steer"}
+    relabel_entry(entry, label=None, clear_label=False, settings={"queue_mode": None, "verbose": True})
+    assert (entry.label, entry.settings) == ("old", {"model": "a", "verbose": True})
+    relabel_entry(entry, label="new", clear_label=False, settings=None)
+    assert entry.label == "new"
+    relabel_entry(entry, label=None, clear_label=True, settings=None)
+    assert entry.label is None and entry.settings == {"model": "a", "verbose": True}
+
+
+def test_usage_adds_to_the_run_and_the_entry_every_key_counted() -> None:
+    run, entry = _run(), _entry()
+    clean = add_usage_counts(run, entry, {"input_tokens": 10, "output_tokens": 3, "other": 9})
+    assert clean == {"input_tokens": 10, "output_tokens": 3, "cache_read_tokens": 0, "cache_write_tokens": 0}
+    add_usage_counts(run, None, {"input_tokens": 5})
+    assert run.usage["input_tokens"] == 15 and entry.input_tokens == 10 and entry.output_tokens == 3
+
+
+def test_plan_records_take_the_next_id() -> None:
+    run = _run()
+    first = plan_record(run, "todo", "a", "t1")
+    second = plan_record(run, "todo", "b", "t2")
+    assert first == {"id": 1, "plan_type": "todo", "plan_content": "a", "created_at": "t1"}
+    assert second["id"] == 2 and run.next_plan_id == 3
