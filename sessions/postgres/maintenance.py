@@ -21,8 +21,9 @@ from sessions.records import StoredRecord
 log = logging.getLogger(__name__)
 
 # the tables with a session_key column besides runs (whose rows cascade to messages, the context,
-# summaries, archives, tool calls, plans and the history index)
-KEYED_TABLES = ("idempotency", "hook_deliveries", "openai_conversations", "openai_responses")
+# summaries, archives, tool calls, plans and the history index): a purge empties them of the key,
+# as the files backend's does every table of tasks.db with a session_key column
+KEYED_TABLES = ("idempotency", "hook_deliveries", "openai_conversations", "openai_responses", "usage_daily")
 
 
 class PgMaintenance(PgLifecycle):
@@ -44,10 +45,11 @@ class PgMaintenance(PgLifecycle):
                     await conn.execute(f"DELETE FROM {table} WHERE session_key = $1", key)
                 await conn.execute("DELETE FROM entries WHERE key = $1", key)
                 run_ids: list[str | None] = [r["run_id"] for r in rows] or [None]
+                messages = sum(int(r["total_messages"] or 0) for r in rows)
                 await conn.executemany(
-                    "INSERT INTO purge_tombstones (session_key, run_id, purged_at, reason)"
-                    " VALUES ($1, $2, $3, 'purge')",
-                    [(key, run_id, stamp) for run_id in run_ids],
+                    "INSERT INTO purge_tombstones (session_key, run_id, purged_at, reason, runs, messages)"
+                    " VALUES ($1, $2, $3, 'purge', $4, $5)",
+                    [(key, run_id, stamp, len(rows), messages) for run_id in run_ids],
                 )
         self._entries.pop(key, None)
         self._dirty.discard(key)
@@ -55,7 +57,7 @@ class PgMaintenance(PgLifecycle):
             "session_key": key,
             "deleted_at": stamp,
             "runs": len(rows),
-            "messages": sum(int(r["total_messages"] or 0) for r in rows),
+            "messages": messages,
         }
         log.info("purged session %s: %d run(s), %d message(s)", key, tombstone["runs"], tombstone["messages"])
         return tombstone
