@@ -1,6 +1,6 @@
 """The PostgreSQL store's ``Maintenance`` capability, as far as it goes on a database: purge (every
 row of a key in one transaction, the history index rows with its runs, a tombstone without
-content), export, cleanup and the doctor (``sessions.postgres.doctor``)."""
+content), cleanup and the doctor's database checks (export is ``sessions.postgres.export``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from config.clock import iso, parse_iso
-from config.errors import BadRequest, SessionNotFound
+from config.errors import SessionNotFound
 from config.settings import CleanupSettings
 from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
 from sessions.files.cleanup import DELIVERY_ID_DAYS, IDEMPOTENCY_DAYS
@@ -136,14 +136,6 @@ class PgMaintenance(PgLifecycle):
         if trimmed:
             log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
         return report
-
-    # -- export: refused (its streams read run folders and archives) -------------------------------
-
-    async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[Any]:
-        raise BadRequest(
-            "exports read run folders and archives: not available with storage.backend: postgres yet;"
-            " read the runs through GET /v1/runs/{run_id}/messages instead"
-        )
 
     # -- the doctor ---------------------------------------------------------------------------------
 

@@ -34,8 +34,8 @@ from tests.support.postgres import DATABASE, PgServer, empty_database
 
 pytestmark = [pytest.mark.realtime]
 
-KEYS = ("agent:main:done", "agent:main:live", "agent:main:compacted")
-PURGED = "agent:main:purged"
+KEYS = ("agent:main:dm:done", "agent:main:dm:live", "agent:main:dm:compacted")  # valid for the CLI too
+PURGED = "agent:main:dm:purged"
 
 
 async def _seed(root: Path) -> None:
