@@ -44,10 +44,9 @@ async def online_snapshot(store: Any) -> Snapshot:
 
 def offline_snapshot(config: LoadedConfig, env: Mapping[str, str]) -> Snapshot:
     """The point of the configured database, without a daemon (its own connection)."""
-    from gateway.cli_storage import source_of
-    from sessions.copying import dump
+    from sessions.copying import configured_end, dump
 
-    return asyncio.run(dump(source_of(config, env)))
+    return asyncio.run(dump(configured_end(config.settings, config.home, env)))
 
 
 def stage_snapshot(config: LoadedConfig, home: Home, target: Home, snapshot: Snapshot) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import exits, offline
-from sessions.copying import CopyRefused, End, FilesEnd, PostgresEnd, Snapshot, copy, parse_target
+from sessions.copying import CopyRefused, End, FilesEnd, Snapshot, configured_end, copy, parse_target
 from sessions.files.layout import Home
 from sessions.files.lock import HomeLock
 
@@ -40,12 +40,7 @@ def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None
 
 def source_of(config: LoadedConfig, env: Mapping[str, str]) -> End:
     """The configured store as a copy's source."""
-    if config.settings.storage.backend == "postgres":
-        from sessions.postgres.store import connection_options
-
-        dsn, password = connection_options(config.settings.storage.postgres, env)
-        return PostgresEnd(dsn, password)
-    return FilesEnd(config.home)
+    return configured_end(config.settings, config.home, env)
 
 
 def cmd_storage_copy(ctx: Context) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +27,19 @@ from sessions.copy_snapshot import CopyRefused, Snapshot, differences
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["CopyRefused", "End", "FilesEnd", "PostgresEnd", "Snapshot", "copy", "dump", "parse_target"]
+    from config.settings import Settings
+
+__all__ = [
+    "CopyRefused",
+    "End",
+    "FilesEnd",
+    "PostgresEnd",
+    "Snapshot",
+    "configured_end",
+    "copy",
+    "dump",
+    "parse_target",
+]
 
 
 # -- the two ends of a copy -------------------------------------------------------------------------
@@ -68,6 +80,16 @@ def parse_target(text: str) -> End:
     if path.exists() and not path.is_dir():
         raise CopyRefused(f"--to {text}: exists and is not a directory; give a new or empty home directory")
     return FilesEnd(path)
+
+
+def configured_end(settings: Settings, home: Path, env: Mapping[str, str]) -> End:
+    """The store ``settings`` configure (``storage.backend``) as an end of a copy."""
+    if settings.storage.backend == "postgres":
+        from sessions.postgres.store import connection_options
+
+        dsn, password = connection_options(settings.storage.postgres, env)
+        return PostgresEnd(dsn, password)
+    return FilesEnd(home)
 
 
 async def dump(end: End) -> Snapshot:
