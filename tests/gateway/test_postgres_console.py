@@ -1,7 +1,9 @@
-"""The console's API on ``storage.backend: postgres`` (issue 28 item 5): every route the pages of
+"""The console on ``storage.backend: postgres`` (issue 28 item 5): every route the pages of
 ``/ui`` read answers for every run of a database (an archived run, an active one with a tool call
 and a plan, a compacted one), exports and backups included; a purge through the API leaves
-nothing of the key in the history search, the usage, the runs or the exports."""
+nothing of the key in the history search, the usage, the runs or the exports. In headless
+Chromium, on a daemon whose store is PostgreSQL, the sessions list filters and the session page
+shows the transcript, the tool calls and the plans, with no console error."""
 
 from __future__ import annotations
 
@@ -14,6 +16,16 @@ import pytest
 from config.clock import system_clock
 from sessions.copying import FilesEnd, PostgresEnd, copy
 from tests.gateway.helpers import make_app
+from tests.gateway.test_console import (
+    Console,
+    browser,  # noqa: F401 (the fixture)
+    needs_chromium,
+    scenario_list,
+    scenario_session,
+    seed,
+    start,
+    wait_ready,
+)
 from tests.gateway.test_storage_copy import KEYS, _seed
 from tests.support.postgres import DATABASE, PgServer, empty_database
 
@@ -56,3 +68,25 @@ async def test_the_console_routes_on_postgres(postgres_server: PgServer, tmp_pat
     assert live not in str(await (await client.get("/v1/runs")).json())
     gone = await client.get(f"/v1/sessions/{quote(live, safe='')}/export")
     assert gone.status == 404 and (await gone.json())["error"]["code"] == "session_not_found"
+
+
+class PgConsole(Console):
+    async def shot(self, name: str) -> None:  # beside the files backend's screenshots, not over them
+        await super().shot(f"postgres-{name}")
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.timeout(180)
+@needs_chromium
+async def test_the_console_pages_on_a_postgres_daemon(postgres_server: PgServer, tmp_path: Path, browser: Any) -> None:  # noqa: F811
+    dsn = await postgres_server.database(DATABASE)
+    await empty_database(dsn)
+    async with start(tmp_path / "home", {"storage": {"backend": "postgres", "postgres": {"dsn": dsn}}}) as server:
+        await wait_ready(server.url)
+        await seed(server.url)
+        console = PgConsole(await browser.new_page(viewport={"width": 1280, "height": 900}))
+        await scenario_list(console, server.url)
+        await scenario_session(console)
+        assert console.errors == []
+        await console.page.close()
