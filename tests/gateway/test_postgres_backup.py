@@ -78,6 +78,9 @@ async def test_a_backup_of_postgres_restores_as_a_files_home_and_into_a_database
     refused = await run_cli("restore", str(archive), "--home", str(tmp_path / "third"), "--to", second,
                             env=child_env())  # fmt: skip
     assert refused.returncode == 1 and "already holds" in refused.stderr, refused.stderr
+    bad = await run_cli("restore", str(archive), "--home", str(tmp_path / "fourth"), "--to", "mysql://x/y",
+                        env=child_env())  # fmt: skip
+    assert bad.returncode == 2 and "postgres://" in bad.stderr and not (tmp_path / "fourth").exists(), bad.stderr
 
 
 async def test_the_backup_route_on_postgres(postgres_server: PgServer, tmp_path: Path, aiohttp_client: Any) -> None:
