@@ -230,3 +230,43 @@ async def test_non_empty_target_and_bad_targets(postgres_server: PgServer, tmp_p
     assert busy.returncode == 1 and len(busy.stderr.strip().splitlines()) == 1, busy.stderr
     assert "gateway_running" in busy.stderr
     assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+
+
+async def test_usage_and_a_purge_made_on_postgres_reach_a_files_home(postgres_server: PgServer, tmp_path: Path) -> None:
+    """The other way round: a purge of a key with two runs writes a tombstone row per run id on
+    PostgreSQL; the files home gets one tombstone with the purge's totals, and the usage rows."""
+    dsn = await postgres_server.database(DATABASE)
+    await empty_database(dsn)
+    store = await PgStore.open(settings_with(), dsn=dsn, clock=system_clock, pool_size=2)
+    try:
+        for key in (PURGED, KEYS[1]):
+            for text in ("first run", "second run"):
+                run = await store.start_run(
+                    key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+                )
+                await store.append(run, NewMessage("user", text))
+                await store.add_usage(run, {"input_tokens": 10, "output_tokens": 2})
+                await store.complete(key, summarize=False)
+        assert (await store.purge(PURGED, history=None))["runs"] == 2
+        usage = await store.daily_usage()
+    finally:
+        await store.close()
+    back = tmp_path / "back"
+    done = await run_cli("storage", "copy", "--to", str(back), "--home", str(tmp_path / "pghome"), "--config",
+                         str(_pg_config(tmp_path, dsn)), "--json", env=child_env())  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["tombstones"]["count"] == 1 and report["usage"]["rows"] == 1
+    copied = await asyncio.to_thread(files_bulk.dump, back)
+    assert [(t["session_key"], t["runs"], t["messages"]) for t in copied.tombstones] == [(PURGED, 2, 2)]
+    files = await SessionStore.open(back, settings_with(), clock=system_clock)
+    try:
+        assert await files.daily_usage() == usage and usage[0]["calls"] == 2 and usage[0]["key"] == KEYS[1]
+    finally:
+        await files.close()
+
+
+def _pg_config(tmp_path: Path, dsn: str) -> Path:
+    config = tmp_path / "pg.yaml"
+    config.write_text(yaml.safe_dump({"storage": {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 2}}}))
+    return config
