@@ -1,11 +1,13 @@
 """Moving a home's sessions from one backend to another (``neotask storage copy --to TARGET``).
 
 The source is read whole into a ``Snapshot`` (``sessions.copy_snapshot``: a backend-neutral copy
-of every run with its messages, context lines, summaries, tool calls and plans, the keys' entries
-and the delivery and OpenAI-compatible records) by the source backend's ``dump``; the target backend's ``load`` writes
+of every run with its messages, context lines, summaries, tool calls and plans, the keys' entries,
+the delivery and OpenAI-compatible records, the usage rows and the tombstones) by the source
+backend's ``dump``; the target backend's ``load`` writes
 it in one go (``sessions.files.bulk``, ``sessions.postgres.bulk``). The target must be empty:
 nothing is written otherwise. After the load the target is read back the same way and compared
-run by run (counts of each kind and a sha256 of the canonical JSON of its messages), so a copy
+run by run (counts of each kind and a sha256 of the canonical JSON of its messages), the usage
+rows and the tombstones by count and sha256, so a copy
 that lost or changed anything fails loudly.
 
 The Protocol has no call that lists every idempotency or compat record, nor one that reads an
