@@ -3,7 +3,7 @@
 | ``storage.backend`` | backend | capabilities (``sessions.protocol``) |
 |---|---|---|
 | ``files`` (default) | ``sessions.files.store.SessionStore``: run folders, tasks.db, sessions.json | all |
-| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | all (no tar.gz archives: archived rows stay) |
+| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | all (archived runs stay as rows) |
 
 The postgres backend's history index is ``sessions.postgres.history.PgHistoryIndex`` (the same
 calls as the files backend's ``HistoryIndex``, which ``sessions.protocol`` still names: hence the
