@@ -20,6 +20,7 @@ from sessions.postgres.faults import unavailable
 
 T = TypeVar("T")
 PAGE = 500  # messages per query
+WAIT_S = 60.0  # a page not fetched by then (the loop stopped under a streamed export): the export ends
 _COLUMNS = ", ".join(f'"{c}"' if c != "uuid" else "run_id AS uuid" for c in RUN_COLUMNS)
 
 
@@ -40,7 +41,12 @@ class PgRunReader:
         if running is self._loop:
             work.close()
             raise RuntimeError("an export's lines are read off the event loop (asyncio.to_thread)")
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(work, self._loop)
+        try:
+            return future.result(timeout=WAIT_S)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     async def _fetch(self, sql: str, *args: Any) -> list[str]:
         with unavailable("nothing"):
