@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -80,3 +81,17 @@ async def test_exports_are_the_same_on_both_backends(
                              "--config", str(config), env=child_env())  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert done.stdout == expected[f"{KEYS[1]}.{fmt}"]
+
+
+# the page's coroutine, handed to a loop that never runs, is dropped unawaited: what a stopped loop does
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+async def test_a_page_does_not_wait_forever_for_a_stopped_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped = asyncio.new_event_loop()  # never run: as the store's loop once it stopped under an export
+    try:
+        monkeypatch.setattr(pg_export, "WAIT_S", 0.2)
+        reader = pg_export.PgRunReader(cast(PgStore, None), "run", None, stopped)
+        with pytest.raises(TimeoutError):
+            await asyncio.to_thread(lambda: next(reader.messages()))
+    finally:
+        stopped.close()
