@@ -207,8 +207,10 @@ def cmd_sessions_purge(ctx: Context) -> int:
 
 
 def offline_doctor(config: LoadedConfig, *, fix: bool) -> list[dict[str, Any]]:
-    """The history index findings of ``neotask doctor`` without a daemon (under the home lock)."""
-    if not config.settings.history.enabled:
+    """The history index findings of ``neotask doctor`` without a daemon (under the home lock).
+    None on PostgreSQL: its index is checked with the database (``offline.run_doctor``), and a
+    tasks.db the home kept from its files days is not the deployment's store."""
+    if not config.settings.history.enabled or config.settings.storage.backend != "files":
         return []
     home = Home(config.home)
 

@@ -3,7 +3,7 @@
 | ``storage.backend`` | backend | capabilities (``sessions.protocol``) |
 |---|---|---|
 | ``files`` (default) | ``sessions.files.store.SessionStore``: run folders, tasks.db, sessions.json | all |
-| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | all (export refused, no archives) |
+| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | all (archived runs stay as rows) |
 
 Each backend opens its own history index (``sessions.history_index.HistoryIndexProtocol``).
 The in-memory backend (``sessions.inmemory``) has the base and record capabilities only (no

@@ -221,7 +221,8 @@ def _safe_name(text: str) -> str:
     "Export every run of a key (streamed)",
     "history",
     "JSON Lines (`type`: `run`, `message`, `compaction`, `uncompact`, `final_summary`) or Markdown, oldest run "
-    "first, archived runs included; commands, tool calls and results, summaries and compaction markers kept.",
+    "first, archived runs included; commands, tool calls and results, summaries and compaction markers kept."
+    " The same bytes on either storage backend for the same runs.",
     params=(FORMAT,),
     answer=None,
     media="application/x-ndjson",

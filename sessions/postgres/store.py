@@ -20,6 +20,7 @@ from sessions.entries import SessionEntry
 from sessions.files.history import MAX_BATCH
 from sessions.history_index import HistoryIndexProtocol, own_index
 from sessions.postgres.base import NOWHERE, decode_entry
+from sessions.postgres.export import PgExport
 from sessions.postgres.faults import unavailable
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.maintenance import PgMaintenance
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 10
 
 
-class PgStore(PgMaintenance):
+class PgStore(PgMaintenance, PgExport):
     def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
         self.settings = settings
         self.clock = clock
