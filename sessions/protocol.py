@@ -14,6 +14,7 @@ conformance suite splits its base and extended capabilities.
 | ``UsageRecords`` | token usage per UTC day, agent and key (``GET /v1/usage``, budgets) | yes | yes |
 | ``HistorySource`` | feeds, rebuilds and checks the full-text history index | yes | no |
 | ``Maintenance`` | doctor (check and fix), cleanup (archive, expire, trim), export, purge | yes | no |
+| ``TurnLocks`` (optional) | a turn lock held across processes sharing the store | no | no |
 
 ``ConversationStore`` (base + delivery + compat records) is what the conversation engine needs;
 ``StoreProtocol`` (every capability) is what the daemon's composition root opens
@@ -40,7 +41,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from config.clock import Clock
 from config.settings import CleanupSettings
@@ -277,6 +278,15 @@ class Maintenance(Protocol):
     async def purge(self, key: str, *, history: HistoryIndex | None) -> StoredRecord:
         """Erase ``key`` for good (every run, record and index row of it); its tombstone."""
         ...
+
+
+@runtime_checkable
+class TurnLocks(Protocol):
+    """A store other processes share (postgres with ``gateway.workers`` above 1): a model turn on
+    a key holds ``turn_lock(key)``, which keeps every other process's turns and appends off the
+    key. None: this process is alone, the engine's in-process lock is enough."""
+
+    def turn_lock(self, key: str) -> asyncio.Lock | None: ...
 
 
 class ConversationStore(RunStore, DeliveryRecords, CompatRecords, Protocol):

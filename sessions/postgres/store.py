@@ -23,6 +23,7 @@ from sessions.postgres.faults import unavailable
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.maintenance import PgMaintenance
 from sessions.postgres.schema import migrate
+from sessions.postgres.shared import PgShared
 from sessions.protocol import ConversationStore
 from sessions.records import USAGE_KEYS, Counters, RunState, StoredRecord, TaskKey, counter_values
 from sessions.store_hooks import StoreHooks
@@ -30,9 +31,12 @@ from sessions.store_hooks import StoreHooks
 log = logging.getLogger(__name__)
 
 POOL_SIZE = 10
+_DROP_OPENING = (
+    "DELETE FROM runs WHERE opening AND next_seq = 1 AND status IN ('running', 'paused') RETURNING run_id, session_key"
+)
 
 
-class PgStore(PgMaintenance):
+class PgStore(PgShared, PgMaintenance):
     def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
         self.settings = settings
         self.clock = clock
@@ -64,7 +68,10 @@ class PgStore(PgMaintenance):
         hooks: StoreHooks | None = None,
         password: str | None = None,
         pool_size: int = POOL_SIZE,
+        shared: bool = False,
     ) -> PgStore:
+        """``shared``: other gateway processes use the database at the same time (``gateway.workers``
+        above 1): keys are leased (``sessions.postgres.shared``)."""
         where = redact(dsn)
         with unavailable("nothing"):
             pool = await asyncpg.create_pool(dsn, password=password, min_size=1, max_size=pool_size)
@@ -72,7 +79,9 @@ class PgStore(PgMaintenance):
         try:
             async with pool.acquire() as conn:
                 await migrate(conn, where)
-            await store._recover()
+            await store._recover(shared=shared)
+            if shared:
+                await store.start_sharing(dsn, password)
         except BaseException:
             await pool.close()
             raise
@@ -80,6 +89,7 @@ class PgStore(PgMaintenance):
 
     async def close(self) -> None:
         await self.settle_queues()
+        await self.stop_sharing()
         if self._flush_task is not None and not self._flush_task.done():
             self._flush_task.cancel()
         try:
@@ -102,14 +112,12 @@ class PgStore(PgMaintenance):
     async def check_history(self, index: PgHistoryIndex, *, fix: bool) -> list[StoredRecord]:
         return await index.check(fix=fix)
 
-    async def _recover(self) -> None:
+    async def _recover(self, *, shared: bool = False) -> None:
         with unavailable("nothing"):
             async with self.pool.acquire() as conn:
-                # a start that never stored its first message (a crash, a failed append) leaves nothing
-                dropped = await conn.fetch(
-                    "DELETE FROM runs WHERE opening AND next_seq = 1 AND status IN ('running', 'paused')"
-                    " RETURNING run_id, session_key"
-                )
+                # a start that never stored its first message (a crash, a failed append) leaves nothing;
+                # shared, such a run may be another process's start under way: the key's next message uses it
+                dropped = [] if shared else await conn.fetch(_DROP_OPENING)
                 entries = await conn.fetch("SELECT key, body::text FROM entries")
                 rows = await conn.fetch("SELECT * FROM runs WHERE status IN ('running', 'paused')")
         for row in dropped:
@@ -180,8 +188,9 @@ async def open_from_settings(
     """``PgStore.open`` as ``storage.postgres`` says (the composition root's one call)."""
     dsn, password = connection_options(settings.storage.postgres, environ)
     return await PgStore.open(
-        settings, dsn=dsn, password=password, clock=clock, hooks=hooks, pool_size=settings.storage.postgres.pool_size
-    )
+        settings, dsn=dsn, password=password, clock=clock, hooks=hooks, pool_size=settings.storage.postgres.pool_size,
+        shared=settings.gateway.workers > 1,
+    )  # fmt: skip
 
 
 def redact(dsn: str) -> str:

@@ -1,0 +1,106 @@
+"""The PostgreSQL store when several gateway processes share the database (``gateway.workers``
+above 1): each key is leased by one process at a time (``sessions.postgres.keylocks``). The
+store's ``lock_for`` and the ``TurnLocks`` turn lock hold the lease; taking it reads the key's
+active run and entry from the database again (in place: a turn waiting for its lock keeps its
+``RunState``), giving it back waits until the key's appends are durable and writes its entry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+
+from sessions.postgres.base import NOWHERE, decode_entry
+from sessions.postgres.batching import PgQueue
+from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases, SharedLock
+from sessions.records import RunState
+
+log = logging.getLogger(__name__)
+
+_REFRESHED = (
+    "status", "next_seq", "next_summary_id", "context_tokens", "compaction_count", "context_bytes",
+    "context_lines", "last_context_seq", "messages_bytes", "next_tool_seq", "next_plan_id", "usage",
+)  # fmt: skip
+
+
+class PgShared(PgQueue):
+    _leases: KeyLeases | None = None
+
+    async def start_sharing(self, dsn: str, password: str | None) -> None:
+        """Lease keys from now on (a pool of connections that hold the keys' locks)."""
+        pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
+        self._leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key)
+        self._locks.clear()
+
+    async def stop_sharing(self) -> None:
+        leases, self._leases = self._leases, None
+        if leases is not None:
+            try:
+                await leases.close()
+            finally:
+                await leases.pool.close()
+
+    @property
+    def shared(self) -> bool:
+        return self._leases is not None
+
+    def lock_for(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock() if self._leases is None else SharedLock(self._leases, key)
+        return lock
+
+    def turn_lock(self, key: str) -> asyncio.Lock | None:
+        """``TurnLocks``: a lock that holds the key's lease across processes (None: one process,
+        the engine's own lock is enough)."""
+        return None if self._leases is None else SharedLock(self._leases, key)
+
+    async def _refresh_key(self, key: str, conn: asyncpg.Connection) -> None:
+        """Read ``key``'s active run and entry again: another process may have changed them."""
+        from sessions.postgres.store import _state_from_row
+
+        rows = await conn.fetch("SELECT * FROM runs WHERE session_key = $1 AND status IN ('running', 'paused')", key)
+        body = await conn.fetchval("SELECT body::text FROM entries WHERE key = $1", key)
+        active = {row["run_id"]: _state_from_row(dict(row), NOWHERE / row["run_id"]) for row in rows}
+        for run_id, run in list(self._runs.items()):
+            if run.key == key and run_id not in active and not self._busy(run):
+                del self._runs[run_id]  # ended by another process
+        for run_id, fresh in active.items():
+            known = self._runs.get(run_id)
+            if known is None:
+                self._runs[run_id] = fresh
+            elif not self._busy(known):
+                for name in _REFRESHED:
+                    setattr(known, name, getattr(fresh, name))
+        if body is not None and key not in self._dirty:
+            self._entries[key] = decode_entry(body)
+        entry = self._entries.get(key)
+        first = next(iter(active), None)
+        if first is not None:
+            run = self._runs[first]
+            if entry is None:
+                entry = self._entries[key] = self._new_entry(key, run.agent_id, run.chat_type, run.channel)
+            entry.run_id, entry.status, entry.started_at = run.run_id, run.status, run.started_at
+            self.sync_counters(entry, run)
+        elif entry is not None and entry.run_id is not None:
+            entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
+
+    async def _settle_key(self, key: str) -> None:
+        """Before the lease ends: every append queued for the key durable, its entry written."""
+        for run in [r for r in self._runs.values() if r.key == key and self._busy(r)]:
+            await self._after_all(run)
+        await self.flush_entries(key)
+
+    def _busy(self, run: RunState) -> bool:
+        """Whether ``run`` has appends not yet stored (queued, or in a statement under way)."""
+        return run.appends_pending > 0 or run.run_id in self._queues or run.run_id in self._in_flight
+
+    async def _after_all(self, run: RunState) -> None:
+        async def nothing() -> None:
+            return None
+
+        try:
+            await self.after_queued(run, nothing)
+        except Exception:  # a failed append fails what follows it: nothing more is queued
+            return
