@@ -15,6 +15,7 @@ conformance suite splits its base and extended capabilities.
 | ``HistorySource`` | feeds, rebuilds and checks the full-text history index | yes | no |
 | ``Maintenance`` | doctor (check and fix), cleanup (archive, expire, trim), export, purge | yes | no |
 | ``TurnLocks`` (optional) | a turn lock held across processes sharing the store | no | no |
+| ``SharedEvents`` (optional) | the events other processes sharing the store emit | no | no |
 
 ``ConversationStore`` (base + delivery + compat records) is what the conversation engine needs;
 ``StoreProtocol`` (every capability) is what the daemon's composition root opens
@@ -41,7 +42,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from config.clock import Clock
 from config.settings import CleanupSettings
@@ -287,6 +288,14 @@ class TurnLocks(Protocol):
     key. None: this process is alone, the engine's in-process lock is enough."""
 
     def turn_lock(self, key: str) -> asyncio.Lock | None: ...
+
+
+@runtime_checkable
+class SharedEvents(Protocol):
+    """A store other processes share: ``deliver`` gets the events they emit (``/v1/events``
+    subscribers of every process see every event)."""
+
+    def follow_events(self, deliver: Callable[[Mapping[str, Any]], object]) -> None: ...
 
 
 class ConversationStore(RunStore, DeliveryRecords, CompatRecords, Protocol):

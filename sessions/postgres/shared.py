@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import asyncpg
 
+from config.clock import iso
 from sessions.postgres.base import NOWHERE, decode_entry
 from sessions.postgres.batching import PgQueue
 from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases, SharedLock
-from sessions.records import RunState
+from sessions.postgres.notify import EventRelay
+from sessions.records import EventType, RunState
 
 log = logging.getLogger(__name__)
 
@@ -26,20 +30,41 @@ _REFRESHED = (
 
 class PgShared(PgQueue):
     _leases: KeyLeases | None = None
+    _relay: EventRelay | None = None
 
     async def start_sharing(self, dsn: str, password: str | None) -> None:
-        """Lease keys from now on (a pool of connections that hold the keys' locks)."""
+        """Lease keys from now on (a pool of connections that hold the keys' locks), and send and
+        receive the events (``sessions.postgres.notify``)."""
         pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
         self._leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key)
         self._locks.clear()
+        relay = EventRelay(self.pool, dsn, password)
+        await relay.start()
+        self._relay = relay
 
     async def stop_sharing(self) -> None:
         leases, self._leases = self._leases, None
-        if leases is not None:
-            try:
-                await leases.close()
-            finally:
-                await leases.pool.close()
+        relay, self._relay = self._relay, None
+        try:
+            if relay is not None:
+                await relay.close()
+        finally:
+            if leases is not None:
+                try:
+                    await leases.close()
+                finally:
+                    await leases.pool.close()
+
+    def follow_events(self, deliver: Callable[[Mapping[str, Any]], object]) -> None:
+        """``SharedEvents``: ``deliver`` gets the events other processes emit (none when alone)."""
+        if self._relay is not None:
+            self._relay.deliver = deliver
+
+    def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: object) -> None:
+        super()._emit(event_type, run, at=at, **fields)
+        if self._relay is not None:
+            at = at or iso(self.clock())
+            self._relay.send({"type": event_type, "key": run.key, "run_id": run.run_id, "at": at, **fields})
 
     @property
     def shared(self) -> bool:
