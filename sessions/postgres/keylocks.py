@@ -2,14 +2,16 @@
 (``gateway.workers`` above 1): a session-level advisory lock on a hash of the key, held on a
 connection of its own while the process has anything under way on the key.
 
-A process *leases* a key when its first local user enters (a post storing a message, a model turn,
-a lifecycle change: the store's ``lock_for`` and the ``TurnLocks`` turn lock both enter it), and
+A process *leases* a key when its first local user enters (a post storing a message, an append
+of a turn, a lifecycle change: the store's ``lock_for``, ``append`` and ``rewrite_context``), and
 gives the lease back when the last one left and every append it queued for the key is durable; in
 between the in-process locks order the process's own users as with one process. On taking a
 lease the process reads the key's active run and entry from the database again (another process
 may have appended, started or ended a run), so seqs stay contiguous; before giving it back it
-writes the key's entry. A process killed mid-turn loses its connections, and the server releases
-their locks: the next process takes the key at once.
+writes the key's entry. A model turn holds ``TurnLock``, another advisory lock of the key, for its
+whole length: turns run one at a time across processes while messages are still stored. A process
+killed mid-turn loses its connections, and the server releases their locks: the next process takes
+the key at once.
 
 Why an advisory lock and not a row lock (``SELECT ... FOR UPDATE`` on the run's row): it needs no
 open transaction for the length of a turn, it exists for a key that has no run yet, and it dies
@@ -36,10 +38,15 @@ Taken = Callable[[str, asyncpg.Connection], Awaitable[None]]
 Leaving = Callable[[str], Awaitable[None]]
 
 
-def key_lock_id(key: str) -> int:
-    """The advisory lock number of ``key``: 64 bits of its BLAKE2b hash, signed as bigint."""
-    value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=b"neotask-key").digest(), "big")
+def key_lock_id(key: str, *, space: bytes = b"neotask-key") -> int:
+    """The advisory lock number of ``key``: 64 bits of its BLAKE2b hash (personalised by
+    ``space``: the lease's and the turn's are different locks), signed as bigint."""
+    value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=space).digest(), "big")
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def turn_lock_id(key: str) -> int:
+    return key_lock_id(key, space=b"neotask-turn")
 
 
 @dataclass(eq=False)
@@ -156,9 +163,9 @@ class KeyLeases:
         self._leases.clear()
 
 
-async def _unlock(pool: asyncpg.Pool, conn: asyncpg.Connection, key: str) -> None:
+async def _unlock(pool: asyncpg.Pool, conn: asyncpg.Connection, key: str, lock: int | None = None) -> None:
     try:
-        await conn.execute("SELECT pg_advisory_unlock($1)", key_lock_id(key))
+        await conn.execute("SELECT pg_advisory_unlock($1)", key_lock_id(key) if lock is None else lock)
     except Exception:  # a lost connection took its lock with it
         await _drop(pool, conn)
         return
@@ -190,3 +197,52 @@ class SharedLock(asyncio.Lock):
     def release(self) -> None:
         super().release()
         self._leases.leave(self._key)
+
+
+class TurnLock(asyncio.Lock):
+    """A key's model-turn lock across processes: an advisory lock (not the lease's number) on a
+    connection of ``pool`` held for the turn, so turns on a key run one at a time everywhere while
+    other processes still store messages on it (each append takes the lease for its own length).
+    Taking it also makes this process's view of the key fresh (the lease taken and given back, if
+    this process did not hold it). A process killed mid-turn frees it with its connection."""
+
+    def __init__(self, pool: asyncpg.Pool, leases: KeyLeases, key: str) -> None:
+        super().__init__()
+        self._pool, self._leases, self._key = pool, leases, key
+        self._conn: asyncpg.Connection | None = None
+        self._unlocks: set[asyncio.Task[None]] = set()
+
+    async def acquire(self) -> Literal[True]:
+        await super().acquire()
+        try:
+            conn = await self._pool.acquire()
+            try:
+                lock = turn_lock_id(self._key)
+                if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock):
+                    self._leases.waits += 1
+                    await conn.execute("SELECT pg_advisory_lock($1)", lock)
+            except BaseException:
+                await _drop(self._pool, conn)
+                raise
+            self._conn = conn
+            try:
+                await self._leases.enter(self._key)  # the view of the key as it is now
+            except BaseException:
+                self._give_back()
+                raise
+            self._leases.leave(self._key)
+        except BaseException:
+            super().release()
+            raise
+        return True
+
+    def release(self) -> None:
+        self._give_back()
+        super().release()
+
+    def _give_back(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            task = asyncio.get_running_loop().create_task(_unlock(self._pool, conn, self._key, turn_lock_id(self._key)))
+            self._unlocks.add(task)
+            task.add_done_callback(self._unlocks.discard)

@@ -1,8 +1,10 @@
 """The PostgreSQL store when several gateway processes share the database (``gateway.workers``
-above 1): each key is leased by one process at a time (``sessions.postgres.keylocks``). The
-store's ``lock_for`` and the ``TurnLocks`` turn lock hold the lease; taking it reads the key's
-active run and entry from the database again (in place: a turn waiting for its lock keeps its
-``RunState``), giving it back waits until the key's appends are durable and writes its entry."""
+above 1): each key is leased by one process at a time (``sessions.postgres.keylocks``) while it
+stores on the key: the store's ``lock_for``, ``append`` and ``rewrite_context`` hold the lease;
+taking it reads the key's active run and entry from the database again (in place: a turn keeps
+its ``RunState``), giving it back waits until the key's appends are durable and writes its entry.
+A model turn holds the ``TurnLocks`` turn lock, another advisory lock, for its whole length (so
+other processes keep storing messages on the key meanwhile, as one process does)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ from typing import Any
 import asyncpg
 
 from config.clock import iso
+from sessions.postgres.appends import PgAppends
 from sessions.postgres.base import NOWHERE, decode_entry
-from sessions.postgres.batching import PgQueue
-from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases, SharedLock
+from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases, SharedLock, TurnLock
 from sessions.postgres.notify import EventRelay
-from sessions.records import EventType, RunState
+from sessions.records import ContextRewrite, EventType, MessageRecord, NewMessage, RunState
+from sessions.rewrites import ContextChange
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +31,9 @@ _REFRESHED = (
 )  # fmt: skip
 
 
-class PgShared(PgQueue):
+class PgShared(PgAppends):
     _leases: KeyLeases | None = None
+    _turn_pool: asyncpg.Pool | None = None
     _relay: EventRelay | None = None
 
     async def start_sharing(self, dsn: str, password: str | None) -> None:
@@ -37,6 +41,7 @@ class PgShared(PgQueue):
         receive the events (``sessions.postgres.notify``)."""
         pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
         self._leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key)
+        self._turn_pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
         self._locks.clear()
         relay = EventRelay(self.pool, dsn, password)
         await relay.start()
@@ -45,9 +50,12 @@ class PgShared(PgQueue):
     async def stop_sharing(self) -> None:
         leases, self._leases = self._leases, None
         relay, self._relay = self._relay, None
+        turns, self._turn_pool = self._turn_pool, None
         try:
             if relay is not None:
                 await relay.close()
+            if turns is not None:
+                await turns.close()
         finally:
             if leases is not None:
                 try:
@@ -77,9 +85,31 @@ class PgShared(PgQueue):
         return lock
 
     def turn_lock(self, key: str) -> asyncio.Lock | None:
-        """``TurnLocks``: a lock that holds the key's lease across processes (None: one process,
-        the engine's own lock is enough)."""
-        return None if self._leases is None else SharedLock(self._leases, key)
+        """``TurnLocks``: the key's turn lock across processes (None: one process, the engine's own
+        lock is enough)."""
+        if self._leases is None or self._turn_pool is None:
+            return None
+        return TurnLock(self._turn_pool, self._leases, key)
+
+    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
+        """Under the key's lease (a turn's reply, a tool's message: the lease is not held for a
+        whole turn), so its seq follows what other processes stored meanwhile."""
+        if self._leases is None:
+            return await super().append(run, message)
+        await self._leases.enter(run.key)
+        try:
+            return await super().append(run, message)
+        finally:
+            self._leases.leave(run.key)
+
+    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
+        if self._leases is None:
+            return await super().rewrite_context(run, change)
+        await self._leases.enter(run.key)
+        try:
+            return await super().rewrite_context(run, change)
+        finally:
+            self._leases.leave(run.key)
 
     async def _refresh_key(self, key: str, conn: asyncpg.Connection) -> None:
         """Read ``key``'s active run and entry again: another process may have changed them."""
