@@ -3,8 +3,8 @@ processes take posts on the same keys at once and their turns never overlap on a
 contiguous and every acknowledged message is stored once; a worker killed with SIGKILL under load
 loses no acknowledged message, frees the keys it held, and the other keeps serving while the
 supervisor starts it again; an event stored through one worker reaches the subscribers of both
-(once each, a message larger than a notification's payload too); the files backend refuses
-``--workers 2`` with one line."""
+(once each, a message larger than a notification's payload too), and ``neotask gateway stop``
+stops the supervisor and its workers; the files backend refuses ``--workers 2`` with one line."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tests.gateway.daemons import Daemon, child_env, daemon, run_cli
 from tests.support.openai_server import OpenAIServer
 from tests.support.postgres import DATABASE, PgServer, empty_database
 
-pytestmark = [pytest.mark.slow, pytest.mark.realtime]
+pytestmark = [pytest.mark.slow, pytest.mark.realtime, pytest.mark.timeout(600)]
 
 START_S = 240.0  # three interpreters importing the gateway on a loaded 2-core machine
 _MARK = re.compile(r"<(agent:main:dm:\w+)\|(\d+)>")
@@ -277,6 +277,12 @@ async def test_an_event_stored_through_one_worker_reaches_subscribers_of_both(
         for task in readers:
             task.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
+        workers = workers_of(gw.pid)
+        stopped = await run_cli("gateway", "stop", "--home", str(gw.home), env=child_env())
+        assert stopped.returncode == 0 and f"gateway stopped (pid {gw.pid})" in stopped.stdout, stopped
+        assert await gw.wait() == 0
+        assert not (gw.home / "gateway.json").exists()
+        assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
     for _, events in subscribers:
         assert sorted(e["content"] for e in events) == sorted(sent)  # each once: no echo from its own worker
 
