@@ -13,9 +13,11 @@ whole length: turns run one at a time across processes while messages are still 
 killed mid-turn loses its connections, and the server releases their locks: the next process takes
 the key at once.
 
-Why an advisory lock and not a row lock (``SELECT ... FOR UPDATE`` on the run's row): it needs no
-open transaction for the length of a turn, it exists for a key that has no run yet, and it dies
-with its connection (a worker killed with SIGKILL frees its keys at once).
+Why an advisory lock and not a row lock (``SELECT ... FOR UPDATE`` on a row of the key in an open
+transaction): measured with ``python -m bench.key_locks`` (durable server, 64 tasks, load 7-8 on 2
+cores) an advisory hold runs 1.43x the row lock's holds/s on 64 keys and 1.83x on 4 contended keys
+(p99 225 vs 487 ms); it needs no transaction open for the length of a turn, exists for a key that
+has no run yet, and dies with its connection (a worker killed with SIGKILL frees its keys at once).
 """
 
 from __future__ import annotations
