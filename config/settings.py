@@ -79,6 +79,7 @@ class GatewaySettings(Model):
     keepalive_timeout_s: float = Field(15, gt=0)
     openai_compat: OpenAICompatSettings = OpenAICompatSettings()
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    workers: int = Field(1, ge=1, le=64)  # processes on one port (postgres backend only)
 
     @field_validator("tokens")
     @classmethod

@@ -23,7 +23,7 @@ from conversations.queueing import QUEUE_MODES, Batch, Caller, TurnQueue
 from conversations.summarizer import ModelSummarizer
 from conversations.tools import ToolBox
 from sessions.compactor import Compactor
-from sessions.protocol import ConversationStore
+from sessions.protocol import ConversationStore, TurnLocks
 from sessions.records import MessageRecord, NewMessage, RunState
 from sessions.thresholds import compaction_threshold
 from sessions.tokens import estimate_text
@@ -106,9 +106,12 @@ class ConversationCore:
         return answers and post.reply and self.provider(post.key.agent_id) is not None
 
     def turn_lock(self, key: str) -> asyncio.Lock:
+        """The key's turn lock: the store's when other processes share it (``TurnLocks``), so
+        turns on a key run one at a time across every process; else one of this process."""
         lock = self._turn_locks.get(key)
         if lock is None:
-            lock = self._turn_locks[key] = asyncio.Lock()
+            shared = self.store.turn_lock(key) if isinstance(self.store, TurnLocks) else None
+            lock = self._turn_locks[key] = shared or asyncio.Lock()
         return lock
 
     @contextlib.asynccontextmanager

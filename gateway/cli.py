@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = commands.add_parser("gateway", parents=[common], help="run the gateway, or status|stop")
     gateway.add_argument("--host", default=None, help="listen address (default gateway.host)")
     gateway.add_argument("--port", type=int, default=None, help="listen port, 0 = any free port")
+    gateway.add_argument("--workers", type=int, default=None, metavar="N",
+                         help="processes on the port (default gateway.workers; above 1: postgres only)")  # fmt: skip
     gateway.set_defaults(handler=cmd_gateway_run)
     gateway_actions = gateway.add_subparsers(dest="action", metavar="ACTION")
     gateway_actions.add_parser("status", parents=both, help="is a gateway running here").set_defaults(
@@ -150,7 +152,17 @@ def _fail(message: str) -> int:
 
 
 def cmd_gateway_run(ctx: Context) -> int:
-    """Take the lock before loading anything, so a second daemon is refused at once."""
+    """Take the lock before loading anything, so a second daemon is refused at once (a worker of
+    ``--workers N`` takes none: its supervisor holds it)."""
+    from gateway.workers import WORKER_ENV, refusal
+
+    if ctx.env.get(WORKER_ENV):
+        from gateway.daemon import run_daemon
+
+        return run_daemon(ctx.config, host=ctx.args.host, port=ctx.args.port, env=ctx.env)
+    if ctx.args.workers is not None and ctx.args.workers < 1:
+        print(f"error: --workers must be 1 or more, not {ctx.args.workers}", file=sys.stderr)
+        return EXIT_USAGE
     lock = HomeLock(ctx.home / "gateway.lock")
     try:
         lock.acquire()
@@ -169,9 +181,15 @@ def cmd_gateway_run(ctx: Context) -> int:
         lock.release()
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
+    workers = ctx.args.workers or config.settings.gateway.workers
+    refused = refusal(config.settings.storage.backend, workers)
+    if refused is not None:  # before anything opens
+        lock.release()
+        print(f"error: {refused}", file=sys.stderr)
+        return EXIT_CONFIG
     from gateway.daemon import run_daemon  # the app (and the model client) load only for the daemon
 
-    return run_daemon(config, host=ctx.args.host, port=ctx.args.port, env=ctx.env, lock=lock)
+    return run_daemon(config, host=ctx.args.host, port=ctx.args.port, env=ctx.env, lock=lock, workers=workers)
 
 
 def cmd_gateway_status(ctx: Context) -> int:

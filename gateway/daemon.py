@@ -34,8 +34,9 @@ from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
 from gateway.log_json import ContextFilter, JsonFormatter
 from gateway.logs import LogListener, RepeatFilter, file_handler
-from gateway.places import version
+from gateway.places import url_for, version
 from gateway.runner import JsonErrorsAppRunner
+from gateway.workers import WorkerRole, run_supervisor
 from sessions.backends import describe_backend
 from sessions.files.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
 from sessions.files.jsonl import write_json_atomic
@@ -68,17 +69,6 @@ def bind_address(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def url_for(host: str, port: int) -> str:
-    """The URL a local client uses: a wildcard address is reached through loopback."""
-    if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
-
-
 def describe_models(config: LoadedConfig) -> str:
     models = [
         agent.model.name if agent_id == "main" else f"{agent_id}={agent.model.name}"
@@ -95,10 +85,17 @@ def run_daemon(
     port: int | None,
     env: Mapping[str, str],
     lock: HomeLock | None = None,
+    workers: int = 1,
 ) -> int:
     """Run the gateway until SIGTERM or SIGINT; the process's exit status. ``lock`` is the home
-    lock when the caller took it already (before loading the configuration)."""
+    lock when the caller took it already (before loading the configuration). ``workers`` above 1:
+    this process supervises that many workers (``gateway/workers.py``). A worker (``WORKER_ENV``
+    set by its supervisor, which holds the lock) takes no lock and records no exit."""
     home = Home(config.home)
+    role = WorkerRole.from_env(env)
+    if role is not None:
+        role.die_with_parent()
+        return _run_locked(config, home, host=host, port=port, env=env, role=role)
     if lock is None:
         lock = HomeLock(home.lock_file)
         try:
@@ -108,7 +105,7 @@ def run_daemon(
             return EXIT_LOCKED
     status = EXIT_FAILED
     try:
-        status = _run_locked(config, home, host=host, port=port, env=env)
+        status = _run_locked(config, home, host=host, port=port, env=env, workers=workers)
         return status
     finally:
         record_exit(home, status)
@@ -116,15 +113,23 @@ def run_daemon(
 
 
 def _run_locked(
-    config: LoadedConfig, home: Home, *, host: str | None, port: int | None, env: Mapping[str, str]
+    config: LoadedConfig,
+    home: Home,
+    *,
+    host: str | None,
+    port: int | None,
+    env: Mapping[str, str],
+    workers: int = 1,
+    role: WorkerRole | None = None,
 ) -> int:
-    """``run_daemon`` once the home lock is held."""
+    """``run_daemon`` once the home lock is held (by this process, or by a worker's supervisor)."""
     try:
         check_writable(home.root)
         if home.contexts.is_dir():  # a mount of its own can be read-only under a writable home
             check_writable(home.contexts)
         widened = tighten_root(home.root)  # a home made 0755 by the user's umask: private now
-        _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
+        if role is None:
+            _remove(home.gateway_json)  # left by a daemon that was killed: we hold the lock now
     except DamagedState as exc:
         print(f"error: {exc.message}", file=sys.stderr, flush=True)
         return EXIT_STATE
@@ -147,14 +152,16 @@ def _run_locked(
             describe_backend(config.settings),
             config.config_path or "defaults and environment (no config file)",
         )
-        for warning in config.warnings:
+        for warning in config.warnings if role is None else ():
             log.warning(warning)
         if widened is not None:
             log.warning(
                 "the home %s was mode %04o (readable by other users): now %04o", home.root, widened, widened & 0o700
             )
+        if workers > 1:
+            return run_supervisor(config, host=bind_host, port=bind_port, count=workers, env=env)
         try:
-            return eventloop.run(_serve(config, bind_host, bind_port, env, reopen_log), gateway.event_loop)
+            return eventloop.run(_serve(config, bind_host, bind_port, env, reopen_log, role), gateway.event_loop)
         finally:
             # Shut down already: a repeated signal while the process exits must not kill it.
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -171,7 +178,12 @@ def record_exit(home: Home, status: int, reason: str | None = None) -> None:
 
 
 async def _serve(
-    config: LoadedConfig, host: str, port: int, env: Mapping[str, str], reopen_log: Callable[[], None]
+    config: LoadedConfig,
+    host: str,
+    port: int,
+    env: Mapping[str, str],
+    reopen_log: Callable[[], None],
+    role: WorkerRole | None = None,
 ) -> int:
     home = Home(config.home)
     loop = asyncio.get_running_loop()
@@ -186,7 +198,7 @@ async def _serve(
             return
         log.info("%s: shutting down", signal.Signals(signum).name)
         stop.set()
-        _watchdog(home, timeout - WATCHDOG_MARGIN_S)
+        _watchdog(home, timeout - WATCHDOG_MARGIN_S, worker=role is not None)
 
     async def hangup() -> None:
         await asyncio.to_thread(reopen_log)
@@ -223,7 +235,7 @@ async def _serve(
         except ConfigError as exc:  # checked before start already; a check made while building
             log.error("cannot start: %s", exc.message)
             return exits.CONFIG
-        site = GuardedSite(runner, host, port, guard)
+        site = GuardedSite(runner, host, port, guard, reuse_port=role is not None)
         try:
             await site.start()
         except OSError as exc:
@@ -231,22 +243,27 @@ async def _serve(
             return EXIT_FAILED
         bound_port = _bound_port(runner.addresses, port)
         url = url_for(host, bound_port)
-        info = {
-            "pid": os.getpid(),
-            "url": url,
-            "started_at": iso(system_clock()),
-            "home": str(home.root),
-            "version": version(),
-        }
-        await asyncio.to_thread(write_json_atomic, home.gateway_json, info)
-        shown = f"http://[{host}]:{bound_port}" if ":" in host else f"http://{host}:{bound_port}"
-        print(f"neotask gateway listening on {shown} (home {home.root}, {describe_models(config)})", flush=True)
-        log.info("listening on %s (pid %d)", url, os.getpid())
+        if role is not None:  # the supervisor writes gateway.json and prints where the gateway listens
+            log.info("worker %d listening on %s (pid %d)", role.index, url, os.getpid())
+            role.ready()
+        else:
+            info = {
+                "pid": os.getpid(),
+                "url": url,
+                "started_at": iso(system_clock()),
+                "home": str(home.root),
+                "version": version(),
+            }
+            await asyncio.to_thread(write_json_atomic, home.gateway_json, info)
+            shown = f"http://[{host}]:{bound_port}" if ":" in host else f"http://{host}:{bound_port}"
+            print(f"neotask gateway listening on {shown} (home {home.root}, {describe_models(config)})", flush=True)
+            log.info("listening on %s (pid %d)", url, os.getpid())
         settle_heap()  # start-up is done (and timed): the collector stops walking what it made
         await stop.wait()
     finally:
         status = await _cleanup(runner, home)
-        await asyncio.to_thread(_remove, home.gateway_json)
+        if role is None:
+            await asyncio.to_thread(_remove, home.gateway_json)
     log.info("stopped" if status == 0 else "stopped without saving everything")
     return status
 
@@ -267,7 +284,7 @@ async def _cleanup(runner: JsonErrorsAppRunner, home: Home) -> int:
     return 0
 
 
-def _watchdog(home: Home, after_s: float) -> None:
+def _watchdog(home: Home, after_s: float, *, worker: bool = False) -> None:
     """The exit deadline holds even when a cleanup hangs (e.g. a model load that cannot be
     interrupted): acknowledged messages are durable already, and the next start recovers."""
 
@@ -275,8 +292,9 @@ def _watchdog(home: Home, after_s: float) -> None:
         reason = f"shutdown did not finish within {after_s:.1f} s"
         sys.stderr.write(f"error: {reason}: exiting now\n")
         sys.stderr.flush()
-        _remove(home.gateway_json)
-        record_exit(home, EXIT_FAILED, reason)
+        if not worker:  # a worker's supervisor owns gateway.json and the exit record
+            _remove(home.gateway_json)
+            record_exit(home, EXIT_FAILED, reason)
         os._exit(EXIT_FAILED)
 
     timer = threading.Timer(max(after_s, 0.1), force_exit)

@@ -27,3 +27,14 @@ def version() -> str:
         return metadata.version("neotask")
     except metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+def url_for(host: str, port: int) -> str:
+    """The URL a local client uses: a wildcard address is reached through loopback."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"

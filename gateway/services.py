@@ -66,7 +66,7 @@ from scheduler.service import DailyJob, SchedulerService
 from sessions.backends import open_store
 from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
-from sessions.protocol import StoreProtocol
+from sessions.protocol import SharedEvents, StoreProtocol
 from sessions.records import MessageRecord, RunRow, RunState
 from sessions.resets import daily_boundaries
 from sessions.store_hooks import StoreHooks
@@ -244,6 +244,8 @@ async def open_services(
             ),
         )
         commands = Commands(conversations, hooks=CommandHooks(next_reset=next_reset))
+        if isinstance(store, SharedEvents):  # other gateway processes' events reach this one's subscribers
+            store.follow_events(hub.publish)
         if history is not None:
             stack.push_async_callback(_settle_index, await _prepare_index(history, store, created, parts.timers))
 

@@ -14,6 +14,8 @@ conformance suite splits its base and extended capabilities.
 | ``UsageRecords`` | token usage per UTC day, agent and key (``GET /v1/usage``, budgets) | yes | yes |
 | ``HistorySource`` | feeds, rebuilds and checks the full-text history index | yes | no |
 | ``Maintenance`` | doctor (check and fix), cleanup (archive, expire, trim), export, purge | yes | no |
+| ``TurnLocks`` (optional) | a turn lock held across processes sharing the store | no | no |
+| ``SharedEvents`` (optional) | the events other processes sharing the store emit | no | no |
 
 ``ConversationStore`` (base + delivery + compat records) is what the conversation engine needs;
 ``StoreProtocol`` (every capability) is what the daemon's composition root opens
@@ -40,7 +42,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from config.clock import Clock
 from config.settings import CleanupSettings
@@ -283,6 +285,23 @@ class Maintenance(Protocol):
     async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
         """Erase ``key`` for good (every run, record and index row of it); its tombstone."""
         ...
+
+
+@runtime_checkable
+class TurnLocks(Protocol):
+    """A store other processes share (postgres with ``gateway.workers`` above 1): a model turn on
+    a key holds ``turn_lock(key)``, which keeps every other process's turns and appends off the
+    key. None: this process is alone, the engine's in-process lock is enough."""
+
+    def turn_lock(self, key: str) -> asyncio.Lock | None: ...
+
+
+@runtime_checkable
+class SharedEvents(Protocol):
+    """A store other processes share: ``deliver`` gets the events they emit (``/v1/events``
+    subscribers of every process see every event)."""
+
+    def follow_events(self, deliver: Callable[[StoreEvent], object]) -> None: ...
 
 
 class ConversationStore(RunStore, DeliveryRecords, CompatRecords, Protocol):

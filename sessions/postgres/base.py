@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import asyncpg
 
@@ -20,7 +20,7 @@ from config.settings import Settings
 from sessions.entries import SessionEntry
 from sessions.events import EventType, StoreEvent
 from sessions.postgres.faults import unavailable
-from sessions.records import RunState, copy_counters
+from sessions.records import USAGE_KEYS, RunState, TaskKey, copy_counters
 from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
@@ -127,9 +127,7 @@ class PgBase:
 
     def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: object) -> None:
         at = at or iso(self.clock())
-        event = cast(StoreEvent, {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at, **fields})
-        for listener in self.hooks.listeners:
-            listener(event)
+        self.emit(cast(StoreEvent, {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at, **fields}))
 
     def emit(self, event: StoreEvent) -> None:
         for listener in self.hooks.listeners:
@@ -147,3 +145,20 @@ def decode_entry(text: str) -> SessionEntry:
     data = json.loads(text)
     key = data.pop("key")
     return SessionEntry.from_dict(data, key=key)
+
+
+def state_from_row(row: Mapping[str, Any], folder: Path) -> RunState:
+    """A run's state from its ``runs`` row."""
+    run = RunState(
+        run_id=row["run_id"], key=row["session_key"] or "", agent_id=row["agent_id"],
+        chat_type=row["chat_type"] or "direct", channel=row["channel"], status=row["status"], dir=folder,
+        started_at=row["created_at"],
+        task_key=TaskKey(row["task_type"], row["task_identifier"], row["repository"], row["user"]),
+        parent_uuid=row["parent_uuid"], next_tool_seq=int(row["next_tool_seq"]), next_plan_id=int(row["next_plan_id"]),
+    )  # fmt: skip
+    run.next_seq, run.next_summary_id = int(row["next_seq"]), int(row["last_summary_id"]) + 1
+    run.context_tokens, run.compaction_count = int(row["context_tokens"]), int(row["compaction_count"])
+    run.context_bytes, run.context_lines = int(row["context_bytes"]), int(row["context_lines"])
+    run.last_context_seq, run.messages_bytes = int(row["last_context_seq"]), int(row["messages_bytes"])
+    run.usage = {k: int(row[k] or 0) for k in USAGE_KEYS}
+    return run

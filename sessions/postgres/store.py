@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 import asyncpg
 
@@ -19,22 +17,26 @@ from config.settings import PostgresSettings, Settings
 from sessions.entries import SessionEntry
 from sessions.files.history import MAX_BATCH
 from sessions.history_index import HistoryIndexProtocol, own_index
-from sessions.postgres.base import NOWHERE, decode_entry
+from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
 from sessions.postgres.export import PgExport
 from sessions.postgres.faults import unavailable
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.maintenance import PgMaintenance
 from sessions.postgres.schema import migrate
+from sessions.postgres.shared import PgShared
 from sessions.protocol import ConversationStore
-from sessions.records import USAGE_KEYS, Counters, RunState, StoredRecord, TaskKey, counter_values
+from sessions.records import Counters, RunState, StoredRecord, counter_values
 from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
 
 POOL_SIZE = 10
+_DROP_OPENING = (
+    "DELETE FROM runs WHERE opening AND next_seq = 1 AND status IN ('running', 'paused') RETURNING run_id, session_key"
+)
 
 
-class PgStore(PgMaintenance, PgExport):
+class PgStore(PgShared, PgMaintenance, PgExport):
     def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
         self.settings = settings
         self.clock = clock
@@ -66,7 +68,10 @@ class PgStore(PgMaintenance, PgExport):
         hooks: StoreHooks | None = None,
         password: str | None = None,
         pool_size: int = POOL_SIZE,
+        shared: bool = False,
     ) -> PgStore:
+        """``shared``: other gateway processes use the database at the same time (``gateway.workers``
+        above 1): keys are leased (``sessions.postgres.shared``)."""
         where = redact(dsn)
         with unavailable("nothing"):
             pool = await asyncpg.create_pool(dsn, password=password, min_size=1, max_size=pool_size)
@@ -74,7 +79,9 @@ class PgStore(PgMaintenance, PgExport):
         try:
             async with pool.acquire() as conn:
                 await migrate(conn, where)
-            await store._recover()
+            await store._recover(shared=shared)
+            if shared:
+                await store.start_sharing(dsn, password)
         except BaseException:
             await pool.close()
             raise
@@ -82,6 +89,7 @@ class PgStore(PgMaintenance, PgExport):
 
     async def close(self) -> None:
         await self.settle_queues()
+        await self.stop_sharing()
         if self._flush_task is not None and not self._flush_task.done():
             self._flush_task.cancel()
         try:
@@ -104,21 +112,19 @@ class PgStore(PgMaintenance, PgExport):
     async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]:
         return await own_index(index, PgHistoryIndex).check(fix=fix)
 
-    async def _recover(self) -> None:
+    async def _recover(self, *, shared: bool = False) -> None:
         with unavailable("nothing"):
             async with self.pool.acquire() as conn:
-                # a start that never stored its first message (a crash, a failed append) leaves nothing
-                dropped = await conn.fetch(
-                    "DELETE FROM runs WHERE opening AND next_seq = 1 AND status IN ('running', 'paused')"
-                    " RETURNING run_id, session_key"
-                )
+                # a start that never stored its first message (a crash, a failed append) leaves nothing;
+                # shared, such a run may be another process's start under way: the key's next message uses it
+                dropped = [] if shared else await conn.fetch(_DROP_OPENING)
                 entries = await conn.fetch("SELECT key, body::text FROM entries")
                 rows = await conn.fetch("SELECT * FROM runs WHERE status IN ('running', 'paused')")
         for row in dropped:
             log.warning("run %s of %r never stored its first message: removed", row[0], row[1])
         self._entries = {row[0]: decode_entry(row[1]) for row in entries}
         for row in rows:
-            run = _state_from_row(dict(row), NOWHERE / row["run_id"])
+            run = state_from_row(dict(row), NOWHERE / row["run_id"])
             entry = self._entries.get(run.key)
             if entry is not None and entry.run_id == run.run_id and _same_but_tokens(entry, run):
                 run.context_tokens = entry.context_tokens  # a calibration the row does not hold
@@ -146,22 +152,6 @@ class PgStore(PgMaintenance, PgExport):
                 self._dirty.add(entry.key)
 
 
-def _state_from_row(row: dict[str, Any], folder: Path) -> RunState:
-    run = RunState(
-        run_id=row["run_id"], key=row["session_key"] or "", agent_id=row["agent_id"],
-        chat_type=row["chat_type"] or "direct", channel=row["channel"], status=row["status"], dir=folder,
-        started_at=row["created_at"],
-        task_key=TaskKey(row["task_type"], row["task_identifier"], row["repository"], row["user"]),
-        parent_uuid=row["parent_uuid"], next_tool_seq=int(row["next_tool_seq"]), next_plan_id=int(row["next_plan_id"]),
-    )  # fmt: skip
-    run.next_seq, run.next_summary_id = int(row["next_seq"]), int(row["last_summary_id"]) + 1
-    run.context_tokens, run.compaction_count = int(row["context_tokens"]), int(row["compaction_count"])
-    run.context_bytes, run.context_lines = int(row["context_bytes"]), int(row["context_lines"])
-    run.last_context_seq, run.messages_bytes = int(row["last_context_seq"]), int(row["messages_bytes"])
-    run.usage = {k: int(row[k] or 0) for k in USAGE_KEYS}
-    return run
-
-
 def _same_but_tokens(entry: SessionEntry, run: RunState) -> bool:
     """Whether the entry's checkpoint describes the stored run (its token count may then be a
     provider's calibration, which the run's row does not keep)."""
@@ -182,8 +172,9 @@ async def open_from_settings(
     """``PgStore.open`` as ``storage.postgres`` says (the composition root's one call)."""
     dsn, password = connection_options(settings.storage.postgres, environ)
     return await PgStore.open(
-        settings, dsn=dsn, password=password, clock=clock, hooks=hooks, pool_size=settings.storage.postgres.pool_size
-    )
+        settings, dsn=dsn, password=password, clock=clock, hooks=hooks, pool_size=settings.storage.postgres.pool_size,
+        shared=settings.gateway.workers > 1,
+    )  # fmt: skip
 
 
 def redact(dsn: str) -> str:

@@ -1,0 +1,130 @@
+"""Store events to every gateway process sharing the database (``gateway.workers`` above 1): each
+process sends the events it emits with ``NOTIFY`` on ``CHANNEL`` (batched: one statement for every
+event emitted during a round trip) and ``LISTEN``s on a connection of its own; an event of another
+process goes to this process's subscribers (``/v1/events``), its own are skipped (no echo: the
+emitting process published them already).
+
+A notification's payload is at most 8000 bytes: a larger ``message`` event is sent without its
+content, with a reference (run id and seq) from which the receiver reads the stored message; any
+other oversized event has its long text fields cut (``truncated: true``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import asyncpg
+
+from sessions.appends import event_fields
+from sessions.events import StoreEvent
+from sessions.files.jsonl import decode
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "neotask_events"
+MAX_PAYLOAD = 7900  # bytes; the server refuses 8000 and more
+CUT_TEXT = 500  # characters kept of a long text field of an oversized event that is not a message
+
+Deliver = Callable[[StoreEvent], object]
+
+
+def encode(origin: str, event: Mapping[str, Any]) -> str:
+    """The payload of ``event``: whole when it fits, else a reference or a cut copy."""
+    text = json.dumps({"o": origin, "e": event}, ensure_ascii=False, separators=(",", ":"))
+    if len(text.encode()) <= MAX_PAYLOAD:
+        return text
+    if event.get("type") == "message" and event.get("run_id") and isinstance(event.get("seq"), int):
+        slim = {k: v for k, v in event.items() if k != "content"}
+        text = json.dumps({"o": origin, "e": slim, "ref": True}, ensure_ascii=False, separators=(",", ":"))
+        if len(text.encode()) <= MAX_PAYLOAD:
+            return text
+    cut = {k: (v[:CUT_TEXT] if isinstance(v, str) and len(v) > CUT_TEXT else v) for k, v in event.items()}
+    cut["truncated"] = True
+    text = json.dumps({"o": origin, "e": cut}, ensure_ascii=False, separators=(",", ":"))
+    if len(text.encode()) <= MAX_PAYLOAD:
+        return text
+    keep = ("type", "key", "run_id", "at", "seq")
+    return json.dumps({"o": origin, "e": {**{k: event[k] for k in keep if k in event}, "truncated": True}})
+
+
+class EventRelay:
+    def __init__(self, pool: asyncpg.Pool, dsn: str, password: str | None) -> None:
+        self.pool = pool
+        self.dsn, self.password = dsn, password
+        self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.deliver: Deliver | None = None
+        self._conn: asyncpg.Connection | None = None
+        self._outbox: list[str] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self.sent = self.received = 0
+
+    async def start(self) -> None:
+        self._conn = await asyncpg.connect(self.dsn, password=self.password)
+        await self._conn.add_listener(CHANNEL, self._on_notify)
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name="postgres-events-in")
+
+    def send(self, event: Mapping[str, Any]) -> None:
+        self._outbox.append(encode(self.origin, event))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send(), name="postgres-events-out")
+
+    async def _send(self) -> None:
+        while self._outbox:
+            batch, self._outbox = self._outbox, []
+            try:
+                await self.pool.execute(f"SELECT pg_notify('{CHANNEL}', p) FROM unnest($1::text[]) AS p", batch)
+                self.sent += len(batch)
+            except Exception as exc:  # the events of this process still reach its own subscribers
+                log.warning("%d event(s) not sent to the other gateway processes (%s)", len(batch), exc)
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            return
+        if isinstance(data, dict) and data.get("o") != self.origin and isinstance(data.get("e"), dict):
+            self._inbox.put_nowait(data)
+
+    async def _read(self) -> None:
+        """Deliver the other processes' events in the order they came (a reference read first)."""
+        while True:
+            data = await self._inbox.get()
+            event: dict[str, Any] = data["e"]
+            if data.get("ref"):
+                try:
+                    event = await self._resolve(event)
+                except Exception as exc:
+                    log.warning("event of run %s seq %s not read (%s)", event.get("run_id"), event.get("seq"), exc)
+                    continue
+            self.received += 1
+            if self.deliver is not None:
+                self.deliver(cast(StoreEvent, event))
+
+    async def _resolve(self, event: dict[str, Any]) -> dict[str, Any]:
+        text = await self.pool.fetchval(
+            "SELECT record::text FROM messages WHERE run_id = $1 AND seq = $2", event["run_id"], event["seq"]
+        )
+        if text is None:  # purged meanwhile
+            return {**event, "truncated": True}
+        return {**event, **event_fields(decode(text.encode()))}
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            with contextlib.suppress(Exception):
+                await self._sender
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close(timeout=5)

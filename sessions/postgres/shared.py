@@ -1,0 +1,157 @@
+"""The PostgreSQL store when several gateway processes share the database (``gateway.workers``
+above 1): each key is leased by one process at a time (``sessions.postgres.keylocks``) while it
+stores on the key: the store's ``lock_for``, ``append`` and ``rewrite_context`` hold the lease;
+taking it reads the key's active run and entry from the database again (in place: a turn keeps
+its ``RunState``), giving it back waits until the key's appends are durable and writes its entry.
+A model turn holds the ``TurnLocks`` turn lock, another advisory lock, for its whole length (so
+other processes keep storing messages on the key meanwhile, as one process does)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import asyncpg
+
+from sessions.events import StoreEvent
+from sessions.postgres.appends import PgAppends
+from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
+from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases, SharedLock, TurnLock
+from sessions.postgres.notify import EventRelay
+from sessions.records import ContextRewrite, MessageRecord, NewMessage, RunState
+from sessions.rewrites import ContextChange
+
+log = logging.getLogger(__name__)
+
+_REFRESHED = (
+    "status", "next_seq", "next_summary_id", "context_tokens", "compaction_count", "context_bytes",
+    "context_lines", "last_context_seq", "messages_bytes", "next_tool_seq", "next_plan_id", "usage",
+)  # fmt: skip
+
+
+class PgShared(PgAppends):
+    _leases: KeyLeases | None = None
+    _turn_pool: asyncpg.Pool | None = None
+    _relay: EventRelay | None = None
+
+    async def start_sharing(self, dsn: str, password: str | None) -> None:
+        """Lease keys from now on (a pool of connections that hold the keys' locks), and send and
+        receive the events (``sessions.postgres.notify``)."""
+        pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
+        self._leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key)
+        self._turn_pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
+        self._locks.clear()
+        relay = EventRelay(self.pool, dsn, password)
+        await relay.start()
+        self._relay = relay
+
+    async def stop_sharing(self) -> None:
+        leases, self._leases = self._leases, None
+        relay, self._relay = self._relay, None
+        turns, self._turn_pool = self._turn_pool, None
+        try:
+            if relay is not None:
+                await relay.close()
+            if turns is not None:
+                await turns.close()
+        finally:
+            if leases is not None:
+                try:
+                    await leases.close()
+                finally:
+                    await leases.pool.close()
+
+    def follow_events(self, deliver: Callable[[StoreEvent], object]) -> None:
+        """``SharedEvents``: ``deliver`` gets the events other processes emit (none when alone)."""
+        if self._relay is not None:
+            self._relay.deliver = deliver
+
+    def emit(self, event: StoreEvent) -> None:
+        super().emit(event)  # the store's own events come here too (``_emit`` builds and emits)
+        if self._relay is not None:
+            self._relay.send(event)
+
+    @property
+    def shared(self) -> bool:
+        return self._leases is not None
+
+    def lock_for(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock() if self._leases is None else SharedLock(self._leases, key)
+        return lock
+
+    def turn_lock(self, key: str) -> asyncio.Lock | None:
+        """``TurnLocks``: the key's turn lock across processes (None: one process, the engine's own
+        lock is enough)."""
+        if self._leases is None or self._turn_pool is None:
+            return None
+        return TurnLock(self._turn_pool, self._leases, key)
+
+    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
+        """Under the key's lease (a turn's reply, a tool's message: the lease is not held for a
+        whole turn), so its seq follows what other processes stored meanwhile."""
+        if self._leases is None:
+            return await super().append(run, message)
+        await self._leases.enter(run.key)
+        try:
+            return await super().append(run, message)
+        finally:
+            self._leases.leave(run.key)
+
+    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
+        if self._leases is None:
+            return await super().rewrite_context(run, change)
+        await self._leases.enter(run.key)
+        try:
+            return await super().rewrite_context(run, change)
+        finally:
+            self._leases.leave(run.key)
+
+    async def _refresh_key(self, key: str, conn: asyncpg.Connection) -> None:
+        """Read ``key``'s active run and entry again: another process may have changed them."""
+        rows = await conn.fetch("SELECT * FROM runs WHERE session_key = $1 AND status IN ('running', 'paused')", key)
+        body = await conn.fetchval("SELECT body::text FROM entries WHERE key = $1", key)
+        active = {row["run_id"]: state_from_row(dict(row), NOWHERE / row["run_id"]) for row in rows}
+        for run_id, run in list(self._runs.items()):
+            if run.key == key and run_id not in active and not self._busy(run):
+                del self._runs[run_id]  # ended by another process
+        for run_id, fresh in active.items():
+            known = self._runs.get(run_id)
+            if known is None:
+                self._runs[run_id] = fresh
+            elif not self._busy(known):
+                for name in _REFRESHED:
+                    setattr(known, name, getattr(fresh, name))
+        if body is not None and key not in self._dirty:
+            self._entries[key] = decode_entry(body)
+        entry = self._entries.get(key)
+        first = next(iter(active), None)
+        if first is not None:
+            run = self._runs[first]
+            if entry is None:
+                entry = self._entries[key] = self._new_entry(key, run.agent_id, run.chat_type, run.channel)
+            entry.run_id, entry.status, entry.started_at = run.run_id, run.status, run.started_at
+            self.sync_counters(entry, run)
+        elif entry is not None and entry.run_id is not None:
+            entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
+
+    async def _settle_key(self, key: str) -> None:
+        """Before the lease ends: every append queued for the key durable, its entry written."""
+        for run in [r for r in self._runs.values() if r.key == key and self._busy(r)]:
+            await self._after_all(run)
+        await self.flush_entries(key)
+
+    def _busy(self, run: RunState) -> bool:
+        """Whether ``run`` has appends not yet stored (queued, or in a statement under way)."""
+        return run.appends_pending > 0 or run.run_id in self._queues or run.run_id in self._in_flight
+
+    async def _after_all(self, run: RunState) -> None:
+        async def nothing() -> None:
+            return None
+
+        try:
+            await self.after_queued(run, nothing)
+        except Exception:  # a failed append fails what follows it: nothing more is queued
+            return
