@@ -2,9 +2,11 @@
 
 Every process schedules the same jobs; a firing runs only where ``may_fire`` says so: this process
 leads, and (postgres) it claimed that firing in the database on the leader lock's own connection,
-so a firing runs once across a takeover. On gaining the lead: the resets that fell due meanwhile
-(``Scheduling.start``) and the memory index's writes; on losing it: the schedule's firings under
-way are cancelled, the start-up sweep too, and the memory index stops writing. The files backend
+so a firing runs at most once across a takeover. On gaining the lead: the resets that fell due
+meanwhile (``Scheduling.start``), the cron-style firings that came due since this process started
+and no process ran (``SchedulerService.catch_up``), and the memory index's writes; on losing it:
+the schedule's firings under way are cancelled, the start-up sweep too, and the memory index stops
+writing. The files backend
 is its own leader from the start (``SoleLeader``): nothing changes there.
 """
 
@@ -15,6 +17,7 @@ import contextlib
 import logging
 from datetime import datetime
 
+from config.clock import Clock
 from conversations.housekeeping import Scheduling
 from memory import MemoryService
 from scheduler.service import SchedulerService
@@ -30,11 +33,14 @@ class LeaderWork:
         scheduler: SchedulerService,
         scheduling: Scheduling,
         memory: MemoryService | None,
+        *,
+        clock: Clock,
     ) -> None:
         self.leadership = leadership
         self.scheduler = scheduler
         self.scheduling = scheduling
         self.memory = memory
+        self.started_at = clock()  # firings due since then and run by no process: run on gaining the lead
         self.leading = False  # the leader's work runs here
         self._watch: asyncio.Task[None] | None = None
         self._stops: set[asyncio.Task[None]] = set()
@@ -72,6 +78,11 @@ class LeaderWork:
             if self.shared:
                 log.info("leadership gained: this process runs the resets, cleanup, cron jobs and memory indexing")
             self.scheduling.start()
+            if self.shared:
+                caught = self.scheduler.catch_up(self.started_at)
+                if caught:
+                    log.info("leadership gained: firing %s, due while no process led, unless one ran it",
+                             ", ".join(caught))  # fmt: skip
             if self.memory is not None:
                 self.memory.set_writer(True)
             return

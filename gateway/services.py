@@ -299,7 +299,7 @@ async def open_services(
         backups = Backups(config, store, memory, clock)
         scheduler = scheduler_service(config, scheduling, zone, clock, backups=backups)
         if parts.timers:
-            leader = LeaderWork(open_leadership(settings, environ=env), scheduler, scheduling, memory)
+            leader = LeaderWork(open_leadership(settings, environ=env), scheduler, scheduling, memory, clock=clock)
             stack.push_async_callback(leader.close)  # after the scheduler stopped: the lead goes last
             await scheduler.start()
             leader.start()  # the files backend leads at once (the start-up sweep); postgres when it may

@@ -435,13 +435,14 @@ class SchedulerService:
             raise JobRunning(f"job {job.id!r} is already running")
         return await self._fire(job.id)
 
-    async def fire_scheduled(self, job_id: str) -> object:
-        """A firing of the schedule (what APScheduler calls): run when the gate, if any, lets it."""
+    async def fire_scheduled(self, job_id: str, due: datetime | None = None) -> object:
+        """A firing of the schedule (what APScheduler calls; ``due``: when it was due, else the
+        trigger's last time up to now): run when the gate, if any, lets it."""
         job = self._jobs.get(job_id)
         if job is None:
             return None
         if self.gate is not None:
-            at = self.scheduled_at(job_id, self._clock())
+            at = due or self.scheduled_at(job_id, self._clock())
             if not await self.gate(job_id, at):
                 logger.debug("job %s not run here: the gate said no (another process leads)", job_id)
                 return None
@@ -463,6 +464,21 @@ class SchedulerService:
         while trigger is not None and when is not None and when <= now:
             last, when = when, trigger.get_next_fire_time(when, when + timedelta(microseconds=1))
         return None if last is None else last.astimezone(UTC)
+
+    def catch_up(self, since: datetime) -> list[str]:
+        """Fire, through the gate, each cron-style job (not the daily reset: the start-up sweep
+        does its work) whose last due time fell at or after ``since``: a new leader runs a firing
+        that came due while no process led (the gate's claim refuses one that ran). The ids."""
+        now, fired = self._clock(), []
+        for job in list(self._jobs.values()):
+            due = self.scheduled_at(job.id, now) if job.kind != "daily_reset" else None
+            if due is not None and due >= since:
+                fired.append(job.id)
+                task = asyncio.create_task(self.fire_scheduled(job.id, due), name=f"catch-up {job.id}")
+                job.tasks.add(task)  # ``stop`` waits for it as for any firing
+                task.add_done_callback(job.tasks.discard)
+                task.add_done_callback(_report)
+        return fired
 
     async def cancel_scheduled(self) -> int:
         """Cancel the schedule's firings under way (not a ``run_now``); how many."""
@@ -502,6 +518,11 @@ class SchedulerService:
         job = self._jobs.get(event.job_id)
         if job is not None:
             job.skipped += 1
+
+
+def _report(task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.error("%s failed", task.get_name(), exc_info=exc)
 
 
 def _bind(run_cron: Callable[[CronJob], Awaitable[object]], job: CronJob) -> Callback:

@@ -77,8 +77,13 @@ class Leadership:
         """Whether this process holds the lock now (taking it when it is free); a lost connection
         means not leading (its lock went with it) and is retried on the next call."""
         async with self._using:
+            if self._conn is not None and self._conn.is_closed():  # the lock went with it
+                if self.leading:
+                    log.warning("leadership connection lost: not leading until the lock is taken again")
+                await self._drop()
+                return False
             try:
-                if self._conn is None or self._conn.is_closed():
+                if self._conn is None:
                     self.leading = False
                     self._conn = await asyncpg.connect(
                         self.dsn, password=self.password, timeout=max(self.interval_s, 1)
