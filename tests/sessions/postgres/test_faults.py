@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from config.errors import StorageUnavailable
 from gateway.http import retry_headers
+from sessions.postgres.faults import database_error
 from sessions.postgres.store import PgStore
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
@@ -61,3 +63,12 @@ async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
         if not await asyncio.to_thread(postgres_server.running):
             await asyncio.to_thread(postgres_server.start)  # for the next tests
         await store.close()
+
+
+def test_a_connection_broken_under_another_call_is_a_503_not_a_500() -> None:
+    """Two daemons under load, the database stopped: asyncpg reported a pooled connection the server
+    shut down as this client error, and the message was answered 500."""
+    exc = asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+    typed = database_error(exc)
+    assert isinstance(typed, StorageUnavailable)
+    assert typed.extra["stored"] is False and typed.extra["retry_after_s"] == 1
