@@ -81,7 +81,7 @@ class LeaderWork:
             if self.shared:
                 caught = self.scheduler.catch_up(self.started_at)
                 if caught:
-                    log.info("leadership gained: firing %s, due while no process led, unless one ran it",
+                    log.info("catching up: firing %s, due while no process led, unless one ran it",
                              ", ".join(caught))  # fmt: skip
             if self.memory is not None:
                 self.memory.set_writer(True)

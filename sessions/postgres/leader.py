@@ -129,10 +129,10 @@ class Leadership:
         was = False
         try:
             while True:
-                now = await self.try_lead()
+                now = await self._try()
                 if now and not was:
                     await asyncio.sleep(self.grace_s)  # a leader that lost its connection stops first
-                    now = await self.try_lead()
+                    now = await self._try()
                 if now != was:
                     was = now
                     on_change(now)
@@ -140,6 +140,15 @@ class Leadership:
         finally:
             if was:
                 on_change(False)
+
+    async def _try(self) -> bool:
+        """``try_lead`` for ``watch``, which must outlive a surprise (it is logged: not leading)."""
+        try:
+            return await self.try_lead()
+        except Exception:
+            log.exception("leadership check failed: not leading until the next try")
+            await self.resign()
+            return False
 
     async def resign(self) -> None:
         """Give the lead up (a clean shutdown: another process takes over at its next try)."""
