@@ -14,7 +14,7 @@ from scheduler.service import DailyJob, SchedulerService
 from tests.conftest import FakeClock
 from tests.scheduler.test_service import NIGHTLY, NY, Calls
 
-pytestmark = [pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.timeout(30), pytest.mark.realtime]
 
 
 def service(calls: Calls, clock: FakeClock) -> SchedulerService:
