@@ -17,6 +17,7 @@ from channels.webhooks import plan
 from config.clock import Clock
 from config.errors import HookNotFound, HookSecretMissing
 from config.settings import HookMapping, Settings
+from sessions.records import NewMessage
 
 log = logging.getLogger(__name__)
 DELIVER_TIMEOUT_S = 10.0
@@ -91,14 +92,10 @@ class Webhooks:
     ) -> HookOutcome:
         """Store one delivery; a delivery id or a signature seen before is a :class:`Duplicate`."""
         hook_plan = plan(name, mapping, payload, agents=self.settings.agents)
-        post = Post(
-            key=hook_plan.key,
-            role="user",
-            content=hook_plan.message,
-            name=hook_plan.task_key.user,
-            sender_id=hook_plan.task_key.user,
-            task_key=hook_plan.task_key,
+        message = NewMessage(
+            role="user", content=hook_plan.message, name=hook_plan.task_key.user, sender_id=hook_plan.task_key.user
         )
+        post = Post(key=hook_plan.key, message=message, task_key=hook_plan.task_key)
         marks = [m for m in (delivery_id, f"sig:{name}:{signature}" if signature else None) if m]
         claimed: list[str] = []
         try:

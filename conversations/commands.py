@@ -96,14 +96,14 @@ class Commands:
         """A command sent with a client_message_id runs at most once: a redelivery answers what the
         first delivery answered (from its idempotency record, or from the transcript, where the
         command line carries the id and its answer the command's seq) and runs nothing again."""
-        assert post.client_message_id is not None
-        previous = await self.conv.find_previous(post.key.raw, post.client_message_id)
+        assert post.message.client_message_id is not None
+        previous = await self.conv.find_previous(post.key.raw, post.message.client_message_id)
         if previous is not None:
             if previous["response"] is not None:
                 return outcome_from(json.loads(previous["response"]))
             return Outcome(post.key.raw, previous["run_id"], previous["message_seq"], reply=previous.get("reply"))
         outcome = await self.run(post, name, args)
-        await self.conv.remember(post.key.raw, post.client_message_id, outcome)
+        await self.conv.remember(post.key.raw, post.message.client_message_id, outcome)
         return outcome
 
     # -- storing a command and its answer -------------------------------------------------------
@@ -118,7 +118,7 @@ class Commands:
         if run is None:
             return Outcome(call.key, None, None, reply={"content": text, "seq": None})
         asked, answered = await self.conv.command_exchange(
-            run, call.post.content, text, client_message_id=call.post.client_message_id
+            run, call.post.message.content, text, client_message_id=call.post.message.client_message_id
         )
         return Outcome(call.key, run.run_id, asked["seq"], reply={"content": text, "seq": answered["seq"]})
 
@@ -278,17 +278,18 @@ class Commands:
             await self.store.set_inherit_next(call.key, inherit)
         if not call.args:
             return outcome
-        follow = await dispatch(self, replace(call.post, content=call.args, client_message_id=None))
+        rest = replace(call.post.message, content=call.args, client_message_id=None)
+        follow = await dispatch(self, replace(call.post, message=rest))
         follow.events = outcome.events + follow.events
         return follow
 
 
 async def dispatch(commands: Commands, post: Post, *, on_delta: DeltaFn | None = None) -> Outcome:
     """The one entry point for posted messages: a user message that is a command runs it."""
-    if post.role == "user":
-        parsed = parse_command(post.content)
+    if post.message.role == "user":
+        parsed = parse_command(post.message.content)
         if parsed is not None:
-            if post.client_message_id is None:
+            if post.message.client_message_id is None:
                 return await commands.run(post, *parsed)
             return await commands.conv.once(post, lambda: commands.run_once(post, *parsed))
     return await commands.conv.post(post, on_delta=on_delta)

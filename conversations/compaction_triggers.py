@@ -6,11 +6,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from config.clock import iso
 from conversations.idempotency import Idempotency
 from conversations.posts import Outcome, to_openai
 from conversations.provider import ProviderError
 from sessions.compaction import compaction_due
 from sessions.compactor import CompactionResult, SummaryResult, Trigger
+from sessions.events import flush_published
 from sessions.records import RunState
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,7 @@ class CompactionTriggers(Idempotency):
 
         try:
             await asyncio.wait_for(flush_turn(), timeout=flush.timeout_s)
-            self.store.emit("memory", run, action="flush", compaction=run.compaction_count)
+            self.store.emit(flush_published(run, iso(self.store.clock())))
         except (ProviderError, TimeoutError) as exc:
             log.warning("memory flush for run %s failed (%s); continuing", run.run_id, exc)
 

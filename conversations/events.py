@@ -8,9 +8,11 @@ import contextlib
 import itertools
 import json
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from sessions.events import HubEvent
 
 SUBSCRIBER_QUEUE = 1000
 
@@ -19,11 +21,11 @@ class Event(NamedTuple):
     """One published event (a tuple: built per stored message, for the replay buffer too)."""
 
     id: int
-    data: Mapping[str, Any]
+    data: HubEvent
 
     def encode(self) -> bytes:
         payload = json.dumps(self.data, ensure_ascii=False)
-        return f"id: {self.id}\nevent: {self.data.get('type', 'message')}\ndata: {payload}\n\n".encode()
+        return f"id: {self.id}\nevent: {self.data['type']}\ndata: {payload}\n\n".encode()
 
 
 @dataclass(eq=False)
@@ -39,11 +41,11 @@ class EventHub:
         self._subscribers: set[_Subscriber] = set()
         self.closed = False
 
-    def publish(self, data: Mapping[str, Any]) -> Event:
+    def publish(self, data: HubEvent) -> Event:
         event = Event(next(self._ids), data)
         self._buffer.append(event)
         for sub in list(self._subscribers):
-            if sub.key is None or sub.key == data.get("key"):
+            if sub.key is None or sub.key == data["key"]:
                 if sub.queue.full():
                     with contextlib.suppress(asyncio.QueueEmpty):
                         sub.queue.get_nowait()
@@ -60,7 +62,7 @@ class EventHub:
         try:
             if last_event_id is not None:
                 for event in list(self._buffer):
-                    if event.id > last_event_id and (key is None or event.data.get("key") == key):
+                    if event.id > last_event_id and (key is None or event.data["key"] == key):
                         yield event
             while not self.closed:
                 try:
@@ -77,7 +79,7 @@ class EventHub:
     def forget(self, key: str) -> None:
         """Drop the key's events from the replay buffer (the key was purged: a reconnect with an
         old ``Last-Event-ID`` must not get its messages back)."""
-        kept = [event for event in self._buffer if event.data.get("key") != key]
+        kept = [event for event in self._buffer if event.data["key"] != key]
         self._buffer.clear()
         self._buffer.extend(kept)
 

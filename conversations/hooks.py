@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sessions.events import TurnEvent
 from sessions.protocol import ArchiveStep
 from sessions.store_hooks import StoreHooks as StoreHooks  # declared with the store: it takes them at open
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from conversations.posts import Post, ReplyBody
     from sessions.records import RunState
 
-Event = dict[str, Any]
+Event = TurnEvent  # what a hook adds to the answer
 BeforePost = Callable[["Post"], Awaitable[list[Event]]]
 BeforeAppend = Callable[["RunState", "Post", bool], Awaitable[list[Event]]]
 NextReset = Callable[[str], datetime | None]

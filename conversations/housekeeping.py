@@ -25,8 +25,10 @@ from conversations.log_context import EVERY_ONE
 from conversations.run_end import RunEnd, end_active_run, end_run
 from conversations.turns import Conversations, Post
 from sessions.entries import SessionEntry
+from sessions.events import ResetEvent, TurnEvent
 from sessions.keys import cron_key, parse_key
 from sessions.protocol import Maintenance
+from sessions.records import NewMessage
 from sessions.resets import ResetDecision, ResetFacts, ResetPolicy, effective_policy, next_reset_at, reset_decision
 
 if TYPE_CHECKING:
@@ -98,7 +100,7 @@ class Scheduling:
 
     # -- carrying it out ------------------------------------------------------------------------
 
-    async def check_on_arrival(self, post: Post) -> list[dict[str, Any]]:
+    async def check_on_arrival(self, post: Post) -> list[TurnEvent]:
         """Before a message is appended: reset first if one is due. The arriving user message
         counts as activity after the boundary, so it can defer a daily reset whose boundary this
         gateway was running at, never one that fell due while it was down (``sessions.resets``):
@@ -111,7 +113,7 @@ class Scheduling:
         cached = self._not_before.get(key)
         if cached is not None and cached[0] == run.run_id and now < cached[1]:
             return []  # activity only ever moves a reset later, so this bound still holds
-        activity = now if post.role == "user" and post.user_activity is not False else None
+        activity = now if post.message.role == "user" and post.message.user_activity is not False else None
         decision = self.decision(key, activity_at=activity)
         if decision is None or not decision.due:
             earliest = self.next_reset(key)
@@ -122,7 +124,7 @@ class Scheduling:
 
     async def reset(
         self, key: str, decision: ResetDecision, *, activity_at: datetime | None = None
-    ) -> dict[str, Any] | None:
+    ) -> ResetEvent | None:
         async with self.conv.exclusive(key):
             again = self.decision(key, activity_at=activity_at)  # the state may have moved meanwhile
             run = self.store.active_run(key)
@@ -212,7 +214,7 @@ class Scheduling:
                 await end_run(self.conv, key.raw, RunEnd("cron"))
         if job.isolated and not job.inherit:  # this firing starts clean (cron.jobs[].inherit: false)
             await self.store.set_inherit_next(key.raw, False)
-        post = Post(key=key, role="user", content=job.message, user_activity=False, name="cron")
+        post = Post(key=key, message=NewMessage(role="user", content=job.message, user_activity=False, name="cron"))
         try:
             outcome = await dispatch(self.commands, post)
         except NeotaskError as exc:  # a failing job must not stop the scheduler: it is reported and logged

@@ -27,8 +27,8 @@ class Idempotency(ConversationCore):
     async def once(self, post: Post, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
         """Run ``work`` for a delivery with a client_message_id; a second delivery of the same id
         arriving while the first is handled waits for the first one's answer."""
-        assert post.client_message_id is not None
-        marker = (post.key.raw, post.client_message_id)
+        assert post.message.client_message_id is not None
+        marker = (post.key.raw, post.message.client_message_id)
         if marker in self._inflight:  # the same delivery is being handled right now
             return outcome_from(await asyncio.shield(self._inflight[marker]))
         future: asyncio.Future[ReplyBody] = asyncio.get_running_loop().create_future()

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from config.clock import iso
 from config.errors import NeotaskError, ProviderFailure, TurnFailed
 from conversations.compaction_triggers import CompactionTriggers
 from conversations.fallbacks import collect_attempts, record_attempts
@@ -14,6 +15,7 @@ from conversations.posts import DeltaFn, Outcome, TurnOptions, to_openai
 from conversations.provider import Completion, ProviderError, ToolCall, Usage
 from conversations.queueing import TurnScope
 from sessions.context_order import anchor
+from sessions.events import reply_published
 from sessions.records import NewMessage, RunState
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ class ModelTurns(CompactionTriggers):
                     shown = [line for line in context if scope.visible(line)]
                     hidden = sum(int(line.get("tokens") or 0) for line in context if not scope.visible(line))
                     context = shown
-                    scope.seen_upto = max((int(line["seq"]) for line in context if line.get("seq")), default=0)
+                    scope.seen_upto = max((seq for line in context if (seq := line.get("seq"))), default=0)
                 after = anchor(context)  # what this call writes follows what it saw, not what waits
                 messages = [{"role": "system", "content": system}, *map(to_openai, context)]
                 out_of_rounds = rounds >= agent.max_tool_rounds
@@ -103,7 +105,10 @@ class ModelTurns(CompactionTriggers):
                             "seq": seq,
                             "tool_calls": [_call_dict(c) for c in client],
                         }
-                        self.store.emit("reply", run, seq=seq, content=completion.content, model=completion.model)
+                        published = reply_published(
+                            run, iso(self.store.clock()), seq=seq, content=completion.content, model=completion.model
+                        )
+                        self.store.emit(published)
                         break
                     continue
                 content = completion.content
@@ -124,7 +129,8 @@ class ModelTurns(CompactionTriggers):
                 record, _ = await asyncio.gather(self.store.append(run, reply), accounting)
                 self.metrics.messages.labels("assistant").inc()
                 outcome.reply = {"content": content, "seq": record["seq"]}
-                self.store.emit("reply", run, seq=record["seq"], content=content, model=completion.model)
+                at = iso(self.store.clock())
+                self.store.emit(reply_published(run, at, seq=record["seq"], content=content, model=completion.model))
                 break
         except asyncio.CancelledError:
             self.metrics.turns.labels("stopped").inc()

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
 from conversations.provider import Usage
+from sessions.events import TurnEvent
 from sessions.keys import SessionKey
-from sessions.records import Role, TaskKey
+from sessions.records import NewMessage, TaskKey
 
 DeltaFn = Callable[[str], Awaitable[None]]
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -35,20 +36,15 @@ class TurnOptions:
 
 @dataclass(frozen=True)
 class Post:
-    """A message to post to a key, as the routes build it."""
+    """A message to post to a key, as the routes build it: the ``message`` the store keeps (the
+    engine stores it as given, but for the speaker's name made OpenAI-safe), and its routing:
+    ``reply`` (False: store it, no turn), the run's ``task_key`` when the post starts one, the
+    per-call ``options`` and the scope of its ``client_message_id``."""
 
     key: SessionKey
-    role: Role
-    content: str
-    name: str | None = None
-    sender_id: str | None = None
-    tool_name: str | None = None
-    tool_call_id: str | None = None
+    message: NewMessage
     reply: bool = True
-    client_message_id: str | None = None
-    user_activity: bool | None = None
     task_key: TaskKey | None = None
-    tool_calls: tuple[dict[str, Any], ...] = ()
     options: TurnOptions | None = None
     # ``key``: a client_message_id is recognised on the key within the idempotency window (its
     # record in tasks.db, else the transcript); ``run``: it names a place in the active run's
@@ -74,7 +70,7 @@ class ReplyBody(TypedDict):
     run_id: str | None
     message_seq: int | None
     reply: Reply | None
-    events: list[dict[str, Any]]
+    events: list[TurnEvent]
     usage: dict[str, int]
 
 
@@ -89,7 +85,7 @@ class Outcome:
     run_id: str | None
     message_seq: int | None
     reply: Reply | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[TurnEvent] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=_NO_USAGE.copy)
 
     def body(self) -> ReplyBody:
@@ -111,7 +107,7 @@ def speaker_name(name: str | None) -> str | None:
     return cleaned or None
 
 
-def to_openai(line: dict[str, Any]) -> dict[str, Any]:
+def to_openai(line: Mapping[str, Any]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": line["role"], "content": line.get("content") or ""}
     if line["role"] == "user" and line.get("name"):
         message["name"] = line["name"]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from config.errors import Busy
 from config.settings import QueueMode
+from sessions.events import TurnSkippedEvent
 
 if TYPE_CHECKING:
     from conversations.posts import DeltaFn, Outcome, TurnOptions
@@ -118,10 +119,10 @@ class Batch:
             caller.outcome.usage = dict(result.usage)
             caller.answered.set_result(True)
 
-    def skip(self, event: dict[str, Any]) -> None:
+    def skip(self, event: TurnSkippedEvent) -> None:
         for caller in self.callers:
             if not caller.answered.done():
-                caller.outcome.events.append(dict(event))
+                caller.outcome.events.append(event.copy())
                 caller.answered.set_result(True)
 
     def fail(self, error: Callable[[Caller], BaseException]) -> None:

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from config.clock import iso
 from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
 from conversations.memory_scope import scope_of_raw
@@ -24,6 +25,7 @@ from conversations.transcript_memory import is_transcript, run_citation, transcr
 from conversations.turns import Conversations, Post
 from memory import MemoryService, SearchHit, scopes
 from memory.scopes import Scope
+from sessions.events import RecallEvent, TurnEvent, recall_published
 from sessions.records import NewMessage, RunState
 from sessions.tokens import estimate_text
 
@@ -97,13 +99,13 @@ class MemoryBridge:
 
     # -- auto-recall ----------------------------------------------------------------------------
 
-    async def recall(self, run: RunState, post: Post, new_run: bool) -> list[dict[str, Any]]:
+    async def recall(self, run: RunState, post: Post, new_run: bool) -> list[TurnEvent]:
         """Before the first user message of a run (or every user message with ``on:
         every_turn``): inject what the memory holds about it."""
         recall = self.settings.memory.recall
-        if not recall.enabled or post.role != "user" or run.chat_type not in recall.chat_types:
+        if not recall.enabled or post.message.role != "user" or run.chat_type not in recall.chat_types:
             return []
-        if not post.content.strip():  # nothing to search for
+        if not post.message.content.strip():  # nothing to search for
             return []
         if recall.on == "session_start" and not new_run:
             return []
@@ -112,7 +114,8 @@ class MemoryBridge:
             return []
         agent = run.agent_id or "main"
         scope = self.scope(run)
-        hits = await self.memory.search(agent, post.content, k=recall.top_k, include_memory_md=True, scope=scope)
+        query = post.message.content
+        hits = await self.memory.search(agent, query, k=recall.top_k, include_memory_md=True, scope=scope)
         daily = await asyncio.to_thread(self._daily_logs, agent, scope) if recall.daily_logs and new_run else []
         text = memory_message(hits, daily, recall.max_tokens)
         if text is None:
@@ -121,8 +124,9 @@ class MemoryBridge:
             run, NewMessage(role="system", content=text, kind="recall", user_activity=False)
         )
         citations = [h.citation for h in hits] + [path for path, _ in daily]
-        self.conv.store.emit("memory", run, action="recall", seq=record["seq"], citations=citations)
-        return [{"type": "memory", "action": "recall", "seq": record["seq"], "citations": citations}]
+        event: RecallEvent = {"type": "memory", "action": "recall", "seq": record["seq"], "citations": citations}
+        self.conv.store.emit(recall_published(run, iso(self.conv.store.clock()), event))
+        return [event]
 
     def _daily_logs(self, agent: str, scope: Scope) -> list[tuple[str, str]]:
         """Today's and yesterday's logs of ``scope`` (blocking file reads: called off the event loop)."""

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from config.clock import iso
 from conversations.turns import Conversations
+from sessions.events import ResetEvent, reset_published
 from sessions.records import RunState
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,6 @@ class RunEnd:
     boundary: datetime | None = None
     command: str | None = None
     counted: str | None = None
-
-
-ResetEvent = dict[str, Any]
 
 
 def reset_event(run: RunState, how: RunEnd) -> ResetEvent:
@@ -87,7 +84,7 @@ async def _end(conv: Conversations, key: str, run: RunState, how: RunEnd) -> tup
     if how.boundary is not None:
         await store.set_reset_boundary(key, iso(how.boundary))
     event = reset_event(ended, how)
-    store.emit("reset", ended, **{k: v for k, v in event.items() if k != "type"})
+    store.emit(reset_published(ended, iso(store.clock()), event))
     if how.counted is not None:
         conv.metrics.resets.labels(how.counted).inc()
     return ended, event

@@ -19,10 +19,9 @@ from config.errors import NeotaskError, RunNotFound
 from config.settings import SendRule, SessionToolsSettings
 from conversations.tools import Tool, ToolError
 from conversations.turns import Conversations, Outcome, Post
-from sessions.files.history import HistoryIndex
-from sessions.files.history_search import HistoryQuery
+from sessions.history_index import HistoryIndexProtocol, HistoryQuery
 from sessions.keys import parse_key
-from sessions.records import RunState
+from sessions.records import NewMessage, RunState
 
 MAX_CONTENT = 2000  # characters of one message handed back to the model
 
@@ -62,7 +61,7 @@ def send_allowed(rules: tuple[SendRule, ...], default: str, *, key: str, channel
 
 
 class SessionTools:
-    def __init__(self, conversations: Conversations, history: HistoryIndex | None) -> None:
+    def __init__(self, conversations: Conversations, history: HistoryIndexProtocol | None) -> None:
         self.conv = conversations
         self.store = conversations.store
         self.history = history
@@ -245,8 +244,8 @@ class SessionTools:
             if not stored.done():
                 stored.set_result(outcome)
 
-        post = Post(key=target if target.agent_id else _with_main(target), role="user", content=message,
-                    name=_speaker(run.key), sender_id=run.key, user_activity=False)  # fmt: skip
+        line = NewMessage(role="user", content=message, name=_speaker(run.key), sender_id=run.key, user_activity=False)
+        post = Post(key=target if target.agent_id else _with_main(target), message=line)
         task = asyncio.create_task(self.conv.post(post, on_stored=on_stored), name=f"sessions_send:{target.raw}")
         task.add_done_callback(_quiet)
         try:

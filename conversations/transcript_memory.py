@@ -17,9 +17,9 @@ from pathlib import Path
 from config.errors import RunNotFound
 from memory import scopes
 from memory.scopes import Scope
+from sessions.events import StoreEvent
 from sessions.files.jsonl import write_atomic
 from sessions.protocol import ConversationStore
-from sessions.records import StoreEvent
 
 log = logging.getLogger(__name__)
 SESSIONS_DIR = "memory/sessions"

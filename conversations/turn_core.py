@@ -101,7 +101,8 @@ class ConversationCore:
         return mode if mode in QUEUE_MODES else "collect"
 
     def needs_turn(self, post: Post) -> bool:
-        answers = post.role == "user" or (post.role == "tool" and post.options is not None and post.options.answer_tool)
+        role = post.message.role
+        answers = role == "user" or (role == "tool" and post.options is not None and post.options.answer_tool)
         return answers and post.reply and self.provider(post.key.agent_id) is not None
 
     def turn_lock(self, key: str) -> asyncio.Lock:

@@ -12,11 +12,13 @@ first, then the lifecycle lock.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Callable
 
+from config.clock import iso
 from config.errors import ProviderFailure, ShuttingDown
 from conversations import log_context
 from conversations.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
@@ -26,6 +28,7 @@ from conversations.model_turn import ModelTurns, provider_failure, stored_failur
 from conversations.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
 from conversations.provider import ProviderError
 from conversations.queueing import Batch
+from sessions.events import inheritance_published
 from sessions.inheritance import find_inheritance
 from sessions.records import NewMessage, RunState, TaskKey
 
@@ -51,18 +54,18 @@ class Conversations(ModelTurns):
         """Store ``post`` and run its model turn. ``on_stored`` is called with the outcome as soon as
         this call has made the message durable, before the turn (webhooks answer 202 then); it is
         not called when nothing new is stored (an idempotent repeat)."""
-        if post.client_message_id is None:
+        if post.message.client_message_id is None:
             return await self._post(post, on_delta, on_stored)
         return await self.once(post, lambda: self._post_once(post, on_delta, on_stored))
 
     async def _post_once(
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None
     ) -> Outcome:
-        assert post.client_message_id is not None
+        assert post.message.client_message_id is not None
         if post.id_scope == "run":
-            previous = await self.find_in_run(post.key.raw, post.client_message_id)
+            previous = await self.find_in_run(post.key.raw, post.message.client_message_id)
         else:
-            previous = await self.find_previous(post.key.raw, post.client_message_id)
+            previous = await self.find_previous(post.key.raw, post.message.client_message_id)
         if previous is None:
             outcome = await self._post(post, on_delta, on_stored)
         elif previous["response"] is not None:
@@ -77,7 +80,7 @@ class Conversations(ModelTurns):
                 outcome = Outcome(post.key.raw, run.run_id, previous["message_seq"])
                 await self._queued_turn(post, run, outcome, on_delta)
         if post.id_scope == "key":
-            await self.remember(post.key.raw, post.client_message_id, outcome)
+            await self.remember(post.key.raw, post.message.client_message_id, outcome)
         return outcome
 
     async def _post(
@@ -98,7 +101,7 @@ class Conversations(ModelTurns):
             new_run = run is None
             had_entry = self.store.entry(key) is not None
             if run is not None:
-                self.store.check_writable(run, NewMessage(role=post.role, content=""))
+                self.store.check_writable(run, NewMessage(role=post.message.role, content=""))
             else:
                 run = await self._start_run(post, outcome)
             started = time.perf_counter()
@@ -117,11 +120,11 @@ class Conversations(ModelTurns):
             # Durable outside the lock: the seq and the file order are fixed already, and the key's
             # next messages join this group commit instead of each waiting for the previous sync.
             await self.store.finish_append(run, message, record, durable)
-        self.metrics.message_stored(post.role, time.perf_counter() - started)
+        self.metrics.message_stored(post.message.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         log_context.RUN_ID.set(run.run_id)
-        if post.client_message_id is not None and post.id_scope == "key":
-            await self.remember(key, post.client_message_id, None, run_id=run.run_id, seq=record["seq"])
+        if post.message.client_message_id is not None and post.id_scope == "key":
+            await self.remember(key, post.message.client_message_id, None, run_id=run.run_id, seq=record["seq"])
         if on_stored is not None:
             on_stored(outcome)
         if turn:
@@ -185,7 +188,7 @@ class Conversations(ModelTurns):
     async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
         key = post.key
         task_key = post.task_key or TaskKey(
-            task_type=key.family, task_identifier=key.raw, repository=None, user=post.sender_id
+            task_type=key.family, task_identifier=key.raw, repository=None, user=post.message.sender_id
         )
         entry = self.store.entry(key.raw)
         inherit = self.settings.inheritance.enabled and (entry is None or entry.inherit_next)
@@ -215,10 +218,11 @@ class Conversations(ModelTurns):
             await self.store.discard_run(run, remove_entry=entry is None)
             raise
         if found is not None:
-            event = {**found.event(), "from_run_id": found.run_id}
+            event = found.event()
+            event["from_run_id"] = found.run_id
             outcome.events.append(event)  # run_id: the earlier run, as SPEC section 6 has it for replies
-            fields = {k: v for k, v in event.items() if k not in ("type", "run_id")}
-            self.store.emit("inheritance", run, **fields)  # run_id: the new run; from_run_id: the earlier
+            # published: run_id the new run, from_run_id the earlier
+            self.store.emit(inheritance_published(run, iso(self.store.clock()), event))
         await self.store.set_inherit_next(key.raw, True)
         log_context.RUN_ID.set(run.run_id)  # this line and the message's next ones name the new run
         log.info("%s: new run %s (%s)", key.raw, run.run_id,
@@ -226,17 +230,10 @@ class Conversations(ModelTurns):
         return run
 
     def _new_message(self, post: Post) -> NewMessage:
-        return NewMessage(
-            role=post.role,
-            content=post.content,
-            name=speaker_name(post.name) if post.role == "user" else post.name,
-            sender_id=post.sender_id,
-            tool_name=post.tool_name,
-            tool_call_id=post.tool_call_id,
-            tool_calls=post.tool_calls,
-            client_message_id=post.client_message_id,
-            user_activity=post.user_activity,
-        )
+        message = post.message
+        if message.role == "user" and message.name is not None:
+            return dataclasses.replace(message, name=speaker_name(message.name))
+        return message
 
     async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
         """Wait for a turn that answers ``outcome``, as the key's queue mode says (conversations/queueing.py).

@@ -26,6 +26,7 @@ from backups.errors import BackupRunning
 from config.clock import Clock, iso
 from config.errors import Unavailable
 from config.loader import LoadedConfig
+from gateway import backup_postgres
 from gateway.places import memory_uri, version, workspaces
 from memory import MemoryService
 from sessions.files.layout import Home
@@ -49,11 +50,13 @@ def stage_databases(home: Home, target: Home) -> list[str]:
     return copied
 
 
-def stage_files(config: LoadedConfig, home: Home, target: Home, skip: set[str]) -> dict[str, Any]:
-    """Completed runs (but ``skip``), archives, workspaces inside the home, the config file."""
+def stage_files(config: LoadedConfig, home: Home, target: Home, skip: set[str], *, runs: bool = True) -> dict[str, Any]:
+    """Completed runs (but ``skip``), archives, workspaces inside the home, the config file
+    (``runs=False``: no run folder nor archive of the home, which the database holds)."""
     notes: dict[str, Any] = {"skipped": []}
-    notes["completed_runs"] = stage.copy_completed(home, target, skip)
-    notes["archives"] = stage.copy_archives(home, target)
+    if runs:
+        notes["completed_runs"] = stage.copy_completed(home, target, skip)
+        notes["archives"] = stage.copy_archives(home, target)
     for agent_id, folder in sorted(workspaces(config).items()):
         rel = _inside(folder, home.root)
         if rel is None:
@@ -119,15 +122,21 @@ class Backups:
             raise BackupRunning("a backup is being taken already: wait for it to finish")
         async with self._lock:
             store = self.store
-            if not isinstance(store, SessionStore):  # the run-folder backend's files are what is copied
-                raise Unavailable(f"backups need storage.backend files, not {self.config.settings.storage.backend}")
-            home = store.home
+            postgres = self.config.settings.storage.backend == "postgres"
+            if not postgres and not isinstance(store, SessionStore):
+                raise Unavailable(
+                    f"backups need storage.backend files or postgres, not {self.config.settings.storage.backend}"
+                )
+            home = store.home if isinstance(store, SessionStore) else Home(self.config.home)
             out = await asyncio.to_thread(_target, home, output, self.clock)
             await asyncio.to_thread(pack.check_target, out)
             started = self.clock()
             target = await asyncio.to_thread(stage.new_stage, home, f"{started:%Y%m%dT%H%M%S}-{os.getpid()}")
             try:
-                manifest = await self._stage_and_pack(store, home, target, out)
+                if isinstance(store, SessionStore):
+                    manifest = await self._stage_and_pack(store, home, target, out)
+                else:
+                    manifest = await self._stage_database(home, target, out)
             finally:
                 await asyncio.to_thread(shutil.rmtree, target.root, True)
             keep = self.config.settings.backup.keep
@@ -147,6 +156,22 @@ class Backups:
         except Exception:  # a scheduler job must not die of it: logged with its cause
             log.exception("scheduled backup failed")
             return None
+
+    async def _stage_database(self, home: Home, target: Home, out: Path) -> dict[str, Any]:
+        """A PostgreSQL deployment (``gateway.backup_postgres``): the point is the dump's transaction."""
+        at = iso(self.clock())
+        snapshot = await backup_postgres.online_snapshot(self.store)
+        runs = await asyncio.to_thread(backup_postgres.stage_snapshot, self.config, home, target, snapshot)
+        notes = await asyncio.to_thread(stage_files, self.config, home, target, set(), runs=False)
+        if self.memory is not None:
+            await self.memory.exclusive(lambda: stage_memory(self.config, home, target, notes))
+        else:
+            await asyncio.to_thread(stage_memory, self.config, home, target, notes)
+        meta = {**_meta(self.config, "online"), **backup_postgres.meta(), "notes": notes}
+        return await asyncio.to_thread(
+            pack.finish, target, out, meta=meta, point={"at": at, "runs": runs}, now=iso(self.clock()),
+            settings=self.config.settings,
+        )  # fmt: skip
 
     async def _stage_and_pack(self, store: SessionStore, home: Home, target: Home, out: Path) -> dict[str, Any]:
         await asyncio.to_thread(stage_databases, home, target)
@@ -176,27 +201,52 @@ class Backups:
         )
 
 
-def take_offline(config: LoadedConfig, output: Path | None, clock: Clock) -> dict[str, Any]:
-    """A backup without a daemon; the caller holds the home lock (nothing writes meanwhile)."""
+def take_offline(
+    config: LoadedConfig, output: Path | None, clock: Clock, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A backup without a daemon; the caller holds the home lock (nothing writes meanwhile; on
+    PostgreSQL the dump's transaction is the point, whatever other machines write)."""
     home = Home(config.home)
     out = _target(home, output, clock)
     pack.check_target(out)
     started = clock()
     target = stage.new_stage(home, f"{started:%Y%m%dT%H%M%S}-{os.getpid()}")
     try:
-        stage_databases(home, target)
-        if home.sessions_json.is_file():
-            shutil.copyfile(home.sessions_json, target.sessions_json)
-        frozen = stage.freeze_runs(target, stage.run_folders(home, ("running", "paused")))
-        stage.settle_runs(frozen)
-        notes = stage_files(config, home, target, {run.run_id for run in frozen})
-        stage_memory(config, home, target, notes)
-        point = {"at": iso(started), "runs": {run.run_id: {"state": run.state, "seq": run.seq} for run in frozen}}
-        manifest = pack.finish(
-            target, out, meta={**_meta(config, "offline"), "notes": notes}, point=point, now=iso(clock()),
-            settings=config.settings,
-        )  # fmt: skip
+        if config.settings.storage.backend == "postgres":
+            manifest = _offline_database(config, home, target, out, clock, os.environ if env is None else env)
+        else:
+            manifest = _offline_files(config, home, target, out, clock)
     finally:
         shutil.rmtree(target.root, ignore_errors=True)
     pruned = retention.prune(home.root, config.settings.backup.keep, spare=out.name) if output is None else []
     return _summary(out, manifest, pruned)
+
+
+def _offline_database(
+    config: LoadedConfig, home: Home, target: Home, out: Path, clock: Clock, env: Mapping[str, str]
+) -> dict[str, Any]:
+    at = iso(clock())
+    snapshot = backup_postgres.offline_snapshot(config, env)
+    runs = backup_postgres.stage_snapshot(config, home, target, snapshot)
+    notes = stage_files(config, home, target, set(), runs=False)
+    stage_memory(config, home, target, notes)
+    meta = {**_meta(config, "offline"), **backup_postgres.meta(), "notes": notes}
+    return pack.finish(
+        target, out, meta=meta, point={"at": at, "runs": runs}, now=iso(clock()), settings=config.settings
+    )
+
+
+def _offline_files(config: LoadedConfig, home: Home, target: Home, out: Path, clock: Clock) -> dict[str, Any]:
+    started = clock()
+    stage_databases(home, target)
+    if home.sessions_json.is_file():
+        shutil.copyfile(home.sessions_json, target.sessions_json)
+    frozen = stage.freeze_runs(target, stage.run_folders(home, ("running", "paused")))
+    stage.settle_runs(frozen)
+    notes = stage_files(config, home, target, {run.run_id for run in frozen})
+    stage_memory(config, home, target, notes)
+    point = {"at": iso(started), "runs": {run.run_id: {"state": run.state, "seq": run.seq} for run in frozen}}
+    return pack.finish(
+        target, out, meta={**_meta(config, "offline"), "notes": notes}, point=point, now=iso(clock()),
+        settings=config.settings,
+    )  # fmt: skip

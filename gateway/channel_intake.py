@@ -37,6 +37,7 @@ from conversations.commands import Commands, dispatch, parse_command
 from conversations.turns import Conversations, Outcome, Post
 from gateway.crashpoints import CRASH_ENV
 from sessions.keys import Ingress, route
+from sessions.records import NewMessage
 
 log = logging.getLogger(__name__)
 TYPING_EVERY_S = 4.0
@@ -192,15 +193,14 @@ class ChannelIntake:
             bindings=self.settings.bindings,
             agents=self.settings.agents,
         )  # fmt: skip
-        return Post(
-            key=key,
+        message = NewMessage(
             role="user",
             content=inbound.text,
             name=inbound.sender_name or inbound.sender_id,
             sender_id=inbound.sender_id,
-            reply=inbound.reply,
             client_message_id=inbound.client_message_id,
         )
+        return Post(key=key, message=message, reply=inbound.reply)
 
     async def _handle(self, inbound: Inbound, row: OutboxRow | None, stored_fn: StoredFn) -> bool:
         """Store one message, run its turn (or command) and deliver the answer through the outbox;

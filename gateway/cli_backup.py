@@ -3,7 +3,9 @@
 A backup goes through the running daemon's API (``POST /v1/admin/backup``) when one runs, else
 the CLI takes the home lock and backs the files up itself. Verify and restore work on the
 archive alone (no daemon involved): restore refuses a home that is not empty and leaves nothing
-behind when it fails.
+behind when it fails. On ``storage.backend: postgres`` the backup is a snapshot of the database in
+the same format (``gateway.backup_postgres``); ``restore --to postgres://…`` copies the restored
+home into an empty database and verifies it (``sessions.copying``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None
     verify.set_defaults(handler=cmd_backup_verify)
     restore = commands.add_parser("restore", parents=both, help="restore a backup into a new or empty --home")
     restore.add_argument("file")
+    restore.add_argument("--to", default=None, metavar="DSN",
+                         help="then copy the sessions into this empty postgres:// database, verified")  # fmt: skip
     restore.set_defaults(handler=cmd_restore)
 
 
@@ -48,7 +52,7 @@ def cmd_backup(ctx: Context) -> int:
 
         config = ctx.config
         with offline.progress("backing up"):
-            summary = offline.locked(config, lambda: take_offline(config, output, system_clock))
+            summary = offline.locked(config, lambda: take_offline(config, output, system_clock, ctx.env))
     if ctx.as_json:
         ctx.print_json(summary)
         return exits.OK
@@ -85,10 +89,39 @@ def cmd_restore(ctx: Context) -> int:
     from config.settings import Settings
 
     target = ctx.home
+    database = None
+    if ctx.args.to is not None:
+        from sessions.copying import CopyRefused, PostgresEnd, parse_target
+
+        end = parse_target(ctx.args.to) if ctx.args.to.startswith(("postgres://", "postgresql://")) else None
+        if not isinstance(end, PostgresEnd):
+            print(f"error: --to {ctx.args.to!r}: give a postgres://user@host:port/db DSN", file=sys.stderr)
+            return exits.USAGE
+        database = end
     manifest = restore(Path(ctx.args.file).expanduser(), target, now=iso(system_clock()), settings=Settings())
+    copied = None
+    if database is not None:
+        import asyncio
+
+        from sessions.copying import FilesEnd, copy
+
+        try:
+            copied = asyncio.run(copy(FilesEnd(target), database)).report()
+        except CopyRefused as exc:
+            print(f"error: restored into {target}, but not copied into the database: {exc}", file=sys.stderr)
+            return exits.FAILED
     if ctx.as_json:
-        ctx.print_json({"ok": True, "home": str(target), **{k: v for k, v in manifest.items() if k != "files"}})
+        body = {"ok": True, "home": str(target), **{k: v for k, v in manifest.items() if k != "files"}}
+        ctx.print_json(body | ({"copied_to": database.describe(), "copy": copied} if database is not None else {}))
         return exits.OK
     ctx.print(f"restored {len(manifest['files'])} files into {target} (backup of {manifest.get('created_at')})")
-    ctx.print("  history index rebuilt; start it with: neotask gateway --home " + str(target))
+    if database is not None and copied is not None:
+        ctx.print(f"  copied {len(copied['runs'])} runs into {database.describe()}; verified (counts and checksums)")
+        ctx.print(f"  start it with: neotask gateway --home {target} (storage.postgres.dsn naming that database)")
+    elif manifest.get("backend") == "postgres":
+        ctx.print("  a backup of a postgres deployment, restored as a files home: its config.yaml still says"
+                  " storage.backend: postgres; start with NEOTASK_STORAGE__BACKEND=files, or restore again with"
+                  " --to postgres://… into an empty database")  # fmt: skip
+    else:
+        ctx.print("  history index rebuilt; start it with: neotask gateway --home " + str(target))
     return exits.OK

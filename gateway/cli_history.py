@@ -24,9 +24,9 @@ from gateway.tables import table as _table
 from sessions.files.damage import DamagedState
 from sessions.files.export import ExportFormat, export_lines
 from sessions.files.history_doctor import check_home_index
-from sessions.files.history_search import HistoryQuery
 from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
+from sessions.history_index import HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.protocol import StoreProtocol
@@ -207,8 +207,10 @@ def cmd_sessions_purge(ctx: Context) -> int:
 
 
 def offline_doctor(config: LoadedConfig, *, fix: bool) -> list[dict[str, Any]]:
-    """The history index findings of ``neotask doctor`` without a daemon (under the home lock)."""
-    if not config.settings.history.enabled:
+    """The history index findings of ``neotask doctor`` without a daemon (under the home lock).
+    None on PostgreSQL: its index is checked with the database (``offline.run_doctor``), and a
+    tasks.db the home kept from its files days is not the deployment's store."""
+    if not config.settings.history.enabled or config.settings.storage.backend != "files":
         return []
     home = Home(config.home)
 

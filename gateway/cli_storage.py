@@ -2,7 +2,8 @@
 an empty PostgreSQL database (``postgres://…``) or a new files home (a directory), then verify it
 (``sessions.copying``). Offline only: the command holds the source home's lock, so it refuses,
 in one line, while a daemon (or another command) works on it. It prints each run's counts and
-sha256, and what it could not carry (a run whose folder or archive is missing)."""
+sha256, the count and sha256 of the usage rows and of the tombstones, and what it could not
+carry (a run whose folder or archive is missing)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import exits, offline
-from sessions.copying import CopyRefused, End, FilesEnd, PostgresEnd, Snapshot, copy, parse_target
+from sessions.copying import CopyRefused, End, FilesEnd, Snapshot, configured_end, copy, parse_target
 from sessions.files.layout import Home
 from sessions.files.lock import HomeLock
 
@@ -39,12 +40,7 @@ def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None
 
 def source_of(config: LoadedConfig, env: Mapping[str, str]) -> End:
     """The configured store as a copy's source."""
-    if config.settings.storage.backend == "postgres":
-        from sessions.postgres.store import connection_options
-
-        dsn, password = connection_options(config.settings.storage.postgres, env)
-        return PostgresEnd(dsn, password)
-    return FilesEnd(config.home)
+    return configured_end(config.settings, config.home, env)
 
 
 def cmd_storage_copy(ctx: Context) -> int:
@@ -82,6 +78,8 @@ def cmd_storage_copy(ctx: Context) -> int:
             f" {run['archives']} compaction archives, sha256 {run['sha256']}"
         )
     records = ", ".join(f"{count} {table}" for table, count in report["records"].items())
+    ctx.print(f"usage: {report['usage']['rows']} usage rows, sha256 {report['usage']['sha256']}")
+    ctx.print(f"tombstones: {report['tombstones']['count']} tombstones, sha256 {report['tombstones']['sha256']}")
     ctx.print(
         f"copied {len(report['runs'])} runs, {report['entries']} sessions and {records}"
         f" from {source.describe()} to {target.describe()}; verified (counts and checksums match)"

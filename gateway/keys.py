@@ -24,7 +24,7 @@ from gateway.openai_compat.service import OpenAICompat
 from gateway.services import Services
 from memory import MemoryService
 from scheduler.service import SchedulerService
-from sessions.files.history import HistoryIndex
+from sessions.history_index import HistoryIndexProtocol
 from sessions.keys import SessionKey
 from sessions.protocol import StoreProtocol
 
@@ -39,7 +39,7 @@ CONVERSATIONS = web.AppKey("conversations", Conversations)
 COMMANDS = web.AppKey("commands", Commands)
 READY = web.AppKey("ready", dict[str, bool])
 MEMORY = web.AppKey("memory", MemoryService)
-HISTORY = web.AppKey("history", HistoryIndex)
+HISTORY = web.AppKey("history", HistoryIndexProtocol)
 SCHEDULING = web.AppKey("scheduling", Scheduling)
 SCHEDULER = web.AppKey("scheduler", SchedulerService)
 WEBHOOKS = web.AppKey("webhooks", Webhooks)

@@ -17,10 +17,10 @@ from conversations.run_end import RunEnd, end_run
 from conversations.turns import Conversations, Outcome, Post
 from gateway.views import session_view
 from sessions.entries import SessionEntry
-from sessions.files.history import HistoryIndex
+from sessions.history_index import HistoryIndexProtocol
 from sessions.keys import SessionKey
 from sessions.protocol import StoreProtocol
-from sessions.records import CHAT_TYPES, ENTRY_STATUSES
+from sessions.records import CHAT_TYPES, ENTRY_STATUSES, NewMessage
 
 if TYPE_CHECKING:
     from scheduler.service import SchedulerService
@@ -101,7 +101,7 @@ async def run_command(commands: Commands, key: SessionKey, command: str) -> Outc
     """A chat command on an existing session (``/reset``, ``/compact ...``): an unknown key is
     404, not a new session."""
     commands.store.require_entry(key.raw)
-    return await dispatch(commands, Post(key=key, role="user", content=command))
+    return await dispatch(commands, Post(key=key, message=NewMessage(role="user", content=command)))
 
 
 async def run_job(scheduler: SchedulerService, job_id: str, *, at: str) -> dict[str, Any]:
@@ -126,7 +126,7 @@ async def delete_session(conv: Conversations, key: str) -> dict[str, Any]:
     return {"session_key": key, "deleted": True, "completed_run_id": completed}
 
 
-async def doctor(store: StoreProtocol, history: HistoryIndex | None, *, fix: bool) -> list[dict[str, Any]]:
+async def doctor(store: StoreProtocol, history: HistoryIndexProtocol | None, *, fix: bool) -> list[dict[str, Any]]:
     """The doctor inside a running gateway (``POST /v1/admin/doctor``): the store's checks, then
     the history index's."""
     findings = await store.check(fix=fix)

@@ -66,9 +66,10 @@ from gateway.validation import check_config
 from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
 from sessions.backends import open_leadership, open_store
-from sessions.files.history import HistoryIndex
+from sessions.events import StoreEvent
+from sessions.history_index import HistoryIndexProtocol
 from sessions.protocol import StoreProtocol
-from sessions.records import MessageRecord, RunRow, RunState, StoreEvent
+from sessions.records import MessageRecord, RunRow, RunState
 from sessions.resets import daily_boundaries
 from sessions.store_hooks import StoreHooks
 
@@ -109,7 +110,7 @@ class Services:
     metrics: Metrics
     providers: dict[str, ModelChain]
     store: StoreProtocol
-    history: HistoryIndex | None
+    history: HistoryIndexProtocol | None
     conversations: Conversations
     commands: Commands
     memory: MemoryService | None
@@ -168,7 +169,7 @@ async def open_services(
         stack.push_async_callback(_close_providers, providers)
 
         # Hooks naming objects built further down: called only once open_services has yielded.
-        history: HistoryIndex | None = None
+        history: HistoryIndexProtocol | None = None
         transcripts: TranscriptSource | None = None
         bridge: MemoryBridge | None = None
         scheduling: Scheduling | None = None
@@ -366,7 +367,7 @@ async def _close_providers(providers: dict[str, ModelChain]) -> None:
 
 
 async def _prepare_index(
-    history: HistoryIndex, store: StoreProtocol, created: bool, background: bool
+    history: HistoryIndexProtocol, store: StoreProtocol, created: bool, background: bool
 ) -> asyncio.Task[None] | None:
     """Rebuild the index when it was missing, else catch up the active runs a crash left behind:
     in the background (the daemon), or now (the CLI, which closes again soon)."""
@@ -384,7 +385,7 @@ async def _settle_index(task: asyncio.Task[None] | None) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def _level_index(history: HistoryIndex, store: StoreProtocol, *, rebuild: bool) -> None:
+async def _level_index(history: HistoryIndexProtocol, store: StoreProtocol, *, rebuild: bool) -> None:
     try:
         if rebuild:
             log.info("history index missing: rebuilding it from the run folders and archives")

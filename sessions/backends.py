@@ -3,11 +3,9 @@
 | ``storage.backend`` | backend | capabilities (``sessions.protocol``) |
 |---|---|---|
 | ``files`` (default) | ``sessions.files.store.SessionStore``: run folders, tasks.db, sessions.json | all |
-| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | all (export refused, no archives) |
+| ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | all (archived runs stay as rows) |
 
-The postgres backend's history index is ``sessions.postgres.history.PgHistoryIndex`` (the same
-calls as the files backend's ``HistoryIndex``, which ``sessions.protocol`` still names: hence the
-cast below until the Protocol names an index Protocol).
+Each backend opens its own history index (``sessions.history_index.HistoryIndexProtocol``).
 The in-memory backend (``sessions.inmemory``) has the base and record capabilities only (no
 history index, no doctor or cleanup), so the daemon does not offer it; tests open it directly."""
 
@@ -16,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
 
 from config.clock import Clock
 from config.errors import ConfigError
@@ -43,8 +40,7 @@ async def open_store(
     if backend == "postgres":
         from sessions.postgres.store import open_from_settings  # asyncpg only when configured
 
-        store = await open_from_settings(settings, os.environ if environ is None else environ, clock=clock, hooks=hooks)
-        return cast(StoreProtocol, store)  # its history index is PgHistoryIndex (see above)
+        return await open_from_settings(settings, os.environ if environ is None else environ, clock=clock, hooks=hooks)
     raise ConfigError(f"storage.backend {backend!r} is not served by this gateway yet; set storage.backend: files")
 
 

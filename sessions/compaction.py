@@ -11,22 +11,23 @@ out lives in ``sessions.compactor``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, cast
 
+from sessions.context_lines import ContextLine, SummaryLine
 from sessions.context_order import clean_cuts, place
 from sessions.tokens import estimate_text
 
 COMPACTIONS = "compactions"  # where a compaction keeps the context it replaced: compactions/{summary_id}.jsonl
-Line = dict[str, Any]
+Line = dict[str, Any]  # a line or record as stored (JSON object); the engine sees ContextLine
 
 
 @dataclass(frozen=True)
 class CompactionPlan:
-    previous_summary: Line | None  # the summary line at the head of the context, folded into the new one
-    summarize: tuple[Line, ...]  # the messages to summarize (oldest first)
-    keep: tuple[Line, ...]  # the recent messages kept verbatim
+    previous_summary: SummaryLine | None  # the summary line at the head of the context, folded into the new one
+    summarize: tuple[ContextLine, ...]  # the messages to summarize (oldest first)
+    keep: tuple[ContextLine, ...]  # the recent messages kept verbatim
     start_seq: int  # the first seq newly compacted (successive compactions cover disjoint ranges)
     end_seq: int
     covers_from: int  # the first seq the new summary covers, the previous summary's included
@@ -37,7 +38,7 @@ class CompactionPlan:
         return head + sum(int(x.get("tokens", 0)) for x in (*self.summarize, *self.keep))
 
 
-def is_summary(line: Line) -> bool:
+def is_summary(line: Mapping[str, Any]) -> TypeGuard[SummaryLine]:
     return line.get("kind") == "summary"
 
 
@@ -46,9 +47,10 @@ def compaction_due(context_tokens: int, overhead_tokens: int, threshold: int) ->
     return context_tokens + overhead_tokens >= threshold
 
 
-def plan_compaction(lines: Sequence[Line], *, keep_recent: int, min_to_compress: int) -> CompactionPlan | None:
+def plan_compaction(lines: Sequence[ContextLine], *, keep_recent: int, min_to_compress: int) -> CompactionPlan | None:
     """Where to cut, or None when fewer than ``min_to_compress`` messages would be summarized."""
-    previous = lines[0] if lines and is_summary(lines[0]) else None
+    head = lines[0] if lines else None
+    previous = head if head is not None and is_summary(head) else None
     body = list(lines[1:] if previous else lines)
     cut = max(0, len(body) - keep_recent)
     clean = clean_cuts([place(x)[1] for x in body])
@@ -57,15 +59,18 @@ def plan_compaction(lines: Sequence[Line], *, keep_recent: int, min_to_compress:
     if cut < min_to_compress:
         return None
     summarize, keep = body[:cut], body[cut:]
-    seqs = [int(x["seq"]) for x in summarize if x.get("seq") is not None]
+    seqs = [seq for x in summarize if (seq := x.get("seq")) is not None]
     start = min(seqs)
-    covers_from = int(previous.get("covers_from") or previous.get("start_seq") or start) if previous else start
+    # a summary line written before covers_from named its first seq start_seq
+    covers_from = start
+    if previous is not None:
+        covers_from = int(cast(Any, previous.get("covers_from") or previous.get("start_seq") or start))
     return CompactionPlan(
         previous, tuple(summarize), tuple(keep), start_seq=start, end_seq=max(seqs), covers_from=covers_from
     )
 
 
-def summary_line(summary_id: int, text: str, *, covers_from: int, end_seq: int) -> Line:
+def summary_line(summary_id: int, text: str, *, covers_from: int, end_seq: int) -> SummaryLine:
     """The system message that opens the context after a compaction."""
     content = f"[Summary of the conversation so far (messages {covers_from}-{end_seq})]\n{text}"
     return {
@@ -104,7 +109,7 @@ def rolled_forward(last: Line, current: Sequence[Line], saved: Sequence[Line] | 
         end = int(last["end_seq"])
         covers = int(last.get("covers_from") or last["start_seq"])
         line = summary_line(int(last["id"]), str(last["summary"]), covers_from=covers, end_seq=end)
-        return [line, *(x for x in current if x.get("seq") is not None and x["seq"] > end)]
+        return [cast(Line, line), *(x for x in current if x.get("seq") is not None and x["seq"] > end)]
     if last.get("type") == "uncompact" and head != last.get("restored_head") and saved is not None:
         return restore_lines(saved, current)
     return None

@@ -10,11 +10,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from config.clock import iso
 from config.settings import CompactionSettings
-from sessions.compaction import Line, archive_name, is_summary, plan_compaction, summary_line
+from sessions.compaction import archive_name, is_summary, plan_compaction, summary_line
+from sessions.context_lines import ContextLine
+from sessions.events import CompactionEvent, compaction_published, uncompact_published
 from sessions.protocol import RunStore
 from sessions.records import RunState
 from sessions.rewrites import Compaction, Uncompaction
@@ -27,7 +29,7 @@ Trigger = Literal["auto", "manual", "overflow", "reset"]
 
 @dataclass(frozen=True)
 class SummaryRequest:
-    lines: tuple[Line, ...]
+    lines: tuple[ContextLine, ...]
     previous: str | None
     instructions: str | None
     purpose: Literal["compaction", "final"]
@@ -73,7 +75,7 @@ class CompactionResult:
     summarizer: str
     trigger: Trigger
 
-    def event(self) -> dict[str, Any]:
+    def event(self) -> CompactionEvent:
         return {
             "type": "compaction",
             "compaction": self.compaction,
@@ -157,7 +159,7 @@ class Compactor:
             summary_id, number, plan.start_seq, plan.end_seq, len(plan.summarize), done.tokens_before,
             done.tokens_after, result.summarizer, trigger,
         )  # fmt: skip
-        self.store.emit("compaction", run, **{k: v for k, v in outcome.event().items() if k != "type"})
+        self.store.emit(compaction_published(run, iso(self.store.clock()), outcome.event()))
         return outcome
 
     async def would_compact(self, run: RunState) -> bool:
@@ -178,7 +180,7 @@ class Compactor:
         if await self.store.rewrite_context(run, change) is None:
             return None
         run.hold_compaction = True
-        self.store.emit("compaction", run, action="uncompact", reverts=number, compaction=number - 1)
+        self.store.emit(uncompact_published(run, iso(self.store.clock()), number))
         return number
 
     async def final_summary(self, run: RunState, threshold: int) -> SummaryResult:

@@ -1,6 +1,7 @@
 """The backend-neutral copy of a store that ``sessions.copying`` moves between backends: every run
-with its lines as stored, the keys' entries and the record tables; its checksums and the
-comparison of a copy with its source. Imported by both backends' ``bulk`` modules."""
+with its lines as stored, the keys' entries, the record tables, the token usage per day, agent
+and key, and the tombstones of purged keys; its checksums and the comparison of a copy with its
+source. Imported by both backends' ``bulk`` modules (and by backups of a PostgreSQL deployment)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ Row = dict[str, Any]
 Line = str  # one JSON line as stored, byte for byte (a message, a context line, a summary, a tool call, a plan)
 
 RECORD_TABLES = ("idempotency", "hook_deliveries", "openai_conversations", "openai_responses")
+# a usage row: the day (UTC), agent and key, and their sums (``sessions.usage``)
+USAGE_FIELDS = ("day", "agent_id", "session_key", "input_tokens", "output_tokens", "cache_read_tokens",
+                "cache_write_tokens", "calls")  # fmt: skip
+# a tombstone as both backends can hold it: the key, when, how many runs and messages (no content;
+# PostgreSQL's rows also name the run ids, which tasks.db's tombstones have no column for)
+TOMBSTONE_FIELDS = ("session_key", "deleted_at", "runs", "messages")
 
 
 @dataclass
@@ -56,10 +63,18 @@ class Snapshot:
     runs: list[RunCopy] = field(default_factory=list)
     entries: dict[str, Row] = field(default_factory=dict)  # key -> the entry's fields (with its key)
     records: dict[str, list[Row]] = field(default_factory=lambda: {t: [] for t in RECORD_TABLES})
+    usage: list[Row] = field(default_factory=list)  # USAGE_FIELDS, one row per day, agent and key
+    tombstones: list[Row] = field(default_factory=list)  # TOMBSTONE_FIELDS, one per purge
     skipped: list[str] = field(default_factory=list)  # what the source holds and the copy cannot carry
 
     def empty(self) -> bool:
-        return not self.runs and not self.entries and not any(self.records.values())
+        return not (self.runs or self.entries or any(self.records.values()) or self.usage or self.tombstones)
+
+    def usage_checksum(self) -> str:
+        return _digest(_sorted(self.usage))
+
+    def tombstones_checksum(self) -> str:
+        return _digest(_sorted(self.tombstones))
 
     def report(self) -> dict[str, Any]:
         return {
@@ -69,8 +84,14 @@ class Snapshot:
             ],
             "entries": len(self.entries),
             "records": {t: len(rows) for t, rows in self.records.items()},
+            "usage": {"rows": len(self.usage), "sha256": self.usage_checksum()},
+            "tombstones": {"count": len(self.tombstones), "sha256": self.tombstones_checksum()},
             "skipped": list(self.skipped),
         }
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
 
 
 def canonical(value: Any) -> str:
@@ -107,6 +128,15 @@ def differences(source: Snapshot, target: Snapshot) -> list[str]:
         if canonical(_sorted(source.records[table])) != canonical(_sorted(target.records[table])):
             problems.append(
                 f"{table}: {len(source.records[table])} in the source, {len(target.records[table])} in the copy"
+            )
+    for name, mine_rows, theirs_rows, mine_sum, theirs_sum in (
+        ("usage rows", source.usage, target.usage, source.usage_checksum(), target.usage_checksum()),
+        ("tombstones", source.tombstones, target.tombstones, source.tombstones_checksum(),
+         target.tombstones_checksum()),
+    ):  # fmt: skip
+        if len(mine_rows) != len(theirs_rows) or mine_sum != theirs_sum:
+            problems.append(
+                f"{name}: source {len(mine_rows)} {mine_sum[:12]}, copy {len(theirs_rows)} {theirs_sum[:12]}"
             )
     return problems
 

@@ -1,11 +1,13 @@
 """Moving a home's sessions from one backend to another (``neotask storage copy --to TARGET``).
 
 The source is read whole into a ``Snapshot`` (``sessions.copy_snapshot``: a backend-neutral copy
-of every run with its messages, context lines, summaries, tool calls and plans, the keys' entries
-and the delivery and OpenAI-compatible records) by the source backend's ``dump``; the target backend's ``load`` writes
+of every run with its messages, context lines, summaries, tool calls and plans, the keys' entries,
+the delivery and OpenAI-compatible records, the usage rows and the tombstones) by the source
+backend's ``dump``; the target backend's ``load`` writes
 it in one go (``sessions.files.bulk``, ``sessions.postgres.bulk``). The target must be empty:
 nothing is written otherwise. After the load the target is read back the same way and compared
-run by run (counts of each kind and a sha256 of the canonical JSON of its messages), so a copy
+run by run (counts of each kind and a sha256 of the canonical JSON of its messages), the usage
+rows and the tombstones by count and sha256, so a copy
 that lost or changed anything fails loudly.
 
 The Protocol has no call that lists every idempotency or compat record, nor one that reads an
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +29,19 @@ from sessions.copy_snapshot import CopyRefused, Snapshot, differences
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["CopyRefused", "End", "FilesEnd", "PostgresEnd", "Snapshot", "copy", "dump", "parse_target"]
+    from config.settings import Settings
+
+__all__ = [
+    "CopyRefused",
+    "End",
+    "FilesEnd",
+    "PostgresEnd",
+    "Snapshot",
+    "configured_end",
+    "copy",
+    "dump",
+    "parse_target",
+]
 
 
 # -- the two ends of a copy -------------------------------------------------------------------------
@@ -68,6 +82,16 @@ def parse_target(text: str) -> End:
     if path.exists() and not path.is_dir():
         raise CopyRefused(f"--to {text}: exists and is not a directory; give a new or empty home directory")
     return FilesEnd(path)
+
+
+def configured_end(settings: Settings, home: Path, env: Mapping[str, str]) -> End:
+    """The store ``settings`` configure (``storage.backend``) as an end of a copy."""
+    if settings.storage.backend == "postgres":
+        from sessions.postgres.store import connection_options
+
+        dsn, password = connection_options(settings.storage.postgres, env)
+        return PostgresEnd(dsn, password)
+    return FilesEnd(home)
 
 
 async def dump(end: End) -> Snapshot:

@@ -8,6 +8,7 @@ from typing import Any
 
 from config.errors import RunNotFound
 from config.settings import InheritanceSettings
+from sessions.events import InheritanceEvent
 from sessions.protocol import RunStore
 from sessions.records import StoredRecord, TaskKey
 from sessions.tokens import estimate_text
@@ -21,7 +22,7 @@ class Inheritance:
     message: str  # the first context message of the new run
     comment: str  # the notification comment for the reply
 
-    def event(self) -> dict[str, Any]:
+    def event(self) -> InheritanceEvent:
         return {"type": "inheritance", "run_id": self.run_id, "ended_at": self.ended_at, "comment": self.comment}
 
 

@@ -44,12 +44,14 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from config.clock import Clock
 from config.settings import CleanupSettings
+from sessions.context_lines import ContextLine
 from sessions.deliveries import Delivery
 from sessions.entries import SessionEntry
+from sessions.events import StoreEvent
+from sessions.history_index import HistoryIndexProtocol
 from sessions.records import (
     CompatConversation,
     ContextRewrite,
-    EventType,
     HookDelivery,
     IdempotencyRecord,
     KnownKey,
@@ -65,8 +67,7 @@ from sessions.records import (
 from sessions.rewrites import ContextChange
 from sessions.usage import DailyUsage, UsageBy
 
-if TYPE_CHECKING:  # the files backend's history index (SQLite FTS5) and export streams
-    from sessions.files.history import HistoryIndex
+if TYPE_CHECKING:  # the files backend's export streams
     from sessions.files.history_sources import RunExport
 
 RecordKind = Literal["summaries", "tools", "planning"]  # a run's records besides its messages
@@ -164,7 +165,10 @@ class RunStore(Protocol):
         ...
     async def writable(self) -> str | None: ...
     def recently_writable(self, max_age_s: float) -> bool: ...
-    def emit(self, event_type: EventType, run: RunState, **fields: object) -> None: ...
+    def emit(self, event: StoreEvent) -> None:
+        """Publish an event of the engine's (``sessions.events``: reply, memory, inheritance, reset,
+        compaction) to the store's listeners, as the store publishes its own."""
+        ...
 
     # -- reads by run id --------------------------------------------------------------------------
 
@@ -190,7 +194,9 @@ class RunStore(Protocol):
         ...
     async def read_records(self, run_id: str, kind: RecordKind) -> list[StoredRecord]: ...
     async def read_final_summary(self, run_id: str) -> str | None: ...
-    async def read_context(self, run: RunState) -> list[StoredRecord]: ...
+    async def read_context(self, run: RunState) -> list[ContextLine]:
+        """The run's context lines in the order the model sees them (``sessions.context_order``)."""
+        ...
 
 
 class DeliveryRecords(Protocol):
@@ -245,12 +251,12 @@ class UsageRecords(Protocol):
 class HistorySource(Protocol):
     """A backend whose messages feed the full-text history index kept beside its runs."""
 
-    def open_history(self, *, max_batch: int | None = None) -> HistoryIndex: ...
-    async def rebuild_history(self, index: HistoryIndex) -> int: ...
-    async def catch_up_history(self, index: HistoryIndex) -> None:
+    def open_history(self, *, max_batch: int | None = None) -> HistoryIndexProtocol: ...
+    async def rebuild_history(self, index: HistoryIndexProtocol) -> int: ...
+    async def catch_up_history(self, index: HistoryIndexProtocol) -> None:
         """Index what a crash left unindexed (active runs, and runs ended since the last batch)."""
         ...
-    async def check_history(self, index: HistoryIndex, *, fix: bool) -> list[StoredRecord]: ...
+    async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]: ...
 
 
 class Maintenance(Protocol):
@@ -274,7 +280,7 @@ class Maintenance(Protocol):
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         """Every readable run of ``key`` oldest first, or the one run ``run_id``, to stream out."""
         ...
-    async def purge(self, key: str, *, history: HistoryIndex | None) -> StoredRecord:
+    async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
         """Erase ``key`` for good (every run, record and index row of it); its tombstone."""
         ...
 

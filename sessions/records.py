@@ -115,46 +115,6 @@ class MessageRecord(TypedDict):
     after: NotRequired[int]
 
 
-EventType = Literal["message", "reply", "memory", "inheritance", "reset", "compaction", "lifecycle"]
-
-
-class StoreEvent(TypedDict):
-    """A domain event as the store's listeners get it (the data of ``GET /v1/events``, SPEC
-    section 8): every event names its type, key, run and time; the other keys belong to its type."""
-
-    type: EventType
-    key: str
-    run_id: str
-    at: str
-    action: NotRequired[str]  # lifecycle: start discard pause resume completed failed; memory: recall flush; uncompact
-    seq: NotRequired[int]  # message, reply, memory recall
-    role: NotRequired[Role]  # message
-    content: NotRequired[str]  # message, reply
-    name: NotRequired[str]  # message
-    kind: NotRequired[str]  # message
-    command: NotRequired[bool | str]  # message: a chat command line; reset: the command that reset
-    model: NotRequired[str | None]  # reply
-    citations: NotRequired[list[str]]  # memory recall
-    compaction: NotRequired[int]  # compaction, memory flush
-    summary_id: NotRequired[int]  # compaction
-    start_seq: NotRequired[int]
-    end_seq: NotRequired[int]
-    compressed: NotRequired[int]
-    tokens_before: NotRequired[int]
-    tokens_after: NotRequired[int]
-    summarizer: NotRequired[str]
-    trigger: NotRequired[str]
-    reverts: NotRequired[int]  # uncompact
-    from_run_id: NotRequired[str]  # inheritance
-    ended_at: NotRequired[str | None]
-    comment: NotRequired[str]
-    reason: NotRequired[str | None]  # reset, lifecycle completed/failed
-    boundary: NotRequired[str | None]  # reset
-    previous_run_id: NotRequired[str]  # reset by command
-    parent_uuid: NotRequired[str | None]  # lifecycle start
-    error: NotRequired[str | None]  # lifecycle failed
-
-
 class PlanRecord(TypedDict):
     """A planning.jsonl line."""
 

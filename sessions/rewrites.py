@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sessions.compaction import Line, archive_of, in_effect, is_summary, restore_lines
+from sessions.context_lines import SummaryLine
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Compaction:
 
     summary_id: int
     compaction_count: int  # the run's count once this is committed
-    head: Line  # the summary line that opens the new context
+    head: SummaryLine  # the summary line that opens the new context
     end_seq: int  # lines with a seq above this are kept
     record: Mapping[str, object] = field(default_factory=dict)  # the summaries record; tokens_* filled in
 

@@ -10,7 +10,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from sessions.records import MessageRecord, RunState, StoreEvent
+from sessions.events import StoreEvent
+from sessions.records import MessageRecord, RunState
 
 Listener = Callable[[StoreEvent], object]
 DurableListener = Callable[[RunState, MessageRecord], object]

@@ -8,7 +8,7 @@ not nest.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sessions.tokens import estimate_text
@@ -39,7 +39,7 @@ FINAL_PROMPT = (
 )
 
 
-def _speaker(line: dict[str, Any]) -> str:
+def _speaker(line: Mapping[str, Any]) -> str:
     role = str(line.get("role", "?"))
     if line.get("name"):
         return f"{role} {line['name']}"
@@ -74,7 +74,7 @@ def open_questions(text: str) -> list[str]:
 
 
 def extractive_summary(
-    lines: Sequence[dict[str, Any]],
+    lines: Sequence[Mapping[str, Any]],
     *,
     previous: str | None = None,
     instructions: str | None = None,
@@ -139,7 +139,7 @@ def assemble(parts: list[str], dropped: int, max_tokens: int) -> str:
     return text
 
 
-def _content(line: dict[str, Any]) -> str:
+def _content(line: Mapping[str, Any]) -> str:
     content = str(line.get("content") or "")
     if line.get("tool_calls"):
         names = ", ".join(c.get("function", {}).get("name", "?") for c in line["tool_calls"])
@@ -147,7 +147,7 @@ def _content(line: dict[str, Any]) -> str:
     return content
 
 
-def transcript(lines: Sequence[dict[str, Any]]) -> str:
+def transcript(lines: Sequence[Mapping[str, Any]]) -> str:
     """Messages as plain text for a summarizer request."""
     out = []
     for line in lines:

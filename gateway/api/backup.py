@@ -86,7 +86,10 @@ class BackupBody(BaseModel):
     "admin",
     "One .tar.gz holding a consistent point of the home (tasks.db, sessions.json, every run up to its"
     " seq at the point, archives, workspaces, memory tables, config) and a manifest with checksums."
-    " Without `output` it goes to <home>/backups and backups beyond `backup.keep` are pruned.",
+    " Without `output` it goes to <home>/backups and backups beyond `backup.keep` are pruned. With"
+    " `storage.backend: postgres` the sessions come from one REPEATABLE READ snapshot of the database,"
+    " written as a files home in the same format (manifest `backend: postgres`; `neotask restore --to` puts"
+    " them back into an empty database).",
     body=BackupBody,
     body_required=False,
     answer=BACKUP,

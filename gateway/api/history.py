@@ -30,8 +30,7 @@ from gateway.contract import (
 from gateway.http import json_response
 from gateway.keys import HISTORY
 from sessions.files.export import ExportFormat, RunExport, export_lines
-from sessions.files.history import HistoryIndex
-from sessions.files.history_search import HistoryQuery
+from sessions.history_index import HistoryIndexProtocol, HistoryQuery
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.records import ROLES
@@ -98,11 +97,11 @@ DELETED = Answer(
 )
 
 
-def history_of(app: web.Application) -> HistoryIndex | None:
+def history_of(app: web.Application) -> HistoryIndexProtocol | None:
     return app.get(HISTORY)
 
 
-def require_history(request: web.Request) -> HistoryIndex:
+def require_history(request: web.Request) -> HistoryIndexProtocol:
     history = history_of(request.app)
     if history is None:
         raise HistoryDisabled("the history index is off (history.enabled: false)")
@@ -222,7 +221,8 @@ def _safe_name(text: str) -> str:
     "Export every run of a key (streamed)",
     "history",
     "JSON Lines (`type`: `run`, `message`, `compaction`, `uncompact`, `final_summary`) or Markdown, oldest run "
-    "first, archived runs included; commands, tool calls and results, summaries and compaction markers kept.",
+    "first, archived runs included; commands, tool calls and results, summaries and compaction markers kept."
+    " The same bytes on either storage backend for the same runs.",
     params=(FORMAT,),
     answer=None,
     media="application/x-ndjson",

@@ -14,6 +14,7 @@ from gateway import keys as K
 from gateway.contract import AGENT, NULLABLE_STR, STR, Answer, IntParam, Param, operation
 from gateway.http import json_response, parse_body
 from gateway.keys import MEMORY
+from sessions.events import MemoryProgress
 
 routes = web.RouteTableDef()
 QUERY = Param("q", "the query", required=True)
@@ -120,8 +121,9 @@ async def reindex(request: web.Request) -> web.Response:
 
     def progress(done: int, total: int) -> None:
         state.update(done=done, total=total)
-        hub.publish({"type": "memory", "key": None, "run_id": None, "action": "progress", "done": done,
-                     "total": total})  # fmt: skip
+        event: MemoryProgress = {"type": "memory", "key": None, "run_id": None, "action": "progress", "done": done,
+                                 "total": total}  # fmt: skip
+        hub.publish(event)
 
     try:
         report = await request.app[MEMORY].reindex(body.agent, force=body.force, progress=progress)

@@ -32,7 +32,7 @@ from gateway.operations import describe_session, matching_sessions
 from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer
 from gateway.views import SESSION
 from sessions.keys import Ingress, SessionKey, parse_key, route
-from sessions.records import CHAT_TYPES, ENTRY_STATUSES, Role, TaskKey
+from sessions.records import CHAT_TYPES, ENTRY_STATUSES, NewMessage, Role, TaskKey
 from sessions.thresholds import compaction_threshold
 
 routes = web.RouteTableDef()
@@ -199,15 +199,14 @@ async def ingress(request: web.Request) -> web.StreamResponse:
         bindings=settings.bindings,
         agents=settings.agents,
     )  # fmt: skip
-    post = Post(
-        key=key,
+    message = NewMessage(
         role="user",
         content=body["text"],
         name=body["sender_name"] or body["sender_id"],
         sender_id=body["sender_id"],
-        reply=body["reply"],
         client_message_id=client_message_id(request, body["client_message_id"]),
     )
+    post = Post(key=key, message=message, reply=body["reply"])
     return await answer(request, post, stream=body["stream"])
 
 
@@ -232,17 +231,16 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         body = dict(validate(MessageBody, data))
     if body["role"] == "tool" and not body["tool_call_id"]:
         raise BadRequest("a tool message needs 'tool_call_id'", field="tool_call_id")
-    post = Post(
-        key=key,
+    message = NewMessage(
         role=body["role"],
         content=body["content"],
         name=body["name"],
         tool_name=body["tool_name"],
         tool_call_id=body["tool_call_id"],
-        reply=body["reply"],
         client_message_id=client_message_id(request, body["client_message_id"]),
-        task_key=TaskKey(task_type=key.family, task_identifier=key.raw),
     )
+    task_key = TaskKey(task_type=key.family, task_identifier=key.raw)
+    post = Post(key=key, message=message, reply=body["reply"], task_key=task_key)
     return await answer(request, post, stream=body["stream"])
 
 
@@ -261,7 +259,7 @@ async def post_command(request: web.Request) -> web.StreamResponse:
     key = session_key(request)
     body = await parse_body(request, CommandBody, config.settings.gateway.max_body_bytes)
     cmid = client_message_id(request, body.client_message_id)
-    post = Post(key=key, role="user", content=body.command, client_message_id=cmid)
+    post = Post(key=key, message=NewMessage(role="user", content=body.command, client_message_id=cmid))
     commands = request.app[K.COMMANDS]
     if parse_command(body.command) is not None:
         outcome = await dispatch(commands, post)

@@ -35,6 +35,7 @@ from gateway.openai_compat import history
 from gateway.openai_compat.history import ChatMessage, Plan
 from gateway.openai_compat.records import CompatRecords, ResponseRef
 from sessions.keys import Ingress, SessionKey, hook_key, parse_key, route
+from sessions.records import NewMessage
 
 log = logging.getLogger(__name__)
 
@@ -277,15 +278,17 @@ class OpenAICompat:
         return Post(
             id_scope="run",
             key=call.target.key,
-            role=message.role,
-            content=message.content,
-            name=message.name,
-            sender_id=call.target.user,
-            tool_name=names.get(tool_call_id or message.tool_call_id or ""),
-            tool_call_id=tool_call_id or message.tool_call_id,
+            message=NewMessage(
+                role=message.role,
+                content=message.content,
+                name=message.name,
+                sender_id=call.target.user,
+                tool_name=names.get(tool_call_id or message.tool_call_id or ""),
+                tool_call_id=tool_call_id or message.tool_call_id,
+                client_message_id=cmid,
+                tool_calls=message.tool_calls,
+            ),
             reply=reply,
-            client_message_id=cmid,
-            tool_calls=message.tool_calls,
             options=options,
         )
 

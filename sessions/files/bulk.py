@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from sessions.compaction import COMPACTIONS
-from sessions.copy_snapshot import RECORD_TABLES, CopyRefused, Line, RunCopy, Snapshot, line_text
+from sessions.copy_snapshot import (
+    RECORD_TABLES,
+    TOMBSTONE_FIELDS,
+    USAGE_FIELDS,
+    CopyRefused,
+    Line,
+    RunCopy,
+    Snapshot,
+    line_text,
+)
 from sessions.files import layout
 from sessions.files.archive import write_archive
 from sessions.files.jsonl import write_atomic, write_json_atomic
@@ -39,6 +48,12 @@ def dump(root: Path) -> Snapshot:
         rows = [dict(r) for r in conn.execute("SELECT * FROM tasks ORDER BY created_at, uuid")]
         for table in RECORD_TABLES:
             snapshot.records[table] = [dict(r) for r in conn.execute(f"SELECT * FROM {table}")]
+        tables = {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "usage_daily" in tables:  # a tasks.db from before ledger migration 6 has none
+            snapshot.usage = [dict(r) for r in conn.execute(f"SELECT {', '.join(USAGE_FIELDS)} FROM usage_daily")]
+        if "tombstones" in tables:
+            sql = f"SELECT {', '.join(TOMBSTONE_FIELDS)} FROM tombstones ORDER BY id"
+            snapshot.tombstones = [dict(r) for r in conn.execute(sql)]
     finally:
         conn.close()
     for row in rows:
@@ -134,6 +149,10 @@ def load(root: Path, snapshot: Snapshot) -> None:
             for table in RECORD_TABLES:
                 for record in snapshot.records[table]:
                     _insert(conn, table, record)
+            for usage in snapshot.usage:
+                _insert(conn, "usage_daily", {k: usage[k] for k in USAGE_FIELDS})
+            for tombstone in snapshot.tombstones:
+                _insert(conn, "tombstones", {k: tombstone[k] for k in TOMBSTONE_FIELDS})
     finally:
         conn.close()
     home.tasks_db.chmod(layout.PRIVATE_FILE)

@@ -1,5 +1,6 @@
 """Exporting runs as JSON Lines or Markdown, streamed: messages are read one line at a time from
-the run folder or its archive, so a 100,000-message run exports in constant memory. Summaries
+the run folder or its archive (or, on PostgreSQL, a page of rows at a time through the run's
+``ExportReader``), so a 100,000-message run exports in constant memory. Summaries
 (compaction and uncompact markers) are placed where they happened (by time, before the first
 message written after them); the final summary closes each run. Blocking generators: callers pull
 them off the event loop."""
@@ -42,11 +43,16 @@ def _side_records(source: RunSource) -> tuple[list[dict[str, Any]], str | None]:
 
 def _events(run: RunExport) -> Iterator[tuple[str, dict[str, Any]]]:
     """("run" | "message" | "summary" | "final_summary", record) in the order they happened."""
-    summaries, final = _side_records(run.source)
+    if run.reader is not None:  # a backend without run folders (PostgreSQL)
+        summaries, final = run.reader.summaries(), run.reader.final_summary()
+        messages = run.reader.messages()
+    else:
+        summaries, final = _side_records(run.source)
+        messages = iter_run_messages(run.source)
     summaries.sort(key=lambda s: str(s.get("created_at") or ""))
     yield "run", {k: run.row.get(k) for k in RUN_FIELDS} | {"run_id": run.row["uuid"]}
     pending = 0
-    for message in iter_run_messages(run.source):
+    for message in messages:
         stamp = str(message.get("timestamp") or "")
         while pending < len(summaries) and str(summaries[pending].get("created_at") or "") < stamp:
             yield "summary", summaries[pending]

@@ -39,6 +39,7 @@ from sessions.files.history_sources import sources_from_rows as sources_from_row
 from sessions.files.jsonl import iter_records
 from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
+from sessions.history_index import HistoryStats as HistoryStats  # declared backend-neutral there
 from sessions.history_text import CJK_RUN, index_text, indexable, message_text
 
 log = logging.getLogger(__name__)
@@ -66,14 +67,6 @@ SCHEMA = (
 )
 MAX_BATCH = 2000
 BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
-
-
-@dataclass
-class HistoryStats:
-    indexed: int = 0
-    batches: int = 0
-    deleted: int = 0
-    rebuilt_runs: int = 0
 
 
 @dataclass

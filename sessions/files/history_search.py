@@ -4,53 +4,14 @@ the query and hit records, filters, ranking, snippets."""
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 from typing import Any
 
+from sessions.history_index import HistoryHit as HistoryHit  # declared backend-neutral there
+from sessions.history_index import HistoryQuery as HistoryQuery
 from sessions.history_text import match_expression, query_terms, snippet
 
 CANDIDATES = 1000  # the newest matches ranked per search (see ``search``)
 COMMON_POOL = 300  # a query matching more than CANDIDATES ranks its newest this many (see ``search``)
-
-
-@dataclass(frozen=True)
-class HistoryQuery:
-    q: str
-    agent: str | None = None
-    key: str | None = None
-    role: str | None = None
-    since: str | None = None
-    until: str | None = None
-    limit: int = 20
-    offset: int = 0
-    keys: frozenset[str] | None = None  # only these keys (agent tools' visibility)
-
-
-@dataclass(frozen=True)
-class HistoryHit:
-    session_key: str
-    run_id: str
-    seq: int
-    role: str
-    timestamp: str | None
-    snippet: str
-    score: float
-    agent_id: str | None
-    tool: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "session_key": self.session_key,
-            "run_id": self.run_id,
-            "seq": self.seq,
-            "role": self.role,
-            "timestamp": self.timestamp,
-            "snippet": self.snippet,
-            "score": self.score,
-            "agent_id": self.agent_id,
-            "tool_result": self.tool,
-            "link": f"/ui#/run/{self.run_id}?seq={self.seq}",
-        }
 
 
 def search(conn: sqlite3.Connection, query: HistoryQuery) -> list[HistoryHit]:

@@ -9,7 +9,7 @@ import tarfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sessions.files import layout
 from sessions.files.jsonl import decode, iter_records
@@ -29,12 +29,26 @@ class RunSource:
     archive: Path | None = None
 
 
+class ExportReader(Protocol):
+    """Where a run's records are read from when they are not in a run folder or an archive (the
+    PostgreSQL backend's tables). Blocking, like the file reads: called on the export's thread."""
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        """The run's messages in seq order, streamed."""
+        ...
+
+    def summaries(self) -> list[dict[str, Any]]: ...
+    def final_summary(self) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class RunExport:
-    """A run to export: its tasks.db row and where its messages are (``sessions/files/export.py``)."""
+    """A run to export: its ledger row (``sessions.files.ledger.RUN_COLUMNS``) and where its
+    messages are (``sessions/files/export.py``): ``source``'s folder or archive, or ``reader``."""
 
     row: dict[str, Any]
     source: RunSource
+    reader: ExportReader | None = None
 
 
 def iter_run_messages(source: RunSource) -> Iterator[dict[str, Any]]:

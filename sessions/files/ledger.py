@@ -144,15 +144,6 @@ def run_metadata(text: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-@dataclass(frozen=True)
-class RunStats:
-    total_messages: int
-    total_summaries: int
-    total_tool_calls: int
-    final_token_count: int
-    final_message_count: int
-
-
 class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -16,6 +16,7 @@ from typing import Any
 from config.clock import iso
 from sessions import usage as usage_days
 from sessions.appends import check_writable, event_fields, message_record, tool_record
+from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
 from sessions.deliveries import Delivery, RunDeliveries
 from sessions.faults import probe_writable, storage_error
 from sessions.files import context_rewrite, layout, leftovers
@@ -23,7 +24,6 @@ from sessions.files.jsonl import encode, encode_plain, iter_records
 from sessions.files.recovery import context_line, in_context
 from sessions.files.store_records import RecordStore
 from sessions.records import (
-    USAGE_KEYS,
     ContextRewrite,
     MessageRecord,
     NewMessage,
@@ -74,20 +74,10 @@ class AppendStore(RecordStore):
             guarded=True,
             on_done=lambda error: self._settle_append(run, undo, error),
         )
-        run.appends_pending += 1
-        run.messages_bytes += len(data)
-        if line:
-            run.context_bytes += len(line)
-            run.context_tokens += record["tokens"]
-            run.context_lines += 1
-            run.last_context_seq = record["seq"]
+        count_append(run, record, len(data), len(line) if line else None)
         entry = self.entry(run.key)
         if entry is not None:
-            if message.role != "system":
-                entry.last_interaction_at = stamp
-            if message.counts_as_activity:
-                entry.last_user_activity_at = stamp
-            entry.updated_at = stamp
+            note_message(entry, message, stamp)
             self.sync_counters(entry, run)
             self.registry.touch(run.key)
         return record, durable
@@ -206,25 +196,15 @@ class AppendStore(RecordStore):
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        record: PlanRecord = {
-            "id": run.next_plan_id,
-            "plan_type": plan_type,
-            "plan_content": plan_content,
-            "created_at": iso(self.clock()),
-        }
-        run.next_plan_id += 1
+        record = plan_record(run, plan_type, plan_content, iso(self.clock()))
         await self.writer.append(run.dir / layout.PLANNING, encode(record), durable=True)
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
         """Cumulative usage per run (tasks.db) and per key (sessions.json)."""
-        clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
-        for k, v in clean.items():
-            run.usage[k] += v
         entry = self.entry(run.key)
+        clean = add_usage_counts(run, entry, usage)
         if entry is not None:
-            for k, v in clean.items():
-                setattr(entry, k, getattr(entry, k) + v)
             self.registry.touch(run.key)
         try:
             now = self.clock()

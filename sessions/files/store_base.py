@@ -15,12 +15,14 @@ from typing import Any, cast
 from config.clock import Clock, iso
 from config.errors import SessionNotFound
 from config.settings import Settings
+from sessions.bookkeeping import relabel_entry
+from sessions.events import EventType, StoreEvent
 from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.files.recovery import RecoveredRun
 from sessions.files.registry import SessionEntry, SessionRegistry
 from sessions.files.writer import AppendWriter
-from sessions.records import EventType, RunState, StoreEvent, copy_counters
+from sessions.records import RunState, copy_counters
 from sessions.store_hooks import DurableListener, Listener, RunHook
 
 log = logging.getLogger(__name__)
@@ -95,11 +97,7 @@ class StoreBase:
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             await self.ledger.set_pinned(key, pinned)
-        if label is not None or clear_label:
-            entry.label = label
-        if settings is not None:
-            merged = {**entry.settings, **settings}
-            entry.settings = {k: v for k, v in merged.items() if v is not None}
+        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
         if label is not None or clear_label or settings is not None:  # durable beyond sessions.json
             await self.ledger.set_key_metadata(key, {"label": entry.label, "settings": entry.settings})
         entry.updated_at = iso(self.clock())
@@ -191,9 +189,10 @@ class StoreBase:
         for listener in self.listeners:
             listener(event)
 
-    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None:
+    def emit(self, event: StoreEvent) -> None:
         """Publish a domain event (compaction, inheritance, reset, reply) to listeners."""
-        self._emit(event_type, run, **fields)
+        for listener in self.listeners:
+            listener(event)
 
     def expiry_cutoff(self, days: float) -> str:
         return iso(self.clock() - timedelta(days=days))

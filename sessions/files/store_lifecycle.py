@@ -10,16 +10,15 @@ import os
 import shutil
 import sqlite3
 import uuid as uuidlib
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from config.clock import iso
-from config.errors import NeotaskError, NoActiveRun, RunActive, StorageUnavailable
+from config.errors import NeotaskError, RunActive, StorageUnavailable
+from sessions.bookkeeping import end_entry, idle_entry, require_active, run_stats, start_entry
 from sessions.faults import storage_error
 from sessions.files import layout, leftovers
 from sessions.files.jsonl import fsync_dir, write_atomic, write_json_atomic
-from sessions.files.ledger import RunStats
 from sessions.files.store_appends import AppendStore
 from sessions.records import RunState, RunStatus, TaskKey
 from sessions.store_hooks import run_hook
@@ -82,9 +81,8 @@ class LifecycleStore(AppendStore):
         if entry is None:
             entry = self._new_entry(key, agent_id, chat_type, channel)
             self.registry.entries[key] = entry
-        entry.run_id, entry.status, entry.started_at = run_id, "running", now
+        start_entry(entry, run_id, now)
         self.sync_counters(entry, run)  # every checkpoint field: none may describe the previous run
-        entry.updated_at = now
         # Coalesced like appends, not rewritten at once: the run folder and its tasks.db row are the
         # durable truth, and recovery rebuilds the entry from them (a rewrite per new run made
         # creating a session O(keys): issue 10 item 12).
@@ -102,8 +100,7 @@ class LifecycleStore(AppendStore):
             if remove_entry:
                 self.registry.remove(run.key)
             else:
-                entry.run_id, entry.status = None, "idle"
-                entry.context_tokens = entry.message_count = 0
+                idle_entry(entry)
                 self.registry.touch(run.key)
         await self._remove_run_files(run)
         await self._flush_registry()
@@ -124,19 +121,19 @@ class LifecycleStore(AppendStore):
             log.error("could not delete the tasks.db row of discarded run %s (%s): recovery will", run.run_id, exc)
 
     async def pause(self, key: str) -> RunState:
-        run = self._require_active(key)
+        run = require_active(self, key)
         if run.status == "paused":
             return run
         for name, hook in list(self.stop_hooks.items()):
             await run_hook("stop", name, hook, run)
         await self._move(run, "paused")
-        await self.ledger.update_run(run.run_id, status="paused", updated_at=iso(self.clock()), **_stats(run))
+        await self.ledger.update_run(run.run_id, status="paused", updated_at=iso(self.clock()), **run_stats(run))
         await self._entry_status(run, "paused")
         self._emit("lifecycle", run, action="pause")
         return run
 
     async def resume(self, key: str) -> RunState:
-        run = self._require_active(key)
+        run = require_active(self, key)
         if run.status == "running":
             return run
         await self._move(run, "running")
@@ -158,7 +155,7 @@ class LifecycleStore(AppendStore):
         summary it is given (``final_summary.txt``), statistics, the move to completed/; the entry
         stays, idle, with ``run_id: null``. ``summarize=False`` (a purge, a one-off run nothing
         inherits) runs no hook and writes no final summary."""
-        run = self._require_active(key)
+        run = require_active(self, key)
         run.closing = True
         status: RunStatus = "failed" if error is not None else "completed"
         for name, hook in list(self.completion_hooks.items()) if summarize else ():
@@ -176,15 +173,13 @@ class LifecycleStore(AppendStore):
             updated_at=now,
             error_message=error,
             compaction_count=run.compaction_count,
-            **_stats(run),
+            **run_stats(run),
         )
         del self._runs[run.run_id]
         self._files.pop(run.run_id, None)
         entry = self.entry(key)
         if entry is not None:
-            entry.last_run_id, entry.run_id, entry.status = run.run_id, None, "idle"
-            entry.context_tokens = entry.message_count = 0
-            entry.updated_at = now
+            end_entry(entry, run.run_id, now)
             self.registry.touch(key)
             await self.registry.flush()
         run.status = status
@@ -201,13 +196,6 @@ class LifecycleStore(AppendStore):
         await self.registry.flush()
         await self.ledger.set_key_metadata(key, {"inherit": False})  # a new session on the key starts clean
         return completed
-
-    def _require_active(self, key: str) -> RunState:
-        self.require_entry(key)
-        run = self.active_run(key)
-        if run is None:
-            raise NoActiveRun(f"session {key!r} has no active run")
-        return run
 
     async def _move(self, run: RunState, status: RunStatus) -> None:
         old, new = run.dir, self.home.run_dir(run.run_id, status)
@@ -230,20 +218,6 @@ class LifecycleStore(AppendStore):
             entry.updated_at = iso(self.clock())
             self.registry.touch(run.key)
             await self.registry.flush()
-
-
-def _stats(run: RunState) -> dict[str, Any]:
-    """The seed's statistics columns, from the run's counters."""
-    counters = run.counters
-    return asdict(
-        RunStats(
-            total_messages=counters.message_count,
-            total_summaries=counters.last_summary_id,
-            total_tool_calls=run.next_tool_seq - 1,
-            final_token_count=counters.context_tokens,
-            final_message_count=counters.context_lines,
-        )
-    )
 
 
 def _create_run_folder(folder: Path, metadata: dict[str, Any], *, opening: bool) -> None:

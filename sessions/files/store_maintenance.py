@@ -18,6 +18,7 @@ from sessions.files.history_doctor import check_index
 from sessions.files.history_marks import runs_on_disk
 from sessions.files.purge import purge_key
 from sessions.files.store_lifecycle import LifecycleStore
+from sessions.history_index import HistoryIndexProtocol, own_index
 from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
 
@@ -33,10 +34,11 @@ class MaintenanceStore(LifecycleStore):
         """The history index of this home (not opened yet: ``await index.open()``)."""
         return HistoryIndex(history_path(self.home.contexts), max_batch=max_batch or MAX_BATCH)
 
-    async def rebuild_history(self, index: HistoryIndex) -> int:
-        return await rebuild_all(index, self.ledger, self.home)
+    async def rebuild_history(self, index: HistoryIndexProtocol) -> int:
+        return await rebuild_all(own_index(index, HistoryIndex), self.ledger, self.home)
 
-    async def catch_up_history(self, index: HistoryIndex) -> None:
+    async def catch_up_history(self, index: HistoryIndexProtocol) -> None:
+        index = own_index(index, HistoryIndex)
         runs = [(r.run_id, r.key, r.agent_id, r.dir, r.next_seq - 1) for r in self.active_runs()]
         active = {run[0] for run in runs}
         rows = await self.ledger.execute(lambda c: [tuple(r) for r in c.execute(_ENDED_UNARCHIVED)])
@@ -44,8 +46,9 @@ class MaintenanceStore(LifecycleStore):
         runs += await asyncio.to_thread(runs_on_disk, index.marks.locate, ended)  # a crash after a run ended
         await catch_up(index, runs)
 
-    async def check_history(self, index: HistoryIndex, *, fix: bool) -> list[StoredRecord]:
-        return [f.as_dict() for f in await check_index(index, self.ledger, self.home, fix=fix)]
+    async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]:
+        findings = await check_index(own_index(index, HistoryIndex), self.ledger, self.home, fix=fix)
+        return [f.as_dict() for f in findings]
 
     # -- Maintenance ------------------------------------------------------------------------------
 
@@ -69,5 +72,6 @@ class MaintenanceStore(LifecycleStore):
         assert key is not None, "export_runs needs a key or a run id"
         return await runs_of_key(self, key)
 
-    async def purge(self, key: str, *, history: HistoryIndex | None) -> StoredRecord:
-        return (await purge_key(self, key, history=history)).as_dict()
+    async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
+        index = None if history is None else own_index(history, HistoryIndex)
+        return (await purge_key(self, key, history=index)).as_dict()

@@ -14,7 +14,7 @@ from typing import Any, TypeVar, cast
 from config.clock import iso
 from config.errors import RunNotFound, StorageUnavailable
 from sessions import usage as usage_days
-from sessions.context_order import in_model_order
+from sessions.context_lines import ContextLine, read_back
 from sessions.files import archive, layout
 from sessions.files.jsonl import iter_records, read_records
 from sessions.files.ledger import run_metadata
@@ -142,7 +142,7 @@ class RecordStore(StoreBase):
         run_id = row["uuid"]
         return await asyncio.to_thread(archive.read_records, self.home.archive_file(run_id), run_id, name)
 
-    async def read_context(self, run: RunState) -> list[dict[str, Any]]:
+    async def read_context(self, run: RunState) -> list[ContextLine]:
         """current.jsonl as the model will see it, in its order (``sessions.context_order``: a
         turn's reply before the messages that waited for a later turn). With appends of the run queued, it is read
         through the writer, after them; with none (a turn reads after its message is durable), it
@@ -153,8 +153,8 @@ class RecordStore(StoreBase):
         turn reads."""
         path = run.dir / layout.CURRENT
 
-        def _read() -> list[dict[str, Any]]:
-            return in_model_order(read_records(path))
+        def _read() -> list[ContextLine]:
+            return read_back(read_records(path))
 
         if run.appends_pending == 0:
             return await asyncio.to_thread(_read)

@@ -9,7 +9,7 @@ from typing import cast
 
 from config.clock import Clock, iso
 from config.errors import RunNotFound
-from sessions.context_order import in_model_order
+from sessions.context_lines import ContextLine, read_back
 from sessions.inmemory.data import MemoryData, StoredRun
 from sessions.protocol import RecordKind
 from sessions.records import FINISHED_STATUSES, KnownKey, RunRow, RunState, StoredRecord, TaskKey
@@ -87,8 +87,8 @@ class MemoryReads:
     async def read_final_summary(self, run_id: str) -> str | None:
         return self._stored(run_id).final_summary
 
-    async def read_context(self, run: RunState) -> list[StoredRecord]:
-        return in_model_order([dict(line) for line in self.data.runs[run.run_id].context])
+    async def read_context(self, run: RunState) -> list[ContextLine]:
+        return read_back([dict(line) for line in self.data.runs[run.run_id].context])
 
     def _stored(self, run_id: str) -> StoredRun:
         stored = self.data.runs.get(run_id)

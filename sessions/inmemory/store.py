@@ -11,11 +11,24 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from config.clock import Clock, iso
-from config.errors import NoActiveRun, RunActive, SessionNotFound
+from config.errors import RunActive, SessionNotFound
 from sessions.appends import check_writable, event_fields, message_record, tool_record
+from sessions.bookkeeping import (
+    add_usage_counts,
+    count_append,
+    end_entry,
+    idle_entry,
+    note_message,
+    plan_record,
+    relabel_entry,
+    require_active,
+    run_stats,
+    start_entry,
+)
 from sessions.compaction import COMPACTIONS
 from sessions.context_order import context_line, in_context
 from sessions.entries import SessionEntry
+from sessions.events import EventType, StoreEvent
 from sessions.inmemory.data import MemoryData, StoredRun, line_size
 from sessions.inmemory.paths import NOWHERE
 from sessions.inmemory.reads import MemoryReads
@@ -25,7 +38,6 @@ from sessions.records import (
     ACTIVE_STATUSES,
     USAGE_KEYS,
     ContextRewrite,
-    EventType,
     MessageRecord,
     NewMessage,
     PlanRecord,
@@ -33,7 +45,6 @@ from sessions.records import (
     RunState,
     RunStatus,
     StoredRecord,
-    StoreEvent,
     TaskKey,
     copy_counters,
     restore_counters,
@@ -108,11 +119,7 @@ class MemoryStore(MemoryReads, MemoryRecords):
             for stored in self.data.runs.values():
                 if stored.row.get("session_key") == key:
                     stored.row["pinned"] = int(pinned)
-        if label is not None or clear_label:
-            entry.label = label
-        if settings is not None:
-            merged = {**entry.settings, **settings}
-            entry.settings = {k: v for k, v in merged.items() if v is not None}
+        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
         entry.updated_at = iso(self.clock())
         self._save_entries()
         return entry
@@ -166,7 +173,7 @@ class MemoryStore(MemoryReads, MemoryRecords):
             entry = self._entries[key] = SessionEntry(
                 key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, created_at=now, updated_at=now
             )
-        entry.run_id, entry.status, entry.started_at, entry.updated_at = run_id, "running", now, now
+        start_entry(entry, run_id, now)
         self._checkpoint(run)
         self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
         return run
@@ -179,23 +186,22 @@ class MemoryStore(MemoryReads, MemoryRecords):
             if remove_entry:
                 del self._entries[run.key]
             else:
-                entry.run_id, entry.status = None, "idle"
-                entry.context_tokens = entry.message_count = 0
+                idle_entry(entry)
         self._save_entries()
         self._emit("lifecycle", run, action="discard")
 
     async def pause(self, key: str) -> RunState:
-        run = self._require_active(key)
+        run = require_active(self, key)
         if run.status == "paused":
             return run
         for name, hook in list(self.hooks.stop_hooks.items()):
             await run_hook("stop", name, hook, run)
-        self._set_status(run, "paused", **_stats(run))
+        self._set_status(run, "paused", **run_stats(run))
         self._emit("lifecycle", run, action="pause")
         return run
 
     async def resume(self, key: str) -> RunState:
-        run = self._require_active(key)
+        run = require_active(self, key)
         if run.status == "running":
             return run
         self._set_status(run, "running")
@@ -211,7 +217,7 @@ class MemoryStore(MemoryReads, MemoryRecords):
         summarize: bool = True,
         final_summary: str | None = None,
     ) -> RunState:
-        run = self._require_active(key)
+        run = require_active(self, key)
         run.closing = True
         status: RunStatus = "failed" if error is not None else "completed"
         for name, hook in list(self.hooks.completion_hooks.items()) if summarize else ():
@@ -222,14 +228,12 @@ class MemoryStore(MemoryReads, MemoryRecords):
         now = iso(self.clock())
         cast(dict[str, Any], self._row(run)).update(
             status=status, completed_at=now, updated_at=now, error_message=error,
-            compaction_count=run.compaction_count, **_stats(run),
+            compaction_count=run.compaction_count, **run_stats(run),
         )  # fmt: skip
         del self._runs[run.run_id]
         entry = self._entries.get(key)
         if entry is not None:
-            entry.last_run_id, entry.run_id, entry.status = run.run_id, None, "idle"
-            entry.context_tokens = entry.message_count = 0
-            entry.updated_at = now
+            end_entry(entry, run.run_id, now)
         self._save_entries()
         run.status = status
         self._emit("lifecycle", run, action=status, reason=reason, error=error)
@@ -246,13 +250,6 @@ class MemoryStore(MemoryReads, MemoryRecords):
             if stored.row.get("session_key") == key:
                 stored.metadata["inherit"] = False
         return completed
-
-    def _require_active(self, key: str) -> RunState:
-        self.require_entry(key)
-        run = self.active_run(key)
-        if run is None:
-            raise NoActiveRun(f"session {key!r} has no active run")
-        return run
 
     def _set_status(self, run: RunState, status: RunStatus, **stats: int) -> None:
         run.status = status
@@ -278,24 +275,15 @@ class MemoryStore(MemoryReads, MemoryRecords):
         stored = self.data.runs[run.run_id]
         run.next_seq += 1
         stored.messages.append(dict(record))
-        run.messages_bytes += line_size(dict(record))
-        if in_context(record):
-            line = context_line(record)
+        line = context_line(record) if in_context(record) else None
+        if line is not None:
             stored.context.append(line)
-            run.context_bytes += line_size(line)
-            run.context_tokens += record["tokens"]
-            run.context_lines += 1
-            run.last_context_seq = record["seq"]
+        count_append(run, record, line_size(dict(record)), None if line is None else line_size(line))
         entry = self._entries.get(run.key)
         if entry is not None:
-            if message.role != "system":
-                entry.last_interaction_at = stamp
-            if message.counts_as_activity:
-                entry.last_user_activity_at = stamp
-            entry.updated_at = stamp
+            note_message(entry, message, stamp)
         self._checkpoint(run)
         # Durable at once, settled on the loop's next turn, as a writer thread would settle it.
-        run.appends_pending += 1
         loop = asyncio.get_running_loop()
         durable: asyncio.Future[None] = loop.create_future()
         loop.call_soon(_settle, run, durable)
@@ -329,24 +317,15 @@ class MemoryStore(MemoryReads, MemoryRecords):
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        record: PlanRecord = {
-            "id": run.next_plan_id, "plan_type": plan_type, "plan_content": plan_content,
-            "created_at": iso(self.clock()),
-        }  # fmt: skip
-        run.next_plan_id += 1
+        record = plan_record(run, plan_type, plan_content, iso(self.clock()))
         self.data.runs[run.run_id].planning.append(dict(record))
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
-        clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
+        clean = add_usage_counts(run, self._entries.get(run.key), usage)
         row = cast(dict[str, Any], self._row(run))
         for k, v in clean.items():
-            run.usage[k] += v
             row[k] = int(row.get(k) or 0) + v
-        entry = self._entries.get(run.key)
-        if entry is not None:
-            for k, v in clean.items():
-                setattr(entry, k, getattr(entry, k) + v)
         self.count_usage(run, clean)
 
     def calibrate_context(
@@ -391,8 +370,9 @@ class MemoryStore(MemoryReads, MemoryRecords):
     def recently_writable(self, max_age_s: float) -> bool:
         return True
 
-    def emit(self, event_type: EventType, run: RunState, **fields: Any) -> None:
-        self._emit(event_type, run, **fields)
+    def emit(self, event: StoreEvent) -> None:
+        for listener in self.hooks.listeners:
+            listener(event)
 
     def _emit(self, event_type: EventType, run: RunState, *, at: str | None = None, **fields: object) -> None:
         event = {"type": event_type, "key": run.key, "run_id": run.run_id, "at": at or iso(self.clock()), **fields}
@@ -435,17 +415,6 @@ def _settle(run: RunState, durable: asyncio.Future[None]) -> None:
     run.appends_pending -= 1
     if not durable.done():
         durable.set_result(None)
-
-
-def _stats(run: RunState) -> dict[str, int]:
-    counters = run.counters
-    return {
-        "total_messages": counters.message_count,
-        "total_summaries": counters.last_summary_id,
-        "total_tool_calls": run.next_tool_seq - 1,
-        "final_token_count": counters.context_tokens,
-        "final_message_count": counters.context_lines,
-    }
 
 
 

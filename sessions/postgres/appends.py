@@ -16,7 +16,9 @@ from collections.abc import Mapping
 
 from config.clock import iso
 from sessions.appends import check_writable, event_fields, message_record, tool_record
-from sessions.context_order import context_line, in_context, in_model_order
+from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
+from sessions.context_lines import ContextLine, read_back
+from sessions.context_order import context_line, in_context
 from sessions.deliveries import Delivery
 from sessions.files.jsonl import decode, encode, encode_plain
 from sessions.postgres.batching import Append, PgQueue, Undo
@@ -52,20 +54,10 @@ class PgAppends(PgQueue):
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         item = Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future)
         self._enqueue(run, item)
-        run.appends_pending += 1
-        run.messages_bytes += len(data)
-        if line:
-            run.context_bytes += len(line)
-            run.context_tokens += record["tokens"]
-            run.context_lines += 1
-            run.last_context_seq = record["seq"]
+        count_append(run, record, len(data), len(line) if line else None)
         entry = self.entry(run.key)
         if entry is not None:
-            if message.role != "system":
-                entry.last_interaction_at = stamp
-            if message.counts_as_activity:
-                entry.last_user_activity_at = stamp
-            entry.updated_at = stamp
+            note_message(entry, message, stamp)
             self.sync_counters(entry, run)
             self.touch(run.key)
         return record, future
@@ -128,13 +120,7 @@ class PgAppends(PgQueue):
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        record: PlanRecord = {
-            "id": run.next_plan_id,
-            "plan_type": plan_type,
-            "plan_content": plan_content,
-            "created_at": iso(self.clock()),
-        }
-        run.next_plan_id += 1
+        record = plan_record(run, plan_type, plan_content, iso(self.clock()))
         sql = (
             "WITH r AS (UPDATE runs SET next_plan_id = greatest(next_plan_id, $2::bigint + 1) WHERE run_id = $1"
             " RETURNING run_id) INSERT INTO plans (run_id, id, record) SELECT run_id, $2, $3::json FROM r"
@@ -144,13 +130,9 @@ class PgAppends(PgQueue):
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
-        clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
-        for k, v in clean.items():
-            run.usage[k] += v
         entry = self.entry(run.key)
+        clean = add_usage_counts(run, entry, usage)
         if entry is not None:
-            for k, v in clean.items():
-                setattr(entry, k, getattr(entry, k) + v)
             self.touch(run.key)
         sets = ", ".join(f"{k} = {k} + ${i}" for i, k in enumerate(USAGE_KEYS, start=2))
         daily = DailyKey(usage_day(self.clock()), run.agent_id or "main", run.key)
@@ -211,15 +193,15 @@ class PgAppends(PgQueue):
 
     # -- reads of the context -------------------------------------------------------------------
 
-    async def read_context(self, run: RunState) -> list[StoredRecord]:
+    async def read_context(self, run: RunState) -> list[ContextLine]:
         """The context as the model will see it; with appends of the run queued, read after them."""
 
-        async def _read() -> list[StoredRecord]:
+        async def _read() -> list[ContextLine]:
             with unavailable("the context"):
                 rows = await self.pool.fetch(
                     "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
                 )
-            return in_model_order([decode(row[0].encode()) for row in rows])
+            return read_back([decode(row[0].encode()) for row in rows])
 
         if run.appends_pending == 0:
             return await _read()

@@ -18,8 +18,9 @@ from config.clock import Clock, iso
 from config.errors import SessionNotFound
 from config.settings import Settings
 from sessions.entries import SessionEntry
+from sessions.events import EventType, StoreEvent
 from sessions.postgres.faults import unavailable
-from sessions.records import EventType, RunState, StoreEvent, copy_counters
+from sessions.records import RunState, copy_counters
 from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
@@ -130,8 +131,9 @@ class PgBase:
         for listener in self.hooks.listeners:
             listener(event)
 
-    def emit(self, event_type: EventType, run: RunState, **fields: object) -> None:
-        self._emit(event_type, run, at=None, **fields)
+    def emit(self, event: StoreEvent) -> None:
+        for listener in self.hooks.listeners:
+            listener(event)
 
     def expiry_cutoff(self, days: float) -> str:
         return iso(self.clock() - timedelta(days=days))

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from sessions.copy_snapshot import RECORD_TABLES, RunCopy, Snapshot, line_text
+from sessions.copy_snapshot import RECORD_TABLES, USAGE_FIELDS, RunCopy, Snapshot, line_text
 from sessions.files.ledger import RUN_COLUMNS
 from sessions.postgres.schema import migrate
 
@@ -53,7 +53,24 @@ async def dump(conn: asyncpg.Connection) -> Snapshot:
             order = _RECORD_ORDER.get(table, "1")
             rows = await conn.fetch(f"SELECT * FROM {table} ORDER BY {order}")
             snapshot.records[table] = [{k: v for k, v in dict(r).items() if k != "ord"} for r in rows]
+        usage = await conn.fetch(f"SELECT {', '.join(USAGE_FIELDS)} FROM usage_daily ORDER BY 1, 2, 3")
+        snapshot.usage = [{k: (int(v) if k not in _USAGE_TEXT else v) for k, v in dict(r).items()} for r in usage]
+        snapshot.tombstones = [
+            {"session_key": r["session_key"], "deleted_at": r["purged_at"], "runs": int(r["runs"]),
+             "messages": int(r["messages"])}
+            for r in await conn.fetch(_TOMBSTONES)
+        ]  # fmt: skip
     return snapshot
+
+
+_USAGE_TEXT = ("day", "agent_id", "session_key")
+# one tombstone per purge (a purge writes a row per run id, each with the purge's totals; a row
+# from before migration 4 has no totals: its runs are its rows, its messages unknown, 0)
+_TOMBSTONES = (
+    "SELECT session_key, purged_at, coalesce(max(runs), count(run_id)) AS runs,"
+    " coalesce(max(messages), 0) AS messages FROM purge_tombstones"
+    " GROUP BY session_key, purged_at ORDER BY min(id)"
+)
 
 
 async def _texts(conn: asyncpg.Connection, sql: str, run_id: str) -> list[str]:
@@ -67,8 +84,9 @@ async def is_empty(conn: asyncpg.Connection, where: str) -> str | None:
     runs = int(await conn.fetchval("SELECT count(*) FROM runs"))
     entries = int(await conn.fetchval("SELECT count(*) FROM entries"))
     records = 0
-    for table in RECORD_TABLES:
-        records += int(await conn.fetchval(f"SELECT count(*) FROM {table}"))
+    for table in (*RECORD_TABLES, "usage_daily", "purge_tombstones"):
+        if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
+            records += int(await conn.fetchval(f"SELECT count(*) FROM {table}"))
     if runs or entries or records:
         return f"{where} already holds {runs} runs, {entries} sessions and {records} records"
     return None
@@ -96,6 +114,15 @@ async def load(conn: asyncpg.Connection, snapshot: Snapshot, where: str) -> None
                 f"INSERT INTO {table} ({quoted}) VALUES ({marks})",
                 [tuple(row.get(n) for n in names) for row in rows],
             )
+        await conn.executemany(
+            f"INSERT INTO usage_daily ({', '.join(USAGE_FIELDS)}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            [tuple(row[k] for k in USAGE_FIELDS) for row in snapshot.usage],
+        )
+        await conn.executemany(  # one row per purge: the run ids are not known on every backend
+            "INSERT INTO purge_tombstones (session_key, run_id, purged_at, reason, runs, messages)"
+            " VALUES ($1, NULL, $2, 'purge', $3, $4)",
+            [(t["session_key"], t["deleted_at"], t["runs"], t["messages"]) for t in snapshot.tombstones],
+        )
 
 
 async def _insert_run(conn: asyncpg.Connection, run: RunCopy, entry: dict[str, Any] | None) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 import asyncpg
 
 from config.clock import iso
-from config.errors import NoActiveRun, RunActive
+from config.errors import RunActive
+from sessions.bookkeeping import end_entry, idle_entry, relabel_entry, require_active, run_stats, start_entry
 from sessions.entries import SessionEntry
 from sessions.postgres.base import NOWHERE, _encode_entry
 from sessions.postgres.faults import unavailable
@@ -83,9 +84,8 @@ class PgLifecycle(PgRecords):
         if entry is None:
             entry = self._new_entry(key, agent_id, chat_type, channel)
             self._entries[key] = entry
-        entry.run_id, entry.status, entry.started_at = run_id, "running", now
+        start_entry(entry, run_id, now)
         self.sync_counters(entry, run)
-        entry.updated_at = now
         self.touch(key)  # the run's row is the truth; recovery rebuilds the entry from it
         self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
         return run
@@ -99,8 +99,7 @@ class PgLifecycle(PgRecords):
             if remove_entry:
                 del self._entries[run.key]
             else:
-                entry.run_id, entry.status = None, "idle"
-                entry.context_tokens = entry.message_count = 0
+                idle_entry(entry)
         try:
             with unavailable("the discarded run"):
                 await self.pool.execute("DELETE FROM runs WHERE run_id = $1", run.run_id)
@@ -111,7 +110,7 @@ class PgLifecycle(PgRecords):
         self._emit("lifecycle", run, action="discard")
 
     async def pause(self, key: str) -> RunState:
-        run = self._require_active(key)
+        run = require_active(self, key)
         if run.status == "paused":
             return run
         for name, hook in self.hooks.stop_hooks.items():
@@ -121,7 +120,7 @@ class PgLifecycle(PgRecords):
         return run
 
     async def resume(self, key: str) -> RunState:
-        run = self._require_active(key)
+        run = require_active(self, key)
         if run.status == "running":
             return run
         await self._set_status(run, "running", stats=False)
@@ -133,7 +132,7 @@ class PgLifecycle(PgRecords):
         now = iso(self.clock())
         entry = self.entry(run.key)
         after = dataclasses.replace(entry, status=status, updated_at=now) if entry is not None else None
-        extra = _stats(run) if stats else {}
+        extra = run_stats(run) if stats else {}
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(extra, start=4))
         with unavailable("the change"):
             async with self.pool.acquire() as conn, conn.transaction():
@@ -158,7 +157,7 @@ class PgLifecycle(PgRecords):
     ) -> RunState:
         """Complete (or fail) the key's run, keeping the final summary it is given (the engine's
         ``conversations/run_end.py`` writes it; the store summarizes nothing)."""
-        run = self._require_active(key)
+        run = require_active(self, key)
         run.closing = True
         try:
             return await self._complete(run, key, error, reason, final_summary if summarize else None, summarize)
@@ -178,11 +177,9 @@ class PgLifecycle(PgRecords):
         entry = self.entry(key)
         after = None
         if entry is not None:
-            after = dataclasses.replace(
-                entry, last_run_id=run.run_id, run_id=None, status="idle", context_tokens=0, message_count=0,
-                updated_at=now,
-            )  # fmt: skip
-        stats = _stats(run)
+            after = dataclasses.replace(entry)
+            end_entry(after, run.run_id, now)
+        stats = run_stats(run)
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(stats, start=8))
         with unavailable("the run's completion"):
             async with self.pool.acquire() as conn, conn.transaction():
@@ -235,11 +232,7 @@ class PgLifecycle(PgRecords):
             entry.pinned = pinned
             with unavailable("the change"):
                 await self.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
-        if label is not None or clear_label:
-            entry.label = label
-        if settings is not None:
-            merged = {**entry.settings, **settings}
-            entry.settings = {k: v for k, v in merged.items() if v is not None}
+        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
         entry.updated_at = iso(self.clock())
         await self.flush_entries(key)
         return entry
@@ -259,13 +252,6 @@ class PgLifecycle(PgRecords):
         entry.last_reset_boundary = boundary
         await self.flush_entries(key)
 
-    def _require_active(self, key: str) -> RunState:
-        self.require_entry(key)
-        run = self.active_run(key)
-        if run is None:
-            raise NoActiveRun(f"session {key!r} has no active run")
-        return run
-
     async def _settled(self, run: RunState) -> None:
         """Wait for the appends queued for ``run`` before a lifecycle change (they land first)."""
         if run.appends_pending or run.run_id in self._queues:
@@ -274,14 +260,3 @@ class PgLifecycle(PgRecords):
 
 async def _nothing() -> None:
     return None
-
-
-def _stats(run: RunState) -> dict[str, Any]:
-    counters = run.counters
-    return {
-        "total_messages": counters.message_count,
-        "total_summaries": counters.last_summary_id,
-        "total_tool_calls": run.next_tool_seq - 1,
-        "final_token_count": counters.context_tokens,
-        "final_message_count": counters.context_lines,
-    }

@@ -1,6 +1,6 @@
 """The PostgreSQL store's ``Maintenance`` capability, as far as it goes on a database: purge (every
 row of a key in one transaction, the history index rows with its runs, a tombstone without
-content), export, cleanup and the doctor (``sessions.postgres.doctor``)."""
+content), cleanup and the doctor's database checks (export is ``sessions.postgres.export``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from config.clock import iso, parse_iso
-from config.errors import BadRequest, SessionNotFound
+from config.errors import SessionNotFound
 from config.settings import CleanupSettings
 from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
 from sessions.files.cleanup import DELIVERY_ID_DAYS, IDEMPOTENCY_DAYS
@@ -21,8 +21,9 @@ from sessions.records import StoredRecord
 log = logging.getLogger(__name__)
 
 # the tables with a session_key column besides runs (whose rows cascade to messages, the context,
-# summaries, archives, tool calls, plans and the history index)
-KEYED_TABLES = ("idempotency", "hook_deliveries", "openai_conversations", "openai_responses")
+# summaries, archives, tool calls, plans and the history index): a purge empties them of the key,
+# as the files backend's does every table of tasks.db with a session_key column
+KEYED_TABLES = ("idempotency", "hook_deliveries", "openai_conversations", "openai_responses", "usage_daily")
 
 
 class PgMaintenance(PgLifecycle):
@@ -44,10 +45,11 @@ class PgMaintenance(PgLifecycle):
                     await conn.execute(f"DELETE FROM {table} WHERE session_key = $1", key)
                 await conn.execute("DELETE FROM entries WHERE key = $1", key)
                 run_ids: list[str | None] = [r["run_id"] for r in rows] or [None]
+                messages = sum(int(r["total_messages"] or 0) for r in rows)
                 await conn.executemany(
-                    "INSERT INTO purge_tombstones (session_key, run_id, purged_at, reason)"
-                    " VALUES ($1, $2, $3, 'purge')",
-                    [(key, run_id, stamp) for run_id in run_ids],
+                    "INSERT INTO purge_tombstones (session_key, run_id, purged_at, reason, runs, messages)"
+                    " VALUES ($1, $2, $3, 'purge', $4, $5)",
+                    [(key, run_id, stamp, len(rows), messages) for run_id in run_ids],
                 )
         self._entries.pop(key, None)
         self._dirty.discard(key)
@@ -55,7 +57,7 @@ class PgMaintenance(PgLifecycle):
             "session_key": key,
             "deleted_at": stamp,
             "runs": len(rows),
-            "messages": sum(int(r["total_messages"] or 0) for r in rows),
+            "messages": messages,
         }
         log.info("purged session %s: %d run(s), %d message(s)", key, tombstone["runs"], tombstone["messages"])
         return tombstone
@@ -134,14 +136,6 @@ class PgMaintenance(PgLifecycle):
         if trimmed:
             log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
         return report
-
-    # -- export: refused (its streams read run folders and archives) -------------------------------
-
-    async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[Any]:
-        raise BadRequest(
-            "exports read run folders and archives: not available with storage.backend: postgres yet;"
-            " read the runs through GET /v1/runs/{run_id}/messages instead"
-        )
 
     # -- the doctor ---------------------------------------------------------------------------------
 

@@ -163,7 +163,11 @@ MIGRATIONS: tuple[str, ...] = (
     HISTORY_MIGRATION,
     # 3: token usage per UTC day, agent and key (GET /v1/usage, agents.<id>.limits)
     usage_daily.MIGRATION,
-    # 4: the scheduled firings a leader has claimed (a cron firing runs once across a takeover)
+    # 4: a purge's totals on its tombstones (what tasks.db's tombstones hold, so a copy carries them)
+    """
+    ALTER TABLE purge_tombstones ADD COLUMN runs bigint, ADD COLUMN messages bigint;
+    """,
+    # 5: the scheduled firings a leader has claimed (a cron firing runs once across a takeover)
     CLAIMS_MIGRATION,
 )
 

@@ -18,7 +18,9 @@ from config.errors import ConfigError
 from config.settings import PostgresSettings, Settings
 from sessions.entries import SessionEntry
 from sessions.files.history import MAX_BATCH
+from sessions.history_index import HistoryIndexProtocol, own_index
 from sessions.postgres.base import NOWHERE, decode_entry
+from sessions.postgres.export import PgExport
 from sessions.postgres.faults import unavailable
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.maintenance import PgMaintenance
@@ -32,7 +34,7 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 10
 
 
-class PgStore(PgMaintenance):
+class PgStore(PgMaintenance, PgExport):
     def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
         self.settings = settings
         self.clock = clock
@@ -94,14 +96,14 @@ class PgStore(PgMaintenance):
         """The history index in this database (not started yet: ``await index.open()``)."""
         return PgHistoryIndex(self.pool, max_batch=max_batch or MAX_BATCH)
 
-    async def rebuild_history(self, index: PgHistoryIndex) -> int:
-        return await index.rebuild()
+    async def rebuild_history(self, index: HistoryIndexProtocol) -> int:
+        return await own_index(index, PgHistoryIndex).rebuild()
 
-    async def catch_up_history(self, index: PgHistoryIndex) -> None:
-        await index.catch_up()
+    async def catch_up_history(self, index: HistoryIndexProtocol) -> None:
+        await own_index(index, PgHistoryIndex).catch_up()
 
-    async def check_history(self, index: PgHistoryIndex, *, fix: bool) -> list[StoredRecord]:
-        return await index.check(fix=fix)
+    async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]:
+        return await own_index(index, PgHistoryIndex).check(fix=fix)
 
     async def _recover(self) -> None:
         with unavailable("nothing"):

@@ -17,6 +17,7 @@ from channels.hooks import Accepted, Duplicate
 from config.errors import BadRequest, ShuttingDown
 from gateway.keys import CONVERSATIONS, WEBHOOKS
 from sessions.keys import parse_key
+from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 from tests.gateway.test_webhooks import ENV, docs_payload, docs_variant, github_hooks
@@ -46,7 +47,7 @@ async def test_a_webhook_delivery_is_a_typed_outcome_the_route_renders(
 
 
 def _post(text: str) -> Post:
-    return Post(key=parse_key("agent:main:main", agents=["main"]), role="user", content=text)
+    return Post(key=parse_key("agent:main:main", agents=["main"]), message=NewMessage(role="user", content=text))
 
 
 async def test_post_and_deliver_returns_once_stored_and_delivers_the_answer_or_the_failure(

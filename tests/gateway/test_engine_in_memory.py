@@ -4,6 +4,7 @@ Protocol's ``ConversationStore``, so its fast tests can run on this backend."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from conversations.run_end import RunEnd, end_run
 from conversations.turns import Conversations
 from sessions.inmemory import MemoryData, MemoryStore
 from sessions.keys import parse_key
+from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.gateway.helpers import gateway_config
 from tests.support.openai_server import OpenAIServer
@@ -40,7 +42,7 @@ async def engine(openai_server: OpenAIServer, tmp_path: Path, clock: FakeClock) 
 
 
 def post(content: str, **fields: object) -> Post:
-    return Post(key=parse_key(KEY, agents={"main"}), role="user", content=content, **fields)  # type: ignore[arg-type]
+    return Post(key=parse_key(KEY, agents={"main"}), message=NewMessage(role="user", content=content, **fields))  # type: ignore[arg-type]
 
 
 async def test_a_turn_stores_the_message_and_the_reply_in_memory(engine: Conversations) -> None:
@@ -75,3 +77,18 @@ async def test_the_next_run_inherits_the_final_summary(engine: Conversations) ->
     assert run is not None
     context = await engine.store.read_context(run)
     assert first.run_id in str(context[0]["content"]) and "tangerine" in str(context[0]["content"])
+
+
+def test_a_post_carries_the_stores_message_and_repeats_none_of_its_fields() -> None:
+    """One message type: ``Post`` is a ``NewMessage`` plus routing (issue 25)."""
+    post_fields = {f.name for f in dataclasses.fields(Post)}
+    assert post_fields & {f.name for f in dataclasses.fields(NewMessage)} == set()
+    assert post_fields == {"key", "message", "reply", "task_key", "options", "id_scope"}
+
+
+async def test_the_posted_message_is_stored_as_given_with_an_openai_safe_speaker(engine: Conversations) -> None:
+    message = NewMessage(role="user", content="hi", name="Ann Lee!", sender_id="u-1", client_message_id="c-9")
+    outcome = await engine.post(Post(key=parse_key(KEY, agents={"main"}), message=message, reply=False))
+    assert outcome.run_id is not None and outcome.reply is None
+    [stored] = await engine.store.read_messages(outcome.run_id, after_seq=0, limit=10)
+    assert (stored["name"], stored["sender_id"], stored["client_message_id"]) == ("Ann_Lee", "u-1", "c-9")

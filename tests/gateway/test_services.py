@@ -13,6 +13,7 @@ from conversations.turns import Post
 from gateway import operations
 from gateway.services import Parts, open_services
 from sessions.keys import parse_key
+from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.gateway.helpers import gateway_config
 
@@ -25,7 +26,8 @@ async def test_without_timers_a_reset_writes_the_final_summary_and_its_events_re
     async with open_services(config, clock=clock, parts=Parts(memory=False, timers=False)) as services:
         assert services.scheduler.ready is False  # no APScheduler without timers
         assert services.memory is None and services.memory_ready is None
-        stored = await services.conversations.post(Post(key=key, role="user", content="the sky is teal"))
+        message = NewMessage(role="user", content="the sky is teal")
+        stored = await services.conversations.post(Post(key=key, message=message))
         outcome = await operations.run_command(services.commands, key, "/reset")
         assert any(e["type"] == "reset" and e["previous_run_id"] == stored.run_id for e in outcome.events)
         # run_end writes the final summary (Conversations.final_summary: extractive without a model)

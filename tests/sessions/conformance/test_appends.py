@@ -9,11 +9,13 @@ import pytest
 from config.errors import Conflict
 from sessions.compaction import summary_line
 from sessions.compactor import Compactor, extractive
+from sessions.context_lines import ContextLine
 from sessions.protocol import StoreProtocol
 from sessions.records import NewMessage
 from sessions.rewrites import Compaction, Uncompaction
 from tests.sessions.conformance.support import KEY, command, counters_agree, start, user
 from tests.sessions.helpers import settings_with
+from tests.support.typed_dicts import matching_types
 
 
 async def test_seqs_are_gapless_and_in_arrival_order(store: StoreProtocol) -> None:
@@ -146,3 +148,26 @@ async def test_a_commit_that_changes_nothing_changes_no_counter(store: StoreProt
 async def test_a_healthy_store_is_writable(store: StoreProtocol) -> None:
     assert await store.writable() is None
     assert store.recently_writable(60.0)
+
+
+async def test_the_context_lines_are_typed_lines(store: StoreProtocol) -> None:
+    """Every line ``read_context`` gives is one ``ContextLine`` (a message, a tool call, a tool
+    result, the summary that opens a compacted context), with no key its type does not declare."""
+    run = await start(store)
+    await store.append(run, NewMessage(role="user", content="weather?", name="alice", sender_id="u1"))
+    call = {"id": "call-1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    await store.append(run, NewMessage(role="assistant", content="", tool_calls=(call,), after=1))
+    result = NewMessage(role="tool", content="sunny", tool_name="weather", tool_call_id="call-1", after=1)
+    await store.append(run, result)
+    await store.append(run, command("/status"))
+    for i in range(8):
+        await store.append(run, user(f"message {i} " + "word " * 40))
+    compactor = Compactor(store, extractive, settings_with().compaction)
+    assert await compactor.compact(run, trigger="manual", threshold=2000, keep_recent=6, min_to_compress=1)
+    for line in await store.read_context(run):
+        assert len(matching_types(line, ContextLine)) == 1, line
+    assert await compactor.uncompact(run) == 1
+    lines = await store.read_context(run)
+    assert [line.get("role") for line in lines[:3]] == ["user", "assistant", "tool"]
+    for line in lines:
+        assert matching_types(line, ContextLine) == ["ContextMessage"], line

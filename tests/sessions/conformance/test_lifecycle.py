@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from config.errors import Conflict, NotFound, SessionPaused
+from sessions.events import StoreEvent
 from sessions.protocol import StoreProtocol
-from sessions.records import RunState, StoreEvent
+from sessions.records import RunState
 from sessions.store_hooks import StoreHooks
 from tests.sessions.conformance.support import KEY, Harness, command, start, user
 

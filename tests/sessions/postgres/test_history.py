@@ -180,8 +180,10 @@ async def test_purge_leaves_no_trace_but_a_tombstone(pg: tuple[PgStore, PgHistor
     await store.complete(A)
     second = await store.start_run(A, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", A))
     await store.append(second, NewMessage("user", "another 会議 tomorrow", client_message_id="m1"))
+    await store.add_usage(second, {"input_tokens": 12, "output_tokens": 3})  # usage_daily names the key
     await index.flush()
     assert len(await index.search(HistoryQuery(q="会議"))) == 3
+    assert [u["key"] for u in await store.daily_usage()] == [A]
 
     tombstone = await store.purge(A, history=index)
     assert tombstone["runs"] == 2 and tombstone["messages"] == 5 and tombstone["session_key"] == A
@@ -198,8 +200,8 @@ async def test_purge_leaves_no_trace_but_a_tombstone(pg: tuple[PgStore, PgHistor
             text = await conn.fetchval(f"SELECT coalesce(string_agg(t::text, ' '), '') FROM {table} t")
             for trace in (A, runs[0].run_id, second.run_id, "会議", "Paris"):
                 assert trace not in text, (table, trace)
-        stones = await conn.fetch("SELECT session_key, run_id FROM purge_tombstones ORDER BY id")
-        assert {(r[0], r[1]) for r in stones} == {(A, runs[0].run_id), (A, second.run_id)}
+        stones = await conn.fetch("SELECT session_key, run_id, runs, messages FROM purge_tombstones ORDER BY id")
+        assert {tuple(r) for r in stones} == {(A, runs[0].run_id, 2, 5), (A, second.run_id, 2, 5)}
     finally:
         await conn.close()
     with pytest.raises(SessionNotFound):

@@ -1,7 +1,7 @@
 """Maintenance on PostgreSQL: cleanup carries out sessions.cleanup_plan's decisions (a stale active
 run completed then archived, an old archive deleted with its rows, a pinned key untouched, expired
 delivery records forgotten; a dry run changes nothing); the doctor reports a clean database as
-clean and finds seq gaps and an entry naming no active run; export is refused with a way out."""
+clean and finds seq gaps and an entry naming no active run; an export of an unknown key is not found."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from config.clock import iso
-from config.errors import BadRequest
+from config.errors import SessionNotFound
 from config.settings import CleanupSettings
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
@@ -108,7 +108,8 @@ async def test_doctor_clean_then_findings(open_store: Opener, pg_dsn: str) -> No
     assert "entries" not in {f["check"] for f in await store.check(fix=False)}
 
 
-async def test_export_is_refused_with_a_way_out(open_store: Opener) -> None:
+async def test_export_of_a_key_without_runs_is_not_found(open_store: Opener) -> None:
+    """Exports themselves: tests/gateway/test_postgres_export.py (the files backend's bytes)."""
     store = await open_store()
-    with pytest.raises(BadRequest, match=r"storage.backend: postgres.*GET /v1/runs"):
+    with pytest.raises(SessionNotFound, match=OLD):
         await store.export_runs(key=OLD)

@@ -1,0 +1,110 @@
+"""The bookkeeping every backend does the same way (issue 25): the run's statistics columns, the
+counters an append moves, and what the key's entry says as a run starts, is discarded, ends or
+takes a message. The backends call these and persist the result their own way (sessions.json,
+``MemoryData``, the ``entries`` table), as they call ``sessions.store_hooks.run_hook``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from config.errors import NoActiveRun
+from sessions.entries import SessionEntry
+from sessions.records import USAGE_KEYS, MessageRecord, NewMessage, PlanRecord, RunState
+
+
+class _Lookups(Protocol):
+    def require_entry(self, key: str) -> SessionEntry: ...
+    def active_run(self, key: str) -> RunState | None: ...
+
+
+def require_active(store: _Lookups, key: str) -> RunState:
+    """The key's active run: ``SessionNotFound`` without an entry, ``NoActiveRun`` without a run."""
+    store.require_entry(key)
+    run = store.active_run(key)
+    if run is None:
+        raise NoActiveRun(f"session {key!r} has no active run")
+    return run
+
+
+def run_stats(run: RunState) -> dict[str, int]:
+    """The seed's statistics columns of a run (tasks.db, the ``runs`` row), from its counters."""
+    counters = run.counters
+    return {
+        "total_messages": counters.message_count,
+        "total_summaries": counters.last_summary_id,
+        "total_tool_calls": run.next_tool_seq - 1,
+        "final_token_count": counters.context_tokens,
+        "final_message_count": counters.context_lines,
+    }
+
+
+def count_append(run: RunState, record: MessageRecord, record_bytes: int, line_bytes: int | None) -> None:
+    """The run's counters once an append is queued: ``record_bytes`` of messages, and
+    ``line_bytes`` of context when the message enters the context (None: it does not)."""
+    run.appends_pending += 1
+    run.messages_bytes += record_bytes
+    if line_bytes is not None:
+        run.context_bytes += line_bytes
+        run.context_tokens += record["tokens"]
+        run.context_lines += 1
+        run.last_context_seq = record["seq"]
+
+
+def note_message(entry: SessionEntry, message: NewMessage, stamp: str) -> None:
+    """The entry's times after a message: any but a system line is an interaction; a user's
+    message (``counts_as_activity``) defers a daily reset."""
+    if message.role != "system":
+        entry.last_interaction_at = stamp
+    if message.counts_as_activity:
+        entry.last_user_activity_at = stamp
+    entry.updated_at = stamp
+
+
+def start_entry(entry: SessionEntry, run_id: str, now: str) -> None:
+    """The entry of a key whose run ``run_id`` just started (its counters: the caller copies them)."""
+    entry.run_id, entry.status, entry.started_at, entry.updated_at = run_id, "running", now, now
+
+
+def idle_entry(entry: SessionEntry) -> None:
+    """The entry of a key whose run was discarded (never had a message that stayed)."""
+    entry.run_id, entry.status = None, "idle"
+    entry.context_tokens = entry.message_count = 0
+
+
+def end_entry(entry: SessionEntry, run_id: str, now: str) -> None:
+    """The entry of a key whose run ``run_id`` completed or failed: idle, ``last_run_id`` set."""
+    entry.last_run_id = run_id
+    idle_entry(entry)
+    entry.updated_at = now
+
+
+def relabel_entry(
+    entry: SessionEntry, *, label: str | None, clear_label: bool, settings: Mapping[str, object] | None
+) -> None:
+    """``update_entry``'s label and settings: a setting given as None is removed."""
+    if label is not None or clear_label:
+        entry.label = label
+    if settings is not None:
+        merged = {**entry.settings, **settings}
+        entry.settings = {k: v for k, v in merged.items() if v is not None}
+
+
+def add_usage_counts(run: RunState, entry: SessionEntry | None, usage: Mapping[str, int]) -> dict[str, int]:
+    """A model call's usage added to the run's and the entry's totals; the usage, every key of
+    ``USAGE_KEYS`` an int (what the backend then adds to its rows)."""
+    clean = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
+    for k, v in clean.items():
+        run.usage[k] += v
+    if entry is not None:
+        for k, v in clean.items():
+            setattr(entry, k, getattr(entry, k) + v)
+    return clean
+
+
+def plan_record(run: RunState, plan_type: str, plan_content: str, stamp: str) -> PlanRecord:
+    """The run's next planning record (its id taken)."""
+    record: PlanRecord = {"id": run.next_plan_id, "plan_type": plan_type, "plan_content": plan_content,
+                          "created_at": stamp}  # fmt: skip
+    run.next_plan_id += 1
+    return record

@@ -1,0 +1,93 @@
+"""The full-text history index as the rest of the program sees it, whatever the backend keeps it in
+(``sessions.files.history.HistoryIndex``: SQLite FTS5 beside the run folders;
+``sessions.postgres.history.PgHistoryIndex``: a table): the query, a hit, the counters, and the
+calls the daemon, the history routes and the session tools make (``HistoryIndexProtocol``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    q: str
+    agent: str | None = None
+    key: str | None = None
+    role: str | None = None
+    since: str | None = None
+    until: str | None = None
+    limit: int = 20
+    offset: int = 0
+    keys: frozenset[str] | None = None  # only these keys (agent tools' visibility)
+
+
+@dataclass(frozen=True)
+class HistoryHit:
+    session_key: str
+    run_id: str
+    seq: int
+    role: str
+    timestamp: str | None
+    snippet: str
+    score: float
+    agent_id: str | None
+    tool: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session_key": self.session_key,
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "role": self.role,
+            "timestamp": self.timestamp,
+            "snippet": self.snippet,
+            "score": self.score,
+            "agent_id": self.agent_id,
+            "tool_result": self.tool,
+            "link": f"/ui#/run/{self.run_id}?seq={self.seq}",
+        }
+
+
+@dataclass
+class HistoryStats:
+    indexed: int = 0
+    batches: int = 0
+    deleted: int = 0
+    rebuilt_runs: int = 0
+
+
+class HistoryIndexProtocol(Protocol):
+    """A history index a backend opens (``HistorySource.open_history``) and is handed back by the
+    daemon to rebuild, catch up and check it."""
+
+    stats: HistoryStats
+
+    async def open(self) -> bool:
+        """Start it; True when it was missing (then ``HistorySource.rebuild_history`` fills it)."""
+        ...
+
+    async def close(self) -> None: ...
+    def feed(self, run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> None:
+        """Index a durable message (batched: ``flush`` waits for it)."""
+        ...
+
+    async def flush(self) -> None: ...
+    async def delete_runs(self, run_ids: Iterable[str]) -> int: ...
+    async def delete_key(self, key: str) -> int: ...
+    async def search(self, query: HistoryQuery) -> list[HistoryHit]: ...
+    async def count(self) -> int: ...
+    async def seqs(self, run_id: str) -> set[int]: ...
+    async def run_ids(self) -> set[str]: ...
+
+
+IndexT = TypeVar("IndexT")
+
+
+def own_index(index: HistoryIndexProtocol, kind: type[IndexT]) -> IndexT:
+    """The index a backend opened, handed back to it: another backend's index is a programming
+    error (the daemon hands each store the index that store opened)."""
+    if not isinstance(index, kind):
+        raise TypeError(f"{type(index).__name__} is not this backend's history index ({kind.__name__})")
+    return index
