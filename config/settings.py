@@ -103,6 +103,7 @@ class PostgresSettings(Model):
     dsn: str | None = None  # postgresql://user@host:5432/database
     password_env: str = "NEOTASK_PG_PASSWORD"
     pool_size: int = Field(10, ge=1, le=500)
+    leader_interval_s: float = Field(2.0, ge=0.1, le=60)  # how often the leader lock is checked or tried
 
     _env = field_validator("password_env")(_check_env_name)
 

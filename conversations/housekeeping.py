@@ -164,6 +164,13 @@ class Scheduling:
         is bound first; a message for such a key resets it first (``check_on_arrival``)."""
         self.startup = asyncio.create_task(self.sweep(), name="resets due at start")
 
+    async def pause(self) -> None:
+        """Leadership lost: the start-up sweep stops (the next leader runs its own); a later
+        ``start`` runs it again."""
+        if self.startup is not None and not self.startup.done():
+            self.startup.cancel()
+            await asyncio.gather(self.startup, return_exceptions=True)
+
     async def close(self, timeout: float) -> None:
         """Start no more resets; give the running ones ``timeout`` seconds, then cancel them
         (a reset cut short happens again at the next start)."""

@@ -220,6 +220,8 @@ def cmd_gateway_status(ctx: Context) -> int:
     checks = ready.get("checks") if isinstance(ready, dict) else None
     rows.append(("healthy", "yes" if healthy else "no"))
     rows.append(("ready", "yes" if isinstance(ready, dict) and ready.get("ready") else "no"))
+    if isinstance(ready, dict) and "leader" in ready:  # the postgres backend: several processes
+        rows.append(("leader", "yes" if ready["leader"] else "no"))
     if isinstance(checks, dict):
         rows.extend((f"  {name}", "ok" if ok else "not ready") for name, ok in checks.items())
     ctx.print("gateway running")

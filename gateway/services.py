@@ -13,6 +13,7 @@ and a clock, in this order (closed in the reverse order):
     deliverer (HTTP client), webhooks, OpenAI-compatible service
     chat connectors and their outbox (channels/, <home>/channels.db)   started when Parts.channels
     Scheduling (resets, cleanup, cron), SchedulerService (APScheduler: started only with Parts.timers)
+    LeaderWork (gateway/leading.py): with timers, the jobs and memory indexing run on the leader only
 
 The daemon (``gateway/app.py``) opens it in one cleanup context; the offline CLI
 (``gateway/offline.py``) opens the same graph under the home lock with ``Parts(timers=False)``, so
@@ -58,12 +59,13 @@ from gateway.backups import Backups
 from gateway.channel_intake import ChannelIntake
 from gateway.crashpoints import crash_step, openai_crash_step
 from gateway.disk_budget import DiskBudget
+from gateway.leading import LeaderWork
 from gateway.openai_compat.service import OpenAICompat
 from gateway.places import memory_uri, workspaces
 from gateway.validation import check_config
 from memory import MemoryService
 from scheduler.service import DailyJob, SchedulerService
-from sessions.backends import open_store
+from sessions.backends import open_leadership, open_store
 from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
 from sessions.protocol import SharedEvents, StoreProtocol
@@ -121,6 +123,7 @@ class Services:
     scheduler: SchedulerService
     disk_budget: DiskBudget
     backups: Backups
+    leader: LeaderWork | None = None  # None without timers (the offline CLI)
 
     @property
     def memory_ready(self) -> bool | None:
@@ -171,6 +174,7 @@ async def open_services(
         bridge: MemoryBridge | None = None
         scheduling: Scheduling | None = None
         conversations: Conversations | None = None
+        leader: LeaderWork | None = None
 
         def on_event(event: StoreEvent) -> None:  # not the store's recovery at open: from the graph on
             if conversations is None:
@@ -221,7 +225,7 @@ async def open_services(
             stack.push_async_callback(close_history)
 
         async def cleanup_early() -> None:  # below storage.min_free: archive and delete now
-            if scheduling is not None and parts.timers:
+            if scheduling is not None and leader is not None and leader.leading:
                 report = await scheduling.cleanup()
                 done = sum(1 for action in report if action["done"])
                 log.info("early cleanup for low disk space: %d action(s) done", done)
@@ -252,6 +256,8 @@ async def open_services(
         memory: MemoryService | None = None
         if parts.memory:
             memory = memory_service(config, env, clock, background=parts.timers)
+            if parts.timers and settings.storage.backend == "postgres":
+                memory.set_writer(False)  # until this process leads (LeaderWork below)
             await memory.start()
             stack.push_async_callback(memory.close)
             bridge = MemoryBridge(memory, conversations, settings, host_zone=zone)
@@ -296,8 +302,10 @@ async def open_services(
         backups = Backups(config, store, memory, clock)
         scheduler = scheduler_service(config, scheduling, zone, clock, backups=backups)
         if parts.timers:
+            leader = LeaderWork(open_leadership(settings, environ=env), scheduler, scheduling, memory, clock=clock)
+            stack.push_async_callback(leader.close)  # after the scheduler stopped: the lead goes last
             await scheduler.start()
-            scheduling.start()
+            leader.start()  # the files backend leads at once (the start-up sweep); postgres when it may
             stack.push_async_callback(scheduler.stop)
             stack.push_async_callback(scheduling.close, settings.gateway.shutdown_timeout_s / 4)
         if parts.timers if parts.channels is None else parts.channels:
@@ -326,6 +334,7 @@ async def open_services(
             scheduler=scheduler,
             disk_budget=disk_budget,
             backups=backups,
+            leader=leader,
         )
 
 

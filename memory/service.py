@@ -83,6 +83,8 @@ class MemoryService:
         self._queued: set[str] = set()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._writer = asyncio.Event()  # this process writes the index (``set_writer``)
+        self._writer.set()
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
         self._last_run: dict[str, Any] | None = None
@@ -152,6 +154,15 @@ class MemoryService:
         (a backup copies the tables there)."""
         return await self._call(fn)
 
+    def set_writer(self, enabled: bool) -> None:
+        """Whether this process indexes (LanceDB has one writer): with several gateway processes
+        only the leader does; the others search the index as it is, and changes noticed meanwhile
+        are indexed once this process writes again."""
+        if enabled:
+            self._writer.set()
+        else:
+            self._writer.clear()
+
     def _notify(self, agents: set[str]) -> None:
         self._queued |= agents & set(self._workspaces)
         self._wake.set()
@@ -172,6 +183,9 @@ class MemoryService:
         return any(sources.discover(ws, self.settings.extra_paths) for ws in self._workspaces.values())
 
     async def _worker(self) -> None:
+        if not self._writer.is_set():
+            self._ready = True  # not the writer: the index as it is, searched as it stands
+            await self._writer.wait()
         try:
             if await self._call(self._has_sources):
                 await self._ensure_embedder()
@@ -182,6 +196,7 @@ class MemoryService:
             log.error("memory: initial index failed (the sweep retries): %s", exc)
         while not self._stop.is_set():
             await self._wake.wait()
+            await self._writer.wait()
             self._wake.clear()
             agents, self._queued = sorted(self._queued), set()
             if not agents or not await self._call(self._has_sources):

@@ -16,7 +16,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
@@ -36,6 +36,11 @@ logger = logging.getLogger(__name__)
 
 JobKind = Literal["daily_reset", "sweep", "cleanup", "cron", "backup"]
 Callback = Callable[[], Awaitable[object]]  # what a job's firing returns is what ``run_now`` answers
+
+# Asked before a scheduled firing runs (``SchedulerService.gate``): the job id and the time the
+# firing was scheduled for (None for the interval sweep); false skips it (another process leads,
+# or that firing was claimed already). ``run_now`` is not asked.
+Gate = Callable[[str, datetime | None], Awaitable[bool]]
 
 CRON_PREFIX = "cron:"
 
@@ -230,6 +235,8 @@ class SchedulerService:
         self._stop_timeout_s = stop_timeout_s
         self._scheduler: AsyncIOScheduler | None = None
         self._running: set[str] = set()
+        self._scheduled: set[asyncio.Task[Any]] = set()  # firings of the schedule under way
+        self.gate: Gate | None = None
         self.ready = False
         jobs: list[_Job] = []
         if daily_reset is not None:
@@ -326,7 +333,7 @@ class SchedulerService:
     def _schedule(self, scheduler: AsyncIOScheduler, job: _Job) -> None:
         trigger = job.trigger or IntervalTrigger(seconds=job.interval_s, timezone=self._zone)
         scheduler.add_job(
-            self._fire,
+            self.fire_scheduled,
             trigger=trigger,
             args=(job.id,),
             id=job.id,
@@ -428,6 +435,61 @@ class SchedulerService:
             raise JobRunning(f"job {job.id!r} is already running")
         return await self._fire(job.id)
 
+    async def fire_scheduled(self, job_id: str, due: datetime | None = None) -> object:
+        """A firing of the schedule (what APScheduler calls; ``due``: when it was due, else the
+        trigger's last time up to now): run when the gate, if any, lets it."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        if self.gate is not None:
+            at = due or self.scheduled_at(job_id, self._clock())
+            if not await self.gate(job_id, at):
+                logger.debug("job %s not run here: the gate said no (another process leads)", job_id)
+                return None
+        task = asyncio.current_task()
+        if task is not None:
+            self._scheduled.add(task)
+        try:
+            return await self._fire(job_id)
+        finally:
+            if task is not None:
+                self._scheduled.discard(task)
+
+    def scheduled_at(self, job_id: str, now: datetime) -> datetime | None:
+        """When the firing of ``job_id`` running at ``now`` was due: its trigger's last fire time up
+        to ``now`` (within the misfire grace); None for the interval sweep."""
+        job = self._jobs[job_id]
+        trigger, last, since = job.trigger, None, now - timedelta(seconds=job.misfire_grace_s)
+        when = None if trigger is None else trigger.get_next_fire_time(None, since)
+        while trigger is not None and when is not None and when <= now:
+            last, when = when, trigger.get_next_fire_time(when, when + timedelta(microseconds=1))
+        return None if last is None else last.astimezone(UTC)
+
+    def catch_up(self, since: datetime) -> list[str]:
+        """Fire, through the gate, each cron-style job (not the daily reset: the start-up sweep
+        does its work) whose last due time fell at or after ``since``: a new leader runs a firing
+        that came due while no process led (the gate's claim refuses one that ran). The ids."""
+        now, fired = self._clock(), []
+        for job in list(self._jobs.values()):
+            due = self.scheduled_at(job.id, now) if job.kind != "daily_reset" else None
+            if due is not None and due >= since:
+                fired.append(job.id)
+                task = asyncio.create_task(self.fire_scheduled(job.id, due), name=f"catch-up {job.id}")
+                job.tasks.add(task)  # ``stop`` waits for it as for any firing
+                task.add_done_callback(job.tasks.discard)
+                task.add_done_callback(_report)
+        return fired
+
+    async def cancel_scheduled(self) -> int:
+        """Cancel the schedule's firings under way (not a ``run_now``); how many."""
+        current = asyncio.current_task()
+        tasks = [task for task in self._scheduled if task is not current and not task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        return len(tasks)
+
     async def _fire(self, job_id: str) -> object:
         job = self._jobs[job_id]
         if job.guard in self._running:
@@ -456,6 +518,11 @@ class SchedulerService:
         job = self._jobs.get(event.job_id)
         if job is not None:
             job.skipped += 1
+
+
+def _report(task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.error("%s failed", task.get_name(), exc_info=exc)
 
 
 def _bind(run_cron: Callable[[CronJob], Awaitable[object]], job: CronJob) -> Callback:

@@ -19,6 +19,7 @@ from config.clock import Clock
 from config.errors import ConfigError
 from config.settings import Settings
 from sessions.files.store import SessionStore
+from sessions.leadership import Leadership, SoleLeader
 from sessions.protocol import StoreProtocol
 from sessions.store_hooks import StoreHooks
 
@@ -41,6 +42,19 @@ async def open_store(
 
         return await open_from_settings(settings, os.environ if environ is None else environ, clock=clock, hooks=hooks)
     raise ConfigError(f"storage.backend {backend!r} is not served by this gateway yet; set storage.backend: files")
+
+
+def open_leadership(settings: Settings, *, environ: Mapping[str, str] | None = None) -> Leadership:
+    """Who leads (``sessions.leadership``): the files backend's one process always; with postgres,
+    the process holding the leader lock, checked every ``storage.postgres.leader_interval_s``."""
+    if settings.storage.backend != "postgres":
+        return SoleLeader()
+    from sessions.postgres.leader import Leadership as PgLeadership
+    from sessions.postgres.store import connection_options
+
+    pg = settings.storage.postgres
+    dsn, password = connection_options(pg, os.environ if environ is None else environ)
+    return PgLeadership(dsn, password=password, interval_s=pg.leader_interval_s)
 
 
 def describe_backend(settings: Settings) -> str:

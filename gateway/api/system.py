@@ -24,6 +24,12 @@ READINESS = Answer(
         "type": "object",
         "properties": {
             "ready": {"type": "boolean"},
+            "leader": {
+                "type": "boolean",
+                "description": "with `storage.backend: postgres` only: whether this process leads (runs the daily "
+                "and idle resets, cleanup, cron jobs and backups, and writes the memory index); one process of "
+                "those sharing the database does, another takes over within seconds when it dies",
+            },
             "checks": {"type": "object", "additionalProperties": {"type": "boolean"}},
             "problems": {
                 "type": "object",
@@ -50,8 +56,9 @@ async def healthz(request: web.Request) -> web.Response:
     "system",
     "`checks.store_writable` is false while a small file cannot be written and synced in contexts/ (a full "
     "or read-only disk); it turns true by itself once the disk can write. `checks.disk_budget` is false while "
-    "free space is below `storage.min_free` (`problems.disk_budget` says how much is free). `/healthz` stays "
-    "liveness only.",
+    "free space is below `storage.min_free` (`problems.disk_budget` says how much is free). With the postgres "
+    "backend, `leader` says whether this process runs the scheduled work (a follower is ready too). `/healthz` "
+    "stays liveness only.",
     answer=READINESS,
     extra_answers=((503, READINESS, "not ready; `checks` says what is missing"),),
 )
@@ -80,6 +87,9 @@ async def readyz(request: web.Request) -> web.Response:
         checks["memory"] = memory_ready
     ready = all(checks.values())
     body: dict[str, object] = {"ready": ready, "checks": checks}
+    leader = services.leader if services is not None else None
+    if leader is not None and leader.shared:
+        body["leader"] = leader.leading
     if problems:
         body["problems"] = problems
     return json_response(body, status=200 if ready else 503)

@@ -25,6 +25,10 @@ LOST: tuple[type[BaseException], ...] = (
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
     asyncpg.ReadOnlySQLTransactionError,  # a standby
+    # "cannot switch to state 12; another operation (2) is in progress": a pooled connection the
+    # server shut down under another call (seen with two daemons under load, the database stopped);
+    # the statement was never sent
+    asyncpg.InternalClientError,
 )
 
 

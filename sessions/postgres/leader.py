@@ -1,9 +1,14 @@
-"""Which gateway process leads (runs the daily and idle resets, cleanup, cron, memory indexing):
-the one holding a session-level advisory lock on its own connection. A leader that dies loses its
-connection, the server releases the lock, and the next process to try takes it over.
+"""Which gateway process leads (runs the daily and idle resets, cleanup, cron, backups, and writes
+the memory index): the one holding a session-level advisory lock on its own connection. A leader
+that dies loses its connection, the server releases the lock, and the next process to try takes it
+over. ``sessions.leadership`` names the seam; ``sessions.backends.open_leadership`` builds this.
 
-Not wired into the daemon yet (it serves the files backend only); ``Leadership`` is the building
-block: ``try_lead`` once, or ``watch`` to keep trying every ``interval_s`` and be told on change.
+Never two leaders at work at once: a leader checks its connection every ``interval_s`` (a check
+that takes longer than ``interval_s`` fails), so one whose connection died knows it within
+twice ``interval_s`` and stops; a process that takes the lock waits ``grace_s`` (more than that) and
+checks again before it reports leading. A scheduled firing is claimed on the lock's own connection
+(``claim``): a row in ``scheduler_claims``, written only while that connection, and so the lock,
+lives; the first claim of a (job, scheduled time) wins, a second one is refused.
 """
 
 from __future__ import annotations
@@ -11,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Callable
+from datetime import datetime
 
 import asyncpg
 
@@ -21,51 +29,135 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK = 0x6E656F74_6C656164  # "neotlead"; the migrations' lock is another number
 _SIGNED = LEADER_LOCK - (1 << 64) if LEADER_LOCK >= 1 << 63 else LEADER_LOCK
+CLAIMS_KEPT = "30 days"  # claims older than this are deleted as new ones are written
+
+MIGRATION = """
+CREATE TABLE scheduler_claims (
+    job text NOT NULL,
+    scheduled_at timestamptz NOT NULL,
+    claimed_by text NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, scheduled_at)
+);
+CREATE INDEX scheduler_claims_by_time ON scheduler_claims (scheduled_at);
+"""
+
+_CLAIM = f"""
+WITH expired AS (DELETE FROM scheduler_claims WHERE scheduled_at < $2::timestamptz - interval '{CLAIMS_KEPT}')
+INSERT INTO scheduler_claims (job, scheduled_at, claimed_by) VALUES ($1, $2, $3)
+ON CONFLICT DO NOTHING RETURNING true
+"""
+
+
+def identity() -> str:
+    """How a claim names this process: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Leadership:
-    def __init__(self, dsn: str, *, password: str | None = None, lock: int = _SIGNED) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        password: str | None = None,
+        lock: int = _SIGNED,
+        interval_s: float = 2.0,
+        grace_s: float | None = None,
+    ) -> None:
         self.dsn, self.password, self.lock = dsn, password, lock
+        self.interval_s = interval_s
+        self.grace_s = 2 * interval_s + 0.5 if grace_s is None else grace_s
+        self.who = identity()
         self._conn: asyncpg.Connection | None = None
-        self.leading = False
+        self._using = asyncio.Lock()  # one statement at a time on the connection
+        self.leading = False  # the lock is held (``watch`` reports it after the grace)
+        self.sole = False
 
     async def try_lead(self) -> bool:
-        """Whether this process leads now (taking the lock when it is free); a lost connection
+        """Whether this process holds the lock now (taking it when it is free); a lost connection
         means not leading (its lock went with it) and is retried on the next call."""
-        try:
-            if self._conn is None or self._conn.is_closed():
-                self.leading = False
-                self._conn = await asyncpg.connect(self.dsn, password=self.password, timeout=5)
-            if not self.leading:
-                self.leading = bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", self.lock, timeout=5))
-            else:  # still ours while the connection lives: check it does
-                await self._conn.fetchval("SELECT 1", timeout=5)
-        except LOST as exc:
-            log.warning("leadership check failed (%s): not leading until the database answers", exc)
-            await self._drop()
+        async with self._using:
+            if self._conn is not None and self._conn.is_closed():  # the lock went with it
+                if self.leading:
+                    log.warning("leadership connection lost: not leading until the lock is taken again")
+                await self._drop()
+                return False
+            try:
+                if self._conn is None:
+                    self.leading = False
+                    self._conn = await asyncpg.connect(
+                        self.dsn, password=self.password, timeout=max(self.interval_s, 1)
+                    )
+                if not self.leading:
+                    taken = await self._conn.fetchval(
+                        "SELECT pg_try_advisory_lock($1)", self.lock, timeout=max(self.interval_s, 1)
+                    )
+                    self.leading = bool(taken)
+                else:  # still ours while the connection lives: check it does, promptly
+                    await self._conn.fetchval("SELECT 1", timeout=self.interval_s)
+            except LOST as exc:
+                if self.leading:
+                    log.warning("leadership check failed (%s): not leading until the database answers", exc)
+                await self._drop()
         return self.leading
 
-    async def watch(self, interval_s: float, on_change: Callable[[bool], object]) -> None:
-        """Try every ``interval_s`` until cancelled; ``on_change(leading)`` when it flips."""
+    async def confirm(self) -> bool:
+        """Whether the lock is held at this instant (a round trip on its connection)."""
+        return self.leading and await self.try_lead()
+
+    async def claim(self, job: str, scheduled_at: datetime) -> bool:
+        """Take the firing of ``job`` scheduled at ``scheduled_at``: true for the first claim while
+        leading, false when another claim has it or the lock is not (or no longer) held."""
+        if not self.leading:
+            return False
+        async with self._using:
+            conn = self._conn
+            if conn is None or conn.is_closed():
+                await self._drop()
+                return False
+            try:
+                won = await conn.fetchval(_CLAIM, job, scheduled_at, self.who, timeout=max(self.interval_s, 1))
+            except LOST as exc:
+                log.warning("claiming %s failed (%s): not leading until the database answers", job, exc)
+                await self._drop()
+                return False
+        return bool(won)
+
+    async def watch(self, on_change: Callable[[bool], object]) -> None:
+        """Try every ``interval_s`` until cancelled; ``on_change(leading)`` when it flips (a lock
+        just taken is reported after ``grace_s`` if it is still held then)."""
         was = False
         try:
             while True:
-                now = await self.try_lead()
+                now = await self._try()
+                if now and not was:
+                    await asyncio.sleep(self.grace_s)  # a leader that lost its connection stops first
+                    now = await self._try()
                 if now != was:
                     was = now
                     on_change(now)
-                await asyncio.sleep(interval_s)
+                await asyncio.sleep(self.interval_s)
         finally:
             if was:
                 on_change(False)
 
+    async def _try(self) -> bool:
+        """``try_lead`` for ``watch``, which must outlive a surprise (it is logged: not leading)."""
+        try:
+            return await self.try_lead()
+        except Exception:
+            log.exception("leadership check failed: not leading until the next try")
+            await self.resign()
+            return False
+
     async def resign(self) -> None:
         """Give the lead up (a clean shutdown: another process takes over at its next try)."""
-        await self._drop()
+        async with self._using:
+            await self._drop()
 
     async def _drop(self) -> None:
         self.leading = False
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
-                await conn.close(timeout=5)
+                await conn.close(timeout=2)

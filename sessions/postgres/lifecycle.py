@@ -33,6 +33,8 @@ _UPSERT_ENTRY = (
 
 
 class PgLifecycle(PgRecords):
+    _undiscarded: dict[str, str]  # key -> a run discard_run could not delete (the database was away)
+
     async def start_run(
         self,
         key: str,
@@ -60,6 +62,11 @@ class PgLifecycle(PgRecords):
         }  # fmt: skip
         if entry is not None and (entry.label is not None or entry.settings):
             metadata |= {"label": entry.label, "settings": entry.settings}
+        stale = self._undiscarded.get(key)
+        if stale is not None:  # its row still holds the key's one active place: it goes first
+            with unavailable("the message"):
+                await self.pool.execute("DELETE FROM runs WHERE run_id = $1 AND opening AND next_seq = 1", stale)
+            del self._undiscarded[key]
         try:
             with unavailable("the message"):
                 await self.pool.execute(
@@ -97,8 +104,9 @@ class PgLifecycle(PgRecords):
             with unavailable("the discarded run"):
                 await self.pool.execute("DELETE FROM runs WHERE run_id = $1", run.run_id)
             await self.flush_entries(run.key)
-        except Exception as exc:  # an opening run with no message: start-up removes it
-            log.error("could not remove discarded run %s (%s): start-up recovery will", run.run_id, exc)
+        except Exception as exc:  # an opening run with no message: the key's next start or start-up removes it
+            self._undiscarded[run.key] = run.run_id
+            log.error("could not remove discarded run %s (%s): the key's next start will", run.run_id, exc)
         self._emit("lifecycle", run, action="discard")
 
     async def pause(self, key: str) -> RunState:

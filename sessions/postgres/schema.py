@@ -13,6 +13,7 @@ import asyncpg
 from sessions.files.damage import DamagedState
 from sessions.postgres import usage as usage_daily
 from sessions.postgres.history import MIGRATION as HISTORY_MIGRATION
+from sessions.postgres.leader import MIGRATION as CLAIMS_MIGRATION
 
 MIGRATION_LOCK = 0x6E656F74  # pg_advisory_xact_lock key while migrating ("neot")
 
@@ -166,6 +167,8 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE purge_tombstones ADD COLUMN runs bigint, ADD COLUMN messages bigint;
     """,
+    # 5: the scheduled firings a leader has claimed (a cron firing runs once across a takeover)
+    CLAIMS_MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -47,6 +47,7 @@ class PgStore(PgShared, PgMaintenance, PgExport):
         self._dirty: set[str] = set()
         self._flush_task: asyncio.Task[None] | None = None
         self._runs: dict[str, RunState] = {}
+        self._undiscarded: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._queues = {}
         self._flusher: asyncio.Task[None] | None = None

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from config.errors import StorageUnavailable
 from gateway.http import retry_headers
+from sessions.postgres.faults import database_error
 from sessions.postgres.store import PgStore
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
@@ -61,3 +63,38 @@ async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
         if not await asyncio.to_thread(postgres_server.running):
             await asyncio.to_thread(postgres_server.start)  # for the next tests
         await store.close()
+
+
+async def test_a_first_message_lost_with_the_database_leaves_the_key_usable_once_it_is_back(
+    postgres_server: PgServer, clock: FakeClock
+) -> None:
+    """The run started for a key's first message could not be deleted when that message failed
+    (the database went away): once the database is back the key takes a new run, without a restart
+    (it answered 409 run_active "started by another gateway process" until one)."""
+    dsn = await postgres_server.database(DATABASE)
+    await empty_database(dsn)
+    store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2)
+    try:
+        run = await store.start_run(
+            KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY), opening=True
+        )
+        await asyncio.to_thread(postgres_server.stop, "fast")
+        await store.discard_run(run, remove_entry=True)  # its DELETE fails: the row stays
+        await asyncio.to_thread(postgres_server.start)
+        again = await store.start_run(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY))
+        assert (await store.append(again, NewMessage(role="user", content="first")))["seq"] == 1
+        rows = await store.pool.fetch("SELECT run_id FROM runs WHERE session_key = $1", KEY)
+        assert [r[0] for r in rows] == [again.run_id]
+    finally:
+        if not await asyncio.to_thread(postgres_server.running):
+            await asyncio.to_thread(postgres_server.start)
+        await store.close()
+
+
+def test_a_connection_broken_under_another_call_is_a_503_not_a_500() -> None:
+    """Two daemons under load, the database stopped: asyncpg reported a pooled connection the server
+    shut down as this client error, and the message was answered 500."""
+    exc = asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+    typed = database_error(exc)
+    assert isinstance(typed, StorageUnavailable)
+    assert typed.extra["stored"] is False and typed.extra["retry_after_s"] == 1
