@@ -200,7 +200,7 @@ def abstention(s: EvalSet, params: FusionParams, multilingual: bool) -> dict[str
 
 def methods(defaults: FusionParams) -> dict[str, FusionParams]:
     zero = replace(defaults, min_score=0.0, min_text_score=0.0, recency_half_life_days=None)
-    alone = replace(zero, neighbour_weight=0.0)
+    alone = replace(zero, neighbour_weight=0.0, speaker_weight=0.0)
     return {
         "before (0.8/0.2, no neighbours)": replace(alone, vector_weight=0.8, text_weight=0.2),
         "vector": replace(alone, method="score", vector_weight=1.0, text_weight=0.0),
@@ -210,6 +210,7 @@ def methods(defaults: FusionParams) -> dict[str, FusionParams]:
         "rrf 0.5/0.5": replace(alone, method="rrf", vector_weight=0.5, text_weight=0.5),
         "rrf 0.3/0.7": replace(alone, method="rrf", vector_weight=0.3, text_weight=0.7),
         "shipped weights, no neighbours": alone,
+        "shipped, no speaker lift": replace(zero, speaker_weight=0.0),
         "shipped": zero,
     }
 
@@ -337,11 +338,13 @@ def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload:
     shipped = FusionParams(
         defaults.vector_weight, defaults.text_weight, 0.0, 0.0, method=defaults.fusion,
         text_saturation=defaults.text_saturation, neighbour_weight=defaults.neighbour_weight,
+        speaker_weight=defaults.speaker_weight,
     )  # fmt: skip
     extra = {
         name: _pool_ranking(p)
         for name, p in methods(shipped).items()
         if name in ("vector", "text", "before (0.8/0.2, no neighbours)", "shipped weights, no neighbours")
+        or name == "shipped, no speaker lift"
     }
     extra |= {f"MMR (search.mmr {lam})": _pool_ranking(replace(shipped, mmr=lam)) for lam in (0.9, 0.7, 0.5)}
     out = realtalk_eval.report(run, extra)
@@ -403,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         method=settings.fusion,
         text_saturation=settings.text_saturation,
         neighbour_weight=settings.neighbour_weight,
+        speaker_weight=settings.speaker_weight,
     )
     payload: dict[str, Any] = {}
     ok = True
