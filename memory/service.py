@@ -279,8 +279,9 @@ class MemoryService:
             neighbour_weight=s.neighbour_weight,
             mmr=s.mmr,
             speaker_weight=s.speaker_weight,
+            min_topic_cosine=s.min_topic_cosine,
         )
-        return fuse(pool, params, today=self._clock().date(), k=k)
+        return fuse(pool, params, today=self._clock().date(), k=k, query=spell_dates(query))
 
     def _query_embedder(self) -> Embedder | None:
         """The embedder when it is loaded and made the active table's vectors, else None (the

@@ -17,6 +17,7 @@ from memory.fusion import (
     is_cjk_query,
     merge_pools,
     named_speakers,
+    off_topic,
     passes,
     query_terms,
     rrf_score,
@@ -371,3 +372,27 @@ def test_merge_keeps_the_named_speaker_flag() -> None:
     t = replace(spoken("a", 1, 0.5, False), bm25=3.0)
     assert merge_pools([(v, 0.5)], [(t, 3.0)])[0].named_speaker
     assert merge_pools([(v, 0.5)], [])[0].named_speaker
+
+
+def said(cid: str, text: str, cosine: float, bm25: float = 2.0) -> Candidate:
+    return Candidate(cid, "memory/chat/s1.md", 1, 1, "", text, cosine, 0.3, 1, 1, bm25)
+
+
+def test_a_query_whose_words_are_nowhere_but_the_names_is_off_topic() -> None:
+    """"What is Ravi's blood type?" over a chat of Ravi's: only his name matches; with no close
+    paraphrase either, it gets nothing. Any other word held, or a close cosine, keeps it."""
+    chat = [said("a", "[D1:1] Ravi: I went to the gym today", 0.45),
+            said("b", "[D1:2] Ines: Nice, what type of workout?", 0.50, bm25=0.0)]  # fmt: skip
+    query = "What is Ravi's blood type?"
+    assert not off_topic(query, chat, 0.55)  # "type" is in Ines's turn
+    chat[1] = said("b", "[D1:2] Ines: Nice, which workout?", 0.50, bm25=0.0)
+    assert off_topic(query, chat, 0.55)
+    assert not off_topic(query, chat, 0.0)  # off
+    assert not off_topic(query, [*chat, said("c", "[D2:1] Ines: hello", 0.56)], 0.55)  # a close paraphrase
+    assert not off_topic("What about Ravi?", chat, 0.55)  # nothing but a name: nothing to miss
+    assert not off_topic(query, [], 0.55)
+    p = FusionParams(0.2, 0.8, 0.0, 0.0, method="score", min_topic_cosine=0.55)
+    assert fuse(chat, p, today=TODAY, k=5, query=query) == []
+    assert len(fuse(chat, p, today=TODAY, k=5)) == 2  # without the query: no such test
+    text_alone = replace(p, use_vector=False)  # no cosines to trust: the text side decides, min_text_score abstains
+    assert [h.chunk_id for h in fuse(chat, text_alone, today=TODAY, k=5, query=query)] == ["a"]
