@@ -412,14 +412,15 @@ async def test_a_date_in_digits_finds_the_session_of_that_day(
 async def test_a_question_about_what_no_turn_mentions_gets_nothing(
     tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
 ) -> None:
-    """With the shipped thresholds: a question about one of the chat's people on a topic no turn
-    mentions gets no result (only the name matches, and nothing embeds close), while a question
-    about what was said is answered."""
+    """With search.min_topic_cosine on (off by default): a question about one of the chat's people
+    on a topic no turn mentions gets no result (only the name matches, and nothing embeds close),
+    while a question about what was said is answered."""
     write(workspace, "memory/chat/2026-11-20.md", "# Ravi and Ines, 20 November 2026\n\n"
           "Ines: Hi Ravi! What did you do today?\n\nRavi: I baked a plum cake with my dad.\n\n"
           "Ines: What is it, Ravi? What is this?\n\nRavi: Yes, we ate half of it. See you on Monday.\n")  # fmt: skip
     embedder = openai_embedder(openai_server)
-    svc = MemoryService(memory_settings(), {"main": workspace}, tmp_path / "db", clock=clock, embedder=embedder)
+    settings = memory_settings(search={"min_topic_cosine": 0.55})
+    svc = MemoryService(settings, {"main": workspace}, tmp_path / "db", clock=clock, embedder=embedder)
     await svc.start()
     try:
         await eventually(lambda: svc.ready)
