@@ -317,7 +317,7 @@ def test_mmr_similarity_is_of_the_chunks_own_words() -> None:
         ("Plan for today: run", ""),  # not a name: lower-case words
         ("My dentist is Dr. Wong", ""),
         ("# Ravi and Ines, 8 May 2023", ""),
-        ("# Ravi and Ines, 8 May 2023\n\n[D2:1] Ines: I am in the hospital", "Ines"),  # a session's first turn
+        ("# Ravi and Ines, 8 May 2023\n\n[D2:1] Ines: I am at the bakery", "Ines"),  # a session's first turn
     ],
 )
 def test_turn_speaker(text: str, speaker: str) -> None:
