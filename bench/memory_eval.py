@@ -156,7 +156,7 @@ def ranked_by(
 ) -> Callable[[Question, list[Candidate]], list[tuple[str, int, int]]]:
     def rank(q: Question, pool: list[Candidate]) -> list[tuple[str, int, int]]:
         p = params if multilingual or not is_cjk_query(q.text) else replace(params, use_vector=False)
-        return [(h.path, h.start_line, h.end_line) for h in fuse(pool, p, today=TODAY, k=max(KS))]
+        return [(h.path, h.start_line, h.end_line) for h in fuse(pool, p, today=TODAY, k=max(KS), query=q.text)]
 
     return rank
 
@@ -199,8 +199,8 @@ def abstention(s: EvalSet, params: FusionParams, multilingual: bool) -> dict[str
 
 
 def methods(defaults: FusionParams) -> dict[str, FusionParams]:
-    zero = replace(defaults, min_score=0.0, min_text_score=0.0, recency_half_life_days=None)
-    alone = replace(zero, neighbour_weight=0.0)
+    zero = replace(defaults, min_score=0.0, min_text_score=0.0, recency_half_life_days=None, min_topic_cosine=0.0)
+    alone = replace(zero, neighbour_weight=0.0, speaker_weight=0.0)
     return {
         "before (0.8/0.2, no neighbours)": replace(alone, vector_weight=0.8, text_weight=0.2),
         "vector": replace(alone, method="score", vector_weight=1.0, text_weight=0.0),
@@ -210,6 +210,7 @@ def methods(defaults: FusionParams) -> dict[str, FusionParams]:
         "rrf 0.5/0.5": replace(alone, method="rrf", vector_weight=0.5, text_weight=0.5),
         "rrf 0.3/0.7": replace(alone, method="rrf", vector_weight=0.3, text_weight=0.7),
         "shipped weights, no neighbours": alone,
+        "shipped, no speaker lift": replace(zero, speaker_weight=0.0),
         "shipped": zero,
     }
 
@@ -319,7 +320,9 @@ def embed_cost(n: int) -> None:
 
 
 def _pool_ranking(p: FusionParams) -> Callable[[Any], list[tuple[str, int, int]]]:
-    return lambda a: [(h.path, h.start_line, h.end_line) for h in fuse(a.pool, p, today=TODAY, k=max(KS))]
+    return lambda a: [
+        (h.path, h.start_line, h.end_line) for h in fuse(a.pool, p, today=TODAY, k=max(KS), query=a.question.text)
+    ]
 
 
 def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload: dict[str, Any]) -> bool:
@@ -337,44 +340,60 @@ def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload:
     shipped = FusionParams(
         defaults.vector_weight, defaults.text_weight, 0.0, 0.0, method=defaults.fusion,
         text_saturation=defaults.text_saturation, neighbour_weight=defaults.neighbour_weight,
+        speaker_weight=defaults.speaker_weight,
     )  # fmt: skip
     extra = {
         name: _pool_ranking(p)
         for name, p in methods(shipped).items()
         if name in ("vector", "text", "before (0.8/0.2, no neighbours)", "shipped weights, no neighbours")
+        or name == "shipped, no speaker lift"
     }
     extra |= {f"MMR (search.mmr {lam})": _pool_ranking(replace(shipped, mmr=lam)) for lam in (0.9, 0.7, 0.5)}
     out = realtalk_eval.report(run, extra)
-    quiet = replace(shipped, min_score=defaults.min_score, min_text_score=defaults.min_text_score)
+    quiet = replace(
+        shipped, min_score=defaults.min_score, min_text_score=defaults.min_text_score,
+        min_topic_cosine=defaults.min_topic_cosine,
+    )  # fmt: skip
     out["abstention"] = _realtalk_abstention(run, quiet)
     payload[f"realtalk-{emb}"] = out
     return bool(out["pass"])
 
 
 def _realtalk_abstention(run: Any, shipped: FusionParams) -> list[dict[str, float]]:
-    """min_score swept on the same pools (top 10): unanswerable questions refused (no result),
-    answerable ones refused, and R@10 with abstention; the shipped value first."""
+    """min_score (with the shipped min_topic_cosine), then min_topic_cosine (with the shipped
+    min_score) swept on the same pools (top 10): unanswerable questions refused (no result),
+    answerable ones refused, and R@10 with abstention; the shipped values first."""
     from bench import realtalk_eval
 
-    if not run.unanswerable_pools:
+    questions = getattr(run, "unanswerable_questions", [])
+    if not run.unanswerable_pools or len(questions) != len(run.unanswerable_pools):
         print("abstention sweep: the cached run holds no unanswerable pools (collect again without --reuse)")
         return []
     rows = []
     print(f"\nabstention on REALTALK by min_score (top 10; {len(run.unanswerable_pools)} unanswerable questions)")
-    print(f"{'min_score':>10} {'unanswerable refused':>22} {'answerable refused':>20} {'R@10 on':>8} {'R@10 off':>9}")
-    off = realtalk_eval.score(run.asked, _pool_ranking(replace(shipped, min_score=0.0)))["all"]["r@10"]
-    for ms in dict.fromkeys((shipped.min_score, 0.0, 0.06, 0.07, 0.08, 0.09, 0.1, 0.12, 0.15)):
-        p = replace(shipped, min_score=ms)
-        empty = sum(1 for _, pool in run.unanswerable_pools if not fuse(pool, p, today=TODAY, k=10))
-        wrong = sum(1 for a in run.asked if not fuse(a.pool, p, today=TODAY, k=10))
+    print(f"{'min_score':>10} {'topic cos':>9} {'unanswerable refused':>22} {'answerable refused':>20} "
+          f"{'R@10 on':>8} {'R@10 off':>9}")  # fmt: skip
+    off = realtalk_eval.score(run.asked, _pool_ranking(replace(shipped, min_score=0.0, min_topic_cosine=0.0)))
+    off10 = off["all"]["r@10"]
+    ms0, tc0 = shipped.min_score, shipped.min_topic_cosine
+    grid = [(ms, tc0) for ms in dict.fromkeys((ms0, 0.0, 0.06, 0.07, 0.08, 0.09, 0.1, 0.12, 0.15))]
+    grid += [(ms0, tc) for tc in (0.0, 0.5, 0.6, 1.0) if tc != tc0]
+    for ms, tc in grid:
+        p = replace(shipped, min_score=ms, min_topic_cosine=tc)
+        empty = sum(
+            1
+            for q, (_, pool) in zip(questions, run.unanswerable_pools, strict=True)
+            if not fuse(pool, p, today=TODAY, k=10, query=q)
+        )
+        wrong = sum(1 for a in run.asked if not fuse(a.pool, p, today=TODAY, k=10, query=a.question.text))
         on = realtalk_eval.score(run.asked, _pool_ranking(p))["all"]["r@10"]
         n_un, n_an = len(run.unanswerable_pools), len(run.asked)
         print(
-            f"{ms:>10.3f} {f'{empty}/{n_un} ({100 * empty / n_un:.0f} %)':>22} "
-            f"{f'{wrong}/{n_an} ({100 * wrong / n_an:.1f} %)':>20} {on:8.1f} {off:9.1f}"
+            f"{ms:>10.3f} {tc:>9.2f} {f'{empty}/{n_un} ({100 * empty / n_un:.0f} %)':>22} "
+            f"{f'{wrong}/{n_an} ({100 * wrong / n_an:.1f} %)':>20} {on:8.1f} {off10:9.1f}"
         )
-        rows.append({"min_score": ms, "unanswerable_refused": empty / n_un, "answerable_refused": wrong / n_an,
-                     "r@10_on": on, "r@10_off": off})  # fmt: skip
+        rows.append({"min_score": ms, "min_topic_cosine": tc, "unanswerable_refused": empty / n_un,
+                     "answerable_refused": wrong / n_an, "r@10_on": on, "r@10_off": off10})  # fmt: skip
     return rows
 
 
@@ -403,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         method=settings.fusion,
         text_saturation=settings.text_saturation,
         neighbour_weight=settings.neighbour_weight,
+        speaker_weight=settings.speaker_weight,
+        min_topic_cosine=settings.min_topic_cosine,
     )
     payload: dict[str, Any] = {}
     ok = True

@@ -55,10 +55,11 @@ class RealtalkRun:
     search_ms: list[float]
     refused: dict[str, tuple[int, int]] = field(default_factory=dict)  # agent -> (no result, asked)
     unanswerable_pools: list[tuple[str, list[Candidate]]] = field(default_factory=list)  # (agent, pool)
+    unanswerable_questions: list[str] = field(default_factory=list)  # the text of each pool's question
 
 
 def no_abstention(settings: MemorySettings) -> MemorySettings:
-    search = settings.search.model_copy(update={"min_score": 0.0, "min_text_score": 0.0})
+    search = settings.search.model_copy(update={"min_score": 0.0, "min_text_score": 0.0, "min_topic_cosine": 0.0})
     return settings.model_copy(update={"search": search})
 
 
@@ -134,15 +135,20 @@ async def collect(data: Path, cache: Path, embedder: Embedder, settings: MemoryS
                 asked.append(Asked(chat.agent, q, ranked, pool, b1, b2, len(shown)))
         refused = {}
         unanswerable_pools = []
+        unanswerable_questions = []
         for chat, _ in chats:
             qs = unanswerable(chat.turns, chat.people)
             empty = [not await quiet.search(chat.agent, q.text, k=10) for q in qs]
             refused[chat.agent] = (sum(empty), len(qs))
             unanswerable_pools += [(chat.agent, await service.candidates(chat.agent, q.text)) for q in qs]
+            unanswerable_questions += [q.text for q in qs]
     finally:
         await quiet.close()
         await service.close()
-    return RealtalkRun(asked, len(rows), seconds, report.chunks_embedded, search_ms, refused, unanswerable_pools)
+    return RealtalkRun(
+        asked, len(rows), seconds, report.chunks_embedded, search_ms, refused, unanswerable_pools,
+        unanswerable_questions,
+    )  # fmt: skip
 
 
 def ranks_of(q: Question, ranked: Ranked) -> list[int | None]:

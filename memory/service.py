@@ -17,6 +17,7 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownAgent
 from config.settings import MemorySettings
 from memory import scopes, sources
+from memory.dates import spell_dates
 from memory.embedder_choice import build_embedder
 from memory.embedders import Embedder, is_multilingual
 from memory.fusion import (
@@ -25,7 +26,9 @@ from memory.fusion import (
     fuse,
     is_cjk_query,
     merge_pools,
+    named_speakers,
     query_terms,
+    spoken_by,
     text_share,
 )
 from memory.indexer import Indexer, Progress
@@ -290,8 +293,10 @@ class MemoryService:
             use_vector=use_vector,
             neighbour_weight=s.neighbour_weight,
             mmr=s.mmr,
+            speaker_weight=s.speaker_weight,
+            min_topic_cosine=s.min_topic_cosine,
         )
-        return fuse(pool, params, today=self._clock().date(), k=k)
+        return fuse(pool, params, today=self._clock().date(), k=k, query=spell_dates(query))
 
     def _query_embedder(self) -> Embedder | None:
         """The embedder when it is loaded and made the active table's vectors, else None (the
@@ -321,8 +326,10 @@ class MemoryService:
     ) -> list[Candidate]:
         """Both candidate pools of a query, merged, before fusion and abstention (for evaluation:
         ``memory.fusion.fuse`` turns them into hits under any weights and thresholds).
-        ``with_share=False`` leaves each candidate's term share at 0 (it costs stemming)."""
+        ``with_share=False`` leaves each candidate's term share at 0 (it costs stemming). A date in
+        digits in the query is searched as memory spells it (``memory.dates``)."""
         agent = self._agent(agent)
+        query = spell_dates(query)
         store = self._store
         assert store is not None, "MemoryService.start() was not awaited"
         table = store.active
@@ -425,7 +432,7 @@ async def _query_vector(embedder: Embedder, query: str) -> np.ndarray[Any, Any]:
     return vector
 
 
-TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float]]
+TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float], frozenset[str]]
 
 
 def _text_side(
@@ -438,10 +445,14 @@ def _text_side(
     with_share: bool,
     scope: scopes.Scope,
 ) -> TextSide:
-    """The full-text pool: its rows, their vectors and the share of the query's terms each holds."""
+    """The full-text pool: its rows, their vectors, the share of the query's terms each holds, and
+    the query's words that name a speaker of the chat (``named_speakers``: a turn by every person
+    the query names is in this pool, since the turn's own text holds the name)."""
     rows, vectors = store.text_pool(table, query, agent, n, include_memory_md, scope)
     terms = query_terms(query) if with_share else ((), ())
-    return rows, vectors, [text_share(terms, r["content"]) if with_share else 0.0 for r in rows]
+    names = named_speakers(terms, (r["text"] for r in rows)) if with_share else frozenset()
+    shares = [text_share(terms, r["content"], r["text"], names) if with_share else 0.0 for r in rows]
+    return rows, vectors, shares, names
 
 
 def _merge(
@@ -456,7 +467,7 @@ def _merge(
     """The two pools' rows as candidates, each with its cosine, BM25 score and term share.
     ``scale``: the embedder's ``query_scale`` (a routed query vector holds one model's half, so its
     dot product is that model's cosine divided by it)."""
-    text_rows, text_vectors, text_shares = text_side
+    text_rows, text_vectors, text_shares, names = text_side
     terms = query_terms(query) if with_share else ((), ())
     in_text = {r["chunk_id"] for r in text_rows}
     full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
@@ -472,8 +483,9 @@ def _merge(
             heading=row["heading"],
             text=row["text"],  # the chunk's own lines: its context is indexed, not shown
             cosine=min(1.0, max(0.0, cosine * scale)),
-            share=text_share(terms, row["content"]) if needed else share or 0.0,
+            share=text_share(terms, row["content"], row["text"], names) if needed else share or 0.0,
             bm25=bm25,
+            named_speaker=spoken_by(names, row["text"]),
         )
 
     text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))

@@ -69,10 +69,17 @@ def test_abstention_sweep_counts_refusals_on_the_kept_pools() -> None:
     run = RealtalkRun(
         [asked(0.9, 3), asked(0.45, 5)], 2, 0.0, 0, [1.0],
         unanswerable_pools=[("chat-1", pool(0.3)), ("chat-1", pool(0.48)), ("chat-1", [])],
+        unanswerable_questions=["What is Ann's blood type?", "What is Bo's shoe size?", "Ann's boat?"],
     )  # fmt: skip
     params = FusionParams(1.0, 0.0, 0.4, 0.5, method="score")
-    rows = {r["min_score"]: r for r in _realtalk_abstention(run, params)}
+    swept = _realtalk_abstention(run, params)
+    rows = {r["min_score"]: r for r in swept if r["min_topic_cosine"] == 0.0}
     assert rows[0.4]["unanswerable_refused"] == 2 / 3 and rows[0.4]["answerable_refused"] == 0.0
     assert rows[0.4]["r@10_on"] == rows[0.4]["r@10_off"] == 100.0
     assert rows[0.0]["unanswerable_refused"] == 1 / 3
     assert set(rows) >= {0.4, 0.0, 0.06, 0.1, 0.15}
+    # min_topic_cosine swept at the shipped min_score: the unanswerable questions' words are in no
+    # turn ("text"), so a bar above every cosine refuses them all; the answerable ones ("q?") keep
+    topic = {r["min_topic_cosine"]: r for r in swept if r["min_score"] == 0.4}
+    assert topic[1.0]["unanswerable_refused"] == 1.0 and topic[1.0]["answerable_refused"] == 0.0
+    assert topic[0.0]["unanswerable_refused"] == 2 / 3

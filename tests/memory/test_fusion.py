@@ -16,11 +16,15 @@ from memory.fusion import (
     fused_score,
     is_cjk_query,
     merge_pools,
+    named_speakers,
+    off_topic,
     passes,
     query_terms,
     rrf_score,
+    spoken_by,
     text_share,
     text_strength,
+    turn_speaker,
 )
 
 P = FusionParams(vector_weight=0.6, text_weight=0.4, min_score=0.4, min_text_score=0.6)
@@ -299,3 +303,96 @@ def test_mmr_similarity_is_of_the_chunks_own_words() -> None:
               (0.8, words_of("保険証は青いフォルダ"), "c")]  # fmt: skip
     assert diversify(ranked, 0.5) == ["a", "c", "b"]
     assert diversify(ranked, 0.5, depth=1) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("text", "speaker"),
+    [
+        ("[D3:1] Ravi: Today I baked a plum cake", "Ravi"),
+        ("Ravi: hi", "Ravi"),
+        ("- **Ann Lee**: see you at nine", "Ann Lee"),
+        ("[10:42] Pavel B.: my old job", "Pavel B."),
+        ("TODO: buy milk", ""),  # all capitals: a label, not a person
+        ("note: the dentist moved", ""),
+        ("Plan for today: run", ""),  # not a name: lower-case words
+        ("My dentist is Dr. Wong", ""),
+        ("# Ravi and Ines, 8 May 2023", ""),
+        ("# Ravi and Ines, 8 May 2023\n\n[D2:1] Ines: I am at the bakery", "Ines"),  # a session's first turn
+    ],
+)
+def test_turn_speaker(text: str, speaker: str) -> None:
+    assert turn_speaker(text) == speaker
+
+
+def test_a_name_counts_only_in_the_chunks_own_lines() -> None:
+    """In a chat every turn's indexed content names both people (heading, the turn before), so
+    the query's name of a speaker counts for a chunk only when its own lines hold it."""
+    terms = query_terms("What cake did Ravi bake?")
+    own = {"ravi": "[D1:3] Ravi: Today I baked a plum cake with my dad.",
+           "ines": "[D1:4] Ines: Baking a cake for others is the best!"}  # fmt: skip
+    names = named_speakers(terms, own.values())
+    assert names == frozenset({"ravi"})
+    assert named_speakers(query_terms("What cake did Maria bake?"), own.values()) == frozenset()
+
+    def content(who: str) -> str:
+        return f"Ravi and Ines, 8 May 2023\n\n{own['ravi' if who == 'ines' else 'ines']}\n\n{own[who]}"
+
+    assert text_share(terms, content("ines")) == 1.0  # without names: the heading's "Ravi"
+    assert text_share(terms, content("ines"), own["ines"], names) == pytest.approx(2 / 3)
+    assert text_share(terms, content("ravi"), own["ravi"], names) == 1.0
+    # a turn that names the person in its own text keeps the name
+    assert text_share(terms, content("ines"), "Ines: Ravi, your cake! Who baked it?", names) == 1.0
+    # the heading of a session's first chunk is not its own words
+    first = f"# Ravi and Ines, 8 May 2023\n\n{own['ines']}"
+    assert text_share(terms, first, first, names) == pytest.approx(2 / 3)
+    assert spoken_by(names, own["ravi"]) and not spoken_by(names, own["ines"])
+    assert not spoken_by(frozenset(), own["ravi"])
+
+
+def spoken(cid: str, line: int, cosine: float, named: bool) -> Candidate:
+    return replace(turn(cid, line, cosine), named_speaker=named)
+
+
+def test_the_named_speakers_turns_rank_higher_but_abstention_is_unchanged() -> None:
+    p = FusionParams(1.0, 0.0, 0.0, 0.0, method="score", speaker_weight=0.2)
+    pool = [spoken("other", 3, 0.55, False), spoken("named", 21, 0.5, True), spoken("far", 41, 0.3, False)]
+    hits = fuse(pool, p, today=TODAY, k=3)
+    assert [h.chunk_id for h in hits] == ["named", "other", "far"]
+    assert hits[0].score == pytest.approx(0.6)
+    plain = fuse(pool, replace(p, speaker_weight=0.0), today=TODAY, k=3)
+    assert [h.chunk_id for h in plain] == ["other", "named", "far"]
+    # the lift is capped at 1 and never lets a turn past min_score (decided on its own score)
+    assert fuse([spoken("a", 1, 0.95, True)], p, today=TODAY, k=1)[0].score == 1.0
+    quiet = fuse(pool, replace(p, min_score=0.52), today=TODAY, k=3)
+    assert [h.chunk_id for h in quiet] == ["other"]
+
+
+def test_merge_keeps_the_named_speaker_flag() -> None:
+    v = spoken("a", 1, 0.5, True)
+    t = replace(spoken("a", 1, 0.5, False), bm25=3.0)
+    assert merge_pools([(v, 0.5)], [(t, 3.0)])[0].named_speaker
+    assert merge_pools([(v, 0.5)], [])[0].named_speaker
+
+
+def said(cid: str, text: str, cosine: float, bm25: float = 2.0) -> Candidate:
+    return Candidate(cid, "memory/chat/s1.md", 1, 1, "", text, cosine, 0.3, 1, 1, bm25)
+
+
+def test_a_query_whose_words_are_nowhere_but_the_names_is_off_topic() -> None:
+    """"What is Ravi's blood type?" over a chat of Ravi's: only his name matches; with no close
+    paraphrase either, it gets nothing. Any other word held, or a close cosine, keeps it."""
+    chat = [said("a", "[D1:1] Ravi: I went to the gym today", 0.45),
+            said("b", "[D1:2] Ines: Nice, what type of workout?", 0.50, bm25=0.0)]  # fmt: skip
+    query = "What is Ravi's blood type?"
+    assert not off_topic(query, chat, 0.55)  # "type" is in Ines's turn
+    chat[1] = said("b", "[D1:2] Ines: Nice, which workout?", 0.50, bm25=0.0)
+    assert off_topic(query, chat, 0.55)
+    assert not off_topic(query, chat, 0.0)  # off
+    assert not off_topic(query, [*chat, said("c", "[D2:1] Ines: hello", 0.56)], 0.55)  # a close paraphrase
+    assert not off_topic("What about Ravi?", chat, 0.55)  # nothing but a name: nothing to miss
+    assert not off_topic(query, [], 0.55)
+    p = FusionParams(0.2, 0.8, 0.0, 0.0, method="score", min_topic_cosine=0.55)
+    assert fuse(chat, p, today=TODAY, k=5, query=query) == []
+    assert len(fuse(chat, p, today=TODAY, k=5)) == 2  # without the query: no such test
+    text_alone = replace(p, use_vector=False)  # no cosines to trust: the text side decides, min_text_score abstains
+    assert [h.chunk_id for h in fuse(chat, text_alone, today=TODAY, k=5, query=query)] == ["a"]

@@ -355,3 +355,80 @@ async def test_scopes_keep_their_files_apart(service: MemoryService, workspace: 
     for bad in ("../x", "a/b", "", "-x", "a_b%"):
         with pytest.raises(BadRequest):
             await service.search("main", query, scope=bad)
+
+
+async def test_a_question_about_a_person_finds_what_that_person_said(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    """In a chat both people's names are in every turn's indexed heading and context; a question
+    naming one of them ranks that person's own turn first, above the other's reply on the same
+    topic (which also gains from the turn after it)."""
+    write(workspace, "memory/chat/2026-11-20.md", "# Ravi and Ines, 20 November 2026\n\n"
+          "Ravi: Hey Ines, how was your weekend?\n\n"
+          "Ines: Great! What cake did I bake? Cake for the whole street: I bake a cake every weekend.\n\n"
+          "Ravi: Nice. Today my dad and I baked a plum cake. Best cake ever.\n\n"
+          "Ines: That sounds delicious!\n\nRavi: It was. See you on Monday.\n")  # fmt: skip
+    embedder = openai_embedder(openai_server)
+    settings = memory_settings(search={"min_score": 0, "min_text_score": 0})
+    svc = MemoryService(settings, {"main": workspace}, tmp_path / "db", clock=clock, embedder=embedder)
+    await svc.start()
+    try:
+        await eventually(lambda: svc.ready)
+        hits = await svc.search("main", "What cake did Ravi bake?", k=3)
+        assert hits[0].snippet.startswith("Ravi: Nice. Today my dad and I baked"), [h.snippet for h in hits]
+        ines = next(h for h in hits if h.snippet.startswith("Ines: Great!"))
+        assert ines.text_score < hits[0].text_score  # "Ravi" is not in her turn's own lines
+    finally:
+        await svc.close()
+        await embedder.close()
+
+
+async def test_a_date_in_digits_finds_the_session_of_that_day(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    """A chat log's heading spells its day ("1 February 2024"); a question that writes it in
+    digits ("01.02.2024", which shares no word with that heading but the year) is searched as
+    memory spells it, so the turn of that day comes first, above closer wordings of other days."""
+    sessions = (("1 January 2024", "What did I bake? A plum cake"),
+                ("2 January 2024", "What did I bake? A lemon tart"),
+                ("1 February 2024", "I baked an apple pie"))  # fmt: skip
+    for n, (day, turn) in enumerate(sessions):
+        write(workspace, f"memory/chat/session-{n}.md", f"# Ravi and Ines, {day}\n\n"
+              f"Ines: Hi! How was your day?\n\nRavi: {turn}.\n\nInes: Nice!\n\nRavi: See you.\n")  # fmt: skip
+    embedder = openai_embedder(openai_server)
+    settings = memory_settings(search={"min_score": 0, "min_text_score": 0})
+    svc = MemoryService(settings, {"main": workspace}, tmp_path / "db", clock=clock, embedder=embedder)
+    await svc.start()
+    try:
+        await eventually(lambda: svc.ready)
+        for query in ("What did Ravi bake on 01.02.2024?", "What did Ravi bake on 2024-02-01?"):
+            hits = await svc.search("main", query, k=3)
+            assert hits[0].path == "memory/chat/session-2.md", (query, [(h.path, h.snippet) for h in hits])
+    finally:
+        await svc.close()
+        await embedder.close()
+
+
+async def test_a_question_about_what_no_turn_mentions_gets_nothing(
+    tmp_path: Path, workspace: Path, openai_server: OpenAIServer, clock: FakeClock
+) -> None:
+    """With search.min_topic_cosine on (off by default): a question about one of the chat's people
+    on a topic no turn mentions gets no result (only the name matches, and nothing embeds close),
+    while a question about what was said is answered."""
+    write(workspace, "memory/chat/2026-11-20.md", "# Ravi and Ines, 20 November 2026\n\n"
+          "Ines: Hi Ravi! What did you do today?\n\nRavi: I baked a plum cake with my dad.\n\n"
+          "Ines: What is it, Ravi? What is this?\n\nRavi: Yes, we ate half of it. See you on Monday.\n")  # fmt: skip
+    embedder = openai_embedder(openai_server)
+    settings = memory_settings(search={"min_topic_cosine": 0.55})
+    svc = MemoryService(settings, {"main": workspace}, tmp_path / "db", clock=clock, embedder=embedder)
+    await svc.start()
+    try:
+        await eventually(lambda: svc.ready)
+        assert await svc.search("main", "What is Ravi's blood type?") == [], [
+            (h.snippet, h.score, h.vector_score) for h in await svc.search("main", "What is Ravi's blood type?")
+        ]
+        hits = await svc.search("main", "What did Ravi bake?")
+        assert hits and hits[0].snippet.startswith("Ravi: I baked a plum cake")
+    finally:
+        await svc.close()
+        await embedder.close()
