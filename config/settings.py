@@ -104,6 +104,9 @@ class PostgresSettings(Model):
     password_env: str = "NEOTASK_PG_PASSWORD"
     pool_size: int = Field(10, ge=1, le=500)
     leader_interval_s: float = Field(2.0, ge=0.1, le=60)  # how often the leader lock is checked or tried
+    # keys leased across processes (sessions/postgres/shared.py): null = when gateway.workers > 1;
+    # true where several gateways (machines) share one database
+    shared: bool | None = None
 
     _env = field_validator("password_env")(_check_env_name)
 

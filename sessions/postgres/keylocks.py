@@ -32,6 +32,8 @@ from typing import Literal
 
 import asyncpg
 
+from sessions.postgres.faults import database_error
+
 log = logging.getLogger(__name__)
 
 LOCK_CONNECTIONS = 32  # keys one process may hold at once (each lease holds a connection)
@@ -119,8 +121,8 @@ class KeyLeases:
             if conn is not None:
                 await _drop(self.pool, conn)  # the lock, if taken, goes with the connection
             lease.conn = None
-            if not lease.ready.done():
-                lease.ready.set_exception(exc)
+            if not lease.ready.done():  # a lost database is the typed 503 its users answer
+                lease.ready.set_exception(database_error(exc, "the message") or exc)
                 lease.ready.exception()  # retrieved: every user re-raises it
             if self._leases.get(key) is lease and lease.users == 0:
                 del self._leases[key]

@@ -174,8 +174,15 @@ async def open_from_settings(
     dsn, password = connection_options(settings.storage.postgres, environ)
     return await PgStore.open(
         settings, dsn=dsn, password=password, clock=clock, hooks=hooks, pool_size=settings.storage.postgres.pool_size,
-        shared=settings.gateway.workers > 1,
+        shared=shared_keys(settings),
     )  # fmt: skip
+
+
+def shared_keys(settings: Settings) -> bool:
+    """Whether keys are leased across processes: ``storage.postgres.shared``, or by default when
+    this gateway runs several workers (several gateways on one database set it true)."""
+    shared = settings.storage.postgres.shared
+    return settings.gateway.workers > 1 if shared is None else shared
 
 
 def redact(dsn: str) -> str:
