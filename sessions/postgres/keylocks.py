@@ -177,7 +177,8 @@ async def _unlock(pool: asyncpg.Pool, conn: asyncpg.Connection, key: str, lock: 
 
 
 async def _drop(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
-    conn.terminate()
+    with contextlib.suppress(Exception):  # a lost connection may be back in the pool already
+        conn.terminate()
     with contextlib.suppress(Exception):
         await pool.release(conn)
 
@@ -219,7 +220,10 @@ class TurnLock(asyncio.Lock):
     async def acquire(self) -> Literal[True]:
         await super().acquire()
         try:
-            conn = await self._pool.acquire()
+            try:
+                conn = await self._pool.acquire()
+            except Exception as exc:  # a lost database is the typed 503 the post answers
+                raise (database_error(exc, "the message") or exc) from exc
             try:
                 lock = turn_lock_id(self._key)
                 if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock):
