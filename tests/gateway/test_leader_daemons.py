@@ -33,7 +33,7 @@ def write_config(path: Path, dsn: str) -> Path:
         yaml.safe_dump(
             {
                 "storage": {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 2,
-                                                                 "leader_interval_s": INTERVAL_S, "shared": True}},
+                                                                 "leader_interval_s": INTERVAL_S}},
                 "cron": {"jobs": [{"id": "tick", "schedule": "* * * * *", "message": "tick", "isolated": True}]},
             }
         )
