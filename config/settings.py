@@ -9,55 +9,17 @@ from __future__ import annotations
 import re
 from typing import Literal
 from urllib.parse import urlsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.channels import ChannelsSettings
 from config.crontab import check_schedule
+from config.fields import check_env_name, check_url, check_zone
 from config.sizes import parse_threshold
 
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _check_zone(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin") from exc
-    return value
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _check_url(value: str | None) -> str | None:
-    """An http(s) URL with a host (``http://127.0.0.1:11434/v1``); null or "" means none."""
-    if not value:
-        return value
-    how = "write it whole, e.g. http://127.0.0.1:11434/v1 or https://example.com/hook"
-    if any(c.isspace() for c in value):
-        raise ValueError(f"{value!r} is not a URL: it contains a space; {how}")
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018  (a port that is not a number raises here)
-    except ValueError as exc:
-        raise ValueError(f"{value!r} is not a URL ({exc}); {how}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{value!r} is not an http:// or https:// URL; {how}")
-    if not parts.hostname:
-        raise ValueError(f"{value!r} names no host; {how}")
-    return value
-
-
-def _check_env_name(value: str | None) -> str | None:
-    if value is not None and not _ENV_NAME.match(value):
-        raise ValueError(f"{value!r} is not an environment variable name (letters, digits, _; e.g. OPENAI_API_KEY)")
-    return value
 
 
 class OpenAICompatSettings(Model):
@@ -108,7 +70,7 @@ class PostgresSettings(Model):
     # true where several gateways (machines) share one database
     shared: bool | None = None
 
-    _env = field_validator("password_env")(_check_env_name)
+    _env = field_validator("password_env")(check_env_name)
 
     @field_validator("dsn")
     @classmethod
@@ -161,8 +123,8 @@ class FallbackModel(Model):
     timeout_s: float | None = Field(None, gt=0)
     max_retries: int | None = Field(None, ge=0)
 
-    _url = field_validator("base_url")(_check_url)
-    _env = field_validator("api_key_env")(_check_env_name)
+    _url = field_validator("base_url")(check_url)
+    _env = field_validator("api_key_env")(check_env_name)
 
 
 class ModelSettings(Model):
@@ -177,8 +139,8 @@ class ModelSettings(Model):
     retry_after_max_s: float = Field(30, ge=0)
     fallbacks: tuple[FallbackModel, ...] = ()
 
-    _url = field_validator("base_url")(_check_url)
-    _env = field_validator("api_key_env")(_check_env_name)
+    _url = field_validator("base_url")(check_url)
+    _env = field_validator("api_key_env")(check_env_name)
 
     @field_validator("fallbacks", mode="before")
     @classmethod
@@ -230,7 +192,7 @@ class AgentSettings(Model):
     tools: AgentToolsSettings = AgentToolsSettings()
     limits: AgentLimits = AgentLimits()
 
-    _zone = field_validator("timezone")(_check_zone)
+    _zone = field_validator("timezone")(check_zone)
 
 
 class Binding(Model):
@@ -254,7 +216,7 @@ class ResetSettings(Model):
     idle_minutes: float = Field(240, gt=0)
     defer_if_active_minutes: float = Field(30, ge=0)
 
-    _zone = field_validator("timezone")(_check_zone)
+    _zone = field_validator("timezone")(check_zone)
 
 
 class ResetOverride(Model):
@@ -264,7 +226,7 @@ class ResetOverride(Model):
     idle_minutes: float | None = Field(None, gt=0)
     defer_if_active_minutes: float | None = Field(None, ge=0)
 
-    _zone = field_validator("timezone")(_check_zone)
+    _zone = field_validator("timezone")(check_zone)
 
 
 ChatType = Literal["direct", "group", "channel", "cron", "hook"]
@@ -316,8 +278,8 @@ class EmbeddingSettings(Model):
     dimensions: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=1)
 
-    _url = field_validator("base_url")(_check_url)
-    _env = field_validator("api_key_env")(_check_env_name)
+    _url = field_validator("base_url")(check_url)
+    _env = field_validator("api_key_env")(check_env_name)
 
 
 class WatchSettings(Model):
@@ -396,7 +358,7 @@ class CronJob(Model):
     deliver_to: str | None = None
     inherit: bool = False  # isolated firings start without the previous firing's summary unless true
 
-    _deliver_to = field_validator("deliver_to")(_check_url)
+    _deliver_to = field_validator("deliver_to")(check_url)
 
     @field_validator("id")
     @classmethod
@@ -408,7 +370,7 @@ class CronJob(Model):
     @model_validator(mode="after")
     def _schedule_parses(self) -> CronJob:
         try:
-            _check_zone(self.timezone)
+            check_zone(self.timezone)
         except ValueError as exc:
             raise ValueError(f"cron job {self.id!r}: {exc}") from exc
         try:
@@ -458,8 +420,8 @@ class HookMapping(Model):
     tolerance_s: float = Field(300, gt=0)
     require_timestamp: bool = False
 
-    _deliver_to = field_validator("deliver_to")(_check_url)
-    _env = field_validator("secret_env")(_check_env_name)
+    _deliver_to = field_validator("deliver_to")(check_url)
+    _env = field_validator("secret_env")(check_env_name)
 
 
 class Settings(Model):

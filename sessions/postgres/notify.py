@@ -54,6 +54,10 @@ def encode(origin: str, event: Mapping[str, Any]) -> str:
     return json.dumps({"o": origin, "e": {**{k: event[k] for k in keep if k in event}, "truncated": True}})
 
 
+RELISTEN_FIRST_S = 0.5  # the first wait before listening again after the connection was lost
+RELISTEN_MAX_S = 10.0  # doubling up to this
+
+
 class EventRelay:
     def __init__(self, pool: asyncpg.Pool, dsn: str, password: str | None) -> None:
         self.pool = pool
@@ -65,12 +69,46 @@ class EventRelay:
         self._sender: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
-        self.sent = self.received = 0
+        self._keeper: asyncio.Task[None] | None = None
+        self._closing = False
+        self.sent = self.received = self.reconnects = 0
 
     async def start(self) -> None:
-        self._conn = await asyncpg.connect(self.dsn, password=self.password)
-        await self._conn.add_listener(CHANNEL, self._on_notify)
+        await self._listen()
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="postgres-events-in")
+
+    async def _listen(self) -> None:
+        conn = await asyncpg.connect(self.dsn, password=self.password)
+        try:
+            await conn.add_listener(CHANNEL, self._on_notify)
+        except BaseException:
+            conn.terminate()
+            raise
+        conn.add_termination_listener(self._on_lost)
+        self._conn = conn
+
+    def _on_lost(self, _conn: object) -> None:
+        """The LISTEN connection closed (a database restart, a terminated backend): listen again,
+        retrying with backoff. What other processes sent meanwhile is not received (NOTIFY keeps
+        nothing for a listener that is away): subscribers resynchronise from the store."""
+        if self._closing or (self._keeper is not None and not self._keeper.done()):
+            return
+        log.warning("the connection receiving the other gateway processes' events was lost: listening again")
+        self._keeper = asyncio.get_running_loop().create_task(self._relisten(), name="postgres-events-listen")
+
+    async def _relisten(self) -> None:
+        delay = RELISTEN_FIRST_S
+        while not self._closing:
+            await asyncio.sleep(delay)
+            try:
+                await self._listen()
+            except Exception as exc:
+                log.debug("listening again failed (%s); next try in %.1f s", exc, delay)
+                delay = min(delay * 2, RELISTEN_MAX_S)
+                continue
+            self.reconnects += 1
+            log.info("receiving the other gateway processes' events again")
+            return
 
     def send(self, event: Mapping[str, Any]) -> None:
         self._outbox.append(encode(self.origin, event))
@@ -118,6 +156,11 @@ class EventRelay:
         return {**event, **event_fields(decode(text.encode()))}
 
     async def close(self) -> None:
+        self._closing = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
         if self._sender is not None:
             with contextlib.suppress(Exception):
                 await self._sender

@@ -3,9 +3,14 @@ whole when it fits the server's 8000 bytes, a reference for a larger message, cu
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from sessions.postgres.notify import MAX_PAYLOAD, encode
+import asyncpg
+
+from sessions.events import StoreEvent
+from sessions.postgres.notify import MAX_PAYLOAD, EventRelay, encode
+from tests.support.postgres import PgServer
 
 
 def test_an_event_that_fits_goes_whole() -> None:
@@ -34,3 +39,31 @@ def test_another_large_event_has_its_long_text_cut() -> None:
     assert len(payload.encode()) <= MAX_PAYLOAD
     data = json.loads(payload)["e"]
     assert data["truncated"] is True and data["tokens"] == 5 and data["summary"] == "x" * 500
+
+
+async def test_the_relay_listens_again_after_its_connection_is_lost(postgres_server: PgServer) -> None:
+    """A database restart or a terminated backend closes the LISTEN connection: the relay listens
+    again by itself, and the other processes' events reach it once more."""
+    pg_dsn = await postgres_server.database("neotask_notify")
+    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
+    got: list[StoreEvent] = []
+    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
+    await listener.start()
+    await sender.start()
+    listener.deliver = got.append
+    try:
+        assert listener._conn is not None
+        await pool.execute("SELECT pg_terminate_backend($1)", listener._conn.get_server_pid())
+        async with asyncio.timeout(30):
+            while listener.reconnects == 0:
+                await asyncio.sleep(0.05)
+        event = {"type": "message", "key": "agent:main:main", "run_id": "r1", "seq": 1, "content": "after"}
+        sender.send(event)
+        async with asyncio.timeout(30):
+            while not got:
+                await asyncio.sleep(0.05)
+        assert got == [event]
+    finally:
+        await listener.close()
+        await sender.close()
+        await pool.close()
