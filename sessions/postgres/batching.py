@@ -25,7 +25,7 @@ import asyncpg
 
 from config.errors import Conflict, StorageUnavailable
 from sessions.postgres.base import PgBase
-from sessions.postgres.faults import database_error
+from sessions.postgres.faults import RETRY_AFTER_S, database_error
 from sessions.records import MessageRecord, RunState
 
 log = logging.getLogger(__name__)
@@ -204,16 +204,21 @@ class PgQueue(PgBase):
             self._kick()
 
     async def _send(self, batch: list[tuple[RunState, list[Append]]]) -> None:
+        sent = False
         try:
             async with self.pool.acquire() as conn:
                 if self._unsure:
                     batch = await self._verify(conn, batch)
                     if not batch:
                         return
+                sent = True
                 claimed = {row[0] for row in await conn.fetch(_APPEND, *_arguments(batch))}
                 lost = [(run, items) for run, items in batch if run.run_id not in claimed]
                 rows = await _counters(conn, [run.run_id for run, _ in lost]) if lost else {}
         except Exception as exc:  # the statement may have committed or not: check before the next
+            typed = database_error(exc)
+            if sent and isinstance(typed, StorageUnavailable):  # the answer is lost, not the commit
+                exc = unsure_commit(exc)
             for run, items in batch:
                 self._fail(run, items, exc)
                 self._unsure.add(run.run_id)
@@ -341,3 +346,16 @@ def _arguments(batch: list[tuple[RunState, list[Append]]]) -> list[list[Any]]:
 def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+def unsure_commit(exc: BaseException) -> StorageUnavailable:
+    """The connection broke while the statement storing the message ran: the server may have
+    committed it or not, and cannot be asked now. The answer says so (no ``stored: false``): a
+    retry with the same ``client_message_id`` is stored once either way."""
+    typed = StorageUnavailable(
+        f"the connection to the database broke while the message was being stored ({exc or type(exc).__name__}):"
+        " it may be stored; send it again shortly with the same client_message_id (stored once either way)",
+        retry_after_s=RETRY_AFTER_S,
+    )
+    typed.__cause__ = exc
+    return typed
