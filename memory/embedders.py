@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from config.errors import ConfigError, EmbeddingError, MemoryNotReady
+from memory import native_libraries
 from memory.chunking import estimate_tokens
 from memory.loading import ModelLoader
 
@@ -139,6 +140,7 @@ class SentenceTransformerEmbedder:
         self._loader.load_sync()
 
     def _load(self) -> None:
+        native_libraries.preload("torch")  # its 434 MB library loads without stopping the loop
         import torch
 
         torch.set_num_threads(self._threads)
