@@ -119,9 +119,10 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="neotask-bench-workers-"))
     cases: list[Case] = []
     try:
-        dsn = await server.database("bench")
-        pg = {"storage": {"backend": "postgres", "postgres": {"dsn": dsn}}}
-        for name, data, count in (("files x1", {}, 1), ("pg x1", pg, 1), (f"pg x{workers}", pg, workers)):
+        # a database each: a gateway that does not lease keys must not share keys with others
+        one = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_one")}}}
+        many = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_many")}}}
+        for name, data, count in (("files x1", {}, 1), ("pg x1", one, 1), (f"pg x{workers}", many, workers)):
             folder = tmp / name.replace(" ", "-")
             folder.mkdir()
             config = folder / "config.yaml"
@@ -140,7 +141,8 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
                 phase, gw, db = case.phases[-1]
                 print(
                     f"  round {r} {case.name:9} {phase.rate:8.0f} msg/s  p99 {phase.p99 * 1000:6.1f} ms"
-                    f"  CPU gw {gw:5.2f} s db {db:5.2f} s  failed {phase.failed}",
+                    f"  CPU gw {gw:5.2f} s db {db:5.2f} s  failed {phase.failed}"
+                    + (f" {dict(phase.errors)}" if phase.errors else ""),
                     flush=True,
                 )
         print(f"\n64 connections on 64 keys, store-only, {rounds}x{seconds:g} s per case, load {load:.1f}:")

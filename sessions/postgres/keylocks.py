@@ -4,8 +4,16 @@ connection of its own while the process has anything under way on the key.
 
 A process *leases* a key when its first local user enters (a post storing a message, an append
 of a turn, a lifecycle change: the store's ``lock_for``, ``append`` and ``rewrite_context``), and
-gives the lease back when the last one left and every append it queued for the key is durable; in
-between the in-process locks order the process's own users as with one process. On taking a
+keeps it while it has users; in between the in-process locks order the process's own users as with
+one process. When the last user left, the lease *lingers* (``LINGER_S``): the next message on the
+key, which usually comes to the same process (a client's connection stays with the worker that
+accepted it), finds the lease held and costs no statement more than with one process. The lease is
+given back, once every append it queued for the key is durable, when the linger ends, when another
+process asks for the key (it failed to take the lock at once and said so on ``LEASE_CHANNEL``: the
+holder gives the key back as soon as its own users are done), when the process needs the
+connection for another key (``LOCK_CONNECTIONS`` leases at most: the longest idle goes first), and
+at close. A process that asked and was not heard (its notification lost with a listening
+connection) waits at most the linger. On taking a
 lease the process reads the key's active run and entry from the database again (another process
 may have appended, started or ended a run), so seqs stay contiguous; before giving it back it
 writes the key's entry. A model turn holds ``TurnLock``, another advisory lock of the key, for its
@@ -37,9 +45,12 @@ from sessions.postgres.faults import database_error
 log = logging.getLogger(__name__)
 
 LOCK_CONNECTIONS = 32  # keys one process may hold at once (each lease holds a connection)
+LINGER_S = 5.0  # how long an unused lease is kept for the key's next message
+LEASE_CHANNEL = "neotask_leases"  # "I wait for this lock": payload "<origin> <lock number>"
 
 Taken = Callable[[str, asyncpg.Connection], Awaitable[None]]
 Leaving = Callable[[str], Awaitable[None]]
+Asking = Callable[[int], object]
 
 
 def key_lock_id(key: str, *, space: bytes = b"neotask-key") -> int:
@@ -62,18 +73,35 @@ class _Lease:
     leaving: asyncio.Task[None] | None = None
     unlocking: bool = False
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    lingering: asyncio.TimerHandle | None = None  # set while no user holds it and it is kept
+    idle_since: float = 0.0
+    wanted: bool = False  # another process waits for it: given back when its users are done
 
 
 class KeyLeases:
     """The keys this process holds; ``on_taken`` runs once a key's lock is taken (on its
     connection), ``on_leaving`` before it is given back."""
 
-    def __init__(self, pool: asyncpg.Pool, *, on_taken: Taken, on_leaving: Leaving) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        on_taken: Taken,
+        on_leaving: Leaving,
+        on_waiting: Asking | None = None,
+        linger_s: float = LINGER_S,
+        capacity: int = LOCK_CONNECTIONS,
+    ) -> None:
         self.pool = pool
         self._on_taken = on_taken
         self._on_leaving = on_leaving
+        self._on_waiting = on_waiting
+        self.linger_s = linger_s
+        self.capacity = capacity
         self._leases: dict[str, _Lease] = {}
+        self._by_lock: dict[int, str] = {}
         self.waits = 0  # leases that had to wait for another process (for tests and /metrics)
+        self.takes = 0  # leases taken (a message on a key this process holds takes none)
 
     def held(self, key: str) -> bool:
         lease = self._leases.get(key)
@@ -87,9 +115,14 @@ class KeyLeases:
                 break
             await lease.gone.wait()
         if lease is None:
+            self._make_room()
             lease = self._leases[key] = _Lease(asyncio.get_running_loop().create_future())
+            self._by_lock[key_lock_id(key)] = key
             task = asyncio.get_running_loop().create_task(self._take(key, lease), name=f"lease {key}")
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        elif lease.lingering is not None:
+            lease.lingering.cancel()
+            lease.lingering = None
         lease.users += 1
         lease.entered += 1
         try:
@@ -99,13 +132,52 @@ class KeyLeases:
             raise
 
     def leave(self, key: str) -> None:
-        """One local user is done with ``key``; the last one gives the lease back (in a task)."""
+        """One local user is done with ``key``; after the last one the lease lingers (or is given
+        back at once when another process asked for it, or it was not taken)."""
         lease = self._leases.get(key)
         if lease is None:
             return
         lease.users -= 1
-        if lease.users == 0 and lease.leaving is None:
+        if lease.users > 0 or lease.leaving is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if lease.wanted or self.linger_s <= 0 or not lease.ready.done() or lease.ready.exception():
+            self._give_back(key, lease)
+        elif lease.lingering is None:
+            lease.idle_since = loop.time()
+            lease.lingering = loop.call_later(self.linger_s, self._linger_ended, key, lease)
+
+    def _give_back(self, key: str, lease: _Lease) -> None:
+        if lease.lingering is not None:
+            lease.lingering.cancel()
+            lease.lingering = None
+        if lease.leaving is None:
             lease.leaving = asyncio.get_running_loop().create_task(self._leave(key, lease), name=f"unlease {key}")
+
+    def _linger_ended(self, key: str, lease: _Lease) -> None:
+        lease.lingering = None
+        if self._leases.get(key) is lease and lease.users == 0:
+            self._give_back(key, lease)
+
+    def _make_room(self) -> None:
+        """Before a new lease: at capacity, the longest idle one goes (its connection is needed)."""
+        if len(self._leases) < self.capacity:
+            return
+        idle = [(lease.idle_since, key) for key, lease in self._leases.items() if lease.lingering is not None]
+        if idle:
+            key = min(idle)[1]
+            self._give_back(key, self._leases[key])
+
+    def asked(self, lock: int) -> None:
+        """Another process waits for the lock ``lock``: a lease of it goes back when its users are
+        done (at once if it has none)."""
+        key = self._by_lock.get(lock)
+        lease = self._leases.get(key) if key is not None else None
+        if key is None or lease is None:
+            return
+        lease.wanted = True
+        if lease.users == 0:
+            self._give_back(key, lease)
 
     async def _take(self, key: str, lease: _Lease) -> None:
         conn: asyncpg.Connection | None = None
@@ -114,8 +186,11 @@ class KeyLeases:
             lock = key_lock_id(key)
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock):
                 self.waits += 1
+                if self._on_waiting is not None:
+                    self._on_waiting(lock)
                 await conn.execute("SELECT pg_advisory_lock($1)", lock)
             lease.conn = conn
+            self.takes += 1
             await self._on_taken(key, conn)
         except BaseException as exc:
             if conn is not None:
@@ -125,7 +200,7 @@ class KeyLeases:
                 lease.ready.set_exception(database_error(exc, "the message") or exc)
                 lease.ready.exception()  # retrieved: every user re-raises it
             if self._leases.get(key) is lease and lease.users == 0:
-                del self._leases[key]
+                self._forget(key)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -151,11 +226,18 @@ class KeyLeases:
         finally:
             if lease.unlocking or lease.conn is None:
                 if self._leases.get(key) is lease:
-                    del self._leases[key]
+                    self._forget(key)
                 lease.gone.set()
 
+    def _forget(self, key: str) -> None:
+        del self._leases[key]
+        self._by_lock.pop(key_lock_id(key), None)
+
     async def close(self) -> None:
-        """Give every lease back (the store closes: its appends are settled already)."""
+        """Give every lease back, a lingering one settled first (its entry written)."""
+        for key, lease in list(self._leases.items()):
+            if lease.users == 0:
+                self._give_back(key, lease)
         tasks = [lease.leaving for lease in self._leases.values() if lease.leaving is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -165,6 +247,7 @@ class KeyLeases:
                 await _unlock(self.pool, lease.conn, key)
             lease.gone.set()
         self._leases.clear()
+        self._by_lock.clear()
 
 
 async def _unlock(pool: asyncpg.Pool, conn: asyncpg.Connection, key: str, lock: int | None = None) -> None:

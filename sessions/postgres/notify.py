@@ -4,6 +4,10 @@ event emitted during a round trip) and ``LISTEN``s on a connection of its own; a
 process goes to this process's subscribers (``/v1/events``), its own are skipped (no echo: the
 emitting process published them already).
 
+The same connection hears on ``LEASE_CHANNEL`` which keys other processes wait for
+(``sessions.postgres.keylocks``): ``asked`` gets the lock number, and ``ask`` says this process
+waits for one.
+
 A notification's payload is at most 8000 bytes: a larger ``message`` event is sent without its
 content, with a reference (run id and seq) from which the receiver reads the stored message; any
 other oversized event has its long text fields cut (``truncated: true``).
@@ -25,6 +29,7 @@ import asyncpg
 from sessions.appends import event_fields
 from sessions.events import StoreEvent
 from sessions.files.jsonl import decode
+from sessions.postgres.keylocks import LEASE_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,7 @@ class EventRelay:
         self.dsn, self.password = dsn, password
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.deliver: Deliver | None = None
+        self.asked: Callable[[int], object] | None = None
         self._conn: asyncpg.Connection | None = None
         self._outbox: list[str] = []
         self._sender: asyncio.Task[None] | None = None
@@ -71,6 +77,7 @@ class EventRelay:
         self._reader: asyncio.Task[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
+        self._asking: set[asyncio.Task[None]] = set()
         self.sent = self.received = self.reconnects = 0
 
     async def start(self) -> None:
@@ -81,6 +88,7 @@ class EventRelay:
         conn = await asyncpg.connect(self.dsn, password=self.password)
         try:
             await conn.add_listener(CHANNEL, self._on_notify)
+            await conn.add_listener(LEASE_CHANNEL, self._on_ask)
         except BaseException:
             conn.terminate()
             raise
@@ -123,6 +131,27 @@ class EventRelay:
                 self.sent += len(batch)
             except Exception as exc:  # the events of this process still reach its own subscribers
                 log.warning("%d event(s) not sent to the other gateway processes (%s)", len(batch), exc)
+
+    def ask(self, lock: int) -> None:
+        """Tell the other processes that this one waits for the advisory lock ``lock``."""
+        task = asyncio.get_running_loop().create_task(self._ask(lock), name="postgres-lease-ask")
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+
+    async def _ask(self, lock: int) -> None:
+        try:
+            await self.pool.execute(f"SELECT pg_notify('{LEASE_CHANNEL}', $1)", f"{self.origin} {lock}")
+        except Exception as exc:  # the holder gives the key back when its lease's linger ends
+            log.debug("could not ask for lock %s (%s)", lock, exc)
+
+    def _on_ask(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        origin, _, lock = payload.partition(" ")
+        if origin != self.origin and self.asked is not None:
+            try:
+                number = int(lock)
+            except ValueError:
+                return
+            self.asked(number)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:

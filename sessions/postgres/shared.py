@@ -1,6 +1,7 @@
 """The PostgreSQL store when several gateway processes share the database (``gateway.workers``
 above 1): each key is leased by one process at a time (``sessions.postgres.keylocks``) while it
-stores on the key: the store's ``lock_for``, ``append`` and ``rewrite_context`` hold the lease;
+stores on the key (and a few seconds more, or until another process asks for it): the store's
+``lock_for``, ``append`` and ``rewrite_context`` hold the lease;
 taking it reads the key's active run and entry from the database again (in place: a turn keeps
 its ``RunState``), giving it back waits until the key's appends are durable and writes its entry.
 A model turn holds the ``TurnLocks`` turn lock, another advisory lock, for its whole length (so
@@ -39,10 +40,12 @@ class PgShared(PgAppends):
         """Lease keys from now on (a pool of connections that hold the keys' locks), and send and
         receive the events (``sessions.postgres.notify``)."""
         pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
-        self._leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key)
+        relay = EventRelay(self.pool, dsn, password)
+        leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key, on_waiting=relay.ask)
+        relay.asked = leases.asked
+        self._leases = leases
         self._turn_pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
         self._locks.clear()
-        relay = EventRelay(self.pool, dsn, password)
         await relay.start()
         self._relay = relay
 

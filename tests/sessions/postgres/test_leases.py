@@ -1,0 +1,120 @@
+"""Keys leased across processes (``sessions/postgres/keylocks.py``), two shared stores on one
+database standing for two gateway processes: a lease lingers after its message (the next message
+on the key takes no lock), goes back at once when the other process asks for the key, when its
+linger ends, when its connection is needed for another key, and at close (its entry written)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from sessions.postgres.keylocks import KeyLeases
+from sessions.postgres.store import PgStore
+from sessions.records import NewMessage, TaskKey
+from tests.conftest import FakeClock
+from tests.sessions.helpers import settings_with
+from tests.support.postgres import DATABASE, PgServer, empty_database
+
+KEY = "agent:main:leased"
+Shared = Callable[..., Awaitable[PgStore]]
+
+
+@pytest.fixture
+async def shared_store(postgres_server: PgServer, clock: FakeClock) -> AsyncIterator[Shared]:
+    dsn = await postgres_server.database(DATABASE)
+    await empty_database(dsn)
+    opened: list[PgStore] = []
+
+    async def opener(**leases: float) -> PgStore:
+        store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2, shared=True)
+        opened.append(store)
+        for name, value in leases.items():
+            setattr(store._leases, name, value)
+        return store
+
+    yield opener
+    for store in opened:
+        await store.close()
+
+
+def leases_of(store: PgStore) -> KeyLeases:
+    assert store._leases is not None
+    return store._leases
+
+
+async def post(store: PgStore, key: str, text: str) -> int:
+    """What a post does: under the key's lock, the active run (or a new one), one message."""
+    async with store.lock_for(key):
+        run = store.active_run(key) or await store.start_run(
+            key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+        )
+        record = await store.append(run, NewMessage(role="user", content=text))
+    return int(record["seq"])
+
+
+async def test_the_next_message_on_a_held_key_takes_no_lock(shared_store: Shared) -> None:
+    store = await shared_store()
+    seqs = [await post(store, KEY, f"m{i}") for i in range(5)]
+    assert seqs == [1, 2, 3, 4, 5]
+    assert leases_of(store).takes == 1 and leases_of(store).held(KEY)
+
+
+async def test_a_key_asked_for_by_another_process_goes_back_long_before_the_linger(shared_store: Shared) -> None:
+    first = await shared_store(linger_s=60.0)
+    second = await shared_store(linger_s=60.0)
+    assert await post(first, KEY, "one") == 1
+    started = time.monotonic()
+    assert await post(second, KEY, "two") == 2  # the view of the key was read again: seq follows
+    assert time.monotonic() - started < 30  # not the 60 s linger: the first process was asked
+    assert leases_of(second).waits == 1 and not leases_of(first).held(KEY)
+    assert await post(first, KEY, "three") == 3  # and back: asked again, the seq follows again
+    run = first.active_run(KEY)
+    assert run is not None
+    assert [m["seq"] for m in await first.read_messages(run.run_id, after_seq=0, limit=10)] == [1, 2, 3]
+
+
+async def test_an_unheard_ask_waits_for_the_linger_only(shared_store: Shared) -> None:
+    first = await shared_store(linger_s=1.0)
+    second = await shared_store()
+    assert first._relay is not None
+    first._relay.asked = None  # the first process does not hear the ask (its listener was away)
+    await post(first, KEY, "one")
+    assert await post(second, KEY, "two") == 2  # the lease went back when its linger ended
+    assert leases_of(second).waits == 1
+
+
+async def test_a_lease_goes_back_when_its_linger_ends(shared_store: Shared) -> None:
+    store = await shared_store(linger_s=0.2)
+    await post(store, KEY, "one")
+    assert leases_of(store).held(KEY)
+    deadline = time.monotonic() + 10
+    while leases_of(store).held(KEY) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not leases_of(store).held(KEY)
+    assert await post(store, KEY, "two") == 2 and leases_of(store).takes == 2
+
+
+async def test_at_capacity_the_longest_idle_lease_makes_room(shared_store: Shared) -> None:
+    store = await shared_store(capacity=2)
+    for name in ("a", "b", "c"):
+        await post(store, f"agent:main:{name}", "hello")
+        await asyncio.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while leases_of(store).held("agent:main:a") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    held = [k for k in ("agent:main:a", "agent:main:b", "agent:main:c") if leases_of(store).held(k)]
+    assert held == ["agent:main:b", "agent:main:c"]
+
+
+async def test_a_lingering_lease_is_settled_at_close(shared_store: Shared) -> None:
+    first = await shared_store(linger_s=60.0)
+    for i in range(3):
+        await post(first, KEY, f"m{i}")
+    await first.close()
+    second = await shared_store()
+    entry, run = second.entry(KEY), first.active_run(KEY)
+    assert entry is not None and run is not None and entry.run_id == run.run_id and entry.message_count == 3
+    assert await post(second, KEY, "after") == 4 and leases_of(second).waits == 0
