@@ -80,8 +80,10 @@ def main() -> None:
         load = statistics.median(r["load_s"] for r in rounds)
         medians[name] = stop
         worst = max(r["longest_stop_s"] for r in rounds)
-        print(f"{name:22s} longest loop stop: median {stop * 1000:6.0f} ms, worst {worst * 1000:6.0f} ms;"
-              f" load {load:.2f} s  ({args.rounds} rounds)")
+        print(
+            f"{name:22s} longest loop stop: median {stop * 1000:6.0f} ms, worst {worst * 1000:6.0f} ms;"
+            f" load {load:.2f} s  ({args.rounds} rounds)"
+        )
     ratio = medians["baseline (no preload)"] / medians["preload"]
     print(f"ratio: the baseline stops the loop {ratio:.1f}x as long as the preload")
 

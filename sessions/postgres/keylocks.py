@@ -1,6 +1,9 @@
 """One key worked on by one gateway process at a time, across every process on the database
-(``gateway.workers`` above 1): a session-level advisory lock on a hash of the key, held on a
-connection of its own while the process has anything under way on the key.
+(``gateway.workers`` above 1): a session-level advisory lock on a hash of the key. A lock taken at
+once is held on the process's *holder* connection (one connection holds any number of them); a lock
+another process has is waited for on a connection of its own, which then holds it. The connection
+that holds a key's lock going away (a database restart, a killed backend) drops the lease: the
+next user takes the key again and reads it again.
 
 A process *leases* a key when its first local user enters (a post storing a message, an append
 of a turn, a lifecycle change: the store's ``lock_for``, ``append`` and ``rewrite_context``), and
@@ -11,8 +14,8 @@ accepted it), finds the lease held and costs no statement more than with one pro
 given back, once every append it queued for the key is durable, when the linger ends, when another
 process asks for the key (it failed to take the lock at once and said so on ``LEASE_CHANNEL``: the
 holder gives the key back as soon as its own users are done), when the process needs the
-connection for another key (``LOCK_CONNECTIONS`` leases at most: the longest idle goes first), and
-at close. A process that asked and was not heard (its notification lost with a listening
+connection for another key that it must wait for (the longest idle of those goes first), and at
+close. A process that asked and was not heard (its notification lost with a listening
 connection) waits at most the linger. On taking a
 lease the process reads the key's active run and entry from the database again (another process
 may have appended, started or ended a run), so seqs stay contiguous; before giving it back it
@@ -44,7 +47,7 @@ from sessions.postgres.faults import database_error
 
 log = logging.getLogger(__name__)
 
-LOCK_CONNECTIONS = 32  # keys one process may hold at once (each lease holds a connection)
+LOCK_CONNECTIONS = 32  # the holder's connection, and one per lease that had to wait for its lock
 LINGER_S = 5.0  # how long an unused lease is kept for the key's next message
 LEASE_CHANNEL = "neotask_leases"  # "I wait for this lock": payload "<origin> <lock number>"
 
@@ -76,6 +79,8 @@ class _Lease:
     lingering: asyncio.TimerHandle | None = None  # set while no user holds it and it is kept
     idle_since: float = 0.0
     wanted: bool = False  # another process waits for it: given back when its users are done
+    own: bool = False  # the lock is held on a connection of its own (it had to wait), not the holder's
+    on_lost: Callable[[object], None] | None = None
 
 
 class KeyLeases:
@@ -100,6 +105,8 @@ class KeyLeases:
         self.capacity = capacity
         self._leases: dict[str, _Lease] = {}
         self._by_lock: dict[int, str] = {}
+        self._holder: asyncpg.Connection | None = None  # holds every lock taken without waiting
+        self._holder_lock = asyncio.Lock()  # one statement at a time on it
         self.waits = 0  # leases that had to wait for another process (for tests and /metrics)
         self.takes = 0  # leases taken (a message on a key this process holds takes none)
 
@@ -115,7 +122,6 @@ class KeyLeases:
                 break
             await lease.gone.wait()
         if lease is None:
-            self._make_room()
             lease = self._leases[key] = _Lease(asyncio.get_running_loop().create_future())
             self._by_lock[key_lock_id(key)] = key
             task = asyncio.get_running_loop().create_task(self._take(key, lease), name=f"lease {key}")
@@ -160,13 +166,47 @@ class KeyLeases:
             self._give_back(key, lease)
 
     def _make_room(self) -> None:
-        """Before a new lease: at capacity, the longest idle one goes (its connection is needed)."""
-        if len(self._leases) < self.capacity:
+        """Before a lease that waits on a connection of its own: when the pool's connections are
+        all taken (one is the holder's), the longest idle such lease goes."""
+        own = [(lease.idle_since, key) for key, lease in self._leases.items() if lease.own]
+        if len(own) < self.capacity - 1:
             return
-        idle = [(lease.idle_since, key) for key, lease in self._leases.items() if lease.lingering is not None]
+        idle = [(since, key) for since, key in own if self._leases[key].lingering is not None]
         if idle:
             key = min(idle)[1]
             self._give_back(key, self._leases[key])
+
+    async def _holder_connection(self) -> asyncpg.Connection:
+        """The connection that holds the locks taken at once (under ``_holder_lock``)."""
+        if self._holder is None or self._holder.is_closed():
+            conn = await self.pool.acquire()
+            conn.add_termination_listener(self._holder_lost)
+            self._holder = conn
+        return self._holder
+
+    def _holder_lost(self, conn: object) -> None:
+        """The holder's connection closed (a database restart, a killed backend): every lock on it
+        is gone, and so are the leases."""
+        if self._holder is not None and (conn is self._holder or self._holder.is_closed()):
+            lost, self._holder = self._holder, None
+            for key, lease in list(self._leases.items()):
+                if lease.conn is lost:
+                    self._lost(key, lease)
+
+    def _lost(self, key: str, lease: _Lease) -> None:
+        """``key``'s lock went with its connection: the lease is dropped (at once when nobody uses
+        it; else its users finish, and who comes next waits for them and takes the key again)."""
+        log.warning("key %r: the connection holding its lease was lost; the key is taken again on next use", key)
+        lease.conn = None
+        if lease.lingering is not None:
+            lease.lingering.cancel()
+            lease.lingering = None
+        if lease.users == 0 and lease.leaving is None:
+            if self._leases.get(key) is lease:
+                self._forget(key)
+            lease.gone.set()
+        else:
+            lease.unlocking = True
 
     def asked(self, lock: int) -> None:
         """Another process waits for the lock ``lock``: a lease of it goes back when its users are
@@ -180,21 +220,40 @@ class KeyLeases:
             self._give_back(key, lease)
 
     async def _take(self, key: str, lease: _Lease) -> None:
+        """The lock at once on the holder's connection (no connection per key: a process may lease
+        thousands), or, when another process has it, waiting on a connection of its own."""
+        lock = key_lock_id(key)
         conn: asyncpg.Connection | None = None
         try:
-            conn = await self.pool.acquire()
-            lock = key_lock_id(key)
-            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock):
+            async with self._holder_lock:
+                holder = await self._holder_connection()
+                try:
+                    taken = await holder.fetchval("SELECT pg_try_advisory_lock($1)", lock)
+                except BaseException:  # the lock may be taken or not: the holder goes, and its locks
+                    await _drop(self.pool, holder)
+                    raise
+                if taken:
+                    lease.conn = conn = holder
+                    self.takes += 1
+                    await self._on_taken(key, holder)
+            if conn is None:
                 self.waits += 1
                 if self._on_waiting is not None:
                     self._on_waiting(lock)
+                self._make_room()
+                conn = await self.pool.acquire()
+                lease.own = True
                 await conn.execute("SELECT pg_advisory_lock($1)", lock)
-            lease.conn = conn
-            self.takes += 1
-            await self._on_taken(key, conn)
+                lease.conn = conn
+                lease.on_lost = lambda _conn: self._lost(key, lease)
+                conn.add_termination_listener(lease.on_lost)
+                self.takes += 1
+                await self._on_taken(key, conn)
         except BaseException as exc:
-            if conn is not None:
+            if conn is not None and lease.own:
                 await _drop(self.pool, conn)  # the lock, if taken, goes with the connection
+            elif conn is not None:
+                await self._unlock(key, lease, conn)
             lease.conn = None
             if not lease.ready.done():  # a lost database is the typed 503 its users answer
                 lease.ready.set_exception(database_error(exc, "the message") or exc)
@@ -222,7 +281,7 @@ class KeyLeases:
                     break
             lease.unlocking = True
             if lease.conn is not None:
-                await _unlock(self.pool, lease.conn, key)
+                await self._unlock(key, lease, lease.conn)
         finally:
             if lease.unlocking or lease.conn is None:
                 if self._leases.get(key) is lease:
@@ -244,10 +303,32 @@ class KeyLeases:
         for key, lease in list(self._leases.items()):
             if lease.conn is not None and not lease.unlocking:
                 lease.unlocking = True
-                await _unlock(self.pool, lease.conn, key)
+                await self._unlock(key, lease, lease.conn)
             lease.gone.set()
         self._leases.clear()
         self._by_lock.clear()
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            holder.remove_termination_listener(self._holder_lost)
+            with contextlib.suppress(Exception):  # the pool's reset unlocks whatever is left on it
+                await self.pool.release(holder)
+
+    async def _unlock(self, key: str, lease: _Lease, conn: asyncpg.Connection) -> None:
+        """Give ``key``'s lock back on ``conn``, the lease's own connection (then back to the pool)
+        or the holder's (kept). A connection that fails the statement is closed: its locks go."""
+        if lease.own:
+            if lease.on_lost is not None:
+                conn.remove_termination_listener(lease.on_lost)
+                lease.on_lost = None
+            await _unlock(self.pool, conn, key)
+            return
+        try:
+            async with self._holder_lock:
+                holder = self._holder
+                if holder is not None and holder is conn:
+                    await holder.execute("SELECT pg_advisory_unlock($1)", key_lock_id(key))
+        except Exception:  # the holder is broken: closing it frees its locks and drops its leases
+            await _drop(self.pool, conn)
 
 
 async def _unlock(pool: asyncpg.Pool, conn: asyncpg.Connection, key: str, lock: int | None = None) -> None:

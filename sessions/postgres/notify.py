@@ -68,6 +68,7 @@ class EventRelay:
         self.pool = pool
         self.dsn, self.password = dsn, password
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._echo = encode(self.origin, {})[: -len(',"e":{}}')]  # how this process's payloads begin
         self.deliver: Deliver | None = None
         self.asked: Callable[[int], object] | None = None
         self._conn: asyncpg.Connection | None = None
@@ -154,6 +155,8 @@ class EventRelay:
             self.asked(number)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload.startswith(self._echo):  # this process's own event: skipped before it is parsed
+            return
         try:
             data = json.loads(payload)
         except ValueError:

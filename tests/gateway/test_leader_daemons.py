@@ -28,11 +28,11 @@ TAKEOVER_BOUND_S = 30.0
 FIRING_WAIT_S = 90.0  # a minute's firing, and room for a loaded machine
 
 
-def write_config(path: Path, dsn: str) -> Path:
+def write_config(path: Path, dsn: str, *, shared: bool | None = None) -> Path:
     path.write_text(
         yaml.safe_dump(
             {
-                "storage": {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 2,
+                "storage": {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 2, "shared": shared,
                                                                  "leader_interval_s": INTERVAL_S}},
                 "cron": {"jobs": [{"id": "tick", "schedule": "* * * * *", "message": "tick", "isolated": True}]},
             }
@@ -138,12 +138,13 @@ async def writer(
     refused: list[str],
     stop: asyncio.Event,
     unsure: list[str] | None = None,
+    key: str | None = None,
 ) -> None:
     """Post to the writer's own key until ``stop``: each acknowledgement noted, each 503 too (it must
     say ``storage_unavailable``, ``stored: false`` and when to retry; or, when the connection broke
     under the message's statement, that it may be stored: noted in ``unsure``)."""
     unsure = [] if unsure is None else unsure
-    url = f"{gw.url}/v1/sessions/{quote(f'agent:main:dm:{name}', safe='')}/messages"
+    url = f"{gw.url}/v1/sessions/{quote(f'agent:main:dm:{key or name}', safe='')}/messages"
     n = 0
     while not stop.is_set():
         n += 1
@@ -168,15 +169,19 @@ async def writer(
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own-keys", "shared-keys"])
 async def test_the_database_stopped_and_started_under_load_with_two_daemons(
-    postgres_server: PgServer, tmp_path: Path
+    postgres_server: PgServer, tmp_path: Path, shared: bool
 ) -> None:
     """503 ``storage_unavailable`` with ``Retry-After`` while the database is down, every message
     acknowledged before, during and after is stored once, both daemons serve again without a
-    restart, and one of them leads again."""
+    restart, and one of them leads again. Each daemon's writers on keys of their own, or (with
+    ``storage.postgres.shared``, as gateways on several machines run) both daemons' writers on the
+    same keys: the keys' leases move between the daemons, are lost with the database and taken
+    again, and every key's seqs stay contiguous."""
     dsn = await postgres_server.database(DATABASE)
     await empty_database(dsn)
-    config = str(write_config(tmp_path / "config.yaml", dsn))
+    config = str(write_config(tmp_path / "config.yaml", dsn, shared=shared or None))
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
     acked: list[str] = []
@@ -190,7 +195,9 @@ async def test_the_database_stopped_and_started_under_load_with_two_daemons(
     ):
         await leads(http, a, TAKEOVER_BOUND_S)
         writers = [
-            asyncio.create_task(writer(http, gw, f"{gw_name}{i}", acked, refused, stop, unsure))
+            asyncio.create_task(
+                writer(http, gw, f"{gw_name}{i}", acked, refused, stop, unsure, f"s{i}" if shared else None)
+            )
             for gw_name, gw in (("a", a), ("b", b))
             for i in range(WRITERS)
         ]

@@ -6,7 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from memory import native_libraries
+
+pytestmark = pytest.mark.realtime  # a child interpreter
 
 CHILD = """
 import sys, threading, time

@@ -1,7 +1,8 @@
 """Keys leased across processes (``sessions/postgres/keylocks.py``), two shared stores on one
 database standing for two gateway processes: a lease lingers after its message (the next message
 on the key takes no lock), goes back at once when the other process asks for the key, when its
-linger ends, when its connection is needed for another key, and at close (its entry written)."""
+linger ends, when its connection is needed for another key, and at close (its entry written); one
+connection holds the leases of any number of keys, and losing it drops them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import asyncpg
 import pytest
 
-from sessions.postgres.keylocks import KeyLeases
+from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases
 from sessions.postgres.store import PgStore
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
@@ -97,16 +99,47 @@ async def test_a_lease_goes_back_when_its_linger_ends(shared_store: Shared) -> N
     assert await post(store, KEY, "two") == 2 and leases_of(store).takes == 2
 
 
-async def test_at_capacity_the_longest_idle_lease_makes_room(shared_store: Shared) -> None:
-    store = await shared_store(capacity=2)
-    for name in ("a", "b", "c"):
-        await post(store, f"agent:main:{name}", "hello")
-        await asyncio.sleep(0.01)
+async def test_one_connection_holds_the_leases_of_many_keys(shared_store: Shared) -> None:
+    store = await shared_store()
+    keys = [f"agent:main:k{i}" for i in range(3 * LOCK_CONNECTIONS)]
+    await asyncio.gather(*(post(store, key, "hello") for key in keys))
+    await asyncio.gather(*(post(store, key, "again") for key in keys))
+    assert all(leases_of(store).held(key) for key in keys)
+    assert leases_of(store).takes == len(keys)  # each key taken once, none given up for room
+
+
+async def test_waiting_leases_make_room_longest_idle_first(shared_store: Shared) -> None:
+    first = await shared_store(linger_s=60.0)
+    second = await shared_store(linger_s=60.0, capacity=2)  # the holder and one waiting lease
+    a, b = "agent:main:a", "agent:main:b"
+    await post(first, a, "one")
+    await post(first, b, "one")
+    await post(second, a, "two")  # waits for the first (which is asked), on its own connection
+    await post(second, b, "two")  # the same: the idle lease of a goes to make room
     deadline = time.monotonic() + 10
-    while leases_of(store).held("agent:main:a") and time.monotonic() < deadline:
+    while leases_of(second).held(a) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    held = [k for k in ("agent:main:a", "agent:main:b", "agent:main:c") if leases_of(store).held(k)]
-    assert held == ["agent:main:b", "agent:main:c"]
+    assert not leases_of(second).held(a) and leases_of(second).held(b)
+    assert leases_of(second).waits == 2
+
+
+async def test_a_lost_holder_connection_drops_its_leases(shared_store: Shared, pg_dsn: str) -> None:
+    first = await shared_store(linger_s=60.0)
+    second = await shared_store(linger_s=60.0)
+    await post(first, KEY, "one")
+    holder = leases_of(first)._holder
+    assert holder is not None
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", holder.get_server_pid())
+    finally:
+        await admin.close()
+    deadline = time.monotonic() + 10
+    while leases_of(first).held(KEY) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not leases_of(first).held(KEY)  # the lock went with the connection, and so did the lease
+    assert await post(second, KEY, "two") == 2 and leases_of(second).waits == 0  # free at once
+    assert await post(first, KEY, "three") == 3  # taken again (asked for), its view read again
 
 
 async def test_a_lingering_lease_is_settled_at_close(shared_store: Shared) -> None:
