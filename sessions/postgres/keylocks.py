@@ -110,6 +110,10 @@ class KeyLeases:
         self.waits = 0  # leases that had to wait for another process (for tests and /metrics)
         self.takes = 0  # leases taken (a message on a key this process holds takes none)
 
+    def known(self, key: str) -> bool:
+        """Whether this process holds ``key``, is taking it or giving it back."""
+        return key in self._leases
+
     def held(self, key: str) -> bool:
         lease = self._leases.get(key)
         return lease is not None and lease.ready.done() and not lease.ready.exception()

@@ -5,11 +5,19 @@ stores on the key (and a few seconds more, or until another process asks for it)
 taking it reads the key's active run and entry from the database again (in place: a turn keeps
 its ``RunState``), giving it back waits until the key's appends are durable and writes its entry.
 A model turn holds the ``TurnLocks`` turn lock, another advisory lock, for its whole length (so
-other processes keep storing messages on the key meanwhile, as one process does)."""
+other processes keep storing messages on the key meanwhile, as one process does).
+
+The view of a key this process does not hold follows the other processes' events: a key named by
+one is read again from the database (its active runs and entry; with every other key named within
+``VIEW_REFRESH_S``, in two statements), so listings and a session's counters lag by about that
+much, plus the writer's entry flush, not until this process next works on the key. A key this
+process holds or is taking is never read this way (its own view is the newest); a read that a
+lease overtook is harmless: taking a lease always reads the key again."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -25,6 +33,8 @@ from sessions.rewrites import ContextChange
 
 log = logging.getLogger(__name__)
 
+VIEW_REFRESH_S = 0.2  # the other processes' changes are read again in batches this far apart
+
 _REFRESHED = (
     "status", "next_seq", "next_summary_id", "context_tokens", "compaction_count", "context_bytes",
     "context_lines", "last_context_seq", "messages_bytes", "next_tool_seq", "next_plan_id", "usage",
@@ -35,6 +45,9 @@ class PgShared(PgAppends):
     _leases: KeyLeases | None = None
     _turn_pool: asyncpg.Pool | None = None
     _relay: EventRelay | None = None
+    _follower: Callable[[StoreEvent], object] | None = None
+    _stale: set[str]
+    _viewing: asyncio.Task[None] | None = None
 
     async def start_sharing(self, dsn: str, password: str | None) -> None:
         """Lease keys from now on (a pool of connections that hold the keys' locks), and send and
@@ -43,6 +56,8 @@ class PgShared(PgAppends):
         relay = EventRelay(self.pool, dsn, password)
         leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key, on_waiting=relay.ask)
         relay.asked = leases.asked
+        relay.deliver = self._from_others
+        self._stale = set()
         self._leases = leases
         self._turn_pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
         self._locks.clear()
@@ -53,6 +68,11 @@ class PgShared(PgAppends):
         leases, self._leases = self._leases, None
         relay, self._relay = self._relay, None
         turns, self._turn_pool = self._turn_pool, None
+        viewing, self._viewing = self._viewing, None
+        if viewing is not None:
+            viewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await viewing
         try:
             if relay is not None:
                 await relay.close()
@@ -67,8 +87,31 @@ class PgShared(PgAppends):
 
     def follow_events(self, deliver: Callable[[StoreEvent], object]) -> None:
         """``SharedEvents``: ``deliver`` gets the events other processes emit (none when alone)."""
-        if self._relay is not None:
-            self._relay.deliver = deliver
+        self._follower = deliver
+
+    def _from_others(self, event: StoreEvent) -> None:
+        key = event.get("key")
+        if isinstance(key, str) and self._leases is not None and not self._leases.known(key):
+            self._stale.add(key)
+            if self._viewing is None or self._viewing.done():
+                self._viewing = asyncio.get_running_loop().create_task(self._refresh_views(), name="postgres-views")
+        if self._follower is not None:
+            self._follower(event)
+
+    async def _refresh_views(self) -> None:
+        """Read again, in one batch, the keys other processes changed (see the module's doc)."""
+        while self._stale:
+            await asyncio.sleep(VIEW_REFRESH_S)
+            keys, self._stale = sorted(self._stale), set()
+            try:
+                async with self.pool.acquire() as conn:
+                    runs, entries = await self._read_keys(keys, conn)
+            except Exception as exc:  # the next event of the key, or a lease, reads it again
+                log.debug("views of %d key(s) not read again (%s)", len(keys), exc)
+                continue
+            for key in keys:
+                if self._leases is not None and not self._leases.known(key):  # no lease overtook the read
+                    self._apply_key(key, runs.get(key, []), entries.get(key))
 
     def emit(self, event: StoreEvent) -> None:
         super().emit(event)  # the store's own events come here too (``_emit`` builds and emits)
@@ -114,8 +157,24 @@ class PgShared(PgAppends):
 
     async def _refresh_key(self, key: str, conn: asyncpg.Connection) -> None:
         """Read ``key``'s active run and entry again: another process may have changed them."""
-        rows = await conn.fetch("SELECT * FROM runs WHERE session_key = $1 AND status IN ('running', 'paused')", key)
-        body = await conn.fetchval("SELECT body::text FROM entries WHERE key = $1", key)
+        runs, entries = await self._read_keys([key], conn)
+        self._apply_key(key, runs.get(key, []), entries.get(key))
+
+    @staticmethod
+    async def _read_keys(
+        keys: list[str], conn: asyncpg.Connection
+    ) -> tuple[dict[str, list[asyncpg.Record]], dict[str, str]]:
+        """The active runs' rows and the entry bodies of ``keys``, by key."""
+        rows = await conn.fetch(
+            "SELECT * FROM runs WHERE session_key = ANY($1::text[]) AND status IN ('running', 'paused')", keys
+        )
+        bodies = await conn.fetch("SELECT key, body::text AS body FROM entries WHERE key = ANY($1::text[])", keys)
+        runs: dict[str, list[asyncpg.Record]] = {}
+        for row in rows:
+            runs.setdefault(row["session_key"], []).append(row)
+        return runs, {row["key"]: row["body"] for row in bodies}
+
+    def _apply_key(self, key: str, rows: list[asyncpg.Record], body: str | None) -> None:
         active = {row["run_id"]: state_from_row(dict(row), NOWHERE / row["run_id"]) for row in rows}
         for run_id, run in list(self._runs.items()):
             if run.key == key and run_id not in active and not self._busy(run):
@@ -127,8 +186,11 @@ class PgShared(PgAppends):
             elif not self._busy(known):
                 for name in _REFRESHED:
                     setattr(known, name, getattr(fresh, name))
-        if body is not None and key not in self._dirty:
-            self._entries[key] = decode_entry(body)
+        if key not in self._dirty:
+            if body is not None:
+                self._entries[key] = decode_entry(body)
+            elif not active:  # deleted by another process (a session never stored has no entry here)
+                self._entries.pop(key, None)
         entry = self._entries.get(key)
         first = next(iter(active), None)
         if first is not None:

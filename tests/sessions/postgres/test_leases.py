@@ -151,3 +151,31 @@ async def test_a_lingering_lease_is_settled_at_close(shared_store: Shared) -> No
     entry, run = second.entry(KEY), first.active_run(KEY)
     assert entry is not None and run is not None and entry.run_id == run.run_id and entry.message_count == 3
     assert await post(second, KEY, "after") == 4 and leases_of(second).waits == 0
+
+
+async def test_the_view_of_a_key_another_process_works_on_follows_its_events(shared_store: Shared) -> None:
+    first = await shared_store(linger_s=60.0)
+    second = await shared_store()
+    for i in range(3):
+        await post(first, KEY, f"m{i}")
+    await first.flush_entries()  # what the first's flush timer does within storage.sessions_flush_ms
+
+    async def seen(count: int) -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            entry = second.entry(KEY)
+            if entry is not None and entry.message_count == count:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    assert await seen(3)  # the second never worked on the key, and sees it
+    await post(first, KEY, "m3")
+    assert await seen(4)  # the runs row is read: no entry flush needed for the counters
+    assert not leases_of(second).known(KEY)  # seen without taking the key from the first
+    await first.delete(KEY)
+    await first.flush_entries()
+    deadline = time.monotonic() + 10
+    while second.entry(KEY) is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert second.entry(KEY) is None  # a session deleted elsewhere leaves the listing here
