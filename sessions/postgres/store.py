@@ -36,6 +36,14 @@ _DROP_OPENING = (
 )
 
 
+async def keep_session(_conn: asyncpg.Connection) -> None:
+    """The store pool's reset when a connection comes back: nothing beyond asyncpg's own rollback
+    of an open transaction. The default reset is a statement (``pg_advisory_unlock_all``,
+    ``CLOSE ALL``, ``UNLISTEN *``, ``RESET ALL``) on every release: a round trip for each append
+    batch, though the store's connections never take a session lock, listen, change a setting
+    or keep a cursor (the lock and LISTEN connections are others, with the default reset)."""
+
+
 class PgStore(PgShared, PgMaintenance, PgExport):
     def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
         self.settings = settings
@@ -75,7 +83,7 @@ class PgStore(PgShared, PgMaintenance, PgExport):
         above 1): keys are leased (``sessions.postgres.shared``)."""
         where = redact(dsn)
         with unavailable("nothing"):
-            pool = await asyncpg.create_pool(dsn, password=password, min_size=1, max_size=pool_size)
+            pool = await asyncpg.create_pool(dsn, password=password, min_size=1, max_size=pool_size, reset=keep_session)
         store = cls(settings, clock=clock, pool=pool, where=where, hooks=hooks or StoreHooks())
         try:
             async with pool.acquire() as conn:
