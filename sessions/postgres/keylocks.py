@@ -43,12 +43,14 @@ from typing import Literal
 
 import asyncpg
 
-from sessions.postgres.faults import database_error
+from config.errors import StorageUnavailable
+from sessions.postgres.faults import RETRY_AFTER_S, database_error
 
 log = logging.getLogger(__name__)
 
 LOCK_CONNECTIONS = 32  # the holder's connection, and one per lease that had to wait for its lock
 LINGER_S = 5.0  # how long an unused lease is kept for the key's next message
+ASK_AGAIN_S = 2.0  # a process waiting for a key asks for it again this often (an ask may be lost)
 LEASE_CHANNEL = "neotask_leases"  # "I wait for this lock": payload "<origin> <lock number>"
 
 Taken = Callable[[str, asyncpg.Connection], Awaitable[None]]
@@ -107,6 +109,8 @@ class KeyLeases:
         self._by_lock: dict[int, str] = {}
         self._holder: asyncpg.Connection | None = None  # holds every lock taken without waiting
         self._holder_lock = asyncio.Lock()  # one statement at a time on it
+        self._taking: set[asyncio.Task[None]] = set()
+        self._closing = False
         self.waits = 0  # leases that had to wait for another process (for tests and /metrics)
         self.takes = 0  # leases taken (a message on a key this process holds takes none)
 
@@ -116,10 +120,18 @@ class KeyLeases:
 
     def held(self, key: str) -> bool:
         lease = self._leases.get(key)
-        return lease is not None and lease.ready.done() and not lease.ready.exception()
+        return (
+            lease is not None
+            and lease.ready.done()
+            and not lease.ready.exception()
+            and lease.conn is not None
+            and not lease.unlocking
+        )
 
     async def enter(self, key: str) -> None:
         """Hold ``key`` for one more local user (taking its lock first when none holds it)."""
+        if self._closing:
+            raise _shutting_down()
         while True:
             lease = self._leases.get(key)
             if lease is None or not lease.unlocking:
@@ -129,7 +141,8 @@ class KeyLeases:
             lease = self._leases[key] = _Lease(asyncio.get_running_loop().create_future())
             self._by_lock[key_lock_id(key)] = key
             task = asyncio.get_running_loop().create_task(self._take(key, lease), name=f"lease {key}")
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._taking.add(task)
+            task.add_done_callback(self._taken)
         elif lease.lingering is not None:
             lease.lingering.cancel()
             lease.lingering = None
@@ -151,7 +164,15 @@ class KeyLeases:
         if lease.users > 0 or lease.leaving is not None:
             return
         loop = asyncio.get_running_loop()
-        if lease.wanted or self.linger_s <= 0 or not lease.ready.done() or lease.ready.exception():
+        if (
+            lease.wanted
+            or lease.unlocking  # its lock went with its connection
+            or lease.conn is None
+            or self.linger_s <= 0
+            or not lease.ready.done()
+            or lease.ready.exception()
+            or (lease.own and self._short_of_room())
+        ):
             self._give_back(key, lease)
         elif lease.lingering is None:
             lease.idle_since = loop.time()
@@ -169,10 +190,21 @@ class KeyLeases:
         if self._leases.get(key) is lease and lease.users == 0:
             self._give_back(key, lease)
 
+    def _taken(self, task: asyncio.Task[None]) -> None:
+        self._taking.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the lease's users get it
+
+    def _short_of_room(self) -> bool:
+        """Whether the leases on connections of their own use them all and one more is wanted."""
+        own = [lease for lease in self._leases.values() if lease.own]
+        holding = sum(1 for lease in own if lease.conn is not None)
+        return holding >= self.capacity - 1 and any(lease.conn is None for lease in own)
+
     def _make_room(self) -> None:
         """Before a lease that waits on a connection of its own: when the pool's connections are
         all taken (one is the holder's), the longest idle such lease goes."""
-        own = [(lease.idle_since, key) for key, lease in self._leases.items() if lease.own]
+        own = [(lease.idle_since, key) for key, lease in self._leases.items() if lease.own and lease.conn]
         if len(own) < self.capacity - 1:
             return
         idle = [(since, key) for since, key in own if self._leases[key].lingering is not None]
@@ -182,7 +214,7 @@ class KeyLeases:
 
     async def _holder_connection(self) -> asyncpg.Connection:
         """The connection that holds the locks taken at once (under ``_holder_lock``)."""
-        if self._holder is None or self._holder.is_closed():
+        if self._holder is None or _closed(self._holder):
             conn = await self.pool.acquire()
             conn.add_termination_listener(self._holder_lost)
             self._holder = conn
@@ -191,7 +223,7 @@ class KeyLeases:
     def _holder_lost(self, conn: object) -> None:
         """The holder's connection closed (a database restart, a killed backend): every lock on it
         is gone, and so are the leases."""
-        if self._holder is not None and (conn is self._holder or self._holder.is_closed()):
+        if self._holder is not None and (conn is self._holder or _closed(self._holder)):
             lost, self._holder = self._holder, None
             for key, lease in list(self._leases.items()):
                 if lease.conn is lost:
@@ -242,12 +274,10 @@ class KeyLeases:
                     await self._on_taken(key, holder)
             if conn is None:
                 self.waits += 1
-                if self._on_waiting is not None:
-                    self._on_waiting(lock)
+                lease.own = True
                 self._make_room()
                 conn = await self.pool.acquire()
-                lease.own = True
-                await conn.execute("SELECT pg_advisory_lock($1)", lock)
+                await self._wait_for(conn, lock)
                 lease.conn = conn
                 lease.on_lost = lambda _conn: self._lost(key, lease)
                 conn.add_termination_listener(lease.on_lost)
@@ -260,7 +290,8 @@ class KeyLeases:
                 await self._unlock(key, lease, conn)
             lease.conn = None
             if not lease.ready.done():  # a lost database is the typed 503 its users answer
-                lease.ready.set_exception(database_error(exc, "the message") or exc)
+                stopped = self._closing or not isinstance(exc, Exception)
+                lease.ready.set_exception(database_error(exc, "the message") or (_shutting_down() if stopped else exc))
                 lease.ready.exception()  # retrieved: every user re-raises it
             if self._leases.get(key) is lease and lease.users == 0:
                 self._forget(key)
@@ -268,6 +299,34 @@ class KeyLeases:
                 raise
             return
         lease.ready.set_result(None)
+
+    async def _wait_for(self, conn: asyncpg.Connection, lock: int) -> None:
+        """Take ``lock`` on ``conn`` once the process holding it gives it back, asking it to (again
+        every ``ASK_AGAIN_S``: a notification is lost while a listener reconnects). The server's
+        ``lock_timeout`` ends each wait cleanly: the lock is then not held, nor half taken."""
+        await conn.execute(f"SET lock_timeout = {int(ASK_AGAIN_S * 1000)}")  # the pool's reset undoes it
+        while True:
+            if self._on_waiting is not None:
+                self._on_waiting(lock)
+            try:
+                await conn.execute("SELECT pg_advisory_lock($1)", lock)
+                return
+            except asyncpg.LockNotAvailableError:
+                continue
+
+    async def reread(self, key: str) -> None:
+        """Read the view of a key this process holds again (``on_taken``): writes that need no
+        lease (usage, tool records) of the process that held it before are seen."""
+        lease = self._leases.get(key)
+        if lease is None or lease.conn is None or lease.unlocking:
+            return
+        if lease.own:
+            await self._on_taken(key, lease.conn)
+            return
+        async with self._holder_lock:
+            holder = self._holder
+            if holder is not None and holder is lease.conn:
+                await self._on_taken(key, holder)
 
     async def _leave(self, key: str, lease: _Lease) -> None:
         try:
@@ -285,7 +344,7 @@ class KeyLeases:
                     break
             lease.unlocking = True
             if lease.conn is not None:
-                await self._unlock(key, lease, lease.conn)
+                await asyncio.shield(self._unlock(key, lease, lease.conn))
         finally:
             if lease.unlocking or lease.conn is None:
                 if self._leases.get(key) is lease:
@@ -297,7 +356,13 @@ class KeyLeases:
         self._by_lock.pop(key_lock_id(key), None)
 
     async def close(self) -> None:
-        """Give every lease back, a lingering one settled first (its entry written)."""
+        """Give every lease back, a lingering one settled first (its entry written); a take under
+        way is stopped (its connection closed: the lock, if taken, goes with it)."""
+        self._closing = True
+        for task in list(self._taking):
+            task.cancel()
+        if self._taking:
+            await asyncio.gather(*self._taking, return_exceptions=True)
         for key, lease in list(self._leases.items()):
             if lease.users == 0:
                 self._give_back(key, lease)
@@ -313,8 +378,8 @@ class KeyLeases:
         self._by_lock.clear()
         holder, self._holder = self._holder, None
         if holder is not None:
-            holder.remove_termination_listener(self._holder_lost)
             with contextlib.suppress(Exception):  # the pool's reset unlocks whatever is left on it
+                holder.remove_termination_listener(self._holder_lost)
                 await self.pool.release(holder)
 
     async def _unlock(self, key: str, lease: _Lease, conn: asyncpg.Connection) -> None:
@@ -322,7 +387,8 @@ class KeyLeases:
         or the holder's (kept). A connection that fails the statement is closed: its locks go."""
         if lease.own:
             if lease.on_lost is not None:
-                conn.remove_termination_listener(lease.on_lost)
+                with contextlib.suppress(Exception):  # a connection already lost and detached
+                    conn.remove_termination_listener(lease.on_lost)
                 lease.on_lost = None
             await _unlock(self.pool, conn, key)
             return
@@ -333,6 +399,22 @@ class KeyLeases:
                     await holder.execute("SELECT pg_advisory_unlock($1)", key_lock_id(key))
         except Exception:  # the holder is broken: closing it frees its locks and drops its leases
             await _drop(self.pool, conn)
+
+
+def _shutting_down() -> StorageUnavailable:
+    return StorageUnavailable(
+        "the gateway is shutting down: the message was not stored; send it again shortly",
+        stored=False,
+        retry_after_s=RETRY_AFTER_S,
+    )
+
+
+def _closed(conn: asyncpg.Connection) -> bool:
+    """Whether ``conn`` is closed (a pooled connection lost and detached from the pool raises)."""
+    try:
+        return bool(conn.is_closed())
+    except Exception:
+        return True
 
 
 async def _unlock(pool: asyncpg.Pool, conn: asyncpg.Connection, key: str, lock: int | None = None) -> None:
@@ -406,7 +488,19 @@ class TurnLock(asyncio.Lock):
             except BaseException:
                 self._give_back()
                 raise
-            self._leases.leave(self._key)
+            try:  # a lease held already (lingering) did not read the key: what needs no lease
+                await self._leases.reread(self._key)  # (usage, tool records) may have changed
+            except Exception as exc:
+                self._give_back()
+                typed = database_error(exc, "the message")
+                if typed is None:
+                    raise
+                raise typed from exc
+            except BaseException:
+                self._give_back()
+                raise
+            finally:
+                self._leases.leave(self._key)
         except BaseException:
             super().release()
             raise

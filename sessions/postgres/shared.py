@@ -11,8 +11,8 @@ The view of a key this process does not hold follows the other processes' events
 one is read again from the database (its active runs and entry; with every other key named within
 ``VIEW_REFRESH_S``, in two statements), so listings and a session's counters lag by about that
 much, plus the writer's entry flush, not until this process next works on the key. A key this
-process holds or is taking is never read this way (its own view is the newest); a read that a
-lease overtook is harmless: taking a lease always reads the key again."""
+process holds or is taking is never read this way (its own view is the newest), nor is one that
+a lease took while the batch was being read (the read may be older than what the lease saw)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,22 @@ from sessions.rewrites import ContextChange
 log = logging.getLogger(__name__)
 
 VIEW_REFRESH_S = 0.2  # the other processes' changes are read again in batches this far apart
+POOL_CLOSE_S = 10.0
 
 _REFRESHED = (
     "status", "next_seq", "next_summary_id", "context_tokens", "compaction_count", "context_bytes",
     "context_lines", "last_context_seq", "messages_bytes", "next_tool_seq", "next_plan_id", "usage",
 )  # fmt: skip
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    """Close a lock pool, waiting ``POOL_CLOSE_S`` at most for a connection still out (a lock held
+    by a task that did not end): then its connections are closed, and the server frees their locks."""
+    try:
+        await asyncio.wait_for(pool.close(), POOL_CLOSE_S)
+    except TimeoutError:
+        log.warning("a lock connection was still in use at close: closed")
+        pool.terminate()
 
 
 class PgShared(PgAppends):
@@ -47,6 +58,8 @@ class PgShared(PgAppends):
     _relay: EventRelay | None = None
     _follower: Callable[[StoreEvent], object] | None = None
     _stale: set[str]
+    _reading: frozenset[str] = frozenset()  # the keys a view refresh is reading now
+    _overtaken: set[str]  # of those, the ones a lease took meanwhile: the read is older than it
     _viewing: asyncio.Task[None] | None = None
 
     async def start_sharing(self, dsn: str, password: str | None) -> None:
@@ -57,7 +70,7 @@ class PgShared(PgAppends):
         leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key, on_waiting=relay.ask)
         relay.asked = leases.asked
         relay.deliver = self._from_others
-        self._stale = set()
+        self._stale, self._overtaken = set(), set()
         self._leases = leases
         self._turn_pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
         self._locks.clear()
@@ -73,17 +86,18 @@ class PgShared(PgAppends):
             viewing.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await viewing
+        self._locks.clear()  # the shared locks of the keys point at the leases that close now
         try:
             if relay is not None:
                 await relay.close()
             if turns is not None:
-                await turns.close()
+                await _close_pool(turns)
         finally:
             if leases is not None:
                 try:
                     await leases.close()
                 finally:
-                    await leases.pool.close()
+                    await _close_pool(leases.pool)
 
     def follow_events(self, deliver: Callable[[StoreEvent], object]) -> None:
         """``SharedEvents``: ``deliver`` gets the events other processes emit (none when alone)."""
@@ -103,14 +117,18 @@ class PgShared(PgAppends):
         while self._stale:
             await asyncio.sleep(VIEW_REFRESH_S)
             keys, self._stale = sorted(self._stale), set()
+            self._reading, self._overtaken = frozenset(keys), set()
             try:
-                async with self.pool.acquire() as conn:
-                    runs, entries = await self._read_keys(keys, conn)
+                async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+                    runs, entries = await self._read_keys(keys, conn)  # one snapshot for both
             except Exception as exc:  # the next event of the key, or a lease, reads it again
                 log.debug("views of %d key(s) not read again (%s)", len(keys), exc)
                 continue
+            finally:
+                self._reading = frozenset()
             for key in keys:
-                if self._leases is not None and not self._leases.known(key):  # no lease overtook the read
+                # not held nor taken since the read began: nothing here is newer than what was read
+                if key not in self._overtaken and self._leases is not None and not self._leases.known(key):
                     self._apply_key(key, runs.get(key, []), entries.get(key))
 
     def emit(self, event: StoreEvent) -> None:
@@ -157,6 +175,8 @@ class PgShared(PgAppends):
 
     async def _refresh_key(self, key: str, conn: asyncpg.Connection) -> None:
         """Read ``key``'s active run and entry again: another process may have changed them."""
+        if key in self._reading:
+            self._overtaken.add(key)
         runs, entries = await self._read_keys([key], conn)
         self._apply_key(key, runs.get(key, []), entries.get(key))
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import pytest
 
+from config.errors import StorageUnavailable
 from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases
 from sessions.postgres.store import PgStore
 from sessions.records import NewMessage, TaskKey
@@ -179,3 +181,79 @@ async def test_the_view_of_a_key_another_process_works_on_follows_its_events(sha
     while second.entry(KEY) is not None and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert second.entry(KEY) is None  # a session deleted elsewhere leaves the listing here
+
+
+async def test_a_lost_ask_is_asked_again_while_the_holder_stays_busy(shared_store: Shared) -> None:
+    """The holder never lets its lease linger out (a message on the key every 0.3 s) and misses
+    the first ask: the waiting process asks again and gets the key."""
+    first = await shared_store(linger_s=60.0)
+    second = await shared_store()
+    assert first._relay is not None
+    heard = first._relay.asked
+    missed: list[int] = []
+
+    def deaf_once(lock: int) -> None:
+        if not missed:
+            missed.append(lock)
+            return
+        assert heard is not None
+        heard(lock)
+
+    first._relay.asked = deaf_once
+    await post(first, KEY, "one")
+    stop = asyncio.Event()
+
+    async def busy() -> None:
+        while not stop.is_set():
+            await post(first, KEY, "busy")
+            await asyncio.sleep(0.3)
+
+    keeper = asyncio.create_task(busy())
+    try:
+        await asyncio.wait_for(post(second, KEY, "two"), 30)
+    finally:
+        stop.set()
+        await keeper
+    assert missed  # the first ask was lost, a later one was heard
+
+
+async def test_closing_while_a_take_waits_does_not_hang(shared_store: Shared) -> None:
+    first = await shared_store(linger_s=60.0)
+    second = await shared_store()
+    assert first._relay is not None
+    first._relay.asked = None  # the first never gives the key back
+    await post(first, KEY, "one")
+    waiting = asyncio.create_task(post(second, KEY, "two"))
+    deadline = time.monotonic() + 10
+    while leases_of(second).waits == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(second.close(), 30)
+    with pytest.raises(StorageUnavailable, match="shutting down"):
+        await waiting
+    assert await post(first, KEY, "three") == 2  # the first holds the key still, and stores on
+
+
+async def test_a_view_read_that_a_lease_overtook_is_not_applied(shared_store: Shared) -> None:
+    first = await shared_store()
+    second = await shared_store(linger_s=0.0)  # gives each lease back at once
+    await post(first, KEY, "one")
+    await asyncio.sleep(0)
+    real = second._read_keys
+    views = 0
+
+    async def overtaken(keys: list[str], conn: Any) -> Any:
+        nonlocal views
+        snapshot = await real(keys, conn)
+        views += 1
+        if views == 1:  # the view's read: meanwhile this process takes the key, stores, gives it back
+            assert await post(second, KEY, "two") == 2
+            while leases_of(second).known(KEY):
+                await asyncio.sleep(0.01)
+        return snapshot
+
+    second._read_keys = overtaken  # type: ignore[method-assign]
+    second._from_others({"type": "message", "key": KEY, "run_id": "r", "at": "now"})  # type: ignore[typeddict-item]
+    assert second._viewing is not None
+    await second._viewing
+    run = second.active_run(KEY)
+    assert run is not None and run.next_seq == 3  # not the older read's 2
