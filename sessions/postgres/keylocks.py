@@ -15,8 +15,8 @@ given back, once every append it queued for the key is durable, when the linger 
 process asks for the key (it failed to take the lock at once and said so on ``LEASE_CHANNEL``: the
 holder gives the key back as soon as its own users are done), when the process needs the
 connection for another key that it must wait for (the longest idle of those goes first), and at
-close. A process that asked and was not heard (its notification lost with a listening
-connection) waits at most the linger. On taking a
+close. A process waiting for a key asks again every ``ASK_AGAIN_S`` (a notification is lost while
+the holder's listening connection reconnects). On taking a
 lease the process reads the key's active run and entry from the database again (another process
 may have appended, started or ended a run), so seqs stay contiguous; before giving it back it
 writes the key's entry. A model turn holds ``TurnLock``, another advisory lock of the key, for its
