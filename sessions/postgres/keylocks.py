@@ -143,9 +143,8 @@ class KeyLeases:
             task = asyncio.get_running_loop().create_task(self._take(key, lease), name=f"lease {key}")
             self._taking.add(task)
             task.add_done_callback(self._taken)
-        elif lease.lingering is not None:
-            lease.lingering.cancel()
-            lease.lingering = None
+        else:
+            _stop_lingering(lease)
         lease.users += 1
         lease.entered += 1
         try:
@@ -179,9 +178,7 @@ class KeyLeases:
             lease.lingering = loop.call_later(self.linger_s, self._linger_ended, key, lease)
 
     def _give_back(self, key: str, lease: _Lease) -> None:
-        if lease.lingering is not None:
-            lease.lingering.cancel()
-            lease.lingering = None
+        _stop_lingering(lease)
         if lease.leaving is None:
             lease.leaving = asyncio.get_running_loop().create_task(self._leave(key, lease), name=f"unlease {key}")
 
@@ -234,9 +231,7 @@ class KeyLeases:
         it; else its users finish, and who comes next waits for them and takes the key again)."""
         log.warning("key %r: the connection holding its lease was lost; the key is taken again on next use", key)
         lease.conn = None
-        if lease.lingering is not None:
-            lease.lingering.cancel()
-            lease.lingering = None
+        _stop_lingering(lease)
         if lease.users == 0 and lease.leaving is None:
             if self._leases.get(key) is lease:
                 self._forget(key)
@@ -399,6 +394,12 @@ class KeyLeases:
                     await holder.execute("SELECT pg_advisory_unlock($1)", key_lock_id(key))
         except Exception:  # the holder is broken: closing it frees its locks and drops its leases
             await _drop(self.pool, conn)
+
+
+def _stop_lingering(lease: _Lease) -> None:
+    if lease.lingering is not None:
+        lease.lingering.cancel()
+        lease.lingering = None
 
 
 def _shutting_down() -> StorageUnavailable:
