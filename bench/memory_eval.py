@@ -43,6 +43,7 @@ from bench.retrieval import dataset
 from bench.retrieval.conversations import Question, build_conversations, build_japanese
 from config.settings import MemorySettings
 from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
+from memory.dates import spell_dates
 from memory.embedders import Embedder, is_multilingual
 from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query
 from memory.store import POINTER
@@ -321,7 +322,8 @@ def embed_cost(n: int) -> None:
 
 def _pool_ranking(p: FusionParams) -> Callable[[Any], list[tuple[str, int, int]]]:
     return lambda a: [
-        (h.path, h.start_line, h.end_line) for h in fuse(a.pool, p, today=TODAY, k=max(KS), query=a.question.text)
+        (h.path, h.start_line, h.end_line)
+        for h in fuse(a.pool, p, today=TODAY, k=max(KS), query=spell_dates(a.question.text))
     ]
 
 
@@ -352,7 +354,7 @@ def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload:
     out = realtalk_eval.report(run, extra)
     quiet = replace(
         shipped, min_score=defaults.min_score, min_text_score=defaults.min_text_score,
-        min_topic_cosine=defaults.min_topic_cosine,
+        min_topic_cosine=defaults.min_topic_cosine, min_topic_score=defaults.min_topic_score,
     )  # fmt: skip
     out["abstention"] = _realtalk_abstention(run, quiet)
     payload[f"realtalk-{emb}"] = out
@@ -360,9 +362,10 @@ def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload:
 
 
 def _realtalk_abstention(run: Any, shipped: FusionParams) -> list[dict[str, float]]:
-    """min_score (with the shipped min_topic_cosine), then min_topic_cosine (with the shipped
-    min_score) swept on the same pools (top 10): unanswerable questions refused (no result),
-    answerable ones refused, and R@10 with abstention; the shipped values first."""
+    """The shipped thresholds, then min_score alone (the off-topic rule off), then the off-topic
+    rule's two bars (min_topic_cosine x min_topic_score, at the shipped min_score), on the same
+    pools (top 10): unanswerable questions refused (no result), answerable ones refused, and R@10
+    with abstention."""
     from bench import realtalk_eval
 
     questions = getattr(run, "unanswerable_questions", [])
@@ -370,30 +373,32 @@ def _realtalk_abstention(run: Any, shipped: FusionParams) -> list[dict[str, floa
         print("abstention sweep: the cached run holds no unanswerable pools (collect again without --reuse)")
         return []
     rows = []
-    print(f"\nabstention on REALTALK by min_score (top 10; {len(run.unanswerable_pools)} unanswerable questions)")
-    print(f"{'min_score':>10} {'topic cos':>9} {'unanswerable refused':>22} {'answerable refused':>20} "
-          f"{'R@10 on':>8} {'R@10 off':>9}")  # fmt: skip
+    print(f"\nabstention on REALTALK (top 10; {len(run.unanswerable_pools)} unanswerable questions)")
+    print(f"{'min_score':>10} {'topic cos':>9} {'topic score':>11} {'unanswerable refused':>22} "
+          f"{'answerable refused':>20} {'R@10 on':>8} {'R@10 off':>9}")  # fmt: skip
     off = realtalk_eval.score(run.asked, _pool_ranking(replace(shipped, min_score=0.0, min_topic_cosine=0.0)))
     off10 = off["all"]["r@10"]
-    ms0, tc0 = shipped.min_score, shipped.min_topic_cosine
-    grid = [(ms, tc0) for ms in dict.fromkeys((ms0, 0.0, 0.06, 0.07, 0.08, 0.09, 0.1, 0.12, 0.15))]
-    grid += [(ms0, tc) for tc in (0.0, 0.5, 0.6, 1.0) if tc != tc0]
-    for ms, tc in grid:
-        p = replace(shipped, min_score=ms, min_topic_cosine=tc)
+    ms0, tc0, ts0 = shipped.min_score, shipped.min_topic_cosine, shipped.min_topic_score
+    grid = [(ms0, tc0, ts0)]
+    grid += [(ms, 0.0, ts0) for ms in (0.0, 0.055, 0.07, 0.08, 0.09, 0.1, 0.12, 0.15)]
+    grid += [(ms0, tc, ts) for tc in (0.5, 0.55, 0.6) for ts in (0.15, 0.2, 0.25, 1.0)]
+    for ms, tc, ts in dict.fromkeys(grid):
+        p = replace(shipped, min_score=ms, min_topic_cosine=tc, min_topic_score=ts)
         empty = sum(
             1
             for q, (_, pool) in zip(questions, run.unanswerable_pools, strict=True)
-            if not fuse(pool, p, today=TODAY, k=10, query=q)
+            if not fuse(pool, p, today=TODAY, k=10, query=spell_dates(q))
         )
-        wrong = sum(1 for a in run.asked if not fuse(a.pool, p, today=TODAY, k=10, query=a.question.text))
+        wrong = sum(1 for a in run.asked if not fuse(a.pool, p, today=TODAY, k=10, query=spell_dates(a.question.text)))
         on = realtalk_eval.score(run.asked, _pool_ranking(p))["all"]["r@10"]
         n_un, n_an = len(run.unanswerable_pools), len(run.asked)
         print(
-            f"{ms:>10.3f} {tc:>9.2f} {f'{empty}/{n_un} ({100 * empty / n_un:.0f} %)':>22} "
+            f"{ms:>10.3f} {tc:>9.2f} {ts:>11.2f} {f'{empty}/{n_un} ({100 * empty / n_un:.0f} %)':>22} "
             f"{f'{wrong}/{n_an} ({100 * wrong / n_an:.1f} %)':>20} {on:8.1f} {off10:9.1f}"
         )
-        rows.append({"min_score": ms, "min_topic_cosine": tc, "unanswerable_refused": empty / n_un,
-                     "answerable_refused": wrong / n_an, "r@10_on": on, "r@10_off": off10})  # fmt: skip
+        rows.append({"min_score": ms, "min_topic_cosine": tc, "min_topic_score": ts,
+                     "unanswerable_refused": empty / n_un, "answerable_refused": wrong / n_an,
+                     "r@10_on": on, "r@10_off": off10})  # fmt: skip
     return rows
 
 

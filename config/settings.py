@@ -300,7 +300,8 @@ class SearchSettings(Model):
     recency_half_life_days: float | None = Field(None, gt=0)
     neighbour_weight: float = Field(0.2, ge=0, le=1)
     mmr: float | None = Field(None, ge=0, le=1)  # maximal marginal relevance's lambda; None: off
-    min_topic_cosine: float = Field(0.0, ge=0, le=1)  # off-topic query: no word but names held, cosine below; 0: off
+    min_topic_cosine: float = Field(0.0, ge=0, le=1)  # off-topic query: a topic word nowhere, cosine below; 0: off
+    min_topic_score: float = Field(0.2, ge=0, le=1)  # ... and the best result's score below this; 0: off
     speaker_weight: float = Field(0.2, ge=0, le=1)  # a chat turn by a person the query names: score * (1+this)
 
 

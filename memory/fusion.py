@@ -247,7 +247,8 @@ class FusionParams:
     neighbour_weight: float = 0.0  # share of the best adjacent chunk's score a chunk gains
     mmr: float | None = None  # maximal marginal relevance's lambda (memory.mmr); None: off
     speaker_weight: float = 0.0  # a turn spoken by a person the query names ranks (1 + this) times higher
-    min_topic_cosine: float = 0.0  # off_topic's bar (0: off)
+    min_topic_cosine: float = 0.0  # off_topic's cosine bar (0: off)
+    min_topic_score: float = 1.0  # off_topic's bar on the best ranked score (0: off)
 
 
 def _ranks(pool: Sequence[tuple[Candidate, float]]) -> list[tuple[Candidate, int]]:
@@ -293,24 +294,53 @@ def _with(c: Candidate, *, vector_rank: int | None = None, text_rank: int | None
     )  # fmt: skip
 
 
-def off_topic(query: str, candidates: Sequence[Candidate], min_cosine: float) -> bool:
-    """Whether a query asks about something the memory never mentions: no candidate's own lines
-    hold any of its words apart from the names of the chat's people (:func:`named_speakers`),
-    and no candidate's cosine reaches ``min_cosine`` (0: never).
+# Date words are answered by a log's dated heading, whatever their spelling: never a topic.
+_DATE_WORDS = frozenset(
+    _stem(m.lower())
+    for m in (
+        "January", "February", "March", "April", "May", "June", "July", "August", "September",
+        "October", "November", "December", "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep",
+        "Sept", "Oct", "Nov", "Dec",
+    )
+)  # fmt: skip
+
+
+def unheld_topic_words(query: str, candidates: Sequence[Candidate]) -> list[str]:
+    """The query's topic words that no candidate holds (in its heading or own lines): its content
+    words apart from the names of the chat's people (:func:`named_speakers`), numbers and month
+    names. A word the memory holds anywhere is in its full-text pool, which ranks chunks by their
+    rarest words, so a word no candidate holds is, in practice, one the memory never mentions.
+    Latin-script words only: a CJK query's terms are character pairs, which a paraphrase rarely
+    shares, so a Japanese question is left to ``min_score`` (ranked by a multilingual model)."""
+    terms = query_terms(query)
+    names = named_speakers(terms, (c.text for c in candidates if c.bm25 > 0))
+    topic = [w for w in terms[0] if w not in names and not w.isdigit() and w not in _DATE_WORDS]
+    if not topic:
+        return []
+    texts = [_normal(f"{c.heading}\n{c.text}") for c in candidates]
+    return [w for w in topic if not any(_words_held([w], t) for t in texts)]
+
+
+def off_topic(
+    query: str, candidates: Sequence[Candidate], min_cosine: float, best: float = 0.0, min_best: float = 1.0
+) -> bool:
+    """Whether a query asks about something the memory never mentions: one of its topic words is
+    held by no candidate (:func:`unheld_topic_words`), no candidate's cosine reaches
+    ``min_cosine`` (a close paraphrase), and the best ranked score, ``best``, is below
+    ``min_best`` (a result that matches the rest of the query well). Either bar at 0: never.
 
     "What is Ann's blood type?" over a chat between Ann and Bo matches half the chat on "Ann"
     (and its heading and context, every turn), and chit-chat embeds close to any question about
-    a person, so no threshold on the fused score refuses it without refusing real questions
-    (REALTALK: a ``min_score`` refusing 42 % of such questions costs 3.6 points @10). Its other
-    words ("blood", "type") are nowhere: that, with no close paraphrase, is the sign."""
-    if min_cosine <= 0 or not candidates or max(c.cosine for c in candidates) >= min_cosine:
+    a person, so no threshold on the fused score alone refuses it without refusing real questions
+    (REALTALK: a ``min_score`` refusing 42 % of such questions costs 3.6 points @10). "blood" is
+    nowhere: that, with no close paraphrase and no strong match of its other words, is the sign.
+    Real questions hold unheld words too ("Is Elise vegan?" answered by what she eats), hence the
+    two bars (docs/memory.md: what each setting refuses and costs)."""
+    if min_cosine <= 0 or min_best <= 0 or not candidates or best >= min_best:
         return False
-    terms = query_terms(query)
-    names = named_speakers(terms, (c.text for c in candidates if c.bm25 > 0))
-    other = (tuple(w for w in terms[0] if w not in names), terms[1])
-    if not other[0] and not other[1]:
+    if max(c.cosine for c in candidates) >= min_cosine:
         return False
-    return all(text_share(other, c.text) == 0 for c in candidates)
+    return bool(unheld_topic_words(query, candidates))
 
 
 def passes(c: Candidate, p: FusionParams) -> bool:
@@ -443,10 +473,12 @@ def fuse(
     then chunk id), diversify (``params.mmr``: :mod:`memory.mmr`) and cut to ``k``. With the
     ``query`` and a vector side, an :func:`off_topic` query gets nothing."""
     pool = list(candidates)
-    if query is not None and params.use_vector and off_topic(query, pool, params.min_topic_cosine):
-        return []
     own = {c.chunk_id: fused_score(c, params) if params.method == "score" else rrf_score(c, params) for c in pool}
     ranked = with_neighbours(by_speaker(own, pool, params.speaker_weight), pool, params.neighbour_weight)
+    if query is not None and params.use_vector:
+        best = max(ranked.values(), default=0.0)
+        if off_topic(query, pool, params.min_topic_cosine, best, params.min_topic_score):
+            return []
     scored: list[tuple[float, str, Candidate]] = []
     for c in pool:
         if own[c.chunk_id] <= 0 or not passes(c, params):

@@ -295,6 +295,7 @@ class MemoryService:
             mmr=s.mmr,
             speaker_weight=s.speaker_weight,
             min_topic_cosine=s.min_topic_cosine,
+            min_topic_score=s.min_topic_score,
         )
         return fuse(pool, params, today=self._clock().date(), k=k, query=spell_dates(query))
 

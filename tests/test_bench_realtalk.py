@@ -73,13 +73,15 @@ def test_abstention_sweep_counts_refusals_on_the_kept_pools() -> None:
     )  # fmt: skip
     params = FusionParams(1.0, 0.0, 0.4, 0.5, method="score")
     swept = _realtalk_abstention(run, params)
+    assert swept[0]["min_score"] == 0.4 and swept[0]["min_topic_cosine"] == 0.0  # the shipped thresholds first
     rows = {r["min_score"]: r for r in swept if r["min_topic_cosine"] == 0.0}
     assert rows[0.4]["unanswerable_refused"] == 2 / 3 and rows[0.4]["answerable_refused"] == 0.0
     assert rows[0.4]["r@10_on"] == rows[0.4]["r@10_off"] == 100.0
     assert rows[0.0]["unanswerable_refused"] == 1 / 3
-    assert set(rows) >= {0.4, 0.0, 0.06, 0.1, 0.15}
-    # min_topic_cosine swept at the shipped min_score: the unanswerable questions' words are in no
-    # turn ("text"), so a bar above every cosine refuses them all; the answerable ones ("q?") keep
-    topic = {r["min_topic_cosine"]: r for r in swept if r["min_score"] == 0.4}
-    assert topic[1.0]["unanswerable_refused"] == 1.0 and topic[1.0]["answerable_refused"] == 0.0
-    assert topic[0.0]["unanswerable_refused"] == 2 / 3
+    assert set(rows) >= {0.4, 0.0, 0.07, 0.1, 0.15}
+    # the off-topic rule swept at the shipped min_score: the unanswerable questions' topic words
+    # ("shoe", "size") are in no turn ("text"), so with the score bar above their best (0.48) the
+    # one min_score keeps is refused too; the answerable ones ("q?") have no topic word and keep
+    topic = {(r["min_topic_cosine"], r["min_topic_score"]): r for r in swept if r["min_topic_cosine"] > 0}
+    assert topic[(0.5, 1.0)]["unanswerable_refused"] == 1.0 and topic[(0.5, 1.0)]["answerable_refused"] == 0.0
+    assert topic[(0.5, 0.2)]["unanswerable_refused"] == 2 / 3  # its best, 0.48, is a strong enough match

@@ -25,6 +25,7 @@ from memory.fusion import (
     text_share,
     text_strength,
     turn_speaker,
+    unheld_topic_words,
 )
 
 P = FusionParams(vector_weight=0.6, text_weight=0.4, min_score=0.4, min_text_score=0.6)
@@ -378,21 +379,28 @@ def said(cid: str, text: str, cosine: float, bm25: float = 2.0) -> Candidate:
     return Candidate(cid, "memory/chat/s1.md", 1, 1, "", text, cosine, 0.3, 1, 1, bm25)
 
 
-def test_a_query_whose_words_are_nowhere_but_the_names_is_off_topic() -> None:
-    """"What is Ravi's blood type?" over a chat of Ravi's: only his name matches; with no close
-    paraphrase either, it gets nothing. Any other word held, or a close cosine, keeps it."""
+def test_a_query_with_a_topic_word_no_candidate_holds_is_off_topic() -> None:
+    """ "What is Ravi's blood type?" over a chat of Ravi's: "blood" is in no candidate, nothing
+    embeds close and nothing matches the rest well, so it gets nothing. Every topic word held, a
+    close cosine or a strong best score keeps it; names, numbers and months are no topic."""
     chat = [said("a", "[D1:1] Ravi: I went to the gym today", 0.45),
             said("b", "[D1:2] Ines: Nice, what type of workout?", 0.50, bm25=0.0)]  # fmt: skip
     query = "What is Ravi's blood type?"
-    assert not off_topic(query, chat, 0.55)  # "type" is in Ines's turn
+    assert unheld_topic_words(query, chat) == ["blood"]  # "type" is in Ines's turn, "Ravi" is a speaker
+    assert off_topic(query, chat, 0.55, best=0.1, min_best=0.2)
+    assert not off_topic(query, chat, 0.55, best=0.2, min_best=0.2)  # the rest of the query matches well
+    assert not off_topic(query, chat, 0.0, best=0.1, min_best=0.2)  # off
+    assert not off_topic(query, chat, 0.55, best=0.1, min_best=0.0)  # off
+    assert not off_topic(query, [*chat, said("c", "[D2:1] Ines: hello", 0.56)], 0.55, 0.1, 0.2)  # a paraphrase
+    assert not off_topic("What type of workout did Ravi do?", chat, 0.55, 0.1, 0.2)  # every topic word held
+    assert not off_topic("What about Ravi?", chat, 0.55, 0.1, 0.2)  # nothing but a name: nothing to miss
+    assert not off_topic("What did Ravi do on 17 January 2024?", chat[:1], 0.55, 0.1, 0.2)  # "do" held; dates
+    assert unheld_topic_words("Where was Ravi in Sept 2023, on the 3rd?", chat) == ["3rd"]
+    assert not off_topic(query, [], 0.55, 0.0, 0.2)
     chat[1] = said("b", "[D1:2] Ines: Nice, which workout?", 0.50, bm25=0.0)
-    assert off_topic(query, chat, 0.55)
-    assert not off_topic(query, chat, 0.0)  # off
-    assert not off_topic(query, [*chat, said("c", "[D2:1] Ines: hello", 0.56)], 0.55)  # a close paraphrase
-    assert not off_topic("What about Ravi?", chat, 0.55)  # nothing but a name: nothing to miss
-    assert not off_topic(query, [], 0.55)
-    p = FusionParams(0.2, 0.8, 0.0, 0.0, method="score", min_topic_cosine=0.55)
+    p = FusionParams(0.2, 0.8, 0.0, 0.0, method="score", min_topic_cosine=0.55, min_topic_score=0.2)
     assert fuse(chat, p, today=TODAY, k=5, query=query) == []
+    assert len(fuse(chat, replace(p, min_topic_score=0.05), today=TODAY, k=5, query=query)) == 2  # its best is above
     assert len(fuse(chat, p, today=TODAY, k=5)) == 2  # without the query: no such test
     text_alone = replace(p, use_vector=False)  # no cosines to trust: the text side decides, min_text_score abstains
     assert [h.chunk_id for h in fuse(chat, text_alone, today=TODAY, k=5, query=query)] == ["a"]
