@@ -4,12 +4,18 @@ started as a user would (``python -m gateway.cli gateway``):
 
 - ``files``: the files backend, one process (the baseline);
 - ``pg x1``: the postgres backend, one process;
-- ``pg xN``: the postgres backend, ``--workers N`` (keys leased across processes, events relayed).
+- ``pg xN``: the postgres backend, ``--workers N`` (keys leased across processes, events relayed);
+- ``echo x1`` and ``echo xN``: the floor, no Neotask at all (``bench.echo_server``: a bare aiohttp
+  handler that decodes the body and answers a small JSON ack, in one process, or in N behind a
+  supervisor on one ``SO_REUSEPORT`` port as the gateway's workers): what this machine charges
+  for a second process when there is nothing to share.
 
-The three daemons run side by side (idle when not measured) on a durable PostgreSQL server this
-script starts (fsync on, ``tests.support.postgres``); rounds alternate the cases so drift on a
-noisy machine hits each. Per case: messages/s, p99, and CPU time per message of the gateway's
-processes (supervisor and workers) and of the database's (postmaster and backends), from /proc.
+The three daemons and the two echo servers run side by side (idle when not measured), the daemons
+on a durable PostgreSQL server this script starts (fsync on, ``tests.support.postgres``); rounds
+alternate the cases so drift on a noisy machine hits each. Per case: messages/s, p99, and CPU time
+per message of the server's processes (supervisor and workers) and, for the daemons, of the
+database's (postmaster and backends), from /proc. The pg xN / pg x1 CPU ratio is printed beside
+the echo's, and their quotient: how much of pg's ratio is beyond the machine's floor.
 
 ``python -m bench.workers_ingest [--seconds S] [--rounds R] [--workers N]``
 """
@@ -25,6 +31,7 @@ import re
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,9 +48,8 @@ _LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
 @dataclass
 class Case:
     name: str
-    home: Path
-    config: Path
-    workers: int
+    argv: list[str]  # after the interpreter
+    database: bool = True  # charged with the database's CPU (the echo is not: it has none)
     proc: asyncio.subprocess.Process | None = None
     port: int = 0
     phases: list[tuple[Phase, float, float]] = field(default_factory=list)  # phase, gateway CPU s, db CPU s
@@ -64,13 +70,23 @@ def cpu_of(pids: list[int]) -> float:
     return sum(c for c in (cpu_seconds(p) for p in pids) if not math.isnan(c))
 
 
+def gateway_case(name: str, folder: Path, data: Mapping[str, object], workers: int) -> Case:
+    folder.mkdir()
+    config = folder / "config.yaml"
+    config.write_text(yaml.safe_dump(data))
+    argv = ["-m", "gateway.cli", "gateway", "--home", str(folder / "home"), "--config", str(config)]
+    return Case(name, [*argv, "--port", "0", "--workers", str(workers)])
+
+
+def echo_case(workers: int) -> Case:
+    return Case(f"echo x{workers}", ["-m", "bench.echo_server", "--port", "0", "--workers", str(workers)], False)
+
+
 async def start(case: Case) -> None:
-    argv = [sys.executable, "-m", "gateway.cli", "gateway", "--home", str(case.home), "--config", str(case.config)]
-    argv += ["--port", "0", "--workers", str(case.workers)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEOTASK_")}
     env["NEOTASK_MEMORY__WATCH__POLL_SECONDS"] = "3600"
     case.proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=REPO
+        sys.executable, *case.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=REPO
     )
     assert case.proc.stdout is not None
     async with asyncio.timeout(600):
@@ -94,12 +110,12 @@ async def stop(case: Case) -> None:
 
 async def measure(case: Case, server: PgServer, seconds: float, tag: str) -> None:
     assert case.proc is not None
-    gateway, database = tree(case.proc.pid), server.pids()
+    gateway, database = tree(case.proc.pid), server.pids() if case.database else []
     before = cpu_of(gateway), cpu_of(database)
     phase = await wrk_load(
         case.port, case.name, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("w64x64"), seconds=seconds, tag=tag
     )
-    after = cpu_of(gateway), cpu_of(server.pids())
+    after = cpu_of(gateway), cpu_of(server.pids() if case.database else [])
     case.phases.append((phase, after[0] - before[0], after[1] - before[1]))
 
 
@@ -110,6 +126,34 @@ def summary(case: Case) -> tuple[float, float, float, float]:
     gw = sum(g for _, g, _ in case.phases) / ok * 1000 if ok else math.nan
     db = sum(d for _, _, d in case.phases) / ok * 1000 if ok else math.nan
     return ok / elapsed, max(p.p99 for p, _, _ in case.phases), gw, db
+
+
+def report(results: dict[str, tuple[float, float, float, float]], workers: int) -> list[str]:
+    """The table (a ``summary`` per case) and the ratios: pg xN / pg x1 CPU per message beside the
+    echo's (the machine's floor), and their quotient (the part of pg's ratio beyond the floor)."""
+    base, one, many = results["files x1"], results["pg x1"], results[f"pg x{workers}"]
+    lines = []
+    for name, (rate, p99, gw, db) in results.items():
+        cpu = (
+            f"{gw:.3f} ms"
+            if name.startswith("echo")
+            else f"{gw:.3f} ms gateway + {db:.3f} ms database = {gw + db:.3f} ms"
+        )
+        lines.append(
+            f"  {name:9} {rate:8.0f} msg/s ({rate / base[0]:.2f}x files)  p99 {p99 * 1000:6.1f} ms  CPU/msg {cpu}"
+        )
+    pg = (many[2] + many[3]) / (one[2] + one[3])
+    lines.append(
+        f"  pg x{workers} vs pg x1: {many[0] / one[0]:.2f}x messages/s, {pg:.2f}x CPU per message (target <= 1.2x)"
+    )
+    lines.append(f"  pg x1 vs files x1: {one[0] / base[0]:.2f}x messages/s (target >= 0.7x)")
+    echo_one, echo_many = results["echo x1"], results[f"echo x{workers}"]
+    floor = echo_many[2] / echo_one[2]
+    lines.append(
+        f"  CPU per message, x{workers} / x1: pg {pg:.2f}x, echo {floor:.2f}x (the machine's floor);"
+        f" pg / echo {pg / floor:.2f}x (beyond the floor)"
+    )
+    return lines
 
 
 async def run(seconds: float, rounds: int, workers: int) -> None:
@@ -123,11 +167,8 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
         one = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_one")}}}
         many = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_many")}}}
         for name, data, count in (("files x1", {}, 1), ("pg x1", one, 1), (f"pg x{workers}", many, workers)):
-            folder = tmp / name.replace(" ", "-")
-            folder.mkdir()
-            config = folder / "config.yaml"
-            config.write_text(yaml.safe_dump(data))
-            cases.append(Case(name, folder / "home", config, count))
+            cases.append(gateway_case(name, tmp / name.replace(" ", "-"), data, count))
+        cases += [echo_case(1), echo_case(workers)]
         for case in cases:  # one at a time: three imports at once take minutes on a small machine
             await start(case)
             print(f"  {case.name}: listening on port {case.port}", flush=True)
@@ -146,20 +187,7 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
                     flush=True,
                 )
         print(f"\n64 connections on 64 keys, store-only, {rounds}x{seconds:g} s per case, load {load:.1f}:")
-        results = {case.name: summary(case) for case in cases}
-        base = results["files x1"]
-        one = results["pg x1"]
-        for name, (rate, p99, gw, db) in results.items():
-            print(
-                f"  {name:9} {rate:8.0f} msg/s ({rate / base[0]:.2f}x files)  p99 {p99 * 1000:6.1f} ms"
-                f"  CPU/msg {gw:.3f} ms gateway + {db:.3f} ms database = {gw + db:.3f} ms"
-            )
-        many = results[f"pg x{workers}"]
-        print(
-            f"  pg x{workers} vs pg x1: {many[0] / one[0]:.2f}x messages/s,"
-            f" {(many[2] + many[3]) / (one[2] + one[3]):.2f}x CPU per message (target <= 1.2x)"
-        )
-        print(f"  pg x1 vs files x1: {one[0] / base[0]:.2f}x messages/s (target >= 0.7x)")
+        print("\n".join(report({case.name: summary(case) for case in cases}, workers)))
     finally:
         for case in cases:
             await stop(case)
