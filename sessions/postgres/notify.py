@@ -1,6 +1,8 @@
 """Store events to every gateway process sharing the database (``gateway.workers`` above 1): each
 process sends the events it emits with ``NOTIFY`` on ``CHANNEL`` (batched: one statement for every
-event emitted during a round trip) and ``LISTEN``s on a connection of its own; an event of another
+event emitted during a round trip, the events packed into as few notifications as their size
+allows, each a JSON array, so the server queues and every listener reads one notification for
+dozens of events) and ``LISTEN``s on a connection of its own; an event of another
 process goes to this process's subscribers (``/v1/events``), its own are skipped (no echo: the
 emitting process published them already).
 
@@ -8,7 +10,7 @@ The same connection hears on ``LEASE_CHANNEL`` which keys other processes wait f
 (``sessions.postgres.keylocks``): ``asked`` gets the lock number, and ``ask`` says this process
 waits for one.
 
-A notification's payload is at most 8000 bytes: a larger ``message`` event is sent without its
+A notification's payload is less than 8000 bytes: a larger ``message`` event is sent without its
 content, with a reference (run id and seq) from which the receiver reads the stored message; any
 other oversized event has its long text fields cut (``truncated: true``).
 """
@@ -59,6 +61,24 @@ def encode(origin: str, event: Mapping[str, Any]) -> str:
     return json.dumps({"o": origin, "e": {**{k: event[k] for k in keep if k in event}, "truncated": True}})
 
 
+def pack(payloads: list[str]) -> list[str]:
+    """``payloads`` (from :func:`encode`, in order) joined into JSON arrays of at most
+    ``MAX_PAYLOAD`` bytes each, brackets aside: one notification each."""
+    out: list[str] = []
+    part: list[str] = []
+    size = 0
+    for payload in payloads:
+        n = len(payload.encode()) + 1
+        if part and size + n > MAX_PAYLOAD:
+            out.append("[" + ",".join(part) + "]")
+            part, size = [], 0
+        part.append(payload)
+        size += n
+    if part:
+        out.append("[" + ",".join(part) + "]")
+    return out
+
+
 RELISTEN_FIRST_S = 0.5  # the first wait before listening again after the connection was lost
 RELISTEN_MAX_S = 10.0  # doubling up to this
 
@@ -68,7 +88,7 @@ class EventRelay:
         self.pool = pool
         self.dsn, self.password = dsn, password
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._echo = encode(self.origin, {})[: -len(',"e":{}}')]  # how this process's payloads begin
+        self._echo = "[" + encode(self.origin, {})[: -len(',"e":{}}')]  # how this process's payloads begin
         self.deliver: Deliver | None = None
         self.asked: Callable[[int], object] | None = None
         self._conn: asyncpg.Connection | None = None
@@ -79,7 +99,7 @@ class EventRelay:
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
         self._asking: set[asyncio.Task[None]] = set()
-        self.sent = self.received = self.reconnects = 0
+        self.sent = self.notifications = self.received = self.reconnects = 0
 
     async def start(self) -> None:
         await self._listen()
@@ -127,9 +147,11 @@ class EventRelay:
     async def _send(self) -> None:
         while self._outbox:
             batch, self._outbox = self._outbox, []
+            packed = pack(batch)
             try:
-                await self.pool.execute(f"SELECT pg_notify('{CHANNEL}', p) FROM unnest($1::text[]) AS p", batch)
+                await self.pool.execute(f"SELECT pg_notify('{CHANNEL}', p) FROM unnest($1::text[]) AS p", packed)
                 self.sent += len(batch)
+                self.notifications += len(packed)
             except Exception as exc:  # the events of this process still reach its own subscribers
                 log.warning("%d event(s) not sent to the other gateway processes (%s)", len(batch), exc)
 
@@ -161,8 +183,9 @@ class EventRelay:
             data = json.loads(payload)
         except ValueError:
             return
-        if isinstance(data, dict) and data.get("o") != self.origin and isinstance(data.get("e"), dict):
-            self._inbox.put_nowait(data)
+        for item in data if isinstance(data, list) else [data]:
+            if isinstance(item, dict) and item.get("o") != self.origin and isinstance(item.get("e"), dict):
+                self._inbox.put_nowait(item)
 
     async def _read(self) -> None:
         """Deliver the other processes' events in the order they came (a reference read first)."""

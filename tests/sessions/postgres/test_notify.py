@@ -9,7 +9,7 @@ import json
 import asyncpg
 
 from sessions.events import StoreEvent
-from sessions.postgres.notify import MAX_PAYLOAD, EventRelay, encode
+from sessions.postgres.notify import MAX_PAYLOAD, EventRelay, encode, pack
 from tests.support.postgres import PgServer
 
 
@@ -64,6 +64,47 @@ async def test_the_relay_listens_again_after_its_connection_is_lost(postgres_ser
                 await asyncio.sleep(0.05)
         assert got == [event]
     finally:
+        await listener.close()
+        await sender.close()
+        await pool.close()
+
+
+def test_payloads_are_packed_into_arrays_under_the_size_limit() -> None:
+    payloads = [encode("p1", {"type": "message", "seq": i, "content": "x" * 300}) for i in range(100)]
+    packed = pack(payloads)
+    assert 1 < len(packed) < 10
+    assert all(len(p.encode()) + 2 <= MAX_PAYLOAD + 2 < 8000 for p in packed)
+    assert [item["e"]["seq"] for p in packed for item in json.loads(p)] == list(range(100))
+    big = encode("p1", {"type": "message", "run_id": "r1", "seq": 1, "content": "x" * 7700})  # whole, nearly full
+    assert len(big.encode()) <= MAX_PAYLOAD
+    assert [len(json.loads(p)) for p in pack([big, payloads[0], big])] == [1, 1, 1]  # neither fits beside it
+
+
+async def test_events_sent_together_arrive_in_order_in_few_notifications(postgres_server: PgServer) -> None:
+    """300 events emitted at once reach the other process in their order, and the server carries
+    them in a few notifications, not one each (every listener reads every notification)."""
+    pg_dsn = await postgres_server.database("neotask_notify_pack")
+    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
+    got: list[StoreEvent] = []
+    seen: list[str] = []
+    raw = await asyncpg.connect(pg_dsn)
+    await raw.add_listener("neotask_events", lambda _c, _p, _ch, payload: seen.append(payload))
+    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
+    await listener.start()
+    await sender.start()
+    listener.deliver = got.append
+    try:
+        events = [{"type": "message", "key": f"k{i % 7}", "run_id": "r1", "seq": i, "content": "y" * 200}
+                  for i in range(300)]  # fmt: skip
+        for event in events:
+            sender.send(event)
+        async with asyncio.timeout(30):
+            while len(got) < len(events):
+                await asyncio.sleep(0.05)
+        assert got == events
+        assert sender.sent == 300 and sender.notifications == len(seen) <= 20
+    finally:
+        await raw.close()
         await listener.close()
         await sender.close()
         await pool.close()
