@@ -5,12 +5,18 @@ started as a user would (``python -m gateway.cli gateway``):
 - ``files``: the files backend, one process (the baseline);
 - ``pg x1``: the postgres backend, one process;
 - ``pg xN``: the postgres backend, ``--workers N`` (keys leased across processes, events relayed);
+- ``pg x1 <64/N>c``: the postgres backend, one process, under 64/N connections: the load each of
+  the N processes has. With the same 64 connections split between N processes, each process's
+  group commit gathers 1/N of the messages per round trip, and a statement's fixed cost is shared
+  by fewer messages; this case has that too, without any sharing, so pg xN against it is what
+  sharing costs at equal load per process (what N processes on N cores under N times the load
+  would show);
 - ``echo x1`` and ``echo xN``: the floor, no Neotask at all (``bench.echo_server``: a bare aiohttp
   handler that decodes the body and answers a small JSON ack, in one process, or in N behind a
   supervisor on one ``SO_REUSEPORT`` port as the gateway's workers): what this machine charges
   for a second process when there is nothing to share.
 
-The three daemons and the two echo servers run side by side (idle when not measured), the daemons
+The four daemons and the two echo servers run side by side (idle when not measured), the daemons
 on a durable PostgreSQL server this script starts (fsync on, ``tests.support.postgres``); rounds
 alternate the cases so drift on a noisy machine hits each. Per case: messages/s, p99, and CPU time
 per message of the server's processes (supervisor and workers) and, for the daemons, of the
@@ -41,7 +47,7 @@ from bench.load import Phase, cpu_seconds, key_prefix, prime, wrk_load, wrk_path
 from tests.support.postgres import PgServer, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
-CONNECTIONS = KEYS = 64
+CONNECTIONS = 64
 _LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
 
 
@@ -50,6 +56,7 @@ class Case:
     name: str
     argv: list[str]  # after the interpreter
     database: bool = True  # charged with the database's CPU (the echo is not: it has none)
+    connections: int = CONNECTIONS  # wrk's connections, each on a key of its own
     proc: asyncio.subprocess.Process | None = None
     port: int = 0
     phases: list[tuple[Phase, float, float]] = field(default_factory=list)  # phase, gateway CPU s, db CPU s
@@ -76,6 +83,11 @@ def gateway_case(name: str, folder: Path, data: Mapping[str, object], workers: i
     config.write_text(yaml.safe_dump(data))
     argv = ["-m", "gateway.cli", "gateway", "--home", str(folder / "home"), "--config", str(config)]
     return Case(name, [*argv, "--port", "0", "--workers", str(workers)])
+
+
+def share_name(workers: int) -> str:
+    """The case of one process under the load each of ``workers`` processes has."""
+    return f"pg x1 {CONNECTIONS // workers}c"
 
 
 def echo_case(workers: int) -> Case:
@@ -113,8 +125,9 @@ async def measure(case: Case, server: PgServer, seconds: float, tag: str) -> Non
     gateway, database = tree(case.proc.pid), server.pids() if case.database else []
     before = cpu_of(gateway), cpu_of(database)
     phase = await wrk_load(
-        case.port, case.name, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("w64x64"), seconds=seconds, tag=tag
-    )
+        case.port, case.name, connections=case.connections, keys=case.connections, prefix=key_prefix("w64x64"),
+        seconds=seconds, tag=tag,
+    )  # fmt: skip
     after = cpu_of(gateway), cpu_of(server.pids() if case.database else [])
     case.phases.append((phase, after[0] - before[0], after[1] - before[1]))
 
@@ -147,6 +160,13 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
         f"  pg x{workers} vs pg x1: {many[0] / one[0]:.2f}x messages/s, {pg:.2f}x CPU per message (target <= 1.2x)"
     )
     lines.append(f"  pg x1 vs files x1: {one[0] / base[0]:.2f}x messages/s (target >= 0.7x)")
+    share = results.get(share_name(workers))
+    if share is not None:
+        equal = (many[2] + many[3]) / (share[2] + share[3])
+        lines.append(
+            f"  pg x{workers} vs pg x1 with {CONNECTIONS // workers} connections (the load each of the {workers}"
+            f" processes has): {equal:.2f}x CPU per message (the cost of sharing at equal load per process)"
+        )
     echo_one, echo_many = results["echo x1"], results[f"echo x{workers}"]
     floor = echo_many[2] / echo_one[2]
     lines.append(
@@ -166,15 +186,19 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
         # a database each: a gateway that does not lease keys must not share keys with others
         one = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_one")}}}
         many = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_many")}}}
+        part = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_part")}}}
         for name, data, count in (("files x1", {}, 1), ("pg x1", one, 1), (f"pg x{workers}", many, workers)):
             cases.append(gateway_case(name, tmp / name.replace(" ", "-"), data, count))
+        # one process under the load each of the N has: smaller group-commit batches, no sharing
+        cases.append(gateway_case(share_name(workers), tmp / "pg-part", part, 1))
+        cases[-1].connections = CONNECTIONS // workers
         cases += [echo_case(1), echo_case(workers)]
         for case in cases:  # one at a time: three imports at once take minutes on a small machine
             await start(case)
             print(f"  {case.name}: listening on port {case.port}", flush=True)
         prefix = key_prefix("w64x64")
         for case in cases:
-            await prime(case.port, connections=CONNECTIONS, keys=KEYS, prefix=prefix)
+            await prime(case.port, connections=case.connections, keys=case.connections, prefix=prefix)
         load = os.getloadavg()[0]
         for r in range(1, rounds + 1):
             for case in cases if r % 2 else reversed(cases):

@@ -216,8 +216,11 @@ def test_workers_ingest_report_sets_pg_ratio_beside_the_echo_floor() -> None:
         "pg x2": (1500.0, 0.08, 0.4, 0.2),
         "echo x1": (6000.0, 0.02, 0.08, 0.0),
         "echo x2": (5000.0, 0.03, 0.1, 0.0),
+        "pg x1 32c": (1200.0, 0.04, 0.3, 0.2),
     }
     lines = report(results, 2)
+    # pg x2 against one process under half the connections: (0.4 + 0.2) / (0.3 + 0.2) = 1.2
+    assert "(the load each of the 2 processes has): 1.20x CPU per message" in lines[-2]
     assert "  echo x2       5000 msg/s (2.50x files)  p99   30.0 ms  CPU/msg 0.100 ms" in lines
     assert any(line.startswith("  pg x2 ") and "= 0.600 ms" in line for line in lines)
     # pg: (0.4 + 0.2) / (0.2 + 0.2) = 1.5; echo: 0.1 / 0.08 = 1.25; 1.5 / 1.25 = 1.2
