@@ -429,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         neighbour_weight=settings.neighbour_weight,
         speaker_weight=settings.speaker_weight,
         min_topic_cosine=settings.min_topic_cosine,
+        min_topic_score=settings.min_topic_score,
     )
     payload: dict[str, Any] = {}
     ok = True

@@ -248,7 +248,7 @@ class FusionParams:
     mmr: float | None = None  # maximal marginal relevance's lambda (memory.mmr); None: off
     speaker_weight: float = 0.0  # a turn spoken by a person the query names ranks (1 + this) times higher
     min_topic_cosine: float = 0.0  # off_topic's cosine bar (0: off)
-    min_topic_score: float = 1.0  # off_topic's bar on the best ranked score (0: off)
+    min_topic_score: float = 0.2  # off_topic's bar on the best ranked score (0: off; score fusion only)
 
 
 def _ranks(pool: Sequence[tuple[Candidate, float]]) -> list[tuple[Candidate, int]]:
@@ -294,27 +294,32 @@ def _with(c: Candidate, *, vector_rank: int | None = None, text_rank: int | None
     )  # fmt: skip
 
 
-# Date words are answered by a log's dated heading, whatever their spelling: never a topic.
+# Words of time are answered by a log's date (its heading, or the "30 November 2026 (Monday)" its
+# chunks are indexed with), whatever their spelling: never a topic.
 _DATE_WORDS = frozenset(
     _stem(m.lower())
     for m in (
         "January", "February", "March", "April", "May", "June", "July", "August", "September",
         "October", "November", "December", "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep",
-        "Sept", "Oct", "Nov", "Dec",
+        "Sept", "Oct", "Nov", "Dec", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday",
+        "Saturday", "Sunday", "Mon", "Tue", "Tues", "Wed", "Thu", "Thur", "Thurs", "Fri", "Sat", "Sun",
+        "today", "tonight", "yesterday", "tomorrow", "day", "week", "month", "year", "ago", "last",
+        "next", "recent", "recently", "morning", "evening", "night", "afternoon",
     )
 )  # fmt: skip
 
 
 def unheld_topic_words(query: str, candidates: Sequence[Candidate]) -> list[str]:
     """The query's topic words that no candidate holds (in its heading or own lines): its content
-    words apart from the names of the chat's people (:func:`named_speakers`), numbers and month
-    names. A word the memory holds anywhere is in its full-text pool, which ranks chunks by their
-    rarest words, so a word no candidate holds is, in practice, one the memory never mentions.
+    words apart from the names of the chat's people (:func:`named_speakers`), words with a digit
+    ("5pm", "1990s") and words of time (``_DATE_WORDS``). A word the memory holds anywhere is in
+    its full-text pool, which ranks chunks by their rarest words, so a word no candidate holds is,
+    in practice, one the memory never mentions.
     Latin-script words only: a CJK query's terms are character pairs, which a paraphrase rarely
     shares, so a Japanese question is left to ``min_score`` (ranked by a multilingual model)."""
     terms = query_terms(query)
     names = named_speakers(terms, (c.text for c in candidates if c.bm25 > 0))
-    topic = [w for w in terms[0] if w not in names and not w.isdigit() and w not in _DATE_WORDS]
+    topic = [w for w in terms[0] if w not in names and w not in _DATE_WORDS and not any(ch.isdigit() for ch in w)]
     if not topic:
         return []
     texts = [_normal(f"{c.heading}\n{c.text}") for c in candidates]
@@ -326,8 +331,10 @@ def off_topic(
 ) -> bool:
     """Whether a query asks about something the memory never mentions: one of its topic words is
     held by no candidate (:func:`unheld_topic_words`), no candidate's cosine reaches
-    ``min_cosine`` (a close paraphrase), and the best ranked score, ``best``, is below
-    ``min_best`` (a result that matches the rest of the query well). Either bar at 0: never.
+    ``min_cosine`` (a close paraphrase), and ``best``, the best ranked score (the fused score with
+    the named speaker's lift and the next turn's share, as the results are ranked), is below
+    ``min_best`` (a result that matches the rest of the query well: score fusion only, see
+    :func:`fuse`). Either bar at 0: never.
 
     "What is Ann's blood type?" over a chat between Ann and Bo matches half the chat on "Ann"
     (and its heading and context, every turn), and chit-chat embeds close to any question about
@@ -476,7 +483,9 @@ def fuse(
     own = {c.chunk_id: fused_score(c, params) if params.method == "score" else rrf_score(c, params) for c in pool}
     ranked = with_neighbours(by_speaker(own, pool, params.speaker_weight), pool, params.neighbour_weight)
     if query is not None and params.use_vector:
-        best = max(ranked.values(), default=0.0)
+        # an RRF score is a rank's, not a match's strength (the first of the vector pool always
+        # scores its side's weight): there the rule decides on the words and the cosine alone
+        best = max(ranked.values(), default=0.0) if params.method == "score" else 0.0
         if off_topic(query, pool, params.min_topic_cosine, best, params.min_topic_score):
             return []
     scored: list[tuple[float, str, Candidate]] = []

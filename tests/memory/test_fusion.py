@@ -394,13 +394,16 @@ def test_a_query_with_a_topic_word_no_candidate_holds_is_off_topic() -> None:
     assert not off_topic(query, [*chat, said("c", "[D2:1] Ines: hello", 0.56)], 0.55, 0.1, 0.2)  # a paraphrase
     assert not off_topic("What type of workout did Ravi do?", chat, 0.55, 0.1, 0.2)  # every topic word held
     assert not off_topic("What about Ravi?", chat, 0.55, 0.1, 0.2)  # nothing but a name: nothing to miss
-    assert not off_topic("What did Ravi do on 17 January 2024?", chat[:1], 0.55, 0.1, 0.2)  # "do" held; dates
-    assert unheld_topic_words("Where was Ravi in Sept 2023, on the 3rd?", chat) == ["3rd"]
+    assert not off_topic("What did Ravi do on 17 January 2024?", chat[:1], 0.55, 0.1, 0.2)  # a name and a date
+    assert unheld_topic_words("Where was Ravi in Sept 2023, on the 3rd, at 5pm last Monday?", chat) == []
     assert not off_topic(query, [], 0.55, 0.0, 0.2)
     chat[1] = said("b", "[D1:2] Ines: Nice, which workout?", 0.50, bm25=0.0)
     p = FusionParams(0.2, 0.8, 0.0, 0.0, method="score", min_topic_cosine=0.55, min_topic_score=0.2)
     assert fuse(chat, p, today=TODAY, k=5, query=query) == []
     assert len(fuse(chat, replace(p, min_topic_score=0.05), today=TODAY, k=5, query=query)) == 2  # its best is above
     assert len(fuse(chat, p, today=TODAY, k=5)) == 2  # without the query: no such test
+    rrf = replace(p, method="rrf")  # a rank's score says nothing of the match: words and cosine decide
+    assert fuse(chat, rrf, today=TODAY, k=5, query=query) == []
+    assert len(fuse(chat, rrf, today=TODAY, k=5, query="What workout did Ravi do?")) == 2
     text_alone = replace(p, use_vector=False)  # no cosines to trust: the text side decides, min_text_score abstains
     assert [h.chunk_id for h in fuse(chat, text_alone, today=TODAY, k=5, query=query)] == ["a"]
