@@ -168,7 +168,7 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
             f" processes has): {equal:.2f}x CPU per message (the cost of sharing at equal load per process)"
         )
     echo_one, echo_many = results["echo x1"], results[f"echo x{workers}"]
-    floor = echo_many[2] / echo_one[2]
+    floor = echo_many[2] / echo_one[2] if echo_one[2] > 0 else math.nan
     lines.append(
         f"  CPU per message, x{workers} / x1: pg {pg:.2f}x, echo {floor:.2f}x (the machine's floor);"
         f" pg / echo {pg / floor:.2f}x (beyond the floor)"
@@ -193,7 +193,7 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
         cases.append(gateway_case(share_name(workers), tmp / "pg-part", part, 1))
         cases[-1].connections = CONNECTIONS // workers
         cases += [echo_case(1), echo_case(workers)]
-        for case in cases:  # one at a time: three imports at once take minutes on a small machine
+        for case in cases:  # one at a time: several imports at once take minutes on a small machine
             await start(case)
             print(f"  {case.name}: listening on port {case.port}", flush=True)
         prefix = key_prefix("w64x64")
@@ -210,7 +210,10 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
                     + (f" {dict(phase.errors)}" if phase.errors else ""),
                     flush=True,
                 )
-        print(f"\n64 connections on 64 keys, store-only, {rounds}x{seconds:g} s per case, load {load:.1f}:")
+        print(
+            f"\n{CONNECTIONS} connections on {CONNECTIONS} keys ({CONNECTIONS // workers} for {share_name(workers)}),"
+            f" store-only, {rounds}x{seconds:g} s per case, load {load:.1f}:"
+        )
         print("\n".join(report({case.name: summary(case) for case in cases}, workers)))
     finally:
         for case in cases:
@@ -224,6 +227,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
+    if not 2 <= args.workers <= CONNECTIONS:
+        parser.error(f"--workers must be between 2 and {CONNECTIONS} (the cases compare N processes with one)")
     asyncio.run(run(args.seconds, args.rounds, args.workers))
 
 

@@ -73,11 +73,15 @@ def test_payloads_are_packed_into_arrays_under_the_size_limit() -> None:
     payloads = [encode("p1", {"type": "message", "seq": i, "content": "x" * 300}) for i in range(100)]
     packed = pack(payloads)
     assert 1 < len(packed) < 10
-    assert all(len(p.encode()) + 2 <= MAX_PAYLOAD + 2 < 8000 for p in packed)
+    assert all(len(p.encode()) < 8000 for p in packed)  # the server refuses 8000 bytes and more
     assert [item["e"]["seq"] for p in packed for item in json.loads(p)] == list(range(100))
     big = encode("p1", {"type": "message", "run_id": "r1", "seq": 1, "content": "x" * 7700})  # whole, nearly full
     assert len(big.encode()) <= MAX_PAYLOAD
     assert [len(json.loads(p)) for p in pack([big, payloads[0], big])] == [1, 1, 1]  # neither fits beside it
+    assert all(len(p.encode()) < 8000 for p in pack([big, payloads[0], big]))
+    half = next(p for n in range(1800, 2000) if len((p := encode("p1", {"seq": 2, "c": "é" * n})).encode()) >= 3949)
+    two = pack([half, half])  # each just under half the limit: one array, brackets and comma over MAX_PAYLOAD
+    assert len(two) == 1 and MAX_PAYLOAD < len(two[0].encode()) < 8000
 
 
 async def test_events_sent_together_arrive_in_order_in_few_notifications(postgres_server: PgServer) -> None:
@@ -102,7 +106,11 @@ async def test_events_sent_together_arrive_in_order_in_few_notifications(postgre
             while len(got) < len(events):
                 await asyncio.sleep(0.05)
         assert got == events
+        async with asyncio.timeout(30):  # the raw listener hears them on a connection of its own
+            while len(seen) < sender.notifications:
+                await asyncio.sleep(0.05)
         assert sender.sent == 300 and sender.notifications == len(seen) <= 20
+        assert sender.received == 0  # its own notifications are skipped
     finally:
         await raw.close()
         await listener.close()
