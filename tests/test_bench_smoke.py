@@ -160,53 +160,6 @@ async def test_postgres_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[st
     assert re.search(r"^  files +\d+ ", out, re.M) and re.search(r"^  postgres +\d+ ", out, re.M)
 
 
-# -- bench.workers_ingest's floor: the bare echo in one process and in N (issue 28) ----------------
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-async def test_echo_server_workers_share_one_port_and_stop_together() -> None:
-    import signal
-    import sys
-    from pathlib import Path
-
-    import aiohttp
-
-    from bench.workers_ingest import REPO, tree
-
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.echo_server", "--port", "0", "--workers", "2",
-        stdout=asyncio.subprocess.PIPE, cwd=REPO,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        match = re.search(r"^listening on http://127\.0\.0\.1:(\d+)$", line.strip())
-        assert match, line
-        workers = set(tree(proc.pid)) - {proc.pid}
-        assert len(workers) == 2
-        answered: set[int] = set()
-        url = f"http://127.0.0.1:{match.group(1)}/v1/sessions/agent%3Amain%3Ak1/messages"
-        # a connection each: the kernel spreads new connections over the listening workers
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            for n in range(60):
-                async with session.post(url, json={"content": f"message {n}"}) as resp:
-                    assert resp.status == 200
-                    ack = await resp.json()
-                assert ack["session_key"] == "agent:main:k1" and ack["length"] == len(f"message {n}")
-                answered.add(ack["pid"])
-                if answered == workers:
-                    break
-        assert answered == workers  # both workers serve the one port
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
-        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # the supervisor waited for them
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
 def test_workers_ingest_report_sets_pg_ratio_beside_the_echo_floor() -> None:
     from bench.workers_ingest import report
 
