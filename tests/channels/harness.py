@@ -88,6 +88,14 @@ async def session_lines(url: str, key: str) -> list[dict[str, Any]]:
     return lines
 
 
+async def connected(url: str, account: str) -> bool:
+    """Whether the daemon's chat account has connected (``GET /v1/channels``): until then a call
+    for it gets 503 ``channel_not_ready``, and a daemon answers HTTP before its accounts connect."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/channels") as resp:
+        accounts = (await resp.json())["accounts"]
+    return any(a["account"] == account and a["connected"] for a in accounts)
+
+
 async def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
     async with asyncio.timeout(timeout):
         while True:

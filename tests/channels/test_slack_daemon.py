@@ -15,7 +15,7 @@ import pytest
 import yaml
 from slack_sdk.signature import SignatureVerifier
 
-from tests.channels.harness import daemon, outbox_settled, session_lines, stored, wait_until
+from tests.channels.harness import connected, daemon, outbox_settled, session_lines, stored, wait_until
 from tests.gateway.daemons import child_env
 from tests.support.openai_server import OpenAIServer
 from tests.support.slack_server import SlackServer
@@ -155,6 +155,7 @@ async def test_events_api_calls_are_verified_stored_once_and_answered(tmp_path: 
             challenge = json.dumps({"type": "url_verification", "challenge": "c-123", "token": "x"}).encode()
             async with http.post(hook, data=challenge, headers=signed(challenge, secret)) as resp:
                 assert resp.status == 200 and (await resp.json()) == {"challenge": "c-123"}
+            await wait_until(lambda: connected(gw.url, "http"), what="the account connected")  # else 503, retried
             slack.message(app, channel="D1", user="U012AB3CD", text="over http")
             envelope = app.envelopes.popitem()[1]
             body = json.dumps(envelope["payload"]).encode()
@@ -189,6 +190,7 @@ async def test_slash_commands_over_http_are_acknowledged_empty_and_answered_in_p
         async with daemon(home, "--config", str(config), env=child_env(SLACK_BOT_TOKEN=BOT_TOKEN,
                           SLACK_SIGNING_SECRET=secret)) as gw, aiohttp.ClientSession() as http:  # fmt: skip
             hook = f"{gw.url}/hooks/slack/http"
+            await wait_until(lambda: connected(gw.url, "http"), what="the account connected")  # else 503, retried
             form = {"token": "x", "team_id": "T1", "channel_id": "D1", "user_id": "U012AB3CD", "user_name": "ann",
                     "command": "/status", "text": "", "trigger_id": "13345224609.738474920.8088930838d88f008e0",
                     "response_url": f"{slack.url}/respond/1"}  # fmt: skip
