@@ -322,8 +322,8 @@ def unheld_topic_words(query: str, candidates: Sequence[Candidate]) -> list[str]
     topic = [w for w in terms[0] if w not in names and w not in _DATE_WORDS and not any(ch.isdigit() for ch in w)]
     if not topic:
         return []
-    texts = [_normal(f"{c.heading}\n{c.text}") for c in candidates]
-    return [w for w in topic if not any(_words_held([w], t) for t in texts)]
+    held = _normal("\n".join(f"{c.heading}\n{c.text}" for c in candidates))  # words never span lines
+    return [w for w in topic if not _words_held([w], held)]
 
 
 def off_topic(
