@@ -1,10 +1,12 @@
 """Store events to every gateway process sharing the database (``gateway.workers`` above 1): each
-process sends the events it emits with ``NOTIFY`` on ``CHANNEL`` (batched: one statement for every
-event emitted during a round trip, the events packed into as few notifications as their size
-allows, each a JSON array, so the server queues and every listener reads one notification for
-dozens of events) and ``LISTEN``s on a connection of its own; an event of another
-process goes to this process's subscribers (``/v1/events``), its own are skipped (no echo: the
-emitting process published them already).
+process sends the events it emits with ``NOTIFY`` on ``CHANNEL`` (batched: the first event after a
+quiet moment goes at once, then one statement per ``SEND_EVERY_S`` at most for every event emitted
+meanwhile, the events packed into as few notifications as their size allows, each a JSON array, so
+the server queues and every listener reads one notification for dozens of events) and
+``LISTEN``s on a connection of its own; an event of another process goes to this process's
+subscribers (``/v1/events``), its own are skipped (no echo: the emitting process published them
+already). An event is delivered in the notification's callback, unless one before it waits (a
+reference being read): then it waits behind it, so the order holds.
 
 The same connection hears on ``LEASE_CHANNEL`` which keys other processes wait for
 (``sessions.postgres.keylocks``): ``asked`` gets the lock number, and ``ask`` says this process
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import uuid
 from collections.abc import Callable, Mapping
@@ -79,6 +82,8 @@ def pack(payloads: list[str]) -> list[str]:
     return out
 
 
+SEND_EVERY_S = 0.05  # at most one NOTIFY statement this often: under load the events of this
+# interval go in one statement (each statement wakes every listener, the sender's own included)
 RELISTEN_FIRST_S = 0.5  # the first wait before listening again after the connection was lost
 RELISTEN_MAX_S = 10.0  # doubling up to this
 
@@ -93,13 +98,15 @@ class EventRelay:
         self.asked: Callable[[int], object] | None = None
         self._conn: asyncpg.Connection | None = None
         self._outbox: list[str] = []
+        self._last_sent = -math.inf  # loop time of the last statement's start
         self._sender: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
+        self._reading = False  # the reader has an event out of the inbox (a reference being read)
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
         self._asking: set[asyncio.Task[None]] = set()
-        self.sent = self.notifications = self.received = self.reconnects = 0
+        self.sent = self.notifications = self.statements = self.received = self.reconnects = 0
 
     async def start(self) -> None:
         await self._listen()
@@ -145,13 +152,19 @@ class EventRelay:
             self._sender = asyncio.get_running_loop().create_task(self._send(), name="postgres-events-out")
 
     async def _send(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._outbox:
+            wait = self._last_sent + SEND_EVERY_S - loop.time()
+            if wait > 0:  # a statement went out less than SEND_EVERY_S ago: this one's events gather
+                await asyncio.sleep(wait)
             batch, self._outbox = self._outbox, []
             packed = pack(batch)
+            self._last_sent = loop.time()
             try:
                 await self.pool.execute(f"SELECT pg_notify('{CHANNEL}', p) FROM unnest($1::text[]) AS p", packed)
                 self.sent += len(batch)
                 self.notifications += len(packed)
+                self.statements += 1
             except Exception as exc:  # the events of this process still reach its own subscribers
                 log.warning("%d event(s) not sent to the other gateway processes (%s)", len(batch), exc)
 
@@ -185,22 +198,33 @@ class EventRelay:
             return
         for item in data if isinstance(data, list) else [data]:
             if isinstance(item, dict) and item.get("o") != self.origin and isinstance(item.get("e"), dict):
-                self._inbox.put_nowait(item)
+                if item.get("ref") or self._reading or not self._inbox.empty():
+                    self._inbox.put_nowait(item)  # after the events before it (a reference is read first)
+                else:  # nothing before it waits: delivered now, without a task switch per event
+                    self._deliver(item["e"])
+
+    def _deliver(self, event: dict[str, Any]) -> None:
+        self.received += 1
+        if self.deliver is not None:
+            self.deliver(cast(StoreEvent, event))
 
     async def _read(self) -> None:
-        """Deliver the other processes' events in the order they came (a reference read first)."""
+        """Deliver, in the order they came, the events that had to wait: a reference (the stored
+        message is read first) and every event that came while one was being read."""
         while True:
             data = await self._inbox.get()
-            event: dict[str, Any] = data["e"]
-            if data.get("ref"):
-                try:
-                    event = await self._resolve(event)
-                except Exception as exc:
-                    log.warning("event of run %s seq %s not read (%s)", event.get("run_id"), event.get("seq"), exc)
-                    continue
-            self.received += 1
-            if self.deliver is not None:
-                self.deliver(cast(StoreEvent, event))
+            self._reading = True
+            try:
+                event: dict[str, Any] = data["e"]
+                if data.get("ref"):
+                    try:
+                        event = await self._resolve(event)
+                    except Exception as exc:
+                        log.warning("event of run %s seq %s not read (%s)", event.get("run_id"), event.get("seq"), exc)
+                        continue
+                self._deliver(event)
+            finally:
+                self._reading = False
 
     async def _resolve(self, event: dict[str, Any]) -> dict[str, Any]:
         text = await self.pool.fetchval(

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any, cast
 
 import asyncpg
+import pytest
 
 from sessions.events import StoreEvent
+from sessions.postgres import notify
 from sessions.postgres.notify import MAX_PAYLOAD, EventRelay, encode, pack
 from tests.support.postgres import PgServer
 
@@ -113,6 +116,76 @@ async def test_events_sent_together_arrive_in_order_in_few_notifications(postgre
         assert sender.received == 0  # its own notifications are skipped
     finally:
         await raw.close()
+        await listener.close()
+        await sender.close()
+        await pool.close()
+
+
+async def test_events_emitted_soon_after_a_statement_gather_into_the_next(
+    postgres_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every NOTIFY statement wakes every listener, the sender's own included: under load the
+    relay sends one statement per ``SEND_EVERY_S`` at most, and the events emitted meanwhile go
+    in it, in order. The first event after a quiet moment goes out alone, at once."""
+    monkeypatch.setattr(notify, "SEND_EVERY_S", 0.5)
+    pg_dsn = await postgres_server.database("neotask_notify_pace")
+    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
+    got: list[StoreEvent] = []
+    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
+    await listener.start()
+    await sender.start()
+    listener.deliver = got.append
+    loop = asyncio.get_running_loop()
+    try:
+        events = [{"type": "message", "key": f"k{i % 3}", "run_id": "r1", "seq": i, "content": "z"} for i in range(21)]
+        sender.send(events[0])
+        async with asyncio.timeout(30):
+            while not got:
+                await asyncio.sleep(0.01)
+        assert sender.statements == 1
+        started = loop.time()
+        for event in events[1:]:  # 20 events, 10 ms apart: one statement each before
+            sender.send(event)
+            await asyncio.sleep(0.01)
+        elapsed = loop.time() - started
+        async with asyncio.timeout(30):
+            while len(got) < len(events):
+                await asyncio.sleep(0.01)
+        assert got == events
+        # the first statement, then one per window the sends spanned (a slow machine spans more)
+        assert sender.statements <= 2 + int(elapsed / notify.SEND_EVERY_S), (sender.statements, elapsed)
+    finally:
+        await listener.close()
+        await sender.close()
+        await pool.close()
+
+
+async def test_a_reference_keeps_its_place_among_the_events_around_it(postgres_server: PgServer) -> None:
+    """A message too large for a notification goes as a reference that the receiver reads from the
+    store; the events after it wait for it, and every event is delivered in the order sent."""
+    pg_dsn = await postgres_server.database("neotask_notify_ref")
+    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
+    await pool.execute("CREATE TABLE messages (run_id text, seq bigint, record json, PRIMARY KEY (run_id, seq))")
+    large = {"seq": 2, "role": "user", "content": "大" * 6000, "timestamp": "2026-12-02T10:00:00Z"}
+    await pool.execute("INSERT INTO messages VALUES ('r1', 2, $1::json)", json.dumps(large, ensure_ascii=False))
+    got: list[StoreEvent] = []
+    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
+    await listener.start()
+    await sender.start()
+    listener.deliver = got.append
+    try:
+        small = [{"type": "message", "key": "k", "run_id": "r1", "seq": i, "role": "user", "content": f"m{i}"}
+                 for i in (1, 3, 4)]  # fmt: skip
+        big = {"type": "message", "key": "k", "run_id": "r1", "seq": 2, "role": "user", "content": large["content"]}
+        for event in (small[0], big, small[1], small[2]):  # one statement: one packed notification
+            sender.send(event)
+        async with asyncio.timeout(30):
+            while len(got) < 4:
+                await asyncio.sleep(0.01)
+        assert [cast(dict[str, Any], e)["seq"] for e in got] == [1, 2, 3, 4]
+        assert got[1] == big and got[0] == small[0] and got[2:] == small[1:]
+        assert sender.statements == 1 and listener.received == 4
+    finally:
         await listener.close()
         await sender.close()
         await pool.close()
