@@ -4,7 +4,9 @@ whole when it fits the server's 8000 bytes, a reference for a larger message, cu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import asyncpg
@@ -14,6 +16,24 @@ from sessions.events import StoreEvent
 from sessions.postgres import notify
 from sessions.postgres.notify import MAX_PAYLOAD, EventRelay, encode, pack
 from tests.support.postgres import PgServer
+
+
+@contextlib.asynccontextmanager
+async def relays(pg_dsn: str) -> AsyncIterator[tuple[asyncpg.Pool, EventRelay, EventRelay, list[StoreEvent]]]:
+    """Two started relays on one database, as two processes have: the pool, the listener (its
+    deliveries in the list), the sender."""
+    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
+    got: list[StoreEvent] = []
+    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
+    try:
+        await listener.start()
+        await sender.start()
+        listener.deliver = got.append
+        yield pool, listener, sender, got
+    finally:
+        await listener.close()
+        await sender.close()
+        await pool.close()
 
 
 def test_an_event_that_fits_goes_whole() -> None:
@@ -47,14 +67,7 @@ def test_another_large_event_has_its_long_text_cut() -> None:
 async def test_the_relay_listens_again_after_its_connection_is_lost(postgres_server: PgServer) -> None:
     """A database restart or a terminated backend closes the LISTEN connection: the relay listens
     again by itself, and the other processes' events reach it once more."""
-    pg_dsn = await postgres_server.database("neotask_notify")
-    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
-    got: list[StoreEvent] = []
-    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
-    await listener.start()
-    await sender.start()
-    listener.deliver = got.append
-    try:
+    async with relays(await postgres_server.database("neotask_notify")) as (pool, listener, sender, got):
         assert listener._conn is not None
         await pool.execute("SELECT pg_terminate_backend($1)", listener._conn.get_server_pid())
         async with asyncio.timeout(30):
@@ -66,10 +79,6 @@ async def test_the_relay_listens_again_after_its_connection_is_lost(postgres_ser
             while not got:
                 await asyncio.sleep(0.05)
         assert got == [event]
-    finally:
-        await listener.close()
-        await sender.close()
-        await pool.close()
 
 
 def test_payloads_are_packed_into_arrays_under_the_size_limit() -> None:
@@ -91,34 +100,26 @@ async def test_events_sent_together_arrive_in_order_in_few_notifications(postgre
     """300 events emitted at once reach the other process in their order, and the server carries
     them in a few notifications, not one each (every listener reads every notification)."""
     pg_dsn = await postgres_server.database("neotask_notify_pack")
-    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
-    got: list[StoreEvent] = []
     seen: list[str] = []
     raw = await asyncpg.connect(pg_dsn)
     await raw.add_listener("neotask_events", lambda _c, _p, _ch, payload: seen.append(payload))
-    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
-    await listener.start()
-    await sender.start()
-    listener.deliver = got.append
     try:
-        events = [{"type": "message", "key": f"k{i % 7}", "run_id": "r1", "seq": i, "content": "y" * 200}
-                  for i in range(300)]  # fmt: skip
-        for event in events:
-            sender.send(event)
-        async with asyncio.timeout(30):
-            while len(got) < len(events):
-                await asyncio.sleep(0.05)
-        assert got == events
-        async with asyncio.timeout(30):  # the raw listener hears them on a connection of its own
-            while len(seen) < sender.notifications:
-                await asyncio.sleep(0.05)
-        assert sender.sent == 300 and sender.notifications == len(seen) <= 20
-        assert sender.received == 0  # its own notifications are skipped
+        async with relays(pg_dsn) as (_pool, _listener, sender, got):
+            events = [{"type": "message", "key": f"k{i % 7}", "run_id": "r1", "seq": i, "content": "y" * 200}
+                      for i in range(300)]  # fmt: skip
+            for event in events:
+                sender.send(event)
+            async with asyncio.timeout(30):
+                while len(got) < len(events):
+                    await asyncio.sleep(0.05)
+            assert got == events
+            async with asyncio.timeout(30):  # the raw listener hears them on a connection of its own
+                while len(seen) < sender.notifications:
+                    await asyncio.sleep(0.05)
+            assert sender.sent == 300 and sender.notifications == len(seen) <= 20
+            assert sender.received == 0  # its own notifications are skipped
     finally:
         await raw.close()
-        await listener.close()
-        await sender.close()
-        await pool.close()
 
 
 async def test_events_emitted_soon_after_a_statement_gather_into_the_next(
@@ -128,15 +129,8 @@ async def test_events_emitted_soon_after_a_statement_gather_into_the_next(
     relay sends one statement per ``SEND_EVERY_S`` at most, and the events emitted meanwhile go
     in it, in order. The first event after a quiet moment goes out alone, at once."""
     monkeypatch.setattr(notify, "SEND_EVERY_S", 0.5)
-    pg_dsn = await postgres_server.database("neotask_notify_pace")
-    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
-    got: list[StoreEvent] = []
-    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
-    await listener.start()
-    await sender.start()
-    listener.deliver = got.append
     loop = asyncio.get_running_loop()
-    try:
+    async with relays(await postgres_server.database("neotask_notify_pace")) as (_pool, _listener, sender, got):
         events = [{"type": "message", "key": f"k{i % 3}", "run_id": "r1", "seq": i, "content": "z"} for i in range(21)]
         sender.send(events[0])
         async with asyncio.timeout(30):
@@ -154,26 +148,15 @@ async def test_events_emitted_soon_after_a_statement_gather_into_the_next(
         assert got == events
         # the first statement, then one per window the sends spanned (a slow machine spans more)
         assert sender.statements <= 2 + int(elapsed / notify.SEND_EVERY_S), (sender.statements, elapsed)
-    finally:
-        await listener.close()
-        await sender.close()
-        await pool.close()
 
 
 async def test_a_reference_keeps_its_place_among_the_events_around_it(postgres_server: PgServer) -> None:
     """A message too large for a notification goes as a reference that the receiver reads from the
     store; the events after it wait for it, and every event is delivered in the order sent."""
-    pg_dsn = await postgres_server.database("neotask_notify_ref")
-    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=2)
-    await pool.execute("CREATE TABLE messages (run_id text, seq bigint, record json, PRIMARY KEY (run_id, seq))")
-    large = {"seq": 2, "role": "user", "content": "大" * 6000, "timestamp": "2026-12-02T10:00:00Z"}
-    await pool.execute("INSERT INTO messages VALUES ('r1', 2, $1::json)", json.dumps(large, ensure_ascii=False))
-    got: list[StoreEvent] = []
-    listener, sender = EventRelay(pool, pg_dsn, None), EventRelay(pool, pg_dsn, None)
-    await listener.start()
-    await sender.start()
-    listener.deliver = got.append
-    try:
+    async with relays(await postgres_server.database("neotask_notify_ref")) as (pool, listener, sender, got):
+        await pool.execute("CREATE TABLE messages (run_id text, seq bigint, record json, PRIMARY KEY (run_id, seq))")
+        large = {"seq": 2, "role": "user", "content": "大" * 6000, "timestamp": "2026-12-02T10:00:00Z"}
+        await pool.execute("INSERT INTO messages VALUES ('r1', 2, $1::json)", json.dumps(large, ensure_ascii=False))
         small = [{"type": "message", "key": "k", "run_id": "r1", "seq": i, "role": "user", "content": f"m{i}"}
                  for i in (1, 3, 4)]  # fmt: skip
         big = {"type": "message", "key": "k", "run_id": "r1", "seq": 2, "role": "user", "content": large["content"]}
@@ -185,7 +168,3 @@ async def test_a_reference_keeps_its_place_among_the_events_around_it(postgres_s
         assert [cast(dict[str, Any], e)["seq"] for e in got] == [1, 2, 3, 4]
         assert got[1] == big and got[0] == small[0] and got[2:] == small[1:]
         assert sender.statements == 1 and listener.received == 4
-    finally:
-        await listener.close()
-        await sender.close()
-        await pool.close()
