@@ -206,7 +206,10 @@ class EventRelay:
     def _deliver(self, event: dict[str, Any]) -> None:
         self.received += 1
         if self.deliver is not None:
-            self.deliver(cast(StoreEvent, event))
+            try:
+                self.deliver(cast(StoreEvent, event))
+            except Exception:  # one event's failure must stop neither the reader nor the events after it
+                log.exception("an event from another gateway process was not delivered")
 
     async def _read(self) -> None:
         """Deliver, in the order they came, the events that had to wait: a reference (the stored

@@ -132,12 +132,12 @@ async def test_events_emitted_soon_after_a_statement_gather_into_the_next(
     loop = asyncio.get_running_loop()
     async with relays(await postgres_server.database("neotask_notify_pace")) as (_pool, _listener, sender, got):
         events = [{"type": "message", "key": f"k{i % 3}", "run_id": "r1", "seq": i, "content": "z"} for i in range(21)]
+        started = loop.time()  # statements start after it, at least SEND_EVERY_S apart
         sender.send(events[0])
         async with asyncio.timeout(30):
             while not got:
                 await asyncio.sleep(0.01)
         assert sender.statements == 1
-        started = loop.time()
         for event in events[1:]:  # 20 events, 10 ms apart: one statement each before
             sender.send(event)
             await asyncio.sleep(0.01)
@@ -146,25 +146,56 @@ async def test_events_emitted_soon_after_a_statement_gather_into_the_next(
             while len(got) < len(events):
                 await asyncio.sleep(0.01)
         assert got == events
-        # the first statement, then one per window the sends spanned (a slow machine spans more)
+        # all but the last statement started before the last send, SEND_EVERY_S apart from the first
         assert sender.statements <= 2 + int(elapsed / notify.SEND_EVERY_S), (sender.statements, elapsed)
 
 
-async def test_a_reference_keeps_its_place_among_the_events_around_it(postgres_server: PgServer) -> None:
+async def test_the_first_event_after_a_quiet_moment_is_not_held(
+    postgres_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pacing holds only what follows a statement: with a 60 s window, a first event still arrives
+    at once (a relay that waited before its first statement would take a minute)."""
+    monkeypatch.setattr(notify, "SEND_EVERY_S", 60.0)
+    async with relays(await postgres_server.database("neotask_notify_first")) as (_pool, _listener, sender, got):
+        event = {"type": "message", "key": "k", "run_id": "r1", "seq": 1, "content": "first"}
+        sender.send(event)
+        async with asyncio.timeout(20):
+            while not got:
+                await asyncio.sleep(0.01)
+        assert got == [event] and sender.statements == 1
+
+
+async def test_a_reference_keeps_its_place_among_the_events_around_it(
+    postgres_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A message too large for a notification goes as a reference that the receiver reads from the
-    store; the events after it wait for it, and every event is delivered in the order sent."""
+    store; the events after it wait for it, those of its own notification and those of a later one
+    that arrives while it is being read, and every event is delivered in the order sent."""
     async with relays(await postgres_server.database("neotask_notify_ref")) as (pool, listener, sender, got):
+        resolve = listener._resolve
+        reading = asyncio.Event()
+
+        async def slow_resolve(event: dict[str, Any]) -> dict[str, Any]:
+            reading.set()
+            await asyncio.sleep(0.5)  # the later notification arrives meanwhile
+            return await resolve(event)
+
+        monkeypatch.setattr(listener, "_resolve", slow_resolve)
         await pool.execute("CREATE TABLE messages (run_id text, seq bigint, record json, PRIMARY KEY (run_id, seq))")
         large = {"seq": 2, "role": "user", "content": "大" * 6000, "timestamp": "2026-12-02T10:00:00Z"}
         await pool.execute("INSERT INTO messages VALUES ('r1', 2, $1::json)", json.dumps(large, ensure_ascii=False))
         small = [{"type": "message", "key": "k", "run_id": "r1", "seq": i, "role": "user", "content": f"m{i}"}
                  for i in (1, 3, 4)]  # fmt: skip
         big = {"type": "message", "key": "k", "run_id": "r1", "seq": 2, "role": "user", "content": large["content"]}
-        for event in (small[0], big, small[1], small[2]):  # one statement: one packed notification
+        for event in (small[0], big):  # one statement: one packed notification, the reference last
+            sender.send(event)
+        async with asyncio.timeout(30):
+            await reading.wait()
+        for event in small[1:]:  # a second statement, heard while the reference is read (the inbox is empty)
             sender.send(event)
         async with asyncio.timeout(30):
             while len(got) < 4:
                 await asyncio.sleep(0.01)
         assert [cast(dict[str, Any], e)["seq"] for e in got] == [1, 2, 3, 4]
         assert got[1] == big and got[0] == small[0] and got[2:] == small[1:]
-        assert sender.statements == 1 and listener.received == 4
+        assert sender.statements == 2 and listener.received == 4
