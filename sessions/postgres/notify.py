@@ -20,6 +20,7 @@ other oversized event has its long text fields cut (``truncated: true``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -100,9 +101,10 @@ class EventRelay:
         self._outbox: list[str] = []
         self._last_sent = -math.inf  # loop time of the last statement's start
         self._sender: asyncio.Task[None] | None = None
-        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        # the events that wait, in order; the first stays until delivered (a reference being read)
+        self._inbox: collections.deque[dict[str, Any]] = collections.deque()
+        self._arrived = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
-        self._reading = False  # the reader has an event out of the inbox (a reference being read)
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
         self._asking: set[asyncio.Task[None]] = set()
@@ -198,8 +200,9 @@ class EventRelay:
             return
         for item in data if isinstance(data, list) else [data]:
             if isinstance(item, dict) and item.get("o") != self.origin and isinstance(item.get("e"), dict):
-                if item.get("ref") or self._reading or not self._inbox.empty():
-                    self._inbox.put_nowait(item)  # after the events before it (a reference is read first)
+                if item.get("ref") or self._inbox:
+                    self._inbox.append(item)  # after the events before it (a reference is read first)
+                    self._arrived.set()
                 else:  # nothing before it waits: delivered now, without a task switch per event
                     self._deliver(item["e"])
 
@@ -215,19 +218,20 @@ class EventRelay:
         """Deliver, in the order they came, the events that had to wait: a reference (the stored
         message is read first) and every event that came while one was being read."""
         while True:
-            data = await self._inbox.get()
-            self._reading = True
-            try:
+            await self._arrived.wait()
+            while self._inbox:
+                data = self._inbox[0]
                 event: dict[str, Any] = data["e"]
-                if data.get("ref"):
-                    try:
+                try:
+                    if data.get("ref"):
                         event = await self._resolve(event)
-                    except Exception as exc:
-                        log.warning("event of run %s seq %s not read (%s)", event.get("run_id"), event.get("seq"), exc)
-                        continue
-                self._deliver(event)
-            finally:
-                self._reading = False
+                except Exception as exc:
+                    log.warning("event of run %s seq %s not read (%s)", event.get("run_id"), event.get("seq"), exc)
+                else:
+                    self._deliver(event)
+                finally:
+                    self._inbox.popleft()
+            self._arrived.clear()
 
     async def _resolve(self, event: dict[str, Any]) -> dict[str, Any]:
         text = await self.pool.fetchval(
