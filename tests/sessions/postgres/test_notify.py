@@ -36,6 +36,14 @@ async def relays(pg_dsn: str) -> AsyncIterator[tuple[asyncpg.Pool, EventRelay, E
         await pool.close()
 
 
+async def counted(sender: EventRelay, statements: int) -> None:
+    """Wait until the sender has counted ``statements``: the listener can hear a notification
+    (sent at the commit) before the sender's own ``execute`` returns and counts it."""
+    async with asyncio.timeout(30):
+        while sender.statements < statements:
+            await asyncio.sleep(0.01)
+
+
 def test_an_event_that_fits_goes_whole() -> None:
     event = {"type": "message", "key": "agent:main:main", "run_id": "r1", "seq": 3, "content": "会議"}
     assert json.loads(encode("p1", event)) == {"o": "p1", "e": event}
@@ -137,6 +145,7 @@ async def test_events_emitted_soon_after_a_statement_gather_into_the_next(
         async with asyncio.timeout(30):
             while not got:
                 await asyncio.sleep(0.01)
+        await counted(sender, 1)
         assert sender.statements == 1
         for event in events[1:]:  # 20 events, 10 ms apart: one statement each before
             sender.send(event)
@@ -162,6 +171,7 @@ async def test_the_first_event_after_a_quiet_moment_is_not_held(
         async with asyncio.timeout(20):
             while not got:
                 await asyncio.sleep(0.01)
+        await counted(sender, 1)
         assert got == [event] and sender.statements == 1
 
 
@@ -198,4 +208,5 @@ async def test_a_reference_keeps_its_place_among_the_events_around_it(
                 await asyncio.sleep(0.01)
         assert [cast(dict[str, Any], e)["seq"] for e in got] == [1, 2, 3, 4]
         assert got[1] == big and got[0] == small[0] and got[2:] == small[1:]
+        await counted(sender, 2)
         assert sender.statements == 2 and listener.received == 4
