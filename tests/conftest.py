@@ -38,21 +38,25 @@ _TOOK = re.compile(r" took (\d+(?:\.\d+)?) seconds")
 
 
 class _Collections:
-    """The wall-clock spans of this process's garbage collections (the last few hundred)."""
+    """The wall-clock spans of this process's garbage collections (the last few hundred), each with
+    the thread that ran it."""
 
     def __init__(self) -> None:
-        self.spans: list[tuple[float, float]] = []
+        self.spans: list[tuple[float, float, int]] = []
         self._start = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._start = time.perf_counter()
         else:
-            self.spans.append((self._start, time.perf_counter()))
+            self.spans.append((self._start, time.perf_counter(), threading.get_ident()))
             del self.spans[:-256]
 
-    def within(self, start: float, end: float) -> float:
-        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.spans)
+    def within(self, start: float, end: float, thread: int) -> float:
+        """The seconds ``thread`` spent collecting between ``start`` and ``end``. A collection in
+        another thread is not the step's own: it stopped the step only if the step wanted the
+        interpreter lock meanwhile, which the run queue's sampler tells."""
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b, ran in self.spans if ran == thread)
 
 
 _COLLECTIONS = _Collections()
@@ -65,19 +69,32 @@ class _RunQueue:
     ended can be told apart. The sampler is itself a Python thread: when it wakes late while the
     loop's thread was neither on a CPU nor waiting for one, neither thread could get the
     interpreter lock, so a third thread held it (CPython loads a native library or runs some C code
-    with it held). Where schedstat is missing it counts nothing."""
+    with it held), unless the sampler was itself waiting for a CPU or collecting garbage (CI saw a
+    1.2 s sleep on the loop of a busy machine forgiven down to less than 1 s). Where schedstat is
+    missing it counts nothing."""
 
     INTERVAL_S = 0.02
     LATE_S = 0.03  # a wake-up this much past its interval is late (timer slack and scheduling)
 
     def __init__(self, native_id: int) -> None:
         self.path = f"/proc/self/task/{native_id}/schedstat"
-        self.samples: deque[tuple[float, float, float]] = deque(maxlen=1024)  # (at, on CPU, waited)
+        # (at, on CPU, waited, the sampler's own seconds waiting for a CPU)
+        self.samples: deque[tuple[float, float, float, float]] = deque(maxlen=1024)
         self._sampler: threading.Thread | None = None
+        self._sampler_path = ""
 
     def read(self) -> tuple[float, float] | None:
+        return self._schedstat(self.path)
+
+    def sampler_waited(self) -> float:
+        """The sampler thread's own seconds runnable but waiting for a CPU (0 before it starts)."""
+        read = self._schedstat(self._sampler_path) if self._sampler_path else None
+        return read[1] if read else 0.0
+
+    @staticmethod
+    def _schedstat(path: str) -> tuple[float, float] | None:
         try:
-            with open(self.path, "rb") as stat:
+            with open(path, "rb") as stat:
                 fields = stat.read().split()
             return int(fields[0]) / 1e9, int(fields[1]) / 1e9
         except (OSError, IndexError, ValueError):
@@ -89,27 +106,31 @@ class _RunQueue:
             self._sampler.start()
 
     def _sample(self) -> None:
+        self._sampler_path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
         while (read := self.read()) is not None:
-            self.samples.append((time.perf_counter(), *read))
+            self.samples.append((time.perf_counter(), *read, self.sampler_waited()))
             time.sleep(self.INTERVAL_S)
 
     def within(self, start: float, end: float) -> tuple[float, float]:
         """Inside the step from ``start`` to now (``end``): the seconds the thread waited for a CPU
         (from the first sample at or after ``start``: never the wait before the step began), and
-        the seconds another thread held the interpreter lock (the sampler's late wake-ups, at most
-        the thread's time off a CPU and out of the run queue since the last sample before
-        ``start``)."""
+        the seconds another thread held the interpreter lock (the sampler's late wake-ups less its
+        own wait for a CPU, at most the thread's time off a CPU and out of the run queue since the
+        last sample before ``start``)."""
         now = self.read()
         if now is None:
             return 0.0, 0.0
-        samples = [*list(self.samples), (end, *now)]
-        waiting = next((now[1] - waited for at, _, waited in samples if start <= at <= end), 0.0)
+        samples = [*list(self.samples), (end, *now, self.sampler_waited())]
+        waiting = next((now[1] - waited for at, _, waited, _ in samples if start <= at <= end), 0.0)
         before = [s for s in samples if s[0] <= start]
         base = before[-1] if before else samples[0]
         idle = (end - base[0]) - (now[0] - base[1]) - (now[1] - base[2])
         late = 0.0
-        for (a, _, _), (b, _, _) in itertools.pairwise(samples):
-            late += max(0.0, min(b, end) - max(a + self.INTERVAL_S + self.LATE_S, start))
+        sampler = self._sampler.ident if self._sampler else None
+        for (a, _, _, queued_a), (b, _, _, queued_b) in itertools.pairwise(samples):
+            past_due = max(0.0, min(b, end) - max(a + self.INTERVAL_S + self.LATE_S, start))
+            own = queued_b - queued_a + (_COLLECTIONS.within(a, b, sampler) if sampler else 0.0)
+            late += max(0.0, past_due - own)
         return max(0.0, waiting), max(0.0, min(late, idle))
 
 
@@ -157,7 +178,7 @@ class _SlowCallbacks(logging.Handler):
             return
         end = time.perf_counter()  # asyncio logs right after the slow step returns
         seconds = float(took.group(1))
-        collecting = _COLLECTIONS.within(end - seconds, end)
+        collecting = _COLLECTIONS.within(end - seconds, end, threading.get_ident())
         # The wait for a CPU during a collection is in both figures: forgiven twice at most.
         waiting, held = _RUNQUEUE.within(end - seconds, end)
         if seconds - collecting - waiting - held >= BLOCKING_LIMIT_S:

@@ -30,8 +30,9 @@ def idle_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """No collection and no wait for a CPU, whatever the process and the machine are doing: the
     arithmetic tests see only their own steps."""
     monkeypatch.setattr(_COLLECTIONS, "spans", [])
-    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(time.perf_counter(), 1.0, 5.0)]))
+    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(time.perf_counter(), 1.0, 5.0, 0.0)]))
     monkeypatch.setattr(_RUNQUEUE, "read", lambda: (1.0, 5.0))
+    monkeypatch.setattr(_RUNQUEUE, "sampler_waited", lambda: 0.0)
 
 
 @pytest.mark.usefixtures("idle_cpu")
@@ -47,18 +48,29 @@ def test_a_slow_step_is_reported() -> None:
 def test_garbage_collection_inside_the_step_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     handler = _SlowCallbacks()
     now = time.perf_counter()
-    monkeypatch.setattr(_COLLECTIONS, "spans", [(now - 0.9, now - 0.1)])  # a 0.8 s collection within the last 1.3 s
+    # a 0.8 s collection by this thread within the last 1.3 s
+    monkeypatch.setattr(_COLLECTIONS, "spans", [(now - 0.9, now - 0.1, threading.get_ident())])
     _report(handler, BLOCKING_LIMIT_S + 0.3)
     assert handler.seen == []
     _report(handler, BLOCKING_LIMIT_S + 0.9)  # 1.9 s, of which 0.8 s collecting: 1.1 s blocked
     assert len(handler.seen) == 1
 
 
+@pytest.mark.usefixtures("idle_cpu")
+def test_a_collection_in_another_thread_is_not_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = time.perf_counter()
+    monkeypatch.setattr(_COLLECTIONS, "spans", [(now - 0.9, now - 0.1, threading.get_ident() + 1)])
+    handler = _SlowCallbacks()
+    _report(handler, BLOCKING_LIMIT_S + 0.3)
+    assert len(handler.seen) == 1 and "0.000 s of it garbage collection" in handler.seen[0]
+
+
 def test_waiting_for_a_cpu_inside_the_step_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     now = time.perf_counter()
     monkeypatch.setattr(_COLLECTIONS, "spans", [])
-    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(now - 1.2, 0.0, 10.0)]))
+    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(now - 1.2, 0.0, 10.0, 0.0)]))
     monkeypatch.setattr(_RUNQUEUE, "read", lambda: (0.4, 10.8))  # since then 0.4 s running, 0.8 s runnable
+    monkeypatch.setattr(_RUNQUEUE, "sampler_waited", lambda: 0.0)
     handler = _SlowCallbacks()
     _report(handler, BLOCKING_LIMIT_S + 0.5)  # 1.5 s, of which 0.8 s waiting: 0.7 s blocked
     assert handler.seen == []
@@ -69,8 +81,9 @@ def test_waiting_for_a_cpu_inside_the_step_is_not_counted(monkeypatch: pytest.Mo
 def test_a_wait_before_the_step_began_is_not_forgiven(monkeypatch: pytest.MonkeyPatch) -> None:
     now = time.perf_counter()
     monkeypatch.setattr(_COLLECTIONS, "spans", [])
-    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(now - 5.0, 0.0, 10.0), (now - 1.0, 0.0, 14.9)]))
+    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(now - 5.0, 0.0, 10.0, 0.0), (now - 1.0, 0.0, 14.9, 0.0)]))
     monkeypatch.setattr(_RUNQUEUE, "read", lambda: (0.0, 15.0))
+    monkeypatch.setattr(_RUNQUEUE, "sampler_waited", lambda: 0.0)
     handler = _SlowCallbacks()
     _report(handler, BLOCKING_LIMIT_S + 0.5)  # counted from the sample 1.0 s ago: 0.1 s waiting
     assert len(handler.seen) == 1
@@ -80,11 +93,25 @@ def test_waiting_for_the_lock_another_thread_held_is_not_counted(monkeypatch: py
     now = time.perf_counter()
     monkeypatch.setattr(_COLLECTIONS, "spans", [])
     # the sampler last woke 1.6 s ago; since then the loop's thread ran 0.05 s and never waited for a CPU
-    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(now - 1.6, 1.0, 2.0)]))
+    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(now - 1.6, 1.0, 2.0, 0.0)]))
     monkeypatch.setattr(_RUNQUEUE, "read", lambda: (1.05, 2.0))
+    monkeypatch.setattr(_RUNQUEUE, "sampler_waited", lambda: 0.0)
     handler = _SlowCallbacks()
     _report(handler, BLOCKING_LIMIT_S + 0.5)
     assert handler.seen == []
+
+
+def test_a_sampler_late_for_want_of_a_cpu_forgives_no_lock_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler woke 1.6 s late, but it spent that time waiting for a CPU (a busy machine),
+    not for the interpreter lock: the loop's thread asleep off a CPU is counted in full."""
+    now = time.perf_counter()
+    monkeypatch.setattr(_COLLECTIONS, "spans", [])
+    monkeypatch.setattr(_RUNQUEUE, "samples", deque([(now - 1.6, 1.0, 2.0, 3.0)]))
+    monkeypatch.setattr(_RUNQUEUE, "read", lambda: (1.05, 2.0))
+    monkeypatch.setattr(_RUNQUEUE, "sampler_waited", lambda: 4.55)  # 1.55 s of it in the run queue
+    handler = _SlowCallbacks()
+    _report(handler, BLOCKING_LIMIT_S + 0.5)
+    assert len(handler.seen) == 1 and "0.000 s waiting for the interpreter lock" in handler.seen[0]
 
 
 def test_a_sampler_on_time_forgives_no_lock_wait(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,9 +119,10 @@ def test_a_sampler_on_time_forgives_no_lock_wait(monkeypatch: pytest.MonkeyPatch
     the lock and blocked on its own (a ``time.sleep``, a disk): counted in full."""
     now = time.perf_counter()
     monkeypatch.setattr(_COLLECTIONS, "spans", [])
-    steps = deque((now - 1.6 + i * _RUNQUEUE.INTERVAL_S, 1.0, 2.0) for i in range(80))
+    steps = deque((now - 1.6 + i * _RUNQUEUE.INTERVAL_S, 1.0, 2.0, 0.0) for i in range(80))
     monkeypatch.setattr(_RUNQUEUE, "samples", steps)
     monkeypatch.setattr(_RUNQUEUE, "read", lambda: (1.0, 2.0))
+    monkeypatch.setattr(_RUNQUEUE, "sampler_waited", lambda: 0.0)
     handler = _SlowCallbacks()
     _report(handler, BLOCKING_LIMIT_S + 0.5)
     assert len(handler.seen) == 1 and "0.000 s waiting for the interpreter lock" in handler.seen[0]
