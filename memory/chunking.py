@@ -296,7 +296,7 @@ def chunk_markdown(
         context = context_at(start)
         chunks.append(Chunk(path, start + 1, end, heading, body, _hash(_embed(heading, context, body)), context))
 
-    for block in split_blocks(lines):
+    for block in paragraph_blocks(lines):
         block_lines = lines[block.start : block.end]
         if not any(line.strip() for line in block_lines):
             continue
@@ -307,6 +307,27 @@ def chunk_markdown(
         for a, b in windows:
             _emit_window(block, block_lines, a, b, fits, emit, context_at)
     return chunks
+
+
+def paragraph_blocks(lines: list[str]) -> list[_Block]:
+    """The blocks chunks are cut from: :func:`split_blocks`, with each block of nothing but
+    headings joined to the block right under it
+    (``# About the user`` right before ``## Preferences``): alone it would be a chunk of a few
+    words, which a retrieval model places near any question (E5 gave a chunk ``About the user``
+    0.82 with "quantum chromodynamics lattice", as much as with a question it answers)."""
+    out: list[_Block] = []
+    for block in split_blocks(lines):
+        previous = out[-1] if out else None
+        if (
+            previous is not None
+            and previous.heading
+            and block.heading.startswith(previous.heading + " > ")
+            and all(not line.strip() or _HEADING.match(line) for line in lines[previous.start : previous.end])
+        ):
+            out[-1] = _Block(previous.start, block.end, block.heading)
+        else:
+            out.append(block)
+    return out
 
 
 def _context_finder(path: str, lines: list[str]) -> Callable[[int], str]:

@@ -28,8 +28,9 @@ from memory.embedders import EmbedderIdentity, Vectors
 from memory.mirror import Mirror
 
 POINTER = "neotask-index.json"
-# 2: chunks carry context (date, preceding turn) and long lines are cut between words
-CHUNKER_VERSION = 2
+# 2: chunks carry context (date, preceding turn) and long lines are cut between words; 3: a block of
+# headings only joins the section right under it (alone, a few words near any question)
+CHUNKER_VERSION = 3
 # From this many rows the table gets an IVF-HNSW-SQ index (searches use it only without the in-memory
 # mirror, ``ChunkStore(mirror=False)``; with it they scan the mirror): at 20,000 rows the flat scan reads the
 # whole vector column (30 MB) per query, 30-45 ms, while the index answers in about 10 ms and, on

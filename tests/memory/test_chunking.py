@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from memory.chunking import chunk_markdown, cut_line, estimate_tokens, file_date, split_blocks, turn_lines
+from memory.chunking import chunk_markdown, cut_line, estimate_tokens, file_date, paragraph_blocks, turn_lines
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,9 @@ def test_an_edit_inside_a_paragraph_changes_only_its_chunks(
 ) -> None:
     lines = _lines(doc)
     blocks = [
-        b for b in split_blocks(lines) if any(lines[i] and not lines[i].startswith("#") for i in range(b.start, b.end))
+        b
+        for b in paragraph_blocks(lines)
+        if any(lines[i] and not lines[i].startswith("#") for i in range(b.start, b.end))
     ]
     assume(blocks)
     block = data.draw(st.sampled_from(blocks))
@@ -216,3 +218,18 @@ def test_editing_a_turn_changes_only_it_and_the_turn_after() -> None:
     edited = TRANSCRIPT.replace("street festival", "food market")
     after = {c.start_line: c.content_hash for c in chunk_markdown("memory/c/2023-05-08.md", edited)}
     assert sorted(k for k in before if before[k] != after[k]) == [1, 5]
+
+
+def test_a_title_with_nothing_but_its_sections_under_it_joins_the_first_section() -> None:
+    """``# About the user`` alone is a chunk of three words, which a retrieval model places near any
+    question: it is cut with the section right under it, whose heading carries it anyway."""
+    doc = "# About the user\n\n## Preferences\nGenmaicha at 80 degrees.\n\n## Work\nThe billing service.\n"
+    chunks = chunk_markdown("MEMORY.md", doc)
+    assert [(c.start_line, c.end_line, c.heading) for c in chunks] == [
+        (1, 5, "About the user > Preferences"),
+        (6, 7, "About the user > Work"),
+    ]
+    assert chunks[0].text.startswith("# About the user\n\n## Preferences\n")
+    # a title with no section under it, and a title before a sibling, stay chunks of their own
+    assert [c.text for c in chunk_markdown("a.md", "# Todo\n")] == ["# Todo"]
+    assert [c.heading for c in chunk_markdown("a.md", "# A\n\n# B\ntext\n")] == ["A", "B"]
