@@ -46,7 +46,7 @@ from bench.retrieval.conversations import Question, build_conversations, build_j
 from config.settings import EmbeddingSettings, MemorySettings
 from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder, build_embedder
 from memory.dates import spell_dates
-from memory.embedders import E5Embedder, Embedder, is_multilingual
+from memory.embedders import E5_FLOOR, E5Embedder, Embedder, is_multilingual
 from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query
 from memory.store import POINTER
 
@@ -357,7 +357,9 @@ def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload:
         where.mkdir(parents=True, exist_ok=True)
         embedder = make_embedder(emb)
         try:
-            run = realtalk_eval.load_or_collect(data, where, embedder, MemorySettings(), tag=emb, reuse=reuse)
+            # E5's answers depend on its floor; a pickle of the bench's earlier stand-in (raw cosines) is not reused
+            tag = f"{emb}.floor{E5_FLOOR}" if "e5" in emb else emb
+            run = realtalk_eval.load_or_collect(data, where, embedder, MemorySettings(), tag=tag, reuse=reuse)
         finally:
             asyncio.run(embedder.close())
     defaults = MemorySettings().search

@@ -1,8 +1,10 @@
 """Markdown → chunks, as a pure function.
 
 Boundaries follow the document's structure: a chunk never spans two paragraphs (blocks separated
-by a blank line) or crosses a heading. A heading starts a block and keeps the paragraph under it,
-blank lines belong to the block above them, and a fenced code block is one block however many blank lines it holds.
+by a blank line) or crosses a heading, with one exception: a block of nothing but headings joins
+the section right under it (``paragraph_blocks``). A heading starts a block and keeps the
+paragraph under it, blank lines belong to the block above them, and a fenced code block is one
+block however many blank lines it holds.
 A block larger than ``chunk_tokens`` is cut into windows of whole lines that overlap by about
 ``overlap_tokens``; a single line larger than that is cut between sentences, then between words,
 and only a single word longer than a chunk is cut inside (never the case for prose).

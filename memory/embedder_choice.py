@@ -61,6 +61,7 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
             return E5Embedder(batch_size=min(settings.batch_size, 32))
         if settings.provider == "e5+use":
             e5 = E5Embedder(batch_size=min(settings.batch_size, 32))
+            e5.provider = "e5+use"
             return RoutedEmbedder(english=e5, batch_size=settings.batch_size)
         return RoutedEmbedder(batch_size=settings.batch_size)
     if settings.provider == "universal-sentence-encoder":

