@@ -137,9 +137,23 @@ LockFor = Callable[[str], asyncio.Lock]
 ErrorFor = Callable[[Caller], BaseException]
 
 
+class Room:
+    """One call's place among a key's waiting calls (:meth:`TurnQueue.reserve`): taken before its
+    message is stored and held until the call waits for its turn, or given back."""
+
+    def __init__(self, queue: TurnQueue, key: str) -> None:
+        self._queue, self.key, self.held = queue, key, True
+
+    def release(self) -> None:
+        """Give the place back (nothing if the call is already waiting: the place became that)."""
+        if self.held:
+            self.held = False
+            self._queue._give_back(self.key)
+
+
 class TurnQueue:
     """Per key: the batch still collecting callers, the batch whose turn runs, and how many calls
-    wait for a turn that has not started (the ``max_queued_turns`` count)."""
+    wait for a turn that has not started (the ``max_queued_turns`` count), places taken included."""
 
     def __init__(self, run_batch: BatchRunner, lock_for: LockFor, closing_error: ErrorFor) -> None:
         self._run_batch = run_batch
@@ -148,14 +162,19 @@ class TurnQueue:
         self._open: dict[str, Batch] = {}
         self._current: dict[str, Batch] = {}
         self._waiting: dict[str, int] = {}
+        self._reserved: dict[str, int] = {}  # places taken by calls whose message is being stored
         self._queued: dict[str, list[Batch]] = {}  # batches not started yet, in order
         self._tasks: set[asyncio.Task[None]] = set()
 
     def waiting(self, key: str) -> int:
-        return self._waiting.get(key, 0)
+        return self._waiting.get(key, 0) + self._reserved.get(key, 0)
 
-    def check_room(self, key: str, limit: int) -> None:
-        """Busy when ``limit`` calls already wait: a call is refused only past the limit."""
+    def reserve(self, key: str, limit: int) -> Room:
+        """A place among the key's waiting calls; Busy when ``limit`` calls already wait or hold one
+        (a call is refused only past the limit). The place is taken now, before the call's message
+        is stored: checked then and counted only once the call waits, calls arriving together all
+        passed the check while the first of them was being stored (CI saw a third call admitted
+        with a limit of 2)."""
         waiting = self.waiting(key)
         if waiting >= limit:
             raise Busy(
@@ -163,6 +182,15 @@ class TurnQueue:
                 f" {limit}); retry later",
                 retry_after_s=1,
             )
+        self._reserved[key] = self._reserved.get(key, 0) + 1
+        return Room(self, key)
+
+    def _give_back(self, key: str) -> None:
+        left = self._reserved.get(key, 0) - 1
+        if left > 0:
+            self._reserved[key] = left
+        else:
+            self._reserved.pop(key, None)
 
     async def submit(
         self,
@@ -171,10 +199,12 @@ class TurnQueue:
         on_delta: DeltaFn | None,
         mode: QueueMode,
         options: TurnOptions | None = None,
+        room: Room | None = None,
     ) -> None:
         """Wait until a turn answered ``outcome`` (filled in place); raises what the turn raised. A
         call with ``options`` (its own instructions and client tools) gets a turn of its own, as in
-        ``followup`` mode: they are not merged into another caller's turn."""
+        ``followup`` mode: they are not merged into another caller's turn. ``room``: the call's
+        place (:meth:`reserve`), which becomes its count among the waiting calls."""
         key = run.key
         if options is not None:
             mode = "followup"
@@ -184,6 +214,8 @@ class TurnQueue:
             if answered:
                 return
         caller = self._enqueue(run, outcome, on_delta, mode, options)
+        if room is not None and room.held:  # counted among the waiting now: the place is given back
+            room.release()
         await asyncio.shield(caller.answered)
 
     def _enqueue(

@@ -27,7 +27,7 @@ from conversations.log_context import EVERY_ONE
 from conversations.model_turn import ModelTurns, provider_failure, stored_failure
 from conversations.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
 from conversations.provider import ProviderError
-from conversations.queueing import Batch
+from conversations.queueing import Batch, Room
 from sessions.events import inheritance_published
 from sessions.inheritance import find_inheritance
 from sessions.records import NewMessage, RunState, TaskKey
@@ -91,8 +91,22 @@ class Conversations(ModelTurns):
         turn = self.needs_turn(post)
         if self.closing:
             raise ShuttingDown("the gateway is shutting down; nothing was stored, send later")
-        if turn:
-            self.queue.check_room(key, self.agent(post.key.agent_id).max_queued_turns)
+        room = self.queue.reserve(key, self.agent(post.key.agent_id).max_queued_turns) if turn else None
+        try:
+            return await self._store_and_answer(post, on_delta, on_stored, room)
+        finally:
+            if room is not None:
+                room.release()  # stored and answered, or failed before it waited: the place is free
+
+    async def _store_and_answer(
+        self,
+        post: Post,
+        on_delta: DeltaFn | None,
+        on_stored: Callable[[Outcome], None] | None,
+        room: Room | None,
+    ) -> Outcome:
+        key = post.key.raw
+        turn = room is not None
         outcome = Outcome(key, None, None)
         for check in self.hooks.before_post:  # e.g. a reset that fell due while nobody wrote
             outcome.events.extend(await check(post))
@@ -128,7 +142,7 @@ class Conversations(ModelTurns):
         if on_stored is not None:
             on_stored(outcome)
         if turn:
-            await self._queued_turn(post, run, outcome, on_delta)
+            await self._queued_turn(post, run, outcome, on_delta, room)
         elif self.settings.compaction.enabled and not run.hold_compaction and self._due(run):
             await self._compact_after_post(run, outcome)
         return outcome
@@ -235,12 +249,14 @@ class Conversations(ModelTurns):
             return dataclasses.replace(message, name=speaker_name(message.name))
         return message
 
-    async def _queued_turn(self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None) -> None:
+    async def _queued_turn(
+        self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None, room: Room | None = None
+    ) -> None:
         """Wait for a turn that answers ``outcome``, as the key's queue mode says (conversations/queueing.py).
         The message is stored already: any failure answers ``stored: true`` with its seq."""
         try:
             mode = self.queue_mode(post.key.raw, post.key.agent_id)
-            await self.queue.submit(run, outcome, on_delta, mode, post.options)
+            await self.queue.submit(run, outcome, on_delta, mode, post.options, room)
         except Exception as exc:
             raise stored_failure(exc, post.key.raw, outcome.message_seq) from exc
 

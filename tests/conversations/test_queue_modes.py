@@ -209,3 +209,25 @@ async def test_busy_only_past_the_limit_of_waiting_calls_with_retry_after(
     assert all(a["reply"] is not None for a in answers)
     stored = [m["content"] for m in transcript(tmp_path, answers[0]["run_id"])]
     assert "one too many" not in stored
+
+
+async def test_calls_arriving_together_cannot_all_pass_the_limit(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, openai_server: OpenAIServer
+) -> None:
+    """Three calls sent at once while a turn runs, with room for one: the place is taken when a
+    call is checked, not once its message is stored, so exactly one is admitted (counted only
+    once stored, all three passed the check while the first was being stored)."""
+    agent = {"max_queued_turns": 1, "model": {"timeout_s": 60}}
+    client = await client_for(aiohttp_client, tmp_path, clock, openai_server, {"agents": {"main": agent}})
+    gate = asyncio.Event()
+    openai_server.script(Hang(30, until=gate))
+    first = asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": "running"}))
+    await openai_server.wait_for_requests(1)
+    calls = [asyncio.create_task(client.post(f"{MAIN}/messages", json={"content": f"together {i}"})) for i in range(3)]
+    await until(lambda: sum(c.done() for c in calls) >= 2)  # the refused answer at once
+    gate.set()
+    statuses = sorted([(await c).status for c in calls])
+    assert statuses == [200, 429, 429], statuses
+    answers = await bodies([first])
+    stored = [m["content"] for m in transcript(tmp_path, answers[0]["run_id"])]
+    assert sum(text.startswith("together") for text in stored) == 1
