@@ -174,19 +174,24 @@ class PgShared(PgAppends):
             self._leases.leave(run.key)
 
     async def _refresh_key(self, key: str, conn: asyncpg.Connection) -> None:
-        """Read ``key``'s active run and entry again: another process may have changed them."""
+        """Read ``key``'s active run and entry again, the lease just taken: another process may have
+        changed them. The runs' rows are read once no append on them is still committing: a
+        process killed while it held the lease frees the lock at once, but the append it had sent
+        may commit after (CI saw the next holder append with the seq that commit took: 409)."""
         if key in self._reading:
             self._overtaken.add(key)
-        runs, entries = await self._read_keys([key], conn)
+        runs, entries = await self._read_keys([key], conn, after_writers=True)
         self._apply_key(key, runs.get(key, []), entries.get(key))
 
     @staticmethod
     async def _read_keys(
-        keys: list[str], conn: asyncpg.Connection
+        keys: list[str], conn: asyncpg.Connection, *, after_writers: bool = False
     ) -> tuple[dict[str, list[asyncpg.Record]], dict[str, str]]:
-        """The active runs' rows and the entry bodies of ``keys``, by key."""
+        """The active runs' rows and the entry bodies of ``keys``, by key. ``after_writers``: the
+        rows are read with a share lock, which waits for a transaction updating them to end."""
+        lock = " FOR SHARE" if after_writers else ""
         rows = await conn.fetch(
-            "SELECT * FROM runs WHERE session_key = ANY($1::text[]) AND status IN ('running', 'paused')", keys
+            f"SELECT * FROM runs WHERE session_key = ANY($1::text[]) AND status IN ('running', 'paused'){lock}", keys
         )
         bodies = await conn.fetch("SELECT key, body::text AS body FROM entries WHERE key = ANY($1::text[])", keys)
         runs: dict[str, list[asyncpg.Record]] = {}

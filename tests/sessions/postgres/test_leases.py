@@ -241,9 +241,9 @@ async def test_a_view_read_that_a_lease_overtook_is_not_applied(shared_store: Sh
     real = second._read_keys
     views = 0
 
-    async def overtaken(keys: list[str], conn: Any) -> Any:
+    async def overtaken(keys: list[str], conn: Any, **how: Any) -> Any:
         nonlocal views
-        snapshot = await real(keys, conn)
+        snapshot = await real(keys, conn, **how)
         views += 1
         if views == 1:  # the view's read: meanwhile this process takes the key, stores, gives it back
             assert await post(second, KEY, "two") == 2
@@ -257,3 +257,31 @@ async def test_a_view_read_that_a_lease_overtook_is_not_applied(shared_store: Sh
     await second._viewing
     run = second.active_run(KEY)
     assert run is not None and run.next_seq == 3  # not the older read's 2
+
+
+async def test_a_lease_taken_while_a_dead_holders_append_commits_reads_after_it(
+    shared_store: Shared, pg_dsn: str
+) -> None:
+    """A process killed while it held a key frees the lock at once, but the append it had sent may
+    still commit. The next holder reads the key's run once that transaction has ended, so it
+    appends after that seq instead of failing with a conflict (CI saw a 409 after a kill -9)."""
+    store = await shared_store(linger_s=0.05)
+    assert await post(store, KEY, "one") == 1
+    run = store.active_run(KEY)
+    assert run is not None
+    deadline = time.monotonic() + 10
+    while leases_of(store).held(KEY):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    dead = await asyncpg.connect(pg_dsn)  # the killed holder's append, still committing
+    try:
+        writing = dead.transaction()
+        await writing.start()
+        await dead.execute("UPDATE runs SET next_seq = next_seq + 1 WHERE run_id = $1", run.run_id)
+        taking = asyncio.create_task(post(store, KEY, "two"))
+        await asyncio.sleep(0.3)
+        assert not taking.done()  # the read waits for the transaction
+        await writing.commit()
+        assert await asyncio.wait_for(taking, 10) == 3
+    finally:
+        await dead.close()
