@@ -46,7 +46,7 @@ from bench.retrieval.conversations import Question, build_conversations, build_j
 from config.settings import EmbeddingSettings, MemorySettings
 from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder, build_embedder
 from memory.dates import spell_dates
-from memory.embedders import E5_FLOOR, E5Embedder, Embedder, is_multilingual
+from memory.embedders import E5_FLOOR, E5Embedder, Embedder, is_multilingual, query_vector
 from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query
 from memory.store import POINTER
 
@@ -315,8 +315,6 @@ def embed_cost(n: int) -> None:
     per_query: dict[str, float] = {}
 
     async def run() -> None:
-        from memory.service import _query_vector
-
         for e in embedders.values():
             await e.start()
         for _ in range(3):
@@ -327,7 +325,7 @@ def embed_cost(n: int) -> None:
                 best[name] = min(best.get(name, 1e9), time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 for q in queries:
-                    await _query_vector(e, q)  # as a search embeds it
+                    await query_vector(e, q)  # as a search embeds it
                 per_query[name] = min(per_query.get(name, 1e9), (time.perf_counter() - t0) / len(queries))
         for e in embedders.values():
             await e.close()

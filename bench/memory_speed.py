@@ -41,7 +41,7 @@ from bench.common import parser, percentile
 from config.settings import MemorySettings
 from memory import Embedder, MemoryService
 from memory.chunking import chunk_markdown
-from memory.service import _query_vector
+from memory.embedders import query_vector
 from memory.sources import discover, file_hash, read_text
 from memory.store import rows_table
 
@@ -204,7 +204,7 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local, 
         ours.append(time.perf_counter() - t0)
         ours_cpu.append(time.process_time() - c0)
         t0 = time.perf_counter()
-        vec = (await _query_vector(embedder, q))[None, :]  # as a search embeds it (E5: as a question)
+        vec = (await query_vector(embedder, q))[None, :]  # as a search embeds it (E5: as a question)
         t1 = time.perf_counter()
         await asyncio.to_thread(lambda v=vec: table.search(v[0]).distance_type("cosine").limit(100).to_arrow())
         t2 = time.perf_counter()
@@ -248,7 +248,7 @@ async def breakdown(
     diverse = replace(params, mmr=0.7)
     for q in qs:
         t0 = time.perf_counter()
-        v = (await _query_vector(embedder, q))[None, :]
+        v = (await query_vector(embedder, q))[None, :]
         t1 = time.perf_counter()
         await asyncio.to_thread(store.vector_pool, table, v[0], "main", 100, True)
         t2 = time.perf_counter()
@@ -271,7 +271,7 @@ async def ann_options(store: Any, table: Any, embedder: Local, qs: list[str], di
     rows) and recall of the exact (flat scan) top 10 / top 100, per search setting."""
     from lancedb.index import IvfHnswSq
 
-    vectors = [await _query_vector(embedder, q) for q in qs]
+    vectors = [await query_vector(embedder, q) for q in qs]
     exact: list[list[str]] = []
     lat: list[float] = []
     for v in vectors:

@@ -479,6 +479,15 @@ class E5Embedder:
         await asyncio.to_thread(self._executor.shutdown, wait=not self._loader.loading, cancel_futures=True)
 
 
+async def query_vector(embedder: Embedder, query: str) -> Vectors:
+    """A search query's vector: an embedder with its own query path (``embed_query``: E5 embeds a
+    question, the routed pair picks the model by the query's script) uses it."""
+    embed_query = getattr(embedder, "embed_query", None)
+    vectors = (await embed_query(query))[None, :] if embed_query is not None else await embedder.embed([query])
+    vector: Vectors = np.asarray(vectors[0], dtype=np.float32)
+    return vector
+
+
 def cosine_floor_of(embedder: object, query: str) -> float:
     """Where ``embedder``'s cosines for ``query`` start: its ``cosine_floor_of(query)``, else its
     ``cosine_floor``, else 0 (a model whose unrelated pairs already score near 0)."""

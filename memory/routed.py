@@ -29,6 +29,7 @@ from memory.embedders import (
     UniversalSentenceEncoderEmbedder,
     Vectors,
     cosine_floor_of,
+    query_vector,
 )
 from memory.fusion import is_cjk_query
 
@@ -88,10 +89,8 @@ class RoutedEmbedder:
         out = np.zeros(self.identity.dimensions, dtype=np.float32)
         if is_cjk_query(text):
             out[dims_e:] = (await self._multilingual.embed([text]))[0]
-        elif isinstance(self._english, E5Embedder):
-            out[:dims_e] = await self._english.embed_query(text)
         else:
-            out[:dims_e] = (await self._english.embed([text]))[0]
+            out[:dims_e] = await query_vector(self._english, text)
         return out
 
     async def close(self) -> None:

@@ -19,7 +19,7 @@ from config.settings import MemorySettings
 from memory import scopes, sources
 from memory.dates import spell_dates
 from memory.embedder_choice import build_embedder
-from memory.embedders import Embedder, cosine_floor_of, is_multilingual
+from memory.embedders import Embedder, cosine_floor_of, is_multilingual, query_vector
 from memory.fusion import (
     Candidate,
     FusionParams,
@@ -348,7 +348,7 @@ class MemoryService:
         floor = cosine_floor_of(embedder, query) if embedder is not None else 0.0
         try:
             if embedder is not None:
-                vector = await _query_vector(embedder, query)
+                vector = await query_vector(embedder, query)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(text_job)
@@ -423,15 +423,6 @@ class MemoryService:
         if result.appended:
             self._notify({agent})
         return result
-
-
-async def _query_vector(embedder: Embedder, query: str) -> np.ndarray[Any, Any]:
-    """The query's vector: an embedder with its own query path (``embed_query``: the routed one
-    picks the model by the query's script) uses it."""
-    embed_query = getattr(embedder, "embed_query", None)
-    vectors = (await embed_query(query))[None, :] if embed_query is not None else await embedder.embed([query])
-    vector: np.ndarray[Any, Any] = np.asarray(vectors[0], dtype=np.float32)
-    return vector
 
 
 TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float], frozenset[str]]
