@@ -48,6 +48,7 @@ from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentence
 from memory.dates import spell_dates
 from memory.embedders import E5_FLOOR, E5Embedder, Embedder, is_multilingual, query_vector
 from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query
+from memory.routed import RoutedEmbedder
 from memory.store import POINTER
 
 TODAY = date(2026, 11, 30)
@@ -75,10 +76,14 @@ def notes_questions(root: Path) -> list[Question]:
     return out
 
 
-def make_embedder(name: str) -> Embedder:
-    """auto: what ships (``memory.embedding`` defaults: MiniLM + USE); e5+use: E5 for English
+def make_embedder(name: str, minilm_weight: float | None = None) -> Embedder:
+    """auto: what ships (``memory.embedding`` defaults); minilm+e5+use: both English models
+    blended (``minilm_weight``: MiniLM's share, None = the shipped one); e5+use: E5 for English
     queries instead of MiniLM; e5, use, minilm: one model alone."""
-    if name in ("auto", "e5+use"):
+    if name == "minilm+e5+use" and minilm_weight is not None:
+        english: list[SentenceTransformerEmbedder | E5Embedder] = [SentenceTransformerEmbedder(), E5Embedder()]
+        return RoutedEmbedder(english=english, weights=[minilm_weight, 1 - minilm_weight], provider=name)
+    if name in ("auto", "e5+use", "minilm+e5+use"):
         return build_embedder(EmbeddingSettings(provider=name))
     if name == "e5":
         return E5Embedder()
@@ -119,10 +124,12 @@ def _bm25_baseline(uri: Path, questions: Sequence[Question]) -> tuple[Ranked, Ra
     return ranked[0], ranked[1], len(rows)
 
 
-async def collect(name: str, root: Path, build: Callable[[Path], list[Question]], embedder_name: str) -> EvalSet:
+async def collect(
+    name: str, root: Path, build: Callable[[Path], list[Question]], embedder_name: str, minilm_weight: float | None
+) -> EvalSet:
     workspace = root / name
     questions = build(workspace)
-    embedder = make_embedder(embedder_name)
+    embedder = make_embedder(embedder_name, minilm_weight)
     service = MemoryService(
         MemorySettings(),
         {"main": workspace},
@@ -297,8 +304,6 @@ def tune(sets: list[EvalSet], multilingual: bool) -> list[tuple[float, FusionPar
 def embed_cost(n: int) -> None:
     """Indexing cost per chunk of each packaged embedder, on the same chunks, in turn, in one run
     (three rounds, the best of each: the machine is shared)."""
-    from memory.routed import RoutedEmbedder
-
     with tempfile.TemporaryDirectory() as tmp:
         build_conversations(Path(tmp), chunks=n)
         texts = [p.read_text("utf-8") for p in sorted(Path(tmp).rglob("*.md"))]
@@ -310,6 +315,7 @@ def embed_cost(n: int) -> None:
         "e5": E5Embedder(),
         "auto (minilm + use)": RoutedEmbedder(),
         "e5+use": make_embedder("e5+use"),
+        "minilm+e5+use": make_embedder("minilm+e5+use"),
     }
     best: dict[str, float] = {}
     per_query: dict[str, float] = {}
@@ -347,16 +353,21 @@ def _pool_ranking(p: FusionParams) -> Callable[[Any], list[tuple[str, int, int]]
     ]
 
 
-def _realtalk(data: Path, cache: Path | None, emb: str, *, reuse: bool, payload: dict[str, Any]) -> bool:
+def _realtalk(
+    data: Path, cache: Path | None, emb: str, *, reuse: bool, payload: dict[str, Any], minilm_weight: float | None
+) -> bool:
     from bench import realtalk_eval
 
     with tempfile.TemporaryDirectory(prefix="neotask-realtalk-") as tmp:
         where = cache if cache is not None else Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
-        embedder = make_embedder(emb)
+        embedder = make_embedder(emb, minilm_weight)
         try:
-            # E5's answers depend on its floor; a pickle of the bench's earlier stand-in (raw cosines) is not reused
+            # E5's answers depend on its floor (a pickle of the bench's earlier stand-in, raw
+            # cosines, is not reused) and the blend's on MiniLM's weight
             tag = f"{emb}.floor{E5_FLOOR}" if "e5" in emb else emb
+            if getattr(embedder, "weights", None) and len(embedder.weights) > 1:  # type: ignore[attr-defined]
+                tag += f".minilm{embedder.weights[0]:g}"  # type: ignore[attr-defined]
             run = realtalk_eval.load_or_collect(data, where, embedder, MemorySettings(), tag=tag, reuse=reuse)
         finally:
             asyncio.run(embedder.close())
@@ -429,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1000,5000,20000", help="conversation sizes in chunks")
     ap.add_argument("--big", action="store_true", help="add the 50,000-chunk conversation set")
     ap.add_argument(
-        "--embedder", choices=("auto", "e5+use", "e5", "minilm", "use", "both"), default="auto",
+        "--embedder", choices=("auto", "minilm+e5+use", "e5+use", "e5", "minilm", "use", "both"), default="auto",
         help="auto: what ships (MiniLM for English, USE for Japanese); e5+use: E5 for English instead; "
         "e5 / minilm / use: one model; both: use, minilm",
     )  # fmt: skip
@@ -437,6 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")
     ap.add_argument("--realtalk", type=Path, help="the data/ folder of a REALTALK clone: the main conversation set")
     ap.add_argument("--cache", type=Path, help="REALTALK: keep workspaces, index and answers here between runs")
+    ap.add_argument(
+        "--minilm-weight", type=float, help="minilm+e5+use: MiniLM's share of an English query's cosine (0-1)"
+    )
     ap.add_argument("--reuse", action="store_true", help="REALTALK: score the answers the cache holds, ask nothing")
     ap.add_argument("--no-seeded", action="store_true", help="only REALTALK (skip the seeded sets)")
     ap.add_argument("--embed-cost", type=int, default=0, help="time embedding N chunks with each embedder, then stop")
@@ -464,13 +478,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.realtalk is not None:
         for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
-            ok &= _realtalk(args.realtalk, args.cache, emb, reuse=args.reuse, payload=payload)
+            ok &= _realtalk(
+                args.realtalk, args.cache, emb, reuse=args.reuse, payload=payload, minilm_weight=args.minilm_weight
+            )
     if args.no_seeded:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(json.dumps(payload, indent=2))
         return 0 if ok else 1
     for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
-        probe = make_embedder(emb)
+        probe = make_embedder(emb, args.minilm_weight)
         asyncio.run(probe.start())
         multilingual = is_multilingual(probe.identity)
         asyncio.run(probe.close())
@@ -484,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     (f"conversation-{n}", lambda ws, n=n: build_conversations(ws, chunks=n)) for n in sizes
                 ]
                 builders += [("notes", notes_questions), ("japanese", build_japanese)]
-                sets = [asyncio.run(collect(name, root, fn, emb)) for name, fn in builders]
+                sets = [asyncio.run(collect(name, root, fn, emb, args.minilm_weight)) for name, fn in builders]
             if saved is not None:
                 saved.write_bytes(pickle.dumps(sets))
         payload[emb] = report(sets, shipped, multilingual, emb)

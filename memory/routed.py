@@ -1,17 +1,22 @@
-"""The default embedder: two models in one vector, the query routed by its script.
+"""The default embedder: several models in one vector, the query routed by its script.
 
-An English model and the Universal Sentence Encoder (16 languages, the better of the packaged
-models at Japanese paraphrases: 10 of 10 where E5 finds 8 and MiniLM 1, and its cosines tell an
-unrelated Japanese question from a related one, which E5's do not). The English side is MiniLM
-(provider ``auto``) or multilingual-e5-small (:class:`memory.embedders.E5Embedder`, a
-question-to-passage model; provider ``e5+use``). :class:`RoutedEmbedder` stores every chunk as
-``[english, use] / sqrt(2)`` (a unit vector of 384 + 512 dimensions) and asks with one half only:
-an English query as ``[english(q), 0]``, a Japanese or Chinese one
-(:func:`memory.fusion.is_cjk_query`) as ``[0, use(q)]``. The dot product of a unit query of one half
-with a chunk is that model's cosine divided by ``sqrt(2)``, so the service multiplies the
-similarities by :attr:`RoutedEmbedder.query_scale` and maps them from the model's own
-:meth:`RoutedEmbedder.cosine_floor_of` to [0, 1]: every query gets exactly the cosine of the model
-that knows its language, from one column, one scan and one ANN index.
+English models (MiniLM, and multilingual-e5-small where its engine runs) and the Universal Sentence
+Encoder (16 languages, the better of the packaged models at Japanese paraphrases: 10 of 10 where
+E5 finds 8 and MiniLM 1, and its cosines tell an unrelated Japanese question from a related one,
+which E5's do not). :class:`RoutedEmbedder` stores every chunk as ``[m_1, ..., m_n, use] /
+sqrt(n + 1)``, each model's unit vector side by side (a unit vector), and asks with the English
+part or USE's part only:
+
+- a Japanese or Chinese query (:func:`memory.fusion.is_cjk_query`) as ``[0, ..., 0, use(q)]``: its
+  dot product with a chunk is USE's cosine divided by ``sqrt(n + 1)``;
+- an English query as ``[a_1 m_1(q), ..., a_n m_n(q), 0]``, where the ``a_i`` weigh each model's
+  cosine mapped from its own floor (E5's cosines sit in [0.7, 1]) so that, once the service has
+  multiplied the dot product by :meth:`RoutedEmbedder.query_scale_of` and mapped it from
+  :meth:`RoutedEmbedder.cosine_floor_of` to [0, 1], a chunk's cosine is the weighted mean
+  ``sum_i w_i (cos_i - f_i) / (1 - f_i)`` of the English models' own mapped cosines.
+
+So every query gets the cosine it was tuned for from one column, one scan and one ANN index; the
+English blend is a property of the query vector alone (the weights can change without re-indexing).
 """
 
 from __future__ import annotations
@@ -34,65 +39,98 @@ from memory.embedders import (
 from memory.fusion import is_cjk_query
 
 ROUTED_PROVIDER = "auto"
-_HALF = 1 / math.sqrt(2)
+
+EnglishModel = E5Embedder | SentenceTransformerEmbedder
 
 
 class RoutedEmbedder:
-    """An English model for English, the Universal Sentence Encoder for Japanese and Chinese (see
-    the module docstring). Chunks cost both models (USE is the cheaper of the two)."""
-
-    query_scale = math.sqrt(2)
+    """English models for English, the Universal Sentence Encoder for Japanese and Chinese (see
+    the module docstring). A chunk costs every model (USE is the cheapest)."""
 
     def __init__(
-        self, *, english: E5Embedder | SentenceTransformerEmbedder | None = None, batch_size: int = 32
+        self,
+        *,
+        english: Sequence[EnglishModel] | None = None,
+        weights: Sequence[float] | None = None,
+        provider: str = ROUTED_PROVIDER,
+        batch_size: int = 32,
     ) -> None:
-        self._english = english or SentenceTransformerEmbedder(batch_size=min(batch_size, 32))
+        self._english = list(english or [SentenceTransformerEmbedder(batch_size=min(batch_size, 32))])
+        weights = list(weights) if weights is not None else [1.0] * len(self._english)
+        if len(weights) != len(self._english) or min(weights) < 0 or sum(weights) <= 0:
+            raise ValueError("one non-negative weight per English model, not all 0")
+        self.weights = tuple(w / sum(weights) for w in weights)
         self._multilingual = UniversalSentenceEncoderEmbedder(batch_size=batch_size)
+        self.provider = provider
+        self._root = math.sqrt(len(self._english) + 1)  # the chunk vector's scale
+        # the English query: coefficient r_i = w_i / (1 - f_i) on cos_i, offset k = sum r_i f_i;
+        # the unit query vector holds r_i / |r| on model i, so cos = (|r| root dot - k) clamped,
+        # which the service's (scale dot - floor) / (1 - floor) is with floor = k / (1 + k) and
+        # scale = (1 - floor) |r| root
+        floors = [cosine_floor_of(e, "") for e in self._english]
+        r = np.array([w / (1.0 - f) for w, f in zip(self.weights, floors, strict=True)])
+        k = float(sum(ri * f for ri, f in zip(r, floors, strict=True)))
+        norm = float(np.linalg.norm(r))
+        self._coefficients = (r / norm).astype(np.float32)
+        self._english_floor = k / (1.0 + k)
+        self._english_scale = (1.0 - self._english_floor) * norm * self._root
 
     @property
     def identity(self) -> EmbedderIdentity:
-        e, m = self._english.identity, self._multilingual.identity
-        provider = "e5+use" if isinstance(self._english, E5Embedder) else ROUTED_PROVIDER
-        return EmbedderIdentity(provider, f"{e.model}+{m.model}", e.dimensions + m.dimensions)
+        models = [e.identity for e in (*self._english, self._multilingual)]
+        return EmbedderIdentity(self.provider, "+".join(m.model for m in models), sum(m.dimensions for m in models))
 
     @property
     def max_input_tokens(self) -> int | None:
-        return self._english.max_input_tokens  # USE has no input limit
+        # the tightest English model (USE has no input limit)
+        limits = [e.max_input_tokens for e in self._english if e.max_input_tokens is not None]
+        return min(limits) if limits else None
 
     def count_tokens(self, text: str) -> int:
-        return self._english.count_tokens(text)
+        tightest = min(self._english, key=lambda e: e.max_input_tokens or 1 << 30)
+        return tightest.count_tokens(text)
+
+    def query_scale_of(self, query: str) -> float:
+        """What the dot product of ``query``'s vector with a chunk is multiplied by before it is
+        mapped from :meth:`cosine_floor_of` (see the module docstring)."""
+        return self._root if is_cjk_query(query) else self._english_scale
 
     def cosine_floor_of(self, query: str) -> float:
-        """Where the cosines of the model that answers ``query`` start (mapped from there to [0, 1])."""
-        return 0.0 if is_cjk_query(query) else cosine_floor_of(self._english, query)
+        """Where the (scaled) cosines of the models that answer ``query`` start (mapped from there to [0, 1])."""
+        return 0.0 if is_cjk_query(query) else self._english_floor
 
     def load_sync(self) -> None:
-        self._english.load_sync()
+        for e in self._english:
+            e.load_sync()
         self._multilingual.load_sync()
 
     async def start(self) -> None:
-        await asyncio.gather(self._english.start(), self._multilingual.start())
+        await asyncio.gather(*(e.start() for e in self._english), self._multilingual.start())
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
-        """Chunk vectors: both models' unit vectors side by side, scaled to a unit vector."""
+        """Chunk vectors: every model's unit vector side by side, scaled to a unit vector."""
         if not texts:
             return np.zeros((0, self.identity.dimensions), dtype=np.float32)
         # one model after the other: on a busy machine two inference threads side by side cost
         # more than the sum (bench.memory_eval --embed-cost)
-        english = await self._english.embed(texts)
-        other = await self._multilingual.embed(texts)
-        return np.concatenate([english, other], axis=1).astype(np.float32) * np.float32(_HALF)
+        parts = [await e.embed(texts) for e in self._english]
+        parts.append(await self._multilingual.embed(texts))
+        return np.concatenate(parts, axis=1).astype(np.float32) * np.float32(1 / self._root)
 
     async def embed_query(self, text: str) -> Vectors:
-        """A unit query vector with one half set: USE's for a CJK query, the English model's otherwise."""
-        dims_e = self._english.identity.dimensions
+        """A unit query vector: USE's part for a CJK query, the English models' weighted parts otherwise."""
         out = np.zeros(self.identity.dimensions, dtype=np.float32)
         if is_cjk_query(text):
-            out[dims_e:] = (await self._multilingual.embed([text]))[0]
-        else:
-            out[:dims_e] = await query_vector(self._english, text)
+            out[-self._multilingual.identity.dimensions :] = (await self._multilingual.embed([text]))[0]
+            return out
+        # each model on its own thread at once: a query is one short text
+        vectors = await asyncio.gather(*(query_vector(e, text) for e in self._english))
+        start = 0
+        for e, a, v in zip(self._english, self._coefficients, vectors, strict=True):
+            size = e.identity.dimensions
+            out[start : start + size] = a * v
+            start += size
         return out
 
     async def close(self) -> None:
-        await asyncio.gather(self._english.close(), self._multilingual.close())
-
+        await asyncio.gather(*(e.close() for e in self._english), self._multilingual.close())

@@ -19,7 +19,7 @@ from config.settings import MemorySettings
 from memory import scopes, sources
 from memory.dates import spell_dates
 from memory.embedder_choice import build_embedder
-from memory.embedders import Embedder, cosine_floor_of, is_multilingual, query_vector
+from memory.embedders import Embedder, cosine_floor_of, is_multilingual, query_scale_of, query_vector
 from memory.fusion import (
     Candidate,
     FusionParams,
@@ -344,7 +344,7 @@ class MemoryService:
         text_job = self._reads.submit(_text_side, store, table, query, agent, n, include_memory_md, with_share, scope)
         vector = None
         embedder = self._query_embedder()
-        scale = float(getattr(embedder, "query_scale", 1.0))
+        scale = query_scale_of(embedder, query) if embedder is not None else 1.0
         floor = cosine_floor_of(embedder, query) if embedder is not None else 0.0
         try:
             if embedder is not None:
@@ -459,8 +459,8 @@ def _merge(
     floor: float = 0.0,
 ) -> list[Candidate]:
     """The two pools' rows as candidates, each with its cosine, BM25 score and term share.
-    ``scale``: the embedder's ``query_scale`` (a routed query vector holds one model's half, so its
-    dot product is that model's cosine divided by it). ``floor``: the embedder's ``cosine_floor``
+    ``scale``: the embedder's ``query_scale_of(query)`` (a routed chunk vector holds several models'
+    parts, so a query's dot product is its models' cosine divided by it). ``floor``: the embedder's ``cosine_floor``
     (E5's cosines sit in [0.7, 1]: mapped from there to [0, 1], below it 0)."""
     text_rows, text_vectors, text_shares, names = text_side
     terms = query_terms(query) if with_share else ((), ())

@@ -17,7 +17,13 @@ from config.errors import ConfigError, MemoryNotReady
 from config.settings import EmbeddingSettings
 from memory import MemoryService, build_embedder
 from memory.embedder_choice import e5_runs_here
-from memory.embedders import E5_FLOOR, E5Embedder, is_multilingual
+from memory.embedders import (
+    E5_FLOOR,
+    E5Embedder,
+    SentenceTransformerEmbedder,
+    UniversalSentenceEncoderEmbedder,
+    is_multilingual,
+)
 from memory.routed import RoutedEmbedder
 from tests.memory.conftest import eventually, memory_settings, write
 from tests.memory.test_routed import japanese_recall
@@ -143,3 +149,59 @@ def test_e5_says_why_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> Non
         expected = rf"provider {re.escape(provider)} needs x86-64 Linux with AVX2.*provider: auto"
         with pytest.raises(ConfigError, match=expected):
             embedder.load_sync()  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="module")
+def blend() -> Iterator[RoutedEmbedder]:
+    embedder = build_embedder(EmbeddingSettings(provider="minilm+e5+use"))
+    assert isinstance(embedder, RoutedEmbedder)
+    embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.close())
+
+
+def test_the_blend_arithmetic_reduces_to_one_model_when_the_other_weighs_nothing() -> None:
+    """The query's parts, scale and floor for weights (1, 0) and (0, 1) are those of MiniLM's and
+    E5's routed pairs (one model's cosine, E5's mapped from its floor); bad weights are refused."""
+    root3 = np.sqrt(3)
+    english = [SentenceTransformerEmbedder(), E5Embedder()]
+    minilm_only = RoutedEmbedder(english=english, weights=[1, 0])
+    assert (minilm_only.query_scale_of("a"), minilm_only.cosine_floor_of("a")) == pytest.approx((root3, 0.0))
+    e5_only = RoutedEmbedder(english=english, weights=[0, 1])
+    assert (e5_only.query_scale_of("a"), e5_only.cosine_floor_of("a")) == pytest.approx((root3, E5_FLOOR))
+    even = RoutedEmbedder(english=english, weights=[1, 1])
+    assert even.weights == (0.5, 0.5) and even.query_scale_of("夫の誕生日") == pytest.approx(root3)
+    for weights in ([1], [-1, 2], [0, 0]):
+        with pytest.raises(ValueError, match="one non-negative weight per English model"):
+            RoutedEmbedder(english=english, weights=weights)
+
+
+@pytest.mark.slow
+@needs_e5
+async def test_the_blend_scores_english_with_both_models_and_japanese_with_use(
+    tmp_path: Path, blend: RoutedEmbedder, e5_embedder: E5Embedder
+) -> None:
+    """provider minilm+e5+use: through the service, an English question's cosine for a chunk is the
+    mean of MiniLM's cosine and E5's mapped from its floor; a Japanese one's is USE's own."""
+    assert blend.identity.provider == "minilm+e5+use" and blend.identity.dimensions == 384 + 384 + 512
+    english, japanese = "My dentist is Doctor Alice Wong on Baker Street.", "夫の誕生日は五月三日です。"
+    write(tmp_path / "ws", "MEMORY.md", english + "\n")
+    write(tmp_path / "ws", "memory/notes/家族.md", japanese + "\n")
+    settings = memory_settings(search={"min_score": 0.0, "min_text_score": 0.0})
+    service = MemoryService(settings, {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock, embedder=blend)
+    minilm, use = SentenceTransformerEmbedder(), UniversalSentenceEncoderEmbedder()
+    await asyncio.gather(service.start(), minilm.start(), use.start())
+    try:
+        await eventually(lambda: service.ready, timeout=300)
+        by_text = {c.text.strip(): c.cosine for c in await service.candidates("main", "who is my dentist?")}
+        ja = {c.text.strip(): c.cosine for c in await service.candidates("main", "旦那さんのバースデーはいつ？")}
+        a, b, q = await minilm.embed([english, japanese, "who is my dentist?"])
+        passages = await e5_embedder.embed([english, japanese])
+        e5_cos = passages @ await e5_embedder.embed_query("who is my dentist?")
+        for text, m, e in ((english, a @ q, e5_cos[0]), (japanese, b @ q, e5_cos[1])):
+            want = min(1.0, max(0.0, 0.5 * float(m) + 0.5 * (float(e) - E5_FLOOR) / (1 - E5_FLOOR)))
+            assert by_text[text] == pytest.approx(want, abs=1e-3), text
+        u = await use.embed([japanese, "旦那さんのバースデーはいつ？"])
+        assert ja[japanese] == pytest.approx(float(u[0] @ u[1]), abs=1e-3)
+    finally:
+        await asyncio.gather(service.close(), minilm.close(), use.close())

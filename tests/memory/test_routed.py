@@ -75,7 +75,7 @@ async def test_query_half_gives_each_models_own_cosine(routed: RoutedEmbedder) -
             assert np.isclose(np.linalg.norm(query), 1.0, atol=1e-5)
             own = minilm if q.isascii() else use
             expected = (await own.embed(texts)) @ (await own.embed([q]))[0]
-            assert np.allclose(docs @ query * routed.query_scale, expected, atol=1e-4)
+            assert np.allclose(docs @ query * routed.query_scale_of(q), expected, atol=1e-4)
     finally:
         await minilm.close()
         await use.close()
