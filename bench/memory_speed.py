@@ -1,6 +1,6 @@
 """Speed of the memory index: indexing cost vs raw encode, edit cost, search latency, loop lag.
 
-``python -m bench.memory_speed [--quick] [--embedder auto|e5+use|e5|minilm|use] [--search-only]``
+``python -m bench.memory_speed [--quick] [--embedder auto|minilm+e5+use|e5+use|e5|minilm|use] [--search-only]``
 (auto: the shipped embedder, the default).
 Every ratio is against a baseline measured in the same
 run on the same machine, with the same torch thread count (1):
@@ -340,8 +340,9 @@ async def run(quick: bool, which: str, search_only: bool = False, ann: bool = Tr
 def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("python -m bench.memory_speed", __doc__ or "")
     ap.add_argument(
-        "--embedder", choices=("auto", "e5+use", "e5", "minilm", "use"), default="auto",
-        help="auto: what ships (MiniLM for English queries); e5+use: E5 for them instead; or one model alone",
+        "--embedder", choices=("auto", "minilm+e5+use", "e5+use", "e5", "minilm", "use"), default="auto",
+        help="auto: what ships; minilm+e5+use: both English models blended; e5+use: E5 alone for English "
+        "queries; or one model alone",
     )  # fmt: skip
     ap.add_argument("--search-only", action="store_true", help="only part 3 and 4 (search at 20,000 chunks)")
     ap.add_argument("--no-ann", action="store_true", help="skip the ANN index table of part 4 (minutes of CPU)")

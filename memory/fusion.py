@@ -6,6 +6,7 @@ and a fake embedder; the index only fetches the two candidate pools.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
@@ -323,7 +324,27 @@ def unheld_topic_words(query: str, candidates: Sequence[Candidate]) -> list[str]
     if not topic:
         return []
     held = _normal("\n".join(f"{c.heading}\n{c.text}" for c in candidates))  # words never span lines
-    return [w for w in topic if not _words_held([w], held)]
+    unheld = [w for w in topic if not _words_held([w], held)]
+    if not unheld:
+        return []
+    speakers = frozenset().union(*(_name_words(s) for c in candidates if (s := turn_speaker(c.text))))
+    return [w for w in unheld if not any(spells_name(w, name) for name in speakers)]
+
+
+def spells_name(word: str, name: str) -> bool:
+    """Whether a query's (stemmed) word is another spelling of a speaker's name: the same first
+    letter, both of 3 letters or more, and ``difflib``'s ratio at least ``NAME_SPELLING`` (REALTALK's
+    questions ask about "Muhammad" and "Mohamed" in a chat where "Muhhamed" speaks: 0.71 and 0.73
+    against its stem "muhham"; "emu" against "emi" is 0.67, "kevn" against "kevin" 0.89). People
+    spell a name several ways; a question about one of them is not about something unmentioned."""
+    if word == name:
+        return True
+    if len(word) < 3 or len(name) < 3 or word[0] != name[0]:
+        return False
+    return difflib.SequenceMatcher(None, word, name).ratio() >= NAME_SPELLING
+
+
+NAME_SPELLING = 0.7  # spells_name: difflib's ratio from which a word is another spelling of a name
 
 
 def off_topic(

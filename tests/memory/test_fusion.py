@@ -25,6 +25,7 @@ from memory.fusion import (
     text_share,
     text_strength,
     turn_speaker,
+    spells_name,
     unheld_topic_words,
 )
 
@@ -407,3 +408,16 @@ def test_a_query_with_a_topic_word_no_candidate_holds_is_off_topic() -> None:
     assert len(fuse(chat, rrf, today=TODAY, k=5, query="What workout did Ravi do?")) == 2
     text_alone = replace(p, use_vector=False)  # no cosines to trust: the text side decides, min_text_score abstains
     assert [h.chunk_id for h in fuse(chat, text_alone, today=TODAY, k=5, query=query)] == ["a"]
+
+
+def test_another_spelling_of_a_speakers_name_is_no_topic_word() -> None:
+    """People spell names several ways: "Muhammad" or "Mohamed" asked of a chat where "Muhhamed"
+    speaks is a question about him, not about something the chat never mentions (REALTALK: 15 of
+    the questions the off-topic rule refused). A word merely near a name is still a topic word."""
+    chat = [said("a", "[D1:1] Muhhamed: my drive to work takes so long", 0.45),
+            said("b", "[D1:2] Emi: that road is terrible", 0.40, bm25=0.0)]  # fmt: skip
+    assert unheld_topic_words("How long is Muhammad's drive to work?", chat) == []
+    assert unheld_topic_words("How long is Mohamed's drive to work?", chat) == []
+    assert unheld_topic_words("Which blood group is Muhammad?", chat) == ["blood", "group"]
+    assert unheld_topic_words("Did Emi ever ride an emu?", chat) == ["ride", "emu"]  # 0.67: not a spelling of Emi
+    assert spells_name("kevn", "kevin") and not spells_name("devin", "kevin") and not spells_name("ed", "ad")
