@@ -4,6 +4,7 @@ Sentence Encoder for Japanese and Chinese ones, both in one vector (provider e5+
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import re
 from collections.abc import Iterator
@@ -68,17 +69,20 @@ def test_threads_are_set_without_touching_the_process_environment(e5_embedder: E
     process): each model's embed thread gets the team size it asked for, the second model too.
     (Counting the process's threads instead was flaky inside the whole suite.)"""
     before = os.environ.get("OMP_NUM_THREADS")
+    pytest.importorskip("torch")  # its libgomp, loaded globally first, is the one the engine's parallel regions bind to
 
-    def team_size_after_an_embed(n: int) -> int:
-        """libgomp's team size on the thread that embeds, as it stands after an embed."""
+    def team_sizes_after_an_embed(n: int) -> tuple[int, int]:
+        """The team size on the thread that embeds, as it stands after an embed, in the engine's
+        own libgomp and in the process's global one (torch's)."""
         other = E5Embedder(threads=n)
         other.load_sync()
         asyncio.run(other.embed(["a passage long enough to be worth two threads " * 8]))
-        size = int(other._executor.submit(lambda: other._model._lib.omp_get_max_threads()).result())
+        engine = other._executor.submit(lambda: other._model._lib.omp_get_max_threads()).result()
+        process = other._executor.submit(lambda: ctypes.CDLL(None).omp_get_max_threads()).result()
         asyncio.run(other.close())
-        return size
+        return int(engine), int(process)
 
-    assert (team_size_after_an_embed(1), team_size_after_an_embed(2)) == (1, 2)
+    assert (team_sizes_after_an_embed(1), team_sizes_after_an_embed(2)) == ((1, 1), (2, 2))
     assert os.environ.get("OMP_NUM_THREADS") == before
     assert e5_embedder.count_tokens("hello world") < e5_embedder.count_tokens("hello world " * 20)
     assert e5_embedder.max_input_tokens == 510
