@@ -1,8 +1,9 @@
 """Retrieval quality on realistic memory: conversations, notes and Japanese, per question kind.
 
 ``python -m bench.memory_eval [--quick] [--sizes 1000,5000,20000] [--big] [--embedder E] [--tune]``
-(``--embedder auto``, the default: the shipped pair; ``e5+use``: E5 for English queries instead of
-MiniLM; ``e5``, ``minilm``, ``use``: one model alone)
+(``--embedder auto``, the default: what ships, ``minilm+e5+use`` where E5 runs, with
+``--minilm-weight`` for its blend; ``minilm+use``: the default before; ``e5+use``: E5 for English
+queries; ``e5``, ``minilm``, ``use``: one model alone)
 
 Sets: ``conversation-N`` (``bench/retrieval/conversations.py``, N turns = N chunks, 1,000 to
 20,000 by default, 50,000 with ``--big``), ``notes`` (the daily logs and notes of
@@ -77,13 +78,14 @@ def notes_questions(root: Path) -> list[Question]:
 
 
 def make_embedder(name: str, minilm_weight: float | None = None) -> Embedder:
-    """auto: what ships (``memory.embedding`` defaults); minilm+e5+use: both English models
-    blended (``minilm_weight``: MiniLM's share, None = the shipped one); e5+use: E5 for English
-    queries instead of MiniLM; e5, use, minilm: one model alone."""
+    """auto: what ships (``memory.embedding`` defaults: minilm+e5+use where E5 runs); minilm+e5+use:
+    both English models blended (``minilm_weight``: MiniLM's share, None = the shipped one);
+    minilm+use: the default before (MiniLM for English queries); e5+use: E5 for them; e5, use,
+    minilm: one model alone."""
     if name == "minilm+e5+use" and minilm_weight is not None:
         english: list[SentenceTransformerEmbedder | E5Embedder] = [SentenceTransformerEmbedder(), E5Embedder()]
         return RoutedEmbedder(english=english, weights=[minilm_weight, 1 - minilm_weight], provider=name)
-    if name in ("auto", "e5+use", "minilm+e5+use"):
+    if name in ("auto", "minilm+e5+use", "minilm+use", "e5+use"):
         return build_embedder(EmbeddingSettings(provider=name))
     if name == "e5":
         return E5Embedder()
@@ -313,9 +315,9 @@ def embed_cost(n: int) -> None:
         "minilm": SentenceTransformerEmbedder(),
         "use": UniversalSentenceEncoderEmbedder(),
         "e5": E5Embedder(),
-        "auto (minilm + use)": RoutedEmbedder(),
+        "minilm+use (before)": make_embedder("minilm+use"),
         "e5+use": make_embedder("e5+use"),
-        "minilm+e5+use": make_embedder("minilm+e5+use"),
+        "minilm+e5+use (auto)": make_embedder("minilm+e5+use"),
     }
     best: dict[str, float] = {}
     per_query: dict[str, float] = {}
@@ -414,7 +416,7 @@ def _realtalk_abstention(run: Any, shipped: FusionParams) -> list[dict[str, floa
     ms0, tc0, ts0 = shipped.min_score, shipped.min_topic_cosine, shipped.min_topic_score
     grid = [(ms0, tc0, ts0)]
     grid += [(ms, 0.0, ts0) for ms in (0.0, 0.055, 0.07, 0.08, 0.09, 0.1, 0.12, 0.15)]
-    grid += [(ms0, tc, ts) for tc in (0.5, 0.55, 0.6) for ts in (0.15, 0.2, 0.25, 1.0)]
+    grid += [(ms0, tc, ts) for tc in (0.45, 0.5, 0.55, 0.6) for ts in (0.15, 0.2, 0.25, 1.0)]
     for ms, tc, ts in dict.fromkeys(grid):
         p = replace(shipped, min_score=ms, min_topic_cosine=tc, min_topic_score=ts)
         empty = sum(
@@ -440,9 +442,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1000,5000,20000", help="conversation sizes in chunks")
     ap.add_argument("--big", action="store_true", help="add the 50,000-chunk conversation set")
     ap.add_argument(
-        "--embedder", choices=("auto", "minilm+e5+use", "e5+use", "e5", "minilm", "use", "both"), default="auto",
-        help="auto: what ships (MiniLM for English, USE for Japanese); e5+use: E5 for English instead; "
-        "e5 / minilm / use: one model; both: use, minilm",
+        "--embedder",
+        choices=("auto", "minilm+e5+use", "minilm+use", "e5+use", "e5", "minilm", "use", "both"),
+        default="auto",
+        help="auto: what ships (minilm+e5+use where E5 runs: both English models blended, USE for "
+        "Japanese); minilm+use: the default before; e5+use: E5 for English; e5 / minilm / use: one model; "
+        "both: use, minilm",
     )  # fmt: skip
     ap.add_argument("--tune", action="store_true", help="print the fusion grid (worst margin over the better side)")
     ap.add_argument("--pools", type=Path, help="keep the fetched pools in this pickle and reuse them (fusion work)")

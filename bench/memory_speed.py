@@ -1,7 +1,7 @@
 """Speed of the memory index: indexing cost vs raw encode, edit cost, search latency, loop lag.
 
-``python -m bench.memory_speed [--quick] [--embedder auto|minilm+e5+use|e5+use|e5|minilm|use] [--search-only]``
-(auto: the shipped embedder, the default).
+``python -m bench.memory_speed [--quick] [--embedder NAME] [--search-only]`` (NAME: auto, the
+shipped embedder and the default; minilm+e5+use, minilm+use, e5+use, e5, minilm or use).
 Every ratio is against a baseline measured in the same
 run on the same machine, with the same torch thread count (1):
 
@@ -340,8 +340,9 @@ async def run(quick: bool, which: str, search_only: bool = False, ann: bool = Tr
 def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("python -m bench.memory_speed", __doc__ or "")
     ap.add_argument(
-        "--embedder", choices=("auto", "minilm+e5+use", "e5+use", "e5", "minilm", "use"), default="auto",
-        help="auto: what ships; minilm+e5+use: both English models blended; e5+use: E5 alone for English "
+        "--embedder", default="auto",
+        choices=("auto", "minilm+e5+use", "minilm+use", "e5+use", "e5", "minilm", "use"),
+        help="auto: what ships (minilm+e5+use where E5 runs); minilm+use: the default before; e5+use: E5 for English "
         "queries; or one model alone",
     )  # fmt: skip
     ap.add_argument("--search-only", action="store_true", help="only part 3 and 4 (search at 20,000 chunks)")

@@ -272,7 +272,14 @@ class InheritanceSettings(Model):
 
 class EmbeddingSettings(Model):
     provider: Literal[
-        "auto", "minilm+e5+use", "e5+use", "e5", "universal-sentence-encoder", "sentence-transformers", "openai"
+        "auto",
+        "minilm+e5+use",
+        "minilm+use",
+        "e5+use",
+        "e5",
+        "universal-sentence-encoder",
+        "sentence-transformers",
+        "openai",
     ] = "auto"
     model: str | None = None
     base_url: str | None = None

