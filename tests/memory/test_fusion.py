@@ -21,11 +21,11 @@ from memory.fusion import (
     passes,
     query_terms,
     rrf_score,
+    spells_name,
     spoken_by,
     text_share,
     text_strength,
     turn_speaker,
-    spells_name,
     unheld_topic_words,
 )
 
