@@ -328,7 +328,19 @@ def unheld_topic_words(query: str, candidates: Sequence[Candidate]) -> list[str]
     if not unheld:
         return []
     speakers = frozenset().union(*(_name_words(s) for c in candidates if (s := turn_speaker(c.text))))
-    return [w for w in unheld if not any(spells_name(w, name) for name in speakers)]
+    written_as_names = _capitalised(query)
+    return [w for w in unheld if not (w in written_as_names and any(spells_name(w, name) for name in speakers))]
+
+
+_CAPITALISED = re.compile(r"\b[A-Z][0-9A-Za-z]*")
+
+
+def _capitalised(query: str) -> frozenset[str]:
+    """The stems of the query's words written with a capital, as names are: only such a word may
+    be another spelling of a speaker's name (:func:`spells_name`). Without this, words that start
+    like a name ("jacket" / "Jack", "car" / "Carol", "grapes" / "Grace") were taken for it and an
+    unrelated question was kept."""
+    return frozenset(_stem(w.lower()) for w in _CAPITALISED.findall(query))
 
 
 def spells_name(word: str, name: str) -> bool:
@@ -336,7 +348,8 @@ def spells_name(word: str, name: str) -> bool:
     letter, both of 3 letters or more, and ``difflib``'s ratio at least ``NAME_SPELLING`` (REALTALK's
     questions ask about "Muhammad" and "Mohamed" in a chat where "Muhhamed" speaks: 0.71 and 0.73
     against its stem "muhham"; "emu" against "emi" is 0.67, "kevn" against "kevin" 0.89). People
-    spell a name several ways; a question about one of them is not about something unmentioned."""
+    spell a name several ways; a question about one of them is not about something unmentioned.
+    :func:`unheld_topic_words` asks it only of words written with a capital."""
     if word == name:
         return True
     if len(word) < 3 or len(name) < 3 or word[0] != name[0]:

@@ -421,3 +421,13 @@ def test_another_spelling_of_a_speakers_name_is_no_topic_word() -> None:
     assert unheld_topic_words("Which blood group is Muhammad?", chat) == ["blood", "group"]
     assert unheld_topic_words("Did Emi ever ride an emu?", chat) == ["ride", "emu"]  # 0.67: not a spelling of Emi
     assert spells_name("kevn", "kevin") and not spells_name("devin", "kevin") and not spells_name("ed", "ad")
+    # a word that merely starts like a name is no spelling of it: only a capitalised word may be one
+    # (the first version kept "What colour is Jack's jacket?" over a chat where Jack never mentions one)
+    jack = [said("a", "[D1:1] Jack: my drive to work takes so long", 0.45),
+            said("b", "[D1:2] Carol: that road is terrible", 0.40, bm25=0.0),
+            said("c", "[D1:3] Grace: I'd rather take the bus", 0.40, bm25=0.0)]  # fmt: skip
+    assert unheld_topic_words("What colour is Jack's jacket?", jack) == ["colour", "jacket"]
+    assert unheld_topic_words("Which car does Carol drive?", jack) == ["car"]
+    assert unheld_topic_words("Does Grace like grapes?", jack) == ["like", "grape"]
+    assert unheld_topic_words("Does Grace like Grapes?", jack) == ["like"]  # capitalised, as a name is written
+    assert unheld_topic_words("How long is muhammad's drive to work?", chat) == ["muhammad"]  # lower case: a word
