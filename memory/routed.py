@@ -22,6 +22,7 @@ English blend is a property of the query vector alone (the weights can change wi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -54,14 +55,16 @@ class RoutedEmbedder:
         weights: Sequence[float] | None = None,
         provider: str = ROUTED_PROVIDER,
         batch_size: int = 32,
+        multilingual: UniversalSentenceEncoderEmbedder | None = None,
     ) -> None:
         self._english = list(english or [SentenceTransformerEmbedder(batch_size=min(batch_size, 32))])
         weights = list(weights) if weights is not None else [1.0] * len(self._english)
         if len(weights) != len(self._english) or min(weights) < 0 or sum(weights) <= 0:
             raise ValueError("one non-negative weight per English model, not all 0")
         self.weights = tuple(w / sum(weights) for w in weights)
-        self._multilingual = UniversalSentenceEncoderEmbedder(batch_size=batch_size)
-        self.provider = provider
+        self._multilingual = multilingual or UniversalSentenceEncoderEmbedder(batch_size=batch_size)
+        self.provider = provider  # the setting named in errors; the identity names the models (see identity)
+        self._views: dict[EmbedderIdentity, RoutedEmbedder | None] = {}
         self._root = math.sqrt(len(self._english) + 1)  # the chunk vector's scale
         # the English query: coefficient r_i = w_i / (1 - f_i) on cos_i, offset k = sum r_i f_i;
         # the unit query vector holds r_i / |r| on model i, so cos = (|r| root dot - k) clamped,
@@ -77,8 +80,29 @@ class RoutedEmbedder:
 
     @property
     def identity(self) -> EmbedderIdentity:
+        """Named after the models the vectors hold, not after the setting that chose them: ``auto``
+        and ``minilm+use`` (or ``auto`` where E5 runs and ``minilm+e5+use``) store the same vectors,
+        so switching between them re-embeds nothing. MiniLM with USE keeps the name ``auto``, the
+        identity the default had before E5 (an index built then is kept)."""
         models = [e.identity for e in (*self._english, self._multilingual)]
-        return EmbedderIdentity(self.provider, "+".join(m.model for m in models), sum(m.dimensions for m in models))
+        english = ["e5" if isinstance(e, E5Embedder) else "minilm" for e in self._english]
+        name = ROUTED_PROVIDER if english == ["minilm"] else "+".join([*english, "use"])
+        return EmbedderIdentity(name, "+".join(m.model for m in models), sum(m.dimensions for m in models))
+
+    def view_for(self, identity: EmbedderIdentity) -> RoutedEmbedder | None:
+        """A query embedder for an index built by another routed choice whose models this one
+        loads (the default's index before E5, MiniLM and USE, while this one's is being built): the
+        same loaded models, their cosines weighed equally; None when no subset of them made it."""
+        if identity == self.identity:
+            return self
+        if identity not in self._views:
+            self._views[identity] = None
+            for n in range(len(self._english) - 1, 0, -1):
+                for models in itertools.combinations(self._english, n):
+                    view = RoutedEmbedder(english=models, provider=self.provider, multilingual=self._multilingual)
+                    if view.identity == identity:
+                        self._views[identity] = view
+        return self._views[identity]
 
     @property
     def max_input_tokens(self) -> int | None:

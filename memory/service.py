@@ -33,6 +33,7 @@ from memory.fusion import (
 )
 from memory.indexer import Indexer, Progress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
+from memory.routed import RoutedEmbedder
 from memory.store import ChunkStore
 from memory.watcher import sweep, watch
 
@@ -300,12 +301,18 @@ class MemoryService:
         return fuse(pool, params, today=self._clock().date(), k=k, query=spell_dates(query))
 
     def _query_embedder(self) -> Embedder | None:
-        """The embedder when it is loaded and made the active table's vectors, else None (the
-        text side then answers alone)."""
+        """The embedder when it is loaded and made the active table's vectors; while a table of
+        another routed choice is active (being rebuilt for this one), the embedder of that choice
+        over the same loaded models (:meth:`RoutedEmbedder.view_for`: the default's index from
+        before E5 keeps its vector side until the new one replaces it); else None (the text side
+        then answers alone)."""
         store, embedder = self._store, self._embedder if self._embedder_ready else None
         if embedder is None or store is None or store.active_identity is None:
             return None
-        return embedder if store.active_identity.embedder == embedder.identity else None
+        active = store.active_identity.embedder
+        if active == embedder.identity:
+            return embedder
+        return embedder.view_for(active) if isinstance(embedder, RoutedEmbedder) else None
 
     def _vector_knows(self, query: str) -> bool:
         """False without a usable query vector, or when the query is CJK and the embedder is

