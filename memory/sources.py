@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date
@@ -49,8 +50,17 @@ def _markdown_under(root: Path) -> Iterable[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
-            if name.lower().endswith(".md") and not name.startswith("."):
+            if name.lower().endswith(".md") and not name.startswith(".") and _regular(Path(dirpath) / name):
                 yield Path(dirpath) / name
+
+
+def _regular(path: Path) -> bool:
+    """Whether ``path`` (its symlinks followed) is a regular file: a FIFO, socket or device named
+    ``*.md`` is no memory (reading a FIFO blocks until someone writes to it)."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 def _extra_root(workspace: Path, raw: str) -> Path:
@@ -125,8 +135,21 @@ def list_files(workspace: Path, extra_paths: Iterable[str] = ()) -> list[MemoryF
 
 
 def read_text(path: Path) -> str:
-    """A memory file's text (UTF-8, undecodable bytes replaced, CRLF as LF)."""
-    return path.read_bytes().decode("utf-8", errors="replace").replace("\r\n", "\n")
+    """A memory file's text (UTF-8, undecodable bytes replaced, CRLF as LF). Opened without
+    blocking and read only when it is a regular file (it may have been replaced by a FIFO since it
+    was listed): BadRequest otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadRequest(f"memory file {path.name!r} is not a regular file; it is not read")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1  # closed by the file object
+            data = f.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n")
 
 
 def read_text_inside(path: Path, roots: tuple[Path, ...]) -> str:

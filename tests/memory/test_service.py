@@ -432,3 +432,21 @@ async def test_a_question_about_what_no_turn_mentions_gets_nothing(
     finally:
         await svc.close()
         await embedder.close()
+
+
+async def test_a_fifo_in_the_memory_blocks_neither_indexing_nor_reads(
+    service: MemoryService, workspace: Path
+) -> None:
+    """A FIFO named ``*.md`` used to hang the indexing run (``reindex`` never returned, the index
+    stayed stale) and every read of it."""
+    import os
+
+    os.mkfifo(workspace / "memory" / "pipe.md")
+    write(workspace, "memory/2026-11-30.md", "- Booked the ferry to Vashon for Saturday.\n")
+    report = await asyncio.wait_for(service.reindex(), 20)
+    assert not report.errors
+    assert "memory/pipe.md" not in [f.path for f in service.list_files("main")]
+    hits = await asyncio.wait_for(service.search("main", "ferry Vashon"), 20)
+    assert hits and hits[0].path == "memory/2026-11-30.md"
+    with pytest.raises(NotFound):
+        await asyncio.wait_for(service.get("main", "memory/pipe.md"), 20)

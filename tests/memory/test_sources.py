@@ -75,3 +75,30 @@ def test_append_daily_adds_a_newline_to_a_file_without_one(ws: Path) -> None:
     (ws / "memory" / "2026-12-02.md").write_text("no newline")
     sources.append_daily(ws, "next", date(2026, 12, 2))
     assert (ws / "memory" / "2026-12-02.md").read_text() == "no newline\nnext\n"
+
+
+def test_a_fifo_named_md_is_no_memory_file_and_is_never_read(ws: Path) -> None:
+    """Reading a FIFO blocks until someone writes to it: one named ``*.md`` in the memory hung every
+    read of it, the indexing run (so the index stayed stale) and the daemon's shutdown."""
+    import os
+    import threading
+
+    os.mkfifo(ws / "memory" / "pipe.md")
+    os.mkfifo(ws / "memory" / "sub" / "fifo-link-target")
+    (ws / "memory" / "link.md").symlink_to(ws / "memory" / "sub" / "fifo-link-target")
+    assert [f.rel for f in sources.discover(ws)] == ["MEMORY.md", "memory/2026-11-29.md", "memory/sub/x.md"]
+    with pytest.raises(NotFound):
+        sources.resolve(ws, "memory/pipe.md")
+    outcome: list[BaseException | str] = []
+
+    def read() -> None:
+        try:
+            outcome.append(sources.read_text(ws / "memory" / "pipe.md"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    assert outcome, "read_text blocked on a FIFO"
+    assert isinstance(outcome[0], BadRequest) and "not a regular file" in str(outcome[0])
