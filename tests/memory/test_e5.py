@@ -20,6 +20,7 @@ from memory import MemoryService, build_embedder
 from memory.embedder_choice import e5_runs_here
 from memory.embedders import (
     E5_FLOOR,
+    E5_QUERY_TOKENS,
     E5Embedder,
     SentenceTransformerEmbedder,
     UniversalSentenceEncoderEmbedder,
@@ -110,6 +111,24 @@ async def test_a_nul_in_a_text_does_not_cut_off_what_follows(e5_embedder: E5Embe
     assert float(cut @ before) < 0.95
     assert float(cut @ whole) > 0.999
     assert e5_embedder.count_tokens("before\x00after text about cats") == e5_embedder.count_tokens(whole_text)
+
+
+@pytest.mark.slow
+@needs_e5
+async def test_a_long_query_is_embedded_from_its_first_tokens_only(e5_embedder: E5Embedder) -> None:
+    """A query is not windowed as a passage is: a 1,300-word query took 10 s of the one embedding
+    thread that every search waits for. E5 embeds its first E5_QUERY_TOKENS tokens, cut at a space."""
+    words = [f"w{i}x" for i in range(1300)]
+    long = " ".join(words)
+    head = e5_embedder.query_head(long)
+    assert long.startswith(head) and long[len(head)] == " "
+    assert e5_embedder.count_tokens(head) <= E5_QUERY_TOKENS < e5_embedder.count_tokens(head + " " + words[-1])
+    assert np.allclose(await e5_embedder.embed_query(long), await e5_embedder.embed_query(head), atol=1e-6)
+    short = "When do I see the dentist?"
+    assert e5_embedder.query_head(short) == short
+    unbroken = "x" * 5000  # no space to cut at: cut where the tokens run out
+    assert 0 < len(e5_embedder.query_head(unbroken)) < 5000
+    assert e5_embedder.count_tokens(e5_embedder.query_head(unbroken)) <= E5_QUERY_TOKENS
 
 
 @pytest.mark.slow
