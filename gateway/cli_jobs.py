@@ -184,6 +184,7 @@ def cmd_memory_search(ctx: Context) -> int:
     else:
 
         async def work(service: Any) -> dict[str, Any]:
+            service.check_search(ctx.args.agent, query, ctx.args.k)  # bad input changes nothing on disk
             await service.reindex(ctx.args.agent)
             hits = await service.search(ctx.args.agent, query, k=ctx.args.k)
             from conversations.relevance import present  # memory loads only for the commands that use it

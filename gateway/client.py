@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from config.errors import BadRequest
+
 
 class ApiError(Exception):
     """The gateway answered with its JSON error body (or an HTTP error without one)."""
@@ -48,13 +50,18 @@ class GatewayClient:
         the gateway does not answer."""
         url = self.base_url + path
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
-        if params:
-            url += "?" + urlencode(params)
         data = None
         headers = {"Accept": "application/json"}
-        if body is not None:
-            data = json.dumps(body).encode("utf-8")
-            headers["Content-Type"] = "application/json"
+        try:
+            if params:
+                url += "?" + urlencode(params)
+            if body is not None:
+                data = json.dumps(body).encode("utf-8")
+                headers["Content-Type"] = "application/json"
+        except UnicodeEncodeError as exc:
+            # an argument with bytes that are not UTF-8 (the shell passes them as lone surrogates)
+            bad = exc.object[exc.start : exc.end].encode("utf-8", "surrogateescape")
+            raise BadRequest(f"an argument holds bytes that are not UTF-8 text ({bad!r}): pass UTF-8 text") from None
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(url, data=data, headers=headers, method=method)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter
@@ -111,6 +112,27 @@ class Param:
     def raw(self, request: web.Request) -> str | None:
         return request.headers.get(self.name) if self.where == "header" else request.query.get(self.name)
 
+    def text(self, request: web.Request) -> str | None:
+        """The query parameter as text, refused when its percent-encoded bytes are not UTF-8 (the
+        server would read them as U+FFFD and search for that) or hold a NUL or a lone surrogate."""
+        raw = self.raw(request)
+        if raw is None or self.where != "query":
+            return raw
+        for pair in request.rel_url.raw_query_string.split("&"):
+            name, _, value = pair.partition("=")
+            if unquote_plus(name) != self.name:
+                continue
+            try:
+                unquote_to_bytes(value.replace("+", " ")).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise self.refuse(
+                    f"is not valid UTF-8 (byte {exc.start} of the value): percent-encode the text's UTF-8 bytes"
+                ) from None
+            break  # the first one is the one read
+        if "\x00" in raw:
+            raise self.refuse("holds a NUL character (%00): send text only")
+        return raw
+
     def refuse(self, why: str) -> BadRequest:
         what = f"query parameter '{self.name}'" if self.where == "query" else f"the {self.name} header"
         return BadRequest(f"{what} {why}", field=self.name)
@@ -139,10 +161,10 @@ class IntParam(Param):
         raw = self.raw(request)
         if raw is None or raw == "":
             return fallback
-        try:
-            value = int(raw)
-        except ValueError:
-            raise self.refuse("must be an integer") from None
+        # ASCII digits only: int() also takes " 5", "+5", "1_0" and digits of other scripts (full-width, Arabic-Indic)
+        if not (raw.isascii() and raw.lstrip("-").isdigit() and raw.count("-") <= 1):
+            raise self.refuse("must be an integer (ASCII digits, e.g. 10)")
+        value = int(raw)
         if not self.low <= value <= top:
             raise self.refuse(f"must be between {self.low} and {top}")
         return value

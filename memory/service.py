@@ -270,15 +270,9 @@ class MemoryService:
     ) -> list[SearchHit]:
         """Hybrid search of one agent's memory (of the files of ``scope``: ``memory.scopes``), best
         first; [] when nothing clears the thresholds."""
-        agent = self._agent(agent)
+        agent, query, k = self.check_search(agent, query, k)
         scopes.check(scope)
         s = self.settings.search
-        k = s.top_k if k is None else k
-        if not 1 <= k <= s.candidates:
-            raise BadRequest(f"k must be between 1 and {s.candidates} (memory.search.candidates)")
-        query = query.strip()
-        if not query:
-            raise BadRequest("q must be a non-empty search query")
         if not self._background and self._store is not None and self._store.active_identity is not None:
             await self._ensure_embedder()  # no worker loads it: this search is what needs a vector
         use_vector = self._vector_knows(query)
@@ -299,6 +293,25 @@ class MemoryService:
             min_topic_score=s.min_topic_score,
         )
         return fuse(pool, params, today=self._clock().date(), k=k, query=spell_dates(query))
+
+    def check_search(self, agent: str, query: str, k: int | None = None) -> tuple[str, str, int]:
+        """A search's agent, query (stripped) and ``k`` (the setting's when None), validated
+        before anything is read or written; BadRequest (UnknownAgent) naming what to fix."""
+        agent = self._agent(agent)
+        s = self.settings.search
+        k = s.top_k if k is None else k
+        if not 1 <= k <= s.candidates:
+            raise BadRequest(f"k must be between 1 and {s.candidates} (memory.search.candidates)")
+        query = query.strip()
+        if not query:
+            raise BadRequest("q must be a non-empty search query")
+        if "\x00" in query:
+            raise BadRequest("q holds a NUL character: send text only")
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("q is not valid text (it holds bytes that are not UTF-8): send UTF-8 text") from None
+        return agent, query, k
 
     def _query_embedder(self) -> Embedder | None:
         """The embedder when it is loaded and made the active table's vectors; while a table of

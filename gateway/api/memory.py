@@ -81,7 +81,7 @@ def _agent(request: web.Request, param: Param = AGENT) -> str:
 )
 async def search(request: web.Request) -> web.Response:
     settings = request.app[K.CONFIG].settings
-    query = QUERY.raw(request) or ""
+    query = QUERY.text(request) or ""
     if not query.strip():
         raise BadRequest("query parameter 'q' is required: the text to search for", field="q")
     k = TOP_K.read(request, high=settings.memory.search.candidates, default=settings.memory.search.top_k)

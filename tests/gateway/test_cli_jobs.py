@@ -88,3 +88,43 @@ async def test_memory_index_search_status_offline(tmp_path: Path, capsys: pytest
     assert found["results"][0]["citation"] == "MEMORY.md#L1-L2"
     status = await as_json(capsys, home, "memory", "status")
     assert status["files"] == 1 and status["chunks"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.allow_blocking
+async def test_memory_search_offline_refuses_bad_input_before_touching_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The offline search brought the index level before it checked k, the agent or the query: a
+    refused search still wrote the index (11 files newer than the edited MEMORY.md)."""
+    home = tmp_path / "home"
+    (home / "workspaces/main/memory").mkdir(parents=True)
+    memory_md = home / "workspaces/main/MEMORY.md"
+    memory_md.write_text("# Travel\nThe user's passport expires in June 2027.\n")
+    code, _ = await run(capsys, home, "memory", "index")
+    assert code == 0
+    memory_md.write_text("# Travel\nThe user's passport expires in July 2027.\n")
+    index = sorted(p for p in home.rglob("*") if "lance" in str(p.relative_to(home)))
+    before = {p: p.stat().st_mtime_ns for p in index}
+    for args, expected in (
+        (("-k", "0", "passport"), "k must be between 1"),
+        (("--agent", "nobody", "passport"), "nobody"),
+        (("pass\x00port",), "NUL"),
+        (("pass\udcffport",), "not UTF-8"),  # what the shell hands Python for the byte 0xff
+    ):
+        code, out = await run(capsys, home, "memory", "search", *args)
+        assert code == 1 and expected in out, (args, out)
+        assert "Traceback" not in out
+    after = sorted(p for p in home.rglob("*") if "lance" in str(p.relative_to(home)))
+    assert after == index and {p: p.stat().st_mtime_ns for p in after} == before
+
+
+def test_the_client_refuses_an_argument_that_is_not_utf8_before_sending() -> None:
+    """``neotask memory search $'tea\\xff'`` against a running daemon ended in a traceback
+    (UnicodeEncodeError in urlencode); it is now the CLI's one-line error, and nothing is sent."""
+    from config.errors import BadRequest
+    from gateway.client import GatewayClient
+
+    client = GatewayClient("http://127.0.0.1:9")  # nothing listens: a request that went out would be Unreachable
+    with pytest.raises(BadRequest, match="not UTF-8"):
+        client.get("/v1/memory/search", q="tea\udcff")

@@ -121,3 +121,24 @@ async def test_memory_end_to_end(client: Client, openai_server: OpenAIServer, tm
         await asyncio.sleep(0.1)
     else:
         raise AssertionError("the new file was not searchable within 10 s")
+
+
+@pytest.mark.slow
+@pytest.mark.allow_blocking
+async def test_a_query_that_is_not_utf8_text_or_a_k_that_is_not_ascii_digits_is_refused(client: Client) -> None:
+    """Bytes that are not UTF-8 were read as U+FFFD and searched for, a NUL was searched, and int()
+    took " 5", "+5", "1_0" and digits of other scripts: each is now 400 naming its parameter."""
+    from yarl import URL
+
+    async def status(query: str) -> tuple[int, Any]:
+        response = await client.get(URL(f"/v1/memory/search?{query}", encoded=True))
+        return response.status, await response.json()
+
+    for q in ("%FF%FE", "tea%C3", "%ED%A0%80", "tea%00x"):
+        code, body = await status(f"q={q}")
+        assert code == 400 and body["error"]["field"] == "q", (q, body)
+    for k in ("1_0", "%205", "%2B5", "%EF%BC%93", "%D9%A3", "5.0"):
+        code, body = await status(f"q=tea&k={k}")
+        assert code == 400 and body["error"]["field"] == "k" and "ASCII digits" in body["error"]["message"], (k, body)
+    assert (await status("q=tea&k=3"))[0] == 200
+    assert (await status("q=caf%C3%A9+%E4%BC%9A%E8%AD%B0"))[0] == 200  # UTF-8, accented and Japanese
