@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import asyncpg
 
+from config.errors import Conflict
 from sessions.events import StoreEvent
 from sessions.postgres.appends import PgAppends
 from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
@@ -155,14 +156,27 @@ class PgShared(PgAppends):
 
     async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
         """Under the key's lease (a turn's reply, a tool's message: the lease is not held for a
-        whole turn), so its seq follows what other processes stored meanwhile."""
+        whole turn), so its seq follows what other processes stored meanwhile.
+
+        Sent once more when its seq was taken (``Conflict``, nothing stored): a process killed
+        while it held the key frees the lease lock at once, but an append statement it had sent
+        on another connection may commit later still, even after the next holder read the run
+        (``_refresh_key`` waits only for a statement that already holds the run's row). The failed
+        statement took the run's counters from its row, so the second try follows that commit; a
+        run that another process completed fails it again, as before."""
         if self._leases is None:
             return await super().append(run, message)
-        await self._leases.enter(run.key)
-        try:
-            return await super().append(run, message)
-        finally:
-            self._leases.leave(run.key)
+        for attempt in (1, 2):
+            await self._leases.enter(run.key)
+            try:
+                return await super().append(run, message)
+            except Conflict:
+                if attempt == 2:
+                    raise
+                log.warning("run %s: seq taken by another process's late append; sending again", run.run_id)
+            finally:
+                self._leases.leave(run.key)
+        raise AssertionError("unreachable")
 
     async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
         if self._leases is None:

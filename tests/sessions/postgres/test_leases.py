@@ -259,6 +259,27 @@ async def test_a_view_read_that_a_lease_overtook_is_not_applied(shared_store: Sh
     assert run is not None and run.next_seq == 3  # not the older read's 2
 
 
+async def test_a_dead_holders_append_committing_after_the_lease_was_read_is_followed_not_refused(
+    shared_store: Shared, pg_dsn: str
+) -> None:
+    """The killed holder's append was sent on another connection than its lease lock: it may not
+    hold the run's row yet when the next holder reads the run, and commit after. The next holder's
+    append then finds its seq taken: it is sent once more after the committed counters, not
+    refused with a 409 (CI and a local loop of the kill -9 test saw that refusal)."""
+    store = await shared_store(linger_s=60.0)
+    assert await post(store, KEY, "one") == 1
+    assert leases_of(store).held(KEY)  # this process holds the key and has read its run
+    run = store.active_run(KEY)
+    assert run is not None
+    dead = await asyncpg.connect(pg_dsn)  # the dead holder's append, committing only now
+    try:
+        await dead.execute("UPDATE runs SET next_seq = next_seq + 1 WHERE run_id = $1", run.run_id)
+    finally:
+        await dead.close()
+    assert await post(store, KEY, "two") == 3
+    assert await post(store, KEY, "three") == 4
+
+
 async def test_a_lease_taken_while_a_dead_holders_append_commits_reads_after_it(
     shared_store: Shared, pg_dsn: str
 ) -> None:
