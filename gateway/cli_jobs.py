@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from config.clock import host_zone, iso, system_clock
+from config.errors import BadRequest
 from gateway import offline
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.tables import table as _table
@@ -177,6 +178,12 @@ def _progress_bar(done: int, total: int) -> None:
 
 def cmd_memory_search(ctx: Context) -> int:
     query = " ".join(ctx.args.query)
+    if "\x00" in query:
+        raise BadRequest("the query holds a NUL character: pass text only")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("the query holds bytes that are not UTF-8 text: pass UTF-8 text") from None
     client = ctx.client()
     if client is not None:
         params: dict[str, Any] = {"q": query, "agent": ctx.args.agent, "k": ctx.args.k}

@@ -305,12 +305,6 @@ class MemoryService:
         query = query.strip()
         if not query:
             raise BadRequest("q must be a non-empty search query")
-        if "\x00" in query:
-            raise BadRequest("q holds a NUL character: send text only")
-        try:
-            query.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest("q is not valid text (it holds bytes that are not UTF-8): send UTF-8 text") from None
         return agent, query, k
 
     def _query_embedder(self) -> Embedder | None:
