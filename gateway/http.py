@@ -329,25 +329,23 @@ def _errors(exc: ValidationError) -> list[dict[str, Any]]:
     """pydantic's errors, a union's wrong-type errors as one: ``tool_choice: 5`` fails each member
     of ``str | dict`` at ``tool_choice.str`` and ``tool_choice.dict[str,any]``; it is one field."""
     out: list[dict[str, Any]] = []
-    for err in exc.errors():
+    for details in exc.errors():
         last = out[-1] if out else None
         if (
             last is not None
-            and err["type"] in _TYPE_ERRORS
+            and details["type"] in _TYPE_ERRORS
             and last["type"] in _TYPE_ERRORS
-            and len(err["loc"]) > 1
-            and tuple(err["loc"][:-1]) == last.get("union")
-            and err["input"] is last["input"]
+            and len(details["loc"]) > 1
+            and tuple(details["loc"][:-1]) == last.get("union")
+            and details["input"] is last["input"]
         ):
-            last["msg"] += " or " + err["msg"].removeprefix("Input should be ")
+            last["msg"] += " or " + details["msg"].removeprefix("Input should be ")
+            last["loc"] = last["union"]  # the field, not its first member
             continue
-        err = dict(err)
+        err: dict[str, Any] = dict(details)
         if err["type"] in _TYPE_ERRORS and len(err["loc"]) > 1:
             err["union"] = tuple(err["loc"][:-1])  # a member of a union, if the next error is its sibling
         out.append(err)
-    for err in out:  # a merged error names the field, not the member
-        if err.get("union") is not None and " or " in err["msg"]:
-            err["loc"] = err["union"]
     return out
 
 
