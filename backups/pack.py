@@ -15,6 +15,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,14 +33,21 @@ from sessions.files.ledger import Ledger
 COMPRESS_LEVEL = 3  # a backup of a busy home is CPU-bound at 6 for little gain
 
 
-def check_target(out: Path) -> None:
-    """Fail before any work when ``out`` cannot be written (nothing is left behind)."""
+def check_target(out: Path, home: Path | None = None) -> None:
+    """Fail before any work when ``out`` cannot be written (nothing is left behind), or must not
+    be: a device, FIFO or socket (the archive would replace it: ``/dev/null`` became a file), a
+    file that is not a neotask backup (a backup replaces only an older one), or a path inside the
+    gateway's ``home`` other than its backups folder (``sessions.json`` became a tarball)."""
     parent = out.parent
     try:
         if out.exists() and out.is_dir():
             raise BackupTargetError(f"{out} is a folder: give a file name for the backup")
         if not parent.is_dir():
             raise BackupTargetError(f"{parent} does not exist: create it or choose another -o")
+        if home is not None:
+            _outside_home(out, home)
+        if os.path.lexists(out):
+            _replaceable(out)
     except OSError as exc:  # a name too long, a loop of links: not a path this host can write
         raise BackupTargetError(f"cannot use {str(out)[:200]!r}: {exc.strerror or exc}; choose another -o") from exc
     probe = parent / f".{out.name}.probe"
@@ -49,6 +57,36 @@ def check_target(out: Path) -> None:
         os.unlink(probe)
     except OSError as exc:
         raise BackupTargetError(f"cannot write to {parent}: {exc.strerror or exc}; choose another -o") from exc
+
+
+def _outside_home(out: Path, home: Path) -> None:
+    real = Path(os.path.realpath(out.parent)) / out.name
+    root, backups = Path(os.path.realpath(home)), Path(os.path.realpath(home / "backups"))
+    if real.is_relative_to(root) and not real.parent.is_relative_to(backups):
+        raise BackupTargetError(
+            f"{out} is inside the gateway's home ({home}): a backup there would replace its files;"
+            f" choose a path outside it, or {backups}"
+        )
+
+
+def _replaceable(out: Path) -> None:
+    """An existing ``out`` the archive may replace: a neotask backup (its first member is the
+    manifest), or a symbolic link (the link is replaced, not what it points to)."""
+    mode = os.lstat(out).st_mode
+    if stat.S_ISLNK(mode):
+        return
+    if not stat.S_ISREG(mode):
+        raise BackupTargetError(f"{out} is not a regular file (a device, FIFO or socket): choose another -o")
+    try:
+        with tarfile.open(out, mode="r:gz") as tar:
+            first = tar.next()
+    except (OSError, tarfile.TarError, EOFError):
+        first = None
+    if first is None or first.name != MANIFEST:
+        raise BackupTargetError(
+            f"{out} exists and is not a neotask backup: a backup replaces only an older backup;"
+            " remove it or choose another -o"
+        )
 
 
 def problems(findings: list[Any]) -> list[str]:

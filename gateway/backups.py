@@ -129,7 +129,7 @@ class Backups:
                 )
             home = store.home if isinstance(store, SessionStore) else Home(self.config.home)
             out = await asyncio.to_thread(_target, home, output, self.clock)
-            await asyncio.to_thread(pack.check_target, out)
+            await asyncio.to_thread(pack.check_target, out, home.root)
             started = self.clock()
             target = await asyncio.to_thread(stage.new_stage, home, f"{started:%Y%m%dT%H%M%S}-{os.getpid()}")
             try:
@@ -208,7 +208,7 @@ def take_offline(
     PostgreSQL the dump's transaction is the point, whatever other machines write)."""
     home = Home(config.home)
     out = _target(home, output, clock)
-    pack.check_target(out)
+    pack.check_target(out, home.root)
     started = clock()
     target = stage.new_stage(home, f"{started:%Y%m%dT%H%M%S}-{os.getpid()}")
     try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
+import stat
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,42 @@ async def test_an_unwritable_output_is_a_clear_error_and_writes_nothing(client: 
     assert tree_digest(tmp_path) == before
     assert not (tmp_path / "backups").exists()
     assert sorted(Path.cwd().iterdir()) == cwd_before  # nothing written where the daemon happens to run
+
+
+async def test_a_backup_replaces_only_an_older_backup(client: Client, tmp_path: Path) -> None:
+    """The archive is renamed over ``output``: a device, FIFO, any other file or a file of the live
+    home would have been replaced by it (a hostile test turned /dev/null and sessions.json into
+    tarballs). Only an older backup, or a symbolic link, is replaced."""
+    await _seed(client, 2)
+    outside = tmp_path.parent / f"{tmp_path.name}-targets"
+    outside.mkdir()
+    precious = outside / "notes.txt"
+    precious.write_text("keep me")
+    fifo = outside / "pipe.tar.gz"
+    os.mkfifo(fifo)
+    sessions_json = tmp_path / "contexts" / "sessions.json"
+    before = tree_digest(tmp_path)
+    refused = {
+        str(precious): "is not a neotask backup",
+        str(fifo): "not a regular file",
+        str(sessions_json): "inside the gateway's home",
+        str(tmp_path / "b.tar.gz"): "inside the gateway's home",
+    }
+    for output, says in refused.items():
+        resp = await client.post("/v1/admin/backup", json={"output": output})
+        assert resp.status == 400, (output, await resp.text())
+        error = (await resp.json())["error"]
+        assert error["code"] == "backup_target_unwritable" and says in error["message"], (output, error)
+    assert precious.read_text() == "keep me" and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    await settled(client)
+    assert tree_digest(tmp_path) == before
+    older = outside / "latest.tar.gz"
+    first = await _backup(client, older)
+    second = await _backup(client, older)  # a backup over the previous one: taken
+    assert second["path"] == first["path"] == str(older)
+    assert (await asyncio.to_thread(verify, older))["format"]
+    into_backups = await _backup(client, tmp_path / "backups" / "mine.tar.gz")  # the home's backups folder
+    assert into_backups["path"].endswith("mine.tar.gz")
 
 
 def _corrupt(good: Path, bad: Path, how: str) -> None:
