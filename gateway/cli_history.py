@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import html
+import os
 import re
+import stat
 import sys
 import urllib.error
 import urllib.request
@@ -18,7 +20,7 @@ from urllib.parse import urlencode
 
 from config.errors import BadRequest
 from config.loader import LoadedConfig
-from gateway import offline
+from gateway import exits, offline
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
 from sessions.files.damage import DamagedState
@@ -119,18 +121,27 @@ def plain_snippet(snippet: str) -> str:
 
 
 def _stream_online(client: GatewayClient, path: str, fmt: str, out: TextIO | Any) -> None:
+    """The export from the gateway into ``out``; an error writing ``out`` (a closed pipe, a full
+    disk) is raised as it is, not taken for an unreachable gateway."""
     url = f"{client.base_url}{path}?{urlencode({'format': fmt})}"
     headers = {"Authorization": f"Bearer {client.token}"} if client.token else {}
     request = urllib.request.Request(url, headers=headers, method="GET")
     try:
-        with urllib.request.urlopen(request, timeout=client.timeout_s) as response:
-            while chunk := response.read(65536):
-                out.write(chunk)
+        response = urllib.request.urlopen(request, timeout=client.timeout_s)
     except urllib.error.HTTPError as exc:
         with exc:
             raise _api_error(exc.code, exc.read(), exc.reason) from None
     except (urllib.error.URLError, OSError) as exc:
         raise Unreachable(f"cannot reach the gateway at {client.base_url}: {getattr(exc, 'reason', exc)}") from None
+    with response:
+        while True:
+            try:
+                chunk = response.read(65536)
+            except OSError as exc:
+                raise Unreachable(f"the gateway at {client.base_url} stopped in the middle: {exc}") from None
+            if not chunk:
+                return
+            out.write(chunk)
 
 
 def _offline_export(config: LoadedConfig, key: str, fmt: ExportFormat, out: Any) -> None:
@@ -147,26 +158,49 @@ def _offline_export(config: LoadedConfig, key: str, fmt: ExportFormat, out: Any)
 
 
 def cmd_sessions_export(ctx: Context) -> int:
+    """The key's runs to stdout, or to ``-o FILE``: written beside FILE under a temporary name and
+    renamed over it once whole, so a failed export (a mistyped key, a lost gateway) leaves FILE as
+    it was (it used to truncate it first and delete it on the error)."""
     args = ctx.args
     key = parse_key(args.key, agents=ctx.config.settings.agents).raw
     target = Path(args.output) if args.output else None
-    out: Any = target.open("wb") if target else sys.stdout.buffer
+    if target is None:
+        _export(ctx, key, sys.stdout.buffer)
+        return 0
     try:
-        client = ctx.client()
-        if client is not None:
-            _stream_online(client, f"/v1/sessions/{key_segment(key)}/export", args.format, out)
-        else:
-            _offline_export(ctx.config, key, "md" if args.format == "md" else "jsonl", out)
-        out.flush()
+        if target.is_dir():
+            raise IsADirectoryError(21, "it is a folder; give a file name")
+        if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode) and not target.is_symlink():
+            raise OSError(22, "it is not a regular file (a device, FIFO or socket); leave out -o for stdout")
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        out = tmp.open("xb")
+    except OSError as exc:
+        print(f"error: cannot write {target}: {exc.strerror or exc}; choose another -o", file=sys.stderr)
+        return exits.FAILED
+    try:
+        with out:
+            _export(ctx, key, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"error: cannot write {target}: {exc.strerror or exc}; choose another -o", file=sys.stderr)
+        return exits.FAILED
     except BaseException:
-        if target is not None:
-            out.close()
-            target.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    if target is not None:
-        out.close()
-        print(f"exported {key} to {target}", file=sys.stderr)
+    print(f"exported {key} to {target}", file=sys.stderr)
     return 0
+
+
+def _export(ctx: Context, key: str, out: Any) -> None:
+    client = ctx.client()
+    if client is not None:
+        _stream_online(client, f"/v1/sessions/{key_segment(key)}/export", ctx.args.format, out)
+    else:
+        _offline_export(ctx.config, key, "md" if ctx.args.format == "md" else "jsonl", out)
+    out.flush()
 
 
 # -- purge -----------------------------------------------------------------------------------------

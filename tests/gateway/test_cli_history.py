@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -72,4 +74,17 @@ async def test_offline_export_purge_and_doctor(cli: Cli, home: Path, clock: Fake
     assert (await cli.json("history", "search", "budget"))["results"][0]["session_key"] == "agent:main:dm:bob"
     code, _, err = await cli("sessions", "export", KEY)
     assert code == 1 and "session_not_found" in err
+    # a failed export leaves -o's file as it was (it was truncated, then deleted)
+    precious = tmp_path / "precious.md"
+    precious.write_text("keep me")
+    code, _, err = await cli("sessions", "export", KEY, "-o", str(precious))
+    assert code == 1 and "session_not_found" in err and precious.read_text() == "keep me"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for bad, says in ((tmp_path / "none" / "x.md", "No such file"), (tmp_path, "folder"), (fifo, "not a regular")):
+        code, _, err = await cli("sessions", "export", "agent:main:dm:bob", "-o", str(bad))
+        assert code == 1 and err.startswith(f"error: cannot write {bad}") and says in err, err
+        assert "Traceback" not in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert (await cli.json("doctor"))["actions"] == []
