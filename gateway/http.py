@@ -242,11 +242,14 @@ def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
     if not text.strip():
         raise InvalidBody("the body is empty; send a JSON object")
     try:
-        data = json.loads(text)
+        data = _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise InvalidBody(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise InvalidBody("the body's JSON is nested too deeply") from None
+    except ValueError as exc:  # _no_constant, _finite, or an integer past Python's digit limit
+        message = str(exc) if isinstance(exc, _NotJson) else "the body holds an integer of more than 4,300 digits"
+        raise InvalidBody(f"{message}; send a finite number of a sane size, null, or a string") from None
     if _SURROGATE_ESCAPE.search(text) and not _encodable(data):
         raise InvalidBody(
             "the body has a \\u escape of an unpaired surrogate (\\ud800-\\udfff); send the character itself"
@@ -255,6 +258,24 @@ def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
     return data
 
 
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity``, which Python's parser takes and JSON has not: stored,
+    they would be served back as invalid JSON (a browser's JSON.parse refuses the answer)."""
+    raise _NotJson(f"the body holds {name}, which is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: valid JSON, but no double holds it (it would come back as Infinity)
+        raise _NotJson(f"the body holds the number {text[:40]}, too large for a double")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 

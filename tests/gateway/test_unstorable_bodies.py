@@ -1,6 +1,7 @@
 """Bodies that cannot be stored are refused with 400 invalid_body (never a 500) and write nothing:
 unpaired surrogate escapes, nesting deeper than the parser can follow, a body whose declared
-Content-Encoding does not decode."""
+Content-Encoding does not decode, NaN / Infinity / a number no double holds, an integer past
+Python's digit limit."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ BAD_BODIES = [
     pytest.param(b'{"content": "' + b"[" * 10 + b'"}' + b"[" * 100_000, {}, id="too-deep"),
     pytest.param(b"[" * 100_000 + b"]" * 100_000, {}, id="too-deep-balanced"),
     pytest.param(b'{"content": "x"}', {"Content-Encoding": "gzip"}, id="not-gzip"),
+    # Python's parser takes these and JSON has not: stored, they came back as invalid JSON
+    pytest.param(b'{"content": "x", "text": "x", "n": NaN}', {}, id="nan"),
+    pytest.param(b'{"content": "x", "text": "x", "n": -Infinity}', {}, id="infinity"),
+    pytest.param(b'{"content": "x", "text": "x", "n": 1e400}', {}, id="overflowing-float"),
+    # past Python's integer digit limit the parser raised a ValueError: answered 500
+    pytest.param(b'{"content": "x", "text": "x", "n": ' + b"1" * 5000 + b"}", {}, id="huge-integer"),
 ]
 
 
