@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 from config.errors import BadRequest
 from config.loader import LoadedConfig
 from gateway import exits, offline
+from gateway.api.history import time_bound
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
 from sessions.files.damage import DamagedState
@@ -93,7 +94,8 @@ def cmd_history_search(ctx: Context) -> int:
         key = parse_key(args.key, agents=config.settings.agents).raw if args.key else None
         if args.agent is not None and args.agent not in config.settings.agents:
             raise BadRequest(f"agent {args.agent!r} is not configured", field="agent")
-        query = HistoryQuery(q=q, agent=args.agent, key=key, role=args.role, since=args.since, until=args.until,
+        since, until = time_bound("since", args.since), time_bound("until", args.until)
+        query = HistoryQuery(q=q, agent=args.agent, key=key, role=args.role, since=since, until=until,
                              limit=max(1, min(args.limit, config.settings.history.max_limit)))  # fmt: skip
         body = _offline_search(config, query)
     if ctx.as_json:

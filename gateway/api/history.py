@@ -109,14 +109,19 @@ def require_history(request: web.Request) -> HistoryIndexProtocol:
 
 
 def _when(request: web.Request, param: Param) -> str | None:
-    raw = param.raw(request)
+    return time_bound(param.name, param.raw(request))
+
+
+def time_bound(name: str, raw: str | None) -> str | None:
+    """``since`` / ``until`` as the stored timestamps are written (UTC ISO 8601), or BadRequest."""
     if not raw:
         return None
     try:
         return iso(parse_iso(raw))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: 0001-01-01T00:00+01:00 is before year 1 in UTC
         raise BadRequest(
-            f"'{param.name}' must be an ISO 8601 time, e.g. 2026-11-30T09:00:00+00:00", field=param.name
+            f"'{name}' must be an ISO 8601 time from year 1 to 9999 in UTC, e.g. 2026-11-30T09:00:00+00:00",
+            field=name,
         ) from None
 
 
@@ -139,7 +144,7 @@ def encode_cursor(offset: int) -> str:
 def parse_query(request: web.Request) -> HistoryQuery:
     """The search parameters of a request, validated (nothing is searched on a bad one)."""
     settings = request.app[K.CONFIG].settings
-    q = Q.raw(request) or ""
+    q = Q.text(request) or ""
     if match_expression(q) is None:
         raise BadRequest("query parameter 'q' is required: words to search for", field="q")
     agent = AGENT.raw(request) or None

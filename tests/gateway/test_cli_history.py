@@ -51,6 +51,8 @@ async def test_offline_history_search_builds_the_missing_index(cli: Cli, home: P
     assert code == 0 and "no matches" in out
     code, _, err = await cli("history", "search", "?!")
     assert code == 1 and "invalid_field" in err
+    code, _, err = await cli("history", "search", "budget", "--since", "0001-01-01T00:00:00+01:00")
+    assert code == 1 and "'since' must be an ISO 8601 time" in err, err
 
 
 async def test_offline_export_purge_and_doctor(cli: Cli, home: Path, clock: FakeClock, tmp_path: Path) -> None:  # noqa: F811

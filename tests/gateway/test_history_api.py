@@ -85,6 +85,9 @@ async def test_search_finds_messages_of_active_completed_and_archived_runs(clien
         ({"q": "x", "agent": "nobody"}, "invalid_field", "agent"),
         ({"q": "x", "role": "robot"}, "invalid_field", "role"),
         ({"q": "x", "since": "yesterday"}, "invalid_field", "since"),
+        # before year 1 or after 9999 in UTC: OverflowError, answered 500 before
+        ({"q": "x", "since": "0001-01-01T00:00:00+01:00"}, "invalid_field", "since"),
+        ({"q": "x", "until": "9999-12-31T23:59:59-01:00"}, "invalid_field", "until"),
         ({"q": "x", "limit": "0"}, "invalid_field", "limit"),
         ({"q": "x", "limit": "101"}, "invalid_field", "limit"),
         ({"q": "x", "cursor": "bogus!"}, "invalid_field", "cursor"),
@@ -97,6 +100,17 @@ async def test_bad_search_parameters(client: Client, params: dict[str, str], cod
     assert resp.status == 400 and body["error"]["code"] == code and body["error"]["request_id"]
     if field:
         assert body["error"]["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [("a%FFb", "not valid UTF-8"), ("%FF", "not valid UTF-8"), ("hello%00world", "NUL")],
+)
+async def test_a_query_that_is_not_text_is_refused(client: Client, raw: str, says: str) -> None:
+    """Searched as U+FFFD before (or told 'q is required' for %FF alone), as the memory search was."""
+    resp = await client.get(f"/v1/history/search?q={raw}")
+    body = await resp.json()
+    assert resp.status == 400 and body["error"]["field"] == "q" and says in body["error"]["message"], body
 
 
 async def test_history_disabled_answers_503(aiohttp_client: Any, tmp_path: Path, clock: FakeClock) -> None:
