@@ -23,7 +23,7 @@ class Lenient(BaseModel):
 
 
 class StreamOptions(Lenient):
-    include_usage: bool = False
+    include_usage: bool | None = False  # null: the default, as OpenAI takes it
 
 
 class ChatCompletionBody(Lenient):
@@ -31,7 +31,7 @@ class ChatCompletionBody(Lenient):
 
     model: str = Field(min_length=1, max_length=200, description="`neotask/<agent id>` or a bare agent id")
     messages: list[dict[str, Any]] = Field(min_length=1, description="the conversation, resent whole")
-    stream: bool = False
+    stream: bool | None = Field(False, description="null: false, as OpenAI takes it")
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, min_length=1, max_length=200, description="per-user session")
     tools: list[dict[str, Any]] | None = Field(None, description="the client's function tools")
@@ -46,8 +46,8 @@ class ResponsesBody(Lenient):
     input: str | list[dict[str, Any]] = Field(description="text, or input items (messages, function_call_output)")
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS)
     previous_response_id: str | None = Field(None, min_length=1, max_length=200)
-    store: bool = True
-    stream: bool = False
+    store: bool | None = Field(True, description="null: true, as OpenAI takes it")
+    stream: bool | None = Field(False, description="null: false, as OpenAI takes it")
     user: str | None = Field(None, min_length=1, max_length=200, description="per-user session")
     tools: list[dict[str, Any]] | None = Field(None, description="the client's function tools")
     tool_choice: str | dict[str, Any] | None = None

@@ -373,6 +373,18 @@ async def test_responses_client_tool_round_trip(oa: openai.AsyncOpenAI, openai_s
     assert openai_server.chat_requests[-1].messages[-1] == {"role": "tool", "content": "warm", "tool_call_id": "call_r"}
 
 
+async def test_null_options_through_the_sdk_take_openai_s_defaults(oa: openai.AsyncOpenAI) -> None:
+    """The SDK sends an explicit None as null; OpenAI takes it as the default (they were 400 here)."""
+    chat = await oa.chat.completions.create(
+        model="main", messages=[{"role": "user", "content": "hello"}], stream=None, stream_options=None, n=None,
+        temperature=0.7, max_tokens=50,
+    )  # fmt: skip
+    assert chat.choices[0].message.content == "echo: hello"
+    kept = await oa.responses.create(model="main", input="hello", store=None, stream=None)
+    assert kept.output_text == "echo: hello"
+    await oa.responses.create(model="main", input="more", previous_response_id=kept.id)  # null store: stored
+
+
 async def test_models_list_the_agents(oa: openai.AsyncOpenAI) -> None:
     models = await oa.models.list()
     assert [m.id for m in models.data] == ["neotask/main"]
