@@ -95,3 +95,13 @@ async def answer(request: web.Request, post: Post, *, stream: bool) -> web.Strea
     await stream_response.write(sse("final", outcome.body()))
     await stream_response.write_eof()
     return stream_response
+
+
+async def final_only(request: web.Request, body: Mapping[str, Any]) -> web.StreamResponse:
+    """A ``stream: true`` call whose answer had no deltas (a command answered without the model):
+    the one ``final`` event."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    await response.write(sse("final", body))
+    await response.write_eof()
+    return response

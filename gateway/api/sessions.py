@@ -10,7 +10,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, SessionNotFound
-from conversations.commands import dispatch, parse_command
+from conversations.commands import parse_command
 from conversations.queueing import QUEUE_MODES
 from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Post
@@ -29,7 +29,7 @@ from gateway.contract import AGENT, CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, TURN_
 from gateway.contract import operation as op
 from gateway.http import json_response, parse_body, read_json, read_object, validate
 from gateway.operations import describe_session, matching_sessions
-from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer
+from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer, final_only
 from gateway.views import SESSION
 from sessions.keys import Ingress, SessionKey, parse_key, route
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES, NewMessage, Role, TaskKey
@@ -248,10 +248,12 @@ async def post_message(request: web.Request) -> web.StreamResponse:
 @op(
     "Run a chat command",
     "sessions",
-    "The command's answer is in `reply.content`, in store-only mode too.",
+    "The command's answer is in `reply.content`, in store-only mode too. `stream: true` answers with server-sent"
+    " events as a message does (a command that runs the model, `/compact` or `/new text`, streams its deltas).",
     body=CommandBody,
     params=(IDEMPOTENCY,),
     answer=MESSAGE_ANSWER,
+    stream=STREAM_EVENT,
     errors=(InvalidKey, NoActiveRun, *TURN_ERRORS),
 )
 async def post_command(request: web.Request) -> web.StreamResponse:
@@ -262,13 +264,12 @@ async def post_command(request: web.Request) -> web.StreamResponse:
     post = Post(key=key, message=NewMessage(role="user", content=body.command, client_message_id=cmid))
     commands = request.app[K.COMMANDS]
     if parse_command(body.command) is not None:
-        outcome = await dispatch(commands, post)
-    elif unicodedata.normalize("NFKC", body.command).lstrip().startswith("/"):  # e.g. "/2": answered with the help
-        word = body.command.split(maxsplit=1)[0]
-        outcome = await commands.run(post, unicodedata.normalize("NFKC", word)[1:], "")
-    else:
+        return await answer(request, post, stream=body.stream)
+    if not unicodedata.normalize("NFKC", body.command).lstrip().startswith("/"):
         raise BadRequest("'command' must start with '/' and a command name, e.g. /status", field="command")
-    return json_response(outcome.body())
+    word = body.command.split(maxsplit=1)[0]  # e.g. "/2": answered with the help
+    outcome = await commands.run(post, unicodedata.normalize("NFKC", word)[1:], "")
+    return await final_only(request, outcome.body()) if body.stream else json_response(outcome.body())
 
 
 @routes.get("/v1/sessions")

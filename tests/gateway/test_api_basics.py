@@ -170,6 +170,22 @@ async def test_commands_answer_and_stay_out_of_the_context(client: Client) -> No
     assert context["threshold"] == 102400
 
 
+async def test_a_command_with_stream_true_answers_with_server_sent_events(client: Client) -> None:
+    """SPEC section 8: message and command calls with ``stream: true`` answer with server-sent events
+    (the command route took the field and answered JSON)."""
+    path = "/v1/sessions/agent%3Amain%3Amain"
+    await client.post(f"{path}/messages", json={"content": "hello"})
+    for command in ("/status", "/2"):  # a command, and a word the help answers
+        resp = await client.post(f"{path}/commands", json={"command": command, "stream": True})
+        assert resp.status == 200 and resp.content_type == "text/event-stream", command
+        events = [block for block in (await resp.text()).split("\n\n") if block.strip()]
+        assert events[-1].startswith("event: final"), events
+        final = json.loads(events[-1].split("data: ", 1)[1])
+        assert final["session_key"] == "agent:main:main" and final["reply"]["content"], final
+    plain = await client.post(f"{path}/commands", json={"command": "/status"})
+    assert plain.content_type == "application/json"
+
+
 async def test_pause_refuses_messages_but_not_commands(client: Client, tmp_path: Path) -> None:
     path = "/v1/sessions/agent%3Amain%3Amain"
     await client.post(f"{path}/messages", json={"content": "hello"})
