@@ -205,7 +205,9 @@ class ChoiceParam(Param):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class FlagParam(Param):
-    """A boolean: ``true``, ``1`` or an empty value; ``false`` or ``0``; absent is false."""
+    """A boolean: ``true`` or ``1``; ``false`` or ``0``; absent is false. An empty value
+    (``?purge`` or ``?purge=``) is refused: it was taken for true, and the one flag is
+    ``purge``, which erases for good (a script's unset variable in ``purge=$P`` purged)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schema", {"type": "boolean", "default": False})
@@ -214,9 +216,10 @@ class FlagParam(Param):
         raw = self.raw(request)
         if raw is None or raw in ("false", "0"):
             return False
-        if raw in ("true", "1", ""):
+        if raw in ("true", "1"):
             return True
-        raise BadRequest(f"'{self.name}' must be true or false", field=self.name)
+        got = "an empty value" if raw == "" else f"{raw[:40]!r}"
+        raise BadRequest(f"'{self.name}' must be true or false, not {got}", field=self.name)
 
 
 LIMIT = IntParam("limit", "page size", default=50, low=1, high=500)

@@ -189,8 +189,10 @@ async def test_purge_leaves_no_trace_in_the_home(client: Client, tmp_path: Path,
     await flushed(client)
     assert (await (await client.get("/v1/history/search", params={"q": token})).json())["results"]
     before = tree_digest(tmp_path)
-    bad = await client.delete(f"/v1/sessions/{k(KEY)}", params={"purge": "maybe"})
-    assert bad.status == 400 and tree_digest(tmp_path) == before
+    for query in ("purge=maybe", "purge=", "purge"):  # an empty value is no "true": it erases for good
+        bad = await client.delete(f"/v1/sessions/{k(KEY)}?{query}")
+        assert bad.status == 400 and (await bad.json())["error"]["field"] == "purge", query
+    assert tree_digest(tmp_path) == before
     resp = await client.delete(f"/v1/sessions/{k(KEY)}", params={"purge": "true"})
     body = await resp.json()
     assert resp.status == 200 and body["purged"] is True
