@@ -33,6 +33,19 @@ HELP = {
 }
 
 MAX_MODEL_NAME = 200  # as PATCH /v1/sessions/{key} allows: a sessions.json entry stays small
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a session's model override (``/model`` and ``PATCH settings.model``),
+    or None: empty, longer than ``MAX_MODEL_NAME``, or holding a control character (a NUL or a line
+    break would go into the provider's request and the console's table as it is)."""
+    if not name.strip():
+        return "A model name cannot be empty."
+    if len(name) > MAX_MODEL_NAME:
+        return f"A model name is at most {MAX_MODEL_NAME} characters."
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        return "A model name cannot hold control characters (NUL, tab, line breaks)."
+    return None
 Handler = Callable[["CommandCall"], Awaitable[Outcome]]
 
 
@@ -219,8 +232,9 @@ class Commands:
         if call.args.lower() in ("default", "reset"):
             await self.store.update_entry(call.key, settings={"model": None})
             return await self.answer(call, f"Model reset to the default: {self.conv.agent(agent_id).model.name}")
-        if len(call.args) > MAX_MODEL_NAME:
-            return await self.answer(call, f"A model name is at most {MAX_MODEL_NAME} characters.")
+        problem = model_name_problem(call.args)
+        if problem is not None:
+            return await self.answer(call, problem)
         await self.store.update_entry(call.key, settings={"model": call.args})
         return await self.answer(call, f"Model set to {call.args} for this session.")
 

@@ -10,7 +10,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, SessionNotFound
-from conversations.commands import parse_command
+from conversations.commands import model_name_problem, parse_command
 from conversations.queueing import QUEUE_MODES
 from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Post
@@ -145,7 +145,6 @@ LIFECYCLE = Answer("Lifecycle", {"type": "object", "properties": {"session_key":
 STOPPED = Answer("Stopped", {"type": "object", "properties": {"session_key": STR, "stopped": {"type": "boolean"}}})
 SETTINGS_KEYS = {"model", "queue_mode"}
 PARSED_KEYS_MAX = 16384  # parsed path keys kept per app (a frozen SessionKey per raw key)
-MAX_MODEL_NAME = 200  # like the label: a sessions.json entry stays under 2 KB
 
 
 def session_key(request: web.Request) -> SessionKey:
@@ -326,11 +325,11 @@ async def patch_session(request: web.Request) -> web.Response:
                 f"unknown setting(s) {sorted(unknown)}; allowed: {sorted(SETTINGS_KEYS)}", field="settings"
             )
         model = body.settings.get("model")
-        if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_NAME):
-            raise BadRequest(
-                f"settings.model must be a non-empty string of at most {MAX_MODEL_NAME} characters, or null",
-                field="settings.model",
-            )
+        if model is not None and not isinstance(model, str):
+            raise BadRequest("settings.model must be a string, or null", field="settings.model")
+        problem = model_name_problem(model) if model is not None else None
+        if problem is not None:
+            raise BadRequest(f"settings.model: {problem} Or null for the default.", field="settings.model")
         mode = body.settings.get("queue_mode")
         if mode is not None and mode not in QUEUE_MODES:
             raise BadRequest(

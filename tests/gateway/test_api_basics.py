@@ -276,6 +276,11 @@ async def test_a_blank_first_message_is_stored_like_any_other(client: Client, tm
     long_model = await client.post(f"/v1/sessions/{url_key('agent:main:dm:blank')}/commands",
                                    json={"command": "/model " + "m" * 300})  # fmt: skip
     assert "at most 200 characters" in (await long_model.json())["reply"]["content"]
+    nul_model = await client.post(f"/v1/sessions/{url_key('agent:main:dm:blank')}/commands",
+                                  json={"command": "/model gpt\x00x"})  # fmt: skip
+    assert "control characters" in (await nul_model.json())["reply"]["content"]
+    entry = await (await client.get(f"/v1/sessions/{url_key('agent:main:dm:blank')}")).json()
+    assert entry["model"] is None
 
 
 async def test_every_answer_carries_a_sane_request_id(client: Client) -> None:

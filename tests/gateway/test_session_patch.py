@@ -22,7 +22,7 @@ async def client(client: Client) -> Client:
     return client
 
 
-@pytest.mark.parametrize("model", ["m" * 201, "m" * 100_000])
+@pytest.mark.parametrize("model", ["m" * 201, "m" * 100_000, "gpt\x00x", "gpt\nx", "  ", 5])
 async def test_an_overlong_model_override_is_refused_and_changes_nothing(
     client: Any, tmp_path: Path, model: str
 ) -> None:
