@@ -226,7 +226,13 @@ async def _drain(request: web.Request) -> None:
 
 async def read_json(request: web.Request, limit: int) -> Any:
     body = await read_body(request, limit)
-    return decode_json(body, request.content_type)
+    return decode_json(body, content_type_of(request))
+
+
+def content_type_of(request: web.Request) -> str:
+    """The body's media type; empty when the request has no Content-Type (aiohttp's
+    ``content_type`` says application/octet-stream then, and the error named that)."""
+    return request.content_type if "Content-Type" in request.headers else ""
 
 
 def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
@@ -234,7 +240,9 @@ def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
     invalid UTF-8, an empty body, invalid JSON, nesting too deep to parse, or a ``\\u`` escape of
     an unpaired surrogate (no UTF-8 file can store it). ``hint`` is added to the content-type error."""
     if content_type != "application/json":
-        raise InvalidBody(f"content type must be application/json, not {content_type or 'missing'}{hint}")  # fmt: skip
+        if not content_type:
+            raise InvalidBody(f"the request has no Content-Type: send Content-Type: application/json{hint}")
+        raise InvalidBody(f"content type must be application/json, not {content_type}{hint}")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -294,7 +302,7 @@ async def parse_body(request: web.Request, model: type[M], limit: int, *, option
     content type) means the model's defaults, as /openapi.json documents for that route."""
     if optional:
         body = await read_body(request, limit)
-        data = decode_json(body, request.content_type) if body else {}
+        data = decode_json(body, content_type_of(request)) if body else {}
     else:
         data = await read_json(request, limit)
     return validate(model, json_object(data))

@@ -35,7 +35,7 @@ from config.errors import (
 )
 from config.settings import HookMapping
 from gateway.contract import NULLABLE_STR, STR, TURN_ERRORS, Answer, Param, operation
-from gateway.http import decode_json, json_response, read_body
+from gateway.http import content_type_of, decode_json, json_response, read_body
 from gateway.keys import WEBHOOKS
 
 routes = web.RouteTableDef()
@@ -93,7 +93,7 @@ async def receive_hook(request: web.Request) -> web.Response:
     secret = hooks.secret(name, mapping)
     body = await read_body(request, hooks.settings.gateway.max_body_bytes)
     signature = None if secret is None else _check_signature(request, hooks, name, mapping, secret, body)
-    payload = parse_payload(body, request.content_type)
+    payload = parse_payload(body, content_type_of(request))
     delivery_id = request.headers.get(DELIVERY_HEADER) or request.headers.get(STANDARD_ID) or None
     return render(await hooks.receive(name, mapping, payload, delivery_id, signature))
 

@@ -77,3 +77,16 @@ async def test_a_gzip_body_is_read_decompressed(client: Any) -> None:
     resp = await client.post(MESSAGES, data=gzip.compress(b'{"content": "zipped"}'),
                              headers={**JSON, "Content-Encoding": "gzip"})  # fmt: skip
     assert resp.status == 200, await resp.text()
+
+
+async def test_a_body_without_content_type_is_told_to_send_one(client: Any, tmp_path: Path) -> None:
+    """aiohttp reads a missing Content-Type as application/octet-stream, and the error named that."""
+    before = tree_digest(tmp_path)
+    for path in (MESSAGES, HOOK):
+        resp = await client.post(path, data=b'{"content": "x"}', skip_auto_headers=["Content-Type"])
+        assert resp.status == 400, await resp.text()
+        message = (await resp.json())["error"]["message"]
+        assert "no Content-Type" in message and "octet-stream" not in message, message
+    resp = await client.post(MESSAGES, data=b'{"content": "x"}', headers={"Content-Type": "text/plain"})
+    assert "not text/plain" in (await resp.json())["error"]["message"]
+    assert tree_digest(tmp_path) == before
