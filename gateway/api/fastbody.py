@@ -99,7 +99,9 @@ def plain_ingress(data: dict[str, Any]) -> dict[str, Any] | None:
         if thread_id is None:
             return None
     agent_id, reply, stream = fields["agent_id"], fields["reply"], fields["stream"]
-    if not (agent_id is None or type(agent_id) is str) or type(reply) is not bool or type(stream) is not bool:
+    if agent_id is not None and (type(agent_id) is not str or not agent_id):  # "" is refused by the model
+        return None
+    if type(reply) is not bool or type(stream) is not bool:
         return None
     if not _optional_text(fields["sender_name"], MAX_NAME) or not _client_message_id(fields["client_message_id"]):
         return None

@@ -69,7 +69,7 @@ class IngressBody(Strict):
     sender_name: str | None = Field(None, max_length=MAX_NAME)
     text: str
     thread_id: ChannelId | None = None
-    agent_id: str | None = None
+    agent_id: str | None = Field(None, min_length=1)  # "" was taken for no agent: routed to main
     reply: bool = True
     stream: bool = False
     client_message_id: str | None = Field(None, min_length=1, max_length=MAX_CLIENT_MESSAGE_ID)

@@ -148,6 +148,7 @@ def test_bodies_the_model_refuses_or_converts_are_left_to_it() -> None:
         {**base, "chat_id": 10**200},
         {**base, "thread_id": ""},
         {**base, "agent_id": 3},
+        {**base, "agent_id": ""},
         {**base, "extra": None},
         {**base, "sender_name": "n" * 201},
         {**base, "client_message_id": ""},
