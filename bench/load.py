@@ -27,6 +27,7 @@ import aiohttp
 
 HOST = "127.0.0.1"
 LUA = Path(__file__).with_name("wrk_post.lua")
+PACED_LUA = Path(__file__).with_name("wrk_post_paced.lua")
 MAX_WRK_THREADS = 64
 TIMEOUT_S = 10.0
 _WRK_LINE = re.compile(r"^NEOTASK-WRK (.*)$", re.MULTILINE)
@@ -89,13 +90,18 @@ def wrk_version() -> str:
     return first[0].split(" Copyright")[0].strip() if first else "wrk"
 
 
-def wrk_command(port: int, *, connections: int, keys: int, prefix: str, seconds: float, tag: str) -> list[str]:
+def wrk_command(
+    port: int, *, connections: int, keys: int, prefix: str, seconds: float, tag: str, pause_ms: int = 0
+) -> list[str]:
+    """wrk posting messages as fast as the server answers; with ``pause_ms``, each connection waits
+    that long before each request (``wrk_post_paced.lua``): a fixed load below saturation."""
     exe = wrk_path() or "wrk"
     threads = min(connections, MAX_WRK_THREADS)
+    script, paced = (PACED_LUA, [str(pause_ms)]) if pause_ms else (LUA, [])
     return [
         exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, math.ceil(seconds))}s",
-        "--timeout", f"{TIMEOUT_S:g}s", "-s", str(LUA), f"http://{HOST}:{port}",
-        "--", str(keys), str(threads), quote(prefix, safe=""), tag,
+        "--timeout", f"{TIMEOUT_S:g}s", "-s", str(script), f"http://{HOST}:{port}",
+        "--", str(keys), str(threads), quote(prefix, safe=""), tag, *paced,
     ]  # fmt: skip
 
 
@@ -124,9 +130,10 @@ def parse_wrk(name: str, output: str, connections: int) -> Phase:
 
 
 async def wrk_load(
-    port: int, name: str, *, connections: int, keys: int, prefix: str, seconds: float, tag: str
+    port: int, name: str, *, connections: int, keys: int, prefix: str, seconds: float, tag: str, pause_ms: int = 0
 ) -> Phase:
-    cmd = wrk_command(port, connections=connections, keys=keys, prefix=prefix, seconds=seconds, tag=tag)
+    cmd = wrk_command(port, connections=connections, keys=keys, prefix=prefix, seconds=seconds, tag=tag,
+                      pause_ms=pause_ms)  # fmt: skip
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=seconds + TIMEOUT_S + 60)
     if proc.returncode != 0:

@@ -11,6 +11,13 @@ started as a user would (``python -m gateway.cli gateway``):
   by fewer messages; this case has that too, without any sharing, so pg xN against it is what
   sharing costs at equal load per process (what N processes on N cores under N times the load
   would show);
+- ``pg x1 paced``, ``pg x1 <64/N>c paced`` and ``pg xN paced``: the same daemons, each wrk connection waiting
+  ``--pause-ms`` (30) before each request, so 32 connections bring about 950 msg/s and 64 about
+  1,900: the same load in all (64 connections on one process or on N) and the same load per
+  process (32 on one, 64 on two), both *below* what the machine takes. Under the unpaced load the
+  N processes, their database backends and wrk outnumber the two cores and preempt each other
+  (4-5 times the involuntary context switches per message of one process), which this comparison
+  leaves out: it is the one that predicts N processes on N cores;
 - ``echo x1`` and ``echo xN``: the floor, no Neotask at all (``bench.echo_server``: a bare aiohttp
   handler that decodes the body and answers a small JSON ack, in one process, or in N behind a
   supervisor on one ``SO_REUSEPORT`` port as the gateway's workers): what this machine charges
@@ -23,7 +30,7 @@ per message of the server's processes (supervisor and workers) and, for the daem
 database's (postmaster and backends), from /proc. The pg xN / pg x1 CPU ratio is printed beside
 the echo's, and their quotient: how much of pg's ratio is beyond the machine's floor.
 
-``python -m bench.workers_ingest [--seconds S] [--rounds R] [--workers N]``
+``python -m bench.workers_ingest [--seconds S] [--rounds R] [--workers N] [--pause-ms MS]``
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ from tests.support.postgres import PgServer, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 CONNECTIONS = 64
+# the paced cases: 32 connections each waiting 30 ms before each request give one process about
+# 950 msg/s and two about 1,800: below what this 2-core machine takes (4,500-5,000)
+PAUSE_MS = 30
 _LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
 
 
@@ -57,6 +67,8 @@ class Case:
     argv: list[str]  # after the interpreter
     database: bool = True  # charged with the database's CPU (the echo is not: it has none)
     connections: int = CONNECTIONS  # wrk's connections, each on a key of its own
+    pause_ms: int = 0  # each connection waits this long before each request: a load below saturation
+    server: Case | None = None  # measured on another case's daemon (a paced case)
     proc: asyncio.subprocess.Process | None = None
     port: int = 0
     phases: list[tuple[Phase, float, float]] = field(default_factory=list)  # phase, gateway CPU s, db CPU s
@@ -121,12 +133,13 @@ async def stop(case: Case) -> None:
 
 
 async def measure(case: Case, server: PgServer, seconds: float, tag: str) -> None:
-    assert case.proc is not None
-    gateway, database = tree(case.proc.pid), server.pids() if case.database else []
+    daemon = case.server or case
+    assert daemon.proc is not None
+    gateway, database = tree(daemon.proc.pid), server.pids() if case.database else []
     before = cpu_of(gateway), cpu_of(database)
     phase = await wrk_load(
-        case.port, case.name, connections=case.connections, keys=case.connections, prefix=key_prefix("w64x64"),
-        seconds=seconds, tag=tag,
+        daemon.port, case.name, connections=case.connections, keys=case.connections, prefix=key_prefix("w64x64"),
+        seconds=seconds, tag=tag, pause_ms=case.pause_ms,
     )  # fmt: skip
     after = cpu_of(gateway), cpu_of(server.pids() if case.database else [])
     case.phases.append((phase, after[0] - before[0], after[1] - before[1]))
@@ -167,6 +180,18 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
             f"  pg x{workers} vs pg x1 with {CONNECTIONS // workers} connections (the load each of the {workers}"
             f" processes has): {equal:.2f}x CPU per message (the cost of sharing at equal load per process)"
         )
+    paced_many = results.get(f"pg x{workers} paced")
+    for name, what in (
+        ("pg x1 paced", "the same load in all"),
+        (f"{share_name(workers)} paced", "the same load per process"),
+    ):
+        paced_one = results.get(name)
+        if paced_one is not None and paced_many is not None:
+            paced = (paced_many[2] + paced_many[3]) / (paced_one[2] + paced_one[3])
+            lines.append(
+                f"  paced, {what} (below what the machine takes): pg x{workers} {paced_many[0] / paced_one[0]:.2f}x"
+                f" the messages/s of {name}, {paced:.2f}x its CPU per message (target <= 1.2x)"
+            )
     echo_one, echo_many = results["echo x1"], results[f"echo x{workers}"]
     floor = echo_many[2] / echo_one[2] if echo_one[2] > 0 else math.nan
     lines.append(
@@ -176,7 +201,7 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
     return lines
 
 
-async def run(seconds: float, rounds: int, workers: int) -> None:
+async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_MS) -> None:
     if wrk_path() is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     server = await asyncio.to_thread(start_server, durable=True)
@@ -193,11 +218,18 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
         cases.append(gateway_case(share_name(workers), tmp / "pg-part", part, 1))
         cases[-1].connections = CONNECTIONS // workers
         cases += [echo_case(1), echo_case(workers)]
-        for case in cases:  # one at a time: several imports at once take minutes on a small machine
+        daemons = list(cases)
+        if pause_ms:  # on the daemons of pg x1, pg xN and pg x1 under the load of one of the N
+            one_case, many_case, part_case = cases[1], cases[2], cases[3]
+            cases.append(Case(f"{one_case.name} paced", [], pause_ms=pause_ms, server=one_case))
+            cases.append(Case(f"{part_case.name} paced", [], connections=part_case.connections, pause_ms=pause_ms,
+                              server=part_case))  # fmt: skip
+            cases.append(Case(f"{many_case.name} paced", [], pause_ms=pause_ms, server=many_case))
+        for case in daemons:  # one at a time: several imports at once take minutes on a small machine
             await start(case)
             print(f"  {case.name}: listening on port {case.port}", flush=True)
         prefix = key_prefix("w64x64")
-        for case in cases:
+        for case in daemons:
             await prime(case.port, connections=case.connections, keys=case.connections, prefix=prefix)
         load = os.getloadavg()[0]
         for r in range(1, rounds + 1):
@@ -217,7 +249,8 @@ async def run(seconds: float, rounds: int, workers: int) -> None:
         print("\n".join(report({case.name: summary(case) for case in cases}, workers)))
     finally:
         for case in cases:
-            await stop(case)
+            if case.server is None:
+                await stop(case)
         await asyncio.to_thread(stop_server, server)
 
 
@@ -226,10 +259,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: no paced cases")
     args = parser.parse_args()
     if not 2 <= args.workers <= CONNECTIONS:
         parser.error(f"--workers must be between 2 and {CONNECTIONS} (the cases compare N processes with one)")
-    asyncio.run(run(args.seconds, args.rounds, args.workers))
+    asyncio.run(run(args.seconds, args.rounds, args.workers, args.pause_ms))
 
 
 if __name__ == "__main__":

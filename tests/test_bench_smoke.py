@@ -181,6 +181,16 @@ def test_workers_ingest_report_sets_pg_ratio_beside_the_echo_floor() -> None:
     assert lines[-1] == (
         "  CPU per message, x2 / x1: pg 1.50x, echo 1.25x (the machine's floor); pg / echo 1.20x (beyond the floor)"
     )
+    assert not any("paced" in line for line in lines)  # no paced cases measured: no paced line
+    results["pg x1 paced"] = (1850.0, 0.01, 0.3, 0.2)
+    results["pg x1 32c paced"] = (950.0, 0.01, 0.35, 0.25)
+    results["pg x2 paced"] = (1800.0, 0.01, 0.4, 0.25)
+    paced = [line for line in report(results, 2) if line.startswith("  paced")]
+    assert len(paced) == 2
+    # (0.4 + 0.25) / (0.3 + 0.2) = 1.30; 1800 / 1850 = 0.97
+    assert "the same load in all" in paced[0] and "0.97x the messages/s of pg x1 paced, 1.30x" in paced[0]
+    # (0.4 + 0.25) / (0.35 + 0.25) = 1.083; 1800 / 950 = 1.89
+    assert "per process" in paced[1] and "1.89x the messages/s of pg x1 32c paced, 1.08x its CPU" in paced[1]
 
 
 @pytest.mark.slow
