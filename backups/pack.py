@@ -71,10 +71,13 @@ def _outside_home(out: Path, home: Path) -> None:
 
 def _replaceable(out: Path) -> None:
     """An existing ``out`` the archive may replace: a neotask backup (its first member is the
-    manifest), or a symbolic link (the link is replaced, not what it points to)."""
+    manifest). A symbolic link is refused: the rename would replace the link itself (``/dev/stdout``
+    or a library's link under a root daemon), whatever it points to."""
     mode = os.lstat(out).st_mode
     if stat.S_ISLNK(mode):
-        return
+        raise BackupTargetError(
+            f"{out} is a symbolic link: the backup would replace the link; give the path it points to"
+        )
     if not stat.S_ISREG(mode):
         raise BackupTargetError(f"{out} is not a regular file (a device, FIFO or socket): choose another -o")
     try:
@@ -114,7 +117,9 @@ def finish(
     }
     tmp = out.with_name(f".{out.name}.tmp")
     try:
-        with open(tmp, "wb", opener=lambda p, f: os.open(p, f, 0o600)) as raw:
+        tmp.unlink(missing_ok=True)  # a crashed backup's, or a link planted there: created anew, never followed
+        exclusive = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        with open(tmp, "wb", opener=lambda p, _: os.open(p, exclusive, 0o600)) as raw:
             with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=COMPRESS_LEVEL, format=tarfile.PAX_FORMAT) as tar:
                 data = json.dumps(manifest, ensure_ascii=False, indent=1).encode("utf-8")
                 info = tarfile.TarInfo(MANIFEST)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import html
+import http.client
 import os
 import re
 import stat
@@ -139,8 +140,8 @@ def _stream_online(client: GatewayClient, path: str, fmt: str, out: TextIO | Any
         while True:
             try:
                 chunk = response.read(65536)
-            except OSError as exc:
-                raise Unreachable(f"the gateway at {client.base_url} stopped in the middle: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:  # IncompleteRead: the answer was cut off
+                raise Unreachable(f"the gateway at {client.base_url} stopped in the middle: {exc!r}") from None
             if not chunk:
                 return
             out.write(chunk)
@@ -159,10 +160,35 @@ def _offline_export(config: LoadedConfig, key: str, fmt: ExportFormat, out: Any)
     offline.with_store(config, work)
 
 
+class _WriteFailed(Exception):
+    """Writing the export's file failed (not reading the home or the gateway)."""
+
+
+class _FileOut:
+    """``-o``'s temporary file; its write errors become ``_WriteFailed``."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.raw.write(data)
+        except OSError as exc:
+            raise _WriteFailed(exc.strerror or str(exc)) from exc
+
+    def flush(self) -> None:
+        try:
+            self.raw.flush()
+            os.fsync(self.raw.fileno())
+        except OSError as exc:
+            raise _WriteFailed(exc.strerror or str(exc)) from exc
+
+
 def cmd_sessions_export(ctx: Context) -> int:
     """The key's runs to stdout, or to ``-o FILE``: written beside FILE under a temporary name and
     renamed over it once whole, so a failed export (a mistyped key, a lost gateway) leaves FILE as
-    it was (it used to truncate it first and delete it on the error)."""
+    it was (it used to truncate it first and delete it on the error). A folder, a device, FIFO or
+    socket, and a symbolic link (the rename would replace the link, e.g. /dev/stdout) are refused."""
     args = ctx.args
     key = parse_key(args.key, agents=ctx.config.settings.agents).raw
     target = Path(args.output) if args.output else None
@@ -170,30 +196,36 @@ def cmd_sessions_export(ctx: Context) -> int:
         _export(ctx, key, sys.stdout.buffer)
         return 0
     try:
+        if target.is_symlink():
+            raise OSError(22, "it is a symbolic link, which the export would replace; give the file's own path")
         if target.is_dir():
             raise IsADirectoryError(21, "it is a folder; give a file name")
-        if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode) and not target.is_symlink():
+        if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
             raise OSError(22, "it is not a regular file (a device, FIFO or socket); leave out -o for stdout")
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        out = tmp.open("xb")
+        raw = tmp.open("xb")
     except OSError as exc:
         print(f"error: cannot write {target}: {exc.strerror or exc}; choose another -o", file=sys.stderr)
         return exits.FAILED
     try:
-        with out:
-            _export(ctx, key, out)
-            out.flush()
-            os.fsync(out.fileno())
+        with raw:
+            _export(ctx, key, _FileOut(raw))
         os.replace(tmp, target)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        print(f"error: cannot write {target}: {exc.strerror or exc}; choose another -o", file=sys.stderr)
-        return exits.FAILED
+    except _WriteFailed as exc:
+        return _export_failed(tmp, f"cannot write {target}: {exc}; choose another -o")
+    except OSError as exc:  # the rename, or reading the home (offline)
+        return _export_failed(tmp, f"the export to {target} failed: {exc.strerror or exc}")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     print(f"exported {key} to {target}", file=sys.stderr)
     return 0
+
+
+def _export_failed(tmp: Path, message: str) -> int:
+    tmp.unlink(missing_ok=True)
+    print(f"error: {message}", file=sys.stderr)
+    return exits.FAILED
 
 
 def _export(ctx: Context, key: str, out: Any) -> None:

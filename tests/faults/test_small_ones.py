@@ -72,7 +72,9 @@ async def test_the_cli_waits_for_a_daemon_that_is_starting(tmp_path: Path) -> No
         gw.send(signal.SIGSTOP)
         assert not (home / "gateway.json").exists(), "the daemon was listening already: start-up too quick to test"
         cli = asyncio.create_task(run_cli("sessions", "list", "--json", "--home", str(home), timeout=60))
-        await asyncio.sleep(1.5)  # the CLI is waiting now, not failing
+        # the CLI is waiting now, not failing (it takes about 1 s to start; 4 s leaves room for a
+        # loaded machine, where 1.5 s once ended before the CLI looked and it found the daemon up)
+        await asyncio.sleep(4)
         assert not cli.done()
         gw.send(signal.SIGCONT)
         await gw.wait_listening()

@@ -92,7 +92,7 @@ async def test_an_unwritable_output_is_a_clear_error_and_writes_nothing(client: 
 async def test_a_backup_replaces_only_an_older_backup(client: Client, tmp_path: Path) -> None:
     """The archive is renamed over ``output``: a device, FIFO, any other file or a file of the live
     home would have been replaced by it (a hostile test turned /dev/null and sessions.json into
-    tarballs). Only an older backup, or a symbolic link, is replaced."""
+    tarballs; a review then replaced /dev/stdout, a symbolic link). Only an older backup is replaced."""
     await _seed(client, 2)
     outside = tmp_path.parent / f"{tmp_path.name}-targets"
     outside.mkdir()
@@ -101,10 +101,13 @@ async def test_a_backup_replaces_only_an_older_backup(client: Client, tmp_path: 
     fifo = outside / "pipe.tar.gz"
     os.mkfifo(fifo)
     sessions_json = tmp_path / "contexts" / "sessions.json"
+    link = outside / "link.tar.gz"  # as /dev/stdout is: the rename would replace the link itself
+    link.symlink_to(precious)
     before = tree_digest(tmp_path)
     refused = {
         str(precious): "is not a neotask backup",
         str(fifo): "not a regular file",
+        str(link): "symbolic link",
         str(sessions_json): "inside the gateway's home",
         str(tmp_path / "b.tar.gz"): "inside the gateway's home",
     }
@@ -113,7 +116,7 @@ async def test_a_backup_replaces_only_an_older_backup(client: Client, tmp_path: 
         assert resp.status == 400, (output, await resp.text())
         error = (await resp.json())["error"]
         assert error["code"] == "backup_target_unwritable" and says in error["message"], (output, error)
-    assert precious.read_text() == "keep me" and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert precious.read_text() == "keep me" and stat.S_ISFIFO(os.lstat(fifo).st_mode) and link.is_symlink()
     await settled(client)
     assert tree_digest(tmp_path) == before
     older = outside / "latest.tar.gz"

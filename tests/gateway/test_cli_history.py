@@ -83,10 +83,46 @@ async def test_offline_export_purge_and_doctor(cli: Cli, home: Path, clock: Fake
     assert code == 1 and "session_not_found" in err and precious.read_text() == "keep me"
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    for bad, says in ((tmp_path / "none" / "x.md", "No such file"), (tmp_path, "folder"), (fifo, "not a regular")):
+    link = tmp_path / "link.md"  # as /dev/stdout is: the rename would replace the link itself
+    link.symlink_to(precious)
+    bad_targets = ((tmp_path / "none" / "x.md", "No such file"), (tmp_path, "folder"), (fifo, "not a regular"),
+                   (link, "symbolic link"))  # fmt: skip
+    for bad, says in bad_targets:
         code, _, err = await cli("sessions", "export", "agent:main:dm:bob", "-o", str(bad))
         assert code == 1 and err.startswith(f"error: cannot write {bad}") and says in err, err
         assert "Traceback" not in err
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and link.is_symlink() and precious.read_text() == "keep me"
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert (await cli.json("doctor"))["actions"] == []
+
+
+async def test_an_export_cut_off_by_the_gateway_is_reported_not_a_traceback(tmp_path: Path) -> None:
+    """A chunked answer that stops in the middle raises http.client.IncompleteRead, no OSError:
+    it went through the CLI as a traceback."""
+    import asyncio as aio
+
+    from gateway.cli_history import _stream_online
+    from gateway.client import GatewayClient, Unreachable
+
+    async def cut(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await aio.start_server(cut, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = GatewayClient(f"http://127.0.0.1:{port}", timeout_s=5)
+        out = (tmp_path / "x").open("wb")
+        with out, pytest.raises(Unreachable, match="stopped in the middle"):
+            await aio.to_thread(_stream_online, client, "/v1/sessions/k/export", "jsonl", out)
+    finally:
+        server.close()
+
+
+def test_a_failed_write_of_the_export_file_is_a_write_error() -> None:
+    from gateway.cli_history import _FileOut, _WriteFailed
+
+    with open("/dev/full", "wb", buffering=0) as full, pytest.raises(_WriteFailed, match="No space"):
+        _FileOut(full).write(b"x" * 10)
