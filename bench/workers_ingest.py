@@ -16,7 +16,7 @@ started as a user would (``python -m gateway.cli gateway``):
   1,900: the same load in all (64 connections on one process or on N) and the same load per
   process (32 on one, 64 on two), both *below* what the machine takes. Under the unpaced load the
   N processes, their database backends and wrk outnumber the two cores and preempt each other
-  (4-5 times the involuntary context switches per message of one process), which this comparison
+  (about 5 times the involuntary context switches per message of one process), which this comparison
   leaves out: it is the one that predicts N processes on N cores;
 - ``echo x1`` and ``echo xN``: the floor, no Neotask at all (``bench.echo_server``: a bare aiohttp
   handler that decodes the body and answers a small JSON ack, in one process, or in N behind a
@@ -186,7 +186,7 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
         (f"{share_name(workers)} paced", "the same load per process"),
     ):
         paced_one = results.get(name)
-        if paced_one is not None and paced_many is not None:
+        if paced_one is not None and paced_many is not None and paced_one[0] > 0 and paced_one[2] + paced_one[3] > 0:
             paced = (paced_many[2] + paced_many[3]) / (paced_one[2] + paced_one[3])
             lines.append(
                 f"  paced, {what} (below what the machine takes): pg x{workers} {paced_many[0] / paced_one[0]:.2f}x"

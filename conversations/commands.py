@@ -43,7 +43,7 @@ def model_name_problem(name: str) -> str | None:
         return "A model name cannot be empty."
     if len(name) > MAX_MODEL_NAME:
         return f"A model name is at most {MAX_MODEL_NAME} characters."
-    if any(unicodedata.category(c) == "Cc" for c in name):
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name):  # U+2028, U+2029: line breaks too
         return "A model name cannot hold control characters (NUL, tab, line breaks)."
     return None
 Handler = Callable[["CommandCall"], Awaitable[Outcome]]

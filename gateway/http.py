@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import re
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -232,7 +233,7 @@ async def read_json(request: web.Request, limit: int) -> Any:
 def content_type_of(request: web.Request) -> str:
     """The body's media type; empty when the request has no Content-Type (aiohttp's
     ``content_type`` says application/octet-stream then, and the error named that)."""
-    return request.content_type if "Content-Type" in request.headers else ""
+    return request.content_type if request.headers.get("Content-Type", "").strip() else ""
 
 
 def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
@@ -256,7 +257,8 @@ def decode_json(body: bytes, content_type: str, *, hint: str = "") -> Any:
     except RecursionError:
         raise InvalidBody("the body's JSON is nested too deeply") from None
     except ValueError as exc:  # _no_constant, _finite, or an integer past Python's digit limit
-        message = str(exc) if isinstance(exc, _NotJson) else "the body holds an integer of more than 4,300 digits"
+        digits = sys.get_int_max_str_digits()
+        message = str(exc) if isinstance(exc, _NotJson) else f"the body holds an integer of more than {digits:,} digits"
         raise InvalidBody(f"{message}; send a finite number of a sane size, null, or a string") from None
     if _SURROGATE_ESCAPE.search(text) and not _encodable(data):
         raise InvalidBody(
@@ -347,33 +349,40 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return f"the boolean {json.dumps(value)}"
     if isinstance(value, (int, float)):
-        return f"the number {json.dumps(value)}"
+        shown = json.dumps(value)
+        return f"the number {shown if len(shown) <= 40 else shown[:40] + '...'}"
     if isinstance(value, str):
         shown = value if len(value) <= 40 else value[:40] + "..."
         return f"the string {json.dumps(shown, ensure_ascii=False)}"
     return "an array" if isinstance(value, list) else "an object"
 
 
+# a union member's tag in an error's location (``str``, ``dict[str,any]``, ``list[dict[str,any]]``,
+# ``function-before[...]``), never a body field's name
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|bytes|dict|list|tuple|set)(\[.*\])?$|^[a-z][a-z-]*\[.*\]$")
+
+
 def _errors(exc: ValidationError) -> list[dict[str, Any]]:
-    """pydantic's errors, a union's wrong-type errors as one: ``tool_choice: 5`` fails each member
-    of ``str | dict`` at ``tool_choice.str`` and ``tool_choice.dict[str,any]``; it is one field."""
+    """pydantic's errors located by field, without the members of a union (``input.str`` is
+    ``input``), and a union's wrong-type errors as one: ``tool_choice: 5`` fails each member of
+    ``str | dict``; it is one field. Errors of two fields or two list items are never merged."""
     out: list[dict[str, Any]] = []
     for details in exc.errors():
+        loc = tuple(details["loc"])
+        where = tuple(p for p in loc if not (isinstance(p, str) and _UNION_TAG.match(p)))
         last = out[-1] if out else None
         if (
             last is not None
+            and where != loc  # this one is a member of a union
+            and last["member"]
             and details["type"] in _TYPE_ERRORS
             and last["type"] in _TYPE_ERRORS
-            and len(details["loc"]) > 1
-            and tuple(details["loc"][:-1]) == last.get("union")
+            and tuple(last["loc"]) == where
             and details["input"] is last["input"]
         ):
             last["msg"] += " or " + details["msg"].removeprefix("Input should be ")
-            last["loc"] = last["union"]  # the field, not its first member
             continue
-        err: dict[str, Any] = dict(details)
-        if err["type"] in _TYPE_ERRORS and len(err["loc"]) > 1:
-            err["union"] = tuple(err["loc"][:-1])  # a member of a union, if the next error is its sibling
+        err: dict[str, Any] = {**details, "loc": where, "member": where != loc}
         out.append(err)
     return out
 

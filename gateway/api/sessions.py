@@ -248,7 +248,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     "Run a chat command",
     "sessions",
     "The command's answer is in `reply.content`, in store-only mode too. `stream: true` answers with server-sent"
-    " events as a message does (a command that runs the model, `/compact` or `/new text`, streams its deltas).",
+    " events as a message does: a command's answer comes whole, in the one `final` event.",
     body=CommandBody,
     params=(IDEMPOTENCY,),
     answer=MESSAGE_ANSWER,
@@ -330,6 +330,8 @@ async def patch_session(request: web.Request) -> web.Response:
         problem = model_name_problem(model) if model is not None else None
         if problem is not None:
             raise BadRequest(f"settings.model: {problem} Or null for the default.", field="settings.model")
+        if model is not None:
+            body.settings["model"] = model.strip()  # as /model takes its argument
         mode = body.settings.get("queue_mode")
         if mode is not None and mode not in QUEUE_MODES:
             raise BadRequest(

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gateway import keys as K
 from tests.gateway.conftest import Client, settled
 from tests.gateway.helpers import tree_digest
 
@@ -22,7 +23,7 @@ async def client(client: Client) -> Client:
     return client
 
 
-@pytest.mark.parametrize("model", ["m" * 201, "m" * 100_000, "gpt\x00x", "gpt\nx", "  ", 5])
+@pytest.mark.parametrize("model", ["m" * 201, "m" * 100_000, "gpt\x00x", "gpt\nx", "gpt\u2028x", "  ", 5])
 async def test_an_overlong_model_override_is_refused_and_changes_nothing(
     client: Any, tmp_path: Path, model: str
 ) -> None:
@@ -42,3 +43,10 @@ async def test_a_model_override_of_200_characters_fits_the_entry(client: Any, tm
     entry = entries["sessions"]["agent:main:main"]
     assert entry["settings"]["model"] == "m" * 200
     assert len(json.dumps(entry, ensure_ascii=False).encode()) < 2048
+
+
+async def test_a_model_override_is_stored_stripped_as_the_model_command_stores_it(client: Any) -> None:
+    resp = await client.patch(MAIN, json={"settings": {"model": "  gpt-x "}})
+    assert resp.status == 200, await resp.text()
+    entry = client.app[K.STORE].entry("agent:main:main")
+    assert entry is not None and entry.settings["model"] == "gpt-x"

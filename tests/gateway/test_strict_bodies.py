@@ -119,3 +119,26 @@ async def test_json_numbers_and_booleans_of_the_right_type_are_still_taken(clien
     ingress = {"channel": "t", "chat_type": "direct", "chat_id": 5, "sender_id": 7, "text": "hi", "reply": False}
     resp = await client.post("/v1/messages", json=ingress)
     assert resp.status == 200, await resp.text()
+
+
+def test_a_unions_members_are_one_field_and_list_items_stay_apart() -> None:
+    from config.errors import BadRequest
+    from gateway.http import validate
+    from gateway.openai_compat.bodies import ChatCompletionBody, ResponsesBody
+
+    def said(model: Any, data: dict[str, Any]) -> tuple[str, str]:
+        with pytest.raises(BadRequest) as refused:
+            validate(model, data)
+        return refused.value.message, refused.value.extra["field"]
+
+    message, field = said(ChatCompletionBody, {"model": "m", "messages": [{}], "tool_choice": 5})
+    assert field == "tool_choice"
+    assert "field 'tool_choice': Input should be a valid string or a valid dictionary, not the number 5" in message
+    # two items of one list are two errors, not one merged ("a valid dictionary or a valid dictionary")
+    message, field = said(ChatCompletionBody, {"model": "m", "messages": [5, 5]})
+    assert field == "messages.0" and "field 'messages.1'" in message and " or " not in message
+    # a member's tag is not shown as a field ("input.str")
+    message, field = said(ResponsesBody, {"model": "m", "input": [5]})
+    assert field == "input" and ".str" not in message and "field 'input.0'" in message
+    message, _ = said(ChatCompletionBody, {"model": "m", "messages": "x" * 500})
+    assert "x" * 41 not in message  # what was sent is shown cut
