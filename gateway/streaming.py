@@ -75,8 +75,7 @@ async def answer(request: web.Request, post: Post, *, stream: bool) -> web.Strea
     async def start() -> web.StreamResponse:
         nonlocal response
         if response is None:
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await response.prepare(request)
+            response = await _open_stream(request)
         return response
 
     async def on_delta(text: str) -> None:
@@ -97,11 +96,16 @@ async def answer(request: web.Request, post: Post, *, stream: bool) -> web.Strea
     return stream_response
 
 
+async def _open_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    return response
+
+
 async def final_only(request: web.Request, body: Mapping[str, Any]) -> web.StreamResponse:
     """A ``stream: true`` call whose answer had no deltas (a command answered without the model):
     the one ``final`` event."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
+    response = await _open_stream(request)
     await response.write(sse("final", body))
     await response.write_eof()
     return response
