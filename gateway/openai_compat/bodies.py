@@ -7,9 +7,9 @@ Known fields are validated; the sampling options OpenAI clients send (``temperat
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from config.errors import BadRequest
 from gateway.openai_compat.history import ChatMessage
@@ -18,12 +18,18 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_INSTRUCTIONS = 100_000
 
 
+_NULLABLE_BOOL = WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "null"}]})
+# a boolean that takes null for its default, as OpenAI's API does (the SDKs send an explicit None)
+NullIsFalse = Annotated[bool, BeforeValidator(lambda v: False if v is None else v), _NULLABLE_BOOL]
+NullIsTrue = Annotated[bool, BeforeValidator(lambda v: True if v is None else v), _NULLABLE_BOOL]
+
+
 class Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
 class StreamOptions(Lenient):
-    include_usage: bool | None = False  # null: the default, as OpenAI takes it
+    include_usage: NullIsFalse = False
 
 
 class ChatCompletionBody(Lenient):
@@ -31,7 +37,7 @@ class ChatCompletionBody(Lenient):
 
     model: str = Field(min_length=1, max_length=200, description="`neotask/<agent id>` or a bare agent id")
     messages: list[dict[str, Any]] = Field(min_length=1, description="the conversation, resent whole")
-    stream: bool | None = Field(False, description="null: false, as OpenAI takes it")
+    stream: NullIsFalse = Field(False, description="null: false, as OpenAI takes it")
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, min_length=1, max_length=200, description="per-user session")
     tools: list[dict[str, Any]] | None = Field(None, description="the client's function tools")
@@ -46,8 +52,8 @@ class ResponsesBody(Lenient):
     input: str | list[dict[str, Any]] = Field(description="text, or input items (messages, function_call_output)")
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS)
     previous_response_id: str | None = Field(None, min_length=1, max_length=200)
-    store: bool | None = Field(True, description="null: true, as OpenAI takes it")
-    stream: bool | None = Field(False, description="null: false, as OpenAI takes it")
+    store: NullIsTrue = Field(True, description="null: true, as OpenAI takes it")
+    stream: NullIsFalse = Field(False, description="null: false, as OpenAI takes it")
     user: str | None = Field(None, min_length=1, max_length=200, description="per-user session")
     tools: list[dict[str, Any]] | None = Field(None, description="the client's function tools")
     tool_choice: str | dict[str, Any] | None = None

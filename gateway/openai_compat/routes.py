@@ -191,7 +191,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         headers = _headers(target, answer)
         return json_response(completion(ident, created, body.model, answer), headers=headers)
 
-    include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
     progress = Progress()
     stream = _Stream(request, lambda: _headers(target, progress=progress))
     streamed = False
@@ -285,11 +285,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     call = Call(target, instructions, messages, tools, choice, previous_response_id=body.previous_response_id)
     created = _created(request)
     echo = body.model_dump(include={"instructions", "previous_response_id", "store", "user", "tools", "tool_choice"})
-    echo["store"] = body.store is not False  # null is the default, true
     echo["metadata"] = body.model_extra.get("metadata") if body.model_extra else None
 
     if not body.stream:
-        answer, response_id = await compat.respond(call, store=body.store is not False)
+        answer, response_id = await compat.respond(call, store=body.store)
         output = output_items(answer, "msg_" + uuid.uuid4().hex)
         result = response(
             response_id, created, body.model, echo, status="completed", output=output, usage=answer.outcome.usage
@@ -318,7 +317,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         await send(ev.delta(text))
 
     try:
-        answer, _ = await compat.respond(call, store=body.store is not False, on_delta=on_delta, response_id=pending_id)
+        answer, _ = await compat.respond(call, store=body.store, on_delta=on_delta, response_id=pending_id)
     except NeotaskError as exc:
         if not stream.started:
             raise
