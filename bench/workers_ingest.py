@@ -18,12 +18,17 @@ started as a user would (``python -m gateway.cli gateway``):
   N processes, their database backends and wrk outnumber the two cores and preempt each other
   (about 5 times the involuntary context switches per message of one process), which this comparison
   leaves out: it is the one that predicts N processes on N cores;
+- ``pg Nx1 apart`` (and paced): N one-process gateways that share nothing, each on a database of
+  its own (``pg x1 <64/N>c`` and N - 1 more like it), each loaded at the same time by a wrk of its
+  own with 64/N connections: the same total load as pg xN, and as many processes, without the
+  leases, the events or a database in common. Against pg x1 it is what *any* N processes cost on
+  this machine; pg xN against it is what the sharing costs;
 - ``echo x1`` and ``echo xN``: the floor, no Neotask at all (``bench.echo_server``: a bare aiohttp
   handler that decodes the body and answers a small JSON ack, in one process, or in N behind a
   supervisor on one ``SO_REUSEPORT`` port as the gateway's workers): what this machine charges
   for a second process when there is nothing to share.
 
-The four daemons and the two echo servers run side by side (idle when not measured), the daemons
+The daemons and the two echo servers run side by side (idle when not measured), the daemons
 on a durable PostgreSQL server this script starts (fsync on, ``tests.support.postgres``); rounds
 alternate the cases so drift on a noisy machine hits each. Per case: messages/s, p99, and CPU time
 per message of the server's processes (supervisor and workers) and, for the daemons, of the
@@ -37,11 +42,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import math
 import os
 import re
 import signal
+import statistics
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -69,6 +76,7 @@ class Case:
     connections: int = CONNECTIONS  # wrk's connections, each on a key of its own
     pause_ms: int = 0  # each connection waits this long before each request: a load below saturation
     server: Case | None = None  # measured on another case's daemon (a paced case)
+    apart: list[Case] = field(default_factory=list)  # measured on these daemons at once, a wrk each
     proc: asyncio.subprocess.Process | None = None
     port: int = 0
     phases: list[tuple[Phase, float, float]] = field(default_factory=list)  # phase, gateway CPU s, db CPU s
@@ -102,6 +110,11 @@ def share_name(workers: int) -> str:
     return f"pg x1 {CONNECTIONS // workers}c"
 
 
+def apart_name(workers: int) -> str:
+    """The case of ``workers`` one-process gateways that share nothing, loaded at once."""
+    return f"pg {workers}x1 apart"
+
+
 def echo_case(workers: int) -> Case:
     return Case(f"echo x{workers}", ["-m", "bench.echo_server", "--port", "0", "--workers", str(workers)], False)
 
@@ -133,16 +146,35 @@ async def stop(case: Case) -> None:
 
 
 async def measure(case: Case, server: PgServer, seconds: float, tag: str) -> None:
-    daemon = case.server or case
-    assert daemon.proc is not None
-    gateway, database = tree(daemon.proc.pid), server.pids() if case.database else []
+    daemons = case.apart or [case.server or case]
+    gateway = [pid for daemon in daemons if daemon.proc is not None for pid in tree(daemon.proc.pid)]
+    database = server.pids() if case.database else []
     before = cpu_of(gateway), cpu_of(database)
-    phase = await wrk_load(
-        daemon.port, case.name, connections=case.connections, keys=case.connections, prefix=key_prefix("w64x64"),
-        seconds=seconds, tag=tag, pause_ms=case.pause_ms,
-    )  # fmt: skip
+    phases = await asyncio.gather(*(
+        wrk_load(
+            daemon.port, case.name, connections=case.connections, keys=case.connections,
+            prefix=key_prefix("w64x64"), seconds=seconds, tag=tag, pause_ms=case.pause_ms,
+        )
+        for daemon in daemons
+    ))  # fmt: skip
     after = cpu_of(gateway), cpu_of(server.pids() if case.database else [])
-    case.phases.append((phase, after[0] - before[0], after[1] - before[1]))
+    case.phases.append((together(phases), after[0] - before[0], after[1] - before[1]))
+
+
+def together(phases: list[Phase]) -> Phase:
+    """Phases run at the same time (a wrk per daemon) as one: messages added, the slowest p99."""
+    if len(phases) == 1:
+        return phases[0]
+    ok = sum(p.ok for p in phases)
+    errors: collections.Counter[str] = collections.Counter()
+    for p in phases:
+        errors.update(p.errors)
+    return Phase(
+        phases[0].name, ok=ok, failed=sum(p.failed for p in phases),
+        elapsed=statistics.fmean(p.elapsed for p in phases), p50=max(p.p50 for p in phases),
+        p99=max(p.p99 for p in phases), mean=sum(p.mean * p.ok for p in phases) / ok if ok else math.nan,
+        errors=errors, in_flight_at_stop=sum(p.in_flight_at_stop for p in phases),
+    )  # fmt: skip
 
 
 def summary(case: Case) -> tuple[float, float, float, float]:
@@ -180,6 +212,18 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
             f"  pg x{workers} vs pg x1 with {CONNECTIONS // workers} connections (the load each of the {workers}"
             f" processes has): {equal:.2f}x CPU per message (the cost of sharing at equal load per process)"
         )
+    for suffix, how in (("", ""), (" paced", "paced, ")):
+        apart, together_ = results.get(apart_name(workers) + suffix), results.get(f"pg x{workers}{suffix}")
+        single = results.get(f"pg x1{suffix}")
+        if apart is None or together_ is None or single is None or not apart[2] + apart[3] > 0:
+            continue
+        spent = apart[2] + apart[3]
+        lines.append(
+            f"  {how}{workers} one-process gateways that share nothing ({apart_name(workers)}, a database and a wrk"
+            f" of {CONNECTIONS // workers} connections each, at once): {spent / (single[2] + single[3]):.2f}x"
+            f" the CPU per message of pg x1 (what any {workers} processes cost here); pg x{workers}"
+            f" {(together_[2] + together_[3]) / spent:.2f}x theirs (what sharing costs)"
+        )
     paced_many = results.get(f"pg x{workers} paced")
     for name, what in (
         ("pg x1 paced", "the same load in all"),
@@ -207,6 +251,7 @@ async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_M
     server = await asyncio.to_thread(start_server, durable=True)
     tmp = Path(tempfile.mkdtemp(prefix="neotask-bench-workers-"))
     cases: list[Case] = []
+    daemons: list[Case] = []
     try:
         # a database each: a gateway that does not lease keys must not share keys with others
         one = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_one")}}}
@@ -217,14 +262,25 @@ async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_M
         # one process under the load each of the N has: smaller group-commit batches, no sharing
         cases.append(gateway_case(share_name(workers), tmp / "pg-part", part, 1))
         cases[-1].connections = CONNECTIONS // workers
+        # N - 1 more such gateways, a database each: with the one above, N processes sharing nothing
+        others = []
+        for i in range(2, workers + 1):
+            dsn = await server.database(f"bench_part{i}")
+            others.append(gateway_case(f"{share_name(workers)} #{i}", tmp / f"pg-part{i}",
+                                       {"storage": {"backend": "postgres", "postgres": {"dsn": dsn}}}, 1))  # fmt: skip
+            others[-1].connections = CONNECTIONS // workers
         cases += [echo_case(1), echo_case(workers)]
-        daemons = list(cases)
+        daemons = cases + others
+        apart = [cases[3], *others]
+        cases.append(Case(apart_name(workers), [], connections=CONNECTIONS // workers, apart=apart))
         if pause_ms:  # on the daemons of pg x1, pg xN and pg x1 under the load of one of the N
             one_case, many_case, part_case = cases[1], cases[2], cases[3]
             cases.append(Case(f"{one_case.name} paced", [], pause_ms=pause_ms, server=one_case))
             cases.append(Case(f"{part_case.name} paced", [], connections=part_case.connections, pause_ms=pause_ms,
                               server=part_case))  # fmt: skip
             cases.append(Case(f"{many_case.name} paced", [], pause_ms=pause_ms, server=many_case))
+            cases.append(Case(f"{apart_name(workers)} paced", [], connections=part_case.connections,
+                              pause_ms=pause_ms, apart=apart))  # fmt: skip
         for case in daemons:  # one at a time: several imports at once take minutes on a small machine
             await start(case)
             print(f"  {case.name}: listening on port {case.port}", flush=True)
@@ -248,9 +304,8 @@ async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_M
         )
         print("\n".join(report({case.name: summary(case) for case in cases}, workers)))
     finally:
-        for case in cases:
-            if case.server is None:
-                await stop(case)
+        for case in daemons:
+            await stop(case)
         await asyncio.to_thread(stop_server, server)
 
 

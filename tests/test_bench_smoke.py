@@ -191,6 +191,32 @@ def test_workers_ingest_report_sets_pg_ratio_beside_the_echo_floor() -> None:
     assert "the same load in all" in paced[0] and "0.97x the messages/s of pg x1 paced, 1.30x" in paced[0]
     # (0.4 + 0.25) / (0.35 + 0.25) = 1.083; 1800 / 950 = 1.89
     assert "per process" in paced[1] and "1.89x the messages/s of pg x1 32c paced, 1.08x its CPU" in paced[1]
+    assert not any("share nothing" in line for line in report(results, 2))  # no control measured: no line
+    results["pg 2x1 apart"] = (1700.0, 0.05, 0.3, 0.2)
+    results["pg 2x1 apart paced"] = (1820.0, 0.01, 0.35, 0.25)
+    apart = [line for line in report(results, 2) if "share nothing" in line]
+    # (0.3 + 0.2) / (0.2 + 0.2) = 1.25 of pg x1; pg x2 (0.4 + 0.2) / (0.3 + 0.2) = 1.20 of the control
+    assert apart[0].startswith("  2 one-process gateways") and "1.25x the CPU per message of pg x1" in apart[0]
+    assert "pg x2 1.20x theirs (what sharing costs)" in apart[0]
+    # paced: (0.35 + 0.25) / (0.3 + 0.2) = 1.20; pg x2 (0.4 + 0.25) / (0.35 + 0.25) = 1.083
+    assert apart[1].startswith("  paced, 2 one-process") and "1.20x the CPU" in apart[1] and "pg x2 1.08x" in apart[1]
+
+
+def test_workers_ingest_adds_phases_run_at_once() -> None:
+    """The control case loads each of its gateways with a wrk of its own, at the same time: one
+    phase, messages added, the slowest p99, the mean weighted by messages."""
+    from bench.load import Phase
+    from bench.workers_ingest import together
+
+    one = Phase("apart", ok=1000, failed=1, elapsed=10.0, p50=0.004, p99=0.020, mean=0.005)
+    two = Phase("apart", ok=3000, failed=0, elapsed=10.2, p50=0.003, p99=0.050, mean=0.003)
+    two.errors["HTTP status >= 400"] += 2
+    both = together([one, two])
+    assert (both.ok, both.failed, both.p99, both.p50) == (4000, 1, 0.050, 0.004)
+    assert both.elapsed == 10.1 and both.rate == 4000 / 10.1
+    assert abs(both.mean - (1000 * 0.005 + 3000 * 0.003) / 4000) < 1e-12
+    assert both.errors == {"HTTP status >= 400": 2}
+    assert together([one]) is one
 
 
 @pytest.mark.slow
