@@ -15,7 +15,6 @@ import io
 import json
 import os
 import shutil
-import stat
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from sessions.files.history_doctor import check_home_index
 from sessions.files.jsonl import fsync_dir
 from sessions.files.layout import PRIVATE_DIR, Home
 from sessions.files.ledger import Ledger
+from sessions.files.targets import replace_problem
 
 COMPRESS_LEVEL = 3  # a backup of a busy home is CPU-bound at 6 for little gain
 
@@ -40,14 +40,14 @@ def check_target(out: Path, home: Path | None = None) -> None:
     gateway's ``home`` other than its backups folder (``sessions.json`` became a tarball)."""
     parent = out.parent
     try:
-        if out.exists() and out.is_dir():
-            raise BackupTargetError(f"{out} is a folder: give a file name for the backup")
+        if problem := replace_problem(out):
+            raise BackupTargetError(f"{out}: {problem}; choose another -o")
         if not parent.is_dir():
             raise BackupTargetError(f"{parent} does not exist: create it or choose another -o")
         if home is not None:
             _outside_home(out, home)
         if os.path.lexists(out):
-            _replaceable(out)
+            _is_backup(out)
     except OSError as exc:  # a name too long, a loop of links: not a path this host can write
         raise BackupTargetError(f"cannot use {str(out)[:200]!r}: {exc.strerror or exc}; choose another -o") from exc
     probe = parent / f".{out.name}.probe"
@@ -69,17 +69,9 @@ def _outside_home(out: Path, home: Path) -> None:
         )
 
 
-def _replaceable(out: Path) -> None:
-    """An existing ``out`` the archive may replace: a neotask backup (its first member is the
-    manifest). A symbolic link is refused: the rename would replace the link itself (``/dev/stdout``
-    or a library's link under a root daemon), whatever it points to."""
-    mode = os.lstat(out).st_mode
-    if stat.S_ISLNK(mode):
-        raise BackupTargetError(
-            f"{out} is a symbolic link: the backup would replace the link; give the path it points to"
-        )
-    if not stat.S_ISREG(mode):
-        raise BackupTargetError(f"{out} is not a regular file (a device, FIFO or socket): choose another -o")
+def _is_backup(out: Path) -> None:
+    """An existing regular file the archive may replace: a neotask backup (its first member is the
+    manifest)."""
     try:
         with tarfile.open(out, mode="r:gz") as tar:
             first = tar.next()

@@ -10,7 +10,6 @@ import html
 import http.client
 import os
 import re
-import stat
 import sys
 import urllib.error
 import urllib.request
@@ -22,7 +21,6 @@ from urllib.parse import urlencode
 from config.errors import BadRequest
 from config.loader import LoadedConfig
 from gateway import exits, offline
-from gateway.api.history import time_bound
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
 from sessions.files.damage import DamagedState
@@ -30,7 +28,8 @@ from sessions.files.export import ExportFormat, export_lines
 from sessions.files.history_doctor import check_home_index
 from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
-from sessions.history_index import HistoryQuery
+from sessions.files.targets import replace_problem
+from sessions.history_index import HistoryQuery, time_bound
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.protocol import StoreProtocol
@@ -196,12 +195,8 @@ def cmd_sessions_export(ctx: Context) -> int:
         _export(ctx, key, sys.stdout.buffer)
         return 0
     try:
-        if target.is_symlink():
-            raise OSError(22, "it is a symbolic link, which the export would replace; give the file's own path")
-        if target.is_dir():
-            raise IsADirectoryError(21, "it is a folder; give a file name")
-        if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
-            raise OSError(22, "it is not a regular file (a device, FIFO or socket); leave out -o for stdout")
+        if problem := replace_problem(target):
+            raise OSError(22, problem)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         raw = tmp.open("xb")
     except OSError as exc:

@@ -108,6 +108,7 @@ async def test_a_backup_replaces_only_an_older_backup(client: Client, tmp_path: 
         str(precious): "is not a neotask backup",
         str(fifo): "not a regular file",
         str(link): "symbolic link",
+        str(outside): "it is a folder",
         str(sessions_json): "inside the gateway's home",
         str(tmp_path / "b.tar.gz"): "inside the gateway's home",
     }
