@@ -328,13 +328,9 @@ def validate(model: type[M], data: Any) -> M:
     try:
         return model.model_validate(data, strict=True)
     except ValidationError as exc:
-        raise BadRequest(describe_validation(exc), field=_first_field(exc)) from None
-
-
-def _first_field(exc: ValidationError) -> str | None:
-    for err in _errors(exc):
-        return ".".join(str(p) for p in err["loc"]) or None
-    return None
+        errors = _errors(exc)
+        first = ".".join(str(p) for p in errors[0]["loc"]) or None if errors else None
+        raise BadRequest(_describe(errors), field=first) from None
 
 
 # the strict mode's wrong-type errors: the message names what was sent instead
@@ -388,8 +384,12 @@ def _errors(exc: ValidationError) -> list[dict[str, Any]]:
 
 
 def describe_validation(exc: ValidationError) -> str:
+    return _describe(_errors(exc))
+
+
+def _describe(errors: list[dict[str, Any]]) -> str:
     parts = []
-    for err in _errors(exc):
+    for err in errors:
         where = ".".join(str(p) for p in err["loc"]) or "body"
         if err["type"] == "extra_forbidden":
             parts.append(f"unknown field '{where}'")
