@@ -9,6 +9,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from config.clock import iso, parse_iso
+from config.errors import BadRequest
+
 
 @dataclass(frozen=True)
 class HistoryQuery:
@@ -21,6 +24,19 @@ class HistoryQuery:
     limit: int = 20
     offset: int = 0
     keys: frozenset[str] | None = None  # only these keys (agent tools' visibility)
+
+
+def time_bound(name: str, raw: str | None) -> str | None:
+    """``since`` / ``until`` as the stored timestamps are written (UTC ISO 8601), or BadRequest."""
+    if not raw:
+        return None
+    try:
+        return iso(parse_iso(raw))
+    except (ValueError, OverflowError):  # OverflowError: 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise BadRequest(
+            f"'{name}' must be an ISO 8601 time from year 1 to 9999 in UTC, e.g. 2026-11-30T09:00:00+00:00",
+            field=name,
+        ) from None
 
 
 @dataclass(frozen=True)

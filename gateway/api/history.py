@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 from aiohttp import web
 
-from config.clock import iso, parse_iso
 from config.errors import BadRequest, HistoryDisabled, InvalidKey, RunNotFound, SessionNotFound
 from gateway import keys as K
 from gateway.contract import (
@@ -30,7 +29,7 @@ from gateway.contract import (
 from gateway.http import json_response
 from gateway.keys import HISTORY
 from sessions.files.export import ExportFormat, RunExport, export_lines
-from sessions.history_index import HistoryIndexProtocol, HistoryQuery
+from sessions.history_index import HistoryIndexProtocol, HistoryQuery, time_bound
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
 from sessions.records import ROLES
@@ -110,19 +109,6 @@ def require_history(request: web.Request) -> HistoryIndexProtocol:
 
 def _when(request: web.Request, param: Param) -> str | None:
     return time_bound(param.name, param.raw(request))
-
-
-def time_bound(name: str, raw: str | None) -> str | None:
-    """``since`` / ``until`` as the stored timestamps are written (UTC ISO 8601), or BadRequest."""
-    if not raw:
-        return None
-    try:
-        return iso(parse_iso(raw))
-    except (ValueError, OverflowError):  # OverflowError: 0001-01-01T00:00+01:00 is before year 1 in UTC
-        raise BadRequest(
-            f"'{name}' must be an ISO 8601 time from year 1 to 9999 in UTC, e.g. 2026-11-30T09:00:00+00:00",
-            field=name,
-        ) from None
 
 
 def _cursor(raw: str | None) -> int:
