@@ -41,7 +41,7 @@ def check_target(out: Path, home: Path | None = None) -> None:
     parent = out.parent
     try:
         if problem := replace_problem(out):
-            raise BackupTargetError(f"{out}: {problem}; choose another -o")
+            raise BackupTargetError(f"{out}: {problem}; give the path of a file to write")
         if not parent.is_dir():
             raise BackupTargetError(f"{parent} does not exist: create it or choose another -o")
         if home is not None:

@@ -200,7 +200,10 @@ def cmd_sessions_export(ctx: Context) -> int:
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         raw = tmp.open("xb")
     except OSError as exc:
-        print(f"error: cannot write {target}: {exc.strerror or exc}; choose another -o", file=sys.stderr)
+        print(
+            f"error: cannot write {target}: {exc.strerror or exc}; choose another -o, or leave it out for stdout",
+            file=sys.stderr,
+        )
         return exits.FAILED
     try:
         with raw:

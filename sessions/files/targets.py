@@ -12,15 +12,16 @@ from pathlib import Path
 
 def replace_problem(path: Path) -> str | None:
     """Why a rename must not replace what is at ``path`` (one ``lstat``, no link followed), or None
-    when nothing is there or a regular file is. ``OSError`` other than a missing path is raised."""
+    when nothing is there or a regular file is. The reason only: the caller says what to do instead.
+    ``OSError`` other than a missing path is raised."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return None
     if stat.S_ISLNK(mode):
-        return "it is a symbolic link: the rename would replace the link, not what it points to; give that path"
+        return "it is a symbolic link (the file written would replace the link, not what it points to)"
     if stat.S_ISDIR(mode):
-        return "it is a folder; give a file name"
+        return "it is a folder"
     if not stat.S_ISREG(mode):
         return "it is not a regular file (a device, FIFO or socket)"
     return None
