@@ -21,8 +21,9 @@ started as a user would (``python -m gateway.cli gateway``):
 - ``pg Nx1 apart`` (and paced): N one-process gateways that share nothing, each on a database of
   its own (``pg x1 <64/N>c`` and N - 1 more like it), each loaded at the same time by a wrk of its
   own with 64/N connections: the same total load as pg xN, and as many processes, without the
-  leases, the events or a database in common. Against pg x1 it is what *any* N processes cost on
-  this machine; pg xN against it is what the sharing costs;
+  leases, the events or a database in common. Against pg x1 it is what N gateway processes with
+  nothing in common cost on this machine; pg xN against it is what the sharing costs when the
+  processes compete for the same cores;
 - ``echo x1`` and ``echo xN``: the floor, no Neotask at all (``bench.echo_server``: a bare aiohttp
   handler that decodes the body and answers a small JSON ack, in one process, or in N behind a
   supervisor on one ``SO_REUSEPORT`` port as the gateway's workers): what this machine charges
@@ -150,13 +151,15 @@ async def measure(case: Case, server: PgServer, seconds: float, tag: str) -> Non
     gateway = [pid for daemon in daemons if daemon.proc is not None for pid in tree(daemon.proc.pid)]
     database = server.pids() if case.database else []
     before = cpu_of(gateway), cpu_of(database)
-    phases = await asyncio.gather(*(
-        wrk_load(
-            daemon.port, case.name, connections=case.connections, keys=case.connections,
-            prefix=key_prefix("w64x64"), seconds=seconds, tag=tag, pause_ms=case.pause_ms,
-        )
-        for daemon in daemons
-    ))  # fmt: skip
+    async with asyncio.TaskGroup() as group:  # one wrk failing stops the others
+        runs = [
+            group.create_task(wrk_load(
+                daemon.port, case.name, connections=case.connections, keys=case.connections,
+                prefix=key_prefix("w64x64"), seconds=seconds, tag=tag, pause_ms=case.pause_ms,
+            ))
+            for daemon in daemons
+        ]  # fmt: skip
+    phases = [run.result() for run in runs]
     after = cpu_of(gateway), cpu_of(server.pids() if case.database else [])
     case.phases.append((together(phases), after[0] - before[0], after[1] - before[1]))
 
@@ -215,14 +218,16 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
     for suffix, how in (("", ""), (" paced", "paced, ")):
         apart, together_ = results.get(apart_name(workers) + suffix), results.get(f"pg x{workers}{suffix}")
         single = results.get(f"pg x1{suffix}")
-        if apart is None or together_ is None or single is None or not apart[2] + apart[3] > 0:
+        if apart is None or together_ is None or single is None:
+            continue
+        if not (apart[2] + apart[3] > 0 and single[2] + single[3] > 0):
             continue
         spent = apart[2] + apart[3]
         lines.append(
             f"  {how}{workers} one-process gateways that share nothing ({apart_name(workers)}, a database and a wrk"
             f" of {CONNECTIONS // workers} connections each, at once): {spent / (single[2] + single[3]):.2f}x"
-            f" the CPU per message of pg x1 (what any {workers} processes cost here); pg x{workers}"
-            f" {(together_[2] + together_[3]) / spent:.2f}x theirs (what sharing costs)"
+            f" the CPU per message of pg x1 (what {workers} processes with nothing in common cost here); pg x{workers}"
+            f" {(together_[2] + together_[3]) / spent:.2f}x theirs (what sharing costs on these cores)"
         )
     paced_many = results.get(f"pg x{workers} paced")
     for name, what in (

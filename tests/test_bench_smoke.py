@@ -197,7 +197,7 @@ def test_workers_ingest_report_sets_pg_ratio_beside_the_echo_floor() -> None:
     apart = [line for line in report(results, 2) if "share nothing" in line]
     # (0.3 + 0.2) / (0.2 + 0.2) = 1.25 of pg x1; pg x2 (0.4 + 0.2) / (0.3 + 0.2) = 1.20 of the control
     assert apart[0].startswith("  2 one-process gateways") and "1.25x the CPU per message of pg x1" in apart[0]
-    assert "pg x2 1.20x theirs (what sharing costs)" in apart[0]
+    assert "pg x2 1.20x theirs (what sharing costs on these cores)" in apart[0]
     # paced: (0.35 + 0.25) / (0.3 + 0.2) = 1.20; pg x2 (0.4 + 0.25) / (0.35 + 0.25) = 1.083
     assert apart[1].startswith("  paced, 2 one-process") and "1.20x the CPU" in apart[1] and "pg x2 1.08x" in apart[1]
 
