@@ -156,27 +156,41 @@ class PgShared(PgAppends):
 
     async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
         """Under the key's lease (a turn's reply, a tool's message: the lease is not held for a
-        whole turn), so its seq follows what other processes stored meanwhile.
-
-        Sent once more when its seq was taken (``Conflict``, nothing stored): a process killed
-        while it held the key frees the lease lock at once, but an append statement it had sent
-        on another connection may commit later still, even after the next holder read the run
-        (``_refresh_key`` waits only for a statement that already holds the run's row). The failed
-        statement took the run's counters from its row, so the second try follows that commit; a
-        run that another process completed fails it again, as before."""
+        whole turn), so its seq follows what other processes stored meanwhile; a seq taken by a
+        killed holder's late append is handled in ``finish_append``."""
         if self._leases is None:
             return await super().append(run, message)
-        for attempt in (1, 2):
-            await self._leases.enter(run.key)
-            try:
-                return await super().append(run, message)
-            except Conflict:
-                if attempt == 2:
-                    raise
-                log.warning("run %s: seq taken by another process's late append; sending again", run.run_id)
-            finally:
-                self._leases.leave(run.key)
-        raise AssertionError("unreachable")
+        await self._leases.enter(run.key)
+        try:
+            return await super().append(run, message)
+        finally:
+            self._leases.leave(run.key)
+
+    async def finish_append(
+        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
+    ) -> MessageRecord:
+        """Sent once more when its seq was taken (the claim's bare ``Conflict``, nothing stored): a
+        process killed while it held the key frees the lease lock at once, but an append statement
+        it had sent on another connection may commit later still, even after the next holder read
+        the run (``_refresh_key`` waits only for a statement that already holds the run's row). The
+        failed statement took the run's counters from its row, so the second try follows that
+        commit; a run that another process completed fails again, as before. Both ways of storing
+        come here: ``append`` and a post's ``queue_append`` (seq given under the key's lock, the
+        commit awaited after it), so ``record``, the caller's, takes the second try's seq and time."""
+        try:
+            return await super().finish_append(run, message, record, durable)
+        except Conflict as exc:
+            if self._leases is None or type(exc) is not Conflict:  # not the claim's: a closing run, ...
+                raise
+            log.warning("run %s: seq %s taken by another process's late append; sending again", run.run_id,
+                        record["seq"])  # fmt: skip
+        await self._leases.enter(run.key)
+        try:
+            again, durable = self.queue_append(run, message)
+        finally:
+            self._leases.leave(run.key)
+        record.update(again)
+        return await super().finish_append(run, message, record, durable)
 
     async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
         if self._leases is None:

@@ -280,6 +280,33 @@ async def test_a_dead_holders_append_committing_after_the_lease_was_read_is_foll
     assert await post(store, KEY, "three") == 4
 
 
+async def test_a_posts_append_whose_seq_a_dead_holder_took_is_sent_again_with_the_committed_seq(
+    shared_store: Shared, pg_dsn: str
+) -> None:
+    """The same race on the way a post stores (``Conversations``): the seq is given under the key's
+    lock by ``queue_append`` and the commit awaited after it with ``finish_append``. The retry used
+    to sit in ``append`` alone, so a post got the 409 (CI, the kill -9 test, after the first fix).
+    The caller's record takes the seq the message was stored with."""
+    store = await shared_store(linger_s=60.0)
+    assert await post(store, KEY, "one") == 1
+    run = store.active_run(KEY)
+    assert run is not None
+    dead = await asyncpg.connect(pg_dsn)  # the dead holder's append, committing only now
+    try:
+        await dead.execute("UPDATE runs SET next_seq = next_seq + 1 WHERE run_id = $1", run.run_id)
+        message = NewMessage(role="user", content="two")
+        async with store.lock_for(KEY):
+            record, durable = store.queue_append(run, message)
+        assert record["seq"] == 2  # what this process counted
+        stored = await store.finish_append(run, message, record, durable)
+        assert stored["seq"] == record["seq"] == 3
+        rows = await dead.fetch("SELECT seq, record->>'content' AS content FROM messages WHERE run_id = $1", run.run_id)
+        assert sorted((r["seq"], r["content"]) for r in rows) == [(1, "one"), (3, "two")]  # stored once, at 3
+    finally:
+        await dead.close()
+    assert await post(store, KEY, "three") == 4
+
+
 async def test_a_lease_taken_while_a_dead_holders_append_commits_reads_after_it(
     shared_store: Shared, pg_dsn: str
 ) -> None:
