@@ -89,6 +89,7 @@ class ChannelStore:
         return cls(home / "channels.db")
 
     def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a postgres home may hold nothing else yet
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         os.close(fd)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Callable
 
 from config.clock import iso
+from conversations.completions import ProviderError
 from conversations.idempotency import Idempotency
 from conversations.posts import Outcome, to_openai
-from conversations.provider import ProviderError
 from sessions.compaction import compaction_due
 from sessions.compactor import CompactionResult, SummaryResult, Trigger
 from sessions.events import flush_published

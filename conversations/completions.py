@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from config.errors import ProviderFailure
 
 ProviderErrorKind = Literal["overflow", "timeout", "http", "connection", "malformed"]
+DeltaCallback = Callable[[str], Awaitable[None]]  # a streamed answer's text deltas, awaited in order
 
 
 def _count(value: object) -> int:

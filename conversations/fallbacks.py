@@ -24,15 +24,16 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
-
-import openai
+from typing import TYPE_CHECKING, Any
 
 from config.clock import Clock
 from config.settings import ModelSettings
-from conversations.provider import ChatProvider, Completion, DeltaCallback, ProviderError
+from conversations.completions import Completion, DeltaCallback, ProviderError
 from sessions.protocol import RunStore
 from sessions.records import RunState
+
+if TYPE_CHECKING:
+    from conversations.provider import ChatProvider
 
 RETRIED_STATUSES = frozenset({408, 409, 429})
 MAX_BACKOFF_S = 8.0
@@ -91,6 +92,8 @@ def retryable(exc: ProviderError) -> bool:
 def retry_after(exc: ProviderError, now: datetime) -> float | None:
     """Seconds the server asked to wait (``retry-after-ms``, ``Retry-After`` in seconds or as an
     HTTP date), from the status error the provider error was raised from; None when it sent none."""
+    import openai  # loaded already: a provider error comes from a provider (the SDK is imported with it)
+
     cause = exc.__cause__
     if not isinstance(cause, openai.APIStatusError):
         return None
@@ -143,6 +146,8 @@ class ModelChain:
         clock: Clock,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
+        from conversations.provider import ChatProvider  # the openai SDK: loaded only with a model configured
+
         self.settings = settings
         self._clock = clock
         self._sleep = sleep

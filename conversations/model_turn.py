@@ -10,9 +10,9 @@ from typing import Any
 from config.clock import iso
 from config.errors import NeotaskError, ProviderFailure, TurnFailed
 from conversations.compaction_triggers import CompactionTriggers
+from conversations.completions import Completion, ProviderError, ToolCall, Usage
 from conversations.fallbacks import collect_attempts, record_attempts
 from conversations.posts import DeltaFn, Outcome, TurnOptions, to_openai
-from conversations.provider import Completion, ProviderError, ToolCall, Usage
 from conversations.queueing import TurnScope
 from sessions.context_order import anchor
 from sessions.events import reply_published

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
-from conversations.provider import Usage
+from conversations.completions import Usage
 from sessions.events import TurnEvent
 from sessions.keys import SessionKey
 from sessions.records import NewMessage, TaskKey

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, cast
 
 import httpx2
@@ -29,6 +29,7 @@ from config.errors import ConfigError
 from config.settings import ModelSettings
 from conversations.completions import (
     Completion,
+    DeltaCallback,
     ProviderError,
     ProviderErrorKind,
     ToolCall,
@@ -48,8 +49,6 @@ __all__ = [  # what a call answers is completions.py's, importable from here as 
     "ChatProvider", "Completion", "DeltaCallback", "ProviderError", "ProviderErrorKind", "ToolCall", "Usage",
     "is_context_overflow",
 ]  # fmt: skip
-
-DeltaCallback = Callable[[str], Awaitable[None]]
 
 
 class _SDKClient(openai.AsyncOpenAI):

@@ -11,8 +11,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from conversations.completions import Completion, ProviderError, Usage
 from conversations.fallbacks import ModelChain
-from conversations.provider import Completion, ProviderError, Usage
 from sessions.compactor import SummaryRequest, SummaryResult, extractive
 from sessions.summarize import FINAL_PROMPT, SUMMARY_PROMPT, transcript
 from sessions.tokens import estimate_text

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.errors import NeotaskError
-from conversations.provider import ToolCall
+from conversations.completions import ToolCall
 from sessions.protocol import ConversationStore
 from sessions.records import RunState
 from sessions.tokens import estimate_text

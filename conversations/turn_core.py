@@ -13,12 +13,12 @@ from typing import Any
 from config.clock import Clock
 from config.errors import NoActiveRun, ShuttingDown
 from config.settings import AgentSettings, QueueMode, Settings
+from conversations.completions import Completion
 from conversations.events import EventHub
 from conversations.fallbacks import ModelChain
 from conversations.hooks import ConversationHooks
 from conversations.metrics import Metrics
 from conversations.posts import Post, ReplyBody
-from conversations.provider import Completion
 from conversations.queueing import QUEUE_MODES, Batch, Caller, TurnQueue
 from conversations.summarizer import ModelSummarizer
 from conversations.tools import ToolBox

@@ -22,11 +22,11 @@ from config.clock import iso
 from config.errors import ProviderFailure, ShuttingDown
 from conversations import log_context
 from conversations.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
+from conversations.completions import ProviderError
 from conversations.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
 from conversations.log_context import EVERY_ONE
 from conversations.model_turn import ModelTurns, provider_failure, stored_failure
 from conversations.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
-from conversations.provider import ProviderError
 from conversations.queueing import Batch, Room
 from sessions.events import inheritance_published
 from sessions.inheritance import find_inheritance

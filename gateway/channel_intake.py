@@ -27,9 +27,8 @@ from typing import Any
 
 from channels.background import BackgroundTurns, StoredFn
 from channels.protocol import AccountStatus, Connector, Inbound, Rejected, RetryLater
-from channels.slack import SlackConnector
+from channels.registry import PLATFORMS, configured
 from channels.store import ChannelStore, OutboxRow, Pairing
-from channels.telegram import TelegramConnector
 from config.clock import Clock, iso
 from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown
 from config.settings import Settings
@@ -73,44 +72,19 @@ class ChannelIntake:
         self.turns = BackgroundTurns(conversations)
         self._send_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._started = asyncio.Event()
-        for name, account in settings.channels.telegram.accounts.items():
-            status = AccountStatus("telegram", name, account.agent, account.mode, enabled=account.enabled)
-            if not account.enabled:
-                self.statuses.append(status)
-                continue
-            token = env.get(account.token_env)
-            if not token:
-                status.last_error = (f"telegram account {name}: {account.token_env} is not set; this account is"
-                                     " stopped, the others keep running")  # fmt: skip
-                self.statuses.append(status)
-                continue
-            secret = env.get(account.webhook_secret_env) if account.webhook_secret_env else None
-            if account.mode == "webhook" and not secret:
-                status.last_error = (f"telegram account {name}: {account.webhook_secret_env} is not set (the webhook"
-                                     " secret); this account is stopped, the others keep running")  # fmt: skip
-                self.statuses.append(status)
-                continue
-            connector = TelegramConnector(name, account, token, store, clock=clock, webhook_secret=secret)
-            self.connectors[("telegram", name)] = connector
-            self.statuses.append(connector.status)
-
-        for name, slack in settings.channels.slack.accounts.items():
-            status = AccountStatus("slack", name, slack.agent, slack.mode, enabled=slack.enabled)
-            if not slack.enabled:
-                self.statuses.append(status)
-                continue
-            needed = [slack.bot_token_env, slack.app_token_env if slack.mode == "socket" else slack.signing_secret_env]
-            missing = [v for v in needed if v and not env.get(v)]
+        for platform, name, account in configured(settings.channels):
+            status = AccountStatus(platform.name, name, account.agent, account.mode, enabled=account.enabled)
+            missing = platform.missing(account, env) if account.enabled else []
             if missing:
-                status.last_error = (f"slack account {name}: {' and '.join(missing)} not set; this account is"
-                                     " stopped, the others keep running")  # fmt: skip
+                unset = " and ".join(missing) + (" is" if len(missing) == 1 else "")
+                status.last_error = (f"{platform.name} account {name}: {unset} not set; this account is stopped,"
+                                     " the others keep running")  # fmt: skip
+            if not account.enabled or missing:
                 self.statuses.append(status)
                 continue
-            secret = env.get(slack.signing_secret_env) if slack.signing_secret_env else None
-            slack_connector = SlackConnector(name, slack, env[slack.bot_token_env], env.get(slack.app_token_env, ""),
-                                             store, clock=clock, signing_secret=secret)  # fmt: skip
-            self.connectors[("slack", name)] = slack_connector
-            self.statuses.append(slack_connector.status)
+            connector = platform.build(name, account, env, store, clock)
+            self.connectors[(platform.name, name)] = connector
+            self.statuses.append(connector.status)
 
     def _now(self) -> str:
         return iso(self.clock())
@@ -308,7 +282,7 @@ class ChannelIntake:
         calls: Telegram's webhook mode, Slack's events mode)."""
         connector = self.connectors.get((channel, account))
         if connector is None or not connector.takes_calls:
-            mode = {"telegram": "webhook", "slack": "events"}.get(channel, "a calling")
+            mode = PLATFORMS[channel].calling_mode if channel in PLATFORMS else "a calling"
             raise NotFound(f"no running {channel.capitalize()} account {account!r} in {mode} mode"
                            f" (channels.{channel}.accounts)")  # fmt: skip
         return connector

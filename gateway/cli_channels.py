@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from channels.registry import PLATFORMS, configured
 from channels.store import ChannelStore
 from config.clock import iso, system_clock
 from config.errors import PairingCodeNotFound
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None:
-    channels = commands.add_parser("channels", help="chat connectors (Telegram)")
+    channels = commands.add_parser("channels", help="chat connectors (Telegram, Slack)")
     actions = channels.add_subparsers(dest="action", required=True, metavar="ACTION")
     status = actions.add_parser("status", parents=both, help="each account: connected, last update, errors, in/out")
     status.set_defaults(handler=cmd_status)
@@ -37,17 +38,17 @@ def cmd_status(ctx: Context) -> int:
     else:
         running = False
         body = {"accounts": [
-            {"channel": "telegram", "account": name, "agent": a.agent, "mode": a.mode, "enabled": a.enabled,
+            {"channel": platform.name, "account": name, "agent": a.agent, "mode": a.mode, "enabled": a.enabled,
              "connected": False, "username": None, "last_update_at": None,
              "last_error": "no gateway running", "messages_in": 0, "messages_out": 0}
-            for name, a in ctx.config.settings.channels.telegram.accounts.items()
+            for platform, name, a in configured(ctx.config.settings.channels)
         ]}  # fmt: skip
     if ctx.as_json:
         ctx.print_json(body)
         return 0
     accounts = body["accounts"]
     if not accounts:
-        ctx.print("no chat channel accounts configured (channels.telegram.accounts)")
+        ctx.print(f"no chat channel accounts configured (channels.<{'|'.join(PLATFORMS)}>.accounts)")
         return 0
     header = ("CHANNEL", "ACCOUNT", "AGENT", "STATE", "BOT", "LAST UPDATE", "IN", "OUT", "LAST ERROR")
     rows = [

@@ -95,7 +95,7 @@ def _with_memory(ctx: Context, work: Callable[[Any], Any]) -> Any:
     config = ctx.config
 
     async def run() -> Any:
-        service = memory_service(config, ctx.env, system_clock)
+        service = memory_service(config, ctx.env, system_clock, background=False)  # no watcher: one command's work
         await service.start()
         try:
             return await work(service)

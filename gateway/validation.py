@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from channels.registry import configured
 from channels.webhooks import TemplateError, check_mapping
 from config.errors import ConfigError
 from config.loader import LoadedConfig
@@ -38,17 +39,10 @@ def check_config(config: LoadedConfig, env: Mapping[str, str]) -> list[str]:
             )
         elif mapping.secret_env is None:
             warnings.append(f"hook {name} has no secret_env: it accepts unsigned deliveries")
-    for name, account in settings.channels.telegram.accounts.items():
-        if account.enabled and not env.get(account.token_env):
-            warnings.append(
-                f"channels.telegram.accounts.{name}: {account.token_env} is not set; this account will not start"
-            )
-    for name, slack in settings.channels.slack.accounts.items():
-        needed = [slack.bot_token_env, slack.app_token_env if slack.mode == "socket" else slack.signing_secret_env]
-        missing = [v for v in needed if v and not env.get(v)]
-        if slack.enabled and missing:
-            unset = ", ".join(missing)
-            warnings.append(f"channels.slack.accounts.{name}: {unset} not set; this account will not start")
+    for platform, name, account in configured(settings.channels):
+        if account.enabled and (missing := platform.missing(account, env)):
+            unset = ", ".join(missing) + (" is" if len(missing) == 1 else "")
+            warnings.append(f"channels.{platform.name}.accounts.{name}: {unset} not set; this account will not start")
     return warnings
 
 

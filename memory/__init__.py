@@ -6,7 +6,7 @@ Public API (everything else in the package is internal)::
 
     service = MemoryService(settings.memory, {"main": home / "workspaces/main"}, home / "memory.lance",
                             clock=system_clock)
-    await service.start()          # opens LanceDB; model load + initial index run in the background
+    await service.start()          # LanceDB opened, model loaded and initial index run in the background
     service.ready                  # True once the initial index pass finished (gate /readyz, recall)
     hits = await service.search("main", "when is the dentist?", k=3, include_memory_md=True)
     await service.reindex(None, force=False, progress=lambda done, total: ...)   # -> IndexReport

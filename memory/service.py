@@ -83,6 +83,7 @@ class MemoryService:
         self._indexer: Indexer | None = None
         self._run_lock = asyncio.Lock()
         self._embedder_lock = asyncio.Lock()
+        self._index_lock = asyncio.Lock()
         self._append_locks: dict[str, asyncio.Lock] = {}
         self._queued: set[str] = set()
         self._wake = asyncio.Event()
@@ -97,12 +98,13 @@ class MemoryService:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the index; load the model, index and watch in the background (not awaited)."""
+        """Watch in the background (not awaited); the index (LanceDB) is opened by the first thing
+        that needs it, and the model loaded by the first thing that embeds: a home with no memory
+        files and no index loads neither (each costs seconds of CPU)."""
         self._embedder = self._embedder_arg or build_embedder(self.settings.embedding, self._env)
-        self._store = await self._call(ChunkStore, self._uri)
-        self._indexer = Indexer(self.settings, self._workspaces, self._store, self._embedder, self._db)
-        await self._indexer.load_known()
         if not self._background:
+            if await asyncio.to_thread(self._index_exists):
+                await self._ensure_index()
             self._ready = True  # the index as it is: searched as it stands, brought level by the daemon
             return
         self._tasks = [asyncio.create_task(self._worker(), name="memory-indexer")]
@@ -171,6 +173,24 @@ class MemoryService:
         self._queued |= agents & set(self._workspaces)
         self._wake.set()
 
+    async def _ensure_index(self) -> ChunkStore:
+        """The index, opened (LanceDB imported, the active table and its mirror loaded) on first use."""
+        async with self._index_lock:
+            if self._store is None:
+                assert self._embedder is not None, "MemoryService.start() was not awaited"
+                store = await self._call(ChunkStore, self._uri)
+                indexer = Indexer(self.settings, self._workspaces, store, self._embedder, self._db)
+                await indexer.load_known()
+                self._store, self._indexer = store, indexer
+            return self._store
+
+    def _index_exists(self) -> bool:
+        """Whether an index was ever written at ``memory.uri`` (nothing to open otherwise)."""
+        try:
+            return any(self._uri.iterdir())
+        except OSError:
+            return False
+
     async def _ensure_embedder(self) -> Embedder:
         assert self._embedder is not None, "MemoryService.start() was not awaited"
         async with self._embedder_lock:
@@ -180,10 +200,12 @@ class MemoryService:
         return self._embedder
 
     def _has_sources(self) -> bool:
-        """Whether there is anything to index or to clear: no files and an empty index need no
-        model, so a gateway without memory files never loads one."""
+        """Whether there is anything to index or to clear: no files and no index need neither
+        LanceDB nor a model, so a gateway without memory files never loads them."""
         if self._indexer is not None and self._indexer.known:
             return True
+        if self._indexer is None and self._index_exists():
+            return True  # an index from before: opened to learn what it holds (and clear what went)
         return any(sources.discover(ws, self.settings.extra_paths) for ws in self._workspaces.values())
 
     async def _worker(self) -> None:
@@ -192,6 +214,7 @@ class MemoryService:
             await self._writer.wait()
         try:
             if await self._call(self._has_sources):
+                await self._ensure_index()
                 await self._ensure_embedder()
                 await self.reindex()
             self._ready = True
@@ -222,10 +245,12 @@ class MemoryService:
         everything into a new table that replaces the old one. ``progress(done, total)`` is
         called with embedded-chunk counts."""
         agents = [self._agent(agent)] if agent is not None else sorted(self._workspaces)
+        await self._ensure_index()
         await self._ensure_embedder()
         return await self._reindex(agents, force=force, progress=progress)
 
     async def _reindex(self, agents: list[str], *, force: bool, progress: Progress | None) -> IndexReport:
+        await self._ensure_index()
         assert self._indexer is not None
         async with self._run_lock:
             report = await self._indexer.run(agents, force=force, progress=progress)
@@ -273,6 +298,8 @@ class MemoryService:
         agent, query, k = self.check_search(agent, query, k)
         scopes.check(scope)
         s = self.settings.search
+        if self._store is None and self._index_exists():
+            await self._ensure_index()
         if not self._background and self._store is not None and self._store.active_identity is not None:
             await self._ensure_embedder()  # no worker loads it: this search is what needs a vector
         use_vector = self._vector_knows(query)
@@ -345,8 +372,11 @@ class MemoryService:
         digits in the query is searched as memory spells it (``memory.dates``)."""
         agent = self._agent(agent)
         query = spell_dates(query)
+        if self._store is None and self._index_exists():
+            await self._ensure_index()
         store = self._store
-        assert store is not None, "MemoryService.start() was not awaited"
+        if store is None:
+            return []  # no index was ever written: nothing to find
         table = store.active
         if table is None:
             return []
