@@ -47,7 +47,7 @@ async def test_a_daemon_without_running_accounts_loads_no_chat_sdk_no_index_and_
     modules = loaded(out)
     assert "gateway" in modules and "aiohttp" in modules  # the file is the daemon's
     assert modules & NOT_NEEDED == set(), "a start loaded what nothing configured needs"
-    assert "unset: NO_SUCH_TOKEN_VARIABLE not set" in gw.stderr()  # the accounts were read, not skipped
+    assert "unset: NO_SUCH_TOKEN_VARIABLE is not set" in gw.stderr()  # the accounts were read, not skipped
 
 
 async def test_an_offline_sessions_list_loads_no_sdk_index_or_model(tmp_path: Path) -> None:
