@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
-import logging
 import os
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -166,27 +167,77 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-class _SlowCallbacks(logging.Handler):
+class _SlowCallbacks:
+    """The steps of a guarded loop that held it at least ``BLOCKING_LIMIT_S``, less the time that
+    was not the loop's own (its collections, its waits for a CPU, another thread's hold on the
+    interpreter lock)."""
+
     def __init__(self) -> None:
-        super().__init__(logging.WARNING)
         self.seen: list[str] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        took = _TOOK.search(message) if message.startswith("Executing") else None
-        if took is None:
-            return
-        end = time.perf_counter()  # asyncio logs right after the slow step returns
-        seconds = float(took.group(1))
+    def report(self, step: str, seconds: float, end: float | None = None) -> None:
+        """A step (described as ``step``) took ``seconds`` and ended at ``end`` (now by default)."""
+        end = time.perf_counter() if end is None else end
         collecting = _COLLECTIONS.within(end - seconds, end, threading.get_ident())
         # The wait for a CPU during a collection is in both figures: forgiven twice at most.
         waiting, held = _RUNQUEUE.within(end - seconds, end)
         if seconds - collecting - waiting - held >= BLOCKING_LIMIT_S:
             self.seen.append(
-                f"{message} ({collecting:.3f} s of it garbage collection, {waiting:.3f} s waiting"
-                f" for a CPU and {held:.3f} s waiting for the interpreter lock another thread held,"
-                " not counted)"
+                f"Executing {step} took {seconds:.3f} seconds ({collecting:.3f} s of it garbage collection,"
+                f" {waiting:.3f} s waiting for a CPU and {held:.3f} s waiting for the interpreter lock another"
+                " thread held, not counted)"
             )
+
+
+# Every callback of an event loop runs through ``Handle._run`` (a task's step, a timer, a future's
+# done-callback): timing it there finds a blocked loop without asyncio's debug mode, which records
+# a traceback for every handle and future it creates and made the in-process tests a third slower.
+_GUARDED: dict[asyncio.AbstractEventLoop, tuple[_SlowCallbacks, float]] = {}
+_HANDLE_RUN = asyncio.events.Handle._run
+
+
+def _timed_run(self: asyncio.Handle) -> None:
+    guard = _GUARDED.get(self._loop) if _GUARDED else None  # type: ignore[attr-defined]
+    if guard is None:
+        _HANDLE_RUN(self)
+        return
+    start = time.perf_counter()
+    try:
+        _HANDLE_RUN(self)
+    finally:
+        end = time.perf_counter()
+        if end - start >= guard[1]:
+            owner = getattr(self._callback, "__self__", None)  # type: ignore[attr-defined]
+            guard[0].report(repr(owner) if isinstance(owner, asyncio.Future) else repr(self), end - start, end)
+
+
+asyncio.events.Handle._run = _timed_run  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def guarded(loop: asyncio.AbstractEventLoop, limit: float = BLOCKING_LIMIT_S) -> Iterator[_SlowCallbacks]:
+    """Time every step of ``loop``; the slow ones land in the handler's ``seen``. The loop's
+    calls also check that they come from its own thread (what debug mode checked besides)."""
+    handler = _SlowCallbacks()
+    _GUARDED[loop] = (handler, limit)
+    checks = {name: getattr(loop, name) for name in ("call_soon", "call_later", "call_at")}
+
+    def checked(call: Any) -> Any:
+        def call_checked(*args: Any, **kwargs: Any) -> Any:
+            loop._check_thread()  # type: ignore[attr-defined]
+            return call(*args, **kwargs)
+
+        return call_checked
+
+    for name, call in checks.items():
+        setattr(loop, name, checked(call))
+    try:
+        yield handler
+    finally:
+        for name in checks:
+            with contextlib.suppress(AttributeError):
+                delattr(loop, name)
+        _GUARDED.pop(loop, None)
 
 
 @pytest.fixture(autouse=True)
@@ -194,18 +245,7 @@ async def _loop_must_not_block(request: pytest.FixtureRequest) -> AsyncIterator[
     if request.node.get_closest_marker("allow_blocking"):
         yield
         return
-    loop = asyncio.get_running_loop()
-    handler = _SlowCallbacks()
-    logger = logging.getLogger("asyncio")
-    logger.addHandler(handler)
-    previous = loop.get_debug(), loop.slow_callback_duration
-    loop.set_debug(True)
-    loop.slow_callback_duration = BLOCKING_LIMIT_S
-    try:
+    with guarded(asyncio.get_running_loop()) as handler:
         yield
-    finally:
-        loop.set_debug(previous[0])
-        loop.slow_callback_duration = previous[1]
-        logger.removeHandler(handler)
     if handler.seen:
         pytest.fail("the event loop was blocked:\n" + "\n".join(handler.seen[:5]))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import logging
 import os
 import subprocess
 import sys
@@ -17,12 +16,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.conftest import _COLLECTIONS, _RUNQUEUE, _TOOK, BLOCKING_LIMIT_S, _SlowCallbacks
+from tests.conftest import _COLLECTIONS, _RUNQUEUE, _TOOK, BLOCKING_LIMIT_S, _SlowCallbacks, guarded
 
 
 def _report(handler: _SlowCallbacks, seconds: float) -> None:
-    message = f"Executing <Task pending name='t'> took {seconds:.3f} seconds"
-    handler.emit(logging.LogRecord("asyncio", logging.WARNING, __file__, 1, message, None, None))
+    handler.report("<Task pending name='t'>", seconds)
 
 
 @pytest.fixture
@@ -137,22 +135,19 @@ def test_a_step_stopped_by_a_thread_holding_the_lock_is_not_reported() -> None:
         pytest.skip("no /proc/<pid>/task/<tid>/schedstat on this kernel")
     libc = ctypes.PyDLL(None)
     holder = threading.Thread(target=libc.usleep, args=(1_500_000,), daemon=True)
+    took: list[float] = []
 
     def step() -> None:
+        began = time.perf_counter()
         holder.start()
         time.sleep(0.05)  # the holder takes the lock and keeps it; this thread waits to get it back
+        took.append(time.perf_counter() - began)
 
-    seen = _All()
-    handler = _SlowCallbacks()
-    logger = logging.getLogger("asyncio")
-    logger.addHandler(seen)
     try:
-        _step_on_a_debug_loop(handler, step, limit=BLOCKING_LIMIT_S)
+        handler = _step_on_a_guarded_loop(step, limit=BLOCKING_LIMIT_S)
     finally:
-        logger.removeHandler(seen)
         holder.join()
-    took = [float(m.group(1)) for m in map(_TOOK.search, seen.messages) if m]
-    assert took and took[0] >= BLOCKING_LIMIT_S + 0.3, seen.messages  # the step did wait
+    assert took and took[0] >= BLOCKING_LIMIT_S + 0.3, took  # the step did wait
     assert handler.seen == []
 
 
@@ -181,55 +176,65 @@ def test_the_wait_for_a_cpu_is_the_kernels() -> None:
     assert after is not None and after[1] - before[1] > 0.05
 
 
-def _step_on_a_debug_loop(handler: logging.Handler, step: Callable[[], None], *, limit: float) -> None:
-    """One ``step`` on a fresh debug loop whose slow-step limit is ``limit``, with ``handler``
-    listening to asyncio's log."""
-    logger = logging.getLogger("asyncio")
-    logger.addHandler(handler)
+def _step_on_a_guarded_loop(step: Callable[[], None], *, limit: float) -> _SlowCallbacks:
+    """One ``step`` on a fresh loop timed by the suite's guard (steps of ``limit`` seconds or
+    more are judged); the guard's handler."""
     loop = asyncio.new_event_loop()
-    loop.set_debug(True)
-    loop.slow_callback_duration = limit
     try:
-        loop.call_soon(step)
-        loop.run_until_complete(asyncio.sleep(0.01))
+        with guarded(loop, limit) as handler:
+            loop.call_soon(step)
+            loop.run_until_complete(asyncio.sleep(0.01))
     finally:
         loop.close()
-        logger.removeHandler(handler)
+    return handler
 
 
-def _block_a_debug_loop(handler: logging.Handler, *, limit: float, seconds: float) -> None:
-    """One step that sleeps ``seconds`` (see :func:`_step_on_a_debug_loop`)."""
-    _step_on_a_debug_loop(handler, lambda: time.sleep(seconds), limit=limit)
+def _block_a_guarded_loop(*, limit: float, seconds: float) -> _SlowCallbacks:
+    """One step that sleeps ``seconds`` (see :func:`_step_on_a_guarded_loop`)."""
+    return _step_on_a_guarded_loop(lambda: time.sleep(seconds), limit=limit)
 
 
 @pytest.mark.allow_blocking
 @pytest.mark.usefixtures("busy_cpus")
 def test_sleeping_on_the_loop_of_a_busy_machine_is_still_reported() -> None:
-    handler = _SlowCallbacks()
-    _block_a_debug_loop(handler, limit=BLOCKING_LIMIT_S, seconds=BLOCKING_LIMIT_S + 0.2)
+    handler = _block_a_guarded_loop(limit=BLOCKING_LIMIT_S, seconds=BLOCKING_LIMIT_S + 0.2)
     assert len(handler.seen) == 1, handler.seen
 
 
-def test_other_asyncio_warnings_are_ignored() -> None:
-    handler = _SlowCallbacks()
-    handler.emit(logging.LogRecord("asyncio", logging.WARNING, __file__, 1, "Task was destroyed", None, None))
-    assert handler.seen == []
-
-
-class _All(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+@pytest.mark.allow_blocking
+def test_the_guard_times_the_step_that_blocked_and_names_it() -> None:
+    handler = _block_a_guarded_loop(limit=BLOCKING_LIMIT_S, seconds=BLOCKING_LIMIT_S + 0.2)
+    assert len(handler.seen) == 1, handler.seen
+    parsed = _TOOK.search(handler.seen[0])
+    assert parsed is not None and float(parsed.group(1)) >= BLOCKING_LIMIT_S + 0.2
+    assert "<lambda>" in handler.seen[0]  # the callback, as the Handle describes it
 
 
 @pytest.mark.allow_blocking
-def test_asyncio_reports_a_blocking_step_in_the_form_parsed() -> None:
-    handler = _All()
-    _block_a_debug_loop(handler, limit=0.05, seconds=0.1)
-    took = [m for m in handler.messages if m.startswith("Executing")]
-    assert took, handler.messages
-    parsed = _TOOK.search(took[0])
-    assert parsed is not None and 0.1 <= float(parsed.group(1)) < BLOCKING_LIMIT_S
+def test_a_short_step_is_not_reported() -> None:
+    assert _block_a_guarded_loop(limit=BLOCKING_LIMIT_S, seconds=0.2).seen == []
+
+
+@pytest.mark.allow_blocking
+def test_a_guarded_loop_refuses_a_call_from_another_thread() -> None:
+    """What asyncio's debug mode checked besides slow steps, which the guard keeps."""
+    loop = asyncio.new_event_loop()
+    errors: list[BaseException] = []
+
+    def from_a_thread() -> None:
+        try:
+            loop.call_soon(lambda: None)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    async def main() -> None:
+        thread = threading.Thread(target=from_a_thread)
+        thread.start()
+        await asyncio.to_thread(thread.join)
+
+    try:
+        with guarded(loop):
+            loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert errors and "thread" in str(errors[0])
