@@ -29,7 +29,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from config.clock import Clock, iso
 from config.errors import JobNotFound, JobRunning
 from config.settings import CronJob
-from scheduler.triggers import crontab_trigger
+from scheduler.triggers import crontab_trigger, hours_fixed
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +129,10 @@ class _Job:
     call: Callback
     misfire_grace_s: float
     interval_s: float | None = None
+    # A job at fixed hours runs once at a wall-clock time the night DST ends repeats (cron's rule;
+    # APScheduler fires both occurrences); a job every hour runs in both real hours.
+    fixed_hours: bool = False
+    zone: ZoneInfo | None = None  # the trigger's zone (the service's when None)
     last_run_at: datetime | None = None
     skipped: int = 0
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -198,6 +202,8 @@ class SchedulerService:
                 text=f"daily at {cleanup_at_hour:02d}:00 {timezone.key}",
                 call=cleanup,
                 misfire_grace_s=misfire_grace_s,
+                fixed_hours=True,
+                zone=timezone,
             )
         )
         if backup is not None:  # backup.schedule: a crontab expression in the reset zone
@@ -210,6 +216,8 @@ class SchedulerService:
                     text=f"cron {backup[0]} {timezone.key}",
                     call=backup[1],
                     misfire_grace_s=misfire_grace_s,
+                    fixed_hours=hours_fixed(backup[0]),
+                    zone=timezone,
                 )
             )
         for job in cron_jobs:
@@ -224,6 +232,8 @@ class SchedulerService:
                     text=f"cron {job.schedule} {zone.key}",
                     call=_bind(run_cron, job),
                     misfire_grace_s=misfire_grace_s,
+                    fixed_hours=hours_fixed(job.schedule),
+                    zone=zone,
                 )
             )
         self._jobs: dict[str, _Job] = {}
@@ -249,6 +259,8 @@ class SchedulerService:
                     text=f"daily at {hour:02d}:00 {zone.key}",
                     call=daily.callback,
                     misfire_grace_s=misfire_grace_s,
+                    fixed_hours=True,
+                    zone=zone,
                 )
             )
         return jobs
@@ -377,11 +389,13 @@ class SchedulerService:
         job = self._jobs.get(job_id)
         if job is None:
             return None
-        if self.gate is not None:
-            at = due or self.scheduled_at(job_id, self._clock())
-            if not await self.gate(job_id, at):
-                logger.debug("job %s not run here: the gate said no (another process leads)", job_id)
-                return None
+        at = due or self.scheduled_at(job_id, self._clock())
+        if at is not None and self.repeats_wall_time(job_id, at):
+            logger.info("job %s not run at %s: it ran at this wall-clock time an hour ago (DST ended)", job_id, iso(at))
+            return None
+        if self.gate is not None and not await self.gate(job_id, at):
+            logger.debug("job %s not run here: the gate said no (another process leads)", job_id)
+            return None
         task = asyncio.current_task()
         if task is not None:
             self._scheduled.add(task)
@@ -398,8 +412,39 @@ class SchedulerService:
         trigger, last, since = job.trigger, None, now - timedelta(seconds=job.misfire_grace_s)
         when = None if trigger is None else trigger.get_next_fire_time(None, since)
         while trigger is not None and when is not None and when <= now:
-            last, when = when, trigger.get_next_fire_time(when, when + timedelta(microseconds=1))
+            last, when = when, trigger.get_next_fire_time(when, _just_after(when))
         return None if last is None else last.astimezone(UTC)
+
+    def repeats_wall_time(self, job_id: str, due: datetime) -> bool:
+        """Whether the firing of ``job_id`` due at ``due`` repeats the local wall-clock time of an
+        earlier firing of the same job within three hours: the second pass of the hour that
+        repeats when DST ends. A job at fixed hours skips it, as cron does; a job every hour and
+        the sweep do not."""
+        job = self._jobs[job_id]
+        if not job.fixed_hours or job.trigger is None:
+            return False
+        zone = job.zone or self._zone
+        wall = due.astimezone(zone).replace(tzinfo=None)
+        when = job.trigger.get_next_fire_time(None, due - timedelta(hours=3))
+        while when is not None and when < due:
+            if when.astimezone(zone).replace(tzinfo=None) == wall:
+                return True
+            when = job.trigger.get_next_fire_time(when, _just_after(when))
+        return False
+
+    def planned(self, since: datetime, until: datetime) -> list[tuple[datetime, str]]:
+        """Every firing the schedule makes after ``since`` up to ``until`` (aware), as (due time
+        in UTC, job id) in time order: each job's own trigger, the sweep's interval counted from
+        ``since``. For a caller that drives the schedule itself (a dry run, tests at any date):
+        ``fire_scheduled(job_id, due)`` at each."""
+        out: list[tuple[datetime, str]] = []
+        for job in self._jobs.values():
+            trigger = job.trigger or IntervalTrigger(seconds=job.interval_s, timezone=self._zone, start_date=since)
+            when = trigger.get_next_fire_time(None, _just_after(since))
+            while when is not None and when <= until:
+                out.append((when.astimezone(UTC), job.id))
+                when = trigger.get_next_fire_time(when, _just_after(when))
+        return sorted(out)
 
     def catch_up(self, since: datetime) -> list[str]:
         """Fire, through the gate, each cron-style job (not the daily reset: the start-up sweep
@@ -454,6 +499,14 @@ class SchedulerService:
         job = self._jobs.get(event.job_id)
         if job is not None:
             job.skipped += 1
+
+
+def _just_after(when: datetime) -> datetime:
+    """One microsecond after ``when``, counted in UTC. A trigger gives local times, and adding to
+    one is wall-clock arithmetic that drops ``fold``: on the night DST ends, 01:00 EST plus 1 µs
+    is 01:00:00.000001 EDT, an hour earlier, and asking for the firing after it gave 01:00 EST
+    again, for ever."""
+    return when.astimezone(UTC) + timedelta(microseconds=1)
 
 
 def _report(task: asyncio.Task[object]) -> None:

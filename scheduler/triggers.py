@@ -74,3 +74,9 @@ def next_cron(schedule: str, zone: ZoneInfo, after: datetime) -> datetime | None
     """The first firing of a crontab ``schedule`` in ``zone`` at or after ``after``, aware UTC."""
     when: datetime | None = crontab_trigger(schedule, zone).get_next_fire_time(None, after)
     return None if when is None else when.astimezone(UTC)
+
+
+def hours_fixed(schedule: str) -> bool:
+    """Whether a crontab ``schedule`` runs at fixed hours (its hour field is not ``*``): such a
+    job runs once when DST ends and a wall-clock hour repeats (``SchedulerService``)."""
+    return schedule.split()[1] != "*"

@@ -386,3 +386,34 @@ async def test_real_scheduler_fires_a_trigger_a_second_away(make: Factory) -> No
     assert later is not None and later > sweep_next
     await service.stop()
     assert not service.ready
+
+
+# The night DST ends in New York: 01:00-01:59 comes twice (EDT, then EST).
+FALL_BACK = datetime(2027, 11, 7, 6, 0, tzinfo=UTC)  # 01:00 EST, the second 01:00
+AT_ONE = CronJob(id="at-one", schedule="30 1 * * *", message="once a night")
+HOURLY = CronJob(id="hourly", schedule="0 * * * *", message="every hour")
+
+
+async def test_the_due_time_of_a_firing_in_the_repeated_hour_is_found(make: Factory, clock: FakeClock) -> None:
+    """Adding a microsecond to a local 01:00 EST is wall-clock arithmetic (EDT again): the search
+    for the due time went round for ever, on the loop, whenever a gate asked for it."""
+    service = make(Calls(), cron_jobs=(AT_ONE,))
+    clock.set(FALL_BACK + timedelta(minutes=45))
+    due = await asyncio.wait_for(asyncio.to_thread(service.scheduled_at, "cron:at-one", clock()), 5)
+    assert due == FALL_BACK + timedelta(minutes=30)
+    planned = [when for when, job in service.planned(FALL_BACK - timedelta(hours=2), FALL_BACK + timedelta(hours=3))
+               if job == "cron:at-one"]  # fmt: skip
+    assert planned == [FALL_BACK - timedelta(minutes=30), FALL_BACK + timedelta(minutes=30)]  # APScheduler's two
+
+
+async def test_a_job_at_fixed_hours_runs_once_when_its_wall_time_repeats(make: Factory, clock: FakeClock) -> None:
+    calls = Calls()
+    service = make(calls, cron_jobs=(AT_ONE, HOURLY))
+    for when, job in service.planned(FALL_BACK - timedelta(hours=2), FALL_BACK + timedelta(hours=2)):
+        clock.set(when)
+        await service.fire_scheduled(job, when)
+    assert calls.log.count("cron at-one: once a night") == 1  # 01:30 EDT; not 01:30 EST
+    assert calls.log.count("cron hourly: every hour") == 4  # 00:00 EDT, 01:00 EDT, 01:00 EST, 02:00 EST
+    assert service.repeats_wall_time("cron:at-one", FALL_BACK + timedelta(minutes=30))
+    assert not service.repeats_wall_time("cron:hourly", FALL_BACK)
+    assert not service.repeats_wall_time("cron:at-one", FALL_BACK - timedelta(minutes=30))
