@@ -31,6 +31,7 @@ Results go to stdout and ``bench/out/memory_eval.json``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import pickle
 import tempfile
@@ -68,9 +69,9 @@ class EvalSet:
     bm25_indexed: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)  # over ``content``
 
 
-def notes_questions(root: Path) -> list[Question]:
+def notes_questions(root: Path, days: int = 60) -> list[Question]:
     out = []
-    for q in dataset.build(root, days=60):
+    for q in dataset.build(root, days=days):
         kind = {"same": "single", "japanese": "single"}.get(q.kind, q.kind)
         ev = () if q.path is None or q.line is None else ((q.path, q.line),)
         out.append(Question(kind, q.text, ev, "ja" if q.kind == "japanese" or not q.text.isascii() else "en"))
@@ -126,12 +127,10 @@ def _bm25_baseline(uri: Path, questions: Sequence[Question]) -> tuple[Ranked, Ra
     return ranked[0], ranked[1], len(rows)
 
 
-async def collect(
-    name: str, root: Path, build: Callable[[Path], list[Question]], embedder_name: str, minilm_weight: float | None
-) -> EvalSet:
+async def collect(name: str, root: Path, build: Callable[[Path], list[Question]], embedder: Embedder) -> EvalSet:
+    """One set indexed and asked with ``embedder`` (loaded once for every set, closed by the caller)."""
     workspace = root / name
     questions = build(workspace)
-    embedder = make_embedder(embedder_name, minilm_weight)
     service = MemoryService(
         MemorySettings(),
         {"main": workspace},
@@ -147,9 +146,24 @@ async def collect(
         pools = [(q, await service.candidates("main", q.text)) for q in questions]
     finally:
         await service.close()
-        await embedder.close()
     bm25, bm25_indexed, chunks = await asyncio.to_thread(_bm25_baseline, root / f"{name}.lance", questions)
     return EvalSet(name, pools, bm25, chunks, seconds, bm25_indexed)
+
+
+async def collect_sets(root: Path, sizes: Sequence[int], embedder: Embedder, *, quick: bool) -> list[EvalSet]:
+    """The seeded sets (conversations of ``sizes`` chunks, notes, Japanese) indexed with one
+    loaded ``embedder``, closed at the end; ``quick``: smaller notes and Japanese sets."""
+    builders: list[tuple[str, Callable[[Path], list[Question]]]] = [
+        (f"conversation-{n}", functools.partial(build_conversations, chunks=n)) for n in sizes
+    ]
+    builders += [
+        ("notes", functools.partial(notes_questions, days=20 if quick else 60)),
+        ("japanese", functools.partial(build_japanese, filler_sessions=2 if quick else 6)),
+    ]
+    try:
+        return [await collect(name, root, build, embedder) for name, build in builders]
+    finally:
+        await embedder.close()
 
 
 def _ranks_of(q: Question, ranked: Sequence[tuple[str, int, int]]) -> list[int | None]:
@@ -460,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-seeded", action="store_true", help="only REALTALK (skip the seeded sets)")
     ap.add_argument("--embed-cost", type=int, default=0, help="time embedding N chunks with each embedder, then stop")
     args = ap.parse_args(argv)
-    sizes = [300] if args.quick else [int(x) for x in args.sizes.split(",")]
+    sizes = [100] if args.quick else [int(x) for x in args.sizes.split(",")]  # quick: a smoke run, small sets
     if args.big:
         sizes.append(50_000)
     settings = MemorySettings().search
@@ -491,21 +505,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         OUT.write_text(json.dumps(payload, indent=2))
         return 0 if ok else 1
     for emb in ("use", "minilm") if args.embedder == "both" else (args.embedder,):
-        probe = make_embedder(emb, args.minilm_weight)
-        asyncio.run(probe.start())
-        multilingual = is_multilingual(probe.identity)
-        asyncio.run(probe.close())
+        embedder = make_embedder(emb, args.minilm_weight)
+        asyncio.run(embedder.start())  # loaded once: every set below, and whether it is multilingual
+        multilingual = is_multilingual(embedder.identity)
         saved = args.pools.with_suffix(f".{emb}.pickle") if args.pools else None
         if saved is not None and saved.exists():
+            asyncio.run(embedder.close())
             sets = pickle.loads(saved.read_bytes())
         else:
             with tempfile.TemporaryDirectory(prefix="neotask-eval-") as tmp:
-                root = Path(tmp)
-                builders: list[tuple[str, Callable[[Path], list[Question]]]] = [
-                    (f"conversation-{n}", lambda ws, n=n: build_conversations(ws, chunks=n)) for n in sizes
-                ]
-                builders += [("notes", notes_questions), ("japanese", build_japanese)]
-                sets = [asyncio.run(collect(name, root, fn, emb, args.minilm_weight)) for name, fn in builders]
+                sets = asyncio.run(collect_sets(Path(tmp), sizes, embedder, quick=args.quick))
             if saved is not None:
                 saved.write_bytes(pickle.dumps(sets))
         payload[emb] = report(sets, shipped, multilingual, emb)

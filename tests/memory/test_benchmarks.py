@@ -18,7 +18,7 @@ async def test_retrieval_evaluation_runs_quick() -> None:
     status = await asyncio.to_thread(memory_eval.main, ["--quick", "--embedder", "minilm"])
     assert status in (0, 1)
     result = json.loads(memory_eval.OUT.read_text())["minilm"]["sets"]
-    assert set(result) == {"conversation-300", "notes", "japanese"}
+    assert set(result) == {"conversation-100", "notes", "japanese"}
     for name, data in result.items():
         methods = data["results"]
         assert {"vector", "text", "shipped", "bm25 (bm25s)", "bm25 (bm25s, indexed text)"} <= set(methods), name
