@@ -4,12 +4,20 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# The suite's tests wait on real daemons, subprocesses and disks about a quarter of the time: two
-# pytest-xdist workers (whole files per worker) fill both cores. TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 2
+# Python keeps compiled modules (and pytest its rewritten test modules) in __pycache__: a machine
+# that sets PYTHONDONTWRITEBYTECODE makes every daemon, CLI and test worker compile the project
+# again (a third of a daemon's start, half of a worker's collection).
+unexport PYTHONDONTWRITEBYTECODE
+# The suite's tests wait on real daemons, subprocesses, sockets and disks a good part of the time:
+# more pytest-xdist workers (whole files per worker) than cores keep both cores busy. TEST_WORKERS=0
+# runs it in one process.
+TEST_WORKERS ?= 4
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
+# Budgets on a 2-core machine: make test 10 minutes, make test-fast 3, .ci/run 35 with the install.
+# Every run ends with its 25 slowest tests, so a new slow one shows; make test-durations lists all.
+DURATIONS := --durations=25
 
-.PHONY: run test test-fast test-calendar test-at lint bench install browser wrk faketime postgres clean
+.PHONY: run test test-fast test-durations test-calendar test-at lint bench install browser wrk faketime postgres clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -61,19 +69,26 @@ faketime:
 	fi
 
 test: $(STAMP) browser wrk postgres
-	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
-# What CI runs again at each date of tests/clock_shift.py's CALENDAR: the date-sensitive part of
-# the tests that read the real clock (marker realtime: real daemons and CLI processes, the real
-# scheduler, file timestamps): start-up resets, the scheduler, homes seeded for a real daemon, the
-# CLI online and offline (reset, compact, cron run), file ages; 106 tests, about 4-5 minutes a date.
-# With the daemon's own start/stop tests it was 6-7 minutes a date, and the whole realtime set (353)
-# 20 minutes at one date: too long for seven dates in CI's budget. CALENDAR_TESTS=tests runs it all.
+# The whole suite, then every test's duration (setup, call, teardown), slowest first.
+test-durations: $(STAMP) browser wrk postgres
+	mkdir -p test-artifacts
+	$(BIN)/python -m pytest $(XDIST) --durations=0 --durations-min=0 $(PYTEST_ARGS) > test-artifacts/pytest.log 2>&1; \
+	  status=$$?; tail -n 3 test-artifacts/pytest.log; \
+	  sed -n '/slowest durations/,/short test summary\|in [0-9.]*s/p' test-artifacts/pytest.log > test-artifacts/durations.txt; \
+	  echo "every duration: test-artifacts/durations.txt ($$(wc -l < test-artifacts/durations.txt) lines)"; exit $$status
+
+# The date rules run in-process at every moment of tests/clock_shift.py's CALENDAR on every make
+# test (tests/dates/). What only real processes at a shifted date show runs here: the date-sensitive
+# tests that read the real clock (marker realtime: real daemons and CLI processes, APScheduler's own
+# timers, file timestamps) at CI_MOMENTS (the nights DST starts and ends, a year past 2038), the
+# three runs at once, each in one process. CALENDAR_TESTS=tests runs every realtime test.
 CALENDAR_TESTS ?= tests/gateway/test_startup_resets.py tests/scheduler/test_service.py \
   tests/gateway/test_cli_parity.py tests/gateway/test_cli_ops.py tests/gateway/test_cli.py \
   tests/faults/test_damaged_state.py tests/sessions/files/test_doctor.py
-test-calendar: $(STAMP) faketime wrk
-	$(BIN)/python -m tests.clock_shift --calendar -- -m 'realtime and not browser' $(XDIST) $(PYTEST_ARGS) \
+test-calendar: $(STAMP) faketime wrk postgres
+	$(BIN)/python -m tests.clock_shift --ci -- -m 'realtime and not browser' -p no:xdist $(PYTEST_ARGS) \
 	  $(CALENDAR_TESTS)
 
 # The suite (or PYTEST_ARGS) at one moment: make test-at AT='2028-02-29 23:58' ZONE=Europe/Berlin
@@ -83,7 +98,7 @@ test-at: $(STAMP) faketime browser wrk
 	$(BIN)/python -m tests.clock_shift --at '$(AT)' --zone '$(ZONE)' -- $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) postgres
-	$(BIN)/python -m pytest -m 'not slow' $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m 'not slow' $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway conversations sessions memory scheduler config channels backups tests bench

@@ -2,6 +2,7 @@
 
     python -m tests.clock_shift --at "2028-02-29 23:57" --zone Europe/Berlin -- -m realtime
     python -m tests.clock_shift --calendar -- -m "realtime and not browser"
+    python -m tests.clock_shift --ci -- -m "realtime and not browser" tests/...   (CI_MOMENTS, at once)
 
 Every process of the run (pytest, its xdist workers, the daemons and CLI processes the tests start)
 reads one shifted wall clock: ``faketime -f +Ns`` moves it by the same offset in all of them, and it
@@ -25,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -60,6 +62,13 @@ CALENDAR = (
 )
 
 
+# The moments CI runs the real processes at (``--ci``, at once): the nights DST starts and ends and a
+# year past 2038, what only a real process at that date can show (APScheduler's own timers, file
+# times, SQLite and tar timestamps). tests/dates/ runs the date rules at every moment of CALENDAR
+# in-process on every ``make test``.
+CI_MOMENTS = (CALENDAR[2], CALENDAR[3], CALENDAR[6])
+
+
 def faketime() -> str:
     path = shutil.which("faketime")
     if path is None:
@@ -93,16 +102,46 @@ def run(moment: Moment, pytest_args: list[str]) -> int:
     return subprocess.run(command, env=env, check=False).returncode
 
 
+def run_at_once(moments: Sequence[Moment], pytest_args: list[str], logs: Path) -> list[Moment]:
+    """One pytest per moment, all at once, each writing to its own log under ``logs`` (printed
+    whole when it ends); the moments whose run failed."""
+    logs.mkdir(parents=True, exist_ok=True)
+    running = []
+    for n, moment in enumerate(moments):
+        check_shift(moment)
+        own_tmp = f"--basetemp={(logs / f'calendar-{n}-tmp').resolve()}"  # runs at once share no tmp folder
+        command, env = shifted([sys.executable, "-m", "pytest", *pytest_args, own_tmp], moment)
+        log = logs / f"calendar-{n}.log"
+        handle = log.open("wb")
+        running.append(
+            (moment, log, handle, subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT))
+        )
+    failed = []
+    for moment, log, handle, proc in running:
+        status = proc.wait()
+        handle.close()
+        print(f"== pytest at {moment.at} {moment.zone} ({moment.why}): exit {status}", flush=True)
+        print(log.read_text(errors="replace"), flush=True)
+        if status != 0:
+            failed.append(moment)
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--at", help='local start time, "YYYY-MM-DD HH:MM"')
     which.add_argument("--calendar", action="store_true", help="every moment of CALENDAR, one run each")
+    which.add_argument("--ci", action="store_true", help="the moments of CI_MOMENTS, their runs at once")
     parser.add_argument("--zone", default="UTC", help="IANA time zone of --at (and TZ of the run)")
+    parser.add_argument("--logs", type=Path, default=Path("test-artifacts"), help="--ci: where each run's log goes")
     parser.add_argument("pytest_args", nargs="*", help="arguments for pytest (after --)")
     args = parser.parse_args(argv)
-    moments = CALENDAR if args.calendar else (Moment(args.at, args.zone, "asked for"),)
-    failed = [m for m in moments if run(m, args.pytest_args) != 0]
+    if args.ci:
+        failed = run_at_once(CI_MOMENTS, args.pytest_args, args.logs)
+    else:
+        moments = CALENDAR if args.calendar else (Moment(args.at, args.zone, "asked for"),)
+        failed = [m for m in moments if run(m, args.pytest_args) != 0]
     for m in failed:
         print(f"FAILED at {m.at} {m.zone} ({m.why})", flush=True)
     return 1 if failed else 0

@@ -1,17 +1,32 @@
-"""Telegram updates (parsed by aiogram's own types) to the messages the engine stores: a table."""
+"""Telegram updates (parsed by aiogram's own types) to the messages the engine stores: a table.
+
+aiogram is imported by the first test that parses, not when the suite is collected: its types
+cost seconds of CPU, which every pytest-xdist worker paid at collection for this one module."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from aiogram.types import Update
 
 from channels.protocol import Inbound
-from channels.telegram_updates import BotIdentity, Skip, inbound
 from config.channels import TelegramAccount
 
-BOT = BotIdentity(42, "neo_bot")
+if TYPE_CHECKING:
+    from aiogram.types import Update
+
+    from channels.telegram_updates import Skip
+
+
+@functools.cache
+def tg() -> ModuleType:
+    import channels.telegram_updates
+
+    return channels.telegram_updates
+
+
 ANN = {"id": 555, "is_bot": False, "first_name": "Ann", "last_name": "Lee"}
 DM = {"id": 555, "type": "private", "first_name": "Ann"}
 GROUP = {"id": -100123, "type": "supergroup", "title": "Team"}
@@ -20,6 +35,8 @@ FORUM = {"id": -100777, "type": "supergroup", "title": "Forum", "is_forum": True
 
 def update(chat: dict[str, Any], edited: bool = False, **message: Any) -> Update:
     body = {"message_id": 9, "date": 1_700_000_000, "chat": chat, "from": ANN, **message}
+    from aiogram.types import Update
+
     return Update.model_validate({"update_id": 1001, "edited_message" if edited else "message": body})
 
 
@@ -29,7 +46,7 @@ def mention(text: str, name: str = "@neo_bot") -> dict[str, Any]:
 
 
 def take(u: Update, **account: Any) -> Inbound | Skip:
-    return inbound(u, "main", TelegramAccount(**account), BOT)
+    return tg().inbound(u, "main", TelegramAccount(**account), tg().BotIdentity(42, "neo_bot"))
 
 
 def test_a_direct_message_keeps_its_text_sender_and_update_id() -> None:
@@ -69,7 +86,7 @@ def test_in_groups_the_bot_answers_only_when_addressed(
 ) -> None:
     got = take(update(GROUP, **message), **account)
     if expected == "skip":
-        assert isinstance(got, Skip)
+        assert isinstance(got, tg().Skip)
     else:
         assert isinstance(got, Inbound) and got.reply is expected and got.chat_type == "group"
         assert got.target.reply_to == "9"
@@ -113,8 +130,8 @@ def test_an_edit_is_stored_as_an_edit_without_an_answer() -> None:
 
 
 def test_service_messages_channel_posts_and_the_bots_own_messages_are_not_taken() -> None:
-    assert isinstance(take(update(GROUP, new_chat_members=[ANN])), Skip)
-    assert isinstance(take(update({"id": -1009, "type": "channel", "title": "News"}, text="x")), Skip)
+    assert isinstance(take(update(GROUP, new_chat_members=[ANN])), tg().Skip)
+    assert isinstance(take(update({"id": -1009, "type": "channel", "title": "News"}, text="x")), tg().Skip)
     own = update(GROUP, text="x")
     own_message = own.message.model_copy(update={"from_user": own.message.from_user.model_copy(update={"id": 42})})  # type: ignore[union-attr]
-    assert isinstance(take(own.model_copy(update={"message": own_message})), Skip)
+    assert isinstance(take(own.model_copy(update={"message": own_message})), tg().Skip)
