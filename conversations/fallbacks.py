@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import importlib
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -133,6 +135,14 @@ def fallback_settings(primary: ModelSettings) -> list[ModelSettings]:
         given = {k: v for k, v in fallback.model_dump().items() if v is not None}
         chain.append(primary.model_copy(update={**given, "fallbacks": ()}))
     return chain
+
+
+async def load_provider_sdk() -> None:
+    """Import the openai SDK (``conversations/provider.py``, about 0.4 s of CPU) in a thread, so a
+    ``ModelChain`` built on a running loop (the start-up of a daemon, a config reload adding the
+    first model) does not hold the loop for it. Idempotent: a second call finds it imported."""
+    if "conversations.provider" not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, "conversations.provider")
 
 
 class ModelChain:

@@ -26,7 +26,7 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, ConfigError
 from config.loader import LoadedConfig, load_config
 from config.settings import Settings
-from conversations.fallbacks import ModelChain
+from conversations.fallbacks import ModelChain, load_provider_sdk
 from gateway import keys as K
 from gateway.http import auth_check
 from gateway.reload_swap import counterparts, swap
@@ -181,6 +181,8 @@ class Reloads:
         services = app[K.SERVICES]
         old = config.settings
         fresh: dict[str, ModelChain] = {}
+        if any(agent.model.base_url for agent in settings.agents.values()):
+            await load_provider_sdk()  # the first model of a reload: its SDK loads beside the serving loop
         for agent_id, agent in settings.agents.items():  # built before anything changes: may fail
             before = old.agents.get(agent_id)
             same = before is not None and before.model == agent.model and agent_id in services.providers

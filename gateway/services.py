@@ -44,7 +44,7 @@ from config.loader import LoadedConfig
 from conversations.budgets import Budgets
 from conversations.commands import Commands
 from conversations.events import EventHub
-from conversations.fallbacks import ModelChain
+from conversations.fallbacks import ModelChain, load_provider_sdk
 from conversations.hooks import CommandHooks, ConversationHooks, Event, SchedulingHooks
 from conversations.housekeeping import Scheduling
 from conversations.memory_scope import scope_of_raw
@@ -165,6 +165,8 @@ async def open_services(
     async with contextlib.AsyncExitStack() as stack:
         hub = EventHub()
         metrics = Metrics()
+        if any(agent.model.base_url for agent in settings.agents.values()):
+            await load_provider_sdk()  # in a thread: the loop runs on (0.4 s of CPU, more on a busy machine)
         providers = providers_for(config, env, clock)
         stack.push_async_callback(_close_providers, providers)
 
