@@ -122,7 +122,7 @@ class SentenceTransformerEmbedder:
         self._dims = 0
         self._max_seq = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
-        self._loader = ModelLoader(self._load, name="memory-model-load")
+        self._loader = ModelLoader(self._load, name="memory-model-load sentence-transformers")
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -315,7 +315,7 @@ class UniversalSentenceEncoderEmbedder:
         self._batch_size = batch_size
         self._model: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
-        self._loader = ModelLoader(self._load, name="memory-model-load")
+        self._loader = ModelLoader(self._load, name="memory-model-load universal-sentence-encoder")
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -408,7 +408,7 @@ class E5Embedder:
         self._model: Any = None
         self._threads_set = threading.local()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
-        self._loader = ModelLoader(self._load, name="memory-model-load")
+        self._loader = ModelLoader(self._load, name="memory-model-load e5")
         self.provider = "e5"  # the setting named in errors (the routed choices name themselves)
 
     @property

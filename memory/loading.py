@@ -1,11 +1,15 @@
-"""Loading an embedding model without holding up a shutdown (issue 24, item 8)."""
+"""Loading an embedding model (or a heavy library) without holding up a shutdown (issue 24, item 8)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class ModelLoader:
@@ -29,10 +33,16 @@ class ModelLoader:
             return
         with self._lock:
             if not self._done:
+                # the name in the template: the log's repeat filter keys on it, and loads run side by side
+                log.info(f"{self._name}: started")
+                began = time.monotonic()
                 self._load()
                 self._done = True
+                log.info(f"{self._name}: finished in {time.monotonic() - began:.1f} s")
 
     async def load(self) -> None:
+        if self._done:
+            return
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
 

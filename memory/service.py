@@ -32,6 +32,7 @@ from memory.fusion import (
     text_share,
 )
 from memory.indexer import Indexer, Progress
+from memory.loading import ModelLoader
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.routed import RoutedEmbedder
 from memory.store import ChunkStore
@@ -76,6 +77,9 @@ class MemoryService:
         self._embedder: Embedder | None = None
         self._embedder_ready = False
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-index")
+        # LanceDB's import (2.4 s of CPU) runs on a daemon thread of its own, as a model load does:
+        # a shutdown right after the start waits for the index thread, never for that import.
+        self._lancedb = ModelLoader(_import_lancedb, name="memory-lancedb-import")
         # Searches read on their own threads: the full-text and the vector query of one search run
         # side by side, and neither waits behind an indexing write (LanceDB reads are snapshot reads).
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-read")
@@ -178,6 +182,7 @@ class MemoryService:
         async with self._index_lock:
             if self._store is None:
                 assert self._embedder is not None, "MemoryService.start() was not awaited"
+                await self._lancedb.load()
                 store = await self._call(ChunkStore, self._uri)
                 indexer = Indexer(self.settings, self._workspaces, store, self._embedder, self._db)
                 await indexer.load_known()
@@ -537,3 +542,7 @@ def _merge(
             for r, c, share in zip(text_rows, text_cos, text_shares, strict=True)
         ],
     )
+
+
+def _import_lancedb() -> None:
+    import lancedb  # noqa: F401  (loaded for ChunkStore, which imports it where it connects)

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -286,26 +286,35 @@ async def test_offline_commands_never_import_torch_and_print_no_library_noise(
 
 
 async def test_gateway_stop_during_the_model_load_is_quick_and_clean(home: Path, tmp_path: Path) -> None:
+    """The stop does not wait for the model load (it cannot be interrupted and takes 7-10 s of CPU
+    here): the loader's own thread logs when it finishes, which a shutdown that waited would show;
+    nothing is timed, so a busy machine cannot fail it."""
     workspace = home / "workspaces" / "main"
     workspace.mkdir(parents=True)
     (workspace / "MEMORY.md").write_text("# Facts\n\nThe user's favourite colour is teal.\n")
-    config = tmp_path / "config.yaml"  # JSON lines carry UTC times: the text format's local ones
-    config.write_text("logging: {format: json}\n")  # jump an hour on a DST night
-    async with daemon(home, "--config", str(config)) as running:  # its memory worker loads the model now
+    config = tmp_path / "config.yaml"
+    config.write_text("logging: {format: json}\n")  # one message per line, read as written
+    log_file = home / "logs" / "gateway.log"
+
+    def messages() -> list[str]:
+        return [json.loads(line)["message"] for line in log_file.read_text().splitlines()]
+
+    async with daemon(home, "--config", str(config)) as running:  # its memory worker opens the index, loads the model
+        for _ in range(600):
+            if "memory-model-load sentence-transformers: started" in messages():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail(f"the model load did not start: {messages()}")
         stopped = await run_cli("gateway", "stop", "--home", str(home))
         status = await running.wait()
     assert stopped.returncode == 0 and f"gateway stopped (pid {running.pid})" in stopped.stdout, stopped.stderr
     assert status == 0, running.stderr()
     assert "did not finish" not in running.stderr()
-    lines = [json.loads(line) for line in (home / "logs" / "gateway.log").read_text().splitlines()]
-    at = {
-        event: datetime.fromisoformat(line["time"])
-        for line in lines
-        for event in ("SIGTERM: shutting down", "stopped")
-        if line["message"] == event
-    }
-    took = (at["stopped"] - at["SIGTERM: shutting down"]).total_seconds()
-    assert 0 <= took < 4, f"the shutdown took {took:.1f} s"  # the model takes 10 s and more to load here
+    seen = messages()
+    assert "SIGTERM: shutting down" in seen and "stopped" in seen, seen
+    finished = "memory-model-load sentence-transformers: finished"  # the process ended first: not waited for
+    assert not any(m.startswith(finished) for m in seen) and finished not in running.stderr(), seen
 
 
 def test_progress_is_shown_only_for_work_over_a_second() -> None:
