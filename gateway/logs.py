@@ -16,7 +16,8 @@ from pathlib import Path
 from config.settings import LoggingSettings
 from conversations.log_context import EACH
 
-MAX_KEYS = 1024  # distinct lines tracked at once; older ones are forgotten first
+MAX_KEYS = 1024  # distinct lines (and templates) tracked at once; older ones are forgotten first
+TEMPLATE_LINES = 20  # distinct lines of one template written per window; more are counted
 REOPEN = "neotask_reopen"  # the attribute of the queue's marker record that asks for a reopen
 REOPEN_WAIT_S = 5.0
 
@@ -24,32 +25,56 @@ REOPEN_WAIT_S = 5.0
 class RepeatFilter(logging.Filter):
     """Lets the first of identical records through; drops the repeats within ``window_s`` and
     notes their number on the next one that passes. Records are the same when their logger, level,
-    message template and exception type are (arguments may differ: a port, a count)."""
+    message *as written* (template and arguments) and exception type are: a second account's
+    "connected" line or a second pairing code is another event and is written. A flood of distinct
+    lines of one template (a counter in a loop) is bounded too: past ``TEMPLATE_LINES`` of them in
+    a window, the rest are dropped and counted on the next line of that template that passes."""
 
     def __init__(self, window_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.window_s = window_s
         self.clock = clock
-        self._seen: dict[tuple[object, ...], tuple[float, int]] = {}
+        self._seen: dict[tuple[object, ...], tuple[float, int]] = {}  # line -> (first seen, dropped since)
+        self._templates: dict[tuple[object, ...], tuple[float, int, int]] = {}  # -> (window start, lines, dropped)
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if self.window_s <= 0 or getattr(record, EACH, False):
             return True
         exc_type = record.exc_info[0] if record.exc_info else None
-        key = (record.name, record.levelno, str(record.msg), exc_type)
+        template = (record.name, record.levelno, str(record.msg), exc_type)
+        try:
+            written = record.getMessage()
+        except Exception:  # arguments that do not fit: logging reports it when it formats
+            written = str(record.msg)
+        line = (*template, written)
         now = self.clock()
         with self._lock:
-            first, dropped = self._seen.get(key, (None, 0))
+            first, dropped = self._seen.get(line, (None, 0))
             if first is not None and now - first < self.window_s:
-                self._seen[key] = (first, dropped + 1)
+                self._seen[line] = (first, dropped + 1)
                 return False
-            self._seen.pop(key, None)
-            self._seen[key] = (now, 0)
-            if len(self._seen) > MAX_KEYS:
-                del self._seen[next(iter(self._seen))]
+            started, lines, flooded = self._templates.get(template, (now, 0, 0))
+            if now - started >= self.window_s:
+                started, lines = now, 0
+            if lines >= TEMPLATE_LINES:
+                self._templates[template] = (started, lines, flooded + 1)
+                return False
+            self._templates.pop(template, None)
+            self._templates[template] = (started, lines + 1, 0)
+            self._seen.pop(line, None)
+            self._seen[line] = (now, 0)
+            for table in (self._seen, self._templates):
+                if len(table) > MAX_KEYS:
+                    del table[next(iter(table))]
+        notes = []
         if dropped:
-            record.msg = f"{record.msg} [{dropped} more like this in the last {self.window_s:g} s not logged]"
+            notes.append(f"{dropped} more like this")
+        if flooded:
+            notes.append(f"{flooded} other lines of this kind")
+        if notes:
+            note = f" [{' and '.join(notes)} in the last {self.window_s:g} s not logged]"
+            record.msg, record.args = written + note, None  # written already: no arguments left to apply
         return True
 
 

@@ -33,12 +33,11 @@ class ModelLoader:
             return
         with self._lock:
             if not self._done:
-                # the name in the template: the log's repeat filter keys on it, and loads run side by side
-                log.info(f"{self._name}: started")
+                log.info("%s: started", self._name)
                 began = time.monotonic()
                 self._load()
                 self._done = True
-                log.info(f"{self._name}: finished in {time.monotonic() - began:.1f} s")
+                log.info("%s: finished in %.1f s", self._name, time.monotonic() - began)
 
     async def load(self) -> None:
         if self._done:

@@ -90,6 +90,31 @@ def test_repeated_lines_are_written_once_then_counted() -> None:
     assert RepeatFilter(0).filter(record("x")) and RepeatFilter(0).filter(record("x"))
 
 
+def test_distinct_events_of_one_template_are_all_written_and_a_flood_of_them_is_bounded() -> None:
+    """Issue 40 item 14: the filter keyed on the template, so a second account's "connected" line
+    or a second pairing code (same template, other arguments) never reached the log."""
+    now = [0.0]
+    repeat = RepeatFilter(60, clock=lambda: now[0])
+
+    def record(msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("channels", logging.INFO, __file__, 1, msg, args, None)
+
+    assert repeat.filter(record("telegram %s: connected as @%s", "support", "help_bot"))
+    assert repeat.filter(record("telegram %s: connected as @%s", "sales", "sales_bot"))  # another event
+    assert not repeat.filter(record("telegram %s: connected as @%s", "sales", "sales_bot"))  # the same line
+    assert repeat.filter(record("pairing code %s for %s", "K7Q2", "peer 1"))
+    assert repeat.filter(record("pairing code %s for %s", "M3X9", "peer 2"))
+    # a loop logging a counter: 20 distinct lines of one template a window, the rest counted
+    passed = [repeat.filter(record("retry %d of the poll", n)) for n in range(1000)]
+    assert sum(passed) == 20 and all(passed[:20])
+    now[0] = 61
+    note = record("retry %d of the poll", 1000)
+    assert repeat.filter(note)
+    assert note.getMessage() == "retry 1000 of the poll [980 other lines of this kind in the last 60 s not logged]"
+    again = record("telegram %s: connected as @%s", "sales", "sales_bot")
+    assert repeat.filter(again) and "[1 more like this in the last 60 s not logged]" in again.getMessage()
+
+
 def test_the_log_file_rotates_by_size(tmp_path: Path) -> None:
     handler = file_handler(tmp_path / "gateway.log", LoggingSettings(max_bytes=10_000, backup_count=2))
     try:
