@@ -13,7 +13,7 @@ question's **best cosine** is its highest over its own memory. For each threshol
 the share of answerable and of unanswerable questions whose best cosine is below ``t`` (what a
 rule "refuse below t" would refuse). Sets: REALTALK (697 answerable, its 95 unanswerable questions
 of ``realtalk.unanswerable``), conversation-1000 and the English notes (their off-topic questions);
-``--quick``: two chats and conversation-300.
+``--quick``: two chats and conversation-100 (a smoke run).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def memories(data: Path | None, root: Path, *, quick: bool) -> dict[str, list[Me
             (_paragraphs(ws), [q.text for q in c.questions], [q.text for q in realtalk.unanswerable(c.turns, c.people)])
             for c, ws in chats
         ]
-    qs = build_conversations(root / "conversation", chunks=300 if quick else 1000)
-    out["conversation-300" if quick else "conversation-1000"] = [
+    qs = build_conversations(root / "conversation", chunks=100 if quick else 1000)
+    out["conversation-100" if quick else "conversation-1000"] = [
         (_paragraphs(root / "conversation"), [q.text for q in qs if q.evidence], [q.text for q in qs if not q.evidence])
     ]
     if quick:

@@ -229,6 +229,6 @@ async def test_topic_cosines_bench_runs_quick(capsys: pytest.CaptureFixture[str]
     assert status == 0
     out = capsys.readouterr().out
     for model in ("MiniLM", "E5"):
-        assert f"{model} on conversation-300:" in out
+        assert f"{model} on conversation-100:" in out
     rates = [float(x) for x in re.findall(r"refused +([\d.]+) %", out)]
     assert len(rates) == 2 * 2 * 8 and all(0 <= r <= 100 for r in rates)
