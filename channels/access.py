@@ -2,7 +2,8 @@
 
 ``open``: anyone. ``allowlist``: the ids in ``allow_from``. ``pairing``: those ids and every sender
 approved with ``neotask channels approve CODE``; an unknown sender gets a one-time code (stable per
-sender) and nothing of theirs is stored.
+sender) and nothing of theirs is stored. ``allow_from`` names the owner: under ``open`` and
+``pairing`` everyone else talks in a session of their own (:func:`direct_scope`).
 
 Approvals only ever grow (there is no revoke), so a sender once seen approved is admitted from
 memory: the pairing table in ``channels.db`` is read at start and again only for a sender not yet
@@ -19,6 +20,7 @@ from typing import Protocol
 from channels.protocol import Inbound, Target
 from channels.store import ChannelStore
 from config.clock import Clock, iso
+from sessions.keys import DmScope
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,20 @@ class AccessSettings(Protocol):
 
 
 NotifyFn = Callable[[Target, str], Awaitable[None]]
+SHARING_POLICIES = ("open", "pairing")  # the policies that admit people who are not the owner
+
+
+def direct_scope(sender_id: str, settings: AccessSettings | None, dm_scope: DmScope) -> DmScope:
+    """The ``session.dm_scope`` one direct message is routed with. ``main`` is the owner's own
+    session: under ``open`` or ``pairing``, a sender who is not in ``allow_from`` (the owner's ids)
+    gets a session of their own, ``per-channel-peer`` (and with it a memory scope of their own),
+    whatever ``dm_scope`` says, so a stranger's prompt never holds the owner's conversation nor
+    recalls the owner's memory. ``settings`` None (an account a reload removed): a stranger too."""
+    if dm_scope != "main":
+        return dm_scope
+    if settings is None or (settings.dm_policy in SHARING_POLICIES and sender_id not in settings.allow_from):
+        return "per-channel-peer"
+    return dm_scope
 
 
 class DirectAccess:

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
+from config.redaction import SECRETS
+
 ChatType = Literal["direct", "group", "channel"]
 
 
@@ -92,9 +94,11 @@ class AccountStatus:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
+        """The account as the API and the CLI show it, every secret hidden (an error may quote a
+        library's URL that holds the token)."""
         data = asdict(self)
         data.pop("extra")
-        return {**data, **self.extra}
+        return {k: SECRETS(v) if isinstance(v, str) else v for k, v in {**data, **self.extra}.items()}
 
 
 class Connector(Protocol):

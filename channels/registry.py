@@ -9,6 +9,9 @@ Every place that lists platforms (the intake, ``config check``, ``channels statu
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,13 +29,14 @@ class Platform:
     """One chat platform. ``accounts``: its accounts in the settings; ``needs``: the environment
     variables an enabled account must find set; ``build``: the connector of one account (the
     SDK is imported there); ``calling_mode``: the mode in which the platform calls
-    ``/hooks/<name>/<account>``."""
+    ``/hooks/<name>/<account>``; ``module``: the connector's module, which imports the SDK."""
 
     name: str
     accounts: Callable[[ChannelsSettings], Mapping[str, Account]]
     needs: Callable[[Account], list[str]]
     build: Callable[[str, Account, Mapping[str, str], ChannelStore, Clock], Connector]
     calling_mode: str
+    module: str
 
     def missing(self, account: Account, env: Mapping[str, str]) -> list[str]:
         """The variables ``account`` needs that are not set in ``env``."""
@@ -66,8 +70,10 @@ def _slack(name: str, account: SlackAccount, env: Mapping[str, str], store: Chan
 
 
 PLATFORMS: dict[str, Platform] = {
-    "telegram": Platform("telegram", lambda c: c.telegram.accounts, _telegram_needs, _telegram, "webhook"),
-    "slack": Platform("slack", lambda c: c.slack.accounts, _slack_needs, _slack, "events"),
+    "telegram": Platform(
+        "telegram", lambda c: c.telegram.accounts, _telegram_needs, _telegram, "webhook", "channels.telegram"
+    ),
+    "slack": Platform("slack", lambda c: c.slack.accounts, _slack_needs, _slack, "events", "channels.slack"),
 }
 
 
@@ -76,3 +82,15 @@ def configured(channels: ChannelsSettings) -> Iterator[tuple[Platform, str, Acco
     for platform in PLATFORMS.values():
         for name, account in platform.accounts(channels).items():
             yield platform, name, account
+
+
+async def load_sdks(channels: ChannelsSettings, env: Mapping[str, str]) -> None:
+    """Import the connector module (and so the SDK) of every platform with an account that will
+    start (enabled, its variables set), in a thread: the connectors are built on the event loop (at
+    start, and by a reload while it serves), and aiogram alone is 5 s of CPU that would hold it."""
+    wanted = sorted(
+        {p.module for p, _, account in configured(channels) if account.enabled and not p.missing(account, env)}
+    )
+    for module in wanted:
+        if module not in sys.modules:
+            await asyncio.to_thread(importlib.import_module, module)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,6 +19,17 @@ class _Model(BaseModel):
 
 
 DmPolicy = Literal["allowlist", "pairing", "open"]
+
+
+def _http_url(value: str | None, example: str) -> str | None:
+    """A URL the gateway calls or gives out: ``http://`` or ``https://`` with a host. Without a
+    scheme a client library retries for ever and writes the token-bearing URL into its errors."""
+    if value is None:
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http:// or https:// URL with a host; write it whole, e.g. {example}")
+    return value
 
 
 class TelegramAccount(_Model):
@@ -44,6 +56,16 @@ class TelegramAccount(_Model):
         if value is not None and not _ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
         return value
+
+    @field_validator("api_base")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        return _http_url(value, "http://127.0.0.1:8081")
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        return _http_url(value, "https://bot.example.org/hooks/telegram/main")
 
     @model_validator(mode="after")
     def _webhook_needs_url_and_secret(self) -> TelegramAccount:
@@ -104,6 +126,11 @@ class SlackAccount(_Model):
         if value is not None and not _ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
         return value
+
+    @field_validator("api_base")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        return _http_url(value, "https://slack-gov.com/api/")
 
     @model_validator(mode="after")
     def _events_need_a_secret(self) -> SlackAccount:

@@ -25,12 +25,14 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from channels.access import direct_scope
 from channels.background import BackgroundTurns, StoredFn
 from channels.protocol import AccountStatus, Connector, Inbound, Rejected, RetryLater
 from channels.registry import PLATFORMS, configured
 from channels.store import ChannelStore, OutboxRow, Pairing
 from config.clock import Clock, iso
 from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown
+from config.redaction import SECRETS
 from config.settings import Settings
 from conversations.commands import Commands, dispatch, parse_command
 from conversations.turns import Conversations, Outcome, Post
@@ -82,6 +84,7 @@ class ChannelIntake:
             if not account.enabled or missing:
                 self.statuses.append(status)
                 continue
+            SECRETS.add(env.get(variable) for variable in platform.needs(account))  # hidden in logs and status
             connector = platform.build(name, account, env, store, clock)
             self.connectors[(platform.name, name)] = connector
             self.statuses.append(connector.status)
@@ -160,10 +163,15 @@ class ChannelIntake:
         return stored
 
     def _post_for(self, inbound: Inbound) -> Post:
+        dm_scope = self.settings.session.dm_scope
+        if inbound.chat_type == "direct":  # strangers never share the owner's session
+            platform = PLATFORMS.get(inbound.channel)
+            account = platform.accounts(self.settings.channels).get(inbound.account) if platform else None
+            dm_scope = direct_scope(inbound.sender_id, account, dm_scope)
         key = route(
             Ingress(inbound.channel, inbound.chat_type, inbound.chat_id, inbound.sender_id, inbound.thread_id,
                     inbound.agent),
-            dm_scope=self.settings.session.dm_scope,
+            dm_scope=dm_scope,
             bindings=self.settings.bindings,
             agents=self.settings.agents,
         )  # fmt: skip

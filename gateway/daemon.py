@@ -27,13 +27,14 @@ from typing import Any
 from config.clock import iso, system_clock
 from config.errors import ConfigError
 from config.loader import LoadedConfig
+from config.redaction import SECRETS
 from config.settings import LoggingSettings
 from gateway import eventloop, exits, reload
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
 from gateway.log_json import ContextFilter, JsonFormatter
-from gateway.logs import LogListener, RepeatFilter, file_handler
+from gateway.logs import LogListener, RedactFilter, RepeatFilter, file_handler
 from gateway.places import url_for, version
 from gateway.runner import JsonErrorsAppRunner
 from gateway.workers import WorkerRole, run_supervisor
@@ -329,6 +330,7 @@ def _logging_to(home: Home, settings: LoggingSettings) -> Iterator[Callable[[], 
     listener = LogListener(records, stderr, file)
     root = logging.getLogger()
     queue_handler = logging.handlers.QueueHandler(records)
+    queue_handler.addFilter(RedactFilter(SECRETS))  # tokens never reach a log line
     queue_handler.addFilter(RepeatFilter(settings.repeat_window_s))
     queue_handler.addFilter(ContextFilter())  # the ids of the request or turn, taken where it logs
     previous_level = root.level

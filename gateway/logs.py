@@ -78,6 +78,29 @@ class RepeatFilter(logging.Filter):
         return True
 
 
+class RedactFilter(logging.Filter):
+    """Hides every registered secret (``config/redaction.py``) in a record's message and traceback
+    before any handler writes it: a library's error may quote a URL that holds the token."""
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            written = record.getMessage()
+        except Exception:  # arguments that do not fit: logging reports it when it formats
+            written = str(record.msg)
+        clean = self.redact(written)
+        if clean != written:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)  # the formatters reuse it
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        return True
+
+
 def file_handler(path: Path, settings: LoggingSettings) -> logging.FileHandler:
     """``gateway.log``, rotated at ``max_bytes`` keeping ``backup_count`` files (0: never rotated)."""
     if settings.max_bytes > 0:

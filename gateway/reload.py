@@ -219,9 +219,11 @@ class Reloads:
     async def _restart_channels(self, services: Any, config: LoadedConfig) -> None:
         """The connectors stopped and started again with the new accounts; the intake object the
         routes hold stays (its state is rebuilt in place: the app's state cannot be replaced)."""
+        from channels.registry import load_sdks
         from channels.store import ChannelStore
         from gateway.channel_intake import ChannelIntake
 
+        await load_sdks(config.settings.channels, self.env)  # a first Telegram account: aiogram loads off the loop
         intake = services.channels
         await intake.close()
         fresh = ChannelIntake(

@@ -38,9 +38,11 @@ import aiohttp
 
 from channels.delivery import Deliverer, Delivery
 from channels.hooks import Webhooks
+from channels.registry import load_sdks
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
+from config.redaction import SECRETS
 from conversations.budgets import Budgets
 from conversations.commands import Commands
 from conversations.events import EventHub
@@ -165,6 +167,7 @@ async def open_services(
     async with contextlib.AsyncExitStack() as stack:
         hub = EventHub()
         metrics = Metrics()
+        SECRETS.add([*settings.gateway.tokens, *(env.get(a.model.api_key_env) for a in settings.agents.values())])
         if any(agent.model.base_url for agent in settings.agents.values()):
             await load_provider_sdk()  # in a thread: the loop runs on (0.4 s of CPU, more on a busy machine)
         providers = providers_for(config, env, clock)
@@ -280,6 +283,7 @@ async def open_services(
         stack.push_async_callback(webhooks.close)
         compat = OpenAICompat(commands, clock=clock, crash_step=openai_crash_step(env))
         stack.push_async_callback(compat.close)
+        await load_sdks(settings.channels, env)  # in a thread: the connectors are built here, on the loop
         channels = ChannelIntake(
             conversations, commands, settings, ChannelStore.for_home(config.home), env, clock=clock
         )

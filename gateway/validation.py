@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from channels.access import SHARING_POLICIES
 from channels.registry import configured
 from channels.webhooks import TemplateError, check_mapping
 from config.errors import ConfigError
 from config.loader import LoadedConfig
+from config.settings import Settings
 from gateway import eventloop
 from gateway.masking import mask_secrets
 
@@ -40,10 +42,31 @@ def check_config(config: LoadedConfig, env: Mapping[str, str]) -> list[str]:
         elif mapping.secret_env is None:
             warnings.append(f"hook {name} has no secret_env: it accepts unsigned deliveries")
     for platform, name, account in configured(settings.channels):
+        where = f"channels.{platform.name}.accounts.{name}"
         if account.enabled and (missing := platform.missing(account, env)):
             unset = ", ".join(missing) + (" is" if len(missing) == 1 else "")
-            warnings.append(f"channels.{platform.name}.accounts.{name}: {unset} not set; this account will not start")
+            warnings.append(f"{where}: {unset} not set; this account will not start")
+        if account.enabled:
+            warnings.extend(_sharing(where, account, settings))
     return warnings
+
+
+def _sharing(where: str, account: Any, settings: Settings) -> list[str]:
+    """What still puts several people in one session or one memory: strangers get sessions of their
+    own (``channels/access.py``), but the owner's ids and a shared memory are the operator's."""
+    found = []
+    if account.dm_policy in SHARING_POLICIES and settings.memory.scope == "shared":
+        found.append(
+            f"{where}: dm_policy {account.dm_policy} with memory.scope shared: anyone this account admits reads and "
+            f"writes agent {account.agent}'s whole memory (MEMORY.md); set memory.scope: per-peer"
+        )
+    if settings.session.dm_scope == "main" and len(account.allow_from) > 1:
+        found.append(
+            f"{where}: allow_from lists {len(account.allow_from)} ids and session.dm_scope is main: their direct "
+            f"messages share one session (agent:{account.agent}:main, its prompt and its memory); list only your "
+            "own ids, or set session.dm_scope: per-channel-peer"
+        )
+    return found
 
 
 def config_source(config: LoadedConfig, kind: str) -> dict[str, Any]:
