@@ -102,8 +102,8 @@ class ChannelStore:
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         async with self._lock:
             if self._db is None:
-                self._db = await asyncio.to_thread(self._open)
-            return await asyncio.to_thread(work, self._db)
+                self._db = await _to_thread_whole(self._open)
+            return await _to_thread_whole(work, self._db)
 
     async def close(self) -> None:
         async with self._lock:
@@ -278,3 +278,16 @@ def _row(raw: tuple[Any, ...]) -> OutboxRow:
 def _pairing(raw: tuple[Any, ...], *, approved: bool) -> Pairing:
     code, channel, account, sender_id, sender_name = raw[:5]
     return Pairing(str(code), str(channel), str(account), str(sender_id), sender_name, approved)
+
+
+async def _to_thread_whole(fn: Callable[..., T], *args: Any) -> T:
+    """``fn`` on a thread; a cancelled caller still waits for the thread to finish before it goes
+    on (and releases the store's lock): the thread holds the connection, and a ``close`` made
+    meanwhile would free it under a running statement (a segfault at shutdown, with a background
+    turn cancelled while it recorded its answer)."""
+    running = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait([running])
+        raise

@@ -45,6 +45,7 @@ TYPING_EVERY_S = 4.0
 HANDLED_KEPT = 200_000  # client_message_ids kept in memory; older redeliveries are looked up in channels.db
 KEEP_ROWS = timedelta(days=2)  # sent and failed outbox rows kept this long (redelivery and idempotency: a day)
 CRASH_STEPS = ("channels.stored", "channels.answered")
+APOLOGY = "Sorry, I could not answer this message just now. Please try again in a little while."
 
 
 class ChannelIntake:
@@ -220,7 +221,8 @@ class ChannelIntake:
             if not stored.is_set():  # nothing stored: the error is the post function's answer
                 raise
             log.warning("%s: the turn on %s failed: %s", inbound.client_message_id, post.key.raw, exc.message)
-            outcome = Outcome(post.key.raw, None, None, reply={"content": f"(no answer: {exc.message})", "seq": None})
+            # the details (a model URL, the operator's advice) are for the log, not for a chat user
+            outcome = Outcome(post.key.raw, None, None, reply={"content": APOLOGY, "seq": None})
         finally:
             if typing is not None:
                 typing.cancel()

@@ -60,3 +60,29 @@ async def test_a_pairing_code_is_stable_per_sender_and_approval_is_case_insensit
     assert await store.approved("telegram", "main") == {"902"}
     assert await store.approved("telegram", "other") == set()
     await store.close()
+
+
+async def test_a_cancelled_write_keeps_the_connection_until_its_thread_is_done(tmp_path: Path) -> None:
+    """A background turn cancelled at shutdown while it recorded its answer released the store's
+    lock at once, and ``close`` freed the connection under the running statement: the process
+    died of a segfault (seen in 4 of 6 runs of an in-process channel test)."""
+    import asyncio
+    import sqlite3
+    import threading
+    import time
+
+    store = ChannelStore(tmp_path / "channels.db")
+    started, finished = threading.Event(), threading.Event()
+
+    def slow(db: sqlite3.Connection) -> None:
+        started.set()
+        time.sleep(0.3)  # the statement still runs when the caller is cancelled
+        db.execute("SELECT count(*) FROM outbox").fetchall()
+        finished.set()
+
+    writing = asyncio.create_task(store._run(slow))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    writing.cancel()
+    await store.close()  # waits for the lock, which the cancelled caller holds until its thread ends
+    assert finished.is_set() and writing.cancelled()

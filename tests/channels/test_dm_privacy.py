@@ -8,6 +8,7 @@ session of their own (``per-channel-peer``) and with it a memory scope of their 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from gateway.validation import check_config
 from tests.channels.harness import wait_until
 from tests.conftest import FakeClock
 from tests.gateway.helpers import gateway_config, make_app
-from tests.support.openai_server import OpenAIServer
+from tests.support.openai_server import Fail, OpenAIServer
 from tests.support.slack_server import SlackServer
 
 OWNER, STRANGER, SECOND = "U0OWNER", "U0STRANGER", "U0SECOND"
@@ -101,3 +102,27 @@ def test_config_check_names_what_still_shares_a_session_or_a_memory(tmp_path: Pa
     )
     assert check_config(separate, env) == []
     assert SlackAccount(dm_policy="open").allow_from == ()  # nobody is the owner: everyone gets their own
+
+
+async def test_a_model_failure_gives_the_chat_user_a_short_apology_and_the_log_the_details(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 40 item 4: a model failure reached the chat user with the internal model URL and the
+    operator's advice ("(no answer: model server http://... answered 500 ...)")."""
+    async with OpenAIServer() as model, SlackServer() as slack:
+        model.add_rule(lambda r: Fail(500, message="upstream exploded at 10.0.0.7"))
+        app = slack.add_app(BOT, APP)
+        account = {"bot_token_env": "PRIV_BOT", "app_token_env": "PRIV_APP", "api_base": slack.url,
+                   "mode": "socket", "dm_policy": "allowlist", "allow_from": [OWNER]}  # fmt: skip
+        overrides = {"channels": {"slack": {"accounts": {"work": account}}}}
+        gateway = make_app(tmp_path, clock, overrides, base_url=model.base_url, env={"PRIV_BOT": BOT, "PRIV_APP": APP})
+        await aiohttp_client(gateway)
+        with caplog.at_level(logging.WARNING, logger="gateway.channel_intake"):
+            slack.message(app, channel="D1", user=OWNER, text="hello?")
+            await slack.wait_for(lambda: len(slack.posted("D1")) == 1)
+        said = str(slack.posted("D1")[0].params["text"])
+        assert said.startswith("Sorry, I could not answer this message") and "try again" in said, said
+        for internal in (model.base_url, "127.0.0.1", "10.0.0.7", "agents.", "model"):
+            assert internal not in said, said
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert "the turn on agent:main:main failed" in logged and model.base_url.split("/v1")[0] in logged, logged
