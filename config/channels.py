@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_ACCOUNT = re.compile(r"^[A-Za-z0-9_.@+\-/#]+$")
+_ACCOUNT = re.compile(r"^[A-Za-z0-9_.@+\-]+$")  # no "/" or "#": /hooks/<platform>/<name> must reach it
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -89,7 +89,10 @@ def _check_names(accounts: dict[str, Any]) -> None:
     """Account names go into URLs (``/hooks/telegram/<name>``) and status: one grammar for both platforms."""
     for name in accounts:
         if not _ACCOUNT.match(name):
-            raise ValueError(f"account name {name!r} must match [A-Za-z0-9_.@+-/#]+")
+            raise ValueError(
+                f"account name {name!r} must be letters, digits and _ . @ + - only (it is the last segment of "
+                f"the webhook route /hooks/<platform>/<name>, which '/' and '#' would break)"
+            )
 
 
 class TelegramSettings(_Model):

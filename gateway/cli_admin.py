@@ -53,10 +53,11 @@ def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None
 
 def cmd_config_check(ctx: Context) -> int:
     try:  # the file's own schema, then what the daemon checks before it builds anything
-        from gateway.validation import check_config
+        from gateway.validation import check_config, check_listening
 
         config = ctx.config
         warnings = [*config.warnings, *check_config(config, ctx.env)]
+        check_listening(config.settings.gateway.tokens, config.settings.gateway.host)  # as the daemon will
     except ConfigError as exc:
         if ctx.as_json:
             ctx.print_json({"ok": False, "error": exc.message})

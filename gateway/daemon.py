@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import logging.handlers
 import os
@@ -33,10 +32,12 @@ from gateway import eventloop, exits, reload
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.heap import settle_heap
+from gateway.hosts import bind_address
 from gateway.log_json import ContextFilter, JsonFormatter
 from gateway.logs import LogListener, RedactFilter, RepeatFilter, file_handler
 from gateway.places import url_for, version
 from gateway.runner import JsonErrorsAppRunner
+from gateway.validation import check_listening
 from gateway.workers import WorkerRole, run_supervisor
 from sessions.backends import describe_backend
 from sessions.files.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
@@ -53,21 +54,6 @@ EXIT_REFUSED = exits.CONFIG  # a public address without tokens: the configuratio
 CLEANUP_RESERVE_S = 2.0  # of gateway.shutdown_timeout_s, kept for closing the store after requests
 WATCHDOG_MARGIN_S = 0.25  # the process is forced out this long before gateway.shutdown_timeout_s
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def bind_address(host: str) -> str:
-    """The address to bind: ``[::1]`` (as written in a URL) is ``::1``."""
-    host = host.strip()
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def describe_models(config: LoadedConfig) -> str:
@@ -137,13 +123,10 @@ def _run_locked(
     gateway = config.settings.gateway
     bind_host = bind_address(host if host is not None else gateway.host)
     bind_port = port if port is not None else gateway.port
-    if not gateway.tokens and not is_loopback(bind_host):
-        print(
-            f"error: refusing to listen on {bind_host} without a token: set gateway.tokens "
-            "(or NEOTASK_GATEWAY__TOKENS='[secret]'), or listen on 127.0.0.1",
-            file=sys.stderr,
-            flush=True,
-        )
+    try:
+        check_listening(gateway.tokens, bind_host)
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
     with _logging_to(home, config.settings.logging) as reopen_log:
         log.info(

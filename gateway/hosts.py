@@ -30,6 +30,22 @@ def host_name(header: str) -> str:
     return value.rstrip(".")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a listen address (``[::1]`` as in a URL, or ``::1``) is a loopback one."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_address(host: str) -> str:
+    """The address to bind: ``[::1]`` (as written in a URL) is ``::1``."""
+    host = host.strip()
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def is_loopback_name(name: str) -> bool:
     if name in LOOPBACK_NAMES or name.endswith(".localhost"):
         return True

@@ -9,7 +9,7 @@ effective configuration as ``neotask config show`` and ``GET /v1/admin/config`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from channels.access import SHARING_POLICIES
@@ -19,6 +19,7 @@ from config.errors import ConfigError
 from config.loader import LoadedConfig
 from config.settings import Settings
 from gateway import eventloop
+from gateway.hosts import bind_address, is_loopback
 from gateway.masking import mask_secrets
 
 REDACTED = "***"
@@ -41,6 +42,13 @@ def check_config(config: LoadedConfig, env: Mapping[str, str]) -> list[str]:
             )
         elif mapping.secret_env is None:
             warnings.append(f"hook {name} has no secret_env: it accepts unsigned deliveries")
+    for agent_id, agent in settings.agents.items():
+        key = agent.model.api_key_env
+        if agent.model.base_url and key and not env.get(key):
+            warnings.append(
+                f"agents.{agent_id}.model.api_key_env: {key} is not set; the model is called without a key "
+                "(fine for a local server that needs none)"
+            )
     for platform, name, account in configured(settings.channels):
         where = f"channels.{platform.name}.accounts.{name}"
         if account.enabled and (missing := platform.missing(account, env)):
@@ -67,6 +75,17 @@ def _sharing(where: str, account: Any, settings: Settings) -> list[str]:
             "own ids, or set session.dm_scope: per-channel-peer"
         )
     return found
+
+
+def check_listening(tokens: Sequence[str], host: str) -> None:
+    """A non-loopback address needs ``gateway.tokens`` (the daemon refuses to start, and ``config
+    check`` refuses the file, with this one message)."""
+    bound = bind_address(host)
+    if not tokens and not is_loopback(bound):
+        raise ConfigError(
+            f"refusing to listen on {bound} without a token: set gateway.tokens "
+            "(or NEOTASK_GATEWAY__TOKENS='[secret]'), or listen on 127.0.0.1"
+        )
 
 
 def config_source(config: LoadedConfig, kind: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.loader import build_settings, deep_merge, load_defaults
-from gateway.daemon import bind_address, is_loopback
+from gateway.hosts import bind_address, is_loopback
 from gateway.places import url_for
 from sessions.files.lock import is_locked
 from tests.faults.ops_support import write_config
