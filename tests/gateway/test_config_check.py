@@ -14,6 +14,8 @@ from gateway.validation import check_config, check_listening
 from tests.gateway.daemons import child_env, run_cli
 from tests.gateway.helpers import gateway_config
 
+pytestmark = pytest.mark.realtime  # its CLI and daemon processes read the real clock
+
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "[2001:db8::1]", "gateway.example.org"])
 def test_a_public_address_without_tokens_is_refused(host: str) -> None:
