@@ -19,7 +19,7 @@ pytestmark = pytest.mark.realtime  # its CLI and daemon processes read the real 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "[2001:db8::1]", "gateway.example.org"])
 def test_a_public_address_without_tokens_is_refused(host: str) -> None:
-    with pytest.raises(ConfigError, match="without a token: set gateway.tokens"):
+    with pytest.raises(ConfigError, match=r"without a token: set gateway\.tokens"):
         check_listening((), host)
     check_listening(("s3cret-token",), host)  # with a token it may listen anywhere
 
