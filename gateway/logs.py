@@ -43,10 +43,7 @@ class RepeatFilter(logging.Filter):
             return True
         exc_type = record.exc_info[0] if record.exc_info else None
         template = (record.name, record.levelno, str(record.msg), exc_type)
-        try:
-            written = record.getMessage()
-        except Exception:  # arguments that do not fit: logging reports it when it formats
-            written = str(record.msg)
+        written = _written(record)
         line = (*template, written)
         now = self.clock()
         with self._lock:
@@ -87,10 +84,7 @@ class RedactFilter(logging.Filter):
         self.redact = redact
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            written = record.getMessage()
-        except Exception:  # arguments that do not fit: logging reports it when it formats
-            written = str(record.msg)
+        written = _written(record)
         clean = self.redact(written)
         if clean != written:
             record.msg, record.args = clean, None
@@ -99,6 +93,14 @@ class RedactFilter(logging.Filter):
         if record.exc_text:
             record.exc_text = self.redact(record.exc_text)
         return True
+
+
+def _written(record: logging.LogRecord) -> str:
+    """The record's message with its arguments applied, as a handler will write it."""
+    try:
+        return record.getMessage()
+    except Exception:  # arguments that do not fit: logging reports it when it formats
+        return str(record.msg)
 
 
 def file_handler(path: Path, settings: LoggingSettings) -> logging.FileHandler:
