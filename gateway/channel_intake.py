@@ -28,8 +28,9 @@ from typing import Any
 from channels.access import direct_scope
 from channels.background import BackgroundTurns, StoredFn
 from channels.protocol import AccountStatus, Connector, Inbound, Rejected, RetryLater
-from channels.registry import PLATFORMS, configured
+from channels.registry import PLATFORMS, Account, Platform, configured, load_sdks
 from channels.store import ChannelStore, OutboxRow, Pairing
+from config.channels import ChannelsSettings
 from config.clock import Clock, iso
 from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown
 from config.redaction import SECRETS
@@ -74,21 +75,29 @@ class ChannelIntake:
         self._handled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.turns = BackgroundTurns(conversations)
         self._send_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
-        self._started = asyncio.Event()
+        self._started = asyncio.Event()  # cleared while a reload swaps connectors: sends wait
+        self._sending: collections.Counter[tuple[str, str]] = collections.Counter()  # sends in flight per account
+        self._sent_one = asyncio.Condition()
+        self.env = env
         for platform, name, account in configured(settings.channels):
-            status = AccountStatus(platform.name, name, account.agent, account.mode, enabled=account.enabled)
-            missing = platform.missing(account, env) if account.enabled else []
-            if missing:
-                unset = " and ".join(missing) + (" is" if len(missing) == 1 else "")
-                status.last_error = (f"{platform.name} account {name}: {unset} not set; this account is stopped,"
-                                     " the others keep running")  # fmt: skip
-            if not account.enabled or missing:
-                self.statuses.append(status)
-                continue
-            SECRETS.add(env.get(variable) for variable in platform.needs(account))  # hidden in logs and status
-            connector = platform.build(name, account, env, store, clock)
-            self.connectors[(platform.name, name)] = connector
-            self.statuses.append(connector.status)
+            self._add(platform, name, account)
+
+    def _add(self, platform: Platform, name: str, account: Account) -> Connector | None:
+        """The account's status, and its connector when it can run (enabled, its variables set)."""
+        status = AccountStatus(platform.name, name, account.agent, account.mode, enabled=account.enabled)
+        missing = platform.missing(account, self.env) if account.enabled else []
+        if missing:
+            unset = " and ".join(missing) + (" is" if len(missing) == 1 else "")
+            status.last_error = (f"{platform.name} account {name}: {unset} not set; this account is stopped,"
+                                 " the others keep running")  # fmt: skip
+        if not account.enabled or missing:
+            self.statuses.append(status)
+            return None
+        SECRETS.add(self.env.get(variable) for variable in platform.needs(account))  # hidden in logs and status
+        connector = platform.build(name, account, self.env, self.store, self.clock)
+        self.connectors[(platform.name, name)] = connector
+        self.statuses.append(connector.status)
+        return connector
 
     def _now(self) -> str:
         return iso(self.clock())
@@ -204,14 +213,13 @@ class ChannelIntake:
         wants_reply = inbound.reply and (command or self.conv.needs_turn(post))
         if wants_reply and row is None:
             await self.store.expect(inbound, self._now())
-        connector = self.connectors.get((inbound.channel, inbound.account))
         typing: asyncio.Task[None] | None = None
         try:
             if command:
                 outcome = await dispatch(self.commands, post)
             else:
-                if wants_reply and connector is not None:
-                    typing = asyncio.create_task(self._typing(connector, inbound, stored))
+                if wants_reply and (inbound.channel, inbound.account) in self.connectors:
+                    typing = asyncio.create_task(self._typing(inbound, stored))
                 outcome = await self.conv.post(post, on_stored=on_stored)
         except ShuttingDown:
             if not stored.is_set():
@@ -241,11 +249,13 @@ class ChannelIntake:
             await self._deliver(inbound.client_message_id)
         return True
 
-    async def _typing(self, connector: Connector, inbound: Inbound, stored: asyncio.Event) -> None:
+    async def _typing(self, inbound: Inbound, stored: asyncio.Event) -> None:
         await stored.wait()
         while True:
-            with contextlib.suppress(Rejected):
-                await connector.typing(inbound.target)
+            connector = self.connectors.get((inbound.channel, inbound.account)) if self._started.is_set() else None
+            if connector is not None:  # the account's connector of now: a reload may have replaced it
+                with contextlib.suppress(Rejected, RetryLater):
+                    await connector.typing(inbound.target)
             await asyncio.sleep(TYPING_EVERY_S)
 
     # -- outbound -------------------------------------------------------------------------------
@@ -256,18 +266,28 @@ class ChannelIntake:
         if row is None or row.state != "answered" or row.reply is None:
             return
         inbound = row.inbound
-        connector = self.connectors.get((inbound.channel, inbound.account))
-        if connector is None:
-            await self.store.failed(cmid, f"{inbound.channel} account {inbound.account} is not running", self._now())
-            return
-        lock = self._send_locks.setdefault((inbound.channel, inbound.account, inbound.target.chat_id), asyncio.Lock())
+        account = (inbound.channel, inbound.account)
+        lock = self._send_locks.setdefault((*account, inbound.target.chat_id), asyncio.Lock())
         async with lock:
-            parts = connector.render(row.reply)
+            parts: list[str] | None = None
             backoff = 1.0
             sent = row.parts_sent
-            while sent < len(parts):
+            while parts is None or sent < len(parts):
+                await self._started.wait()  # a reload swapping this account's connector: the next part waits
+                connector = self.connectors.get(account)
+                if connector is None:
+                    await self.store.failed(cmid, f"{inbound.channel} account {inbound.account} is not running",
+                                            self._now())  # fmt: skip
+                    return
+                parts = parts or connector.render(row.reply)
+                if sent >= len(parts):
+                    break
                 try:
-                    await connector.send_part(inbound.target, parts[sent])
+                    self._sending[account] += 1
+                    try:
+                        await connector.send_part(inbound.target, parts[sent])
+                    finally:
+                        await self._sent(account)
                 except RetryLater as exc:
                     wait = exc.retry_after if exc.retry_after is not None else backoff
                     backoff = min(backoff * 2, self.max_backoff_s)
@@ -284,6 +304,51 @@ class ChannelIntake:
                 sent += 1
                 await self.store.part_sent(cmid, sent, self._now())
             await self.store.sent(cmid, self._now())
+
+    async def _sent(self, account: tuple[str, str]) -> None:
+        self._sending[account] -= 1
+        async with self._sent_one:
+            self._sent_one.notify_all()
+
+    # -- reload ---------------------------------------------------------------------------------
+
+    async def reconfigure(self, before: ChannelsSettings) -> list[str]:
+        """Put the accounts of ``self.settings`` (just reloaded; ``before``: the channels that ran)
+        in force: the connectors of accounts whose settings changed or that went away stop (once
+        the sends in flight through them return) and those of changed and new accounts start;
+        every other connector runs on untouched. Turns in progress are not touched: their
+        messages are stored, their model calls finish, and their replies are sent through the
+        account's connector of the moment. The accounts restarted, as ``<platform>.<name>``."""
+        now = list(configured(self.settings.channels))
+        was = {(p.name, name): account for p, name, account in configured(before)}
+        changed = {(p.name, name) for p, name, account in now if was.get((p.name, name)) != account}
+        changed |= set(was) - {(p.name, name) for p, name, _ in now}
+        if not changed:
+            return []
+        await load_sdks(self.settings.channels, self.env)  # a first account of a platform: its SDK off the loop
+        self._started.clear()
+        try:
+            async with self._sent_one:
+                await self._sent_one.wait_for(lambda: not any(self._sending[key] for key in changed))
+            for key in sorted(changed):
+                connector = self.connectors.pop(key, None)
+                if connector is not None:
+                    await connector.stop()
+            kept = {(s.channel, s.account): s for s in self.statuses}
+            self.statuses, starting = [], []
+            for platform, name, account in now:
+                key = (platform.name, name)
+                if key not in changed:
+                    self.statuses.append(kept[key])
+                elif (connector := self._add(platform, name, account)) is not None:
+                    starting.append(connector)
+                elif self.statuses[-1].last_error:
+                    log.error("%s", self.statuses[-1].last_error)
+            for connector in starting:
+                await connector.start(self.post)
+        finally:
+            self._started.set()
+        return [f"{platform}.{name}" for platform, name in sorted(changed)]
 
     # -- status, pairing, shutdown --------------------------------------------------------------
 

@@ -6,8 +6,8 @@ What changes in place, without a restart or a dropped connection: agents and the
 changed model gets a new client; the old one is closed at shutdown, so a turn using it finishes),
 bindings, ``gateway.tokens`` (not emptied), session and reset policies, compaction, inheritance,
 cleanup, cron jobs and backup schedule (rescheduled; running firings finish), hooks, memory search
-and recall, channels (the connectors restarted). Keys under ``RESTART`` keep their running value
-and are named in the answer's ``restart_required``.
+and recall, channels (only the connectors of changed accounts restarted; turns in progress go on).
+Keys under ``RESTART`` keep their running value and are named in the answer's ``restart_required``.
 """
 
 from __future__ import annotations
@@ -213,26 +213,10 @@ class Reloads:
         rescheduled = scheduler.adopt(rebuilt)
         if rescheduled:
             log.info("config reload: jobs rescheduled: %s", ", ".join(rescheduled))
-        if any(path.startswith(("channels.", "bindings")) for path in live):
-            await self._restart_channels(services, config)
-
-    async def _restart_channels(self, services: Any, config: LoadedConfig) -> None:
-        """The connectors stopped and started again with the new accounts; the intake object the
-        routes hold stays (its state is rebuilt in place: the app's state cannot be replaced)."""
-        from channels.registry import load_sdks
-        from channels.store import ChannelStore
-        from gateway.channel_intake import ChannelIntake
-
-        await load_sdks(config.settings.channels, self.env)  # a first Telegram account: aiogram loads off the loop
-        intake = services.channels
-        await intake.close()
-        fresh = ChannelIntake(
-            services.conversations, services.commands, config.settings, ChannelStore.for_home(config.home), self.env,
-            clock=self.clock,
-        )  # fmt: skip
-        vars(intake).clear()
-        vars(intake).update(vars(fresh))
-        await intake.start()
+        if any(path.startswith("channels.") for path in live):  # bindings: read by the intake at each message
+            restarted = await services.channels.reconfigure(old.channels)
+            if restarted:
+                log.info("config reload: channel accounts restarted: %s", ", ".join(restarted))
 
     async def close(self) -> None:
         retired, self.retired = self.retired, []
