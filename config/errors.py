@@ -21,13 +21,16 @@ class NeotaskError(Exception):
     # True: "not now" (nothing stored; the same message sent again later can be), so a chat
     # connector leaves it for the platform's redelivery instead of dropping it
     transient: ClassVar[bool] = False
+    # True: the refusal means nothing was stored, and the body says so (``stored: false``) unless
+    # the raise says otherwise
+    unstored: ClassVar[bool] = False
 
     def __init__(self, message: str, **extra: Any) -> None:
         if "code" in extra:
             raise TypeError(f"no code= for {extra['code']!r}: raise the class of that code (config/errors.py)")
         super().__init__(message)
         self.message = message
-        self.extra: dict[str, Any] = extra
+        self.extra: dict[str, Any] = {"stored": False, **extra} if self.unstored else extra
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -216,6 +219,7 @@ class PayloadTooLarge(NeotaskError):
 
 class Busy(NeotaskError):
     status = 429
+    unstored = True
     transient = True
     code = "session_busy"
     doc = (
@@ -226,6 +230,7 @@ class Busy(NeotaskError):
 
 class TokenBudgetExhausted(NeotaskError):
     status = 429
+    unstored = True
     code = "token_budget_exhausted"
     doc = (
         "the agent's daily token budget (`agents.<id>.limits.tokens_per_day`) or this key's"
@@ -236,6 +241,7 @@ class TokenBudgetExhausted(NeotaskError):
 
 class TooManyBodyReads(NeotaskError):
     status = 429
+    unstored = True
     code = "too_many_body_reads"
     doc = (
         "this address already has `gateway.max_body_reads_per_peer` requests whose bodies are still arriving;"
@@ -275,8 +281,19 @@ class Unavailable(NeotaskError):
 class StorageUnavailable(Unavailable):
     """The store cannot write (read-only or refused): nothing was stored."""
 
+    unstored = True
     code = "storage_unavailable"
     doc = "the store cannot write (read-only or refused): nothing was stored; send again later"
+
+
+class DatabaseRefused(NeotaskError):
+    """The database of ``storage.postgres`` refused the connection at open (a password, a role, a
+    database, the address, TLS): a setting or the server must be fixed first (exit 78)."""
+
+    status = 503
+    code = "database_refused"
+    doc = "the database of `storage.postgres` refused the connection at start; the message names the setting to fix"
+    http = False
 
 
 class ChannelNotReady(Unavailable):
@@ -317,6 +334,7 @@ class InsufficientStorage(NeotaskError):
 
     status = 507
     transient = True
+    unstored = True
     code = "insufficient_storage"
     doc = (
         "the disk is full, or its free space is below `storage.min_free`: nothing was stored, nothing half"

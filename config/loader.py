@@ -129,15 +129,15 @@ def _is_key_path(path: list[str]) -> bool:
 
 
 def env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
-    """``NEOTASK_A__B=value`` → ``{"a": {"b": <yaml scalar>}}``; unknown names become warnings."""
+    """``NEOTASK_A__B=value`` → ``{"a": {"b": <yaml scalar>}}``; the names that are no key."""
     tree: dict[str, Any] = {}
-    warnings: list[str] = []
+    unknown: list[str] = []
     for name in sorted(env):
         if not name.startswith(ENV_PREFIX) or name in SPECIAL_ENV:
             continue
         path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
         if not all(path) or not _is_key_path(path):
-            warnings.append(f"ignoring {name}: it names no configuration key")
+            unknown.append(name)
             continue
         try:
             value = parse_yaml(env[name])
@@ -147,7 +147,19 @@ def env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
-    return tree, warnings
+    return tree, unknown
+
+
+def read_variables(data: Any) -> set[str]:
+    """The environment variables the settings read a secret from (every ``*_env`` key's value:
+    ``storage.postgres.password_env``, a bot's ``token_env``...)."""
+    if isinstance(data, dict):
+        return {v for k, v in data.items() if k.endswith("_env") and isinstance(v, str)} | {
+            name for value in data.values() for name in read_variables(value)
+        }
+    if isinstance(data, (list, tuple)):
+        return {name for value in data for name in read_variables(value)}
+    return set()
 
 
 def _with_agent_defaults(merged: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -206,9 +218,11 @@ def load_config(
         user = read_user_yaml(path)
     elif path is not None and not path.exists():
         path = None
-    env_tree, warnings = env_overrides(env)
+    env_tree, unknown = env_overrides(env)
     merged = deep_merge(deep_merge(deep_merge(defaults, user), env_tree), overrides or {})
     settings = build_settings(_with_agent_defaults(merged, defaults))
+    secrets = read_variables(settings.model_dump(mode="python"))  # NEOTASK_PG_PASSWORD is read, not a key
+    warnings = [f"ignoring {name}: it names no configuration key" for name in unknown if name not in secrets]
     for warning in warnings:
         log.warning(warning)
     return LoadedConfig(settings=settings, home=resolved_home, config_path=path, warnings=tuple(warnings))

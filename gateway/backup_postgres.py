@@ -36,7 +36,7 @@ async def online_snapshot(store: Any) -> Snapshot:
     from sessions.postgres.faults import unavailable
 
     await store.flush_entries()  # this process's coalesced entry changes, as a files backup takes them
-    with unavailable("nothing"):
+    with unavailable("nothing was stored"):
         async with store.pool.acquire() as conn:
             snapshot: Snapshot = await pg_bulk.dump(conn)
     return snapshot

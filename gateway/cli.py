@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from config.errors import ConfigError, NeotaskError
+from config.errors import ConfigError, DatabaseRefused, NeotaskError
 from gateway import cli_admin, cli_backup, cli_channels, cli_history, cli_jobs, cli_storage, exits, offline
 from gateway.cli_context import START_WAIT_S, Context
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
-    except DamagedState as exc:
+    except (DamagedState, DatabaseRefused) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_STATE
     except NeotaskError as exc:

@@ -9,13 +9,14 @@ printed on stderr as ``error: ...``), 1 when the doctor itself could not run (``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from config.errors import ConfigError
+from config.errors import ConfigError, DatabaseRefused
 from gateway import cli_history, exits, offline
 from gateway.tables import table as _table
 from sessions.files.damage import EXIT_STATE
@@ -31,6 +32,10 @@ def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None
     config = commands.add_parser("config", help="check or show the configuration")
     config_actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
     check = config_actions.add_parser("check", parents=both, help="validate the configuration as the daemon does")
+    check.add_argument(
+        "--connect", action="store_true",
+        help="also log in to the database of storage.postgres once (exit 78 with the setting to fix when refused)",
+    )  # fmt: skip
     check.set_defaults(handler=cmd_config_check)
     show = config_actions.add_parser(
         "show",
@@ -65,10 +70,25 @@ def cmd_config_check(ctx: Context) -> int:
             print(f"error: {exc.message}", file=sys.stderr)
         return exits.CONFIG
     source = str(config.config_path) if config.config_path else "defaults only (no config file)"
+    connected = None
+    if ctx.args.connect:
+        from sessions.backends import try_storage
+
+        try:
+            connected = asyncio.run(try_storage(config.settings, environ=ctx.env))
+        except DatabaseRefused as exc:
+            if ctx.as_json:
+                ctx.print_json({"ok": False, "error": exc.message})
+            else:
+                print(f"error: {exc.message}", file=sys.stderr)
+            return exits.STATE
     if ctx.as_json:
-        ctx.print_json({"ok": True, "config_path": source, "home": str(config.home), "warnings": warnings})
+        ctx.print_json({"ok": True, "config_path": source, "home": str(config.home), "warnings": warnings,
+                        "connected": connected})  # fmt: skip
         return EXIT_OK
     ctx.print(f"OK: {source}")
+    if connected:
+        ctx.print(connected)
     for warning in warnings:
         ctx.print(f"warning: {warning}")
     return EXIT_OK

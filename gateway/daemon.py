@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import iso, system_clock
-from config.errors import ConfigError
+from config.errors import ConfigError, DatabaseRefused
 from config.loader import LoadedConfig
 from config.redaction import SECRETS
 from config.settings import LoggingSettings
@@ -213,7 +213,7 @@ async def _serve(
     try:
         try:
             await runner.setup()  # cleanup contexts open here: the store recovers every active run
-        except DamagedState as exc:
+        except (DamagedState, DatabaseRefused) as exc:
             log.error("cannot start: %s", exc.message)
             return EXIT_STATE
         except ConfigError as exc:  # checked before start already; a check made while building

@@ -44,6 +44,17 @@ async def open_store(
     raise ConfigError(f"storage.backend {backend!r} is not served by this gateway yet; set storage.backend: files")
 
 
+async def try_storage(settings: Settings, *, environ: Mapping[str, str] | None = None) -> str:
+    """Whether the configured storage can be reached (``config check --connect``): one login to the
+    database for postgres (``DatabaseRefused`` naming the setting to fix); what was tried."""
+    if settings.storage.backend != "postgres":
+        return f"storage.backend {settings.storage.backend}: no database to connect to"
+    from sessions.postgres.store import try_login
+
+    await try_login(settings, os.environ if environ is None else environ)
+    return f"connected to {describe_backend(settings)}"
+
+
 def open_leadership(settings: Settings, *, environ: Mapping[str, str] | None = None) -> Leadership:
     """Who leads (``sessions.leadership``): the files backend's one process always; with postgres,
     the process holding the leader lock, checked every ``storage.postgres.leader_interval_s``."""

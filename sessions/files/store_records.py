@@ -277,7 +277,9 @@ class RecordStore(StoreBase):
         try:
             return await self.ledger.execute(work)
         except sqlite3.Error as exc:
-            raise StorageUnavailable(f"tasks.db cannot read or write the record ({exc}); try again shortly") from exc
+            refused = StorageUnavailable(f"tasks.db cannot read or write the record ({exc}); try again shortly")
+            del refused.extra["stored"]  # a record beside a message already stored: not known here
+            raise refused from exc
 
 def _known_keys(conn: sqlite3.Connection) -> list[KnownKey]:
     sql = "SELECT session_key, max(agent_id), max(chat_type) FROM tasks WHERE session_key IS NOT NULL GROUP BY 1"

@@ -78,7 +78,7 @@ class PgAppends(PgQueue):
         run = self.active_run(key)
         if run is None:
             return None
-        with unavailable("the lookup"):
+        with unavailable("nothing was stored"):
             row = await self.pool.fetchrow(
                 "SELECT m.seq, m.created_at, (SELECT r.record::text FROM messages r WHERE r.run_id = m.run_id"
                 " AND r.reply_to = m.seq AND r.record->'tool_calls' IS NULL ORDER BY r.seq LIMIT 1) AS reply"
@@ -115,7 +115,7 @@ class PgAppends(PgQueue):
             "WITH r AS (UPDATE runs SET next_tool_seq = greatest(next_tool_seq, $2::bigint + 1) WHERE run_id = $1"
             " RETURNING run_id) INSERT INTO tool_calls (run_id, seq, record) SELECT run_id, $2, $3::json FROM r"
         )
-        with unavailable("the tool call's record"):
+        with unavailable("the tool call's record was not stored"):
             await self.pool.execute(sql, run.run_id, record["seq"], encode(record)[:-1].decode())
         return record
 
@@ -125,7 +125,7 @@ class PgAppends(PgQueue):
             "WITH r AS (UPDATE runs SET next_plan_id = greatest(next_plan_id, $2::bigint + 1) WHERE run_id = $1"
             " RETURNING run_id) INSERT INTO plans (run_id, id, record) SELECT run_id, $2, $3::json FROM r"
         )
-        with unavailable("the plan"):
+        with unavailable("the plan was not stored"):
             await self.pool.execute(sql, run.run_id, record["id"], encode(dict(record))[:-1].decode())
         return record
 
@@ -137,7 +137,7 @@ class PgAppends(PgQueue):
         sets = ", ".join(f"{k} = {k} + ${i}" for i, k in enumerate(USAGE_KEYS, start=2))
         daily = DailyKey(usage_day(self.clock()), run.agent_id or "main", run.key)
         try:
-            with unavailable("the usage"):
+            with unavailable("the usage was not stored"):
                 async with self.pool.acquire() as conn, conn.transaction():
                     await conn.execute(f"UPDATE runs SET {sets} WHERE run_id = $1", run.run_id, *clean.values())
                     await add_daily(conn, daily, clean)
@@ -197,7 +197,7 @@ class PgAppends(PgQueue):
         """The context as the model will see it; with appends of the run queued, read after them."""
 
         async def _read() -> list[ContextLine]:
-            with unavailable("the context"):
+            with unavailable("the context was not stored"):
                 rows = await self.pool.fetch(
                     "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
                 )

@@ -98,7 +98,7 @@ class PgBase:
         bodies = {k: _encode_entry(e) for k in wanted if (e := self._entries.get(k)) is not None}
         gone = [k for k in wanted if k not in bodies]
         try:
-            with unavailable("the session's state"):
+            with unavailable("the session's state was not stored"):
                 async with self.pool.acquire() as conn, conn.transaction():
                     if bodies:
                         await conn.execute(

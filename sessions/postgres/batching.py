@@ -357,5 +357,6 @@ def unsure_commit(exc: BaseException) -> StorageUnavailable:
         " it may be stored; send it again shortly with the same client_message_id (stored once either way)",
         retry_after_s=RETRY_AFTER_S,
     )
+    del typed.extra["stored"]  # not known: the class's ``stored: false`` would invite a resend under a new id
     typed.__cause__ = exc
     return typed

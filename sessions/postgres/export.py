@@ -49,7 +49,7 @@ class PgRunReader:
             raise
 
     async def _fetch(self, sql: str, *args: Any) -> list[str]:
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             return [str(r[0]) for r in await self._store.pool.fetch(sql, self._run_id, *args)]
 
     def messages(self) -> Iterator[dict[str, Any]]:
@@ -79,7 +79,7 @@ _MESSAGES = "SELECT record::text FROM messages WHERE run_id = $1 AND seq > $2 OR
 class PgExport(PgBase):
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         """Every run of ``key`` oldest first (archived ones too: their rows stay), or the run ``run_id``."""
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             if run_id is not None:
                 rows = await self.pool.fetch(f"SELECT {_COLUMNS}, final_summary FROM runs WHERE run_id = $1", run_id)
             else:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import asyncpg
 
-from config.errors import InsufficientStorage, NeotaskError, StorageUnavailable
+from config.errors import ConfigError, DatabaseRefused, InsufficientStorage, NeotaskError, StorageUnavailable
 
 RETRY_AFTER_S = 1
 
@@ -32,32 +32,69 @@ LOST: tuple[type[BaseException], ...] = (
 )
 
 
-def database_error(exc: BaseException, what: str = "the message") -> NeotaskError | None:
-    """The typed error for ``exc``, or None when it is not a storage fault."""
+def database_error(exc: BaseException, outcome: str = "the message was not stored") -> NeotaskError | None:
+    """The typed error for ``exc``, or None when it is not a storage fault; ``outcome`` says in
+    plain words what did not happen ("the message was not stored", "nothing was read")."""
     if isinstance(exc, asyncpg.DiskFullError):
         return InsufficientStorage(
-            f"the database server's disk is full ({exc}): {what} was not stored; free some space and send it again",
+            f"the database server's disk is full ({exc}): {outcome}; free some space and try again",
             stored=False,
         )
     if isinstance(exc, LOST):
         reason = str(exc) or type(exc).__name__
         return StorageUnavailable(
-            f"the database cannot be reached ({reason}): {what} was not stored; send it again shortly",
+            f"the database cannot be reached ({reason}): {outcome}; try again shortly",
             stored=False,
             retry_after_s=RETRY_AFTER_S,
         )
     return None
 
 
+def refused_at_open(exc: BaseException, where: str, password_env: str) -> NeotaskError | None:
+    """What a first connection's failure asks the operator to fix, in one line naming the setting
+    (``where``: the DSN without its password), or None when it is not a connection failure."""
+    user, _, rest = where.partition("://")[2].rpartition("@")
+    database = rest.partition("/")[2].partition("?")[0] or user
+    if isinstance(exc, asyncpg.InvalidPasswordError):
+        return DatabaseRefused(
+            f"{where}: the database refused the password of user {user!r}: put the right one in the environment"
+            f" variable {password_env} (storage.postgres.password_env)"
+        )
+    if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+        return DatabaseRefused(
+            f"{where}: the database refused the login ({exc}): fix the user in storage.postgres.dsn, or create the"
+            f" role (CREATE ROLE {user} LOGIN PASSWORD '...') and let it in through pg_hba.conf"
+        )
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):
+        return DatabaseRefused(
+            f"{where}: database {database!r} does not exist: create it (createdb -O {user} {database}) or fix the"
+            " database name in storage.postgres.dsn"
+        )
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return ConfigError(f"storage.postgres.dsn is not a usable DSN ({exc}): fix it, e.g. postgresql://neotask@127.0.0.1:5432/neotask")
+    if isinstance(exc, OSError) and "SSL" in str(exc):
+        return DatabaseRefused(
+            f"{where}: the server does not speak TLS ({exc}): turn ssl on in the server, or set sslmode=prefer"
+            " (or disable) in storage.postgres.dsn"
+        )
+    if isinstance(exc, LOST):
+        reason = str(exc) or type(exc).__name__
+        return DatabaseRefused(
+            f"{where}: the database cannot be reached ({reason}): start the server, or fix the host and port in"
+            " storage.postgres.dsn"
+        )
+    return None
+
+
 @contextlib.contextmanager
-def unavailable(what: str = "the message") -> Iterator[None]:
+def unavailable(outcome: str = "the message was not stored") -> Iterator[None]:
     """Turn a storage fault raised inside into its typed error."""
     try:
         yield
     except NeotaskError:
         raise
     except Exception as exc:
-        typed = database_error(exc, what)
+        typed = database_error(exc, outcome)
         if typed is None:
             raise
         raise typed from exc

@@ -130,7 +130,7 @@ class PgHistoryIndex:
         ``rebuild_history`` fills it), as the files index says it was created."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="pg-history-index")
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             empty = await self.pool.fetchval("SELECT NOT EXISTS (SELECT 1 FROM history)")
             stored = await self.pool.fetchval("SELECT EXISTS (SELECT 1 FROM messages)")
         return bool(empty and stored)
@@ -180,7 +180,7 @@ class PgHistoryIndex:
     async def insert(self, rows: list[Row]) -> int:
         if not rows:
             return 0
-        with unavailable("the history rows"):
+        with unavailable("the history rows were not stored"):
             status = await self.pool.execute(_INSERT, *_columns(rows))
         inserted = int(status.split()[-1])
         self.stats.indexed += inserted
@@ -189,14 +189,14 @@ class PgHistoryIndex:
 
     async def delete_runs(self, run_ids: Iterable[str]) -> int:
         ids = list(run_ids)
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             status = await self.pool.execute("DELETE FROM history WHERE run_id = ANY($1::text[])", ids)
         deleted = int(status.split()[-1])
         self.stats.deleted += deleted
         return deleted
 
     async def delete_key(self, key: str) -> int:
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             status = await self.pool.execute("DELETE FROM history WHERE session_key = $1", key)
         deleted = int(status.split()[-1])
         self.stats.deleted += deleted
@@ -204,12 +204,12 @@ class PgHistoryIndex:
 
     async def scrub(self) -> None:
         """Deleted rows are gone from every query at commit; VACUUM then frees their space."""
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             await self.pool.execute("VACUUM history")
 
     async def catch_up(self) -> int:
         """Index every stored message the index lacks; the number of rows added."""
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             stored = await self.pool.fetch(_UNINDEXED)
         rows = [r for r in (row_values(s[0], s[1], s[2], json.loads(s[3])) for s in stored) if r is not None]
         added = 0
@@ -219,7 +219,7 @@ class PgHistoryIndex:
 
     async def rebuild(self) -> int:
         """Empty the index and index every stored message again."""
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             await self.pool.execute("DELETE FROM history")
         self.stats.rebuilt_runs += 1
         return await self.catch_up()
@@ -229,13 +229,13 @@ class PgHistoryIndex:
         findings: list[dict[str, Any]] = []
         with contextlib.suppress(TimeoutError):  # rows in flight are not holes (a database away: they are)
             await asyncio.wait_for(self.flush(), timeout=FLUSH_WAIT_S)
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             stale = int(await self.pool.fetchval(_STALE))
             stored = await self.pool.fetch(_UNINDEXED)
         lacking = [r for r in (row_values(s[0], s[1], s[2], json.loads(s[3])) for s in stored) if r is not None]
         if stale:
             if fix:
-                with unavailable("nothing"):
+                with unavailable("nothing was stored"):
                     await self.pool.execute(_DELETE_STALE)
             findings.append(_finding("history_stale", f"{stale} index row(s) have no stored message",
                                      "delete their index rows", fix))  # fmt: skip
@@ -277,7 +277,7 @@ class PgHistoryIndex:
             f" ts_rank(h.body, q.q) AS score FROM history h, (SELECT {tsquery}) AS q(q) WHERE {' AND '.join(clauses)}"
             f" ORDER BY score DESC, h.id DESC LIMIT ${len(params) - 1} OFFSET ${len(params)}"
         )
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             rows = await self.pool.fetch(sql, *params)
         return [
             HistoryHit(
@@ -295,15 +295,15 @@ class PgHistoryIndex:
         ]
 
     async def count(self) -> int:
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             return int(await self.pool.fetchval("SELECT count(*) FROM history"))
 
     async def seqs(self, run_id: str) -> set[int]:
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             return {int(r[0]) for r in await self.pool.fetch("SELECT seq FROM history WHERE run_id = $1", run_id)}
 
     async def run_ids(self) -> set[str]:
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             return {r[0] for r in await self.pool.fetch("SELECT DISTINCT run_id FROM history")}
 
 

@@ -286,7 +286,7 @@ class KeyLeases:
             lease.conn = None
             if not lease.ready.done():  # a lost database is the typed 503 its users answer
                 stopped = self._closing or not isinstance(exc, Exception)
-                lease.ready.set_exception(database_error(exc, "the message") or (_shutting_down() if stopped else exc))
+                lease.ready.set_exception(database_error(exc) or (_shutting_down() if stopped else exc))
                 lease.ready.exception()  # retrieved: every user re-raises it
             if self._leases.get(key) is lease and lease.users == 0:
                 self._forget(key)
@@ -474,7 +474,7 @@ class TurnLock(asyncio.Lock):
             try:
                 conn = await self._pool.acquire()
             except Exception as exc:  # a lost database is the typed 503 the post answers
-                raise (database_error(exc, "the message") or exc) from exc
+                raise (database_error(exc) or exc) from exc
             try:
                 lock = turn_lock_id(self._key)
                 if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock):
@@ -493,7 +493,7 @@ class TurnLock(asyncio.Lock):
                 await self._leases.reread(self._key)  # (usage, tool records) may have changed
             except Exception as exc:
                 self._give_back()
-                typed = database_error(exc, "the message")
+                typed = database_error(exc)
                 if typed is None:
                     raise
                 raise typed from exc

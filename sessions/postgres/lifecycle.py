@@ -64,11 +64,11 @@ class PgLifecycle(PgRecords):
             metadata |= {"label": entry.label, "settings": entry.settings}
         stale = self._undiscarded.get(key)
         if stale is not None:  # its row still holds the key's one active place: it goes first
-            with unavailable("the message"):
+            with unavailable("the message was not stored"):
                 await self.pool.execute("DELETE FROM runs WHERE run_id = $1 AND opening AND next_seq = 1", stale)
             del self._undiscarded[key]
         try:
-            with unavailable("the message"):
+            with unavailable("the message was not stored"):
                 await self.pool.execute(
                     "INSERT INTO runs (run_id, session_key, status, task_type, task_identifier, repository, \"user\","
                     " created_at, updated_at, metadata, agent_id, channel, chat_type, parent_uuid, pinned, opening)"
@@ -101,7 +101,7 @@ class PgLifecycle(PgRecords):
             else:
                 idle_entry(entry)
         try:
-            with unavailable("the discarded run"):
+            with unavailable("the discarded run was not stored"):
                 await self.pool.execute("DELETE FROM runs WHERE run_id = $1", run.run_id)
             await self.flush_entries(run.key)
         except Exception as exc:  # an opening run with no message: the key's next start or start-up removes it
@@ -134,7 +134,7 @@ class PgLifecycle(PgRecords):
         after = dataclasses.replace(entry, status=status, updated_at=now) if entry is not None else None
         extra = run_stats(run) if stats else {}
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(extra, start=4))
-        with unavailable("the change"):
+        with unavailable("the change was not stored"):
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(
                     f"UPDATE runs SET status = $2, updated_at = $3{', ' + sets if sets else ''} WHERE run_id = $1",
@@ -181,7 +181,7 @@ class PgLifecycle(PgRecords):
             end_entry(after, run.run_id, now)
         stats = run_stats(run)
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(stats, start=8))
-        with unavailable("the run's completion"):
+        with unavailable("the run's completion was not stored"):
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(
                     f"UPDATE runs SET status = $2, completed_at = $3, updated_at = $3, error_message = $4,"
@@ -213,7 +213,7 @@ class PgLifecycle(PgRecords):
         if self.active_run(key) is not None:
             completed = (await self.complete(key, reason="delete")).run_id
         self._entries.pop(key, None)
-        with unavailable("the deletion"):  # a new session on the key inherits nothing of these runs
+        with unavailable("the deletion was not stored"):  # a new session on the key inherits nothing of these runs
             await self.pool.execute("UPDATE runs SET inherit = false WHERE session_key = $1", key)
         await self.flush_entries(key)
         return completed
@@ -230,7 +230,7 @@ class PgLifecycle(PgRecords):
         entry = self.require_entry(key)
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
-            with unavailable("the change"):
+            with unavailable("the change was not stored"):
                 await self.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
         relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
         entry.updated_at = iso(self.clock())

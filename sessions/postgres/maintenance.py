@@ -31,14 +31,14 @@ class PgMaintenance(PgLifecycle):
         """Erase ``key`` for good (``SessionNotFound`` when neither an entry nor a run of it exists);
         the tombstone ``{session_key, deleted_at, runs, messages}``. ``history`` (the index) needs
         nothing: its rows go with the runs. The caller holds the key's lock."""
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             rows = await self.pool.fetch("SELECT run_id, total_messages FROM runs WHERE session_key = $1", key)
         if self.entry(key) is None and not rows:
             raise SessionNotFound(f"no session or run with key {key!r}")
         if self.active_run(key) is not None:
             await self.complete(key, reason="purge", summarize=False)
         stamp = iso(self.clock())
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             async with self.pool.acquire() as conn, conn.transaction():
                 rows = await conn.fetch("DELETE FROM runs WHERE session_key = $1 RETURNING run_id, total_messages", key)
                 for table in KEYED_TABLES:
@@ -64,7 +64,7 @@ class PgMaintenance(PgLifecycle):
 
     async def tombstones(self, key: str | None = None) -> list[StoredRecord]:
         sql = "SELECT session_key, run_id, purged_at FROM purge_tombstones"
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             rows = await (self.pool.fetch(sql + " WHERE session_key = $1 ORDER BY id", key) if key is not None
                           else self.pool.fetch(sql + " ORDER BY id"))  # fmt: skip
         return [dict(r) for r in rows]
@@ -84,7 +84,7 @@ class PgMaintenance(PgLifecycle):
         run's row archived (its rows stay, readable; no tar.gz on this backend), ``delete_archive``
         deletes the run's rows (its messages, records and index rows with them); expired
         idempotency and webhook delivery records are forgotten."""
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             rows = await self.pool.fetch(_FACTS)
         runs, archived = [], []
         for row in rows:
@@ -115,17 +115,17 @@ class PgMaintenance(PgLifecycle):
                 if action.session_key and self.active_run(action.session_key) is not None:
                     await complete(action.session_key)
             elif action.kind == "archive":
-                with unavailable("nothing"):
+                with unavailable("nothing was stored"):
                     await self.pool.execute(
                         "UPDATE runs SET archived_at = $2 WHERE run_id = $1", action.run_id, iso(self.clock())
                     )
                 if step is not None:
                     step("recorded")
             else:
-                with unavailable("nothing"):
+                with unavailable("nothing was stored"):
                     await self.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
             report.append({**_describe(action), "done": True})
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             keys = await self.pool.execute(
                 "DELETE FROM idempotency WHERE created_at < $1", iso(now - timedelta(days=IDEMPOTENCY_DAYS))
             )
@@ -144,7 +144,7 @@ class PgMaintenance(PgLifecycle):
         constraint), entries naming no active run.
         Archives (tar.gz) and run folders are files-only: nothing to check here."""
         findings: list[StoredRecord] = []
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             gaps = await self.pool.fetch(_GAPS)
             doubled = await self.pool.fetch(_DOUBLED)
         for row in gaps:

@@ -57,7 +57,7 @@ _RECORDS: dict[RecordKind, tuple[str, str]] = {
 
 class PgReads(PgAppends):
     async def get_run(self, run_id: str) -> RunRow | None:
-        with unavailable("the read"):
+        with unavailable("nothing was read"):
             row = await self.pool.fetchrow(f"{SELECT_RUN} WHERE run_id = $1", run_id)
         return cast(RunRow, dict(row)) if row is not None else None
 
@@ -84,13 +84,13 @@ class PgReads(PgAppends):
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         values.append(limit)
         sql = f"{SELECT_RUN} {where} ORDER BY created_at DESC, run_id DESC LIMIT ${len(values)}"
-        with unavailable("the read"):
+        with unavailable("nothing was read"):
             rows = await self.pool.fetch(sql, *values)
         return [cast(RunRow, dict(row)) for row in rows]
 
     async def known_keys(self) -> list[KnownKey]:
         sql = "SELECT session_key, max(agent_id), max(chat_type) FROM runs WHERE session_key IS NOT NULL GROUP BY 1"
-        with unavailable("the read"):
+        with unavailable("nothing was read"):
             rows = await self.pool.fetch(sql)
         return [KnownKey(r[0], r[1], r[2]) for r in rows]
 
@@ -116,13 +116,13 @@ class PgReads(PgAppends):
             f"{SELECT_RUN} WHERE status IN ('completed', 'failed') AND completed_at >= $1 AND inherit AND ({match})"
             " ORDER BY completed_at DESC, created_at DESC"
         )
-        with unavailable("the read"):
+        with unavailable("nothing was read"):
             rows = await self.pool.fetch(sql, *values)
         return [cast(RunRow, dict(row)) for row in rows]
 
     async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[StoredRecord]:
         await self.require_run(run_id)
-        with unavailable("the read"):
+        with unavailable("nothing was read"):
             rows = await self.pool.fetch(
                 "SELECT record::text FROM messages WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
                 run_id,
@@ -134,12 +134,12 @@ class PgReads(PgAppends):
     async def read_records(self, run_id: str, kind: RecordKind) -> list[StoredRecord]:
         await self.require_run(run_id)
         table, order = _RECORDS[kind]
-        with unavailable("the read"):
+        with unavailable("nothing was read"):
             rows = await self.pool.fetch(f"SELECT record::text FROM {table} WHERE run_id = $1 ORDER BY {order}", run_id)
         return [json.loads(row[0]) for row in rows]
 
     async def read_final_summary(self, run_id: str) -> str | None:
         await self.require_run(run_id)
-        with unavailable("the read"):
+        with unavailable("nothing was read"):
             text = await self.pool.fetchval("SELECT final_summary FROM runs WHERE run_id = $1", run_id)
         return str(text) if text is not None else None

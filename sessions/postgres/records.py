@@ -20,7 +20,7 @@ class PgRecords(PgReads, PgUsage):
     # -- idempotency ----------------------------------------------------------------------------
 
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
-        with unavailable("the lookup"):
+        with unavailable("nothing was stored"):
             row = await self.pool.fetchrow(
                 "SELECT run_id, message_seq, response FROM idempotency"
                 " WHERE session_key = $1 AND client_message_id = $2 AND created_at >= $3",
@@ -44,13 +44,13 @@ class PgRecords(PgReads, PgUsage):
     async def _save_idempotency(
         self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str
     ) -> None:
-        with unavailable("the idempotency record"):
+        with unavailable("the idempotency record was not stored"):
             await self.pool.execute(_SAVE_IDEMPOTENCY + update, key, cmid, iso(self.clock()), run_id, seq, response)
 
     # -- webhook deliveries ---------------------------------------------------------------------
 
     async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
-        with unavailable("the lookup"):
+        with unavailable("nothing was stored"):
             row = await self.pool.fetchrow(
                 "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = $1", delivery_id
             )
@@ -60,7 +60,7 @@ class PgRecords(PgReads, PgUsage):
         self, delivery_id: str, hook: str, *, session_key: str | None, message_seq: int | None
     ) -> None:
         """Remember a delivery id (the first record of an id wins)."""
-        with unavailable("the delivery record"):
+        with unavailable("the delivery record was not stored"):
             await self.pool.execute(
                 "INSERT INTO hook_deliveries (delivery_id, hook, created_at, session_key, message_seq)"
                 " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (delivery_id) DO NOTHING",
@@ -70,7 +70,7 @@ class PgRecords(PgReads, PgUsage):
     # -- the OpenAI-compatible routes' records --------------------------------------------------
 
     async def compat_conversation(self, key: str) -> CompatConversation | None:
-        with unavailable("the lookup"):
+        with unavailable("nothing was stored"):
             row = await self.pool.fetchrow(
                 "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
                 " FROM openai_conversations WHERE session_key = $1",
@@ -79,7 +79,7 @@ class PgRecords(PgReads, PgUsage):
         return CompatConversation(*row) if row else None
 
     async def save_compat_conversation(self, key: str, record: CompatConversation) -> None:
-        with unavailable("the conversation record"):
+        with unavailable("the conversation record was not stored"):
             await self.pool.execute(
                 "INSERT INTO openai_conversations (session_key, epoch, base_count, request_count, request_digest,"
                 " answered_count, answered_digest, answer, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
@@ -92,7 +92,7 @@ class PgRecords(PgReads, PgUsage):
             )  # fmt: skip
 
     async def compat_response(self, response_id: str) -> ResponseRef | None:
-        with unavailable("the lookup"):
+        with unavailable("nothing was stored"):
             row = await self.pool.fetchrow(
                 "SELECT response_id, session_key, run_id, seq FROM openai_responses WHERE response_id = $1",
                 response_id,
@@ -100,14 +100,14 @@ class PgRecords(PgReads, PgUsage):
         return ResponseRef(*row) if row else None
 
     async def latest_compat_response(self, key: str) -> str | None:
-        with unavailable("the lookup"):
+        with unavailable("nothing was stored"):
             value = await self.pool.fetchval(
                 "SELECT response_id FROM openai_responses WHERE session_key = $1 ORDER BY ord DESC LIMIT 1", key
             )
         return str(value) if value is not None else None
 
     async def save_compat_response(self, ref: ResponseRef) -> None:
-        with unavailable("the response record"):
+        with unavailable("the response record was not stored"):
             await self.pool.execute(
                 "INSERT INTO openai_responses (response_id, session_key, run_id, seq, created_at)"
                 " VALUES ($1, $2, $3, $4, $5)",

@@ -17,7 +17,7 @@ from sessions.rewrites import Compaction, ContextChange, compacted, to_undo, tok
 
 
 async def apply_change(pool: asyncpg.Pool, run: RunState, change: ContextChange) -> ContextRewrite | None:
-    with unavailable("the compaction"):
+    with unavailable("the compaction was not stored"):
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", run.run_id)
             current = [

@@ -19,7 +19,7 @@ from sessions.files.history import MAX_BATCH
 from sessions.history_index import HistoryIndexProtocol, own_index
 from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
 from sessions.postgres.export import PgExport
-from sessions.postgres.faults import unavailable
+from sessions.postgres.faults import refused_at_open, unavailable
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.maintenance import PgMaintenance
 from sessions.postgres.schema import migrate
@@ -82,8 +82,13 @@ class PgStore(PgShared, PgMaintenance, PgExport):
         """``shared``: other gateway processes use the database at the same time (``gateway.workers``
         above 1): keys are leased (``sessions.postgres.shared``)."""
         where = redact(dsn)
-        with unavailable("nothing"):
+        try:
             pool = await asyncpg.create_pool(dsn, password=password, min_size=1, max_size=pool_size, reset=keep_session)
+        except Exception as exc:  # a first connection: what the operator must fix, in one line
+            typed = refused_at_open(exc, where, settings.storage.postgres.password_env)
+            if typed is None:
+                raise
+            raise typed from None
         store = cls(settings, clock=clock, pool=pool, where=where, hooks=hooks or StoreHooks())
         try:
             async with pool.acquire() as conn:
@@ -122,7 +127,7 @@ class PgStore(PgShared, PgMaintenance, PgExport):
         return await own_index(index, PgHistoryIndex).check(fix=fix)
 
     async def _recover(self, *, shared: bool = False) -> None:
-        with unavailable("nothing"):
+        with unavailable("nothing was stored"):
             async with self.pool.acquire() as conn:
                 # a start that never stored its first message (a crash, a failed append) leaves nothing;
                 # shared, such a run may be another process's start under way: the key's next message uses it
@@ -184,6 +189,20 @@ async def open_from_settings(
         settings, dsn=dsn, password=password, clock=clock, hooks=hooks, pool_size=settings.storage.postgres.pool_size,
         shared=shared_keys(settings),
     )  # fmt: skip
+
+
+async def try_login(settings: Settings, environ: Mapping[str, str]) -> None:
+    """One login to the database of ``storage.postgres`` (nothing read or changed), for
+    ``config check --connect``: ``DatabaseRefused`` naming the setting to fix when it fails."""
+    dsn, password = connection_options(settings.storage.postgres, environ)
+    try:
+        conn = await asyncpg.connect(dsn, password=password, timeout=10)
+    except Exception as exc:
+        typed = refused_at_open(exc, redact(dsn), settings.storage.postgres.password_env)
+        if typed is None:
+            raise
+        raise typed from None
+    await conn.close()
 
 
 def shared_keys(settings: Settings) -> bool:

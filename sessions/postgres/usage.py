@@ -69,12 +69,12 @@ class PgUsage(PgBase):
         sums = ", ".join(f"SUM({k})::bigint AS {k}" for k in USAGE_COLUMNS)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT {columns}, {sums} FROM usage_daily {where} GROUP BY {columns} ORDER BY {columns}"
-        with unavailable("the usage"):
+        with unavailable("nothing was read"):
             rows = await self.pool.fetch(sql, *values)
         return [daily_row(r["day"], r.get("agent_id"), r.get("session_key"), dict(r)) for r in rows]
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
-        with unavailable("the usage"):
+        with unavailable("the message was not stored"):  # its budget could not be checked
             row = await self.pool.fetchrow(
                 "SELECT COALESCE(SUM(input_tokens + output_tokens), 0)::bigint,"
                 " COALESCE(SUM(CASE WHEN session_key = $3 THEN input_tokens + output_tokens ELSE 0 END), 0)::bigint"

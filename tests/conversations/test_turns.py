@@ -188,7 +188,8 @@ async def test_too_many_waiting_turns_get_429_and_write_nothing(
             while queue.waiting("agent:main:main") < i:
                 await asyncio.sleep(0.01)
     busy = await client.post(f"{MAIN}/messages", json={"content": "one too many"})
-    assert busy.status == 429 and (await busy.json())["error"]["code"] == "session_busy"
+    busy_error = (await busy.json())["error"]
+    assert busy.status == 429 and busy_error["code"] == "session_busy" and busy_error["stored"] is False
     assert busy.headers["Retry-After"] == "1"
     gate.set()
     store_only = await client.post(f"{MAIN}/messages", json={"content": "no turn", "reply": False})

@@ -82,6 +82,7 @@ async def test_a_real_daemon_below_min_free_refuses_messages_then_accepts_them(t
                 body = await resp.json()
                 assert resp.status == 507, body
                 assert body["error"]["code"] == "insufficient_storage" and body["error"]["request_id"]
+                assert body["error"]["stored"] is False
                 assert "storage.min_free" in body["error"]["message"] and "not stored" in body["error"]["message"]
         assert messages.read_bytes() == before  # nothing written
         async with http.get(f"{d.url}/v1/sessions/{key}") as resp:

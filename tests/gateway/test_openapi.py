@@ -23,7 +23,7 @@ from gateway.contract import operation_of
 
 Client = TestClient[Any, Any]
 # raised at start-up or by the CLI, never answered
-NOT_HTTP = {"invalid_config", "gateway_running", "damaged_state", "home_not_empty"}
+NOT_HTTP = {"invalid_config", "gateway_running", "damaged_state", "home_not_empty", "database_refused"}
 # Answerable, but no route lists them: `unavailable` comes from the connection cap (before any route), `conflict`
 # is a family nothing raises as such, and the others are guards a route checks first (memory routes refuse an
 # unknown agent as invalid_field; a turn never starts a run over an active one).

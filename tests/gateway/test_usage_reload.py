@@ -69,4 +69,5 @@ async def test_budgets_usage_limits_and_fallbacks_follow_a_reload(client: Client
     assert [link.provider.settings.name for link in chain.links] == ["model-a", "model-b"]
     resp = await client.post("/v1/sessions/agent%3Amain%3Amain/messages", json={"content": "hi"}, headers=AUTH)
     assert resp.status == 429, await resp.text()
-    assert (await resp.json())["error"]["code"] == "token_budget_exhausted"
+    error = (await resp.json())["error"]
+    assert error["code"] == "token_budget_exhausted" and error["stored"] is False  # a client knows to send again
