@@ -30,7 +30,7 @@ from pathlib import Path
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
-from gateway import eventloop
+from gateway import eventloop, exits
 from gateway.places import url_for, version
 from sessions.files.jsonl import write_json_atomic
 from sessions.files.layout import Home
@@ -221,7 +221,10 @@ class Supervisor:
                     return await self._stop_all(0)
                 if not (ready.done() and ready.result()):
                     log.error("worker %d did not start (see the lines above); stopping the others", worker.index)
-                    return await self._stop_all(1)
+                    status = None  # a bad configuration or a refused database: the supervisor exits as it did
+                    with contextlib.suppress(TimeoutError):
+                        status = await asyncio.wait_for(worker.proc.wait(), KILL_MARGIN_S)
+                    return await self._stop_all(status if status in (exits.CONFIG, exits.STATE) else 1)
             watchers = [loop.create_task(self.watch(w)) for w in self.workers]
             url = _url(self.host, self.port)
             info = {
