@@ -30,6 +30,7 @@ from pathlib import Path
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
+from conversations.log_context import EVERY_ONE
 from gateway import eventloop, exits
 from gateway.places import url_for, version
 from sessions.files.jsonl import write_json_atomic
@@ -154,7 +155,7 @@ class Supervisor:
                 future.set_result(said.startswith(b"ready"))
 
         self._track(loop.create_task(wait_ready(worker.ready)))
-        log.info("worker %d started (pid %d)", worker.index, worker.proc.pid)
+        log.info("worker %d started (pid %d)", worker.index, worker.proc.pid, extra=EVERY_ONE)  # each is written
 
     def _track(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)
@@ -173,7 +174,7 @@ class Supervisor:
                 worker.backoff = RESTART_FIRST_S
             log.warning(
                 "worker %d (pid %d) exited with status %d after %.1f s: starting it again in %.1f s",
-                worker.index, worker.proc.pid, status, ran, worker.backoff,
+                worker.index, worker.proc.pid, status, ran, worker.backoff, extra=EVERY_ONE,
             )  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), worker.backoff)
