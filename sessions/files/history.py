@@ -41,6 +41,7 @@ from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.history_index import HistoryStats as HistoryStats  # declared backend-neutral there
 from sessions.history_text import CJK_RUN, index_text, indexable, message_text
+from sessions.history_words import TOKENIZER
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,7 +63,7 @@ SCHEMA = (
     )""",
     "CREATE INDEX idx_messages_key ON messages(session_key)",
     "CREATE INDEX idx_messages_time ON messages(timestamp)",
-    "CREATE VIRTUAL TABLE fts USING fts5(body, content='', tokenize='porter unicode61 remove_diacritics 2')",
+    f"CREATE VIRTUAL TABLE fts USING fts5(body, content='', tokenize='{TOKENIZER}')",
     MARKS_TABLE,
 )
 MAX_BATCH = 2000

@@ -1,6 +1,9 @@
 """The history index on PostgreSQL: the ``history`` table (one row per indexed message, with a
 ``tsvector`` of the ``simple`` configuration under a GIN index), fed in batches after each durable
-append, searched with the files backend's rules (``sessions.history_text``).
+append, searched with the files backend's rules (``sessions.history_text``). The text handed to
+``to_tsvector`` is the words the files index's FTS5 tokenizer makes of it (``sessions.history_words``:
+URLs, addresses, hosts, paths and versions split into words, Porter stems, accents folded), and so
+are the words of a query: both backends find the same messages.
 
 CJK text takes the files backend's path: each run of kana, kanji or hangul is indexed as its
 overlapping character bigrams (``index_text``), which PostgreSQL's parser sees as words; a query of
@@ -26,6 +29,7 @@ import asyncpg
 from sessions.files.history import MAX_BATCH, HistoryStats, row_values
 from sessions.files.history_search import HistoryHit, HistoryQuery
 from sessions.history_text import index_text, query_terms, snippet
+from sessions.history_words import words as fts5_words
 from sessions.postgres.faults import unavailable
 
 log = logging.getLogger(__name__)
@@ -83,7 +87,9 @@ def tsquery_sql(q: str, first: int) -> tuple[str, list[str]] | None:
     words, runs = query_terms(q)
     parts: list[str] = []
     values: list[str] = []
-    for word in words:
+    for word in fts5_words().of(words):  # as the index holds it: stemmed, accents folded
+        if not word:
+            continue
         values.append(word)
         parts.append(f"plainto_tsquery('simple', ${first + len(values) - 1})")
     for run in runs:
@@ -99,13 +105,13 @@ def tsquery_sql(q: str, first: int) -> tuple[str, list[str]] | None:
 
 
 def _columns(rows: list[Row]) -> list[list[Any]]:
-    """The batch as the INSERT's arrays (the last one the text handed to the parser)."""
+    """The batch as the INSERT's arrays (the last one the words handed to the parser: SQLite's
+    tokenizer runs here, so a batch is built in a thread)."""
     columns: list[list[Any]] = [[] for _ in range(9)]
-    for run_id, seq, key, agent_id, role, timestamp, tool, content in rows:
+    bodies = fts5_words().of([index_text(row[7]) for row in rows])
+    for (run_id, seq, key, agent_id, role, timestamp, tool, content), body in zip(rows, bodies, strict=True):
         for column, value in zip(
-            columns,
-            (run_id, seq, key, agent_id, role, timestamp, bool(tool), content, index_text(content)),
-            strict=True,
+            columns, (run_id, seq, key, agent_id, role, timestamp, bool(tool), content, body), strict=True
         ):
             column.append(value)
     return columns
@@ -180,8 +186,9 @@ class PgHistoryIndex:
     async def insert(self, rows: list[Row]) -> int:
         if not rows:
             return 0
+        columns = await asyncio.to_thread(_columns, rows)
         with unavailable("the history rows were not stored"):
-            status = await self.pool.execute(_INSERT, *_columns(rows))
+            status = await self.pool.execute(_INSERT, *columns)
         inserted = int(status.split()[-1])
         self.stats.indexed += inserted
         self.stats.batches += 1

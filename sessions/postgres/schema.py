@@ -169,6 +169,12 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 5: the scheduled firings a leader has claimed (a cron firing runs once across a takeover)
     CLAIMS_MIGRATION,
+    # 6: the history index holds the words of the files index's tokenizer (sessions.history_words):
+    # the rows indexed before are emptied, and the next open rebuilds them (the index is empty while
+    # messages are stored)
+    """
+    DELETE FROM history;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -25,7 +25,7 @@ from tests.sessions.helpers import open_store as open_files_store
 from tests.sessions.helpers import settings_with
 from tests.support.postgres import DATABASE, PgServer, empty_database
 
-A, B = "agent:main:a", "agent:ops:b"
+A, B, C = "agent:main:a", "agent:ops:b", "agent:main:c"
 MESSAGES: list[tuple[str, str, NewMessage]] = [
     (A, "main", NewMessage("user", "明日の会議は何時からですか")),
     (A, "main", NewMessage("assistant", "The budget meeting starts at ten; 会議室は三階です。")),
@@ -34,6 +34,16 @@ MESSAGES: list[tuple[str, str, NewMessage]] = [
     (B, "ops", NewMessage("user", "Deploy the budget dashboard to staging")),
     (B, "ops", NewMessage("assistant", "予算の資料を送りました")),
     (B, "ops", NewMessage("user", "what does 'a OR b' mean in a query?")),
+    # what PostgreSQL's own parser keeps whole (URLs, addresses, hosts, paths, versions) or leaves
+    # unstemmed and unfolded; the files index's tokenizer splits, stems and folds them
+    (C, "main", NewMessage("user", "The runbook is at https://wiki.example.com/ops/runbook-v2.html#restore")),
+    (C, "main", NewMessage("assistant", "Mail alice.smith@example.org or page oncall-bot@ops.example.net")),
+    (C, "main", NewMessage("user", "db-primary-03.eu-west.internal is down; failover to db-replica-07")),
+    (C, "main", NewMessage("assistant", "Edit /etc/neotask/config.yaml and ~/notes/2026-12-01.md then restart")),
+    (C, "main", NewMessage("user", "We upgraded from v1.9.12 to 2.0.0-rc.3 (python3.11, x86_64)")),
+    (C, "main", NewMessage("assistant", "We decided to postpone; the deciding vote was running late, decisions later")),
+    (C, "main", NewMessage("user", "Meet at the Café Müller in Zürich, crème brûlée after; naïve résumé")),
+    (C, "main", NewMessage("assistant", "東京のオフィスは https://rooms.example.jp/tokyo で予約済みです")),
 ]
 QUERIES = [
     HistoryQuery(q="会議"),
@@ -53,6 +63,42 @@ QUERIES = [
     HistoryQuery(q="a OR b"),  # operators are words
     HistoryQuery(q="\"'():*&|!"),  # no term at all
     HistoryQuery(q="nothing-like-this"),
+    HistoryQuery(q="runbook"),  # a word inside a URL
+    HistoryQuery(q="wiki"),
+    HistoryQuery(q="example"),
+    HistoryQuery(q="html"),
+    HistoryQuery(q="restore"),
+    HistoryQuery(q="https://wiki.example.com/ops/runbook-v2.html"),  # the URL itself
+    HistoryQuery(q="alice"),  # a part of an e-mail address
+    HistoryQuery(q="alice.smith@example.org"),
+    HistoryQuery(q="oncall"),
+    HistoryQuery(q="eu-west"),  # parts of a host name
+    HistoryQuery(q="replica"),
+    HistoryQuery(q="internal"),
+    HistoryQuery(q="config.yaml"),  # a path and its parts
+    HistoryQuery(q="etc neotask"),
+    HistoryQuery(q="notes"),
+    HistoryQuery(q="2026"),
+    HistoryQuery(q="1.9.12"),  # versions
+    HistoryQuery(q="rc"),
+    HistoryQuery(q="x86_64"),
+    HistoryQuery(q="python3"),
+    HistoryQuery(q="decide"),  # stems
+    HistoryQuery(q="decision"),
+    HistoryQuery(q="run"),
+    HistoryQuery(q="upgrade"),
+    HistoryQuery(q="cafe"),  # accents folded, both ways
+    HistoryQuery(q="café"),
+    HistoryQuery(q="muller"),
+    HistoryQuery(q="zurich"),
+    HistoryQuery(q="creme brulee"),
+    HistoryQuery(q="resume"),
+    HistoryQuery(q="naive"),
+    HistoryQuery(q="東京"),  # Japanese beside a URL
+    HistoryQuery(q="予約"),
+    HistoryQuery(q="オフィス"),
+    HistoryQuery(q="rooms"),
+    HistoryQuery(q="tokyo"),
 ]
 
 
@@ -116,7 +162,9 @@ async def test_the_same_answers_as_the_files_index(
             want, got = _answer(await files_index.search(query)), _answer(await index.search(query))
             assert got == want, query
         assert len(await index.search(HistoryQuery(q="会議"))) == 2
-        assert await index.count() == await files_index.count() == 6
+        assert await index.count() == await files_index.count() == 14
+        for q, found in (("runbook", 1), ("decide", 1), ("cafe", 1), ("alice", 1), ("replica", 1), ("tokyo", 1)):
+            assert len(await index.search(HistoryQuery(q=q))) == found, q  # not a shared miss
     finally:
         await files_index.close()
         await files.close()
@@ -164,10 +212,10 @@ async def test_catch_up_rebuild_and_doctor(pg: tuple[PgStore, PgHistoryIndex, st
 
         await conn.execute("DELETE FROM history WHERE session_key = $1", B)
         await store.catch_up_history(index)
-        assert await index.count() == 6
+        assert await index.count() == 14
         await conn.execute("DELETE FROM history")
         assert await index.open() is True  # empty but messages stored: the daemon rebuilds it
-        assert await store.rebuild_history(index) == 6
+        assert await store.rebuild_history(index) == 14
         assert await index.open() is False
     finally:
         await conn.close()
@@ -219,4 +267,4 @@ async def test_the_doctor_waits_for_rows_in_flight(pg: tuple[PgStore, PgHistoryI
     store, index, _ = pg
     await _fill(store)  # no flush: the last batch is in flight
     assert await store.check_history(index, fix=False) == []
-    assert await index.count() == 6
+    assert await index.count() == 14
