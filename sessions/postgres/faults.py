@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import asyncpg
@@ -30,6 +31,29 @@ LOST: tuple[type[BaseException], ...] = (
     # the statement was never sent
     asyncpg.InternalClientError,
 )
+
+
+class OneLine(logging.Filter):
+    """asyncpg's pool logs each failed attempt to reconnect (the database away) with its traceback
+    at WARNING: a line a minute per process while the server is down. The exception goes on the
+    line instead (``...; retrying (ConnectionRefusedError: ...)``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            record.msg, record.args = f"{record.getMessage()} ({type(exc).__name__}: {exc})", None
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+ONE_LINE = OneLine()
+
+
+def quiet_pool_log() -> None:
+    """Put :class:`OneLine` on asyncpg's pool logger (once per process)."""
+    logger = logging.getLogger("asyncpg.pool")
+    if ONE_LINE not in logger.filters:
+        logger.addFilter(ONE_LINE)
 
 
 def database_error(exc: BaseException, outcome: str = "the message was not stored") -> NeotaskError | None:

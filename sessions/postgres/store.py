@@ -19,7 +19,7 @@ from sessions.files.history import MAX_BATCH
 from sessions.history_index import HistoryIndexProtocol, own_index
 from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
 from sessions.postgres.export import PgExport
-from sessions.postgres.faults import refused_at_open, unavailable
+from sessions.postgres.faults import quiet_pool_log, refused_at_open, unavailable
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.maintenance import PgMaintenance
 from sessions.postgres.schema import migrate
@@ -82,6 +82,7 @@ class PgStore(PgShared, PgMaintenance, PgExport):
         """``shared``: other gateway processes use the database at the same time (``gateway.workers``
         above 1): keys are leased (``sessions.postgres.shared``)."""
         where = redact(dsn)
+        quiet_pool_log()
         try:
             pool = await asyncpg.create_pool(dsn, password=password, min_size=1, max_size=pool_size, reset=keep_session)
         except Exception as exc:  # a first connection: what the operator must fix, in one line

@@ -4,6 +4,7 @@ second) and counts nothing; once the server is back the same store goes on by it
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import asyncpg
@@ -26,9 +27,11 @@ def _task(key: str) -> TaskKey:
 
 
 async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
-    postgres_server: PgServer, tmp_path: Path, clock: FakeClock
+    postgres_server: PgServer, tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Stops the suite's server (tests of one worker run one at a time) and starts it again."""
+    """Stops the suite's server (tests of one worker run one at a time) and starts it again. The
+    log says so in lines, not tracebacks (asyncpg's pool logged each failed reconnection with its
+    traceback at WARNING)."""
     dsn = await postgres_server.database(DATABASE)
     await empty_database(dsn)
     store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2)
@@ -51,6 +54,12 @@ async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
             await store.start_run(other, agent_id="main", chat_type="direct", channel=None, task_key=_task(other))
         assert store.entry(other) is None  # no half-made session
         assert await store.writable() is not None and not store.recently_writable(60)
+        async with asyncio.timeout(10):  # the pool tries to restore its floor of one connection
+            while not any(r.name == "asyncpg.pool" for r in caplog.records):
+                await asyncio.sleep(0.05)
+        tracebacks = [r for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info]
+        assert tracebacks == [], [(r.name, r.getMessage()) for r in tracebacks]
+        assert all("Error: " in r.getMessage() for r in caplog.records if r.name == "asyncpg.pool")  # on the line
 
         await asyncio.to_thread(postgres_server.start)
         after = await store.append(run, NewMessage(role="user", content="after"))
