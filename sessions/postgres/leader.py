@@ -5,8 +5,11 @@ over. ``sessions.leadership`` names the seam; ``sessions.backends.open_leadershi
 
 Never two leaders at work at once: a leader checks its connection every ``interval_s`` (a check
 that takes longer than ``interval_s`` fails), so one whose connection died knows it within
-twice ``interval_s`` and stops; a process that takes the lock waits ``grace_s`` (more than that) and
-checks again before it reports leading. A scheduled firing is claimed on the lock's own connection
+twice ``interval_s`` and stops. Each check also writes when it was made (``leader_seen``); a
+process that takes the lock while a leader checked in less than ``grace_s`` ago (more than twice
+``interval_s``) waits that grace and checks again before it reports leading, since that leader may
+not know yet; a lock nobody held lately (a first start, a leader that resigned at shutdown or died
+long ago) is led at once. A scheduled firing is claimed on the lock's own connection
 (``claim``): a row in ``scheduler_claims``, written only while that connection, and so the lock,
 lives; the first claim of a (job, scheduled time) wins, a second one is refused.
 """
@@ -30,6 +33,16 @@ log = logging.getLogger(__name__)
 LEADER_LOCK = 0x6E656F74_6C656164  # "neotlead"; the migrations' lock is another number
 _SIGNED = LEADER_LOCK - (1 << 64) if LEADER_LOCK >= 1 << 63 else LEADER_LOCK
 CLAIMS_KEPT = "30 days"  # claims older than this are deleted as new ones are written
+
+SEEN_MIGRATION = """
+CREATE TABLE leader_seen (id int PRIMARY KEY CHECK (id = 1), seen_at timestamptz, holder text);
+"""
+_SEEN = (
+    "INSERT INTO leader_seen (id, seen_at, holder) VALUES (1, now(), $1)"
+    " ON CONFLICT (id) DO UPDATE SET seen_at = now(), holder = excluded.holder"
+)
+_SEEN_LATELY = "SELECT COALESCE(bool_or(seen_at > now() - make_interval(secs => $1)), false) FROM leader_seen"
+_RESIGNED = "UPDATE leader_seen SET seen_at = NULL WHERE holder = $1"
 
 MIGRATION = """
 CREATE TABLE scheduler_claims (
@@ -70,7 +83,8 @@ class Leadership:
         self.who = identity()
         self._conn: asyncpg.Connection | None = None
         self._using = asyncio.Lock()  # one statement at a time on the connection
-        self.leading = False  # the lock is held (``watch`` reports it after the grace)
+        self.leading = False  # the lock is held (``watch`` reports it, after the grace when one is due)
+        self.seen_lately = False  # when the lock was taken, a leader had checked in within the grace
         self.sole = False
 
     async def try_lead(self) -> bool:
@@ -92,9 +106,13 @@ class Leadership:
                     taken = await self._conn.fetchval(
                         "SELECT pg_try_advisory_lock($1)", self.lock, timeout=max(self.interval_s, 1)
                     )
+                    if taken:
+                        self.seen_lately = bool(
+                            await self._conn.fetchval(_SEEN_LATELY, self.grace_s, timeout=max(self.interval_s, 1))
+                        )
                     self.leading = bool(taken)
-                else:  # still ours while the connection lives: check it does, promptly
-                    await self._conn.fetchval("SELECT 1", timeout=self.interval_s)
+                if self.leading:  # still ours while the connection lives: check it does, promptly, and say when
+                    await self._conn.execute(_SEEN, self.who, timeout=self.interval_s)
             except LOST as exc:
                 if self.leading:
                     log.warning("leadership check failed (%s): not leading until the database answers", exc)
@@ -130,7 +148,7 @@ class Leadership:
         try:
             while True:
                 now = await self._try()
-                if now and not was:
+                if now and not was and self.seen_lately:
                     await asyncio.sleep(self.grace_s)  # a leader that lost its connection stops first
                     now = await self._try()
                 if now != was:
@@ -151,8 +169,11 @@ class Leadership:
             return False
 
     async def resign(self) -> None:
-        """Give the lead up (a clean shutdown: another process takes over at its next try)."""
+        """Give the lead up (a clean shutdown: another process takes over at its next try, at once)."""
         async with self._using:
+            if self.leading and self._conn is not None and not self._conn.is_closed():
+                with contextlib.suppress(Exception):  # nobody leads from here: no grace for the next one
+                    await self._conn.execute(_RESIGNED, self.who, timeout=max(self.interval_s, 1))
             await self._drop()
 
     async def _drop(self) -> None:

@@ -14,6 +14,7 @@ from sessions.files.damage import DamagedState
 from sessions.postgres import usage as usage_daily
 from sessions.postgres.history import MIGRATION as HISTORY_MIGRATION
 from sessions.postgres.leader import MIGRATION as CLAIMS_MIGRATION
+from sessions.postgres.leader import SEEN_MIGRATION
 
 MIGRATION_LOCK = 0x6E656F74  # pg_advisory_xact_lock key while migrating ("neot")
 
@@ -175,6 +176,8 @@ MIGRATIONS: tuple[str, ...] = (
     """
     DELETE FROM history;
     """,
+    # 7: when the leader last checked its lock (a lock nobody held lately is led without a grace)
+    SEEN_MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

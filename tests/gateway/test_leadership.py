@@ -120,3 +120,25 @@ async def test_the_leader_runs_the_firings_and_stops_when_its_connection_is_lost
         outcome = await b.scheduler.fire_scheduled("cron:tick")
         assert outcome is not None and outcome.status == "stored"  # type: ignore[attr-defined]
         assert await cron_messages(dsn) == 3
+
+
+async def test_a_lock_nobody_held_lately_is_led_at_once(
+    postgres_server: PgServer, tmp_path: Path, clock: FakeClock
+) -> None:
+    """A single gateway on its database said ``leader: false`` for its first 5-10 s: every taker of
+    the lock waited the grace (twice the check interval and more) that only a takeover from a
+    leader who may not know yet it lost the lock needs. Now the leader writes when it last checked
+    (``leader_seen``): a first start, and a start after a leader that resigned at shutdown, lead
+    at once; the takeover from a lost leader still waits (the test above)."""
+    dsn = await postgres_server.database(DATABASE)
+    await empty_database(dsn)
+    slow = overrides(dsn)
+    slow["storage"]["postgres"]["leader_interval_s"] = 2  # the default: a grace of 4.5 s
+    parts = Parts(memory=False)
+    for home in ("first", "next"):
+        (tmp_path / home).mkdir()
+        async with open_services(gateway_config(tmp_path / home, slow), clock=clock, parts=parts) as services:
+            assert services.leader is not None and services.leader.shared
+            await until(lambda: services.leader is not None and services.leader.leading, timeout=2.5)
+            assert leadership(services).seen_lately is False  # nobody had checked in: no grace
+        # closing resigns: the next process needs no grace either
