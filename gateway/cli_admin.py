@@ -139,6 +139,9 @@ def cmd_config_reload(ctx: Context) -> int:
     ctx.print(f"reloaded: {len(changed)} change(s) in force" if changed else "reloaded: nothing changed")
     for path in changed:
         ctx.print(f"  {path}")
+    for worker in body.get("workers", []):  # --workers N: each worker's outcome
+        said = worker.get("error") or f"{len(worker.get('changed', []))} change(s) in force"
+        ctx.print(f"  worker {worker['worker']}: {said}")
     for path in restart:
         print(f"warning: {path} changed in the file but needs a restart of the gateway", file=sys.stderr)
     return EXIT_OK

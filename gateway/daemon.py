@@ -31,6 +31,7 @@ from config.settings import LoggingSettings
 from gateway import eventloop, exits, reload
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
+from gateway.fleet import Fleet
 from gateway.heap import settle_heap
 from gateway.hosts import bind_address
 from gateway.log_json import ContextFilter, JsonFormatter
@@ -175,6 +176,8 @@ async def _serve(
 
     timeout = config.settings.gateway.shutdown_timeout_s
     app = create_app(config, clock=system_clock, env=env)  # nothing opens before runner.setup()
+    if role is not None:  # a reload through the API reaches every worker
+        app[reload.RELOADS].fleet = Fleet.of(home.root, role.index, config.settings.gateway.workers)
 
     def on_signal(signum: int) -> None:
         if stop.is_set():

@@ -13,8 +13,8 @@ Keys under ``RESTART`` keep their running value and are named in the answer's ``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +28,7 @@ from config.loader import LoadedConfig, load_config
 from config.settings import Settings
 from conversations.fallbacks import ModelChain, load_provider_sdk
 from gateway import keys as K
+from gateway.fleet import Fleet
 from gateway.http import auth_check
 from gateway.reload_swap import counterparts, swap
 
@@ -127,6 +128,7 @@ class Reloads:
     count: int = 0
     last: dict[str, Any] | None = None
     retired: list[ModelChain] = field(default_factory=list)
+    fleet: Fleet | None = None  # a worker of ``--workers N``: a reload through the API reaches them all
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def read(self) -> LoadedConfig:
@@ -172,6 +174,15 @@ class Reloads:
                 f"; needs a restart: {', '.join(restart)}" if restart else "",
             )
             return answer
+
+    async def reload_all(self, app: web.Application) -> dict[str, Any]:
+        """The API's reload: this process, then (a worker) every other worker of the fleet, whose
+        outcomes the answer lists under ``workers``."""
+        answer = await self.reload(app, trigger="api")
+        if self.fleet is None:
+            return answer
+        own = {"worker": self.fleet.index, "pid": os.getpid(), **answer}
+        return {**answer, "workers": [own, *await self.fleet.reload_others()]}
 
     async def _apply(self, app: web.Application, config: LoadedConfig, settings: Settings, live: list[str]) -> None:
         """Put ``settings`` in force. The app's state is frozen once it runs (aiohttp), so the
@@ -240,8 +251,15 @@ def install(app: web.Application, config: LoadedConfig, env: Mapping[str, str], 
 
 async def on_hangup(app: web.Application) -> None:
     """SIGHUP: reload, log the outcome (a bad file is logged, and nothing changes)."""
+    reloads = app[RELOADS]
+    outcome: dict[str, Any]
     if K.SERVICES not in app or not app[K.READY].get("store") or app[K.SERVICES].conversations.closing:
         log.warning("SIGHUP during start-up or shutdown: the configuration is not reloaded now")
-        return
-    with contextlib.suppress(ConfigRejected):  # logged by reload: nothing changed
-        await app[RELOADS].reload(app, trigger="SIGHUP")
+        outcome = {"error": "starting up or shutting down: the configuration was not reloaded"}
+    else:
+        try:
+            outcome = await reloads.reload(app, trigger="SIGHUP")
+        except ConfigRejected as exc:  # logged by reload: nothing changed
+            outcome = {"error": exc.message}
+    if reloads.fleet is not None:  # the worker that asked for it waits for this
+        await asyncio.to_thread(reloads.fleet.note, outcome)

@@ -29,6 +29,11 @@ RELOAD = Answer(
             },
             "since": {**STR, "description": "when the settings in force came in force"},
             "config_path": NULLABLE_STR,
+            "workers": {
+                "type": "array",
+                "description": "under `--workers N`: each worker's outcome (the fields above, or `error`)",
+                "items": {"type": "object", "required": ["worker"], "additionalProperties": True},
+            },
         },
     },
 )
@@ -49,5 +54,5 @@ RELOAD = Answer(
 )
 async def reload_config(request: web.Request) -> web.Response:
     await read_body(request, request.app[K.CONFIG].settings.gateway.max_body_bytes)
-    answer = await request.app[RELOADS].reload(request.app, trigger="api")
+    answer = await request.app[RELOADS].reload_all(request.app)
     return json_response(answer)

@@ -33,6 +33,7 @@ from tests.support.postgres import DATABASE, PgServer, empty_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime, pytest.mark.timeout(600)]
 
+BEARER = {"Authorization": "Bearer fleet-token"}
 START_S = 240.0  # three interpreters importing the gateway on a loaded 2-core machine
 _MARK = re.compile(r"<(agent:main:dm:\w+)\|(\d+)>")
 
@@ -158,7 +159,31 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
                 await slow
                 server.latency_s = 0.15
                 await post(keys[0], 91)
-        assert len(acked) == 82
+
+                # a reload through the API reaches both workers (it reached the one that took the
+                # connection: replies came from the old model, a revoked token was still accepted)
+                data = yaml.safe_load(config.read_text())
+                data["agents"]["main"]["model"]["name"] = "m2"
+                data["gateway"] = {"tokens": ["fleet-token"]}
+                config.write_text(yaml.safe_dump(data))
+                async with http.post(f"{gw.url}/v1/admin/config/reload") as resp:
+                    answer = await resp.json()
+                    assert resp.status == 200, answer
+                workers = answer["workers"]
+                assert sorted(w["worker"] for w in workers) == [1, 2], answer
+                for worker in workers:
+                    assert {"agents.main.model.name", "gateway.tokens"} <= set(worker["changed"]), worker
+                seen = len(server.chat_requests)
+                url = f"{gw.url}/v1/sessions/{quote(keys[1], safe='')}/messages"
+                for n in range(8):  # new connections: both workers take some
+                    text = f"<{keys[1]}|{200 + n}> after"
+                    async with http.post(url, json={"content": text}) as resp:
+                        assert resp.status == 401, await resp.text()
+                    async with http.post(url, json={"content": text}, headers=BEARER) as resp:
+                        assert resp.status == 200, await resp.text()
+                        acked.add((keys[1], text))
+                assert {r.body["model"] for r in server.chat_requests[seen:]} == {"m2"}
+        assert len(acked) == 90
         slow_turn = max(server.turns[keys[0]], key=lambda turn: turn[1] - turn[0])
         assert all(at < slow_turn[1] for at in acks), "a message waited for another worker's turn to be stored"
         assert all(share >= 0.15 * sum(used.values()) for share in used.values()), f"one worker served all: {used}"

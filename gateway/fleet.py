@@ -1,0 +1,84 @@
+"""The workers of one supervisor (``neotask gateway --workers N``) as one gateway for a reload: a
+reload through the API (or ``neotask config reload``) reaches every worker, not only the one that
+took the connection, and its answer lists each worker's result.
+
+How: the worker that takes ``POST /v1/admin/config/reload`` reloads itself, writes the request
+(``<home>/workers/reload.json``: an id, when, by whom) and sends SIGHUP to its supervisor, which
+forwards it to every worker as it does an operator's ``kill -HUP``. Each worker's SIGHUP reload
+writes its outcome to ``<home>/workers/reload-<index>.json`` with the id of the request it found
+(none for an operator's signal); the asking worker waits until every other worker wrote one with
+its id (``WAIT_S`` at most; a worker that does not answer is named so) and answers them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sessions.files.jsonl import write_json_atomic
+
+WAIT_S = 15.0  # for the other workers' outcomes (a worker busy starting may not reload at once)
+FRESH_S = 30.0  # a request older than this is an earlier one: a later SIGHUP was an operator's
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """This worker's place in its supervisor's fleet."""
+
+    folder: Path
+    index: int
+    count: int
+    supervisor: int
+
+    @classmethod
+    def of(cls, home: Path, index: int, count: int) -> Fleet:
+        folder = home / "workers"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        return cls(folder, index, count, os.getppid())
+
+    def _outcome_path(self, index: int) -> Path:
+        return self.folder / f"reload-{index}.json"
+
+    async def reload_others(self) -> list[dict[str, Any]]:
+        """Have every other worker reload (through the supervisor's SIGHUP); their outcomes."""
+        request = uuid.uuid4().hex
+        body = {"id": request, "at": time.time(), "by": self.index}
+        await asyncio.to_thread(write_json_atomic, self.folder / "reload.json", body, sync=False)
+        os.kill(self.supervisor, signal.SIGHUP)
+        others = [i for i in range(1, self.count + 1) if i != self.index]
+        found: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + WAIT_S
+        while len(found) < len(others) and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+            for index in others:
+                if index not in found:
+                    outcome = await asyncio.to_thread(_read, self._outcome_path(index))
+                    if outcome is not None and outcome.get("request") == request:
+                        found[index] = outcome
+        return [
+            found.get(i, {"worker": i, "error": f"worker {i} gave no outcome within {WAIT_S:.0f} s; see its log"})
+            for i in others
+        ]
+
+    def note(self, outcome: dict[str, Any]) -> None:
+        """Write this worker's SIGHUP outcome (blocking) with the id of the request it answers."""
+        request = _read(self.folder / "reload.json") or {}
+        fresh = isinstance(request.get("at"), (int, float)) and time.time() - request["at"] < FRESH_S
+        body = {"worker": self.index, "pid": os.getpid(), "request": request.get("id") if fresh else None, **outcome}
+        write_json_atomic(self._outcome_path(self.index), body, sync=False)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else None
+    return None
