@@ -28,7 +28,9 @@ from config.errors import ConfigError, DatabaseRefused
 from config.loader import LoadedConfig
 from config.redaction import SECRETS
 from config.settings import LoggingSettings
+from conversations.metrics import STORED_EVERY_S, Metrics
 from gateway import eventloop, exits, reload
+from gateway import keys as K
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.fleet import Fleet
@@ -246,6 +248,8 @@ async def _serve(
             print(f"neotask gateway listening on {shown} (home {home.root}, {describe_models(config)})", flush=True)
             log.info("listening on %s (pid %d)", url, os.getpid())
         settle_heap()  # start-up is done (and timed): the collector stops walking what it made
+        if role is not None:  # the other workers' scrapes read this worker's counts
+            await _count_for_fleet(app[K.METRICS], stop)
         await stop.wait()
     finally:
         status = await _cleanup(runner, home)
@@ -287,6 +291,14 @@ def _watchdog(home: Home, after_s: float, *, worker: bool = False) -> None:
     timer = threading.Timer(max(after_s, 0.1), force_exit)
     timer.daemon = True
     timer.start()
+
+
+async def _count_for_fleet(metrics: Metrics, stop: asyncio.Event) -> None:
+    """A worker counts what it batched every ``STORED_EVERY_S`` until it stops."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), STORED_EVERY_S)
+        metrics.flush()
 
 
 def _bound_port(addresses: list[Any], requested: int) -> int:

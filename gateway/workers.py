@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
 from conversations.log_context import EVERY_ONE
+from conversations.metrics import MULTIPROCESS_ENV
 from gateway import eventloop, exits
 from gateway.places import url_for, version
 from sessions.files.jsonl import write_json_atomic
@@ -123,6 +125,7 @@ class Supervisor:
         self.host, self.port, self.count = host, port, count
         self.env = dict(env)
         self.workers = [Worker(i) for i in range(1, count + 1)]
+        self.metrics = self.home.root / "workers" / "metrics"  # the fleet's counts (conversations/metrics.py)
         self.stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -134,7 +137,8 @@ class Supervisor:
 
     async def spawn(self, worker: Worker) -> None:
         read_fd, write_fd = os.pipe()
-        env = {**self.env, WORKER_ENV: f"{worker.index}:{write_fd}", WORKERS_ENV: str(self.count)}
+        env = {**self.env, WORKER_ENV: f"{worker.index}:{write_fd}", WORKERS_ENV: str(self.count),
+               MULTIPROCESS_ENV: str(self.metrics)}  # fmt: skip
         try:
             worker.proc = await asyncio.create_subprocess_exec(
                 *self._argv(), env=env, pass_fds=(write_fd,), stdin=asyncio.subprocess.DEVNULL,
@@ -167,6 +171,7 @@ class Supervisor:
             assert worker.proc is not None
             status = await worker.proc.wait()
             worker.history.append(status)
+            await asyncio.to_thread(_forget_gauges, self.metrics, worker.proc.pid)
             if self.stopping.is_set():
                 return
             ran = time.monotonic() - worker.started
@@ -207,6 +212,7 @@ class Supervisor:
             loop.add_signal_handler(signum, on_stop, signum)
         loop.add_signal_handler(signal.SIGHUP, on_hangup)
         watchers: list[asyncio.Task[None]] = []
+        await asyncio.to_thread(_fresh_folder, self.metrics)  # counts start at zero with the fleet
         try:
             for worker in self.workers:
                 await self.spawn(worker)
@@ -268,6 +274,17 @@ class Supervisor:
                 status = status or 1
         log.info("stopped %d workers", self.count)
         return status
+
+
+def _fresh_folder(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, mode=0o700)
+
+
+def _forget_gauges(folder: Path, pid: int) -> None:
+    """A dead worker's gauges leave the fleet's (its counters stay: the totals survive it)."""
+    for path in folder.glob(f"gauge_live*_{pid}.db"):
+        path.unlink(missing_ok=True)
 
 
 def run_supervisor(config: LoadedConfig, *, host: str, port: int, count: int, env: Mapping[str, str]) -> int:

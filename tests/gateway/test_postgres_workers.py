@@ -67,6 +67,13 @@ def write_config(path: Path, dsn: str, server: OpenAIServer | None = None) -> Pa
     return path
 
 
+def metric(text: str, name: str) -> float:
+    """The value of one series in a Prometheus exposition."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert len(values) == 1, (name, text[:500])
+    return values[0]
+
+
 def workers_of(supervisor: int) -> list[int]:
     """The pids of the supervisor's children (its workers)."""
     found = []
@@ -183,6 +190,16 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
                         assert resp.status == 200, await resp.text()
                         acked.add((keys[1], text))
                 assert {r.body["model"] for r in server.chat_requests[seen:]} == {"m2"}
+
+                # /metrics counts for the fleet, whichever worker answers (it counted for one)
+                await asyncio.sleep(1.5)  # each worker counts what it batched every second
+                users = sum(1 for rows in (await stored(dsn)).values() for _, role, _ in rows if role == "user")
+                totals = set()
+                for _ in range(6):
+                    async with http.get(f"{gw.url}/metrics", headers=BEARER) as resp:
+                        text = await resp.text()
+                    totals.add(metric(text, 'neotask_messages_total{role="user"}'))
+                assert totals == {users}, (totals, users)
         assert len(acked) == 90
         slow_turn = max(server.turns[keys[0]], key=lambda turn: turn[1] - turn[0])
         assert all(at < slow_turn[1] for at in acks), "a message waited for another worker's turn to be stored"
