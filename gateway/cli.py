@@ -23,9 +23,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from config.errors import ConfigError, NeotaskError
-from gateway import cli_admin, cli_backup, cli_channels, cli_history, cli_jobs, cli_storage, exits, offline
+from gateway import (
+    cli_admin,
+    cli_backup,
+    cli_channels,
+    cli_history,
+    cli_init,
+    cli_jobs,
+    cli_storage,
+    exits,
+    offline,
+)
 from gateway.cli_context import START_WAIT_S, Context
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
+from gateway.places import version
 from gateway.tables import table as _table
 from sessions.files.damage import EXIT_STATE, DamagedState
 from sessions.files.layout import PRIVATE_UMASK
@@ -60,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     both = [common, api]
 
     parser = argparse.ArgumentParser(prog="neotask", description="Neotask gateway for LLM agents")
+    parser.add_argument("--version", action="version", version=f"neotask {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cli_init.add_commands(commands, common)
 
     gateway = commands.add_parser("gateway", parents=[common], help="run the gateway, or status|stop")
     gateway.add_argument("--host", default=None, help="listen address (default gateway.host)")
