@@ -30,6 +30,7 @@ from gateway import (
     cli_history,
     cli_init,
     cli_jobs,
+    cli_service,
     cli_storage,
     exits,
     offline,
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"neotask {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cli_init.add_commands(commands, common)
+    cli_service.add_commands(commands, common)
 
     gateway = commands.add_parser("gateway", parents=[common], help="run the gateway, or status|stop")
     gateway.add_argument("--host", default=None, help="listen address (default gateway.host)")

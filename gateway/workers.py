@@ -30,7 +30,7 @@ from pathlib import Path
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
-from gateway import eventloop
+from gateway import eventloop, systemd
 from gateway.places import url_for, version
 from sessions.files.jsonl import write_json_atomic
 from sessions.files.layout import Home
@@ -196,6 +196,7 @@ class Supervisor:
             if not self.stopping.is_set():
                 log.info("%s: stopping %d workers", signal.Signals(signum).name, self.count)
             self.stopping.set()
+            systemd.stopping(self.env)
             self.signal_all(signal.SIGTERM)
 
         def on_hangup() -> None:
@@ -235,6 +236,7 @@ class Supervisor:
             await asyncio.to_thread(write_json_atomic, self.home.gateway_json, info)
             print(f"neotask gateway listening on {url} (home {self.home.root}, {self.count} workers)", flush=True)
             log.info("listening on %s with %d workers (supervisor pid %d)", url, self.count, os.getpid())
+            systemd.ready(self.env, url)
             await self.stopping.wait()
             return await self._stop_all(0)
         finally:
