@@ -75,7 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"neotask {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cli_init.add_commands(commands, common)
-    cli_service.add_commands(commands, common)
 
     gateway = commands.add_parser("gateway", parents=[common], help="run the gateway, or status|stop")
     gateway.add_argument("--host", default=None, help="listen address (default gateway.host)")
@@ -90,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway_actions.add_parser("stop", parents=both, help="stop the running gateway (SIGTERM)").set_defaults(
         handler=cmd_gateway_stop
     )
+    cli_service.add_commands(commands, common)
 
     sessions = commands.add_parser("sessions", help="list and manage sessions")
     actions = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
