@@ -207,14 +207,19 @@ def load_config(
     home: str | Path | None = None,
     config_path: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
+    user_data: Mapping[str, Any] | None = None,
 ) -> LoadedConfig:
-    """Defaults → user YAML → environment → flags (``overrides``, a nested mapping)."""
+    """Defaults → user YAML → environment → flags (``overrides``, a nested mapping).
+    ``user_data``: the user's YAML as parsed, for a file not written yet (``neotask init`` checks
+    what it will write); ``config_path`` is then where it will be."""
     resolved_home = resolve_home(home, env)
     defaults = load_defaults()
     explicit = config_path or env.get("NEOTASK_CONFIG")
     path: Path | None = Path(explicit).expanduser() if explicit else resolved_home / "config.yaml"
     user: dict[str, Any] = {}
-    if path is not None and (explicit or path.exists()):
+    if user_data is not None:
+        user = dict(user_data)
+    elif path is not None and (explicit or path.exists()):
         user = read_user_yaml(path)
     elif path is not None and not path.exists():
         path = None

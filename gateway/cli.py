@@ -23,9 +23,21 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from config.errors import ConfigError, DatabaseRefused, NeotaskError
-from gateway import cli_admin, cli_backup, cli_channels, cli_history, cli_jobs, cli_storage, exits, offline
+from gateway import (
+    cli_admin,
+    cli_backup,
+    cli_channels,
+    cli_history,
+    cli_init,
+    cli_jobs,
+    cli_service,
+    cli_storage,
+    exits,
+    offline,
+)
 from gateway.cli_context import START_WAIT_S, Context
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
+from gateway.places import version
 from gateway.tables import table as _table
 from sessions.files.damage import EXIT_STATE, DamagedState
 from sessions.files.layout import PRIVATE_UMASK
@@ -60,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     both = [common, api]
 
     parser = argparse.ArgumentParser(prog="neotask", description="Neotask gateway for LLM agents")
+    parser.add_argument("--version", action="version", version=f"neotask {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cli_init.add_commands(commands, common)
 
     gateway = commands.add_parser("gateway", parents=[common], help="run the gateway, or status|stop")
     gateway.add_argument("--host", default=None, help="listen address (default gateway.host)")
@@ -75,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway_actions.add_parser("stop", parents=both, help="stop the running gateway (SIGTERM)").set_defaults(
         handler=cmd_gateway_stop
     )
+    cli_service.add_commands(commands, common)
 
     sessions = commands.add_parser("sessions", help="list and manage sessions")
     actions = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -29,7 +29,7 @@ from config.loader import LoadedConfig
 from config.redaction import SECRETS
 from config.settings import LoggingSettings
 from conversations.metrics import STORED_EVERY_S, Metrics
-from gateway import eventloop, exits, reload
+from gateway import eventloop, exits, reload, systemd
 from gateway import keys as K
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
@@ -187,12 +187,21 @@ async def _serve(
             return
         log.info("%s: shutting down", signal.Signals(signum).name)
         stop.set()
+        if role is None:
+            systemd.stopping(env)
         _watchdog(home, timeout - WATCHDOG_MARGIN_S, worker=role is not None)
 
     async def hangup() -> None:
-        await asyncio.to_thread(reopen_log)
-        log.info("SIGHUP: log file reopened; reloading the configuration")
-        await reload.on_hangup(app)
+        notifying = role is None and bool(url)  # READY=1 only once it listens
+        if notifying:
+            systemd.reloading(env)
+        try:
+            await asyncio.to_thread(reopen_log)
+            log.info("SIGHUP: log file reopened; reloading the configuration")
+            await reload.on_hangup(app)
+        finally:
+            if notifying and not stop.is_set():
+                systemd.ready(env, url)
 
     hangups: set[asyncio.Task[None]] = set()
 
@@ -205,6 +214,7 @@ async def _serve(
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGHUP, on_hangup)  # its default action would end the process
 
+    url = ""  # where it listens, once it does (a SIGHUP before is no reload to report)
     grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
     gateway = config.settings.gateway
     guard = app[GUARD]
@@ -247,6 +257,7 @@ async def _serve(
             shown = f"http://[{host}]:{bound_port}" if ":" in host else f"http://{host}:{bound_port}"
             print(f"neotask gateway listening on {shown} (home {home.root}, {describe_models(config)})", flush=True)
             log.info("listening on %s (pid %d)", url, os.getpid())
+            systemd.ready(env, url)  # a Type=notify unit is started now (gateway/systemd.py)
         settle_heap()  # start-up is done (and timed): the collector stops walking what it made
         if role is not None:  # the other workers' scrapes read this worker's counts
             await _count_for_fleet(app[K.METRICS], stop)

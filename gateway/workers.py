@@ -33,7 +33,7 @@ from config.clock import iso, system_clock
 from config.loader import LoadedConfig
 from conversations.log_context import EVERY_ONE
 from conversations.metrics import MULTIPROCESS_ENV
-from gateway import eventloop, exits
+from gateway import eventloop, exits, systemd
 from gateway.places import url_for, version
 from sessions.files.jsonl import write_json_atomic
 from sessions.files.layout import Home
@@ -202,6 +202,7 @@ class Supervisor:
             if not self.stopping.is_set():
                 log.info("%s: stopping %d workers", signal.Signals(signum).name, self.count)
             self.stopping.set()
+            systemd.stopping(self.env)
             self.signal_all(signal.SIGTERM)
 
         def on_hangup() -> None:
@@ -245,6 +246,7 @@ class Supervisor:
             await asyncio.to_thread(write_json_atomic, self.home.gateway_json, info)
             print(f"neotask gateway listening on {url} (home {self.home.root}, {self.count} workers)", flush=True)
             log.info("listening on %s with %d workers (supervisor pid %d)", url, self.count, os.getpid())
+            systemd.ready(self.env, url)
             await self.stopping.wait()
             return await self._stop_all(0)
         finally:
