@@ -3,7 +3,10 @@
 - ``message`` events only (an ``app_mention`` repeats a channel message the bot also gets as a
   ``message``): ``channel_type`` ``im`` is a direct chat; ``channel``, ``group`` and ``mpim`` are
   channels (chat type ``channel``), and a reply in a thread keeps its ``thread_ts`` as the thread
-  (``:thread:`` in the key); the answer goes to the same thread.
+  (``:thread:`` in the key); the answer goes to the same thread. A reply in a direct chat's
+  thread is answered in that thread (the direct chat is still one session). With
+  ``reply_in_thread``, a mention at a channel's top level starts a thread: it is stored in the
+  thread's session and answered there, so the thread's next messages continue its conversation.
 - In channels with ``require_mention`` the bot answers only when ``<@BOTID>`` is in the text;
   other messages are stored without an answer when ``store_unmentioned`` is on, else skipped.
 - Files are described with the text (``[file report.pdf (application/pdf)]``); an edit
@@ -71,7 +74,10 @@ def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, b
     if not reply and chat_type == "channel" and not account.store_unmentioned and revision is None:
         return Skip("a channel message that does not mention the bot")
     ts = str(event.get("ts"))
-    thread = event.get("thread_ts") if chat_type == "channel" and event.get("thread_ts") != ts else None
+    in_thread = str(event["thread_ts"]) if event.get("thread_ts") and event.get("thread_ts") != ts else None
+    thread = None
+    if chat_type == "channel":
+        thread = in_thread or (ts if reply and account.reply_in_thread else None)
     return Inbound(
         channel=CHANNEL,
         account=account_name,
@@ -83,7 +89,7 @@ def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, b
         thread_id=thread,
         text=text,
         update_id=str(payload.get("event_id") or event.get("client_msg_id") or ts),
-        target=Target(chat_id=str(event.get("channel")), thread_id=thread),
+        target=Target(chat_id=str(event.get("channel")), thread_id=thread if chat_type == "channel" else in_thread),
         reply=reply,
         message_id=ts,
         revision=revision,

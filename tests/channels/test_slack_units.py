@@ -66,6 +66,25 @@ def test_events_become_messages(event: dict[str, Any], account: dict[str, Any], 
     assert got.client_message_id == "slack:work:Ev1" and got.target.thread_id == got.thread_id
 
 
+@pytest.mark.parametrize(
+    ("event", "account", "expected"),
+    [
+        ({"channel": "D1", "channel_type": "im", "text": "and?", "thread_ts": "0.5"}, {}, (None, "0.5")),
+        ({"channel": "D1", "channel_type": "im", "text": "hi"}, {}, (None, None)),
+        ({"channel": "C1", "channel_type": CH, "text": "<@UBOT> hi"}, {"reply_in_thread": True},
+         ("1.000100", "1.000100")),  # a thread of its own, its session
+        ({"channel": "C1", "channel_type": CH, "text": "<@UBOT> hi", "thread_ts": "0.5"}, {"reply_in_thread": True},
+         ("0.5", "0.5")),
+        ({"channel": "C1", "channel_type": CH, "text": "hi"}, {"reply_in_thread": True, "store_unmentioned": True},
+         (None, None)),  # not answered: stays in the channel's session
+        ({"channel": "D1", "channel_type": "im", "text": "hi"}, {"reply_in_thread": True}, (None, None)),
+    ],
+)  # fmt: skip
+def test_where_an_answer_goes_in_threads(event: dict[str, Any], account: dict[str, Any], expected: object) -> None:
+    got = inbound(payload(**event), "work", SlackAccount(**account), "UBOT")
+    assert isinstance(got, Inbound) and (got.thread_id, got.target.thread_id) == expected
+
+
 def test_files_are_described_and_an_edit_is_an_edit_of_its_message() -> None:
     files = [{"name": "r.pdf", "mimetype": "application/pdf"}]
     got = inbound(payload(channel="D1", channel_type="im", subtype="file_share", text="see", files=files), "w",
