@@ -29,11 +29,17 @@ class Target:
     reply_to: str | None = None
 
 
+Revision = Literal["edit", "delete"]
+
+
 @dataclass(frozen=True)
 class Inbound:
     """One platform message, as the session engine takes it. ``update_id`` is the platform's id of
     the delivery; ``reply``: whether the message asks for an answer (false for a group message that
-    does not mention the bot but is stored anyway, or an edit)."""
+    does not mention the bot but is stored anyway). ``message_id``: the platform's id of the
+    message in its chat (Telegram's message_id, Slack's ts). ``revision``: the message is an edit
+    or a deletion of the message ``message_id``; ``text`` is then the new text, and ``reply``
+    whether that text addresses the bot (channels/revisions.py decides what is stored)."""
 
     channel: str
     account: str
@@ -47,10 +53,21 @@ class Inbound:
     sender_name: str | None = None
     thread_id: str | None = None
     reply: bool = True
+    message_id: str | None = None
+    revision: Revision | None = None
 
     @property
     def client_message_id(self) -> str:
         return f"{self.channel}:{self.account}:{self.update_id}"
+
+    @property
+    def content(self) -> str:
+        """The message as the session stores it: an edit or a deletion says which message it changes."""
+        if self.revision == "edit":
+            return f"[edited message {self.message_id}] {self.text}"
+        if self.revision == "delete":
+            return f"[deleted message {self.message_id}]"
+        return self.text
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -37,6 +37,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.access import DirectAccess
 from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
+from channels.revisions import Ignored, Revisions
 from channels.slack_events import CHANNEL, Skip, inbound, slash_inbound
 from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
@@ -92,6 +93,7 @@ class SlackConnector:
         self._post: PostFn | None = None
         self._commands: set[asyncio.Task[bool]] = set()  # slash commands over HTTP, acknowledged, being handed on
         self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify, noun="app")
+        self.revisions = Revisions(CHANNEL, name, store, clock=clock)
         self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
         bolt_log = logging.getLogger(f"{__name__}.bolt")
         if not any(isinstance(f, _NoTokenNotice) for f in bolt_log.filters):
@@ -215,8 +217,9 @@ class SlackConnector:
         """Hand one event on; True once it needs no further delivery (stored, or skipped)."""
         assert self._bot_user is not None and self._post is not None
         self.status.last_update_at = iso(self.clock())
-        message = inbound(payload, self.account, self.settings, self._bot_user)
-        if isinstance(message, Skip):
+        parsed = inbound(payload, self.account, self.settings, self._bot_user)
+        message = parsed if isinstance(parsed, Skip) else await self.revisions.check(parsed)
+        if isinstance(message, Skip | Ignored):
             log.debug("slack account %s: event skipped: %s", self.account, message.reason)
             return True
         return await self._hand_on(message)
@@ -235,6 +238,7 @@ class SlackConnector:
             log.warning("slack account %s: event refused: %s", self.account, exc.message)
             self.status.last_error = exc.message
             return True
+        await self.revisions.stored(message)
         self.status.messages_in += 1
         return True
 

@@ -3,12 +3,16 @@
 - ``message`` events only (an ``app_mention`` repeats a channel message the bot also gets as a
   ``message``): ``channel_type`` ``im`` is a direct chat; ``channel``, ``group`` and ``mpim`` are
   channels (chat type ``channel``), and a reply in a thread keeps its ``thread_ts`` as the thread
-  (``:thread:`` in the key); the answer goes to the same thread.
+  (``:thread:`` in the key); the answer goes to the same thread. A reply in a direct chat's
+  thread is answered in that thread (the direct chat is still one session). With
+  ``reply_in_thread``, a mention at a channel's top level starts a thread: it is stored in the
+  thread's session and answered there, so the thread's next messages continue its conversation.
 - In channels with ``require_mention`` the bot answers only when ``<@BOTID>`` is in the text;
   other messages are stored without an answer when ``store_unmentioned`` is on, else skipped.
 - Files are described with the text (``[file report.pdf (application/pdf)]``); an edit
-  (``message_changed``) and a deletion (``message_deleted``) of a user's message are stored as
-  such (``[edited message <ts>] <new text>``, ``[deleted message <ts>]``) without an answer; bots'
+  (``message_changed``) and a deletion (``message_deleted``) of a user's message are revisions of
+  the message they change (channels/revisions.py decides whether they are stored); an edit that
+  leaves the text as it was (a link unfurled, a reply counted in its thread) is skipped; bots'
   messages and other subtypes (joins, topic changes) are not stored.
 - A slash command (``/status`` registered in the app) becomes the same command as text, answered
   in the conversation it was typed in; its ``trigger_id`` is its delivery id.
@@ -19,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from channels.protocol import ChatType, Inbound, Target
+from channels.protocol import ChatType, Inbound, Revision, Target
 from config.channels import SlackAccount
 
 CHANNEL = "slack"
@@ -30,9 +34,12 @@ class Skip:
     reason: str
 
 
-def _files(event: dict[str, Any]) -> str:
+def _text(event: dict[str, Any]) -> str:
+    """The message's text with its files described."""
+    text = str(event.get("text") or "")
     files = event.get("files") or []
-    return "\n".join(f"[file {f.get('name') or 'unnamed'} ({f.get('mimetype') or 'unknown type'})]" for f in files)
+    described = "\n".join(f"[file {f.get('name') or 'unnamed'} ({f.get('mimetype') or 'unknown type'})]" for f in files)
+    return f"{text}\n{described}".strip() if described else text
 
 
 def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, bot_user: str) -> Inbound | Skip:
@@ -41,37 +48,36 @@ def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, b
     if event.get("type") != "message":
         return Skip(f"a {event.get('type')} event")
     subtype = event.get("subtype")
-    edited = subtype in ("message_changed", "message_deleted")
+    revision: Revision | None = None
+    before: dict[str, Any] = event.get("previous_message") or {}
     if subtype == "message_changed":
+        revision = "edit"
         event = {**event, **(event.get("message") or {}), "channel": event.get("channel"),
                  "channel_type": event.get("channel_type")}  # fmt: skip
     elif subtype == "message_deleted":
-        before = event.get("previous_message") or {}
+        revision = "delete"
         event = {**before, "channel": event.get("channel"), "channel_type": event.get("channel_type"),
-                 "ts": event.get("deleted_ts") or before.get("ts"), "text": "(deleted)", "files": None}  # fmt: skip
+                 "ts": event.get("deleted_ts") or before.get("ts")}  # fmt: skip
     elif subtype not in (None, "file_share", "thread_broadcast"):
         return Skip(f"a {subtype} message")
     if event.get("bot_id") or not event.get("user") or event.get("user") == bot_user:
         return Skip("a bot's message")
     chat_type: ChatType = "direct" if event.get("channel_type") == "im" else "channel"
-    text = event.get("text") or ""
-    files = _files(event)
-    text = f"{text}\n{files}".strip() if files else text
-    if not text:
+    text = _text(event)
+    if revision == "edit" and before and _text(before) == text:
+        return Skip("an edit that leaves the text as it was (a link unfurled, a reply counted in its thread)")
+    if not text and revision is None:
         return Skip("an empty message")
-    mention = f"<@{bot_user}>"
-    reply = True
-    if chat_type == "channel" and account.require_mention:
-        reply = mention in text
-    if subtype == "message_deleted":
-        text = f"[deleted message {event.get('ts')}]"
-        reply = False
-    elif edited:
-        text = f"[edited message {event.get('ts')}] {text}"
-        reply = False
-    if not reply and chat_type == "channel" and not account.store_unmentioned and not edited:
+    reply = revision != "delete"
+    if reply and chat_type == "channel" and account.require_mention:
+        reply = f"<@{bot_user}>" in text
+    if not reply and chat_type == "channel" and not account.store_unmentioned and revision is None:
         return Skip("a channel message that does not mention the bot")
-    thread = event.get("thread_ts") if chat_type == "channel" and event.get("thread_ts") != event.get("ts") else None
+    ts = str(event.get("ts"))
+    in_thread = str(event["thread_ts"]) if event.get("thread_ts") and event.get("thread_ts") != ts else None
+    thread = None
+    if chat_type == "channel":
+        thread = in_thread or (ts if reply and account.reply_in_thread else None)
     return Inbound(
         channel=CHANNEL,
         account=account_name,
@@ -82,9 +88,11 @@ def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, b
         sender_name=None,
         thread_id=thread,
         text=text,
-        update_id=str(payload.get("event_id") or event.get("client_msg_id") or event.get("ts")),
-        target=Target(chat_id=str(event.get("channel")), thread_id=thread),
+        update_id=str(payload.get("event_id") or event.get("client_msg_id") or ts),
+        target=Target(chat_id=str(event.get("channel")), thread_id=thread if chat_type == "channel" else in_thread),
         reply=reply,
+        message_id=ts,
+        revision=revision,
     )
 
 

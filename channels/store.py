@@ -6,6 +6,9 @@ Outbox rows, one per platform message that asks for an answer, keyed by its clie
 ``pending`` (stored, no answer yet) → ``answered`` (the answer's text is here) → ``sent`` (every
 part accepted; ``parts_sent`` counts them as they go) or ``failed`` (refused for good). A row is
 written before the message is stored, so whatever a crash interrupts is found again at start.
+
+``stored_messages``: the platform messages stored in a session, by chat and platform id, so an
+edit or a deletion is stored only where its message was (channels/revisions.py).
 """
 
 from __future__ import annotations
@@ -53,6 +56,18 @@ CREATE TABLE IF NOT EXISTS pairing (
     approved_at TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS pairing_sender ON pairing(channel, account, sender_id);
+CREATE TABLE IF NOT EXISTS stored_messages (
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    thread_id TEXT,
+    replied INTEGER NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (channel, account, chat_id, message_id)
+);
+CREATE INDEX IF NOT EXISTS stored_messages_age ON stored_messages(updated_at);
 """
 
 
@@ -64,6 +79,16 @@ class OutboxRow:
     parts_sent: int
     attempts: int
     last_error: str | None
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A platform message stored in a session: its text's digest, the thread (session) it was
+    stored in, and whether it (or an edit of it) asked for an answer."""
+
+    digest: str
+    thread_id: str | None
+    replied: bool
 
 
 @dataclass(frozen=True)
@@ -213,6 +238,52 @@ class ChannelStore:
             ).fetchall()
 
         return [_row(r) for r in await self._run(work)]
+
+    # -- stored messages ------------------------------------------------------------------------
+
+    async def stored_message(self, channel: str, account: str, chat_id: str, message_id: str) -> StoredMessage | None:
+        def work(db: sqlite3.Connection) -> tuple[Any, ...] | None:
+            found: tuple[Any, ...] | None = db.execute(
+                "SELECT digest, thread_id, replied FROM stored_messages"
+                " WHERE channel = ? AND account = ? AND chat_id = ? AND message_id = ?",
+                (channel, account, chat_id, message_id),
+            ).fetchone()
+            return found
+
+        found = await self._run(work)
+        return StoredMessage(str(found[0]), found[1], bool(found[2])) if found is not None else None
+
+    async def record_message(
+        self, channel: str, account: str, chat_id: str, message_id: str, stored: StoredMessage, now: str
+    ) -> None:
+        """Remember a stored message, or its edit: the new digest; the thread it was first stored in
+        is kept, and ``replied`` once true stays true."""
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO stored_messages (channel, account, chat_id, message_id, digest, thread_id, replied,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (channel, account, chat_id, message_id)"
+                " DO UPDATE SET digest = excluded.digest, replied = MAX(replied, excluded.replied),"
+                " updated_at = excluded.updated_at",
+                (channel, account, chat_id, message_id, stored.digest, stored.thread_id, int(stored.replied), now),
+            )
+
+        await self._run(work)
+
+    async def forget_message(self, channel: str, account: str, chat_id: str, message_id: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            db.execute(
+                "DELETE FROM stored_messages WHERE channel = ? AND account = ? AND chat_id = ? AND message_id = ?",
+                (channel, account, chat_id, message_id),
+            )
+
+        await self._run(work)
+
+    async def forget_messages_before(self, before: str) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM stored_messages WHERE updated_at < ?", (before,))
+
+        await self._run(work)
 
     # -- pairing --------------------------------------------------------------------------------
 

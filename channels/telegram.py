@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from channels.access import DirectAccess
 from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
+from channels.revisions import Ignored, Revisions
 from channels.store import ChannelStore
 from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
 from channels.telegram_updates import CHANNEL, BotIdentity, Skip, inbound
@@ -82,6 +83,7 @@ class TelegramConnector:
         self._me: BotIdentity | None = None
         self._task: asyncio.Task[None] | None = None
         self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify)
+        self.revisions = Revisions(CHANNEL, name, store, clock=clock)
         self._webhook_secret = webhook_secret
         self._post: PostFn | None = None
 
@@ -222,8 +224,9 @@ class TelegramConnector:
         """Hand one update on; True once it needs no further delivery (stored, or skipped)."""
         assert self._me is not None
         self.status.last_update_at = iso(self.clock())
-        message = inbound(update, self.account, self.settings, self._me)
-        if isinstance(message, Skip):
+        parsed = inbound(update, self.account, self.settings, self._me)
+        message = parsed if isinstance(parsed, Skip) else await self.revisions.check(parsed)
+        if isinstance(message, Skip | Ignored):
             log.debug("telegram account %s: update %s skipped: %s", self.account, update.update_id, message.reason)
             return True
         if message.chat_type == "direct" and not await self.access.admitted(message):
@@ -242,6 +245,7 @@ class TelegramConnector:
             log.warning("telegram account %s: update %s refused: %s", self.account, update.update_id, exc.message)
             self.status.last_error = exc.message
             return True
+        await self.revisions.stored(message)
         self.status.messages_in += 1
         return True
 

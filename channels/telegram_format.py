@@ -5,11 +5,14 @@ Every character of the source is HTML-escaped before any tag is added, and each 
 by one regular expression whose inner text holds no tag, so the result always nests correctly:
 Telegram never refuses it as unparsable. What cannot be converted stays as literal text. Splitting
 happens on the Markdown, at paragraph boundaries first (a fenced code block is one paragraph), then
-at line breaks, then at spaces, and each piece is rendered on its own, so no tag spans two messages.
+at line breaks, then at spaces, and each piece is rendered on its own, so no tag spans two messages;
+a code block cut in two is closed at the end of one piece and opened again, with its language, at
+the start of the next (a line of code too long for a message is cut anywhere, nothing dropped).
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 from collections.abc import Callable
@@ -133,27 +136,87 @@ Render = Callable[[str], str]
 
 
 def _pieces(block: str, limit: int, render: Render) -> list[str]:
-    """A block too long for one message, cut at line breaks, then spaces, then anywhere."""
+    """A block too long for one message, cut at line breaks; a line too long, at spaces, then
+    anywhere. A cut inside a fenced code block closes the fence and opens it again (with its
+    language) in the next piece, so every piece renders on its own as the code it holds."""
     if utf16_len(render(block)) <= limit:
         return [block]
-    for sep in ("\n", " "):
-        parts = block.split(sep)
-        if len(parts) > 1:
-            out: list[str] = []
-            current = ""
-            for part in parts:
-                candidate = part if not current else current + sep + part
-                if current and utf16_len(render(candidate)) > limit:
-                    out.extend(_pieces(current, limit, render))
-                    current = part
-                else:
-                    current = candidate
-            out.extend(_pieces(current, limit, render) if current else [])
-            if len(out) > 1:
-                return out
-    # no separator left: cut the raw text so that each rendered piece fits (escaping grows text)
+    lines = block.split("\n")
+    if len(lines) == 1:
+        return _cut_line(block, limit, render)
+    out: list[str] = []
+    current: list[str] = []  # the piece so far; opened with ``fence`` again when it continues a code block
+    fence: str | None = None  # the fence line of the code block open at the end of ``current``
+    bare = False  # the last line of ``current`` opened that code block: nothing is in it yet
+
+    def fits(piece: list[str], open_fence: str | None) -> bool:
+        return utf16_len(render(_closed(piece, open_fence))) <= limit
+
+    def flush() -> None:
+        """End the piece (a fence it opened last, with nothing in it yet, goes to the next piece)."""
+        nonlocal current, bare
+        out.append(_closed(current[:-1], None) if bare else _closed(current, fence))
+        current, bare = ([fence], True) if fence is not None else ([], False)
+
+    for line in lines:
+        opens = fence is None and _FENCE.match(line) is not None
+        if opens and not fits([line, "x"], line):  # a language tag that leaves no room for code: dropped
+            line = "```"
+        after = line if opens else None if _FENCE.match(line) else fence
+        if len(current) > bare and not fits([*current, line], after):
+            flush()
+        if not fits([*current, line], after):  # the line alone is too long
+            if fence is not None and after is not None:  # code: cut anywhere, every character kept
+                cuts = _cut_anywhere(line, limit, functools.partial(_in_block, render, fence))
+            else:
+                cuts = _cut_line(line, limit, render)
+            for cut in cuts[:-1]:
+                current.append(cut)
+                bare = False
+                flush()
+            line = cuts[-1]
+        current.append(line)
+        bare = opens
+        fence = after
+    if len(current) > bare:
+        out.append(_closed(current[:-1], None) if bare else _closed(current, fence))
+    return out
+
+
+def _in_block(render: Render, fence: str, code: str) -> str:
+    return render(f"{fence}\n{code}\n```")
+
+
+def _closed(lines: list[str], fence: str | None) -> str:
+    """The lines as a piece of their own: the code block left open at its end closed."""
+    return "\n".join([*lines, "```"] if fence is not None else lines)
+
+
+def _cut_line(line: str, limit: int, render: Render) -> list[str]:
+    """A line of text too long for one message, cut at spaces, then anywhere."""
+    if utf16_len(render(line)) <= limit:
+        return [line]
+    words = line.split(" ")
+    if len(words) > 1:
+        out: list[str] = []
+        current = ""
+        for word in words:
+            candidate = word if not current else current + " " + word
+            if current and utf16_len(render(candidate)) > limit:
+                out.extend(_cut_line(current, limit, render))
+                current = word
+            else:
+                current = candidate
+        out.extend(_cut_line(current, limit, render) if current else [])
+        if len(out) > 1:
+            return out
+    return _cut_anywhere(line, limit, render)
+
+
+def _cut_anywhere(text: str, limit: int, render: Render) -> list[str]:
+    """Cut the raw text so that each rendered piece fits (escaping grows text)."""
     out = []
-    rest = block
+    rest = text
     while rest:
         size = min(len(rest), limit)
         while size > 1 and utf16_len(render(rest[:size])) > limit:

@@ -7,7 +7,8 @@
   when ``store_unmentioned`` is on, and skipped otherwise.
 - ``/status@ThisBot`` is ``/status``; a command addressed to another bot is not a command for us.
 - Photos, files, voice, stickers and the rest become a line saying what arrived, with the caption.
-- An edited message is stored as such, without an answer.
+- An edited message is an edit of the message it changes (``revision``), its ``reply`` saying
+  whether the new text addresses the bot; channels/revisions.py decides whether it is stored.
 """
 
 from __future__ import annotations
@@ -157,9 +158,6 @@ def inbound(update: Update, account_name: str, account: TelegramAccount, bot: Bo
         reply = ours
     elif chat_type == "group" and account.require_mention:
         reply = mentions(message, bot)
-    if edited:
-        text = f"[edited message {message.message_id}] {text}"
-        reply = False
     if not reply and chat_type == "group" and not account.store_unmentioned and not edited:
         return Skip("a group message that does not mention the bot")
     return Inbound(
@@ -179,4 +177,6 @@ def inbound(update: Update, account_name: str, account: TelegramAccount, bot: Bo
             reply_to=str(message.message_id) if chat_type == "group" else None,
         ),
         reply=reply,
+        message_id=str(message.message_id),
+        revision="edit" if edited else None,
     )

@@ -122,6 +122,7 @@ class SlackAccount(_Model):
     allow_from: tuple[str, ...] = ()
     require_mention: bool = True
     store_unmentioned: bool = False
+    reply_in_thread: bool = False  # a mention at a channel's top level is answered in a thread of its own
 
     @field_validator("bot_token_env", "app_token_env", "signing_secret_env")
     @classmethod

@@ -15,6 +15,7 @@ from sessions.records import NewMessage, TaskKey
 
 DeltaFn = Callable[[str], Awaitable[None]]
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+NAME_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -100,17 +101,32 @@ class Outcome:
 
 
 def speaker_name(name: str | None) -> str | None:
-    """OpenAI's ``name`` allows ``[A-Za-z0-9_-]{1,64}``."""
+    """The speaker's name as a message stores it: OpenAI's ``name`` (``[A-Za-z0-9_-]{1,64}``,
+    spaces written ``_``) when that holds it; else the name as given, its whitespace collapsed, at
+    most 64 characters ("田中 太郎", "Алиса", "Zoë K."), which :func:`to_openai` puts before the
+    text, where the model reads it."""
     if not name:
         return None
-    cleaned = _NAME_UNSAFE.sub("_", name.strip())[:64].strip("_")
-    return cleaned or None
+    spoken = " ".join(name.split())[:NAME_MAX].strip()
+    safe = openai_name(spoken)
+    return safe if safe is not None and safe == spoken.replace(" ", "_").strip("_") else spoken or None
+
+
+def openai_name(name: str) -> str | None:
+    """OpenAI's ``name`` for a speaker (``[A-Za-z0-9_-]{1,64}``): what is left once every other
+    character is dropped, None when nothing is."""
+    return _NAME_UNSAFE.sub("_", name.strip())[:NAME_MAX].strip("_") or None
 
 
 def to_openai(line: Mapping[str, Any]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": line["role"], "content": line.get("content") or ""}
     if line["role"] == "user" and line.get("name"):
-        message["name"] = line["name"]
+        name = str(line["name"])
+        safe = openai_name(name)
+        if safe is not None:
+            message["name"] = safe
+        if safe != name:  # the name cannot hold the speaker: the text carries them
+            message["content"] = f"{name}: {message['content']}"
     if line.get("tool_calls"):
         message["tool_calls"] = line["tool_calls"]
         if not message["content"]:

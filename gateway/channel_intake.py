@@ -187,7 +187,7 @@ class ChannelIntake:
         )  # fmt: skip
         message = NewMessage(
             role="user",
-            content=inbound.text,
+            content=inbound.content,
             name=inbound.sender_name or inbound.sender_id,
             sender_id=inbound.sender_id,
             client_message_id=inbound.client_message_id,
@@ -209,7 +209,7 @@ class ChannelIntake:
             await self._deliver(inbound.client_message_id)
             return True
         post = self._post_for(inbound)
-        command = inbound.reply and parse_command(inbound.text) is not None
+        command = inbound.reply and parse_command(inbound.content) is not None
         wants_reply = inbound.reply and (command or self.conv.needs_turn(post))
         if wants_reply and row is None:
             await self.store.expect(inbound, self._now())

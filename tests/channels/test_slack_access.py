@@ -71,9 +71,9 @@ async def test_pairing_open_slash_commands_a_deletion_a_file_and_a_long_answer(t
             assert "Started a new session" in slack.posted("D5")[4].params["text"]
 
             # a deleted message: recorded as such, not answered
-            slack.message(app, channel="D5", user="U555", text="a typo")
+            typo = slack.message(app, channel="D5", user="U555", text="a typo")
             await slack.wait_for(lambda: len(slack.posted("D5")) == 6)  # seq 2 again, of a new run: sent
-            deleted_ts = "1700000000.999999"
+            deleted_ts = slack.ts[typo]  # the stored message (a deletion of one never stored is not stored)
             slack.deletion(app, channel="D5", user="U555", deleted_ts=deleted_ts, text="a typo")
             lines = await wait_until(
                 lambda: _last_is(gw.url, "agent:main:dm:U555", f"[deleted message {deleted_ts}]"), timeout=30

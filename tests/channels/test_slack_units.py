@@ -66,7 +66,26 @@ def test_events_become_messages(event: dict[str, Any], account: dict[str, Any], 
     assert got.client_message_id == "slack:work:Ev1" and got.target.thread_id == got.thread_id
 
 
-def test_files_are_described_and_an_edit_is_stored_without_an_answer() -> None:
+@pytest.mark.parametrize(
+    ("event", "account", "expected"),
+    [
+        ({"channel": "D1", "channel_type": "im", "text": "and?", "thread_ts": "0.5"}, {}, (None, "0.5")),
+        ({"channel": "D1", "channel_type": "im", "text": "hi"}, {}, (None, None)),
+        ({"channel": "C1", "channel_type": CH, "text": "<@UBOT> hi"}, {"reply_in_thread": True},
+         ("1.000100", "1.000100")),  # a thread of its own, its session
+        ({"channel": "C1", "channel_type": CH, "text": "<@UBOT> hi", "thread_ts": "0.5"}, {"reply_in_thread": True},
+         ("0.5", "0.5")),
+        ({"channel": "C1", "channel_type": CH, "text": "hi"}, {"reply_in_thread": True, "store_unmentioned": True},
+         (None, None)),  # not answered: stays in the channel's session
+        ({"channel": "D1", "channel_type": "im", "text": "hi"}, {"reply_in_thread": True}, (None, None)),
+    ],
+)  # fmt: skip
+def test_where_an_answer_goes_in_threads(event: dict[str, Any], account: dict[str, Any], expected: object) -> None:
+    got = inbound(payload(**event), "work", SlackAccount(**account), "UBOT")
+    assert isinstance(got, Inbound) and (got.thread_id, got.target.thread_id) == expected
+
+
+def test_files_are_described_and_an_edit_is_an_edit_of_its_message() -> None:
     files = [{"name": "r.pdf", "mimetype": "application/pdf"}]
     got = inbound(payload(channel="D1", channel_type="im", subtype="file_share", text="see", files=files), "w",
                   SlackAccount(), "UBOT")  # fmt: skip
@@ -74,15 +93,17 @@ def test_files_are_described_and_an_edit_is_stored_without_an_answer() -> None:
     edit = payload(channel="D1", channel_type="im", subtype="message_changed",
                    message={"user": "U1", "text": "fixed", "ts": "1.0"})  # fmt: skip
     got = inbound(edit, "w", SlackAccount(), "UBOT")
-    assert isinstance(got, Inbound) and got.text == "[edited message 1.0] fixed" and got.reply is False
+    assert isinstance(got, Inbound) and got.content == "[edited message 1.0] fixed" and got.revision == "edit"
+    assert (got.message_id, got.text) == ("1.0", "fixed")
 
 
-def test_a_deletion_of_a_users_message_is_stored_as_such_without_an_answer() -> None:
+def test_a_deletion_of_a_users_message_is_a_deletion_of_it_without_an_answer() -> None:
     deleted = payload(channel="C1", channel_type="channel", subtype="message_deleted", hidden=True,
                       deleted_ts="1700000000.000007", previous_message={"user": "U1", "text": "oops", "ts":
                       "1700000000.000007", "thread_ts": "1699999999.000100"})  # fmt: skip
     got = inbound(deleted, "w", SlackAccount(), "UBOT")
-    assert isinstance(got, Inbound) and got.text == "[deleted message 1700000000.000007]" and got.reply is False
+    assert isinstance(got, Inbound) and got.content == "[deleted message 1700000000.000007]" and got.reply is False
+    assert (got.revision, got.message_id) == ("delete", "1700000000.000007")
     assert (got.sender_id, got.chat_type, got.thread_id) == ("U1", "channel", "1699999999.000100")
     by_bot = payload(channel="D1", channel_type="im", subtype="message_deleted", deleted_ts="2.0",
                      previous_message={"user": "UBOT", "text": "my answer", "ts": "2.0"})  # fmt: skip

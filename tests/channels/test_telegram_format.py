@@ -3,10 +3,14 @@ parser), split under the limit at paragraph boundaries."""
 
 from __future__ import annotations
 
+import html
 import random
+import re
+from pathlib import Path
 
 import pytest
 
+from channels.slack_format import split as slack_split
 from channels.telegram_format import TELEGRAM_LIMIT, split, to_html, to_plain, utf16_len
 from tests.support.telegram_server import parse_html
 
@@ -82,3 +86,61 @@ def test_a_code_block_with_blank_lines_stays_one_block_when_it_fits() -> None:
 
 def test_an_empty_answer_is_one_message_saying_so() -> None:
     assert split("") == ["(empty reply)"]
+
+
+REAL_CODE = (Path(__file__).parents[2] / "config" / "errors.py").read_text().rstrip("\n")  # **kwargs, <, &, _x_
+_PRE = re.compile(r'<pre><code class="language-python">(.*?)</code></pre>', re.DOTALL)
+
+
+def test_a_code_block_longer_than_a_message_is_closed_and_opened_again_in_each_part() -> None:
+    """Before, the parts after the first lost ``<pre>``: the code was rendered as Markdown
+    (``**kwargs, **more`` in bold, ``_private_`` in italics) and the closing fence opened an empty block."""
+    assert len(REAL_CODE) > 2 * TELEGRAM_LIMIT and "**kwargs" in REAL_CODE
+    intro = "Here is **the module, with _its errors_ and `NeotaskError`**:"
+    text = f"{intro}\n\n```python\n{REAL_CODE}\n```\n\nThat was *all* of it: see `**kwargs` above."
+    parts = split(text)
+    assert len(parts) >= 3
+    for part in parts:
+        visible, error = parse_html(part)
+        assert error is None, (part[:80], error)  # every tag balanced, as Telegram checks it
+        assert utf16_len(part) <= TELEGRAM_LIMIT and utf16_len(visible) <= TELEGRAM_LIMIT
+    assert parts[0].startswith("Here is <b>the module, with <i>its errors</i> and <code>NeotaskError</code></b>:")
+    assert parts[-1].endswith("That was <i>all</i> of it: see <code>**kwargs</code> above.")
+    blocks = [found for part in parts if (found := _PRE.findall(part))]
+    assert len(blocks) >= 3 and all(len(found) == 1 for found in blocks), "a part holds one piece of the code"
+    assert "\n".join(html.unescape(found[0]) for found in blocks) == REAL_CODE  # cut between lines, nothing lost
+    outside = [_PRE.sub("", part) for part in parts]
+    assert not any("def " in rest or "kwargs)" in rest for rest in outside)  # no code outside a code block
+
+
+def test_a_code_line_longer_than_a_message_is_cut_inside_its_block() -> None:
+    line = "{" + ", ".join(f'"key_{i}": "<v&{i}>"' for i in range(600)) + "}"  # minified JSON, no line break
+    parts = split(f"```python\n{line}\n```", 1000)
+    assert len(parts) > 3
+    for part in parts:
+        assert parse_html(part)[1] is None and utf16_len(part) <= 1000
+    assert "".join(html.unescape(_PRE.findall(part)[0]) for part in parts) == line  # every character kept
+
+
+def test_any_mix_of_fences_and_markup_splits_into_parts_telegram_accepts() -> None:
+    alphabet = ["*", "**", "_", "`", "\n```py\n", "\n```\n", "\n", "\n\n", " ", "a", "bc", "日本", "😀", "&", "<",
+                "**kwargs", "x" * 30]  # fmt: skip
+    rng = random.Random(40)
+    for _ in range(600):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 120)))
+        limit = rng.choice([60, 100, 200])
+        for part in split(text, limit):
+            assert parse_html(part)[1] is None and utf16_len(part) <= limit, (text, limit, part)
+
+
+def test_slack_parts_of_a_long_code_block_each_hold_a_whole_code_block() -> None:
+    text = f"Look:\n\n```python\n{REAL_CODE}\n```\n\n**Done**, no `**kwargs` left."
+    parts = slack_split(text)
+    assert len(parts) >= 3 and all(len(part) <= 4000 for part in parts)
+    code: list[str] = []
+    for part in parts:
+        found = re.findall(r"^```\n(.*?)\n```$", part, re.DOTALL | re.MULTILINE)
+        assert len(found) == 1 and part.count("```") == 2, part[:80]
+        code.append(found[0])
+    assert "\n".join(code) == REAL_CODE.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    assert parts[-1].endswith("*Done*, no `**kwargs` left.")

@@ -124,9 +124,12 @@ def test_media_is_stored_as_a_line_saying_what_arrived(message: dict[str, Any], 
     assert isinstance(got, Inbound) and got.text == text and got.reply
 
 
-def test_an_edit_is_stored_as_an_edit_without_an_answer() -> None:
+def test_an_edit_is_an_edit_of_its_message_saying_whether_it_addresses_the_bot() -> None:
     got = take(update(GROUP, edited=True, text="fixed typo", edit_date=1_700_000_100))
-    assert isinstance(got, Inbound) and got.text == "[edited message 9] fixed typo" and got.reply is False
+    assert isinstance(got, Inbound) and (got.revision, got.message_id, got.reply) == ("edit", "9", False)
+    assert got.content == "[edited message 9] fixed typo"
+    now_mentions = take(update(GROUP, edited=True, edit_date=1_700_000_100, **mention("@neo_bot fixed")))
+    assert isinstance(now_mentions, Inbound) and now_mentions.revision == "edit" and now_mentions.reply is True
 
 
 def test_service_messages_channel_posts_and_the_bots_own_messages_are_not_taken() -> None:

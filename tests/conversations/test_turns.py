@@ -68,6 +68,26 @@ async def test_group_speakers_are_named(client: Client, openai_server: OpenAISer
     assert openai_server.chat_requests[-1].messages[-1]["name"] == "Zo_K"
 
 
+async def test_speakers_whose_names_openai_s_name_cannot_hold_are_named_in_the_text(
+    client: Client, openai_server: OpenAIServer
+) -> None:
+    """``name`` holds ``[A-Za-z0-9_-]`` only: "田中 太郎" and "Алиса" were sent with no name at all,
+    and "Zoë K." as "Zo_K"; the model could not tell who spoke."""
+    group = {"channel": "tg", "chat_type": "group", "chat_id": "g2"}
+    said = [("1", "田中 太郎", "こんにちは"), ("2", "Алиса", "привет"), ("3", "Zoë K.", "hi"),
+            ("4", "Ann Lee", "hello")]  # fmt: skip
+    for sender, name, text in said:
+        resp = await client.post("/v1/messages", json={**group, "sender_id": sender, "sender_name": name, "text": text})
+        assert resp.status == 200, await resp.text()
+    sent = [m for m in openai_server.chat_requests[-1].messages if m["role"] == "user"]
+    assert [(m["content"], m.get("name")) for m in sent] == [
+        ("田中 太郎: こんにちは", None), ("Алиса: привет", None), ("Zoë K.: hi", "Zo_K"), ("hello", "Ann_Lee"),
+    ]  # fmt: skip
+    body = await resp.json()
+    stored = (await (await client.get(f"/v1/runs/{body['run_id']}/messages")).json())["messages"]
+    assert [m.get("name") for m in stored if m["role"] == "user"] == ["田中 太郎", "Алиса", "Zoë K.", "Ann_Lee"]
+
+
 async def test_streaming_sends_deltas_then_the_final_body(client: Client, openai_server: OpenAIServer) -> None:
     resp = await client.post(f"{MAIN}/messages", json={"content": "stream me please", "stream": True})
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")

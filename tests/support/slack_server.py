@@ -49,6 +49,7 @@ class SlackServer:
         self._changed = asyncio.Condition()
         self._sockets: set[web.WebSocketResponse] = set()
         self.failures: dict[str, list[tuple[int, str, int | None]]] = {}
+        self.ts: dict[str, str] = {}  # event_id -> the ts of the message it carries
 
     @property
     def url(self) -> str:
@@ -93,6 +94,7 @@ class SlackServer:
         if thread_ts is not None:
             event["thread_ts"] = thread_ts
         event_id = f"Ev{n:08d}"
+        self.ts[event_id] = event["ts"]
         payload = {"team_id": "T1", "api_app_id": "A1", "event": event, "type": "event_callback", "event_id": event_id,
                    "event_time": int(time.time())}  # fmt: skip
         envelope = {"envelope_id": f"env-{n}", "type": "events_api", "accepts_response_payload": False,
@@ -100,6 +102,27 @@ class SlackServer:
         app.envelopes[envelope["envelope_id"]] = envelope
         app.arrived.set()
         return event_id
+
+    def edit(
+        self, app: App, *, channel: str, ts: str, user: str, text: str, previous_text: str, channel_type: str = "im",
+        thread_ts: str | None = None,
+    ) -> str:  # fmt: skip
+        """Queue a ``message_changed`` event: the message ``ts`` of ``user`` read ``previous_text`` and
+        now reads ``text`` (the same text: what Slack sends when it unfurls a link or counts a
+        reply in the message's thread); its event_id is returned."""
+        n = next(self._ids)
+        message: dict[str, Any] = {"type": "message", "user": user, "text": text, "ts": ts}
+        previous: dict[str, Any] = {"type": "message", "user": user, "text": previous_text, "ts": ts}
+        if text != previous_text:
+            message["edited"] = {"user": user, "ts": f"1700000000.{n:06d}"}
+        else:
+            message["attachments"] = [{"from_url": "https://example.com/", "title": "Example", "id": 1}]
+        if thread_ts is not None:
+            message["thread_ts"] = previous["thread_ts"] = thread_ts
+        event = {"type": "message", "subtype": "message_changed", "hidden": True, "channel": channel,
+                 "channel_type": channel_type, "ts": f"1700000000.{n:06d}", "message": message,
+                 "previous_message": previous}  # fmt: skip
+        return self._queue(app, n, "events_api", event=event)
 
     def deletion(
         self, app: App, *, channel: str, deleted_ts: str, user: str, text: str, channel_type: str = "im"

@@ -148,9 +148,11 @@ class TelegramServer:
         thread_id: int | None = None,
         reply_to_bot: bool = False,
         edited: bool = False,
+        message_id: int | None = None,
         **extra: Any,
     ) -> int:
-        """Queue a message update; its update_id is returned."""
+        """Queue a message update (``edited``: an ``edited_message`` of ``message_id``, as Telegram
+        sends an edit); its update_id is returned."""
         bot = self.bots[token]
         chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
         if chat_type == "private":
@@ -160,12 +162,14 @@ class TelegramServer:
             if thread_id is not None:
                 chat["is_forum"] = True
         message: dict[str, Any] = {
-            "message_id": next(self._message_ids),
+            "message_id": message_id if message_id is not None else next(self._message_ids),
             "date": int(time.time()),
             "chat": chat,
             "from": {"id": from_id, "is_bot": False, "first_name": first_name},
             **extra,
         }
+        if edited:
+            message.setdefault("edit_date", int(time.time()))
         if text is not None:
             message["text"] = text
         if entities:
