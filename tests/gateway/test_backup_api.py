@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
+import io
 import json
 import os
 import stat
@@ -173,6 +175,29 @@ def _trailer_flipped(good: Path, bad: Path) -> None:
     bad.write_bytes(bytes(data))
 
 
+def _with_a_bad_metadata(good: Path, bad: Path) -> None:
+    """``good`` with every run's metadata.json unreadable and the manifest's checksums to match:
+    it verifies, and the restored home does not check clean."""
+    with tarfile.open(good, "r:gz") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()]  # type: ignore[union-attr]
+    manifest = json.loads(members[0][1])
+    with tarfile.open(bad, "w:gz") as tar:
+        files = []
+        for member, data in members[1:]:
+            if member.name.endswith("/metadata.json"):
+                data = b"{"
+                entry = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                manifest["files"][member.name.removeprefix("home/")] = entry
+                member.size = len(data)
+            files.append((member, data))
+        raw = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+        for member, data in files:
+            tar.addfile(member, io.BytesIO(data))
+
+
 async def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     capsys.readouterr()
     code = await asyncio.to_thread(main, list(args))
@@ -221,6 +246,11 @@ async def test_a_restore_creates_the_missing_folders_above_its_home(
     await asyncio.to_thread(_corrupt, out, garbage, "garbage")
     code, _, err = await _cli(capsys, "restore", str(garbage), "--home", str(target))
     assert code == exits.FAILED and err.startswith("error: backup_invalid:") and not top.exists()
+    unclean = tmp_path.parent / f"{tmp_path.name}-unclean.tar.gz"  # verifies; fails after the folders were made
+    await asyncio.to_thread(_with_a_bad_metadata, out, unclean)
+    code, _, err = await _cli(capsys, "restore", str(unclean), "--home", str(target))
+    assert code == exits.FAILED and "does not check clean" in err and "metadata.json" in err, err
+    assert not top.exists()  # the folders it created are gone again
     code, printed, err = await _cli(capsys, "restore", str(out), "--home", str(target))
     assert code == exits.OK, err
     assert printed.startswith("restored ") and str(target) in printed
