@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -18,6 +19,9 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 HOME_PREFIX = "home/"  # every file of the home is under home/ in the archive
 CHUNK = 1 << 20
+# What reading a damaged archive raises (a cut gzip stream ends in EOFError, a corrupt one in zlib.error)
+DAMAGED: tuple[type[Exception], ...] = (tarfile.TarError, EOFError, zlib.error)
+UNREADABLE: tuple[type[Exception], ...] = (*DAMAGED, OSError)
 
 
 def sha256_file(path: Path) -> str:
@@ -65,10 +69,7 @@ def counts(files: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, int]
 
 
 def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
-    try:
-        member = tar.next()
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise BackupInvalid(f"not a readable backup archive ({exc})") from exc
+    member = tar.next()
     if member is None or member.name != MANIFEST or not member.isfile():
         raise BackupInvalid(f"not a neotask backup: the archive does not start with {MANIFEST}")
     handle = tar.extractfile(member)
@@ -87,42 +88,52 @@ def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
 
 
 def verify(path: Path) -> dict[str, Any]:
-    """Read the whole archive: every file the manifest lists is there once with its size and
-    SHA-256, and nothing else. The manifest, or ``BackupInvalid`` naming the first problem."""
+    """Read the whole archive, to the end of its gzip stream: every file the manifest lists is
+    there once with its size and SHA-256, nothing else, and the stream's own trailer (CRC and
+    length) is there and right. The manifest, or ``BackupInvalid`` naming the first problem."""
     try:
         tar = tarfile.open(path, "r:gz")  # noqa: SIM115 (closed by the with below, once opened)
     except FileNotFoundError as exc:
         raise BackupInvalid(f"{path}: no such file") from exc
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except UNREADABLE as exc:
         raise BackupInvalid(f"{path} is not a readable backup archive ({exc})") from exc
     with tar:
-        manifest = read_manifest(tar)
-        expected: dict[str, Any] = dict(manifest.get("files") or {})
-        seen: set[str] = set()
         try:
-            for member in tar:
-                if member.isdir() or (member.name == MANIFEST and member.offset == 0):
-                    continue
-                name = member.name.removeprefix(HOME_PREFIX)
-                if not member.name.startswith(HOME_PREFIX) or not member.isfile() or name not in expected:
-                    raise BackupInvalid(f"{path}: {member.name} is not listed in the manifest")
-                if name in seen:
-                    raise BackupInvalid(f"{path}: {member.name} is in the archive twice")
-                handle = tar.extractfile(member)
-                digest = sha256_stream(handle) if handle is not None else ""
-                entry = expected[name]
-                if member.size != entry["size"] or digest != entry["sha256"]:
-                    raise BackupInvalid(f"{path}: {member.name} does not match its checksum (the archive is damaged)")
-                seen.add(name)
-        except (tarfile.TarError, OSError, EOFError, zlib_error()) as exc:
-            raise BackupInvalid(f"{path} is truncated or damaged ({exc})") from exc
-    missing = sorted(set(expected) - seen)
+            manifest = read_manifest(tar)
+            seen = _check_members(path, tar, dict(manifest.get("files") or {}))
+            _read_to_the_end(tar)
+        except UNREADABLE as exc:  # a truncated stream ends in EOFError, anywhere in it
+            raise BackupInvalid(f"{path} is truncated or damaged ({str(exc) or type(exc).__name__})") from exc
+    missing = sorted(set(manifest.get("files") or {}) - seen)
     if missing:
         raise BackupInvalid(f"{path}: {len(missing)} file(s) of the manifest are missing, e.g. {missing[0]}")
     return manifest
 
 
-def zlib_error() -> type[Exception]:
-    import zlib
+def _check_members(path: Path, tar: tarfile.TarFile, expected: Mapping[str, Any]) -> set[str]:
+    """The names of the manifest's files found in the archive, each checked."""
+    seen: set[str] = set()
+    for member in tar:
+        if member.isdir() or (member.name == MANIFEST and member.offset == 0):
+            continue
+        name = member.name.removeprefix(HOME_PREFIX)
+        if not member.name.startswith(HOME_PREFIX) or not member.isfile() or name not in expected:
+            raise BackupInvalid(f"{path}: {member.name} is not listed in the manifest")
+        if name in seen:
+            raise BackupInvalid(f"{path}: {member.name} is in the archive twice")
+        handle = tar.extractfile(member)
+        digest = sha256_stream(handle) if handle is not None else ""
+        entry = expected[name]
+        if member.size != entry["size"] or digest != entry["sha256"]:
+            raise BackupInvalid(f"{path}: {member.name} does not match its checksum (the archive is damaged)")
+        seen.add(name)
+    return seen
 
-    return zlib.error
+
+def _read_to_the_end(tar: tarfile.TarFile) -> None:
+    """tarfile stops at the end-of-archive blocks and never reads the gzip trailer: read the rest
+    of the stream, so a missing or wrong trailer (a cut copy, a bit flipped in it) raises."""
+    stream = tar.fileobj
+    if stream is not None:
+        while stream.read(CHUNK):
+            pass

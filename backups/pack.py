@@ -3,8 +3,8 @@
 ``finish``: the doctor's safe fixes over the stage (the folders are the truth: a run that started
 or ended between the ledger's copy and the point is brought in line, as start-up recovery does),
 then a check that finds nothing, then ``manifest.json`` and every file into ``<out>.tmp``, fsync,
-rename. ``restore``: verify the whole archive, refuse a home that is not empty, extract into a
-sibling temp folder, check it with the doctor, rename it into place.
+rename. ``restore``: verify the whole archive, refuse a home that is not empty, create the folders
+above it, extract into a sibling temp folder, check it with the doctor, rename it into place.
 """
 
 from __future__ import annotations
@@ -21,7 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from backups.errors import BackupInvalid, BackupTargetError, HomeNotEmpty
-from backups.manifest import FORMAT, FORMAT_VERSION, HOME_PREFIX, MANIFEST, counts, file_table, verify, walk_files
+from backups.manifest import (
+    DAMAGED,
+    FORMAT,
+    FORMAT_VERSION,
+    HOME_PREFIX,
+    MANIFEST,
+    counts,
+    file_table,
+    verify,
+    walk_files,
+)
 from config.settings import Settings
 from sessions.files.doctor import check_home
 from sessions.files.history_doctor import check_home_index
@@ -140,18 +150,13 @@ def restore(archive: Path, target: Path, *, now: str, settings: Settings) -> dic
     target = target.expanduser().absolute()
     if not is_empty(target):
         raise HomeNotEmpty(f"{target} is not empty: restore into a new or empty folder (--home)")
-    if not target.parent.is_dir():
-        raise BackupTargetError(f"{target.parent} does not exist: create it first")
     manifest = verify(archive)
+    created = _make_parents(target)
     work = target.parent / f".{target.name}.restoring-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     try:
         work.mkdir(mode=PRIVATE_DIR)
-        with tarfile.open(archive, "r:gz") as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(HOME_PREFIX) and m.isfile()]
-            for member in members:
-                member.name = member.name.removeprefix(HOME_PREFIX)
-            tar.extractall(work, members=members, filter="data")
+        _extract(archive, work)
         for path in [work, *work.rglob("*")]:
             os.chmod(path, PRIVATE_DIR if path.is_dir() else 0o600)
         Home(work).ensure()
@@ -166,8 +171,43 @@ def restore(archive: Path, target: Path, *, now: str, settings: Settings) -> dic
         fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
     return manifest
+
+
+def _make_parents(target: Path) -> list[Path]:
+    """Create the missing folders above ``target`` (private, as the home is); the ones created,
+    outermost first, for a failed restore to remove."""
+    missing = [folder for folder in reversed(target.parents) if not folder.is_dir()]
+    created = []
+    try:
+        for folder in missing:
+            folder.mkdir(mode=PRIVATE_DIR)
+            created.append(folder)
+    except OSError as exc:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise BackupTargetError(
+            f"cannot create {exc.filename or target.parent}: {exc.strerror or exc}; choose another --home"
+        ) from exc
+    return created
+
+
+def _extract(archive: Path, work: Path) -> None:
+    """The home's files of the (verified) archive into ``work``; ``BackupInvalid`` if it no longer
+    reads (changed on disk since the verify)."""
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(HOME_PREFIX) and m.isfile()]
+            for member in members:
+                member.name = member.name.removeprefix(HOME_PREFIX)
+            tar.extractall(work, members=members, filter="data")
+    except DAMAGED as exc:
+        raise BackupInvalid(f"{archive} is truncated or damaged ({str(exc) or type(exc).__name__})") from exc
 
 
 async def build_history(home: Home) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -120,18 +121,33 @@ def cmd_config_show(ctx: Context) -> int:
 
 def cmd_config_reload(ctx: Context) -> int:
     """``POST /v1/admin/config/reload``: what changed, what needs a restart; an invalid file is
-    refused (exit 1) and nothing changes. Without a running gateway there is nothing to reload."""
-    from gateway.client import GatewayClient
+    refused (exit 1) and nothing changes. Without a running gateway there is nothing to reload.
+
+    The token: ``--token`` or ``NEOTASK_TOKEN``, else ``gateway.tokens`` of the file the gateway
+    reloads (``gateway.json`` names it), read even when another key of it is wrong (the gateway
+    then says which). A file that gives none (not YAML), or tokens the gateway refuses (changed
+    in the file: it runs with those of its last load), is a clear error naming the cause."""
+    from gateway.client import ApiError, GatewayClient
 
     info = ctx.gateway_info()
     if info is None or not info.get("url"):
         print(f"error: no gateway runs on {ctx.home}: the next start reads the config file", file=sys.stderr)
         return exits.NOT_RUNNING
-    try:  # the file may be the bad one: then the gateway says what is wrong (a token: --token)
-        token = ctx.token()
-    except ConfigError:
-        token = None
-    body = GatewayClient(str(info["url"]), token=token).post("/v1/admin/config/reload")
+    explicit = ctx.explicit_token()
+    path, tokens, problem = (None, [explicit], None) if explicit else _reload_tokens(ctx, info)
+    client = GatewayClient(str(info["url"]))
+    offered: list[str | None] = [*tokens] or [None]
+    for token in offered:  # the gateway takes any of its list: the file may list a new one first
+        client.token = token
+        try:
+            body = client.post("/v1/admin/config/reload")
+            break
+        except ApiError as exc:
+            if exc.code != "unauthorized":
+                raise
+    else:
+        print(f"error: unauthorized: {_refused(bool(explicit), path, tokens, problem, info)}", file=sys.stderr)
+        return exits.FAILED
     if ctx.as_json:
         ctx.print_json(body)
         return EXIT_OK
@@ -145,6 +161,46 @@ def cmd_config_reload(ctx: Context) -> int:
     for path in restart:
         print(f"warning: {path} changed in the file but needs a restart of the gateway", file=sys.stderr)
     return EXIT_OK
+
+
+def _reload_tokens(ctx: Context, info: Mapping[str, Any]) -> tuple[Path | None, list[str], str | None]:
+    """The file the gateway reloads, the tokens it names (with this environment's), and why it
+    does not load (None when it does)."""
+    from config.loader import deep_merge, env_overrides, load_config, read_user_yaml
+
+    named = info.get("config_path")
+    config_path = Path(named) if isinstance(named, str) else getattr(ctx.args, "config", None)
+    try:
+        config = load_config(env=ctx.env, home=ctx.home, config_path=config_path)
+        return config.config_path, list(config.settings.gateway.tokens), None
+    except ConfigError as exc:
+        problem = exc.message
+    path = Path(config_path) if config_path else Path(ctx.env.get("NEOTASK_CONFIG") or ctx.home / "config.yaml")
+    try:  # another key's error must not hide the token: the gateway names that error itself
+        raw = deep_merge(read_user_yaml(path), env_overrides(ctx.env)[0]).get("gateway")
+    except ConfigError:
+        return path, [], problem
+    listed = raw.get("tokens") if isinstance(raw, dict) else None
+    tokens = [t for t in listed if isinstance(t, str) and t.strip()] if isinstance(listed, list) else []
+    return path, tokens, problem
+
+
+def _refused(explicit: bool, path: Path | None, tokens: list[str], problem: str | None, info: Mapping[str, Any]) -> str:
+    """Why the gateway refused the reload's token, and the ways on."""
+    hup = f"`kill -HUP {info.get('pid')}` reloads without a token (its answer goes to logs/gateway.log)"
+    if explicit:
+        return f"the gateway refused the token given (--token or NEOTASK_TOKEN): pass one of its gateway.tokens; {hup}"
+    source = str(path) if path else "the configuration (defaults and environment, no config file)"
+    if not tokens:  # the file's own problem last: a YAML error spans lines
+        return (
+            f"the gateway needs a token and {source} gives none: fix the file (the gateway runs on with the"
+            f" settings of its last load) or pass one of its tokens with --token or NEOTASK_TOKEN; {hup}."
+            + (f" The file: {problem}" if problem else " It names no gateway.tokens.")
+        )
+    return (
+        f"the gateway refused the gateway.tokens of {source}: it runs with the tokens of its last load (changed"
+        f" since?); pass one of those with --token or NEOTASK_TOKEN; {hup}"
+    )
 
 
 # -- doctor ----------------------------------------------------------------------------------------

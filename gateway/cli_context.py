@@ -79,10 +79,14 @@ class Context:
             return None
         return GatewayClient(str(info["url"]), token=self.token())
 
-    def token(self) -> str | None:
+    def explicit_token(self) -> str | None:
+        """``--token``, else ``NEOTASK_TOKEN``."""
         explicit = getattr(self.args, "token", None) or self.env.get("NEOTASK_TOKEN")
-        if explicit:
-            return str(explicit)
+        return str(explicit) if explicit else None
+
+    def token(self) -> str | None:
+        if explicit := self.explicit_token():
+            return explicit
         tokens = self.config.settings.gateway.tokens
         return tokens[0] if tokens else None
 

@@ -251,6 +251,7 @@ async def _serve(
                 "url": url,
                 "started_at": iso(system_clock()),
                 "home": str(home.root),
+                "config_path": str(config.config_path.absolute()) if config.config_path else None,
                 "version": version(),
             }
             await asyncio.to_thread(write_json_atomic, home.gateway_json, info)

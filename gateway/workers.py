@@ -240,6 +240,7 @@ class Supervisor:
                 "url": url,
                 "started_at": iso(system_clock()),
                 "home": str(self.home.root),
+                "config_path": str(self.config.config_path.absolute()) if self.config.config_path else None,
                 "version": version(),
                 "workers": self.count,
             }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -61,13 +61,16 @@ LAST_RUNS = 10
 @dataclass(frozen=True)
 class Firing:
     """One firing of a job, kept in memory (the last ``LAST_RUNS`` per job since the start):
-    ``ok`` false when the call raised or its result says so (a cron job's ``CronOutcome``)."""
+    ``ok`` false when the call raised or its result says so (a cron job's ``CronOutcome``);
+    ``error`` why the call failed; ``delivery`` how the result's delivery went when it has one (a
+    cron job's ``deliver_to``: url, delivered, attempts, error), as ``run_now`` answers it."""
 
     started_at: datetime
     finished_at: datetime
     ok: bool
     status: str | None = None
     error: str | None = None
+    delivery: Mapping[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +79,7 @@ class Firing:
             "ok": self.ok,
             "status": self.status,
             "error": self.error,
+            "delivery": None if self.delivery is None else dict(self.delivery),
         }
 
     @classmethod
@@ -84,12 +88,15 @@ class Firing:
             return cls(started_at, finished_at, False, "failed", f"{type(error).__name__}: {error}")
         ok = getattr(result, "ok", True)
         status, why = getattr(result, "status", None), getattr(result, "error", None)
+        report = getattr(getattr(result, "delivery", None), "as_dict", None)
+        delivery = report() if callable(report) else None
         return cls(
             started_at,
             finished_at,
             ok if isinstance(ok, bool) else True,
             status if isinstance(status, str) else None,
             why if isinstance(why, str) else None,
+            delivery if isinstance(delivery, Mapping) else None,
         )
 
 

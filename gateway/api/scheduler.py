@@ -16,6 +16,58 @@ from gateway.keys import SCHEDULER, SCHEDULING
 routes = web.RouteTableDef()
 
 NULLABLE_INT = {"type": ["integer", "null"]}
+DELIVERY = {
+    "type": ["object", "null"],
+    "description": "a cron job's deliver_to: how the POST of the answer went",
+    "properties": {
+        "url": STR,
+        "delivered": {"type": "boolean"},
+        "attempts": {"type": "integer"},
+        "error": {**NULLABLE_STR, "description": "why it did not arrive (the last attempt's answer or error)"},
+    },
+}
+FIRING = {
+    "type": "object",
+    "required": ["started_at", "finished_at", "ok", "status", "error", "delivery"],
+    "properties": {
+        "started_at": STR,
+        "finished_at": STR,
+        "ok": {"type": "boolean", "description": "false: the job failed, or its delivery did not arrive"},
+        "status": NULLABLE_STR,
+        "error": {**NULLABLE_STR, "description": "why the job failed (a delivery's reason is in `delivery`)"},
+        "delivery": DELIVERY,
+    },
+}
+JOBS = Answer(
+    "Jobs",
+    {
+        "type": "object",
+        "required": ["jobs"],
+        "properties": {
+            "jobs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "kind", "trigger", "next_run_at", "running", "last_runs"],
+                    "properties": {
+                        "id": STR,
+                        "kind": STR,
+                        "trigger": STR,
+                        "next_run_at": NULLABLE_STR,
+                        "running": {"type": "boolean"},
+                        "last_run_at": NULLABLE_STR,
+                        "skipped": {"type": "integer"},
+                        "last_runs": {
+                            "type": "array",
+                            "items": FIRING,
+                            "description": "this process's last firings since its start, newest first",
+                        },
+                    },
+                },
+            }
+        },
+    },
+)
 JOB_RUN = Answer(
     "JobRun",
     {
@@ -32,15 +84,7 @@ JOB_RUN = Answer(
             "run_id": NULLABLE_STR,
             "message_seq": NULLABLE_INT,
             "reply": {"type": ["object", "null"]},
-            "delivery": {
-                "type": ["object", "null"],
-                "properties": {
-                    "url": STR,
-                    "delivered": {"type": "boolean"},
-                    "attempts": {"type": "integer"},
-                    "error": NULLABLE_STR,
-                },
-            },
+            "delivery": DELIVERY,
         },
     },
 )
@@ -52,7 +96,13 @@ class CleanupBody(BaseModel):
 
 
 @routes.get("/v1/scheduler/jobs")
-@operation("Scheduled jobs and their next run times", "scheduler")
+@operation(
+    "Scheduled jobs and their next run times",
+    "scheduler",
+    "Each job with its trigger, next run and last firings (outcome, why a firing failed, and a cron"
+    " job's delivery with the reason it did not arrive).",
+    answer=JOBS,
+)
 async def list_jobs(request: web.Request) -> web.Response:
     return json_response({"jobs": [job.as_json() for job in request.app[SCHEDULER].jobs()]})
 

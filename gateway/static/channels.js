@@ -12,17 +12,20 @@ function state(account) {
 }
 
 function row(account) {
+  // each cell carries its column's name: at phone width the header row is hidden and CSS shows it
+  const [channel, name, agent, status, bot, mode, update, into, out, error] = COLUMNS;
+  const cell = (label, attrs, content) => h("td", { ...attrs, dataset: { label } }, content);
   return h("tr", { "data-account": `${account.channel}:${account.account}` },
-    h("td", {}, account.channel),
-    h("td", { class: "mono" }, account.account),
-    h("td", {}, account.agent),
-    h("td", {}, state(account)),
-    h("td", { class: "mono" }, account.username ? `@${account.username}` : "—"),
-    h("td", {}, account.mode),
-    h("td", {}, account.last_update_at ? time(account.last_update_at) : "—"),
-    h("td", { class: "num" }, String(account.messages_in)),
-    h("td", { class: "num" }, String(account.messages_out)),
-    h("td", { class: account.last_error ? "error-text" : "" }, account.last_error || "—"));
+    cell(channel, {}, account.channel),
+    cell(name, { class: "mono" }, account.account),
+    cell(agent, {}, account.agent),
+    cell(status, {}, state(account)),
+    cell(bot, { class: "mono" }, account.username ? `@${account.username}` : "—"),
+    cell(mode, {}, account.mode),
+    cell(update, {}, account.last_update_at ? time(account.last_update_at) : "—"),
+    cell(into, { class: "num" }, String(account.messages_in)),
+    cell(out, { class: "num" }, String(account.messages_out)),
+    cell(error, { class: account.last_error ? "error-text" : "" }, account.last_error || "—"));
 }
 
 export function mountChannels(root) {
@@ -34,7 +37,7 @@ export function mountChannels(root) {
       const data = await get("/v1/channels");
       if (stopped) return;
       if (!data.accounts.length) {
-        replace(body, empty("No chat channel accounts configured (channels.telegram.accounts in the config)."));
+        replace(body, empty("No chat channel accounts configured (channels.telegram.accounts or channels.slack.accounts in the config)."));
         return;
       }
       replace(body, h("table", { class: "table channels-table" },

@@ -7,12 +7,20 @@ import { notify, showError } from "./ui.js";
 const COLUMNS = ["Job", "Kind", "Schedule", "Next run", "Last runs", ""];
 const REFRESH_MS = 5000;
 
+/** Why a delivery did not arrive, or null: "not delivered to URL after N attempt(s): reason". */
+function undelivered(delivery) {
+  if (!delivery || delivery.delivered) return null;
+  return `not delivered to ${delivery.url} after ${delivery.attempts} attempt(s): ${delivery.error || "no reason given"}`;
+}
+
 function outcome(firing) {
   const label = firing.ok ? (firing.status || "ok") : (firing.status || "failed");
-  const title = `${when(firing.started_at)}${firing.error ? ` — ${firing.error}` : ""}`;
+  const problems = [firing.error, undelivered(firing.delivery)].filter(Boolean);
+  const title = [when(firing.started_at), ...problems].join(" — ");
   return h("li", { class: "firing", title },
     badge(label, firing.ok ? "badge-running" : "badge-failed"), " ", time(firing.started_at),
-    firing.error ? h("div", { class: "error-text small" }, firing.error) : null);
+    firing.error ? h("div", { class: "error-text small" }, firing.error) : null,
+    undelivered(firing.delivery) ? h("div", { class: "error-text small delivery-error" }, undelivered(firing.delivery)) : null);
 }
 
 function row(job, runNow) {

@@ -85,12 +85,15 @@ export function mountUsage(root, query) {
       const agents = [...new Set([...Object.keys(data.limits), ...data.usage.map((r) => r.agent)])].sort();
       for (const r of data.usage) (totals[r.day] ||= {})[r.agent] = r.total_tokens;
       const used = agents.filter((a) => data.usage.some((r) => r.agent === a));
+      const figures = ["Input", "Output", "Cache read", "Calls", "Total"];
       const table = h("table", { class: "table usage-table" },
         h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Day"), h("th", { scope: "col" }, "Agent"),
-          ["Input", "Output", "Cache read", "Calls", "Total"].map((c) => h("th", { scope: "col", class: "num" }, c)))),
+          figures.map((c) => h("th", { scope: "col", class: "num" }, c)))),
         h("tbody", {}, [...data.usage].reverse().map((r) => h("tr", { dataset: { day: r.day, agent: r.agent } },
-          h("td", {}, r.day), h("td", {}, r.agent),
-          [r.input_tokens, r.output_tokens, r.cache_read_tokens, r.calls, r.total_tokens].map((v) => h("td", { class: "num" }, num(v)))))));
+          // each cell carries its column's name: at phone width the header row is hidden and CSS shows it
+          h("td", { dataset: { label: "Day" } }, r.day), h("td", { dataset: { label: "Agent" } }, r.agent),
+          [r.input_tokens, r.output_tokens, r.cache_read_tokens, r.calls, r.total_tokens].map((v, i) =>
+            h("td", { class: "num", dataset: { label: figures[i] } }, num(v)))))));
       replace(body,
         data.usage.length ? h("div", { class: "usage-panel" }, chart(days, used, totals), legend(used, data.limits))
           : empty("No model calls in these days."),

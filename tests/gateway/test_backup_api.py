@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
+import io
 import json
 import os
 import stat
@@ -19,7 +21,9 @@ from backups.errors import BackupInvalid, BackupTargetError, HomeNotEmpty
 from backups.manifest import MANIFEST, verify
 from backups.pack import restore
 from config.settings import Settings
+from gateway import exits
 from gateway import keys as K
+from gateway.cli import main
 from tests.gateway.conftest import Client, settled
 from tests.gateway.helpers import tree_digest
 
@@ -157,6 +161,102 @@ async def test_a_corrupt_archive_is_refused_and_nothing_is_restored(client: Clie
         await asyncio.to_thread(restore, bad, target, now=NOW, settings=Settings())
     assert not target.exists()
     assert not list(tmp_path.parent.glob(f".{target.name}.restoring-*"))
+
+
+def _cuts(size: int) -> list[int]:
+    """Lengths to cut an archive of ``size`` bytes to: through the gzip header, the manifest, the
+    members, the end-of-archive blocks, and each byte of the gzip trailer (CRC-32, length)."""
+    return sorted({1, 5, 10, 20, *range(40, size - 12, 199), *range(size - 12, size)})
+
+
+def _trailer_flipped(good: Path, bad: Path) -> None:
+    data = bytearray(good.read_bytes())
+    data[-6] ^= 0x01  # a bit of the stream's CRC-32: every member still reads and checks
+    bad.write_bytes(bytes(data))
+
+
+def _with_a_bad_metadata(good: Path, bad: Path) -> None:
+    """``good`` with every run's metadata.json unreadable and the manifest's checksums to match:
+    it verifies, and the restored home does not check clean."""
+    with tarfile.open(good, "r:gz") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()]  # type: ignore[union-attr]
+    manifest = json.loads(members[0][1])
+    with tarfile.open(bad, "w:gz") as tar:
+        files = []
+        for member, data in members[1:]:
+            if member.name.endswith("/metadata.json"):
+                data = b"{"
+                entry = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                manifest["files"][member.name.removeprefix("home/")] = entry
+                member.size = len(data)
+            files.append((member, data))
+        raw = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+        for member, data in files:
+            tar.addfile(member, io.BytesIO(data))
+
+
+async def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = await asyncio.to_thread(main, list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def test_a_cut_archive_or_a_bad_gzip_trailer_is_backup_invalid_from_the_cli(
+    client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Cut inside the manifest, ``backup verify`` and ``restore`` raised EOFError out of the CLI (a
+    traceback); cut in the gzip trailer, or with the trailer's CRC wrong, the archive verified and
+    restored. Each is one line ``error: backup_invalid: …`` naming the file, exit 1, nothing written."""
+    await _seed(client, 3)
+    good = tmp_path.parent / f"{tmp_path.name}-good.tar.gz"
+    await _backup(client, good)
+    bad = tmp_path.parent / f"{tmp_path.name}-bad.tar.gz"
+    target = tmp_path.parent / f"{tmp_path.name}-cut-home"
+    data = good.read_bytes()
+    cases = [(f"cut to {n} of {len(data)} bytes", data[:n]) for n in _cuts(len(data))]
+    await asyncio.to_thread(_trailer_flipped, good, bad)
+    cases.append(("the gzip CRC flipped", bad.read_bytes()))
+    for case, content in cases:
+        bad.write_bytes(content)
+        for command in (("backup", "verify", str(bad)), ("restore", str(bad), "--home", str(target))):
+            code, out, err = await _cli(capsys, *command)
+            assert (code, out) == (exits.FAILED, ""), (case, command, code, out, err)
+            assert err.startswith(f"error: backup_invalid: {bad}") and err.count("\n") == 1, (case, command, err)
+        assert not target.exists(), case
+        assert not list(tmp_path.parent.glob(f".{target.name}.restoring-*")), case
+    code, out, _ = await _cli(capsys, "backup", "verify", str(good))
+    assert code == exits.OK and out.startswith(f"OK: {good}")
+
+
+async def test_a_restore_creates_the_missing_folders_above_its_home(
+    client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``neotask restore home.tar.gz --home /new/home`` (the README's example) refused a home whose
+    parent did not exist ("create it first"). A bad archive still creates nothing."""
+    await _seed(client, 2)
+    out = tmp_path.parent / f"{tmp_path.name}-b.tar.gz"
+    await _backup(client, out)
+    top = tmp_path.parent / f"{tmp_path.name}-new"
+    target = top / "srv" / "home"
+    garbage = tmp_path.parent / f"{tmp_path.name}-garbage.tar.gz"
+    await asyncio.to_thread(_corrupt, out, garbage, "garbage")
+    code, _, err = await _cli(capsys, "restore", str(garbage), "--home", str(target))
+    assert code == exits.FAILED and err.startswith("error: backup_invalid:") and not top.exists()
+    unclean = tmp_path.parent / f"{tmp_path.name}-unclean.tar.gz"  # verifies; fails after the folders were made
+    await asyncio.to_thread(_with_a_bad_metadata, out, unclean)
+    code, _, err = await _cli(capsys, "restore", str(unclean), "--home", str(target))
+    assert code == exits.FAILED and "does not check clean" in err and "metadata.json" in err, err
+    assert not top.exists()  # the folders it created are gone again
+    code, printed, err = await _cli(capsys, "restore", str(out), "--home", str(target))
+    assert code == exits.OK, err
+    assert printed.startswith("restored ") and str(target) in printed
+    assert (target / "contexts" / "sessions.json").is_file()
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (top, top / "srv", target)] == [0o700] * 3
+    assert sorted(p.name for p in top.iterdir()) == ["srv"]  # no temp folder left beside it
 
 
 async def test_a_restore_refuses_a_home_that_is_not_empty(client: Client, tmp_path: Path) -> None:

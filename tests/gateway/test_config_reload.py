@@ -5,6 +5,11 @@ keep their running value; an invalid file changes nothing and says what is wrong
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +18,12 @@ from aiohttp import web
 
 from config.loader import load_config
 from config.settings import Settings
+from gateway import exits
 from gateway import keys as K
 from gateway.app import create_app
+from gateway.cli import main
 from gateway.reload import in_force, needs_restart
+from sessions.files.lock import HomeLock
 from tests.conftest import FakeClock
 from tests.gateway.conftest import Client
 
@@ -140,3 +148,80 @@ async def test_a_reload_restarts_the_channels_with_new_accounts(client: Client, 
     resp = await client.get("/v1/channels", headers=AUTH)
     text = await resp.text()
     assert resp.status == 200 and "ops" in text and "OPS_BOT_TOKEN is not set" in text  # the new account, judged
+
+
+# -- `neotask config reload`: the token it sends ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def daemon_files(home: Path, client: Client, config_path: Path) -> Iterator[None]:
+    """What a daemon serving ``client`` leaves on its home for the CLI: the held lock and
+    ``gateway.json`` naming its URL and the file it reloads."""
+    info = {"pid": os.getpid(), "url": str(client.make_url("")), "config_path": str(config_path)}
+    with HomeLock(home / "gateway.lock"):
+        (home / "gateway.json").write_text(json.dumps(info))
+        yield
+
+
+@pytest.fixture
+def no_neotask_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("NEOTASK_")]:
+        monkeypatch.delenv(name)
+
+
+async def _reload_cli(capsys: pytest.CaptureFixture[str], home: Path, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = await asyncio.to_thread(main, ["config", "reload", "--home", str(home), "--wait-start", "0", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.usefixtures("no_neotask_env")
+async def test_config_reload_sends_the_token_of_the_file_it_reloads(
+    client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broken file with tokens configured: the CLI sent no token and printed "unauthorized"
+    instead of what is wrong with the file. Now the token comes from the file even when another
+    key is wrong (the gateway names the key), a file that gives none is an error naming why and
+    the way on, and a rotation that lists the new token first still authenticates."""
+    config = tmp_path / "config.yaml"
+    before = await _config(client)
+    with daemon_files(tmp_path, client, config):
+        config.write_text(BASE + "bogus_key: 1\n")
+        code, out, err = await _reload_cli(capsys, tmp_path)
+        assert (code, out) == (exits.FAILED, "") and err.startswith("error: config_rejected:"), err
+        assert "bogus_key" in err
+
+        config.write_text("gateway: {tokens: [first-token]\nagents: [\n")  # not YAML at all: no token to read
+        code, out, err = await _reload_cli(capsys, tmp_path)
+        assert (code, out) == (exits.FAILED, ""), err
+        assert err.startswith(f"error: unauthorized: the gateway needs a token and {config} gives none"), err
+        assert "not valid YAML" in err and "--token" in err and f"kill -HUP {os.getpid()}" in err
+        code, _, err = await _reload_cli(capsys, tmp_path, "--token", "first-token")
+        assert code == exits.FAILED and err.startswith("error: config_rejected:") and "not valid YAML" in err
+
+        config.write_text(BASE.replace("[first-token]", "[rotated-token]"))  # the gateway knows only first-token
+        code, _, err = await _reload_cli(capsys, tmp_path)
+        assert code == exits.FAILED and f"refused the gateway.tokens of {config}" in err and "--token" in err, err
+        assert await _config(client) == before  # nothing was reloaded by any of these
+
+        config.write_text(BASE.replace("[first-token]", "[rotated-token, first-token]"))
+        code, out, err = await _reload_cli(capsys, tmp_path)
+        assert code == exits.OK and out.startswith("reloaded: 1 change(s) in force"), err
+    resp = await client.get("/v1/sessions", headers={"Authorization": "Bearer rotated-token"})
+    assert resp.status == 200
+
+
+@pytest.mark.usefixtures("no_neotask_env")
+async def test_config_reload_reads_the_file_the_gateway_named(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gateway.json`` names the file the gateway reloads (its ``--config``): the CLI takes the
+    token there, not from ``<home>/config.yaml``, which a gateway started so does not have."""
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-etc.yaml"
+    elsewhere.write_text(BASE)
+    app = create_app(load_config(env={}, home=tmp_path, config_path=elsewhere), clock=clock, env={})
+    client = await aiohttp_client(app)
+    with daemon_files(tmp_path, client, elsewhere):
+        code, out, err = await _reload_cli(capsys, tmp_path)
+    assert code == exits.OK and out.startswith("reloaded: nothing changed"), err

@@ -79,6 +79,7 @@ async def test_start_answers_then_sigterm_drains_and_restart_keeps_sessions(tmp_
         info = json.loads((home / "gateway.json").read_text())
         assert info["pid"] == first.pid and info["url"] == first.url
         assert {"started_at", "home", "version"} <= set(info)
+        assert info["config_path"] is None  # no file: `config reload` then reads what <home>/config.yaml says
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{first.url}/healthz") as resp:
                 assert resp.status == 200

@@ -110,6 +110,8 @@ async def stored(dsn: str) -> dict[str, list[tuple[int, str, str]]]:
 async def two_workers(tmp_path: Path, config: Path) -> AsyncIterator[Daemon]:
     async with daemon(tmp_path / "home", "--config", str(config), "--workers", "2", timeout=START_S) as gw:
         assert len(workers_of(gw.pid)) == 2
+        info = json.loads((tmp_path / "home" / "gateway.json").read_text())
+        assert info["config_path"] == str(config)  # the file `config reload` takes the token from
         yield gw
 
 
