@@ -6,6 +6,9 @@ Outbox rows, one per platform message that asks for an answer, keyed by its clie
 ``pending`` (stored, no answer yet) → ``answered`` (the answer's text is here) → ``sent`` (every
 part accepted; ``parts_sent`` counts them as they go) or ``failed`` (refused for good). A row is
 written before the message is stored, so whatever a crash interrupts is found again at start.
+
+What connectors keep about their platform: the updates they could not read (the raw JSON and why,
+the last ``UNREADABLE_KEPT`` per account).
 """
 
 from __future__ import annotations
@@ -54,6 +57,18 @@ CREATE TABLE IF NOT EXISTS pairing (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS pairing_sender ON pairing(channel, account, sender_id);
 """
+_CONNECTOR_SCHEMA = """
+CREATE TABLE IF NOT EXISTS unreadable_updates (
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    update_id TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (channel, account, update_id)
+);
+"""
+UNREADABLE_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -96,7 +111,7 @@ class ChannelStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA busy_timeout=5000")
-        db.executescript(_SCHEMA)
+        db.executescript(_SCHEMA + _CONNECTOR_SCHEMA)
         return db
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -268,6 +283,29 @@ class ChannelStore:
             ).fetchall()
 
         return [_pairing(r, approved=bool(r[5])) for r in await self._run(work)]
+
+    # -- what connectors keep ------------------------------------------------------------------
+
+    async def unreadable(self, channel: str, account: str, update_id: str, reason: str, body: str, now: str) -> bool:
+        """Keep an update the connector could not read; False when it was kept before (a redelivery)."""
+
+        def work(db: sqlite3.Connection) -> bool:
+            added = db.execute(
+                "INSERT OR IGNORE INTO unreadable_updates (channel, account, update_id, reason, body, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (channel, account, update_id, reason, body, now),
+            ).rowcount
+            if added:
+                db.execute(
+                    "DELETE FROM unreadable_updates WHERE channel = ? AND account = ? AND rowid NOT IN"
+                    " (SELECT rowid FROM unreadable_updates WHERE channel = ? AND account = ? ORDER BY rowid DESC"
+                    " LIMIT ?)",
+                    (channel, account, channel, account, UNREADABLE_KEPT),
+                )
+            return added == 1
+
+        return await self._run(work)
+
 
 
 def _row(raw: tuple[Any, ...]) -> OutboxRow:
