@@ -8,7 +8,8 @@ part accepted; ``parts_sent`` counts them as they go) or ``failed`` (refused for
 written before the message is stored, so whatever a crash interrupts is found again at start.
 
 What connectors keep about their platform: the updates they could not read (the raw JSON and why,
-the last ``UNREADABLE_KEPT`` per account).
+the last ``UNREADABLE_KEPT`` per account) and each account's first bot (Telegram keys the updates
+of any later bot by its id).
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ CREATE TABLE IF NOT EXISTS unreadable_updates (
     body TEXT NOT NULL,
     created_at TEXT NOT NULL,
     PRIMARY KEY (channel, account, update_id)
+);
+CREATE TABLE IF NOT EXISTS first_bots (
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    bot_id TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (channel, account)
 );
 """
 UNREADABLE_KEPT = 1000
@@ -306,6 +314,20 @@ class ChannelStore:
 
         return await self._run(work)
 
+    async def first_bot(self, channel: str, account: str, bot_id: str, now: str) -> str:
+        """The id of the first bot the account ran with (``bot_id`` when this is its first run)."""
+
+        def work(db: sqlite3.Connection) -> str:
+            db.execute(
+                "INSERT OR IGNORE INTO first_bots (channel, account, bot_id, created_at) VALUES (?, ?, ?, ?)",
+                (channel, account, bot_id, now),
+            )
+            found = db.execute(
+                "SELECT bot_id FROM first_bots WHERE channel = ? AND account = ?", (channel, account)
+            ).fetchone()
+            return str(found[0])
+
+        return await self._run(work)
 
 
 def _row(raw: tuple[Any, ...]) -> OutboxRow:

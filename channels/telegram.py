@@ -5,8 +5,8 @@ other accounts are not touched), ``setMyCommands``, ``deleteWebhook`` (polling a
 exclude each other), then ``getUpdates`` in a loop. Each update's message is handed to the post
 function, which returns once it is durable; only then does the next ``getUpdates`` carry an
 offset past it, which is what tells Telegram the update is done. A crash in between means the
-update comes again, and its ``client_message_id`` (``telegram:<account>:<update_id>``) makes the
-second store a no-op.
+update comes again, and its ``client_message_id`` (``telegram:<account>:<update_id>``, with the
+bot's id before the update id for any bot but the account's first) makes the second store a no-op.
 
 Nothing stops the account quietly: an update aiogram does not read is kept in ``channels.db``,
 logged and confirmed; an answer that is not JSON (a proxy's HTML error page) is retried like a
@@ -57,6 +57,7 @@ from channels.telegram_updates import (
     BotIdentity,
     Skip,
     Unreadable,
+    delivery_id,
     inbound,
     read_batch,
     read_update,
@@ -149,7 +150,7 @@ class TelegramConnector:
         while True:
             try:
                 me = await bot.get_me()
-                identity = BotIdentity(me.id, me.username or "")
+                identity = await self._identity(me.id, me.username or "")
                 await self.access.load()
                 await bot.set_my_commands([BotCommand(command=c, description=d) for c, d in COMMANDS])
                 if self.settings.mode == "webhook":
@@ -168,6 +169,12 @@ class TelegramConnector:
             self._me = identity
             self.status.username = me.username
             return True
+
+    async def _identity(self, bot_id: int, username: str) -> BotIdentity:
+        """The bot, keyed by its id unless it is the first the account ran with (whose keys, as
+        earlier versions wrote them, carry no bot id: a redelivery after an upgrade is found)."""
+        first = await self.store.first_bot(CHANNEL, self.account, str(bot_id), iso(self.clock()))
+        return BotIdentity(bot_id, username, keyed=first != str(bot_id))
 
     @property
     def takes_calls(self) -> bool:
@@ -269,7 +276,8 @@ class TelegramConnector:
     async def _keep_unreadable(self, update: Unreadable) -> None:
         """Keep an update aiogram does not read (``channels.db``, ``unreadable_updates``), log it
         once and count it; it is then confirmed like any other."""
-        update_id = str(update.update_id)
+        assert self._me is not None
+        update_id = delivery_id(update.update_id, self._me)
         body = json.dumps(update.raw, ensure_ascii=False)
         if await self.store.unreadable(CHANNEL, self.account, update_id, update.reason, body, iso(self.clock())):
             self.status.extra["updates_unreadable"] += 1

@@ -10,6 +10,9 @@
 - An edited message is stored as such, without an answer.
 - An update aiogram does not read (a shape of an older or newer Bot API) is an :class:`Unreadable`:
   kept and confirmed, never allowed to hold up the updates after it.
+- Update ids are per bot: the update's part of a ``client_message_id`` is its id for the account's
+  first bot and ``<bot id>:<update id>`` for any later one (a new token of another bot under the
+  same account name, whose ids may repeat the first bot's).
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ _SERVICE_FIELDS = (
 
 @dataclass(frozen=True)
 class BotIdentity:
+    """The bot an account runs as; ``keyed``: its update ids carry its id (not the account's first bot)."""
+
     id: int
     username: str
+    keyed: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,11 @@ class Skip:
     """An update that becomes no message, and why (logged at debug level)."""
 
     reason: str
+
+
+def delivery_id(update_id: int, bot: BotIdentity) -> str:
+    """The update's part of its ``client_message_id``."""
+    return f"{bot.id}:{update_id}" if bot.keyed else str(update_id)
 
 
 def read_update(raw: object, bot: Bot) -> Update | Unreadable | None:
@@ -228,7 +239,7 @@ def inbound(update: Update, account_name: str, account: TelegramAccount, bot: Bo
         sender_name=sender_name(message),
         thread_id=thread,
         text=text,
-        update_id=str(update.update_id),
+        update_id=delivery_id(update.update_id, bot),
         target=Target(
             chat_id=str(chat.id),
             thread_id=str(message.message_thread_id) if thread else None,
