@@ -95,7 +95,8 @@ class Rejected(Exception):
 
 @dataclass
 class AccountStatus:
-    """What ``neotask channels status`` and ``GET /v1/channels`` show for one account."""
+    """What ``neotask channels status`` and ``GET /v1/channels`` show for one account. ``restarts``:
+    how often its connector stopped for a reason it does not handle and was started again."""
 
     channel: str
     account: str
@@ -108,6 +109,7 @@ class AccountStatus:
     last_error: str | None = None
     messages_in: int = 0
     messages_out: int = 0
+    restarts: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:

@@ -8,6 +8,11 @@ acknowledged is delivered again by Slack, and its ``event_id`` (``slack:<account
 as client_message_id) makes the second store a no-op. Replies go out with ``chat.postMessage``
 in mrkdwn, to the same channel and thread.
 
+Only an answer that refuses a token (``invalid_auth``, ``not_authed``, ``account_inactive``,
+``token_revoked``...) stops the account; a 5xx, a 429, an HTML page from a proxy or a network
+error at start is tried again with a backoff, and whatever else ends the connector's task is
+logged and the task started again (``channels/supervisor.py``).
+
 Slash commands (``/new``, ``/reset``, ``/compact``, ``/status``, ``/help`` registered in the app)
 arrive as ``slash_commands`` envelopes, routed by a slack_bolt ``AsyncApp`` (its ``command``
 listeners and ``ack``): acknowledged at once (Slack allows 3 seconds and never redelivers a
@@ -20,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
+import aiohttp
 from slack_bolt.adapter.socket_mode.async_internals import run_async_bolt_app, send_async_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
@@ -41,6 +47,7 @@ from channels.revisions import Ignored, Revisions
 from channels.slack_events import CHANNEL, Skip, inbound, slash_inbound
 from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
+from channels.supervisor import MAX_BACKOFF_S, supervise
 from config.channels import SlackAccount
 from config.clock import Clock, iso
 from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
@@ -48,6 +55,12 @@ from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSigna
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
 SLASH_COMMANDS = ("/new", "/reset", "/compact", "/status", "/help")
+TOKEN_REFUSALS = frozenset({
+    "invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired", "not_allowed_token_type",
+    "not_bearer_token", "no_permission", "missing_scope", "team_access_not_granted", "ekm_access_denied",
+    "org_login_required", "two_factor_setup_required",
+})  # fmt: skip
+T = TypeVar("T")
 
 
 class _NoTokenNotice(logging.Filter):
@@ -105,7 +118,7 @@ class SlackConnector:
 
     async def start(self, post: PostFn) -> None:
         self._post = post
-        self._task = asyncio.create_task(self._run(), name=f"slack {self.account}")
+        self._task = asyncio.create_task(supervise(self._run, self.status), name=f"slack {self.account}")
 
     def _refused(self, why: str) -> None:
         message = (f"slack account {self.account}: {why}; this account is stopped, the others keep running;"
@@ -114,12 +127,31 @@ class SlackConnector:
         self.status.connected = False
         self.status.last_error = message
 
+    async def _until_answered(self, method: str, call: Callable[[], Awaitable[T]], token: str) -> T | None:
+        """``call`` tried again with a backoff until Slack answers it; None when Slack refused the
+        token (``token``: which one, for the log line)."""
+        backoff = 1.0
+        while True:
+            try:
+                return await call()
+            except SlackApiError as exc:
+                status, error = answer_of(exc)
+                if error in TOKEN_REFUSALS:
+                    self._refused(f"{method} refused the {token} ({error})")
+                    return None
+                failure = f"{method} answered {status} {error or 'with something that is not Slack JSON'}"
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                failure = f"{method}: {type(exc).__name__}: {exc}"
+            self.status.connected = False
+            self.status.last_error = failure
+            log.warning("slack account %s: %s; trying again in %.0f s", self.account, failure, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
     async def _run(self) -> None:
-        try:
-            auth = await self.web.auth_test()
-        except SlackApiError as exc:
-            error = exc.response.get("error")
-            self._refused(f"auth.test refused the bot token in {self.settings.bot_token_env} ({error})")
+        bot_token = f"bot token in {self.settings.bot_token_env}"
+        auth = await self._until_answered("auth.test", self.web.auth_test, bot_token)
+        if auth is None:
             return
         self._bot_user = str(auth["user_id"])
         self.status.username = str(auth.get("user") or self._bot_user)
@@ -133,13 +165,13 @@ class SlackConnector:
         socket = SocketModeClient(app_token=self._app_token, web_client=self.web, logger=log)
         socket.socket_mode_request_listeners.append(self._on_request)  # type: ignore[arg-type]
         self._socket = socket
-        try:
+
+        async def connect() -> bool:
             await socket.connect()  # type: ignore[no-untyped-call]
-        except SlackApiError as exc:
-            self._refused(
-                f"apps.connections.open refused the app token in {self.settings.app_token_env}"
-                f" ({exc.response.get('error')})"
-            )
+            return True
+
+        app_token = f"app token in {self.settings.app_token_env}"
+        if not await self._until_answered("apps.connections.open", connect, app_token):
             return
         self.status.connected = True
         self.status.last_error = None
@@ -249,8 +281,7 @@ class SlackConnector:
         try:
             await self.web.chat_postMessage(channel=target.chat_id, text=part, thread_ts=target.thread_id, mrkdwn=True)
         except SlackApiError as exc:
-            status = exc.response.status_code
-            error = exc.response.get("error")
+            status, error = answer_of(exc)
             if status == 429 or error == "ratelimited":
                 retry = exc.response.headers.get("Retry-After") or exc.response.headers.get("retry-after")
                 raise RetryLater(f"slack: {error}", float(retry) if retry else None) from None
@@ -282,3 +313,14 @@ class SlackConnector:
         if self.web.session is not None and not self.web.session.closed:
             await self.web.session.close()
         self.status.connected = False
+
+
+def answer_of(exc: SlackApiError) -> tuple[int, str | None]:
+    """The HTTP status and Slack's error code of a call that failed; the code is None when the
+    answer was not Slack's JSON (a proxy's HTML page). slack_sdk holds its own response, or
+    aiohttp's when a JSON content type came with a body that is not JSON."""
+    response = exc.response
+    status = getattr(response, "status_code", None) or getattr(response, "status", None)
+    data = getattr(response, "data", None)
+    error = data.get("error") if isinstance(data, dict) else None
+    return (status if isinstance(status, int) else 0), (error if isinstance(error, str) else None)

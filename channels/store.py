@@ -9,6 +9,10 @@ written before the message is stored, so whatever a crash interrupts is found ag
 
 ``stored_messages``: the platform messages stored in a session, by chat and platform id, so an
 edit or a deletion is stored only where its message was (channels/revisions.py).
+
+What connectors keep about their platform: the updates they could not read (the raw JSON and why,
+the last ``UNREADABLE_KEPT`` per account) and each account's first bot (Telegram keys the updates
+of any later bot by its id).
 """
 
 from __future__ import annotations
@@ -69,6 +73,25 @@ CREATE TABLE IF NOT EXISTS stored_messages (
 );
 CREATE INDEX IF NOT EXISTS stored_messages_age ON stored_messages(updated_at);
 """
+_CONNECTOR_SCHEMA = """
+CREATE TABLE IF NOT EXISTS unreadable_updates (
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    update_id TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (channel, account, update_id)
+);
+CREATE TABLE IF NOT EXISTS first_bots (
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    bot_id TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (channel, account)
+);
+"""
+UNREADABLE_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -121,7 +144,7 @@ class ChannelStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA busy_timeout=5000")
-        db.executescript(_SCHEMA)
+        db.executescript(_SCHEMA + _CONNECTOR_SCHEMA)
         return db
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -339,6 +362,43 @@ class ChannelStore:
             ).fetchall()
 
         return [_pairing(r, approved=bool(r[5])) for r in await self._run(work)]
+
+    # -- what connectors keep ------------------------------------------------------------------
+
+    async def unreadable(self, channel: str, account: str, update_id: str, reason: str, body: str, now: str) -> bool:
+        """Keep an update the connector could not read; False when it was kept before (a redelivery)."""
+
+        def work(db: sqlite3.Connection) -> bool:
+            added = db.execute(
+                "INSERT OR IGNORE INTO unreadable_updates (channel, account, update_id, reason, body, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (channel, account, update_id, reason, body, now),
+            ).rowcount
+            if added:
+                db.execute(
+                    "DELETE FROM unreadable_updates WHERE channel = ? AND account = ? AND rowid NOT IN"
+                    " (SELECT rowid FROM unreadable_updates WHERE channel = ? AND account = ? ORDER BY rowid DESC"
+                    " LIMIT ?)",
+                    (channel, account, channel, account, UNREADABLE_KEPT),
+                )
+            return added == 1
+
+        return await self._run(work)
+
+    async def first_bot(self, channel: str, account: str, bot_id: str, now: str) -> str:
+        """The id of the first bot the account ran with (``bot_id`` when this is its first run)."""
+
+        def work(db: sqlite3.Connection) -> str:
+            db.execute(
+                "INSERT OR IGNORE INTO first_bots (channel, account, bot_id, created_at) VALUES (?, ?, ?, ?)",
+                (channel, account, bot_id, now),
+            )
+            found = db.execute(
+                "SELECT bot_id FROM first_bots WHERE channel = ? AND account = ?", (channel, account)
+            ).fetchone()
+            return str(found[0])
+
+        return await self._run(work)
 
 
 def _row(raw: tuple[Any, ...]) -> OutboxRow:

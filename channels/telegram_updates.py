@@ -9,14 +9,22 @@
 - Photos, files, voice, stickers and the rest become a line saying what arrived, with the caption.
 - An edited message is an edit of the message it changes (``revision``), its ``reply`` saying
   whether the new text addresses the bot; channels/revisions.py decides whether it is stored.
+- An update aiogram does not read (a shape of an older or newer Bot API) is an :class:`Unreadable`:
+  kept and confirmed, never allowed to hold up the updates after it.
+- Update ids are per bot: the update's part of a ``client_message_id`` is its id for the account's
+  first bot and ``<bot id>:<update id>`` for any later one (a new token of another bot under the
+  same account name, whose ids may repeat the first bot's).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
+from aiogram import Bot
 from aiogram.types import Message, MessageEntity, Update
+from pydantic import ValidationError
 
 from channels.protocol import ChatType, Inbound, Target
 from config.channels import TelegramAccount
@@ -33,8 +41,21 @@ _SERVICE_FIELDS = (
 
 @dataclass(frozen=True)
 class BotIdentity:
+    """The bot an account runs as; ``keyed``: its update ids carry its id (not the account's first bot)."""
+
     id: int
     username: str
+    keyed: bool = False
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """An update aiogram refuses (a field it requires is missing, a value of another type): its id,
+    why (the first thing aiogram found wrong) and the update as it came."""
+
+    update_id: int
+    reason: str
+    raw: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,52 @@ class Skip:
     """An update that becomes no message, and why (logged at debug level)."""
 
     reason: str
+
+
+def delivery_id(update_id: int, bot: BotIdentity) -> str:
+    """The update's part of its ``client_message_id``."""
+    return f"{bot.id}:{update_id}" if bot.keyed else str(update_id)
+
+
+def read_update(raw: object, bot: Bot) -> Update | Unreadable | None:
+    """One update as aiogram reads it; Unreadable when aiogram refuses it; None when it is no update
+    at all (no integer ``update_id``, so nothing to confirm it by)."""
+    update_id = raw.get("update_id") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(update_id, int) or isinstance(update_id, bool):
+        return None
+    try:
+        return Update.model_validate(raw, context={"bot": bot})
+    except ValidationError as exc:
+        return Unreadable(update_id, why(exc), raw)
+
+
+def read_batch(answer: object, bot: Bot) -> tuple[list[Update], list[Unreadable]] | None:
+    """A ``getUpdates`` answer aiogram refused as a whole, read update by update; None when it is
+    not a successful answer holding a list of updates."""
+    result = answer.get("result") if isinstance(answer, dict) and answer.get("ok") is True else None
+    if not isinstance(result, list):
+        return None
+    updates: list[Update] = []
+    unreadable: list[Unreadable] = []
+    for raw in result:
+        read = read_update(raw, bot)
+        if read is None:
+            return None
+        if isinstance(read, Unreadable):
+            unreadable.append(read)
+        else:
+            updates.append(read)
+    return updates, unreadable
+
+
+def why(exc: ValidationError) -> str:
+    """What pydantic found wrong, in one line: the first error's place and message."""
+    errors = exc.errors()
+    if not errors:
+        return str(exc)
+    where = ".".join(str(part) for part in errors[0]["loc"])
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {errors[0]['msg']}{more}"
 
 
 def _entity_text(text: str, entity: MessageEntity) -> str:
@@ -170,7 +237,7 @@ def inbound(update: Update, account_name: str, account: TelegramAccount, bot: Bo
         sender_name=sender_name(message),
         thread_id=thread,
         text=text,
-        update_id=str(update.update_id),
+        update_id=delivery_id(update.update_id, bot),
         target=Target(
             chat_id=str(chat.id),
             thread_id=str(message.message_thread_id) if thread else None,

@@ -62,6 +62,12 @@ def test_a_direct_message_keeps_its_text_sender_and_update_id() -> None:
     assert got.client_message_id == "telegram:main:1001" and got.reply and got.target.reply_to is None
 
 
+def test_a_bot_that_is_not_the_account_s_first_carries_its_id_in_the_key() -> None:
+    bot = tg().BotIdentity(42, "neo_bot", keyed=True)
+    later = tg().inbound(update(DM, text="hello"), "main", TelegramAccount(), bot)
+    assert isinstance(later, Inbound) and later.client_message_id == "telegram:main:42:1001"
+
+
 @pytest.mark.parametrize(
     ("message", "account", "expected"),
     [

@@ -3,7 +3,9 @@ Mode, recording every call and every acknowledgement.
 
 - ``POST /api/auth.test`` (bot token), ``POST /api/apps.connections.open`` (app-level token: the
   answer's ``url`` is this server's WebSocket), ``POST /api/chat.postMessage`` (recorded);
-  an unknown token answers ``{"ok": false, "error": "invalid_auth"}``.
+  an unknown token answers ``{"ok": false, "error": "invalid_auth"}``. :meth:`SlackServer.fail`
+  scripts the next answers of a method (before the token is looked at): a status and an error, or
+  an HTML page (what a proxy in front answers when Slack is down).
 - ``GET /link``: the Socket Mode WebSocket. It says ``hello``, then pushes each queued event as
   an ``events_api`` envelope; an envelope the client does not acknowledge (``{"envelope_id"}``)
   is pushed again on the next connection, with ``retry_attempt`` counted, as Slack does.
@@ -48,7 +50,7 @@ class SlackServer:
         self.port = 0
         self._changed = asyncio.Condition()
         self._sockets: set[web.WebSocketResponse] = set()
-        self.failures: dict[str, list[tuple[int, str, int | None]]] = {}
+        self.failures: dict[str, list[tuple[int, str, int | None, bool]]] = {}
         self.ts: dict[str, str] = {}  # event_id -> the ts of the message it carries
 
     @property
@@ -158,9 +160,11 @@ class SlackServer:
         app.arrived.set()
         return event_id
 
-    def fail(self, method: str, status: int, error: str, retry_after: int | None = None, times: int = 1) -> None:
-        """The next ``times`` calls of ``method`` answer this failure (429 with ``Retry-After``)."""
-        self.failures.setdefault(method, []).extend([(status, error, retry_after)] * times)
+    def fail(self, method: str, status: int, error: str, retry_after: int | None = None, times: int = 1, *,
+             html: bool = False) -> None:  # fmt: skip
+        """The next ``times`` calls of ``method`` answer this failure (429 with ``Retry-After``;
+        ``html``: an HTML page titled ``error`` instead of Slack's JSON)."""
+        self.failures.setdefault(method, []).extend([(status, error, retry_after, html)] * times)
 
     def posted(self, channel: str | None = None) -> list[Call]:
         return [c for c in self.calls if c.method == "chat.postMessage" and c.params.get("_ok")
@@ -185,6 +189,8 @@ class SlackServer:
             params = {k: v for k, v in (await request.post()).items() if isinstance(v, str)}
         self.calls.append(Call(method, token, params, time.monotonic()))
         try:
+            if self.failures.get(method):
+                return self._failure(method)
             if method == "apps.connections.open":
                 if not any(a.app_token == token for a in self.apps):
                     return web.json_response({"ok": False, "error": "invalid_auth"})
@@ -194,10 +200,6 @@ class SlackServer:
                 return web.json_response({"ok": False, "error": "invalid_auth"})
             if method == "auth.test":
                 return web.json_response({"ok": True, "user_id": app.bot_user, "user": "neotask", "team_id": "T1"})
-            if self.failures.get(method):
-                status, error, retry_after = self.failures[method].pop(0)
-                headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-                return web.json_response({"ok": False, "error": error}, status=status, headers=headers)
             if method == "chat.postMessage":
                 params["_ok"] = True
                 ts = f"1700000001.{next(self._ids):06d}"
@@ -205,6 +207,14 @@ class SlackServer:
             return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
         finally:
             await self._notify()
+
+    def _failure(self, method: str) -> web.Response:
+        status, error, retry_after, html = self.failures[method].pop(0)
+        if html:
+            page = f"<html><head><title>{status} {error}</title></head><body><h1>{status} {error}</h1></body></html>"
+            return web.Response(status=status, text=page, content_type="text/html")
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        return web.json_response({"ok": False, "error": error}, status=status, headers=headers)
 
     async def _link(self, request: web.Request) -> web.WebSocketResponse:
         app = next(a for a in self.apps if a.app_token == request.query.get("token"))

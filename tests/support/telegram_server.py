@@ -6,8 +6,10 @@ aiogram client talks to it through ``api_base``: ``getMe``, ``getUpdates`` (long
 ``sendMessage`` (the HTML is checked as Telegram checks it: unknown or badly nested tags are
 ``400 can't parse entities``; text over 4096 characters is ``400 message is too long``),
 ``sendChatAction``, ``setMyCommands``, ``setWebhook``, ``deleteWebhook``. Tokens it does not know answer 401.
-Tests queue updates with :meth:`TelegramServer.message` and script failures with :meth:`fail`
-(e.g. a 429 storm with ``retry_after``). Updates and calls outlive a daemon restart: the server
+Tests queue updates with :meth:`TelegramServer.message` (or any JSON with :meth:`update`, e.g. a
+message with :func:`older_poll`, a shape aiogram does not read) and script failures with
+:meth:`fail` (e.g. a 429 storm with ``retry_after``, or :func:`bad_gateway`: the HTML page a
+proxy answers when the Bot API behind it is down). Updates and calls outlive a daemon restart: the server
 runs in the test process.
 """
 
@@ -74,6 +76,8 @@ class Failure:
     status: int
     description: str
     retry_after: int | None = None
+    html: bool = False  # an HTML page (a proxy's), not the Bot API's JSON
+    result: Any = None  # not None: the call is carried out and answered ok with this result instead
 
 
 @dataclass
@@ -189,6 +193,14 @@ class TelegramServer:
         bot.arrived.set()
         return update_id
 
+    def update(self, token: str, body: dict[str, Any]) -> int:
+        """Queue an update of any shape (``body`` without its ``update_id``); its update_id is returned."""
+        bot = self.bots[token]
+        update_id = next(self._update_ids)
+        bot.updates.append({"update_id": update_id, **body})
+        bot.arrived.set()
+        return update_id
+
     def take_update(self, token: str) -> dict[str, Any]:
         """The last queued update, taken off the queue (to POST it to a webhook as Telegram would)."""
         return self.bots[token].updates.pop()
@@ -235,6 +247,12 @@ class TelegramServer:
             queued = self.failures.get(method)
             if queued:
                 failure = queued.popleft()
+                if failure.result is not None:
+                    handler = getattr(self, f"_m_{method}")
+                    await handler(bot, params)
+                    return _ok(failure.result)
+                if failure.html:
+                    return _page(failure.status, failure.description)
                 return _error(failure.status, failure.description, failure.retry_after)
             handler = getattr(self, f"_m_{method}", None)
             if handler is None:
@@ -249,6 +267,9 @@ class TelegramServer:
         return _ok({"id": bot.id, "is_bot": True, "first_name": "Neotask", "username": bot.username})
 
     async def _m_setMyCommands(self, bot: Bot, params: dict[str, Any]) -> web.Response:
+        return _ok(True)
+
+    async def _m_setWebhook(self, bot: Bot, params: dict[str, Any]) -> web.Response:
         return _ok(True)
 
     async def _m_deleteWebhook(self, bot: Bot, params: dict[str, Any]) -> web.Response:
@@ -305,6 +326,35 @@ def _error(status: int, description: str, retry_after: int | None = None) -> web
     if retry_after is not None:
         body["parameters"] = {"retry_after": retry_after}
     return web.json_response(body, status=status)
+
+
+def _page(status: int, title: str) -> web.Response:
+    html = (f"<html><head><title>{status} {title}</title></head><body><center><h1>{status} {title}</h1>"
+            "</center><hr><center>nginx</center></body></html>")  # fmt: skip
+    return web.Response(status=status, text=html, content_type="text/html")
+
+
+def bad_gateway() -> Failure:
+    """What a reverse proxy answers when the Bot API behind it is down: an HTML page."""
+    return Failure(502, "Bad Gateway", html=True)
+
+
+def newer_shape() -> Failure:
+    """The call is carried out, but its answer has a shape the client may not read (a message
+    without ``chat``, as a later Bot API might change it)."""
+    return Failure(200, "OK", result={"message_id": 999_999, "date": int(time.time())})
+
+
+def older_poll(chat_id: int, from_id: int = 555) -> dict[str, Any]:
+    """A message update carrying a poll as an older Bot API sent it: options without
+    ``persistent_id``, no ``allows_revoting``: aiogram refuses the whole ``getUpdates`` answer."""
+    poll = {"id": "5012", "question": "Lunch?", "options": [{"text": "yes", "voter_count": 0},
+            {"text": "no", "voter_count": 0}], "total_voter_count": 0, "is_closed": False, "is_anonymous": True,
+            "type": "regular", "allows_multiple_answers": False}  # fmt: skip
+    chat = {"id": chat_id, "type": "private", "first_name": "Ann"}
+    sender = {"id": from_id, "is_bot": False, "first_name": "Ann"}
+    return {"message": {"message_id": 90_000 + chat_id % 1000, "date": int(time.time()), "chat": chat,
+                        "from": sender, "poll": poll}}  # fmt: skip
 
 
 def rate_limited(retry_after: int = 1) -> Failure:
