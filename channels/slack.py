@@ -41,12 +41,13 @@ from channels.slack_events import CHANNEL, Skip, inbound, slash_inbound
 from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
 from config.channels import SlackAccount
+from config.chat_commands import CHAT_COMMANDS
 from config.clock import Clock, iso
 from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
-SLASH_COMMANDS = ("/new", "/reset", "/compact", "/status", "/help")
+SLASH_COMMANDS = tuple(f"/{c.name}" for c in CHAT_COMMANDS)  # the help's list, whole
 
 
 class _NoTokenNotice(logging.Filter):

@@ -46,18 +46,13 @@ from channels.store import ChannelStore
 from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
 from channels.telegram_updates import CHANNEL, BotIdentity, Skip, inbound
 from config.channels import TelegramAccount
+from config.chat_commands import CHAT_COMMANDS
 from config.clock import Clock, iso
 from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
 
 log = logging.getLogger(__name__)
-COMMANDS = (
-    ("new", "end this session and start a fresh one"),
-    ("reset", "end this session; the next one starts with its summary"),
-    ("compact", "summarize older messages now"),
-    ("status", "tokens, compactions, next reset"),
-    ("help", "the commands"),
-)
 ALLOWED_UPDATES = ["message", "edited_message"]
+MENU = [BotCommand(command=c.name, description=c.summary) for c in CHAT_COMMANDS]  # the help's list, whole
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 MAX_BACKOFF_S = 30.0
 
@@ -116,7 +111,7 @@ class TelegramConnector:
                 self._me = BotIdentity(me.id, me.username or "")
                 self.status.username = me.username
                 await self.access.load()
-                await bot.set_my_commands([BotCommand(command=c, description=d) for c, d in COMMANDS])
+                await bot.set_my_commands(MENU)
                 if self.settings.mode == "webhook":
                     assert self.settings.webhook_url is not None
                     await bot.set_webhook(
