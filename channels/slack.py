@@ -261,11 +261,13 @@ class SlackConnector:
     async def typing(self, target: Target) -> None:
         """Slack shows no typing indicator for apps over the Web API: nothing to do."""
 
-    async def notify(self, target: Target, text: str) -> None:
+    async def notify(self, target: Target, text: str) -> bool:
         try:
             await self.web.chat_postMessage(channel=target.chat_id, text=text, thread_ts=target.thread_id)
-        except SlackApiError as exc:
+        except (SlackApiError, TimeoutError, OSError) as exc:
             log.warning("slack account %s: notice to %s not sent: %s", self.account, target.chat_id, exc)
+            return False
+        return True
 
     async def stop(self) -> None:
         for command in list(self._commands):  # a shutdown stops them before they are stored: as over Socket Mode

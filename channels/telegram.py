@@ -286,11 +286,13 @@ class TelegramConnector:
                 int(target.chat_id), "typing", message_thread_id=int(target.thread_id) if target.thread_id else None
             )
 
-    async def notify(self, target: Target, text: str) -> None:
+    async def notify(self, target: Target, text: str) -> bool:
         try:
             await self._send(target, text, None)
-        except TelegramAPIError as exc:
+        except (TelegramAPIError, Rejected) as exc:
             log.warning("telegram account %s: notice to %s not sent: %s", self.account, target.chat_id, exc)
+            return False
+        return True
 
     def _require_bot(self) -> Bot:
         if self._bot is None:

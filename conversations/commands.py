@@ -63,6 +63,19 @@ def parse_command_fully(text: str) -> tuple[str, str] | None:
     return match.group(1).casefold(), (parts[1] if len(parts) > 1 else "").strip()
 
 
+def commands_in(text: str) -> list[tuple[str, str]]:
+    """Every command ``text`` runs, in order: its own, then, for ``/new`` and ``/reset``, the
+    command their text is when it is one (``/new /pause`` pauses the new session). Empty when
+    ``text`` is not a command."""
+    found: list[tuple[str, str]] = []
+    parsed = parse_command(text)
+    while parsed is not None:
+        found.append(parsed)
+        name, args = parsed
+        parsed = parse_command(args) if ALIASES.get(name, name) in CONTINUING and args else None
+    return found
+
+
 @dataclass(frozen=True)
 class CommandCall:
     post: Post
