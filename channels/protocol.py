@@ -120,12 +120,27 @@ class AccountStatus:
         return {k: SECRETS(v) if isinstance(v, str) else v for k, v in {**data, **self.extra}.items()}
 
 
+class Pairings(Protocol):
+    """What reaches a running connector of an approval or a revoke made through the API
+    (``channels/access.py``'s ``DirectAccess``)."""
+
+    async def welcome(self) -> set[str]:
+        """Tell the approved senders not yet told; the codes told now."""
+
+    def forget(self, sender_id: str) -> None:
+        """A revoked sender is a stranger again."""
+
+
 class Connector(Protocol):
     """One account of one platform."""
 
     channel: str
     account: str
     status: AccountStatus
+
+    @property
+    def access(self) -> Pairings:
+        """The account's direct-chat gate (its pairings)."""
 
     async def start(self, post: PostFn) -> None:
         """Connect and begin handing messages to ``post``; returns at once (the connector runs in
@@ -140,8 +155,9 @@ class Connector(Protocol):
     async def typing(self, target: Target) -> None:
         """Show that an answer is being written (best effort)."""
 
-    async def notify(self, target: Target, text: str) -> None:
-        """Send a plain notice outside the outbox (a pairing code); best effort."""
+    async def notify(self, target: Target, text: str) -> bool:
+        """Send a plain notice outside the outbox (a pairing code, an approval); best effort:
+        whether the platform took it (a failure is logged)."""
 
     async def stop(self) -> None:
         """Stop taking updates and close the connection."""

@@ -49,12 +49,13 @@ from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
 from channels.supervisor import MAX_BACKOFF_S, supervise
 from config.channels import SlackAccount
+from config.chat_commands import CHAT_COMMANDS
 from config.clock import Clock, iso
 from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
-SLASH_COMMANDS = ("/new", "/reset", "/compact", "/status", "/help")
+SLASH_COMMANDS = tuple(f"/{c.name}" for c in CHAT_COMMANDS)  # the help's list, whole
 TOKEN_REFUSALS = frozenset({
     "invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired", "not_allowed_token_type",
     "not_bearer_token", "no_permission", "missing_scope", "team_access_not_granted", "ekm_access_denied",
@@ -295,11 +296,13 @@ class SlackConnector:
     async def typing(self, target: Target) -> None:
         """Slack shows no typing indicator for apps over the Web API: nothing to do."""
 
-    async def notify(self, target: Target, text: str) -> None:
+    async def notify(self, target: Target, text: str) -> bool:
         try:
             await self.web.chat_postMessage(channel=target.chat_id, text=text, thread_ts=target.thread_id)
-        except SlackApiError as exc:
+        except (SlackApiError, TimeoutError, OSError) as exc:
             log.warning("slack account %s: notice to %s not sent: %s", self.account, target.chat_id, exc)
+            return False
+        return True
 
     async def stop(self) -> None:
         for command in list(self._commands):  # a shutdown stops them before they are stored: as over Socket Mode

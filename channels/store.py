@@ -20,18 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from channels import pairing
+from channels.pairing import Pairing
 from channels.protocol import Inbound
+from config.clock import iso
 
 T = TypeVar("T")
-CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
-CODE_LENGTH = 8
 _ROW = "inbound, state, reply, parts_sent, attempts, last_error"
 
 _SCHEMA = """
@@ -50,16 +51,6 @@ CREATE TABLE IF NOT EXISTS outbox (
     updated_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS outbox_state ON outbox(state);
-CREATE TABLE IF NOT EXISTS pairing (
-    code TEXT PRIMARY KEY,
-    channel TEXT NOT NULL,
-    account TEXT NOT NULL,
-    sender_id TEXT NOT NULL,
-    sender_name TEXT,
-    created_at TEXT NOT NULL,
-    approved_at TEXT
-);
-CREATE UNIQUE INDEX IF NOT EXISTS pairing_sender ON pairing(channel, account, sender_id);
 CREATE TABLE IF NOT EXISTS stored_messages (
     channel TEXT NOT NULL,
     account TEXT NOT NULL,
@@ -114,16 +105,6 @@ class StoredMessage:
     replied: bool
 
 
-@dataclass(frozen=True)
-class Pairing:
-    code: str
-    channel: str
-    account: str
-    sender_id: str
-    sender_name: str | None
-    approved: bool
-
-
 class ChannelStore:
     """The outbox and the pairing table of one home."""
 
@@ -144,7 +125,8 @@ class ChannelStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA busy_timeout=5000")
-        db.executescript(_SCHEMA + _CONNECTOR_SCHEMA)
+        db.executescript(_SCHEMA + _CONNECTOR_SCHEMA + pairing.SCHEMA)
+        pairing.migrate(db)
         return db
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -308,60 +290,42 @@ class ChannelStore:
 
         await self._run(work)
 
-    # -- pairing --------------------------------------------------------------------------------
+    # -- pairing (channels/pairing.py) ---------------------------------------------------------
 
-    async def pairing_code(self, channel: str, account: str, sender_id: str, sender_name: str | None, now: str) -> str:
-        """The sender's pending code (the same one if asked again), made on first contact."""
+    async def pairing_code(
+        self, channel: str, account: str, sender_id: str, sender_name: str | None, chat_id: str, *, now: datetime,
+        lifetime: timedelta,
+    ) -> tuple[Pairing, bool]:  # fmt: skip
+        """The sender's pending code, and whether it is new (to be sent): see ``pairing.give``."""
+        expires_at = iso(now + lifetime)
 
-        def work(db: sqlite3.Connection) -> str:
-            found = db.execute(
-                "SELECT code FROM pairing WHERE channel = ? AND account = ? AND sender_id = ?",
-                (channel, account, sender_id),
-            ).fetchone()
-            if found:
-                return str(found[0])
-            code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
-            db.execute(
-                "INSERT INTO pairing (code, channel, account, sender_id, sender_name, created_at) VALUES (?,?,?,?,?,?)",
-                (code, channel, account, sender_id, sender_name, now),
-            )
-            return code
+        def work(db: sqlite3.Connection) -> tuple[Pairing, bool]:
+            return pairing.give(db, channel, account, sender_id, sender_name, chat_id, now=now, expires_at=expires_at)
 
         return await self._run(work)
 
-    async def approve(self, code: str, now: str) -> Pairing | None:
-        """Approve a pending code (case-insensitive); None when no such code was given out."""
+    async def approve(self, code: str, now: datetime) -> Pairing:
+        """Approve a pending code (case-insensitive); raises PairingCodeNotFound, PairingCodeExpired
+        or BadRequest (not a code)."""
+        pairing.normalized(code)
+        return await self._run(lambda db: pairing.approve(db, code, now))
 
-        def work(db: sqlite3.Connection) -> Pairing | None:
-            found = db.execute(
-                "SELECT code, channel, account, sender_id, sender_name FROM pairing WHERE code = ?",
-                (code.strip().upper(),),
-            ).fetchone()
-            if found is None:
-                return None
-            db.execute("UPDATE pairing SET approved_at = COALESCE(approved_at, ?) WHERE code = ?", (now, found[0]))
-            return _pairing(found, approved=True)
-
-        return await self._run(work)
+    async def revoke(self, code: str) -> Pairing:
+        """Forget a sender's pairing, approved or pending; raises PairingCodeNotFound or BadRequest."""
+        pairing.normalized(code)
+        return await self._run(lambda db: pairing.revoke(db, code))
 
     async def approved(self, channel: str, account: str) -> set[str]:
-        def work(db: sqlite3.Connection) -> set[str]:
-            rows = db.execute(
-                "SELECT sender_id FROM pairing WHERE channel = ? AND account = ? AND approved_at IS NOT NULL",
-                (channel, account),
-            ).fetchall()
-            return {str(r[0]) for r in rows}
-
-        return await self._run(work)
+        return await self._run(lambda db: pairing.approved(db, channel, account))
 
     async def pairings(self) -> list[Pairing]:
-        def work(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
-            return db.execute(
-                "SELECT code, channel, account, sender_id, sender_name, approved_at IS NOT NULL FROM pairing"
-                " ORDER BY created_at"
-            ).fetchall()
+        return await self._run(pairing.listed)
 
-        return [_pairing(r, approved=bool(r[5])) for r in await self._run(work)]
+    async def unwelcomed(self, channel: str, account: str) -> list[Pairing]:
+        return await self._run(lambda db: pairing.unwelcomed(db, channel, account))
+
+    async def welcomed(self, code: str, now: datetime) -> None:
+        await self._run(lambda db: pairing.welcomed(db, code, now))
 
     # -- what connectors keep ------------------------------------------------------------------
 
@@ -404,11 +368,6 @@ class ChannelStore:
 def _row(raw: tuple[Any, ...]) -> OutboxRow:
     inbound, state, reply, parts_sent, attempts, last_error = raw
     return OutboxRow(Inbound.from_json(json.loads(inbound)), state, reply, parts_sent, attempts, last_error)
-
-
-def _pairing(raw: tuple[Any, ...], *, approved: bool) -> Pairing:
-    code, channel, account, sender_id, sender_name = raw[:5]
-    return Pairing(str(code), str(channel), str(account), str(sender_id), sender_name, approved)
 
 
 async def _to_thread_whole(fn: Callable[..., T], *args: Any) -> T:

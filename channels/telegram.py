@@ -65,18 +65,13 @@ from channels.telegram_updates import (
     why,
 )
 from config.channels import TelegramAccount
+from config.chat_commands import CHAT_COMMANDS
 from config.clock import Clock, iso
 from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
 
 log = logging.getLogger(__name__)
-COMMANDS = (
-    ("new", "end this session and start a fresh one"),
-    ("reset", "end this session; the next one starts with its summary"),
-    ("compact", "summarize older messages now"),
-    ("status", "tokens, compactions, next reset"),
-    ("help", "the commands"),
-)
 ALLOWED_UPDATES = ["message", "edited_message"]
+MENU = [BotCommand(command=c.name, description=c.summary) for c in CHAT_COMMANDS]  # the help's list, whole
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 MAX_BACKOFF_S = 30.0
 _TRANSIENT = (TelegramNetworkError, TelegramServerError, TelegramRetryAfter, ClientDecodeError)
@@ -154,7 +149,7 @@ class TelegramConnector:
                 me = await bot.get_me()
                 identity = await self._identity(me.id, me.username or "")
                 await self.access.load()
-                await bot.set_my_commands([BotCommand(command=c, description=d) for c, d in COMMANDS])
+                await bot.set_my_commands(MENU)
                 if self.settings.mode == "webhook":
                     assert self.settings.webhook_url is not None
                     await bot.set_webhook(
@@ -366,12 +361,14 @@ class TelegramConnector:
                 int(target.chat_id), "typing", message_thread_id=int(target.thread_id) if target.thread_id else None
             )
 
-    async def notify(self, target: Target, text: str) -> None:
+    async def notify(self, target: Target, text: str) -> bool:
         try:
             await self._send(target, text, None)
-        except (TelegramAPIError, ClientDecodeError) as exc:
+        except (TelegramAPIError, ClientDecodeError, Rejected) as exc:
             log.warning("telegram account %s: notice to %s not sent: %s", self.account, target.chat_id,
                         failure_text(exc))  # fmt: skip
+            return False
+        return True
 
     def _require_bot(self) -> Bot:
         if self._bot is None:

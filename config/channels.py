@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.chat_commands import COMMAND_NAMES, SETTINGS_COMMANDS
+
 _ACCOUNT = re.compile(r"^[A-Za-z0-9_.@+\-]+$")  # no "/" or "#": /hooks/<platform>/<name> must reach it
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -19,6 +21,40 @@ class _Model(BaseModel):
 
 
 DmPolicy = Literal["allowlist", "pairing", "open"]
+PAIRING_CODE_LIFETIME_S = Field(3600, ge=60, le=30 * 86400)  # how long a code given to an unknown sender is good
+
+
+def _ids_as_text(value: Any) -> Any:
+    """Platform user ids: Telegram's are numbers; YAML ``[123]`` and ``["123"]`` mean the same."""
+    if isinstance(value, list | tuple):
+        return tuple(str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value)
+    return value
+
+
+class CommandAccess(_Model):
+    """Who may run the chat commands that change a session's settings (``restricted``; ``/model``
+    with a name: without one it only shows the model): the owners (the account's ``allow_from``)
+    and the admins listed here, anywhere; in a direct chat, also a sender whose session is their
+    own (``session.dm_scope`` per-peer or per-channel-peer, or a stranger under ``open`` and
+    ``pairing``). Anyone else is answered with a short refusal, and nothing runs."""
+
+    allow_from: tuple[str, ...] = ()
+    restricted: tuple[str, ...] = SETTINGS_COMMANDS
+
+    @field_validator("allow_from", mode="before")
+    @classmethod
+    def _admins_as_text(cls, value: Any) -> Any:
+        return _ids_as_text(value)
+
+    @field_validator("restricted")
+    @classmethod
+    def _known_commands(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        names = tuple(v.removeprefix("/").casefold() for v in value)
+        unknown = [v for v, name in zip(value, names, strict=True) if name not in COMMAND_NAMES]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))}: not a chat command; the commands are "
+                             f"{', '.join(COMMAND_NAMES)}")  # fmt: skip
+        return names
 
 
 def _http_url(value: str | None, example: str) -> str | None:
@@ -49,6 +85,8 @@ class TelegramAccount(_Model):
     require_mention: bool = True
     store_unmentioned: bool = False
     poll_timeout_s: int = Field(25, ge=0, le=50)
+    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
+    commands: CommandAccess = CommandAccess()
 
     @field_validator("token_env", "webhook_secret_env")
     @classmethod
@@ -78,11 +116,8 @@ class TelegramAccount(_Model):
 
     @field_validator("allow_from", mode="before")
     @classmethod
-    def _ids_as_text(cls, value: Any) -> Any:
-        """Telegram user ids are numbers; YAML ``[123]`` and ``["123"]`` mean the same."""
-        if isinstance(value, list | tuple):
-            return tuple(str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value)
-        return value
+    def _owners_as_text(cls, value: Any) -> Any:
+        return _ids_as_text(value)
 
 
 def _check_names(accounts: dict[str, Any]) -> None:
@@ -123,6 +158,8 @@ class SlackAccount(_Model):
     require_mention: bool = True
     store_unmentioned: bool = False
     reply_in_thread: bool = False  # a mention at a channel's top level is answered in a thread of its own
+    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
+    commands: CommandAccess = CommandAccess()
 
     @field_validator("bot_token_env", "app_token_env", "signing_secret_env")
     @classmethod

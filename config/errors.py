@@ -93,7 +93,7 @@ class HostNotAllowed(NeotaskError):
     doc = "the `Host` header is not a loopback name nor in `gateway.allowed_hosts` (no tokens)"
 
 
-# -- 404, 405, 408 --------------------------------------------------------------------------------
+# -- 404, 405, 408, 410 ---------------------------------------------------------------------------
 
 
 class NotFound(NeotaskError):
@@ -109,7 +109,7 @@ class HookNotFound(NotFound):
 
 class PairingCodeNotFound(NotFound):
     code = "pairing_code_not_found"
-    doc = "no such pairing code was given out (`neotask channels approve CODE`)"
+    doc = "no such pairing code was given out, or it was revoked (`neotask channels pairings` lists them)"
 
 
 class SessionNotFound(NotFound):
@@ -162,6 +162,15 @@ class RequestTimeout(NeotaskError):
     status = 408
     code = "request_timeout"
     doc = "the request body did not arrive within `gateway.body_timeout_s`"
+
+
+class PairingCodeExpired(NeotaskError):
+    status = 410
+    code = "pairing_code_expired"
+    doc = (
+        "the pairing code outlived `pairing_code_lifetime_s` before it was approved: the sender gets a new code"
+        " when they write again; approve that one"
+    )
 
 
 # -- 409 ------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
+from config.chat_commands import ALIASES, CHAT_COMMANDS
 from conversations.hooks import CommandHooks, NextReset
 from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
@@ -19,18 +20,8 @@ from sessions.thresholds import compaction_threshold
 
 _NAME = re.compile(r"^/([^\W\d_][\w-]*)$")
 
-HELP = {
-    "new": "/new [text] - end this session and start a fresh one without the previous summary",
-    "reset": "/reset [text] - end this session; the next one starts with its summary",
-    "compact": "/compact [instructions] - summarize older messages now",
-    "uncompact": "/uncompact - undo the last compaction",
-    "status": "/status - run, tokens against the threshold, compactions, next reset",
-    "model": "/model [name|default] - show or set this session's model",
-    "pause": "/pause - pause the session (messages are refused until /resume)",
-    "resume": "/resume - resume a paused session",
-    "stop": "/stop - cancel the running model turn",
-    "help": "/help - this list",
-}
+HELP = {c.name: c.help_line for c in CHAT_COMMANDS}
+CONTINUING = ("new", "reset")  # the text after these is posted as the next message (maybe a command)
 
 MAX_MODEL_NAME = 200  # as PATCH /v1/sessions/{key} allows: a sessions.json entry stays small
 
@@ -72,6 +63,19 @@ def parse_command_fully(text: str) -> tuple[str, str] | None:
     return match.group(1).casefold(), (parts[1] if len(parts) > 1 else "").strip()
 
 
+def commands_in(text: str) -> list[tuple[str, str]]:
+    """Every command ``text`` runs, in order: its own, then, for ``/new`` and ``/reset``, the
+    command their text is when it is one (``/new /pause`` pauses the new session). Empty when
+    ``text`` is not a command."""
+    found: list[tuple[str, str]] = []
+    parsed = parse_command(text)
+    while parsed is not None:
+        found.append(parsed)
+        name, args = parsed
+        parsed = parse_command(args) if ALIASES.get(name, name) in CONTINUING and args else None
+    return found
+
+
 @dataclass(frozen=True)
 class CommandCall:
     post: Post
@@ -100,6 +104,8 @@ class Commands:
             "compact": self._compact,
             "uncompact": self._uncompact,
         }
+        for alias, name in ALIASES.items():
+            self.handlers[alias] = self.handlers[name]
 
     async def run(self, post: Post, name: str, args: str) -> Outcome:
         handler = self.handlers.get(name, self._unknown)

@@ -25,20 +25,22 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from channels.access import direct_scope
+from channels.access import command_refusal, direct_scope
 from channels.background import BackgroundTurns, StoredFn
+from channels.pairing import Pairing
 from channels.protocol import AccountStatus, Connector, Inbound, Rejected, RetryLater
 from channels.registry import PLATFORMS, Account, Platform, configured, load_sdks
-from channels.store import ChannelStore, OutboxRow, Pairing
+from channels.store import ChannelStore, OutboxRow
+from channels.throttle import Throttle
 from config.channels import ChannelsSettings
 from config.clock import Clock, iso
-from config.errors import NeotaskError, NotFound, PairingCodeNotFound, ShuttingDown
+from config.errors import NeotaskError, NotFound, SessionPaused, ShuttingDown
 from config.redaction import SECRETS
 from config.settings import Settings
-from conversations.commands import Commands, dispatch, parse_command
+from conversations.commands import Commands, commands_in, dispatch, parse_command
 from conversations.turns import Conversations, Outcome, Post
 from gateway.crashpoints import CRASH_ENV
-from sessions.keys import Ingress, route
+from sessions.keys import DmScope, Ingress, route
 from sessions.records import NewMessage
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ HANDLED_KEPT = 200_000  # client_message_ids kept in memory; older redeliveries 
 KEEP_ROWS = timedelta(days=2)  # sent and failed outbox rows kept this long (redelivery and idempotency: a day)
 CRASH_STEPS = ("channels.stored", "channels.answered")
 APOLOGY = "Sorry, I could not answer this message just now. Please try again in a little while."
+PAUSED_NOTICE = "This session is paused: your message was not read. /resume continues it."
+PAUSED_NOTICE_EVERY = timedelta(minutes=10)  # a sender is told once in this window, per paused session
+WELCOME_WAIT_S = 10.0  # an approval waits this long for its notice to be sent, then leaves it for the next start
 
 
 class ChannelIntake:
@@ -78,6 +83,7 @@ class ChannelIntake:
         self._started = asyncio.Event()  # cleared while a reload swaps connectors: sends wait
         self._sending: collections.Counter[tuple[str, str]] = collections.Counter()  # sends in flight per account
         self._sent_one = asyncio.Condition()
+        self._paused_told = Throttle(PAUSED_NOTICE_EVERY, clock)
         self.env = env
         for platform, name, account in configured(settings.channels):
             self._add(platform, name, account)
@@ -172,12 +178,39 @@ class ChannelIntake:
         self._inflight[cmid] = stored
         return stored
 
-    def _post_for(self, inbound: Inbound) -> Post:
+    def _account(self, inbound: Inbound) -> Any:
+        """The settings of the account ``inbound`` came through (None: a reload removed it)."""
+        platform = PLATFORMS.get(inbound.channel)
+        return platform.accounts(self.settings.channels).get(inbound.account) if platform else None
+
+    def _scope(self, inbound: Inbound) -> DmScope:
+        """The ``session.dm_scope`` the message is routed with: strangers never share the owner's session."""
         dm_scope = self.settings.session.dm_scope
-        if inbound.chat_type == "direct":  # strangers never share the owner's session
-            platform = PLATFORMS.get(inbound.channel)
-            account = platform.accounts(self.settings.channels).get(inbound.account) if platform else None
-            dm_scope = direct_scope(inbound.sender_id, account, dm_scope)
+        if inbound.chat_type == "direct":
+            dm_scope = direct_scope(inbound.sender_id, self._account(inbound), dm_scope)
+        return dm_scope
+
+    def _refusal(self, inbound: Inbound) -> str | None:
+        """Why the sender may not run the command they sent (``channels/access.py``), or None."""
+        refusal = command_refusal(commands_in(inbound.text), inbound.sender_id, inbound.chat_type,
+                                  self._account(inbound), own_session=self._scope(inbound) != "main")  # fmt: skip
+        if refusal is not None:
+            log.info("%s account %s: %r from %s in %s %s refused (not an owner nor in commands.allow_from)",
+                     inbound.channel, inbound.account, inbound.text[:80], inbound.sender_id, inbound.chat_type,
+                     inbound.chat_id)  # fmt: skip
+        return refusal
+
+    def _paused(self, inbound: Inbound, key: str) -> str | None:
+        """What a sender whose message a paused session refused is told: the notice, once per
+        sender and session every ``PAUSED_NOTICE_EVERY``; None (nothing) in between."""
+        if self._paused_told.due((key, inbound.sender_id)):
+            log.info("%s: session %s is paused; %s told so", inbound.client_message_id, key, inbound.sender_id)
+            return PAUSED_NOTICE
+        log.debug("%s: session %s is paused; %s was told lately", inbound.client_message_id, key, inbound.sender_id)
+        return None
+
+    def _post_for(self, inbound: Inbound) -> Post:
+        dm_scope = self._scope(inbound)
         key = route(
             Ingress(inbound.channel, inbound.chat_type, inbound.chat_id, inbound.sender_id, inbound.thread_id,
                     inbound.agent),
@@ -214,8 +247,11 @@ class ChannelIntake:
         if wants_reply and row is None:
             await self.store.expect(inbound, self._now())
         typing: asyncio.Task[None] | None = None
+        refusal = self._refusal(inbound) if command else None
         try:
-            if command:
+            if refusal is not None:  # nothing runs, nothing is stored
+                outcome = Outcome(post.key.raw, None, None, reply={"content": refusal, "seq": None})
+            elif command:
                 outcome = await dispatch(self.commands, post)
             else:
                 if wants_reply and (inbound.channel, inbound.account) in self.connectors:
@@ -225,6 +261,11 @@ class ChannelIntake:
             if not stored.is_set():
                 raise
             return False  # the row stays pending: the next start finishes it
+        except SessionPaused:
+            if stored.is_set() or not wants_reply:  # a message that asks nothing: refused unsaid, as before
+                raise
+            notice = self._paused(inbound, post.key.raw)
+            outcome = Outcome(post.key.raw, None, None, reply={"content": notice, "seq": None} if notice else None)
         except NeotaskError as exc:
             if not stored.is_set():  # nothing stored: the error is the post function's answer
                 raise
@@ -365,14 +406,34 @@ class ChannelIntake:
     def status(self) -> list[dict[str, Any]]:
         return [s.as_json() for s in self.statuses]
 
-    async def approve(self, code: str) -> Pairing:
-        pairing = await self.store.approve(code, self._now())
-        if pairing is None:
-            raise PairingCodeNotFound(
-                f"no pairing code {code!r} was given out; the code is in the bot's answer to the unknown sender"
-                " (and in the gateway log)"
-            )
+    async def approve(self, code: str) -> tuple[Pairing, bool]:
+        """Approve a code; the sender is told through the running connector at once (True), else
+        when the account next starts."""
+        pairing = await self.store.approve(code, self.clock())
+        connector = self.connectors.get((pairing.channel, pairing.account))
+        if connector is None or pairing.welcomed_at is not None:
+            return pairing, pairing.welcomed_at is not None
+        try:
+            async with asyncio.timeout(WELCOME_WAIT_S):
+                told = await connector.access.welcome()
+        except TimeoutError:
+            log.warning("%s account %s: the approval notice to %s is not sent yet; it is sent at the next start",
+                        pairing.channel, pairing.account, pairing.sender_id)  # fmt: skip
+            return pairing, False
+        return pairing, pairing.code in told
+
+    async def revoke(self, code: str) -> Pairing:
+        """Forget a pairing; a running connector no longer admits the sender from the next message."""
+        pairing = await self.store.revoke(code)
+        connector = self.connectors.get((pairing.channel, pairing.account))
+        if connector is not None:
+            connector.access.forget(pairing.sender_id)
+        log.info("%s account %s: pairing %s of %s revoked", pairing.channel, pairing.account, pairing.code,
+                 pairing.sender_id)  # fmt: skip
         return pairing
+
+    async def pairings(self) -> list[Pairing]:
+        return await self.store.pairings()
 
     async def idle(self) -> None:
         """Wait until every message in hand is answered and sent (tests)."""

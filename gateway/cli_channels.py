@@ -1,17 +1,20 @@
-"""``neotask channels status`` and ``neotask channels approve CODE``: through the running daemon's
-API when there is one, otherwise on ``<home>/channels.db`` under the home lock (a code approved
-offline is honoured when the daemon starts)."""
+"""``neotask channels status``, ``pairings``, ``approve CODE`` and ``revoke CODE``: through the
+running daemon's API when there is one, otherwise on ``<home>/channels.db`` under the home lock (a
+code approved offline is honoured when the daemon starts, and the sender told then). A code that
+cannot be one is refused before anything is opened, and a home without ``channels.db`` is not
+given one."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from channels.pairing import STATES, Pairing, normalized
 from channels.registry import PLATFORMS, configured
 from channels.store import ChannelStore
-from config.clock import iso, system_clock
+from config.clock import system_clock
 from config.errors import PairingCodeNotFound
 from gateway import offline
 from gateway.tables import table
@@ -19,15 +22,24 @@ from gateway.tables import table
 if TYPE_CHECKING:
     from gateway.cli_context import Context
 
+T = TypeVar("T")
+
 
 def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None:
     channels = commands.add_parser("channels", help="chat connectors (Telegram, Slack)")
     actions = channels.add_subparsers(dest="action", required=True, metavar="ACTION")
     status = actions.add_parser("status", parents=both, help="each account: connected, last update, errors, in/out")
     status.set_defaults(handler=cmd_status)
-    approve = actions.add_parser("approve", parents=both, help="approve a pairing code an unknown sender got")
+    pairings = actions.add_parser("pairings", parents=both, help="the pairing codes given: pending, approved, expired")
+    pairings.add_argument("--state", choices=STATES, help="only the pairings in this state")
+    pairings.set_defaults(handler=cmd_pairings)
+    approve = actions.add_parser("approve", parents=both,
+                                 help="approve a pairing code an unknown sender got (and tell them so)")
     approve.add_argument("code")
     approve.set_defaults(handler=cmd_approve)
+    revoke = actions.add_parser("revoke", parents=both, help="forget the sender of a pairing code, approved or pending")
+    revoke.add_argument("code")
+    revoke.set_defaults(handler=cmd_revoke)
 
 
 def cmd_status(ctx: Context) -> int:
@@ -68,27 +80,87 @@ def _state(account: dict[str, Any]) -> str:
     return "connected" if account.get("connected") else "not connected"
 
 
+def _on_store(ctx: Context, work: Callable[[ChannelStore], Awaitable[T]]) -> T:
+    """``work`` on ``<home>/channels.db`` under the home lock (no daemon runs)."""
+    store = ChannelStore.for_home(ctx.config.home)
+
+    async def run() -> T:
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return offline.locked(ctx.config, lambda: asyncio.run(run()))
+
+
+def _no_code(ctx: Context, code: str) -> PairingCodeNotFound | None:
+    """Not found without opening (and so creating) ``channels.db`` when the home has none."""
+    if ChannelStore.for_home(ctx.config.home).path.exists():
+        return None
+    return PairingCodeNotFound(f"no pairing code {code.strip()!r} was given out: this home has no channels.db yet")
+
+
+def cmd_pairings(ctx: Context) -> int:
+    client = ctx.client()
+    if client is not None:
+        query = f"?state={ctx.args.state}" if ctx.args.state else ""
+        body = client.get(f"/v1/channels/pairings{query}")
+    else:
+        found: list[Pairing] = []
+        if ChannelStore.for_home(ctx.config.home).path.exists():
+            found = _on_store(ctx, lambda store: store.pairings())
+        now = system_clock()
+        listed = [p.as_json(now) for p in found]
+        body = {"pairings": [p for p in listed if ctx.args.state in (None, p["state"])]}
+    if ctx.as_json:
+        ctx.print_json(body)
+        return 0
+    if not body["pairings"]:
+        ctx.print("no pairing codes" + (f" {ctx.args.state}" if ctx.args.state else "") + " (dm_policy: pairing gives"
+                  " one to each unknown sender)")  # fmt: skip
+        return 0
+    header = ("CODE", "STATE", "CHANNEL", "ACCOUNT", "SENDER", "NAME", "GIVEN", "EXPIRES")
+    rows = [(p["code"], p["state"], p["channel"], p["account"], p["sender_id"], p.get("sender_name") or "-",
+             p["created_at"], "-" if p["state"] == "approved" else p.get("expires_at") or "-")
+            for p in body["pairings"]]  # fmt: skip
+    ctx.print(table(header, rows))
+    return 0
+
+
 def cmd_approve(ctx: Context) -> int:
+    normalized(ctx.args.code)  # refused before anything is opened
     client = ctx.client()
     if client is not None:
         body = client.post("/v1/channels/approve", {"code": ctx.args.code})
     else:
-        store = ChannelStore.for_home(ctx.config.home)
-
-        async def work() -> dict[str, Any]:
-            try:
-                pairing = await store.approve(ctx.args.code, iso(system_clock()))
-            finally:
-                await store.close()
-            if pairing is None:
-                raise PairingCodeNotFound(f"no pairing code {ctx.args.code!r} was given out")
-            return {"code": pairing.code, "channel": pairing.channel, "account": pairing.account,
-                    "sender_id": pairing.sender_id, "sender_name": pairing.sender_name, "approved": True}  # fmt: skip
-
-        body = offline.locked(ctx.config, lambda: asyncio.run(work()))
+        if (missing := _no_code(ctx, ctx.args.code)) is not None:
+            raise missing
+        pairing = _on_store(ctx, lambda store: store.approve(ctx.args.code, system_clock()))
+        body = {**pairing.as_json(system_clock()), "notified": pairing.welcomed_at is not None}
     if ctx.as_json:
         ctx.print_json(body)
+        return 0
+    who = body["sender_id"] + (f" ({body['sender_name']})" if body.get("sender_name") else "")
+    ctx.print(f"approved: {body['channel']} account {body['account']} now takes messages from {who}")
+    if not body["notified"]:
+        ctx.print("(they are told through the channel when the account next starts)")
+    return 0
+
+
+def cmd_revoke(ctx: Context) -> int:
+    normalized(ctx.args.code)
+    client = ctx.client()
+    if client is not None:
+        body = client.post("/v1/channels/revoke", {"code": ctx.args.code})
     else:
-        who = body["sender_id"] + (f" ({body['sender_name']})" if body.get("sender_name") else "")
-        ctx.print(f"approved: {body['channel']} account {body['account']} now takes messages from {who}")
+        if (missing := _no_code(ctx, ctx.args.code)) is not None:
+            raise missing
+        pairing = _on_store(ctx, lambda store: store.revoke(ctx.args.code))
+        body = {**pairing.as_json(system_clock()), "revoked": True}
+    if ctx.as_json:
+        ctx.print_json(body)
+        return 0
+    who = body["sender_id"] + (f" ({body['sender_name']})" if body.get("sender_name") else "")
+    ctx.print(f"revoked: {body['channel']} account {body['account']} no longer takes direct messages from {who}"
+              f" (code {body['code']}, was {body['state']})")  # fmt: skip
     return 0

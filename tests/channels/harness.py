@@ -96,6 +96,16 @@ async def connected(url: str, account: str) -> bool:
     return any(a["account"] == account and a["connected"] for a in accounts)
 
 
+async def connected_in(client: Any, account: str, timeout: float = 60.0) -> None:
+    """Wait until the in-process app's chat account has connected (``GET /v1/channels``)."""
+
+    async def check() -> bool:
+        accounts = (await (await client.get("/v1/channels")).json())["accounts"]
+        return any(a["account"] == account and a["connected"] for a in accounts)
+
+    await wait_until(check, timeout)
+
+
 async def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
     async with asyncio.timeout(timeout):
         while True:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
+from channels.pairing import CODE_ALPHABET, CODE_LENGTH
 from channels.protocol import Inbound, Target
-from channels.store import CODE_ALPHABET, CODE_LENGTH, ChannelStore
+from channels.store import ChannelStore
+from config.errors import PairingCodeNotFound
 
 NOW = "2026-12-01T10:00:00+00:00"
 
@@ -49,14 +54,18 @@ async def test_one_answer_to_several_messages_is_sent_once(tmp_path: Path) -> No
 
 async def test_a_pairing_code_is_stable_per_sender_and_approval_is_case_insensitive(tmp_path: Path) -> None:
     store = ChannelStore.for_home(tmp_path)
-    code = await store.pairing_code("telegram", "main", "902", "Cy", NOW)
-    assert len(code) == CODE_LENGTH and set(code) <= set(CODE_ALPHABET)
-    assert await store.pairing_code("telegram", "main", "902", "Cy", NOW) == code
-    assert await store.pairing_code("telegram", "other", "902", "Cy", NOW) != code
+    now, hour = datetime(2026, 12, 1, 10, tzinfo=UTC), timedelta(hours=1)
+    pairing, fresh = await store.pairing_code("telegram", "main", "902", "Cy", "902", now=now, lifetime=hour)
+    code = pairing.code
+    assert fresh and len(code) == CODE_LENGTH and set(code) <= set(CODE_ALPHABET)
+    assert await store.pairing_code("telegram", "main", "902", "Cy", "902", now=now, lifetime=hour) == (pairing, False)
+    other, _ = await store.pairing_code("telegram", "other", "902", "Cy", "902", now=now, lifetime=hour)
+    assert other.code != code
     assert await store.approved("telegram", "main") == set()
-    assert await store.approve("nope", NOW) is None
-    pairing = await store.approve(f" {code.lower()} ", NOW)
-    assert pairing is not None and (pairing.account, pairing.sender_id, pairing.sender_name) == ("main", "902", "Cy")
+    with pytest.raises(PairingCodeNotFound):
+        await store.approve("WXYZ2345", now)
+    approved = await store.approve(f" {code.lower()} ", now)
+    assert (approved.account, approved.sender_id, approved.sender_name) == ("main", "902", "Cy")
     assert await store.approved("telegram", "main") == {"902"}
     assert await store.approved("telegram", "other") == set()
     await store.close()

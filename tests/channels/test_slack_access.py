@@ -41,13 +41,14 @@ async def test_pairing_open_slash_commands_a_deletion_a_file_and_a_long_answer(t
             notice = slack.posted("D5")[0].params["text"]
             assert notice.startswith("This app does not know you yet. Pairing code: ")
             code = notice.split("Pairing code: ")[1].split()[0]
-            slack.message(app, channel="D5", user="U555", text="still me")
-            await slack.wait_for(lambda: len(slack.posted("D5")) == 2)
-            assert slack.posted("D5")[1].params["text"] == notice
+            again = slack.message(app, channel="D5", user="U555", text="still me")
+            await wait_until(lambda: f"env-{int(again[2:])}" in app.acks)
+            assert len(slack.posted("D5")) == 1  # the code is not sent again while it is good
             assert await session_lines(gw.url, "agent:main:dm:U555") == []
             approved = await run_cli("channels", "approve", code, *cli, env=child_env())
             assert approved.returncode == 0, approved.stderr
             assert "slack account work now takes messages from U555" in approved.stdout
+            assert slack.posted("D5")[1].params["text"].startswith("You are approved")  # told in their DM
             slack.message(app, channel="D5", user="U555", text="now?")
             await slack.wait_for(lambda: len(slack.posted("D5")) == 3)
             assert slack.posted("D5")[2].params["text"] == "echo: now?"

@@ -57,15 +57,17 @@ async def test_unknown_senders_under_each_policy_and_a_refused_token(tmp_path: P
             notice = bots.sent(PAIR)[0].params["text"]
             code = notice.split("Pairing code: ")[1].split()[0]
             assert f"neotask channels approve {code}" in notice
-            bots.message(PAIR, chat_id=902, from_id=902, first_name="Cy", text="still me")
-            await bots.wait_for(lambda: len(bots.sent(PAIR)) == 2)
-            assert bots.sent(PAIR)[1].params["text"] == notice  # the same code again
+            again = bots.message(PAIR, chat_id=902, from_id=902, first_name="Cy", text="still me")
+            await bots.wait_for(lambda: bots.bots[PAIR].confirmed > again)
+            assert len(bots.sent(PAIR)) == 1  # the code is not sent again while it is good
             assert await session_lines(gw.url, "agent:main:dm:902") == []
-            bad = await run_cli("channels", "approve", "NOPE2345", *cli, env=child_env())
+            bad = await run_cli("channels", "approve", "WXYZ2345", *cli, env=child_env())
             assert bad.returncode != 0 and "pairing_code_not_found" in bad.stderr
             approved = await run_cli("channels", "approve", code.lower(), *cli, env=child_env())
             assert approved.returncode == 0, approved.stderr
             assert "pair now takes messages from 902 (Cy)" in approved.stdout
+            told = bots.sent(PAIR)[1].params  # the CLI's approval reached the running connector
+            assert told["text"].startswith("You are approved") and str(told["chat_id"]) == "902"
             bots.message(PAIR, chat_id=902, from_id=902, first_name="Cy", text="now?")
             await bots.wait_for(lambda: len(bots.sent(PAIR)) == 3)
             assert bots.sent(PAIR)[2].params["text"] == "echo: now?"
