@@ -15,6 +15,8 @@ from channels.registry import PLATFORMS
 from gateway.cli import build_parser
 from tests.gateway.helpers import Cli
 
+pytestmark = pytest.mark.realtime  # the CLI in-process reads the real clock
+
 TELEGRAM = {"tg": {"token_env": "TG_TOKEN"}}
 SLACK = {
     "ops": {"bot_token_env": "OPS_BOT", "app_token_env": "OPS_APP", "agent": "helper"},

@@ -12,7 +12,7 @@ import pytest
 
 from conversations.events import EventHub
 from conversations.metrics import Metrics
-from conversations.posts import Post
+from conversations.posts import Post, to_openai
 from conversations.provider import ChatProvider
 from conversations.run_end import RunEnd, end_run
 from conversations.turns import Conversations
@@ -91,4 +91,6 @@ async def test_the_posted_message_is_stored_as_given_with_an_openai_safe_speaker
     outcome = await engine.post(Post(key=parse_key(KEY, agents={"main"}), message=message, reply=False))
     assert outcome.run_id is not None and outcome.reply is None
     [stored] = await engine.store.read_messages(outcome.run_id, after_seq=0, limit=10)
-    assert (stored["name"], stored["sender_id"], stored["client_message_id"]) == ("Ann_Lee", "u-1", "c-9")
+    # "!" has no place in OpenAI's name: the speaker is stored as named, and the model reads them in the text
+    assert (stored["name"], stored["sender_id"], stored["client_message_id"]) == ("Ann Lee!", "u-1", "c-9")
+    assert to_openai(stored) == {"role": "user", "content": "Ann Lee!: hi", "name": "Ann_Lee"}
