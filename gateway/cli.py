@@ -239,6 +239,11 @@ def cmd_gateway_status(ctx: Context) -> int:
         rows.append(("leader", "yes" if ready["leader"] else "no"))
     if isinstance(checks, dict):
         rows.extend((f"  {name}", "ok" if ok else "not ready") for name, ok in checks.items())
+    for worker in ready.get("workers", []) if isinstance(ready, dict) else []:  # --workers N
+        said = "not answering" if not worker.get("answering") else (
+            f"pid {worker.get('pid')}, {'ready' if worker.get('ready') else 'not ready'}"
+            + (", leader" if worker.get("leader") else ""))  # fmt: skip
+        rows.append((f"worker {worker['worker']}", said))
     ctx.print("gateway running")
     ctx.print(_pairs(rows))
     return EXIT_OK

@@ -23,12 +23,14 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from config.clock import iso, system_clock
 from config.errors import ConfigError, DatabaseRefused
 from config.loader import LoadedConfig
 from config.redaction import SECRETS
 from config.settings import LoggingSettings
-from conversations.metrics import STORED_EVERY_S, Metrics
+from conversations.metrics import STORED_EVERY_S
 from gateway import eventloop, exits, reload, systemd
 from gateway import keys as K
 from gateway.app import create_app
@@ -260,8 +262,8 @@ async def _serve(
             log.info("listening on %s (pid %d)", url, os.getpid())
             systemd.ready(env, url)  # a Type=notify unit is started now (gateway/systemd.py)
         settle_heap()  # start-up is done (and timed): the collector stops walking what it made
-        if role is not None:  # the other workers' scrapes read this worker's counts
-            await _count_for_fleet(app[K.METRICS], stop)
+        if role is not None:  # the other workers read this worker's counts and status
+            await _tick_for_fleet(app, stop)
         await stop.wait()
     finally:
         status = await _cleanup(runner, home)
@@ -305,12 +307,21 @@ def _watchdog(home: Home, after_s: float, *, worker: bool = False) -> None:
     timer.start()
 
 
-async def _count_for_fleet(metrics: Metrics, stop: asyncio.Event) -> None:
-    """A worker counts what it batched every ``STORED_EVERY_S`` until it stops."""
+async def _tick_for_fleet(app: web.Application, stop: asyncio.Event) -> None:
+    """Every ``STORED_EVERY_S`` until it stops, a worker counts what it batched and writes its
+    status (``gateway/fleet.py``)."""
+    reloads = app[reload.RELOADS]
+    fleet = reloads.fleet
     while not stop.is_set():
+        app[K.METRICS].flush()
+        if fleet is not None:
+            services = app.get(K.SERVICES)
+            leader = services.leader if services is not None else None
+            status = {"ready": all(app[K.READY].values()), "leader": bool(leader and leader.leading),
+                      "since": iso(reloads.since), "reloads": reloads.count}  # fmt: skip
+            await asyncio.to_thread(fleet.write_status, status)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), STORED_EVERY_S)
-        metrics.flush()
 
 
 def _bound_port(addresses: list[Any], requested: int) -> int:

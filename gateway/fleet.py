@@ -1,6 +1,10 @@
-"""The workers of one supervisor (``neotask gateway --workers N``) as one gateway for a reload: a
-reload through the API (or ``neotask config reload``) reaches every worker, not only the one that
-took the connection, and its answer lists each worker's result.
+"""The workers of one supervisor (``neotask gateway --workers N``) as one gateway: a reload
+through the API (or ``neotask config reload``) reaches every worker, not only the one that took the
+connection, and its answer lists each worker's result; ``/readyz``, ``gateway status`` and
+``/v1/admin/config`` name every worker and the one that leads, whichever worker answers.
+
+Status: each worker writes ``<home>/workers/status-<index>.json`` every second (ready, leading,
+its settings' ``since`` and reloads); a file older than ``STALE_S`` is a worker not answering.
 
 How: the worker that takes ``POST /v1/admin/config/reload`` reloads itself, writes the request
 (``<home>/workers/reload.json``: an id, when, by whom) and sends SIGHUP to its supervisor, which
@@ -28,6 +32,7 @@ from sessions.files.jsonl import write_json_atomic
 WAIT_S = 15.0  # for the other workers' outcomes (a worker busy starting may not reload at once)
 FRESH_S = 30.0  # a request older than this is an earlier one: a later SIGHUP was an operator's
 POLL_S = 0.05
+STALE_S = 5.0  # a status file older than this: the worker is not answering (dead, or starting again)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,23 @@ class Fleet:
             found.get(i, {"worker": i, "error": f"worker {i} gave no outcome within {WAIT_S:.0f} s; see its log"})
             for i in others
         ]
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        """This worker's status for the others (blocking; every second)."""
+        body = {"worker": self.index, "pid": os.getpid(), "at": time.time(), **status}
+        write_json_atomic(self.folder / f"status-{self.index}.json", body, sync=False)
+
+    def statuses(self) -> list[dict[str, Any]]:
+        """Every worker's last status (blocking), ``answering`` false when it is missing or stale."""
+        out = []
+        for index in range(1, self.count + 1):
+            status = _read(self.folder / f"status-{index}.json")
+            fresh = status is not None and isinstance(status.get("at"), (int, float))
+            if status is None or not fresh or time.time() - status["at"] > STALE_S:
+                out.append({"worker": index, "answering": False})
+            else:
+                out.append({**{k: v for k, v in status.items() if k != "at"}, "answering": True})
+        return out
 
     def note(self, outcome: dict[str, Any]) -> None:
         """Write this worker's SIGHUP outcome (blocking) with the id of the request it answers."""

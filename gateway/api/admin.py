@@ -3,6 +3,7 @@ gateway's effective configuration (``GET /v1/admin/config``)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -46,6 +47,8 @@ async def effective_config(request: web.Request) -> web.Response:
         body["since"] = iso(reloads.since)
         body["reloads"] = reloads.count
         body["last_reload"] = reloads.last
+        if reloads.fleet is not None:  # --workers N: each worker's since and reloads
+            body["workers"] = await asyncio.to_thread(reloads.fleet.statuses)
     return json_response(body)
 
 

@@ -12,6 +12,7 @@ from conversations.metrics import CONTENT_TYPE
 from gateway import keys as K
 from gateway.contract import STR, Answer, Param, operation
 from gateway.http import json_response
+from gateway.reload import RELOADS
 from sessions.keys import parse_key
 
 routes = web.RouteTableDef()
@@ -31,6 +32,13 @@ READINESS = Answer(
                 "those sharing the database does, another takes over within seconds when it dies",
             },
             "checks": {"type": "object", "additionalProperties": {"type": "boolean"}},
+            "workers": {
+                "type": "array",
+                "description": "under `--workers N`: each worker's last status (`worker`, `pid`, `ready`, `leader`,"
+                " `since`, `reloads`; `answering` false for one that wrote none in 5 s)",
+                "items": {"type": "object", "required": ["worker", "answering"], "additionalProperties": True},
+            },
+            "leader_worker": {"type": ["integer", "null"], "description": "under `--workers N`: the worker that leads"},
             "problems": {
                 "type": "object",
                 "description": "why a check failed, e.g. `store_writable` on a full or read-only disk",
@@ -92,6 +100,11 @@ async def readyz(request: web.Request) -> web.Response:
         body["leader"] = leader.leading
     if problems:
         body["problems"] = problems
+    fleet = request.app[RELOADS].fleet if RELOADS in request.app else None
+    if fleet is not None:  # --workers N: every worker, whichever answers (gateway/fleet.py)
+        workers = await asyncio.to_thread(fleet.statuses)
+        body["workers"] = workers
+        body["leader_worker"] = next((w["worker"] for w in workers if w.get("answering") and w.get("leader")), None)
     return json_response(body, status=200 if ready else 503)
 
 

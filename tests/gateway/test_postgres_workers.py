@@ -202,6 +202,23 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
                         text = await resp.text()
                     totals.add(metric(text, 'neotask_messages_total{role="user"}'))
                 assert totals == {users}, (totals, users)
+
+                # /readyz and /v1/admin/config name every worker and the leader, whichever answers
+                leaders = set()
+                for _ in range(6):
+                    async with http.get(f"{gw.url}/readyz", headers=BEARER) as resp:
+                        ready = await resp.json()
+                    assert [(w["worker"], w["answering"], w["ready"]) for w in ready["workers"]] == [
+                        (1, True, True), (2, True, True)], ready  # fmt: skip
+                    assert sum(w["leader"] for w in ready["workers"]) == 1, ready
+                    leaders.add(ready["leader_worker"])
+                    async with http.get(f"{gw.url}/v1/admin/config", headers=BEARER) as resp:
+                        config_view = await resp.json()
+                    assert [w["reloads"] for w in config_view["workers"]] == [1, 1], config_view["workers"]
+                assert len(leaders) == 1 and leaders <= {1, 2}
+                status = await run_cli("gateway", "status", "--home", str(tmp_path / "home"), "--token", "fleet-token")
+                said = status.stdout
+                assert status.returncode == 0 and said.count("worker ") == 2 and said.count(", leader") == 1, said
         assert len(acked) == 90
         slow_turn = max(server.turns[keys[0]], key=lambda turn: turn[1] - turn[0])
         assert all(at < slow_turn[1] for at in acks), "a message waited for another worker's turn to be stored"
