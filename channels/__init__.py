@@ -12,5 +12,5 @@ one on slack_sdk (Socket Mode); ``channels/access.py`` decides who may talk in a
 modules here that import the engine (``conversations.turns``); ``channels/webhooks.py`` maps a hook's
 payload to a session key and a message (templates, signatures; pure) and ``channels/delivery.py``
 POSTs an answer to a hook's ``deliver_to``.
-The gateway wires the connectors (``gateway/channel_intake.py``).
+The intake (``channels/intake.py``) wires the connectors to the engine; the gateway builds it.
 """

@@ -1,5 +1,5 @@
 """Stored now, the turn in the background, the answer delivered: the one path webhooks
-(``channels/hooks.py``) and chat connectors (``gateway/channel_intake.py``) take into the engine.
+(``channels/hooks.py``) and chat connectors (``channels/intake.py``) take into the engine.
 
 ``BackgroundTurns.launch(name, turn)`` runs ``turn(stored)`` in a task it tracks and returns a
 future that resolves once the turn calls ``stored(outcome)``, i.e. once its message is durable: the

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from channels.hooks import Webhooks
+from channels.intake import ChannelIntake
 from config.clock import Clock
 from config.loader import LoadedConfig
 from conversations.commands import Commands
@@ -19,7 +20,6 @@ from conversations.events import EventHub
 from conversations.housekeeping import Scheduling
 from conversations.metrics import Metrics
 from conversations.turns import Conversations
-from gateway.channel_intake import ChannelIntake
 from gateway.openai_compat.service import OpenAICompat
 from gateway.services import Services
 from memory import MemoryService

@@ -38,6 +38,7 @@ import aiohttp
 
 from channels.delivery import Deliverer, Delivery
 from channels.hooks import Webhooks
+from channels.intake import ChannelIntake
 from channels.registry import load_sdks
 from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
@@ -58,8 +59,7 @@ from conversations.tools import ToolBox
 from conversations.transcript_memory import TranscriptSource
 from conversations.turns import Conversations, Post
 from gateway.backups import Backups
-from gateway.channel_intake import ChannelIntake
-from gateway.crashpoints import crash_step, openai_crash_step
+from gateway.crashpoints import CRASH_ENV, crash_step, openai_crash_step
 from gateway.disk_budget import DiskBudget
 from gateway.leading import LeaderWork
 from gateway.openai_compat.service import OpenAICompat
@@ -285,8 +285,9 @@ async def open_services(
         stack.push_async_callback(compat.close)
         await load_sdks(settings.channels, env)  # in a thread: the connectors are built here, on the loop
         channels = ChannelIntake(
-            conversations, commands, settings, ChannelStore.for_home(config.home), env, clock=clock
-        )
+            conversations, commands, settings, ChannelStore.for_home(config.home), env, clock=clock,
+            crash_at=env.get(CRASH_ENV),
+        )  # fmt: skip
         stack.push_async_callback(channels.close)
 
         async def deliver(url: str, payload: ReplyBody) -> Delivery:

@@ -117,7 +117,7 @@ async def test_a_model_failure_gives_the_chat_user_a_short_apology_and_the_log_t
         overrides = {"channels": {"slack": {"accounts": {"work": account}}}}
         gateway = make_app(tmp_path, clock, overrides, base_url=model.base_url, env={"PRIV_BOT": BOT, "PRIV_APP": APP})
         await aiohttp_client(gateway)
-        with caplog.at_level(logging.WARNING, logger="gateway.channel_intake"):
+        with caplog.at_level(logging.WARNING, logger="channels.intake"):
             slack.message(app, channel="D1", user=OWNER, text="hello?")
             await slack.wait_for(lambda: len(slack.posted("D1")) == 1)
         said = str(slack.posted("D1")[0].params["text"])

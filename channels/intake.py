@@ -1,5 +1,5 @@
-"""Chat connectors wired to the engine (``channels/``): what a platform message becomes, and how
-its answer gets back.
+"""The chat connectors wired to the engine: what a platform message becomes, and how its answer
+gets back. The gateway builds one (``gateway/services.py``) and serves its calls and status.
 
 For each message a connector hands over (``post``): an outbox row when it asks for an answer
 (``<home>/channels.db``), then the message stored through the same path as ``POST /v1/messages``
@@ -39,7 +39,6 @@ from config.redaction import SECRETS
 from config.settings import Settings
 from conversations.commands import Commands, commands_in, dispatch, parse_command
 from conversations.turns import Conversations, Outcome, Post
-from gateway.crashpoints import CRASH_ENV
 from sessions.keys import DmScope, Ingress, route
 from sessions.records import NewMessage
 
@@ -66,7 +65,9 @@ class ChannelIntake:
         env: Mapping[str, str],
         *,
         clock: Clock,
+        crash_at: str | None = None,
     ) -> None:
+        """``crash_at``: a step of ``CRASH_STEPS`` where a crash test kills this process."""
         self.conv = conversations
         self.commands = commands
         self.settings = settings
@@ -75,7 +76,7 @@ class ChannelIntake:
         self.max_backoff_s = settings.channels.outbox.max_backoff_s
         self.connectors: dict[tuple[str, str], Connector] = {}
         self.statuses: list[AccountStatus] = []
-        self._crash_at = env.get(CRASH_ENV) if env.get(CRASH_ENV) in CRASH_STEPS else None
+        self._crash_at = crash_at if crash_at in CRASH_STEPS else None
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         self._handled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.turns = BackgroundTurns(conversations)
