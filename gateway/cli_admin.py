@@ -65,11 +65,7 @@ def cmd_config_check(ctx: Context) -> int:
         warnings = [*config.warnings, *check_config(config, ctx.env)]
         check_listening(config.settings.gateway.tokens, config.settings.gateway.host)  # as the daemon will
     except ConfigError as exc:
-        if ctx.as_json:
-            ctx.print_json({"ok": False, "error": exc.message})
-        else:
-            print(f"error: {exc.message}", file=sys.stderr)
-        return exits.CONFIG
+        return _check_failed(ctx, exc.message, exits.CONFIG)
     source = str(config.config_path) if config.config_path else "defaults only (no config file)"
     connected = None
     if ctx.args.connect:
@@ -78,11 +74,7 @@ def cmd_config_check(ctx: Context) -> int:
         try:
             connected = asyncio.run(try_storage(config.settings, environ=ctx.env))
         except DatabaseRefused as exc:
-            if ctx.as_json:
-                ctx.print_json({"ok": False, "error": exc.message})
-            else:
-                print(f"error: {exc.message}", file=sys.stderr)
-            return exits.STATE
+            return _check_failed(ctx, exc.message, exits.STATE)
     if ctx.as_json:
         ctx.print_json({"ok": True, "config_path": source, "home": str(config.home), "warnings": warnings,
                         "connected": connected})  # fmt: skip
@@ -93,6 +85,14 @@ def cmd_config_check(ctx: Context) -> int:
     for warning in warnings:
         ctx.print(f"warning: {warning}")
     return EXIT_OK
+
+
+def _check_failed(ctx: Context, message: str, status: int) -> int:
+    if ctx.as_json:
+        ctx.print_json({"ok": False, "error": message})
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return status
 
 
 def cmd_config_show(ctx: Context) -> int:
