@@ -42,6 +42,7 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.access import DirectAccess
+from channels.handover import hand_over
 from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
 from channels.revisions import Ignored, Revisions
 from channels.slack_events import CHANNEL, Skip, inbound, slash_inbound
@@ -51,7 +52,7 @@ from channels.supervisor import MAX_BACKOFF_S, supervise
 from config.channels import SlackAccount
 from config.chat_commands import CHAT_COMMANDS
 from config.clock import Clock, iso
-from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
+from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://slack.com/api/"
@@ -258,22 +259,10 @@ class SlackConnector:
         return await self._hand_on(message)
 
     async def _hand_on(self, message: Inbound) -> bool:
+        """False: not stored now; Slack delivers the event again (it was not acknowledged)."""
         assert self._post is not None
-        if message.chat_type == "direct" and not await self.access.admitted(message):
-            return True
-        try:
-            await self._post(message)
-        except NeotaskError as exc:
-            if exc.transient:  # shutting down, storage unavailable or full, busy: Slack delivers it again
-                log.warning("slack account %s: event not stored: %s", self.account, exc.message)
-                self.status.last_error = exc.message
-                return False
-            log.warning("slack account %s: event refused: %s", self.account, exc.message)
-            self.status.last_error = exc.message
-            return True
-        await self.revisions.stored(message)
-        self.status.messages_in += 1
-        return True
+        return await hand_over(message, self._post, access=self.access, revisions=self.revisions,
+                               status=self.status, what=f"slack account {self.account}: event")  # fmt: skip
 
     def render(self, markdown: str) -> list[str]:
         return split(markdown, self.limit)

@@ -48,6 +48,7 @@ from aiogram.utils.token import TokenValidationError
 from pydantic import ValidationError
 
 from channels.access import DirectAccess
+from channels.handover import hand_over
 from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
 from channels.revisions import Ignored, Revisions
 from channels.store import ChannelStore
@@ -67,7 +68,7 @@ from channels.telegram_updates import (
 from config.channels import TelegramAccount
 from config.chat_commands import CHAT_COMMANDS
 from config.clock import Clock, iso
-from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature, NeotaskError
+from config.errors import BadRequest, ChannelNotReady, InvalidBody, InvalidSignature
 
 log = logging.getLogger(__name__)
 ALLOWED_UPDATES = ["message", "edited_message"]
@@ -290,25 +291,11 @@ class TelegramConnector:
         if isinstance(message, Skip | Ignored):
             log.debug("telegram account %s: update %s skipped: %s", self.account, update.update_id, message.reason)
             return True
-        if message.chat_type == "direct" and not await self.access.admitted(message):
+        what = f"telegram account {self.account}: update {update.update_id}"
+        if await hand_over(message, post, access=self.access, revisions=self.revisions, status=self.status, what=what):
             return True
-        try:
-            await post(message)
-        except NeotaskError as exc:
-            if exc.transient:  # shutting down, storage unavailable or full, busy: the update comes again
-                log.warning(
-                    "telegram account %s: update %s not stored: %s", self.account, update.update_id, exc.message
-                )
-                self.status.last_error = exc.message
-                await asyncio.sleep(1.0)
-                return False
-            # refused for good (a paused session, a bad id): dropped, said so
-            log.warning("telegram account %s: update %s refused: %s", self.account, update.update_id, exc.message)
-            self.status.last_error = exc.message
-            return True
-        await self.revisions.stored(message)
-        self.status.messages_in += 1
-        return True
+        await asyncio.sleep(1.0)  # not stored now: the update comes again (its offset is not confirmed)
+        return False
 
     # -- sending --------------------------------------------------------------------------------
 
