@@ -20,7 +20,7 @@ UNPACKAGED := -m 'not packaging'
 # Every run ends with its 25 slowest tests, so a new slow one shows; make test-durations lists all.
 DURATIONS := --durations=25
 
-.PHONY: run test test-fast test-durations test-calendar test-at test-packaging lint bench install browser wrk faketime postgres systemd clean
+.PHONY: run test test-fast test-durations test-calendar test-at test-packaging lint docs bench install browser wrk faketime postgres systemd clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -121,6 +121,13 @@ test-packaging: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check gateway conversations sessions memory scheduler config channels backups tests bench
 	$(BIN)/mypy
+
+# The docs site (mkdocs-material, mkdocs.yml) into build/site. --strict: a broken link or anchor, or a
+# page of docs/ missing from the navigation, fails it. The configuration, CLI and HTTP API references
+# are generated from the code at each build (gateway/docs_site.py, a mkdocs hook); nothing generated
+# is committed. Run as `python -m mkdocs` so this checkout's packages are the ones documented.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

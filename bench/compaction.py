@@ -1,4 +1,4 @@
-"""Compaction benchmarks (issue 4):
+"""Compaction benchmarks:
 
 1. deciding and committing one extractive compaction of a 10,000-message run (the time is printed);
 2. the per-message cost of the threshold check (``compaction_due`` on the live counters, as every
@@ -113,7 +113,7 @@ async def run_bench(root: Path, big: int, checks: int, report: Report) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser("python -m bench.compaction", "Compaction benchmarks (issue 4).").parse_args(argv)
+    args = parser("python -m bench.compaction", "Compaction benchmarks.").parse_args(argv)
     big, checks = (1_000, 20_000) if args.quick else (BIG, CHECKS)
     report = Report("bench.compaction")
     root = Path(tempfile.mkdtemp(prefix="neotask-bench-compaction-"))

@@ -1,4 +1,4 @@
-"""What the disk budget costs a message (issue 29 item 2): ``os.statvfs`` of the home per call,
+"""What the disk budget costs a message: ``os.statvfs`` of the home per call,
 against the budget's cached check (free space read at most every ``storage.free_check_ms``), against
 a bare function call as the baseline, in the same run.
 

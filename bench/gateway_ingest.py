@@ -1,4 +1,4 @@
-"""Gateway ingest benchmark (issues 3 and 14): store-only ``POST /v1/sessions/{key}/messages``
+"""Gateway ingest benchmark: store-only ``POST /v1/sessions/{key}/messages``
 over HTTP with the default config (fsync batch), against a bare aiohttp JSON echo handler on the
 same route shape, measured in the same run by the same load generator.
 

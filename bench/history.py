@@ -1,4 +1,4 @@
-"""Conversation history benchmarks (issue 16), each a ratio against a baseline of the same run:
+"""Conversation history benchmarks, each a ratio against a baseline of the same run:
 
 1. ingest with the history index on vs off: appends per second through ``SessionStore.append``
    (64 keys at once, fsync batch), the index fed from the durable appends, rounds interleaved

@@ -1,4 +1,4 @@
-"""How to hold a key across gateway processes (issue 28, ``sessions/postgres/keylocks.py``): a
+"""How to hold a key across gateway processes (``sessions/postgres/keylocks.py``): a
 session-level advisory lock on the key's hash vs a row lock (``SELECT ... FOR UPDATE`` on the key's
 row in an open transaction), each on a connection held for the hold, as the lease does. Every
 hold takes the lock, does one statement's work (``SELECT 1``) and gives it back.

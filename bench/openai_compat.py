@@ -1,4 +1,4 @@
-"""OpenAI-compatible front door benchmark (issue 15): what Neotask adds to a chat completion.
+"""OpenAI-compatible front door benchmark: what Neotask adds to a chat completion.
 
 The same official ``openai`` client sends the same conversations (each client resends its whole
 history, up to ``TURNS`` turns, then starts a new conversation) either straight to the local
@@ -16,7 +16,7 @@ fsyncs of the two appends (an fsync of a small append in the same home is timed 
 
 The model server and the gateway run in their own processes (``--serve model|gateway``), so the
 load generator shares an event loop with neither. Memory recall is off in the gateway (its
-embedding model is a memory cost, not the front door's; docs/memory.md measures it).
+embedding model is a memory cost, not the front door's; docs/memory-tuning.md measures it).
 
 ``python -m bench.openai_compat [--quick] [--rounds N] [--requests N] [--baseline DIR]``: with
 ``--baseline`` a second gateway runs from another checkout (``git worktree add /tmp/base main``) in

@@ -1,4 +1,4 @@
-"""Store-only ingest, files backend vs PostgreSQL backend, in one run (issue 28's first figure).
+"""Store-only ingest, files backend vs PostgreSQL backend, in one run (the PostgreSQL backend's first figure).
 
 ``C`` concurrent writers, one key each (as 64 connections on 64 keys), each appending its messages
 one after the other through the store (``append``: acknowledged once durable: the files store's

@@ -1,4 +1,4 @@
-"""Opening a home made the way users make one (issue 14, item 3).
+"""Opening a home made the way users make one.
 
 ``bench.sessions_engine`` opens a synthetic home (one run cloned on disk). This one builds the
 home through the HTTP API of a real daemon (``neotask gateway``): every key gets a few messages,
@@ -236,7 +236,7 @@ async def run(root: Path, sessions: int, repeats: int, report: Report, *, restar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = parser("python -m bench.real_home", "Open a home built through the API (issue 14).")
+    p = parser("python -m bench.real_home", "Open a home built through the API.")
     p.add_argument("--sessions", type=int, default=None, help="sessions to build (10,000; --quick 100)")
     p.add_argument("--keep", type=Path, default=None, help="build the home here once and reuse it")
     args = p.parse_args(argv)

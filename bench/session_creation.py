@@ -1,4 +1,4 @@
-"""Creating a session (issue 10 item 12): the cost of a new key's first message — a new run
+"""Creating a session: the cost of a new key's first message — a new run
 (folder, metadata.json, tasks.db row, sessions.json entry) and its first append — in a home holding
 10,000 active sessions vs one holding 10, as a ratio measured in the same run (target ≤ 1.3x).
 
@@ -94,7 +94,7 @@ async def run(sizes: Sizes, workdir: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser("python -m bench.session_creation", "Session creation cost (issue 10 item 12).").parse_args(argv)
+    args = parser("python -m bench.session_creation", "Session creation cost.").parse_args(argv)
     sizes = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory(prefix="neotask-bench-") as workdir:
         return asyncio.run(run(sizes, Path(workdir)))

@@ -1,4 +1,4 @@
-"""Session engine benchmarks (issue 2), each a ratio against a baseline measured in the same run:
+"""Session engine benchmarks, each a ratio against a baseline measured in the same run:
 
 1. appending to a run holding 10,000 messages vs one holding 10 (target ≤ 1.3x);
 2. routing a message with 10,000 active keys vs 10 (route + entry/run lookup + append; ≤ 1.3x);
@@ -323,7 +323,7 @@ async def run(sizes: Sizes, workdir: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser("python -m bench.sessions_engine", "Session engine benchmarks (issue 2).").parse_args(argv)
+    args = parser("python -m bench.sessions_engine", "Session engine benchmarks.").parse_args(argv)
     sizes = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory(prefix="neotask-bench-") as workdir:
         return asyncio.run(run(sizes, Path(workdir)))

@@ -1,4 +1,4 @@
-"""Telegram ingest benchmark (issue 27): how many updates per second one Telegram account stores
+"""Telegram ingest benchmark: how many updates per second one Telegram account stores
 in store-only mode, against the same messages posted to ``POST /v1/messages``, in the same run
 and the same daemon process.
 

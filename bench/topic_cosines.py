@@ -5,7 +5,7 @@ REALTALK clone, see ``bench/retrieval/realtalk.py``)
 
 The off-topic rule (``memory.fusion.off_topic``) refuses a question that holds a word no candidate
 holds, unless a candidate's cosine shows a close paraphrase. On the seeded sets' paraphrase
-questions the fused cosine cannot show it (docs/memory.md, seventh round). multilingual-e5-small
+questions the fused cosine cannot show it (docs/memory-tuning.md, seventh round). multilingual-e5-small
 was trained to match a question to the passage that answers it, so its cosine might: this bench
 asks each English model of the default embedder (MiniLM, E5) alone. Every paragraph of a memory
 (a REALTALK turn, a seeded turn or note) is embedded as a passage, every question as a query; a

@@ -1,4 +1,4 @@
-"""Several gateway processes on PostgreSQL (issue 28, ``neotask gateway --workers N``): store-only
+"""Several gateway processes on PostgreSQL (``neotask gateway --workers N``): store-only
 ``POST /v1/sessions/{key}/messages``, 64 wrk connections on 64 keys, against real daemon processes
 started as a user would (``python -m gateway.cli gateway``):
 

@@ -299,7 +299,7 @@ class WatchSettings(Model):
 class SearchSettings(Model):
     top_k: int = Field(6, ge=1)
     candidates: int = Field(100, ge=1)
-    # Defaults chosen by bench/memory_eval.py (see docs/memory.md).
+    # Defaults chosen by bench/memory_eval.py (see docs/memory-tuning.md).
     fusion: Literal["score", "rrf"] = "score"
     vector_weight: float = Field(0.2, ge=0)
     text_weight: float = Field(0.8, ge=0)

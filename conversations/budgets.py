@@ -1,4 +1,4 @@
-"""Daily token budgets (issue 29 item 5): ``agents.<id>.limits.tokens_per_day`` (every key of the
+"""Daily token budgets: ``agents.<id>.limits.tokens_per_day`` (every key of the
 agent) and ``tokens_per_key_per_day`` (each session key), counted in input plus output tokens per
 UTC day from tasks.db's ``usage_daily`` (``sessions/usage.py``).
 

@@ -1,4 +1,4 @@
-"""Models that fail over (issue 29 item 5): an agent's model and its ``model.fallbacks``, tried
+"""Models that fail over: an agent's model and its ``model.fallbacks``, tried
 in order.
 
 ``ModelChain`` stands where a ``ChatProvider`` stood (same ``complete``): it makes the retries

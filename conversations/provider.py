@@ -7,9 +7,10 @@ server that is only roughly OpenAI-compatible (vLLM, Ollama, llama.cpp) still wo
 that is not a completion is reported as ``malformed`` instead of surfacing as an ``AttributeError``.
 
 Per call the gateway pays the SDK's request path on top of its own work, so the hot path is kept
-lean (issue 15): one client for the provider's life, the body encoded once as bytes and sent with
-the SDK's ``request`` (what its ``post`` calls, with options built once per provider; not the typed
-``create``), a stream read to its end so its connection is reused, and ``AiohttpTransport`` under
+lean (what it costs is added to every turn, and to every call of the OpenAI-compatible front door):
+one client for the provider's life, the body encoded once as bytes and sent with the SDK's ``request`` (what its
+``post`` calls, with options built once per provider; not the typed ``create``), a stream read to
+its end so its connection is reused, and ``AiohttpTransport`` under
 the SDK (in ``LeanAsyncClient``, which parses each URL once) instead of httpx's default stack.
 """
 

@@ -1,5 +1,5 @@
 """The wire under ``conversations.provider``: the HTTP transport under the ``openai`` SDK (aiohttp's
-client instead of httpx's default stack; issue 15: the gateway pays the SDK's request path on every
+client instead of httpx's default stack: the gateway pays the SDK's request path on every
 turn) and the server-sent events of a streamed answer, split on bytes."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Queue modes: what happens to a message that arrives on a key while a model turn runs or while
-earlier messages wait for one (``session.queue.mode``; SPEC section 8 as amended by issue 13).
+earlier messages wait for one (``session.queue.mode``; SPEC section 8 as amended).
 
 - ``collect`` (default): the calls that wait are answered together by one turn once the running
   turn ends; every waiting call gets that one reply, each with its own ``message_seq``.

@@ -1,4 +1,4 @@
-"""Agent tools over other sessions (issue 16): ``sessions_list``, ``sessions_history``,
+"""Agent tools over other sessions: ``sessions_list``, ``sessions_history``,
 ``sessions_search`` and ``sessions_send``. Every call is recorded in tools.jsonl by the ToolBox.
 
 Visibility (``agents.<id>.tools.sessions.visibility``): ``self`` (the calling key only), ``agent``

@@ -1,4 +1,4 @@
-"""Connections under pressure (issue 10 item 7): a cap on open connections kept below the
+"""Connections under pressure: a cap on open connections kept below the
 descriptor limit, a header timeout for connections that never send a request, and room for new
 clients when idle sockets fill the cap.
 
@@ -10,7 +10,7 @@ thousand idle sockets cannot lock others out, and the process never runs out of 
 asyncio would log ``accept() out of system resource`` in a loop). After the first request, aiohttp's
 keep-alive timeout (``gateway.keepalive_timeout_s``) closes idle connections.
 
-Request bodies (issue 24 item 15): a connection whose request head is complete but whose body is
+Request bodies that arrive slowly: a connection whose request head is complete but whose body is
 still arriving is busy, yet costs its sender one byte now and then. So one peer (remote address)
 may have at most ``gateway.max_body_reads_per_peer`` requests whose bodies are still arriving;
 the next is answered 429 ``too_many_body_reads`` before any of its body is read (``/hooks/<name>``

@@ -1,4 +1,4 @@
-"""A disk budget (issue 29 item 2): ``storage.min_free`` free space is kept on the disk of the
+"""A disk budget: ``storage.min_free`` free space is kept on the disk of the
 home. Below it new messages are refused with 507 ``insufficient_storage`` before the disk is
 actually full, ``/readyz`` is unready and says why, and the cleanup job (archiving, deleting old
 archives) runs early. Crossing the line is logged and counted once each way, not per request.

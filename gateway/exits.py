@@ -1,4 +1,4 @@
-"""The exit status of every ``neotask`` command, one per kind of failure (README, "Exit status").
+"""The exit status of every ``neotask`` command, one per kind of failure (docs/cli.md, "Exit status").
 
 The daemon (``neotask gateway``) and the other commands share them: a bad configuration exits
 ``CONFIG`` whether the daemon refuses it at start or ``config check`` finds it.

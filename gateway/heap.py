@@ -1,4 +1,4 @@
-"""The collector after start-up (issue 14): a served gateway that kept Python's default cyclic
+"""The collector after start-up: a served gateway that kept Python's default cyclic
 garbage collection spent about a tenth of its event loop in full collections at 2,000 messages/s
 (each one walked the ~200,000 objects of the imported libraries and the opened store, 100 ms or
 more: the p99), and a few per cent more in young ones. ``settle_heap`` runs once the daemon

@@ -1,4 +1,4 @@
-"""The ``Host`` allow-list (issue 10 item 10), against DNS rebinding: a web page on
+"""The ``Host`` allow-list, against DNS rebinding: a web page on
 ``evil.example`` whose name is re-pointed at 127.0.0.1 reaches the daemon with
 ``Host: evil.example``, and without tokens nothing else would stop it.
 

@@ -1,4 +1,4 @@
-"""Structured logs (issue 29 item 4): ``logging.format: json`` writes one JSON object per line
+"""Structured logs: ``logging.format: json`` writes one JSON object per line
 with ``time``, ``level``, ``logger``, ``message`` and, where known, the ``request_id``,
 ``session_key``, ``run_id`` and ``agent`` of the request or turn that logged it (null otherwise).
 

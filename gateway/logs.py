@@ -1,4 +1,4 @@
-"""Bounded logs (issue 10 item 7): ``logs/gateway.log`` rotated by size
+"""Bounded logs: ``logs/gateway.log`` rotated by size
 (``logging.handlers.RotatingFileHandler``), and a filter that writes a line repeated within
 ``logging.repeat_window_s`` once, then counts the repeats (``accept() out of system resource`` in a
 loop once grew the log by 256 MB in 3 minutes)."""

@@ -27,7 +27,7 @@ from memory.routed import RoutedEmbedder
 
 log = logging.getLogger("neotask.memory")
 
-MINILM_WEIGHT = 0.5  # minilm+e5+use: MiniLM's share of an English query's cosine (docs/memory.md, seventh round)
+MINILM_WEIGHT = 0.5  # minilm+e5+use: MiniLM's share of an English query's cosine (docs/memory-tuning.md, seventh round)
 
 
 def e5_runs_here() -> bool:

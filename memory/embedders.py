@@ -397,7 +397,7 @@ class E5Embedder:
 
     Its cosines sit in [0.7, 1] for related and unrelated pairs alike, so the service maps them from
     :attr:`cosine_floor` to [0, 1] before fusion: the fusion's weights and thresholds then weigh it
-    as they weighed MiniLM (docs/memory.md, "Fifth round"). Inference runs on the embedder's own
+    as they weighed MiniLM (docs/memory-tuning.md, "Fifth round"). Inference runs on the embedder's own
     thread with ``threads`` OpenMP threads (the C call releases the interpreter lock)."""
 
     cosine_floor = E5_FLOOR

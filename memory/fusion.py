@@ -376,7 +376,7 @@ def off_topic(
     (REALTALK: a ``min_score`` refusing 42 % of such questions costs 3.6 points @10). "blood" is
     nowhere: that, with no close paraphrase and no strong match of its other words, is the sign.
     Real questions hold unheld words too ("Is Elise vegan?" answered by what she eats), hence the
-    two bars (docs/memory.md: what each setting refuses and costs)."""
+    two bars (docs/memory-tuning.md: what each setting refuses and costs)."""
     if min_cosine <= 0 or min_best <= 0 or not candidates or best >= min_best:
         return False
     if max(c.cosine for c in candidates) >= min_cosine:

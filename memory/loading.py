@@ -1,4 +1,4 @@
-"""Loading an embedding model (or a heavy library) without holding up a shutdown (issue 24, item 8)."""
+"""Loading an embedding model (or a heavy library) without holding up a shutdown."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Snowball stems without stop words, CJK words; the indexed context is left out, o
 turn would look like the turn before it). ``lambda`` 1 is the fused order; lower values push a chunk that repeats one
 already shown down the list.
 
-Measured on REALTALK (``python -m bench.memory_eval --realtalk``, docs/memory.md): it costs recall
+Measured on REALTALK (``python -m bench.memory_eval --realtalk``, docs/memory-tuning.md): it costs recall
 at every lambda tried there, so it is off by default; it is for memories full of near-duplicates
 (the same fact noted day after day) where the repeats crowd the top ``k``.
 

@@ -1,6 +1,6 @@
 """Which files are an agent's memory, and safe access to them (blocking; call off the loop).
 
-Real paths decide (issue 10 item 9): a file counts, is read, indexed or appended to only when its
+Real paths decide: a file counts, is read, indexed or appended to only when its
 resolved path lies inside the workspace or one of ``memory.extra_paths``; a symlink out of them
 (``memory/link.md -> /etc/passwd``) is skipped when listing and indexing and refused when read."""
 

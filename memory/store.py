@@ -35,7 +35,7 @@ CHUNKER_VERSION = 3
 # mirror, ``ChunkStore(mirror=False)``; with it they scan the mirror): at 20,000 rows the flat scan reads the
 # whole vector column (30 MB) per query, 30-45 ms, while the index answers in about 10 ms and, on
 # the conversation-20000 set of bench.memory_eval, finds 99.7 % of the exact top 100 (99.9 % of the
-# top 10) with the same recall at every k for every fusion (see docs/memory.md, Speed). Below it a
+# top 10) with the same recall at every k for every fusion (see docs/memory-tuning.md, Speed). Below it a
 # flat scan is exact and fast enough.
 ANN_MIN_ROWS = 20_000
 # Through the index a query probes this many partitions and re-ranks refine x limit rows on their

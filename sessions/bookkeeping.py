@@ -1,4 +1,4 @@
-"""The bookkeeping every backend does the same way (issue 25): the run's statistics columns, the
+"""The bookkeeping every backend does the same way: the run's statistics columns, the
 counters an append moves, and what the key's entry says as a run starts, is discarded, ends or
 takes a message. The backends call these and persist the result their own way (sessions.json,
 ``MemoryData``, the ``entries`` table), as they call ``sessions.store_hooks.run_hook``."""

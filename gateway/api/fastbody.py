@@ -1,4 +1,4 @@
-"""The ingest routes' common bodies read without pydantic (issue 14: validation was a fifth of a
+"""The ingest routes' common bodies read without pydantic (validation was a fifth of a
 message's parsing cost).
 
 ``plain_message`` and ``plain_ingress`` accept a decoded body only when every key is a field of

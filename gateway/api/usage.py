@@ -1,4 +1,4 @@
-"""Token usage per UTC day, agent and key: ``GET /v1/usage`` (issue 29 item 5), with each agent's
+"""Token usage per UTC day, agent and key: ``GET /v1/usage``, with each agent's
 daily budgets (``agents.<id>.limits``)."""
 
 from __future__ import annotations

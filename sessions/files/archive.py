@@ -1,7 +1,7 @@
 """Archived runs: ``archive/{uuid}.tar.gz`` holds a completed run's folder; its stores stay
 readable (blocking helpers: callers run them off the event loop).
 
-Archiving survives ``kill -9`` at any step (issue 10 item 2): the archive is written under a temp
+Archiving survives ``kill -9`` at any step: the archive is written under a temp
 name and linked into place without ever replacing an existing one; the caller records it in
 tasks.db; only then is the folder moved aside (one atomic rename, so ``completed/{uuid}`` is either
 whole or gone) and removed. A folder whose archive already exists is never re-packed: a

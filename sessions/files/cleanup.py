@@ -1,7 +1,7 @@
 """Carrying out a cleanup (SPEC section 7): gather the facts, plan (``sessions.cleanup_plan``),
 then complete stale active runs, archive old completed ones, delete expired archives, VACUUM.
 
-Archiving is ordered so that ``kill -9`` at any step loses nothing (issue 10 item 2): write the
+Archiving is ordered so that ``kill -9`` at any step loses nothing: write the
 archive (never over an existing one), record ``archived_at`` in tasks.db, then remove the folder.
 A cleanup first finishes what a crash interrupted: folders of recorded archives are removed, and a
 folder whose archive exists is not packed again."""

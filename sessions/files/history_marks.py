@@ -1,4 +1,4 @@
-"""High-water marks of the history index (issue 24 item 14): per run, the seq through which every
+"""High-water marks of the history index: per run, the seq through which every
 message of its messages.jsonl is indexed (``marks`` in history.db, written in the transaction of
 the rows that move it).
 

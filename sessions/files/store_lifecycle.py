@@ -85,7 +85,7 @@ class LifecycleStore(AppendStore):
         self.sync_counters(entry, run)  # every checkpoint field: none may describe the previous run
         # Coalesced like appends, not rewritten at once: the run folder and its tasks.db row are the
         # durable truth, and recovery rebuilds the entry from them (a rewrite per new run made
-        # creating a session O(keys): issue 10 item 12).
+        # creating a session O(keys)).
         self.registry.touch(key)
         self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
         return run

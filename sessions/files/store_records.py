@@ -147,7 +147,7 @@ class RecordStore(StoreBase):
         turn's reply before the messages that waited for a later turn). With appends of the run queued, it is read
         through the writer, after them; with none (a turn reads after its message is durable), it
         is whole on disk and read on a worker thread, not queued behind other runs' writes and
-        syncs (issue 15: a wait in series on every turn), and not on the loop (a context near the
+        syncs (a wait in series on every turn), and not on the loop (a context near the
         compaction threshold is hundreds of kB to parse). Rewrites of the file (compaction,
         uncompact) run under the key's turn lock and are awaited, so none is in flight while a
         turn reads."""

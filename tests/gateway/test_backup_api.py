@@ -235,7 +235,7 @@ async def test_a_cut_archive_or_a_bad_gzip_trailer_is_backup_invalid_from_the_cl
 async def test_a_restore_creates_the_missing_folders_above_its_home(
     client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``neotask restore home.tar.gz --home /new/home`` (the README's example) refused a home whose
+    """``neotask restore home.tar.gz --home /new/home`` (the example of docs/operations.md) refused a home whose
     parent did not exist ("create it first"). A bad archive still creates nothing."""
     await _seed(client, 2)
     out = tmp_path.parent / f"{tmp_path.name}-b.tar.gz"
