@@ -66,7 +66,8 @@ from gateway.openai_compat.service import OpenAICompat
 from gateway.places import memory_uri, workspaces
 from gateway.validation import check_config
 from memory import MemoryService
-from scheduler.service import DailyJob, SchedulerService
+from scheduler.jobs import DailyJob
+from scheduler.service import SchedulerService
 from sessions.backends import open_leadership, open_store
 from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from scheduler.service import DailyJob, SchedulerService
+from scheduler.jobs import DailyJob
+from scheduler.service import SchedulerService
 from tests.conftest import FakeClock
 from tests.scheduler.test_service import NIGHTLY, NY, Calls
 

@@ -16,7 +16,8 @@ import pytest
 from config.clock import Clock, system_clock
 from config.errors import Conflict, NotFound
 from config.settings import CronJob
-from scheduler.service import Callback, DailyJob, JobInfo, SchedulerService
+from scheduler.jobs import Callback, DailyJob, JobInfo
+from scheduler.service import SchedulerService
 from scheduler.triggers import crontab_trigger, next_cron
 from sessions.resets import boundary_on
 from tests.conftest import FakeClock
