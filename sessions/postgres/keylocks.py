@@ -39,7 +39,6 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import asyncpg
 
@@ -63,10 +62,6 @@ def key_lock_id(key: str, *, space: bytes = b"neotask-key") -> int:
     ``space``: the lease's and the turn's are different locks), signed as bigint."""
     value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=space).digest(), "big")
     return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def turn_lock_id(key: str) -> int:
-    return key_lock_id(key, space=b"neotask-turn")
 
 
 @dataclass(eq=False)
@@ -261,7 +256,7 @@ class KeyLeases:
                 try:
                     taken = await holder.fetchval("SELECT pg_try_advisory_lock($1)", lock)
                 except BaseException:  # the lock may be taken or not: the holder goes, and its locks
-                    await _drop(self.pool, holder)
+                    await drop_connection(self.pool, holder)
                     raise
                 if taken:
                     lease.conn = conn = holder
@@ -280,7 +275,7 @@ class KeyLeases:
                 await self._on_taken(key, conn)
         except BaseException as exc:
             if conn is not None and lease.own:
-                await _drop(self.pool, conn)  # the lock, if taken, goes with the connection
+                await drop_connection(self.pool, conn)  # the lock, if taken, goes with the connection
             elif conn is not None:
                 await self._unlock(key, lease, conn)
             lease.conn = None
@@ -385,7 +380,7 @@ class KeyLeases:
                 with contextlib.suppress(Exception):  # a connection already lost and detached
                     conn.remove_termination_listener(lease.on_lost)
                 lease.on_lost = None
-            await _unlock(self.pool, conn, key)
+            await release_lock(self.pool, conn, key)
             return
         try:
             async with self._holder_lock:
@@ -393,7 +388,7 @@ class KeyLeases:
                 if holder is not None and holder is conn:
                     await holder.execute("SELECT pg_advisory_unlock($1)", key_lock_id(key))
         except Exception:  # the holder is broken: closing it frees its locks and drops its leases
-            await _drop(self.pool, conn)
+            await drop_connection(self.pool, conn)
 
 
 def _stop_lingering(lease: _Lease) -> None:
@@ -418,102 +413,19 @@ def _closed(conn: asyncpg.Connection) -> bool:
         return True
 
 
-async def _unlock(pool: asyncpg.Pool, conn: asyncpg.Connection, key: str, lock: int | None = None) -> None:
+async def release_lock(pool: asyncpg.Pool, conn: asyncpg.Connection, key: str, lock: int | None = None) -> None:
+    """Unlock the key's advisory lock (or ``lock``) and give the connection back to the pool."""
     try:
         await conn.execute("SELECT pg_advisory_unlock($1)", key_lock_id(key) if lock is None else lock)
     except Exception:  # a lost connection took its lock with it
-        await _drop(pool, conn)
+        await drop_connection(pool, conn)
         return
     await pool.release(conn)
 
 
-async def _drop(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+async def drop_connection(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    """A connection whose lock state is unknown: closed, never given back to the pool as it is."""
     with contextlib.suppress(Exception):  # a lost connection may be back in the pool already
         conn.terminate()
     with contextlib.suppress(Exception):
         await pool.release(conn)
-
-
-class SharedLock(asyncio.Lock):
-    """An ``asyncio.Lock`` for one key that also holds the key's lease while it is held."""
-
-    def __init__(self, leases: KeyLeases, key: str) -> None:
-        super().__init__()
-        self._leases, self._key = leases, key
-
-    async def acquire(self) -> Literal[True]:
-        await super().acquire()
-        try:
-            await self._leases.enter(self._key)
-        except BaseException:
-            super().release()
-            raise
-        return True
-
-    def release(self) -> None:
-        super().release()
-        self._leases.leave(self._key)
-
-
-class TurnLock(asyncio.Lock):
-    """A key's model-turn lock across processes: an advisory lock (not the lease's number) on a
-    connection of ``pool`` held for the turn, so turns on a key run one at a time everywhere while
-    other processes still store messages on it (each append takes the lease for its own length).
-    Taking it also makes this process's view of the key fresh (the lease taken and given back, if
-    this process did not hold it). A process killed mid-turn frees it with its connection."""
-
-    def __init__(self, pool: asyncpg.Pool, leases: KeyLeases, key: str) -> None:
-        super().__init__()
-        self._pool, self._leases, self._key = pool, leases, key
-        self._conn: asyncpg.Connection | None = None
-        self._unlocks: set[asyncio.Task[None]] = set()
-
-    async def acquire(self) -> Literal[True]:
-        await super().acquire()
-        try:
-            try:
-                conn = await self._pool.acquire()
-            except Exception as exc:  # a lost database is the typed 503 the post answers
-                raise (database_error(exc) or exc) from exc
-            try:
-                lock = turn_lock_id(self._key)
-                if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock):
-                    self._leases.waits += 1
-                    await conn.execute("SELECT pg_advisory_lock($1)", lock)
-            except BaseException:
-                await _drop(self._pool, conn)
-                raise
-            self._conn = conn
-            try:
-                await self._leases.enter(self._key)  # the view of the key as it is now
-            except BaseException:
-                self._give_back()
-                raise
-            try:  # a lease held already (lingering) did not read the key: what needs no lease
-                await self._leases.reread(self._key)  # (usage, tool records) may have changed
-            except Exception as exc:
-                self._give_back()
-                typed = database_error(exc)
-                if typed is None:
-                    raise
-                raise typed from exc
-            except BaseException:
-                self._give_back()
-                raise
-            finally:
-                self._leases.leave(self._key)
-        except BaseException:
-            super().release()
-            raise
-        return True
-
-    def release(self) -> None:
-        self._give_back()
-        super().release()
-
-    def _give_back(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            task = asyncio.get_running_loop().create_task(_unlock(self._pool, conn, self._key, turn_lock_id(self._key)))
-            self._unlocks.add(task)
-            task.add_done_callback(self._unlocks.discard)

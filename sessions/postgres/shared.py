@@ -27,7 +27,8 @@ from config.errors import Conflict
 from sessions.events import StoreEvent
 from sessions.postgres.appends import PgAppends
 from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
-from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases, SharedLock, TurnLock
+from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases
+from sessions.postgres.locks import SharedLock, TurnLock
 from sessions.postgres.notify import EventRelay
 from sessions.records import ContextRewrite, MessageRecord, NewMessage, RunState
 from sessions.rewrites import ContextChange
