@@ -20,8 +20,9 @@ The daemon (``gateway/app.py``) opens it in one cleanup context; the offline CLI
 a reset, a compaction or a cron job run without a daemon goes through the same objects (final
 summary, memory flush, memory tools, delivery). Hooks are declared in ``conversations/hooks.py``; they
 are connected here and nowhere else. A hook that names an object built later (Conversations'
-``before_post`` is ``Scheduling.check_on_arrival``) is a closure over this function's locals, called only once
-everything is built.
+``before_post`` is ``Scheduling.check_on_arrival``) is a method of ``_Late``, which holds those objects
+once they are built; ``open_services`` builds the graph part by part (``_storage``, ``_memory``,
+``_edges``, ``_scheduling``, ``_lead``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from channels.store import ChannelStore
 from config.clock import Clock, host_zone, system_clock
 from config.loader import LoadedConfig
 from config.redaction import SECRETS
+from config.settings import Settings
 from conversations.budgets import Budgets
 from conversations.commands import Commands
 from conversations.events import EventHub
@@ -149,6 +151,62 @@ def providers_for(config: LoadedConfig, env: Mapping[str, str], clock: Clock = s
     }
 
 
+@dataclass
+class _Late:
+    """The objects a hook names that are built after the hook is handed out (Conversations'
+    ``before_post`` is ``Scheduling.check_on_arrival``, built later): the hooks are its methods,
+    and do nothing until their object exists (the store's recovery at open publishes nothing)."""
+
+    settings: Settings
+    hub: EventHub
+    history: HistoryIndexProtocol | None = None
+    transcripts: TranscriptSource | None = None
+    bridge: MemoryBridge | None = None
+    scheduling: Scheduling | None = None
+    conversations: Conversations | None = None
+    leader: LeaderWork | None = None
+    budgets: Budgets | None = None
+
+    def on_event(self, event: StoreEvent) -> None:
+        if self.conversations is None:
+            return
+        self.hub.publish(event)
+        if self.transcripts is not None:
+            self.transcripts.on_event(event)
+
+    def feed(self, run: RunState, record: MessageRecord) -> None:
+        if self.history is not None and self.conversations is not None:
+            self.history.feed(run.run_id, run.key, run.agent_id, record)
+
+    async def resets_due(self, post: Post) -> list[Event]:
+        return [] if self.scheduling is None else await self.scheduling.check_on_arrival(post)
+
+    async def recall(self, run: RunState, post: Post, new_run: bool) -> list[Event]:
+        return [] if self.bridge is None else await self.bridge.recall(run, post, new_run)
+
+    async def budget_check(self, post: Post) -> list[Event]:  # before anything is stored
+        if self.conversations is not None and self.budgets is not None and self.conversations.needs_turn(post):
+            await self.budgets.check(post.key.agent_id or "main", post.key.raw)
+        return []
+
+    def next_reset(self, key: str) -> Any:
+        return None if self.scheduling is None else self.scheduling.next_reset(key)
+
+    def settings_now(self) -> Settings:
+        return self.settings if self.conversations is None else self.conversations.settings
+
+    async def cleanup_early(self) -> None:  # below storage.min_free: archive and delete now
+        if self.scheduling is not None and self.leader is not None and self.leader.leading:
+            report = await self.scheduling.cleanup()
+            done = sum(1 for action in report if action["done"])
+            log.info("early cleanup for low disk space: %d action(s) done", done)
+
+    async def close_history(self) -> None:  # the store's appends stop feeding it first
+        index, self.history = self.history, None
+        if index is not None:
+            await index.close()
+
+
 @contextlib.asynccontextmanager
 async def open_services(
     config: LoadedConfig,
@@ -166,184 +224,170 @@ async def open_services(
         log.warning("%s", warning)
     zone = host_zone(env)
     async with contextlib.AsyncExitStack() as stack:
-        hub = EventHub()
+        late = _Late(settings, EventHub())
         metrics = Metrics()
-        SECRETS.add([*settings.gateway.tokens, *(env.get(a.model.api_key_env) for a in settings.agents.values())])
-        if any(agent.model.base_url for agent in settings.agents.values()):
-            await load_provider_sdk()  # in a thread: the loop runs on (0.4 s of CPU, more on a busy machine)
-        providers = providers_for(config, env, clock)
-        stack.push_async_callback(_close_providers, providers)
-
-        # Hooks naming objects built further down: called only once open_services has yielded.
-        history: HistoryIndexProtocol | None = None
-        transcripts: TranscriptSource | None = None
-        bridge: MemoryBridge | None = None
-        scheduling: Scheduling | None = None
-        conversations: Conversations | None = None
-        leader: LeaderWork | None = None
-
-        def on_event(event: StoreEvent) -> None:  # not the store's recovery at open: from the graph on
-            if conversations is None:
-                return
-            hub.publish(event)
-            if transcripts is not None:
-                transcripts.on_event(event)
-
-        def feed(run: RunState, record: MessageRecord) -> None:
-            if history is not None and conversations is not None:
-                history.feed(run.run_id, run.key, run.agent_id, record)
-
-        async def resets_due(post: Post) -> list[Event]:
-            return [] if scheduling is None else await scheduling.check_on_arrival(post)
-
-        async def recall(run: RunState, post: Post, new_run: bool) -> list[Event]:
-            return [] if bridge is None else await bridge.recall(run, post, new_run)
-
-        async def budget_check(post: Post) -> list[Event]:  # before anything is stored
-            if conversations is not None and conversations.needs_turn(post):
-                await budgets.check(post.key.agent_id or "main", post.key.raw)
-            return []
-
-        def next_reset(key: str) -> Any:
-            return None if scheduling is None else scheduling.next_reset(key)
-
-        store = await open_store(
-            config.home,
-            settings,
-            clock=clock,
-            environ=env,
-            hooks=StoreHooks(
-                listeners=(on_event,),
-                durable_listeners=(feed,) if settings.history.enabled else (),
-            ),
-        )
-        stack.push_async_callback(store.close)
-        if settings.history.enabled:
-            history = store.open_history(max_batch=settings.history.max_batch)
-            created = await history.open()
-
-            async def close_history() -> None:  # the store's appends stop feeding it first
-                nonlocal history
-                index, history = history, None
-                if index is not None:
-                    await index.close()
-
-            stack.push_async_callback(close_history)
-
-        async def cleanup_early() -> None:  # below storage.min_free: archive and delete now
-            if scheduling is not None and leader is not None and leader.leading:
-                report = await scheduling.cleanup()
-                done = sum(1 for action in report if action["done"])
-                log.info("early cleanup for low disk space: %d action(s) done", done)
-
-        disk_budget = DiskBudget(config.home, settings.storage, metrics, on_low=cleanup_early)
+        providers = await _providers(config, env, clock, stack)
+        store, created = await _storage(config, env, clock, late, stack)
+        disk_budget = DiskBudget(config.home, settings.storage, metrics, on_low=late.cleanup_early)
         stack.push_async_callback(disk_budget.close)
-        budgets = Budgets(store, lambda: settings if conversations is None else conversations.settings, clock)
+        late.budgets = Budgets(store, late.settings_now, clock)
         tools = ToolBox(store)
-        conversations = Conversations(
-            store,
-            settings,
-            providers=providers,
-            hub=hub,
-            metrics=metrics,
-            clock=clock,
-            tools=tools,
+        conversations = late.conversations = Conversations(
+            store, settings, providers=providers, hub=late.hub, metrics=metrics, clock=clock, tools=tools,
             hooks=ConversationHooks(
-                before_post=(disk_budget.before_post, budget_check, resets_due),
-                before_append=(recall,) if parts.memory else (),
+                before_post=(disk_budget.before_post, late.budget_check, late.resets_due),
+                before_append=(late.recall,) if parts.memory else (),
             ),
-        )
-        commands = Commands(conversations, hooks=CommandHooks(next_reset=next_reset))
-        if isinstance(store, SharedEvents):  # other gateway processes' events reach this one's subscribers
-            store.follow_events(hub.publish)
-        if history is not None:
-            stack.push_async_callback(_settle_index, await _prepare_index(history, store, created, parts.timers))
-
-        memory: MemoryService | None = None
-        if parts.memory:
-            memory = memory_service(config, env, clock, background=parts.timers)
-            if parts.timers and settings.storage.backend == "postgres":
-                memory.set_writer(False)  # until this process leads (LeaderWork below)
-            await memory.start()
-            stack.push_async_callback(memory.close)
-            bridge = MemoryBridge(memory, conversations, settings, host_zone=zone)
-            for tool in bridge.tools():
-                tools.register(tool)
-        if "sessions" in settings.memory.sources:
-            transcripts = TranscriptSource(
-                store, workspaces(config), lambda key: scope_of_raw(key, settings.memory.scope, settings.agents)
-            )
-            stack.push_async_callback(transcripts.close)
-        if any(agent.tools.sessions.enabled for agent in settings.agents.values()):
-            for tool in SessionTools(conversations, history).tools():
-                tools.register(tool)
-
-        client = await stack.enter_async_context(aiohttp.ClientSession(headers={"User-Agent": "neotask-gateway"}))
-        deliverer = Deliverer(client)
-        webhooks = Webhooks(conversations, settings, env, deliverer, clock=clock)
-        stack.push_async_callback(webhooks.close)
-        compat = OpenAICompat(commands, clock=clock, crash_step=openai_crash_step(env))
-        stack.push_async_callback(compat.close)
-        await load_sdks(settings.channels, env)  # in a thread: the connectors are built here, on the loop
-        channels = ChannelIntake(
-            conversations, commands, settings, ChannelStore.for_home(config.home), env, clock=clock,
-            crash_at=env.get(CRASH_ENV),
         )  # fmt: skip
-        stack.push_async_callback(channels.close)
-
-        async def deliver(url: str, payload: ReplyBody) -> Delivery:
-            return await deliverer.report(url, payload, timeout=DELIVERY_TIMEOUT_S)
-
-        scheduling = Scheduling(
-            conversations,
-            commands,
-            settings,
-            clock=clock,
-            host_zone=zone,
-            storage=store,
-            hooks=SchedulingHooks(
-                deliver=deliver,
-                forget_runs=history.delete_runs if history is not None else None,
-                archive_step=crash_step(env),
-            ),
-        )
+        commands = Commands(conversations, hooks=CommandHooks(next_reset=late.next_reset))
+        if isinstance(store, SharedEvents):  # other gateway processes' events reach this one's subscribers
+            store.follow_events(late.hub.publish)
+        if late.history is not None:
+            stack.push_async_callback(_settle_index, await _prepare_index(late.history, store, created, parts.timers))
+        memory = await _memory(config, env, clock, parts, late, store, tools, zone, stack)
+        edges = await _edges(config, env, clock, conversations, commands, stack)
+        scheduling = late.scheduling = _scheduling(config, env, clock, late, store, commands, edges.deliverer, zone)
         backups = Backups(config, store, memory, clock)
         scheduler = scheduler_service(config, scheduling, zone, clock, backups=backups)
         if parts.timers:
-            leader = LeaderWork(open_leadership(settings, environ=env), scheduler, scheduling, memory, clock=clock)
-            stack.push_async_callback(leader.close)  # after the scheduler stopped: the lead goes last
-            await scheduler.start()
-            leader.start()  # the files backend leads at once (the start-up sweep); postgres when it may
-            stack.push_async_callback(scheduler.stop)
-            stack.push_async_callback(scheduling.close, settings.gateway.shutdown_timeout_s / 4)
+            late.leader = await _lead(config, env, clock, scheduler, scheduling, memory, stack)
         if parts.timers if parts.channels is None else parts.channels:
-            await channels.start()
+            await edges.channels.start()
         if not providers:
             log.info("no model configured: running in store-only mode")
         yield Services(
-            config=config,
-            env=env,
-            clock=clock,
-            host_zone=zone,
-            hub=hub,
-            metrics=metrics,
-            providers=providers,
-            store=store,
-            history=history,
-            conversations=conversations,
-            commands=commands,
-            memory=memory,
-            transcripts=transcripts,
-            deliverer=deliverer,
-            webhooks=webhooks,
-            compat=compat,
-            channels=channels,
-            scheduling=scheduling,
-            scheduler=scheduler,
-            disk_budget=disk_budget,
-            backups=backups,
-            leader=leader,
+            config=config, env=env, clock=clock, host_zone=zone, hub=late.hub, metrics=metrics, providers=providers,
+            store=store, history=late.history, conversations=conversations, commands=commands, memory=memory,
+            transcripts=late.transcripts, deliverer=edges.deliverer, webhooks=edges.webhooks, compat=edges.compat,
+            channels=edges.channels, scheduling=scheduling, scheduler=scheduler, disk_budget=disk_budget,
+            backups=backups, leader=late.leader,
+        )  # fmt: skip
+
+
+async def _providers(
+    config: LoadedConfig, env: Mapping[str, str], clock: Clock, stack: contextlib.AsyncExitStack
+) -> dict[str, ModelChain]:
+    """Each agent's model chain (the SDK loaded beside the loop first), the secrets hidden in logs."""
+    settings = config.settings
+    SECRETS.add([*settings.gateway.tokens, *(env.get(a.model.api_key_env) for a in settings.agents.values())])
+    if any(agent.model.base_url for agent in settings.agents.values()):
+        await load_provider_sdk()  # in a thread: the loop runs on (0.4 s of CPU, more on a busy machine)
+    providers = providers_for(config, env, clock)
+    stack.push_async_callback(_close_providers, providers)
+    return providers
+
+
+async def _storage(
+    config: LoadedConfig, env: Mapping[str, str], clock: Clock, late: _Late, stack: contextlib.AsyncExitStack
+) -> tuple[StoreProtocol, bool]:
+    """The session store (recovered) and, when history is on, its index (``late.history``);
+    whether the index was created empty over stored messages."""
+    settings = config.settings
+    hooks = StoreHooks(listeners=(late.on_event,), durable_listeners=(late.feed,) if settings.history.enabled else ())
+    store = await open_store(config.home, settings, clock=clock, environ=env, hooks=hooks)
+    stack.push_async_callback(store.close)
+    created = False
+    if settings.history.enabled:
+        late.history = store.open_history(max_batch=settings.history.max_batch)
+        created = await late.history.open()
+        stack.push_async_callback(late.close_history)
+    return store, created
+
+
+async def _memory(
+    config: LoadedConfig, env: Mapping[str, str], clock: Clock, parts: Parts, late: _Late, store: StoreProtocol,
+    tools: ToolBox, zone: ZoneInfo, stack: contextlib.AsyncExitStack,
+) -> MemoryService | None:  # fmt: skip
+    """The memory service and its recall bridge and tools (``Parts.memory``), the transcript
+    source, the session tools."""
+    settings = config.settings
+    assert late.conversations is not None
+    memory: MemoryService | None = None
+    if parts.memory:
+        memory = memory_service(config, env, clock, background=parts.timers)
+        if parts.timers and settings.storage.backend == "postgres":
+            memory.set_writer(False)  # until this process leads (LeaderWork)
+        await memory.start()
+        stack.push_async_callback(memory.close)
+        late.bridge = MemoryBridge(memory, late.conversations, settings, host_zone=zone)
+        for tool in late.bridge.tools():
+            tools.register(tool)
+    if "sessions" in settings.memory.sources:
+        late.transcripts = TranscriptSource(
+            store, workspaces(config), lambda key: scope_of_raw(key, settings.memory.scope, settings.agents)
         )
+        stack.push_async_callback(late.transcripts.close)
+    if any(agent.tools.sessions.enabled for agent in settings.agents.values()):
+        for tool in SessionTools(late.conversations, late.history).tools():
+            tools.register(tool)
+    return memory
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """What talks to the world outside: the HTTP client for deliveries, webhooks, the
+    OpenAI-compatible service, the chat connectors."""
+
+    deliverer: Deliverer
+    webhooks: Webhooks
+    compat: OpenAICompat
+    channels: ChannelIntake
+
+
+async def _edges(
+    config: LoadedConfig, env: dict[str, str], clock: Clock, conversations: Conversations, commands: Commands,
+    stack: contextlib.AsyncExitStack,
+) -> _Edges:  # fmt: skip
+    settings = config.settings
+    client = await stack.enter_async_context(aiohttp.ClientSession(headers={"User-Agent": "neotask-gateway"}))
+    deliverer = Deliverer(client)
+    webhooks = Webhooks(conversations, settings, env, deliverer, clock=clock)
+    stack.push_async_callback(webhooks.close)
+    compat = OpenAICompat(commands, clock=clock, crash_step=openai_crash_step(env))
+    stack.push_async_callback(compat.close)
+    await load_sdks(settings.channels, env)  # in a thread: the connectors are built here, on the loop
+    channels = ChannelIntake(
+        conversations, commands, settings, ChannelStore.for_home(config.home), env, clock=clock,
+        crash_at=env.get(CRASH_ENV),
+    )  # fmt: skip
+    stack.push_async_callback(channels.close)
+    return _Edges(deliverer, webhooks, compat, channels)
+
+
+def _scheduling(
+    config: LoadedConfig, env: Mapping[str, str], clock: Clock, late: _Late, store: StoreProtocol,
+    commands: Commands, deliverer: Deliverer, zone: ZoneInfo,
+) -> Scheduling:  # fmt: skip
+    """Resets, cleanup and cron jobs (what the scheduler's jobs call)."""
+    assert late.conversations is not None
+
+    async def deliver(url: str, payload: ReplyBody) -> Delivery:
+        return await deliverer.report(url, payload, timeout=DELIVERY_TIMEOUT_S)
+
+    history = late.history
+    return Scheduling(
+        late.conversations, commands, config.settings, clock=clock, host_zone=zone, storage=store,
+        hooks=SchedulingHooks(
+            deliver=deliver,
+            forget_runs=history.delete_runs if history is not None else None,
+            archive_step=crash_step(env),
+        ),
+    )  # fmt: skip
+
+
+async def _lead(
+    config: LoadedConfig, env: Mapping[str, str], clock: Clock, scheduler: SchedulerService, scheduling: Scheduling,
+    memory: MemoryService | None, stack: contextlib.AsyncExitStack,
+) -> LeaderWork:  # fmt: skip
+    """The scheduler started and the leader's work with it (``Parts.timers``)."""
+    settings = config.settings
+    leader = LeaderWork(open_leadership(settings, environ=env), scheduler, scheduling, memory, clock=clock)
+    stack.push_async_callback(leader.close)  # after the scheduler stopped: the lead goes last
+    await scheduler.start()
+    leader.start()  # the files backend leads at once (the start-up sweep); postgres when it may
+    stack.push_async_callback(scheduler.stop)
+    stack.push_async_callback(scheduling.close, settings.gateway.shutdown_timeout_s / 4)
+    return leader
 
 
 def scheduler_service(
