@@ -217,16 +217,7 @@ async def _serve(
     loop.add_signal_handler(signal.SIGHUP, on_hangup)  # its default action would end the process
 
     url = ""  # where it listens, once it does (a SIGHUP before is no reload to report)
-    grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
-    gateway = config.settings.gateway
-    guard = app[GUARD]
-    limits = connection_limits(gateway.max_connections, gateway.fd_reserve)
-    guard.max_connections = limits.max_connections
-    if limits.reason is not None:
-        log.warning(limits.reason)
-    runner = JsonErrorsAppRunner(
-        app, access_log=None, shutdown_timeout=grace, keepalive_timeout=gateway.keepalive_timeout_s
-    )
+    runner = _runner(app, config)
     try:
         try:
             await runner.setup()  # cleanup contexts open here: the store recovers every active run
@@ -236,7 +227,7 @@ async def _serve(
         except ConfigError as exc:  # checked before start already; a check made while building
             log.error("cannot start: %s", exc.message)
             return exits.CONFIG
-        site = GuardedSite(runner, host, port, guard, reuse_port=role is not None)
+        site = GuardedSite(runner, host, port, app[GUARD], reuse_port=role is not None)
         try:
             await site.start()
         except OSError as exc:
@@ -244,23 +235,7 @@ async def _serve(
             return EXIT_FAILED
         bound_port = _bound_port(runner.addresses, port)
         url = url_for(host, bound_port)
-        if role is not None:  # the supervisor writes gateway.json and prints where the gateway listens
-            log.info("worker %d listening on %s (pid %d)", role.index, url, os.getpid())
-            role.ready()
-        else:
-            info = {
-                "pid": os.getpid(),
-                "url": url,
-                "started_at": iso(system_clock()),
-                "home": str(home.root),
-                "config_path": str(config.config_path.absolute()) if config.config_path else None,
-                "version": version(),
-            }
-            await asyncio.to_thread(write_json_atomic, home.gateway_json, info)
-            shown = f"http://[{host}]:{bound_port}" if ":" in host else f"http://{host}:{bound_port}"
-            print(f"neotask gateway listening on {shown} (home {home.root}, {describe_models(config)})", flush=True)
-            log.info("listening on %s (pid %d)", url, os.getpid())
-            systemd.ready(env, url)  # a Type=notify unit is started now (gateway/systemd.py)
+        await _announce(config, home, host, bound_port, env, role)
         settle_heap()  # start-up is done (and timed): the collector stops walking what it made
         if role is not None:  # the other workers read this worker's counts and status
             await _tick_for_fleet(app, stop)
@@ -271,6 +246,44 @@ async def _serve(
             await asyncio.to_thread(_remove, home.gateway_json)
     log.info("stopped" if status == 0 else "stopped without saving everything")
     return status
+
+
+def _runner(app: web.Application, config: LoadedConfig) -> JsonErrorsAppRunner:
+    """The app's runner, its connection cap set from the descriptors this process may open."""
+    gateway = config.settings.gateway
+    timeout = gateway.shutdown_timeout_s
+    limits = connection_limits(gateway.max_connections, gateway.fd_reserve)
+    app[GUARD].max_connections = limits.max_connections
+    if limits.reason is not None:
+        log.warning(limits.reason)
+    grace = max(timeout / 2, timeout - CLEANUP_RESERVE_S)
+    keepalive = gateway.keepalive_timeout_s
+    return JsonErrorsAppRunner(app, access_log=None, shutdown_timeout=grace, keepalive_timeout=keepalive)
+
+
+async def _announce(
+    config: LoadedConfig, home: Home, host: str, port: int, env: Mapping[str, str], role: WorkerRole | None
+) -> None:
+    """Say where the gateway listens: a worker tells its supervisor (which writes gateway.json
+    and prints it); a single process writes gateway.json, prints it and tells systemd."""
+    url = url_for(host, port)
+    if role is not None:
+        log.info("worker %d listening on %s (pid %d)", role.index, url, os.getpid())
+        role.ready()
+        return
+    info = {
+        "pid": os.getpid(),
+        "url": url,
+        "started_at": iso(system_clock()),
+        "home": str(home.root),
+        "config_path": str(config.config_path.absolute()) if config.config_path else None,
+        "version": version(),
+    }
+    await asyncio.to_thread(write_json_atomic, home.gateway_json, info)
+    shown = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    print(f"neotask gateway listening on {shown} (home {home.root}, {describe_models(config)})", flush=True)
+    log.info("listening on %s (pid %d)", url, os.getpid())
+    systemd.ready(env, url)  # a Type=notify unit is started now (gateway/systemd.py)
 
 
 async def _cleanup(runner: JsonErrorsAppRunner, home: Home) -> int:
