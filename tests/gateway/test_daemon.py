@@ -26,10 +26,13 @@ def messages_url(base: str, key: str) -> str:
     return f"{base}/v1/sessions/{quote(key, safe='')}/messages"
 
 
-async def _load(base: str, *, workers: int, stop: asyncio.Event, tag: str) -> list[str]:
+async def _load(
+    base: str, *, workers: int, stop: asyncio.Event, tag: str, acked: list[str] | None = None
+) -> list[str]:
     """``workers`` clients posting store-only messages round the keys until ``stop``; returns the
-    contents acknowledged with a 2xx."""
-    acked: list[str] = []
+    contents acknowledged with a 2xx (appended to ``acked`` as they come, for a caller that waits
+    on the count)."""
+    acked = [] if acked is None else acked
 
     async def worker(n: int) -> None:
         timeout = aiohttp.ClientTimeout(total=10)
@@ -143,8 +146,13 @@ async def test_sigkill_under_load_loses_no_acknowledged_message(tmp_path: Path) 
     victim: Daemon = await start_daemon(home)
     try:
         stop = asyncio.Event()
-        load = asyncio.create_task(_load(victim.url, workers=32, stop=stop, tag="crash"))
-        await asyncio.sleep(2.0)
+        acked_so_far: list[str] = []
+        load = asyncio.create_task(_load(victim.url, workers=32, stop=stop, tag="crash", acked=acked_so_far))
+        # kill once the load is going (a count, not a clock: a busy CI machine may take longer)
+        deadline = time.monotonic() + 45
+        while len(acked_so_far) < 150 and time.monotonic() < deadline and not load.done():
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # and well in flight
         victim.send(signal.SIGKILL)  # mid-flight: some requests are half written
         status = await victim.stop(signal.SIGKILL)
         stop.set()
