@@ -26,9 +26,7 @@ def messages_url(base: str, key: str) -> str:
     return f"{base}/v1/sessions/{quote(key, safe='')}/messages"
 
 
-async def _load(
-    base: str, *, workers: int, stop: asyncio.Event, tag: str, acked: list[str] | None = None
-) -> list[str]:
+async def _load(base: str, *, workers: int, stop: asyncio.Event, tag: str, acked: list[str] | None = None) -> list[str]:
     """``workers`` clients posting store-only messages round the keys until ``stop``; returns the
     contents acknowledged with a 2xx (appended to ``acked`` as they come, for a caller that waits
     on the count)."""
