@@ -148,8 +148,10 @@ def report(best: dict[str, dict[str, float]], identity: str) -> dict[str, Any]:
     print(f"{'all':<10}" + "".join(f"{total[n]:>27.1f} ({total[n] / total['minilm']:4.2f}x)" for n in names))
     ratio = total["auto"] / total["minilm"]
     verdict = "PASS" if ratio <= 1.5 else "FAIL"
-    print(f"{verdict}: the default costs {ratio:.2f}x MiniLM per chunk (target at most 1.5x); "
-          f"before: {total['before (minilm + e5 C engine + use)'] / total['minilm']:.2f}x")
+    print(
+        f"{verdict}: the default costs {ratio:.2f}x MiniLM per chunk (target at most 1.5x); "
+        f"before: {total['before (minilm + e5 C engine + use)'] / total['minilm']:.2f}x"
+    )
     return {"identity": identity, "ms_per_chunk": best, "total": total, "ratio": ratio}
 
 

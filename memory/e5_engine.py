@@ -241,9 +241,15 @@ def _encoder(model: ModelFile, kernels: str) -> Any:
 
     s = model.sizes
     config = BertConfig(
-        vocab_size=1, hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-        intermediate_size=s["ff"], max_position_embeddings=s["positions"], type_vocab_size=1,
-        layer_norm_eps=model.eps, hidden_act="gelu",
+        vocab_size=1,
+        hidden_size=s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        intermediate_size=s["ff"],
+        max_position_embeddings=s["positions"],
+        type_vocab_size=1,
+        layer_norm_eps=model.eps,
+        hidden_act="gelu",
     )
     bert = BertModel(config, add_pooling_layer=False).eval()  # type: ignore[no-untyped-call]
     state = {k: torch.from_numpy(v.copy()) for k, v in _state(model).items()}
@@ -265,12 +271,24 @@ def _encoder(model: ModelFile, kernels: str) -> Any:
 def _linear_slots(layer: Any) -> list[tuple[Any, str]]:
     """(module, attribute) of each of a BERT layer's six linear layers."""
     attention = layer.attention
-    return [(attention.self, "query"), (attention.self, "key"), (attention.self, "value"),
-            (attention.output, "dense"), (layer.intermediate, "dense"), (layer.output, "dense")]
+    return [
+        (attention.self, "query"),
+        (attention.self, "key"),
+        (attention.self, "value"),
+        (attention.output, "dense"),
+        (layer.intermediate, "dense"),
+        (layer.output, "dense"),
+    ]
 
 
-_LINEAR = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
-           "ao": "attention.output.dense", "fi": "intermediate.dense", "fo": "output.dense"}
+_LINEAR = {
+    "q": "attention.self.query",
+    "k": "attention.self.key",
+    "v": "attention.self.value",
+    "ao": "attention.output.dense",
+    "fi": "intermediate.dense",
+    "fo": "output.dense",
+}
 # the layers torch runs in int8: all but the feed-forward output, whose input (after GELU) has
 # outliers that one int8 scale per row of activations loses: quantized too, a vector's cosine with
 # the float model's fell to 0.987-0.992; without it 0.995-0.997, at 0.6x the float model's CPU
