@@ -158,6 +158,13 @@ class MemoryService:
         """True once the initial index pass has finished."""
         return self._ready
 
+    @property
+    def partial(self) -> bool:
+        """True while a search may miss what the files hold: before the first pass has finished,
+        and while a pass has chunks left to embed (a rebuild, or new and changed files)."""
+        progress = self._progress
+        return not self._ready or (progress is not None and progress.done < progress.total)
+
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
