@@ -1,8 +1,8 @@
 """Retrieval quality on realistic memory: conversations, notes and Japanese, per question kind.
 
 ``python -m bench.memory_eval [--quick] [--sizes 1000,5000,20000] [--big] [--embedder E] [--tune]``
-(``--embedder auto``, the default: what ships, ``minilm+e5+use`` where E5 runs, with
-``--minilm-weight`` for its blend; ``minilm+use``: the default before; ``e5+use``: E5 for English
+(``--embedder auto``, the default: what ships, ``e5+use`` where E5 runs; ``minilm+e5+use``: the
+default before, with ``--minilm-weight`` for its blend; ``minilm+use``: MiniLM for English
 queries; ``e5``, ``minilm``, ``use``: one model alone)
 
 Sets: ``conversation-N`` (``bench/retrieval/conversations.py``, N turns = N chunks, 1,000 to

@@ -342,8 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--embedder", default="auto",
         choices=("auto", "minilm+e5+use", "minilm+use", "e5+use", "e5", "minilm", "use"),
-        help="auto: what ships (minilm+e5+use where E5 runs); minilm+use: the default before; e5+use: E5 for English "
-        "queries; or one model alone",
+        help="auto: what ships (e5+use where E5 runs); minilm+e5+use: the default before; minilm+use: MiniLM for "
+        "English queries; or one model alone",
     )  # fmt: skip
     ap.add_argument("--search-only", action="store_true", help="only part 3 and 4 (search at 20,000 chunks)")
     ap.add_argument("--no-ann", action="store_true", help="skip the ANN index table of part 4 (minutes of CPU)")

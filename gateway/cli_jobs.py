@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -112,7 +113,7 @@ def cmd_memory_index(ctx: Context) -> int:
     else:
 
         async def work(service: Any) -> dict[str, Any]:
-            report = await service.reindex(ctx.args.agent, force=bool(ctx.args.force), progress=_progress_bar)
+            report = await service.reindex(ctx.args.agent, force=bool(ctx.args.force), progress=_ProgressBar())
             sys.stderr.write("\n")
             return {"report": report.as_dict(), "status": service.status()}
 
@@ -146,6 +147,7 @@ def _reindex_online(client: GatewayClient, request: dict[str, Any]) -> Any:
     worker = threading.Thread(target=call, name="reindex", daemon=True)
     worker.start()
     shown: tuple[int, int] | None = None
+    bar = _ProgressBar()
     while worker.is_alive():
         worker.join(PROGRESS_POLL_S)
         if not worker.is_alive():
@@ -158,22 +160,36 @@ def _reindex_online(client: GatewayClient, request: dict[str, Any]) -> Any:
             current = (int(state["done"]), int(state["total"]))
             if current != shown:
                 shown = current
-                _progress_bar(*current)
+                bar(*current)
     if "error" in outcome:
         raise outcome["error"]
     report = outcome["body"].get("report") or {}
     total = int(report.get("chunks_embedded", 0)) + int(report.get("chunks_reused", 0))
     if shown is not None or total:
-        _progress_bar(total, total)
+        bar(total, total)
         sys.stderr.write("\n")
     return outcome["body"]
 
 
-def _progress_bar(done: int, total: int) -> None:
-    width = 30
-    filled = width * done // total if total else width
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks")
-    sys.stderr.flush()
+class _ProgressBar:
+    """``[#####.....] 120/900 chunks, 35.2 chunks/s, 22 s left`` on stderr, redrawn in place; the
+    rate is counted from the first call."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        self._started = now if self._started is None else self._started
+        width = 30
+        filled = width * done // total if total else width
+        line = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks"
+        elapsed = now - self._started
+        if done and elapsed > 0 and done < total:
+            rate = done / elapsed
+            line += f", {rate:.1f} chunks/s, {(total - done) / rate:.0f} s left"
+        sys.stderr.write(line + " " * 8)
+        sys.stderr.flush()
 
 
 def cmd_memory_search(ctx: Context) -> int:

@@ -2,8 +2,10 @@
 pair of ``memory/routed.py`` (which builds on those, so the choice lives above both).
 
 Every packaged choice routes Japanese and Chinese queries to the Universal Sentence Encoder; they
-differ in what answers English ones. ``auto`` (the default) is ``minilm+e5+use`` where
-multilingual-e5-small (:class:`E5Embedder`) runs, else ``minilm+use``. ``minilm+e5+use``: MiniLM's
+differ in what answers English ones. ``auto`` (the default) is ``e5+use`` where
+multilingual-e5-small (:class:`E5Embedder`) runs, else ``minilm+use``: a chunk then costs E5 and
+USE, about 1.3 times MiniLM alone, where ``minilm+e5+use`` costs about 2.3 times
+(``python -m bench.index_cost``). ``minilm+e5+use``: MiniLM's
 and E5's cosines blended (weight ``MINILM_WEIGHT``); ``minilm+use``: MiniLM's; ``e5+use``: E5's;
 ``e5``: E5 alone, for every language."""
 
@@ -75,8 +77,8 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
             return RoutedEmbedder(batch_size=settings.batch_size)  # the identity the default had before
         e5 = E5Embedder(batch_size=min(settings.batch_size, 32))
         e5.provider = settings.provider
-        if settings.provider == "e5+use":
-            return RoutedEmbedder(english=[e5], provider="e5+use", batch_size=settings.batch_size)
+        if settings.provider in ("auto", "e5+use"):
+            return RoutedEmbedder(english=[e5], provider=settings.provider, batch_size=settings.batch_size)
         minilm = SentenceTransformerEmbedder(batch_size=min(settings.batch_size, 32))
         return RoutedEmbedder(
             english=[minilm, e5],

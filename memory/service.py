@@ -33,6 +33,7 @@ from memory.fusion import (
 )
 from memory.indexer import Indexer, Progress
 from memory.loading import ModelLoader
+from memory.progress import PassProgress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.routed import RoutedEmbedder
 from memory.store import ChunkStore
@@ -97,6 +98,7 @@ class MemoryService:
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
         self._last_run: dict[str, Any] | None = None
+        self._progress: PassProgress | None = None  # the indexing pass in flight
         self._last_error: str | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -155,6 +157,13 @@ class MemoryService:
     def ready(self) -> bool:
         """True once the initial index pass has finished."""
         return self._ready
+
+    @property
+    def partial(self) -> bool:
+        """True while a search may miss what the files hold: before the first pass has finished,
+        and while a pass has chunks left to embed (a rebuild, or new and changed files)."""
+        progress = self._progress
+        return not self._ready or (progress is not None and progress.done < progress.total)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
@@ -258,13 +267,25 @@ class MemoryService:
         await self._ensure_index()
         assert self._indexer is not None
         async with self._run_lock:
-            report = await self._indexer.run(agents, force=force, progress=progress)
+            self._progress = tracker = PassProgress()
+
+            def both(done: int, total: int) -> None:
+                tracker.update(done, total)
+                if progress:
+                    progress(done, total)
+
+            try:
+                report = await self._indexer.run(agents, force=force, progress=both)
+            finally:
+                self._progress = None
         self._last_run = {**report.as_dict(), "finished_at": iso(self._clock())}
         self._last_error = report.errors[-1] if report.errors else None
         return report
 
     def status(self) -> dict[str, Any]:
-        """Index state: ready, files, chunks, pending, identity, last run (JSON-ready)."""
+        """Index state: ready, files, chunks, pending, identity, last run, and the pass in flight's
+        progress (chunks embedded of those it must embed, rate, seconds left; None between
+        passes) (JSON-ready)."""
         indexer, store = self._indexer, self._store
         known = indexer.known if indexer else {}
         per_agent: dict[str, dict[str, int]] = {a: {"files": 0, "chunks": 0} for a in self._workspaces}
@@ -280,6 +301,7 @@ class MemoryService:
             "pending": indexer.pending if indexer else 0,
             "rebuilding": bool(indexer and indexer.rebuilding),
             "embedded_total": indexer.embedded_total if indexer else 0,
+            "progress": self._progress.as_dict() if self._progress else None,
             "identity": identity,
             "table": store.active.name if store and store.active is not None else None,
             "agents": per_agent,

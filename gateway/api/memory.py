@@ -52,7 +52,13 @@ MEMORY_SEARCH = Answer(
                         "citation": STR,
                     },
                 },
-            }
+            },
+            "partial": {
+                "type": "boolean",
+                "description": "true while the index may miss what the memory files hold: before the first"
+                " indexing pass has finished, and while a pass has chunks left to embed (a rebuild after a change"
+                " of embedder, or new and changed files); GET /v1/memory/status `progress` says how far it is",
+            },
         },
     },
 )
@@ -86,7 +92,8 @@ async def search(request: web.Request) -> web.Response:
         raise BadRequest("query parameter 'q' is required: the text to search for", field="q")
     k = TOP_K.read(request, high=settings.memory.search.candidates, default=settings.memory.search.top_k)
     hits = await request.app[MEMORY].search(_agent(request, MEMORY_AGENT), query, k=k)
-    return json_response({"query": query, "results": [present(hit) for hit in hits]})
+    memory = request.app[MEMORY]
+    return json_response({"query": query, "results": [present(hit) for hit in hits], "partial": memory.partial})
 
 
 @routes.get("/v1/memory/files")

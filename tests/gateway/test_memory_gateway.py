@@ -57,6 +57,7 @@ async def test_memory_end_to_end(client: Client, openai_server: OpenAIServer, tm
     top = found["results"][0]
     assert top["path"] == "MEMORY.md" and top["citation"].startswith("MEMORY.md#L") and 0 < top["score"] <= 1
     assert {"path", "start_line", "end_line", "heading", "score", "snippet", "citation"} <= set(top)
+    assert found["partial"] is False  # the index is level with the files
     nothing = await (await client.get("/v1/memory/search", params={"q": "quantum chromodynamics lattice"})).json()
     assert nothing["results"] == []
     files = await (await client.get("/v1/memory/files")).json()

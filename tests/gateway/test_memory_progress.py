@@ -1,4 +1,4 @@
-"""`neotask memory index --force` shows real progress (issue 13, item 18): offline from the
+"""`neotask memory index --force` shows real progress (chunks done, rate, time left): offline from the
 indexer's callback, online from the daemon's /v1/memory/status while the reindex runs. The
 embeddings come from the local OpenAI-compatible server, slowed down so the index takes a while."""
 
@@ -15,6 +15,7 @@ from tests.support.openai_server import OpenAIServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 BAR = re.compile(r"\] (\d+)/(\d+) chunks")
+RATE = re.compile(r"\] \d+/\d+ chunks, [\d.]+ chunks/s, \d+ s left")  # the rate and the time left, midway
 
 
 def workspace(home: Path, files: int = 8, sections: int = 12) -> None:
@@ -49,6 +50,7 @@ async def test_memory_index_force_shows_progress_offline_and_online(tmp_path: Pa
         total = seen[-1][1]
         assert total >= 64 and seen[-1] == (total, total)
         assert any(0 < done < total for done, _ in seen), f"the bar moved only 0 -> all: {seen}"
+        assert RATE.search(offline.stderr), offline.stderr
 
         async with daemon(home, "--config", str(cfg), env=child_env()) as gw:
             online = await run_cli("memory", "index", "--force", "--home", str(home), "--config", str(cfg),
@@ -57,5 +59,6 @@ async def test_memory_index_force_shows_progress_offline_and_online(tmp_path: Pa
             seen = bars(online.stderr)
             assert seen and seen[-1] == (total, total)
             assert any(0 < done < total for done, _ in seen), f"no progress shown while the daemon indexed: {seen}"
+            assert RATE.search(online.stderr), online.stderr
             assert "indexed:" in online.stdout
             assert await gw.stop() == 0

