@@ -472,6 +472,9 @@ class Settings(Model):
         for name, slack in self.channels.slack.accounts.items():
             if slack.agent not in self.agents:
                 raise ValueError(f"channels.slack.accounts.{name}.agent {slack.agent!r} is not a configured agent")
+        for name, matrix in self.channels.matrix.accounts.items():
+            if matrix.agent not in self.agents:
+                raise ValueError(f"channels.matrix.accounts.{name}.agent {matrix.agent!r} is not a configured agent")
         return self
 
     def agent(self, agent_id: str) -> AgentSettings:
