@@ -199,7 +199,7 @@ async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its
 
 
 async def test_a_429_is_waited_out_and_a_long_reply_arrives_whole_in_order(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse, caplog: pytest.LogCaptureFixture
 ) -> None:
     [bot] = await _register(homeserver, "slow", limited=True)  # the homeserver's rate limit applies to it
     [alice] = await _register(homeserver, "alice")
@@ -211,17 +211,19 @@ async def test_a_429_is_waited_out_and_a_long_reply_arrives_whole_in_order(
         await connected_in(client, "main")
         room = await alice.room(bot.user_id, direct=True)
         await _joined(alice, room, bot.user_id)
-        paragraphs = [f"paragraph {i} " + "word " * 30 for i in range(6)]
+        paragraphs = [f"paragraph {i} " + " ".join(["word"] * 30) for i in range(4)]
         await alice.say(room, "\n\n".join(paragraphs))
-        parts = await _answers(alice, room, bot, 4, timeout=60)
+        await _answers(alice, room, bot, 4, timeout=60)  # a burst of 2, then one a second: 429s in between
         await app[K.CHANNELS].idle()
         parts = await alice.messages(room, bot.user_id)
         text = "\n\n".join(p["content"]["body"] for p in parts)
         assert text == "echo: " + "\n\n".join(paragraphs)  # every part once, in order
         assert all(len(p["content"]["body"]) + len(p["content"]["formatted_body"]) <= 400 for p in parts)
         with sqlite3.connect(tmp_path / "channels.db") as db:
-            attempts, error = db.execute("SELECT attempts, last_error FROM outbox").fetchone()
-        assert attempts >= 1 and "M_LIMIT_EXCEEDED" in error, (attempts, error)
+            [(attempts, state)] = db.execute("SELECT attempts, state FROM outbox").fetchall()
+        assert attempts >= 1 and state == "sent"
+        waits = [r.getMessage() for r in caplog.records if "M_LIMIT_EXCEEDED" in r.getMessage()]
+        assert waits and all("trying again in" in w for w in waits), waits
 
 
 # -- a real daemon: kill -9 and a restart --------------------------------------------------------
