@@ -34,7 +34,8 @@ from tests.support import synapse
 from tests.support.openai_server import OpenAIServer
 from tests.support.synapse import Synapse, User
 
-pytestmark = pytest.mark.skipif(synapse.available() is not None, reason=str(synapse.available()))
+# slow: a real homeserver process (make test-fast leaves it out)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(synapse.available() is not None, reason=str(synapse.available()))]
 
 
 @pytest.fixture(scope="session")
@@ -133,7 +134,7 @@ async def test_rooms_keys_mentions_threads_commands_and_strangers(
         assert [a["content"]["body"] for a in await alice.messages(group, bot.user_id)] == [
             "echo: what do you think, NeoBot?", "echo: and you?"]  # fmt: skip
         group_key = f"agent:main:matrix:channel:{group.replace('!', '%21').replace(':', '%3A')}"
-        lines = (await (await client.get(f"/v1/sessions/{_segment(group_key)}")).json())
+        lines = await (await client.get(f"/v1/sessions/{_segment(group_key)}")).json()
         assert lines["key"] == group_key
 
         # a thread: its own session, answered in the thread
@@ -237,7 +238,6 @@ def _config(tmp_path: Path, hs: Synapse, bot: User, owner: User, model: OpenAISe
     return path
 
 
-@pytest.mark.slow
 @pytest.mark.realtime
 @pytest.mark.timeout(240)
 async def test_kill_9_and_a_restart_answer_everything_once(tmp_path: Path, homeserver: Synapse) -> None:

@@ -118,8 +118,12 @@ class Synapse:
         (self.folder / "log.yaml").write_text(_LOG.replace("LOGFILE", str(self.folder / "homeserver.log")))
         config = self.folder / "homeserver.yaml"
         config.write_text(json.dumps(_config(self.folder, self.port)))  # JSON is YAML
-        subprocess.run([str(PYTHON), "-m", "synapse.app.homeserver", "-c", str(config), "--generate-missing-configs"],
-                       check=True, capture_output=True, cwd=self.folder)  # fmt: skip: the signing key
+        subprocess.run(
+            [str(PYTHON), "-m", "synapse.app.homeserver", "-c", str(config), "--generate-missing-configs"],
+            check=True,
+            capture_output=True,
+            cwd=self.folder,
+        )  # fmt: skip: the signing key
         with open(self.folder / "stdout.log", "wb") as out:  # the child has its own copy
             self.proc = subprocess.Popen([str(PYTHON), "-m", "synapse.app.homeserver", "-c", str(config)],
                                          stdout=out, stderr=subprocess.STDOUT, cwd=self.folder)  # fmt: skip
