@@ -199,6 +199,34 @@ async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its
         assert listed["main"]["connected"]
 
 
+async def test_pairing_joins_a_strangers_direct_room_and_lets_them_in_once_approved(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse
+) -> None:
+    bot, carol, dave = await _register(homeserver, "neo", "carol", "dave")
+    async with OpenAIServer() as model:
+        app = make_app(tmp_path, clock, _overrides({"main": _account(homeserver, bot, dm_policy="pairing")}),
+                       base_url=model.base_url, env={"MX_MAIN": bot.token})  # fmt: skip
+        client = await aiohttp_client(app)
+        await connected_in(client, "main")
+        room = await carol.room(bot.user_id, direct=True)  # a direct invite from a stranger: joined
+        await _joined(carol, room, bot.user_id)
+        await carol.say(room, "hello?")
+        [notice] = await _answers(carol, room, bot, 1)
+        code = notice["content"]["body"].split("Pairing code: ")[1].split()[0]
+        approved = await client.post("/v1/channels/approve", json={"code": code})
+        assert approved.status == 200, await approved.text()
+        await _answers(carol, room, bot, 2)  # "You are approved"
+        await carol.say(room, "now?")
+        assert (await _answers(carol, room, bot, 3))[-1]["content"]["body"] == "echo: now?"
+        group = await dave.room(bot.user_id)  # a group invite from a stranger under pairing: rejected
+
+        async def rejected() -> bool:
+            state = await dave.call("GET", f"/rooms/{quote(group)}/state/m.room.member/{quote(bot.user_id)}")
+            return bool(state.get("membership") == "leave")
+
+        await wait_until(rejected, 30)
+
+
 async def test_a_429_is_waited_out_and_a_long_reply_arrives_whole_in_order(
     aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse, caplog: pytest.LogCaptureFixture
 ) -> None:
