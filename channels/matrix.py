@@ -118,6 +118,7 @@ class MatrixConnector:
         self.client.access_token = token
         self.client.user_id = account.user_id
         self.bot = Bot(account.user_id)
+        self.timeline_limit = TIMELINE_LIMIT
         self._kinds: dict[str, str] = {}
         self._told_encrypted: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -187,7 +188,9 @@ class MatrixConnector:
         while True:
             timeout_ms = self.settings.sync_timeout_s * 1000 if token is not None else 0
             try:
-                response = await self.client.sync(timeout=timeout_ms, since=token, sync_filter=SYNC_FILTER)
+                room_filter = {**SYNC_FILTER["room"], "timeline": {"limit": self.timeline_limit}}
+                sync_filter = {**SYNC_FILTER, "room": room_filter}
+                response = await self.client.sync(timeout=timeout_ms, since=token, sync_filter=sync_filter)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 failing = True
                 backoff = await self._failed(f"/sync: {type(exc).__name__}: {exc}", backoff)
@@ -237,7 +240,7 @@ class MatrixConnector:
         ``TIMELINE_LIMIT`` came in while the gateway was away), oldest first."""
         found: list[dict[str, Any]] = []
         while start:
-            page = await self.client.room_messages(room_id, start=start, end=since, limit=TIMELINE_LIMIT)
+            page = await self.client.room_messages(room_id, start=start, end=since, limit=self.timeline_limit)
             chunk = getattr(page, "chunk", None)
             if not chunk:
                 break

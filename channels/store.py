@@ -247,8 +247,7 @@ class ChannelStore:
 
         def work(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return db.execute(
-                f"SELECT {_ROW} FROM outbox"
-                " WHERE state IN ('pending', 'answered') ORDER BY created_at, rowid"
+                f"SELECT {_ROW} FROM outbox WHERE state IN ('pending', 'answered') ORDER BY created_at, rowid"
             ).fetchall()
 
         return [_row(r) for r in await self._run(work)]
@@ -397,6 +396,7 @@ class ChannelStore:
             )
 
         await self._run(work)
+
 
 def _row(raw: tuple[Any, ...]) -> OutboxRow:
     inbound, state, reply, parts_sent, attempts, last_error = raw

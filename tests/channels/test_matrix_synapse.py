@@ -255,6 +255,30 @@ async def test_a_429_is_waited_out_and_a_long_reply_arrives_whole_in_order(
         assert waits and all("trying again in" in w for w in waits), waits
 
 
+async def test_more_messages_than_a_sync_holds_are_paged_back_none_missed(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse
+) -> None:
+    bot, alice = await _register(homeserver, "neo", "alice")
+    async with OpenAIServer() as model:
+        app = make_app(tmp_path, clock, _overrides({"main": _account(homeserver, bot, allow_from=[alice.user_id])}),
+                       base_url=model.base_url, env={"MX_MAIN": bot.token})  # fmt: skip
+        client = await aiohttp_client(app)
+        await connected_in(client, "main")
+        intake = app[K.CHANNELS]
+        room = await alice.room(bot.user_id, direct=True)
+        await _joined(alice, room, bot.user_id)
+        connector = intake.connectors[("matrix", "main")]
+        await connector.stop()  # away: five messages come in, a sync holds two
+        for i in range(5):
+            await alice.say(room, f"m{i}")
+        connector.timeline_limit = 2  # type: ignore[attr-defined]
+        await connector.start(intake.post)
+        await _answers(alice, room, bot, 5)
+        await intake.idle()
+        answers = [m["content"]["body"] for m in await alice.messages(room, bot.user_id)]
+        assert answers == [f"echo: m{i}" for i in range(5)]
+
+
 # -- a real daemon: kill -9 and a restart --------------------------------------------------------
 
 
