@@ -69,7 +69,7 @@ NEXT_BATCH = "next_batch"
 TIMELINE_LIMIT = 100  # events per room and sync; more (a long outage) is paged back with /messages
 ENCRYPTED_NOTICE = ("This room is end-to-end encrypted, and this bot cannot read encrypted messages. "
                     "Talk to it in a room without encryption.")  # fmt: skip
-SYNC_FILTER = {
+SYNC_FILTER: dict[str, Any] = {
     "presence": {"types": []},
     "account_data": {"types": []},
     "room": {
