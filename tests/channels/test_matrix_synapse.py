@@ -31,7 +31,7 @@ from tests.conftest import FakeClock
 from tests.gateway.daemons import child_env, run_cli
 from tests.gateway.helpers import make_app
 from tests.support import synapse
-from tests.support.openai_server import OpenAIServer
+from tests.support.openai_server import Hang, OpenAIServer
 from tests.support.synapse import Synapse, User
 
 # slow: a real homeserver process (make test-fast leaves it out)
@@ -115,12 +115,29 @@ async def test_rooms_keys_mentions_threads_commands_and_strangers(
         entry = await (await client.get(f"/v1/sessions/{_segment(dm_key)}")).json()
         assert entry["key"] == dm_key, entry
 
-        # a chat command: answered in place, no model call
+        # chat commands: answered in place, no model call
         asked = len(model.chat_requests)
         await alice.say(dm, "/status")
         status = (await _answers(alice, dm, bot, 2))[-1]["content"]["body"]
         assert dm_key in status or "Session" in status, status
         assert len(model.chat_requests) == asked
+        await alice.say(dm, "/new")  # (ending the session may summarize it: the model writes the summary)
+        fresh = (await _answers(alice, dm, bot, 3))[-1]["content"]["body"]
+        assert "new" in fresh.casefold() or "session" in fresh.casefold(), fresh
+
+        # typing: shown while the model writes
+        release = asyncio.Event()
+        model.script(Hang(30, until=release))
+        await alice.say(dm, "take your time")
+
+        async def typing() -> bool:
+            synced = await alice.call("GET", "/sync?timeout=0")
+            events = synced["rooms"]["join"].get(dm, {}).get("ephemeral", {}).get("events", [])
+            return any(e["type"] == "m.typing" and bot.user_id in e["content"]["user_ids"] for e in events)
+
+        await wait_until(typing, 30)
+        release.set()
+        assert (await _answers(alice, dm, bot, 4))[-1]["content"]["body"] == "echo: take your time"
 
         # a group room (the owner invites the bot and bob): answered only when mentioned
         group = await alice.room(bot.user_id, bob.user_id)
@@ -165,11 +182,11 @@ async def test_rooms_keys_mentions_threads_commands_and_strangers(
         accounts = (await (await client.get("/v1/channels")).json())["accounts"]
         [main] = [a for a in accounts if a["channel"] == "matrix"]
         assert main["connected"] and main["username"] == bot.user_id[1:]
-        assert main["messages_in"] == 6 and main["messages_out"] == 6, main
+        assert main["messages_in"] == 8 and main["messages_out"] == 8, main
 
 
 async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its_account(
-    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse, caplog: pytest.LogCaptureFixture
 ) -> None:
     bot, alice = await _register(homeserver, "neo", "alice")
     async with OpenAIServer() as model:
@@ -197,6 +214,10 @@ async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its
         assert not broken["connected"] and "refused the token in MX_BROKEN" in broken["last_error"]
         assert "M_UNKNOWN_TOKEN" in broken["last_error"] and "syt_not_a_token" not in json.dumps(listed)
         assert listed["main"]["connected"]
+        refused = [r for r in caplog.records if r.levelname == "ERROR" and "matrix account broken" in r.getMessage()]
+        assert len(refused) == 1 and "the others keep running" in refused[0].getMessage()
+        encrypted = [r for r in caplog.records if "end-to-end encrypted" in r.getMessage()]
+        assert len(encrypted) == 1 and room in encrypted[0].getMessage()
 
 
 async def test_pairing_joins_a_strangers_direct_room_and_lets_them_in_once_approved(
