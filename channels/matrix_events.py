@@ -12,8 +12,10 @@ pure, on the events' JSON as the client-server API gives it.
   (``/status``) is always for the bot. Other group messages are stored without an answer when
   ``store_unmentioned`` is on, else skipped.
 - ``m.text`` and ``m.emote`` are read, files (``m.file``, ``m.image``...) described; the bot's own
-  messages, notices (``m.notice``: bots talking) and edits (``m.replace``) are skipped. An
-  ``m.room.encrypted`` event cannot be read without end-to-end keys: :class:`Encrypted`.
+  messages and notices (``m.notice``: bots talking) are skipped. An edit (``m.replace``, its
+  ``m.new_content``) and a redaction are revisions of the message they change
+  (channels/revisions.py decides whether they are stored). An ``m.room.encrypted`` event cannot
+  be read without end-to-end keys: :class:`Encrypted`.
 - The event id is the delivery id (``matrix:<account>:<event id>`` as client_message_id): an event
   a restart syncs again is stored once.
 """
@@ -24,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from channels.protocol import ChatType, Inbound, Target
+from channels.protocol import ChatType, Inbound, Revision, Target
 from config.channels import MatrixAccount
 
 CHANNEL = "matrix"
@@ -91,26 +93,33 @@ def inbound(event: dict[str, Any], room_id: str, kind: str, account_name: str, a
     event_id = str(event.get("event_id") or "")
     if kind_of_event == "m.room.encrypted":
         return Encrypted(room_id, event_id)
-    if kind_of_event != "m.room.message":
+    if kind_of_event not in ("m.room.message", "m.room.redaction"):
         return Skip(f"a {kind_of_event} event")
     sender = str(event.get("sender") or "")
     if sender == bot.user_id or not sender:
         return Skip("the bot's own message")
     content = event.get("content") or {}
     relation = content.get("m.relates_to") or {}
-    if relation.get("rel_type") == "m.replace":
-        return Skip("an edit (m.replace)")
+    revision: Revision | None = None
+    message_id = event_id
+    if kind_of_event == "m.room.redaction":
+        revision, message_id = "delete", str(event.get("redacts") or content.get("redacts") or "")
+        content = {"msgtype": "m.text", "body": ""}
+    elif relation.get("rel_type") == "m.replace":
+        revision, message_id = "edit", str(relation.get("event_id") or "")
+        content = content.get("m.new_content") or {}
+        relation = {}
     if content.get("msgtype") not in ("m.text", "m.emote", *_FILES):
         return Skip(f"a {content.get('msgtype')} message")
     text = _text(content).strip()
-    if not text or not event_id:
+    if (not text and revision != "delete") or not event_id or not message_id:
         return Skip("an empty message")
     chat_type: ChatType = "direct" if kind == DIRECT else "channel"
     thread = str(relation["event_id"]) if relation.get("rel_type") == "m.thread" and relation.get("event_id") else None
-    reply = True
-    if chat_type == "channel" and account.require_mention and not text.startswith("/"):
+    reply = revision != "delete"
+    if reply and chat_type == "channel" and account.require_mention and not text.startswith("/"):
         reply = mentions(content, bot)
-    if not reply and not account.store_unmentioned:
+    if not reply and revision is None and not account.store_unmentioned:
         return Skip("a group message that does not mention the bot")
     return Inbound(
         channel=CHANNEL,
@@ -125,5 +134,6 @@ def inbound(event: dict[str, Any], room_id: str, kind: str, account_name: str, a
         target=Target(chat_id=room_id, thread_id=thread, reply_to=event_id),
         thread_id=thread if chat_type == "channel" else None,
         reply=reply,
-        message_id=event_id,
+        message_id=message_id,
+        revision=revision,
     )

@@ -143,7 +143,7 @@ async def test_rooms_keys_mentions_threads_commands_and_strangers(
         group = await alice.room(bot.user_id, bob.user_id)
         await bob.join(group)
         await _joined(alice, group, bot.user_id)
-        await bob.say(group, "just chatting")
+        chatting = await bob.say(group, "just chatting")
         await bob.say(group, "what do you think, NeoBot?")  # the display name in the text
         await bob.say(group, "and you?", mention=bot.user_id)  # a pill: m.mentions
         await _answers(alice, group, bot, 2)
@@ -178,11 +178,18 @@ async def test_rooms_keys_mentions_threads_commands_and_strangers(
         carol_key = f"agent:main:matrix:dm:{carol.user_id.replace(':', '%3A')}"
         assert (await client.get(f"/v1/sessions/{_segment(carol_key)}")).status == 404
 
+        # an edit that now mentions the bot, of a message never stored: taken as a new message that does
+        new = {"msgtype": "m.text", "body": "just chatting, NeoBot?"}
+        relation = {"rel_type": "m.replace", "event_id": chatting}
+        edit = {"msgtype": "m.text", "body": "* just chatting, NeoBot?", "m.relates_to": relation, "m.new_content": new}
+        await bob.call("PUT", f"/rooms/{quote(group)}/send/m.room.message/{_name('edit')}", edit)
+        assert (await _answers(alice, group, bot, 5))[-1]["content"]["body"] == "echo: just chatting, NeoBot?"
+
         # the status: the account, its bot, what it took in and sent
         accounts = (await (await client.get("/v1/channels")).json())["accounts"]
         [main] = [a for a in accounts if a["channel"] == "matrix"]
         assert main["connected"] and main["username"] == bot.user_id[1:]
-        assert main["messages_in"] == 8 and main["messages_out"] == 8, main
+        assert main["messages_in"] == 9 and main["messages_out"] == 9, main
 
 
 async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its_account(

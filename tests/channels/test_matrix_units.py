@@ -92,8 +92,28 @@ def test_what_is_not_read() -> None:
     notice = _message("a bot")
     notice["content"]["msgtype"] = "m.notice"
     assert isinstance(inbound(notice, ROOM, DIRECT, "main", ACCOUNT, BOT), Skip)
-    edit = _message("* fixed", **{"m.relates_to": {"rel_type": "m.replace", "event_id": "$ev0"}})
-    assert isinstance(inbound(edit, ROOM, DIRECT, "main", ACCOUNT, BOT), Skip)
+    new = {"msgtype": "m.text", "body": "fixed"}
+    edit = _message("* fixed", **{"m.relates_to": {"rel_type": "m.replace", "event_id": "$ev0"}, "m.new_content": new})
+    revised = inbound(edit, ROOM, DIRECT, "main", ACCOUNT, BOT)
+    assert isinstance(revised, Inbound) and (revised.revision, revised.message_id, revised.text) == (
+        "edit",
+        "$ev0",
+        "fixed",
+    )
+    assert revised.content == "[edited message $ev0] fixed" and revised.client_message_id == "matrix:main:$ev1"
+    redaction = {
+        "type": "m.room.redaction",
+        "event_id": "$r",
+        "sender": "@alice:example.org",
+        "redacts": "$ev0",
+        "content": {},
+    }
+    deleted = inbound(redaction, ROOM, GROUP, "main", ACCOUNT, BOT)
+    assert isinstance(deleted, Inbound) and (deleted.revision, deleted.message_id, deleted.reply) == (
+        "delete",
+        "$ev0",
+        False,
+    )
     encrypted = {"type": "m.room.encrypted", "event_id": "$e", "sender": "@alice:example.org", "content": {}}
     assert inbound(encrypted, ROOM, DIRECT, "main", ACCOUNT, BOT) == Encrypted(ROOM, "$e")
 
