@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,13 @@ async def test_429_retry_after_is_honoured_and_a_missing_content_intent_is_said_
             tries = [c for c in discord.calls if c.path == f"channels/{DM}/messages"]
             assert [c.status for c in tries] == [429, 429, 200]
             assert all(b.at - a.at >= 0.35 for a, b in itertools.pairwise(tries))  # retry_after honoured
+            # past discord.py's five tries, the outbox waits the retry_after and sends it (once)
+            discord.rate_limit(*[0.1] * 6)
+            await discord.message(TOKEN, channel=DM, author=OWNER, text="still busy?")
+            await discord.wait_for(lambda: len(discord.sent(DM)) == 2)
+            tries = [c for c in discord.calls if c.path == f"channels/{DM}/messages"][3:]
+            assert [c.status for c in tries] == [429] * 6 + [200]
+            assert discord.sent(DM)[1].body["content"] == "echo: still busy?"
             await wait_until(lambda: _refused(client, "plain"))
         shown = await status(client, "plain")
         assert "4014" in shown["last_error"] and "Message Content Intent" in shown["last_error"]
@@ -190,3 +198,27 @@ async def test_429_retry_after_is_honoured_and_a_missing_content_intent_is_said_
 
 async def _refused(client: TestClient[Any, Any], account: str) -> bool:
     return "4014" in str((await status(client, account)).get("last_error"))
+
+
+async def test_pairing_a_stranger_gets_a_code_and_once_approved_is_answered(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    async with OpenAIServer() as model, DiscordServer() as discord:
+        discord.add_bot(TOKEN)
+        app = make_app(tmp_path, clock, settings(discord, dm_policy="pairing"), base_url=model.base_url,
+                       env={"DISCORD_MAIN": TOKEN})  # fmt: skip
+        client = await aiohttp_client(app)
+        await connected_in(client, "main")
+        await discord.message(TOKEN, channel=DM_STRANGER, author=STRANGER, text="let me in")
+        await discord.wait_for(lambda: len(discord.sent(DM_STRANGER)) == 1)
+        notice = discord.sent(DM_STRANGER)[0].body["content"]
+        code = re.search(r"Pairing code: (\w+)", notice)
+        assert code is not None and f"neotask channels approve {code[1]}" in notice and not model.chat_requests
+        approved = await (await client.post("/v1/channels/approve", json={"code": code[1]})).json()
+        assert (approved["state"], approved["notified"]) == ("approved", True)
+        assert discord.sent(DM_STRANGER)[1].body["content"] == "You are approved: this bot takes your messages now."
+        await discord.message(TOKEN, channel=DM_STRANGER, author=STRANGER, text="now?")
+        await discord.wait_for(lambda: len(discord.sent(DM_STRANGER)) == 3)
+        assert discord.sent(DM_STRANGER)[2].body["content"] == "echo: now?"
+        assert [c for _, c in await lines(client, f"agent:main:discord:dm:{STRANGER}")] == ["now?", "echo: now?"]
+        await client.close()
