@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import aiohttp
@@ -46,7 +46,7 @@ from channels.discord_events import CHANNEL, Seen, Skip, inbound
 from channels.discord_format import DISCORD_LIMIT, split
 from channels.handover import hand_over
 from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
-from channels.revisions import Revisions
+from channels.revisions import Ignored, Revisions
 from channels.store import ChannelStore
 from channels.supervisor import MAX_BACKOFF_S, supervise
 from config.channels import DiscordAccount
@@ -110,6 +110,7 @@ class DiscordConnector:
         self._token = token
         self._client: _Client | None = None
         self._bot_id: str | None = None
+        self._dm_users: dict[str, str] = {}  # direct chat id -> its user (a deletion names neither)
         self._parents: dict[int, int | None] = {}  # channel id -> the channel a thread is under (None: not a thread)
         self._task: asyncio.Task[None] | None = None
         self._post: PostFn | None = None
@@ -143,6 +144,14 @@ class DiscordConnector:
         client.event(self._on_message_for(client))
 
         @client.event
+        async def on_raw_message_edit(payload: discord.RawMessageUpdateEvent) -> None:
+            await self._tracked(self._take_edit(client, payload))
+
+        @client.event
+        async def on_raw_message_delete(payload: discord.RawMessageDeleteEvent) -> None:
+            await self._tracked(self._take_deletion(client, payload))
+
+        @client.event
         async def on_connect() -> None:
             self._connected()
 
@@ -159,16 +168,21 @@ class DiscordConnector:
 
     def _on_message_for(self, client: _Client) -> Any:
         async def on_message(message: discord.Message) -> None:
-            task = asyncio.current_task()
-            if task is not None:  # stop() waits for the messages being handed on
-                self._taking.add(task)
-            try:
-                await self._take(client, message)
-            finally:
-                if task is not None:
-                    self._taking.discard(task)
+            await self._tracked(self._take_message(client, message))
 
         return on_message
+
+    async def _tracked(self, taking: Awaitable[None]) -> None:
+        """Run an event's handling in the task discord.py gave it, known to stop() (which cancels
+        those still waiting to be stored)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._taking.add(task)
+        try:
+            await taking
+        finally:
+            if task is not None:
+                self._taking.discard(task)
 
     def _connected(self) -> None:
         self.status.connected = True
@@ -241,7 +255,7 @@ class DiscordConnector:
             self._parents[channel.id] = fetched.parent_id if isinstance(fetched, discord.Thread) else None
         return self._parents[channel.id]
 
-    async def _seen(self, client: _Client, message: discord.Message) -> Seen:
+    async def _seen(self, client: _Client, message: discord.Message, *, edit: bool = False) -> Seen:
         guild_id = message.guild.id if message.guild is not None else getattr(message.channel, "guild_id", None)
         parent = await self._parent(client, message.channel) if guild_id is not None else None
         author = message.author
@@ -257,27 +271,73 @@ class DiscordConnector:
             mentions=tuple(str(i) for i in message.raw_mentions),
             attachments=tuple((a.filename, a.content_type) for a in message.attachments),
             system=message.type not in _SYSTEM_OK,
+            revision="edit" if edit else None,
+            edited_at=message.edited_at.isoformat() if edit and message.edited_at else None,
         )
 
-    async def _take(self, client: _Client, message: discord.Message) -> None:
-        """Hand one message on. The gateway has no acknowledgement: a message that could not be
-        stored now is tried again here, while the daemon runs."""
+    async def _take_message(self, client: _Client, message: discord.Message) -> None:
         if self._post is None or self._bot_id is None:
             return
-        self.status.last_update_at = iso(self.clock())
         try:
             seen = await self._seen(client, message)
         except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
             log.warning("discord account %s: message %s skipped: its channel could not be read (%s)", self.account,
                         message.id, exc)  # fmt: skip
             return
-        parsed = inbound(seen, self.account, self.settings, self._bot_id)
-        if isinstance(parsed, Skip):
-            log.debug("discord account %s: message %s skipped: %s", self.account, message.id, parsed.reason)
+        if seen.guild_id is None and not seen.author_bot:
+            self._dm_users[seen.channel_id] = seen.author_id
+        await self._take(seen)
+
+    async def _take_edit(self, client: _Client, payload: discord.RawMessageUpdateEvent) -> None:
+        if self._post is None or self._bot_id is None:
             return
-        what = f"discord account {self.account}: message {message.id}"
+        try:
+            seen = await self._seen(client, payload.message, edit=True)
+        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+            log.warning("discord account %s: edit of %s skipped: its channel could not be read (%s)", self.account,
+                        payload.message_id, exc)  # fmt: skip
+            return
+        await self._take(seen)
+
+    async def _take_deletion(self, client: _Client, payload: discord.RawMessageDeleteEvent) -> None:
+        """A deletion carries only ids: in a direct chat, its sender is the chat's other user, known
+        from a message seen since the start (else the deletion is not stored)."""
+        if self._post is None or self._bot_id is None:
+            return
+        channel_id, guild_id = str(payload.channel_id), payload.guild_id
+        author = "" if guild_id is not None else self._dm_users.get(channel_id)
+        if author is None:
+            log.debug("discord account %s: deletion of %s skipped: the direct chat's user is not known since the"
+                      " start", self.account, payload.message_id)  # fmt: skip
+            return
+        channel = client.get_channel(payload.channel_id) or client.get_partial_messageable(
+            payload.channel_id, guild_id=guild_id
+        )
+        try:
+            parent = await self._parent(client, channel) if guild_id is not None else None
+        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+            log.warning("discord account %s: deletion of %s skipped: its channel could not be read (%s)",
+                        self.account, payload.message_id, exc)  # fmt: skip
+            return
+        seen = Seen(message_id=str(payload.message_id), channel_id=channel_id,
+                    guild_id=str(guild_id) if guild_id is not None else None, author_id=author, author_name=None,
+                    author_bot=False, text="", parent_id=str(parent) if parent is not None else None,
+                    revision="delete")  # fmt: skip
+        await self._take(seen)
+
+    async def _take(self, seen: Seen) -> None:
+        """Hand one message (or revision) on. The gateway has no acknowledgement: one that could
+        not be stored now is tried again here, while the daemon runs."""
+        assert self._post is not None and self._bot_id is not None
+        self.status.last_update_at = iso(self.clock())
+        parsed = inbound(seen, self.account, self.settings, self._bot_id)
+        message = parsed if isinstance(parsed, Skip) else await self.revisions.check(parsed)
+        if isinstance(message, Skip | Ignored):
+            log.debug("discord account %s: message %s skipped: %s", self.account, seen.message_id, message.reason)
+            return
+        what = f"discord account {self.account}: message {message.update_id}"
         backoff = 1.0
-        while not await hand_over(parsed, self._post, access=self.access, revisions=self.revisions,
+        while not await hand_over(message, self._post, access=self.access, revisions=self.revisions,
                                   status=self.status, what=what):  # fmt: skip
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)

@@ -11,8 +11,12 @@ connector reads discord.py's ``Message`` into a :class:`Seen`; this module never
   channel messages are stored without an answer when ``store_unmentioned`` is on, else skipped.
 - Attachments are described with the text (``[file report.pdf (application/pdf)]``); bots' own
   messages (this one's included) and system messages (joins, pins) are not stored.
-- The message's id (a snowflake, unique across Discord) is its delivery id, so a message the
-  gateway dispatches again (a resumed session replaying its events) is stored once.
+- An edit (MESSAGE_UPDATE with an ``edited_timestamp``; one without is a link preview loaded) and a
+  deletion (MESSAGE_DELETE) are revisions of the message they change: channels/revisions.py
+  decides whether they are stored.
+- The message's id (a snowflake, unique across Discord) is its delivery id (an edit's: the id and
+  the edit's time; a deletion's: the id and ``delete``), so a message the gateway dispatches again
+  (a resumed session replaying its events) is stored once.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from channels.protocol import ChatType, Inbound, Target
+from channels.protocol import ChatType, Inbound, Revision, Target
 from config.channels import DiscordAccount
 from conversations.commands import parse_command
 
@@ -36,7 +40,8 @@ class Skip:
 class Seen:
     """What the connector read of one message. ``parent_id``: the channel a thread is under (None:
     not a thread); ``mentions``: the user ids the message pings; ``system``: not a user's message
-    (a join, a pin, a thread created)."""
+    (a join, a pin, a thread created). ``revision``: an edit (``edited_at``: when) or a deletion
+    (its author, text and the rest unknown) of the message ``message_id``."""
 
     message_id: str
     channel_id: str
@@ -49,6 +54,8 @@ class Seen:
     mentions: tuple[str, ...] = ()
     attachments: tuple[tuple[str, str | None], ...] = ()
     system: bool = False
+    revision: Revision | None = None
+    edited_at: str | None = None
 
 
 def _text(seen: Seen) -> str:
@@ -66,13 +73,15 @@ def inbound(seen: Seen, account_name: str, account: DiscordAccount, bot_id: str)
         return Skip("a system message")
     if seen.author_bot or seen.author_id == bot_id:
         return Skip("a bot's message")
+    if seen.revision == "edit" and seen.edited_at is None:
+        return Skip("an update that is not an edit (a link preview loaded, a pin)")
     text = _text(seen)
-    if not text:
+    if not text and seen.revision is None:
         return Skip("an empty message (without the message content intent, Discord sends no text)")
     if seen.guild_id is None:
         chat_type: ChatType = "direct"
         chat_id, thread = seen.channel_id, None
-        reply = True
+        reply = seen.revision != "delete"
     else:
         if account.guilds and seen.guild_id not in account.guilds:
             return Skip(f"a message in server {seen.guild_id}, not one of guilds")
@@ -80,12 +89,12 @@ def inbound(seen: Seen, account_name: str, account: DiscordAccount, bot_id: str)
         chat_id = seen.parent_id or seen.channel_id
         thread = seen.channel_id if seen.parent_id else None
         addressed = _leading_mention(bot_id).sub("", text, count=1)
-        command = parse_command(addressed) is not None
+        command = seen.revision is None and parse_command(addressed) is not None
         if command:
             text = addressed  # "<@bot> /status" is /status
         mentioned = bot_id in seen.mentions or re.search(rf"<@!?{bot_id}>", text) is not None
-        reply = command or mentioned or not account.require_mention
-        if not reply and not account.store_unmentioned:
+        reply = seen.revision != "delete" and (command or mentioned or not account.require_mention)
+        if not reply and not account.store_unmentioned and seen.revision is None:
             return Skip("a channel message that does not mention the bot")
     return Inbound(
         channel=CHANNEL,
@@ -97,8 +106,17 @@ def inbound(seen: Seen, account_name: str, account: DiscordAccount, bot_id: str)
         sender_name=seen.author_name,
         thread_id=thread,
         text=text,
-        update_id=seen.message_id,
+        update_id=_delivery(seen),
         target=Target(chat_id=seen.channel_id, reply_to=seen.message_id if chat_type == "channel" else None),
         reply=reply,
         message_id=seen.message_id,
+        revision=seen.revision,
     )
+
+
+def _delivery(seen: Seen) -> str:
+    if seen.revision == "edit":
+        return f"{seen.message_id}:edit:{seen.edited_at}"
+    if seen.revision == "delete":
+        return f"{seen.message_id}:delete"
+    return seen.message_id

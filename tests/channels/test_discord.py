@@ -222,3 +222,39 @@ async def test_pairing_a_stranger_gets_a_code_and_once_approved_is_answered(
         assert discord.sent(DM_STRANGER)[2].body["content"] == "echo: now?"
         assert [c for _, c in await lines(client, f"agent:main:discord:dm:{STRANGER}")] == ["now?", "echo: now?"]
         await client.close()
+
+
+async def test_edits_and_deletions_are_stored_where_their_message_was(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    async with OpenAIServer() as model, DiscordServer() as discord:
+        bot = discord.add_bot(TOKEN)
+        general = discord.snowflake()
+        guild = discord.add_guild([general])
+        app = make_app(tmp_path, clock, settings(discord), base_url=model.base_url, env={"DISCORD_MAIN": TOKEN})
+        client = await aiohttp_client(app)
+        await connected_in(client, "main")
+        first = await discord.message(TOKEN, channel=DM, author=OWNER, text="meet at 5")
+        await discord.wait_for(lambda: len(discord.sent(DM)) == 1)
+        await discord.edit(TOKEN, first, "meet at 6")
+        await discord.edit(TOKEN, first, "", preview=True)  # a link preview loaded: not an edit
+        await discord.delete(TOKEN, first)
+        key = f"agent:main:discord:dm:{OWNER}"
+        await wait_until(lambda: _count(client, key, 4))
+        assert [c for _, c in await lines(client, key)] == ["meet at 5", "echo: meet at 5",
+            f"[edited message {first}] meet at 6", f"[deleted message {first}]"]  # fmt: skip
+
+        # a channel message never stored (no mention): its edit is not stored, unless it now mentions the bot
+        quiet = await discord.message(TOKEN, channel=general, guild=guild, author=MEMBER, text="hello all")
+        await discord.edit(TOKEN, quiet, "hello everyone")
+        await discord.edit(TOKEN, quiet, f"hello <@{bot.id}>", mentions=(bot.id,))
+        await discord.wait_for(lambda: len(discord.sent(general)) == 1)
+        assert await lines(client, f"agent:main:discord:channel:{general}") == [
+            ("user", f"hello <@{bot.id}>"), ("assistant", f"echo: hello <@{bot.id}>")]  # fmt: skip
+        await client.app[CHANNELS].idle()
+        assert len(model.chat_requests) == 2  # neither the edit nor the deletion asked the model
+        await client.close()
+
+
+async def _count(client: TestClient[Any, Any], key: str, n: int) -> bool:
+    return len(await lines(client, key)) >= n

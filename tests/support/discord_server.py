@@ -82,6 +82,7 @@ class DiscordServer:
         self.calls: list[Call] = []
         self.guilds: dict[str, dict[str, Any]] = {}
         self.channels: dict[str, dict[str, Any]] = {}
+        self.messages: dict[str, dict[str, Any]] = {}  # the users' messages dispatched, by id
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.replay_overlap = replay_overlap
         self._ids = itertools.count(1)
@@ -165,8 +166,30 @@ class DiscordServer:
         if guild is not None:
             data["guild_id"] = guild
             data["member"] = {"roles": [], "joined_at": _now(), "deaf": False, "mute": False, "flags": 0}
+        self.messages[message_id] = data
         await self.dispatch(token, "MESSAGE_CREATE", data)
         return message_id
+
+    async def edit(self, token: str, message_id: str, text: str, *, mentions: tuple[str, ...] = (),
+                   preview: bool = False) -> None:  # fmt: skip
+        """Dispatch a MESSAGE_UPDATE of a message sent with :meth:`message`: its new text (``preview``:
+        the text as it was and no edit time, what Discord sends when a link's preview loads)."""
+        before = self.messages[message_id]
+        pinged = [self.bots[token].user() for m in mentions if m == self.bots[token].id]
+        data = {**before, "content": before["content"] if preview else text, "mentions": pinged,
+                "edited_timestamp": None if preview else _now()}  # fmt: skip
+        if preview:
+            data["embeds"] = [{"type": "link", "url": "https://example.com/", "title": "Example"}]
+        self.messages[message_id] = data
+        await self.dispatch(token, "MESSAGE_UPDATE", data)
+
+    async def delete(self, token: str, message_id: str) -> None:
+        """Dispatch a MESSAGE_DELETE (ids only, as Discord sends it)."""
+        before = self.messages.pop(message_id)
+        data = {"id": message_id, "channel_id": before["channel_id"]}
+        if "guild_id" in before:
+            data["guild_id"] = before["guild_id"]
+        await self.dispatch(token, "MESSAGE_DELETE", data)
 
     async def dispatch(self, token: str, event: str, data: dict[str, Any]) -> None:
         bot = self.bots[token]
