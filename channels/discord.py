@@ -14,8 +14,10 @@ Each message is handed to the post function, which returns once it is durable; i
 snowflake) is the delivery id (``discord:<account>:<message id>`` as client_message_id), so a
 message the gateway dispatches again after a RESUME is stored once. discord.py keeps the gateway
 going itself (heartbeats, RESUME after a dropped connection, a new session when Discord says so).
-The gateway has no acknowledgement: a message that arrives while the daemon is down is not
-delivered to it later (a resumed session replays only what it missed while connected).
+The gateway has no acknowledgement and keeps nothing for a bot that is not connected: at each new
+session the connector fetches over REST what was written since the last message it stored in each
+recently active chat (``_catch_up``), so what came while the daemon was down, or was dispatched but
+not stored before a kill, is stored then (once: by its id).
 
 Replies go out as Discord Markdown, at most 2,000 characters a message, with mentions of
 everyone, roles and users switched off (a model's ``@everyone`` pings nobody); a channel message is
@@ -30,6 +32,7 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Awaitable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
@@ -58,6 +61,9 @@ INTENTS_CLOSE_CODE = 4014  # the gateway's "disallowed intents": a privileged in
 TOKEN_CLOSE_CODE = 4004  # the gateway's "authentication failed"
 _SYSTEM_OK = (discord.MessageType.default, discord.MessageType.reply)
 NO_PINGS = discord.AllowedMentions.none()
+CATCH_UP_SINCE = timedelta(days=1)  # the chats where a message was stored within this are fetched at a new session
+CATCH_UP_CHATS = 100  # at most this many chats, the latest first
+CATCH_UP_MESSAGES = 100  # at most this many messages per chat
 
 
 class _AccountHTTP(HTTPClient):
@@ -115,6 +121,7 @@ class DiscordConnector:
         self._task: asyncio.Task[None] | None = None
         self._post: PostFn | None = None
         self._taking: set[asyncio.Task[None]] = set()
+        self._catching_up: set[asyncio.Task[None]] = set()
         self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify)
         self.revisions = Revisions(CHANNEL, name, store, clock=clock)
 
@@ -152,8 +159,9 @@ class DiscordConnector:
             await self._tracked(self._take_deletion(client, payload))
 
         @client.event
-        async def on_connect() -> None:
+        async def on_connect() -> None:  # a new session (READY): what was sent before it is fetched
             self._connected()
+            self._catch_up_task(client)
 
         @client.event
         async def on_resumed() -> None:
@@ -183,6 +191,36 @@ class DiscordConnector:
         finally:
             if task is not None:
                 self._taking.discard(task)
+
+    def _catch_up_task(self, client: _Client) -> None:
+        task = asyncio.create_task(self._catch_up(client), name=f"discord {self.account} catch-up")
+        self._catching_up.add(task)
+        task.add_done_callback(self._catching_up.discard)
+
+    async def _catch_up(self, client: _Client) -> None:
+        """Fetch what was written, since the last message stored, in the chats and threads where
+        this account stored a message within ``CATCH_UP_SINCE``: what came while the daemon was
+        down, or was dispatched but not stored before a kill. Each is handed on like a message from
+        the gateway (stored once: a message the gateway delivers too is recognised by its id)."""
+        since = iso(self.clock() - CATCH_UP_SINCE)
+        for chat_id, thread_id, last in await self.store.recent_chats(CHANNEL, self.account, since, CATCH_UP_CHATS):
+            where = int(thread_id or chat_id)
+            try:
+                channel = client.get_channel(where) or await client.fetch_channel(where)
+                if not isinstance(channel, discord.abc.Messageable):
+                    continue
+                fetched = 0
+                async for message in channel.history(after=discord.Object(int(last)), limit=CATCH_UP_MESSAGES,
+                                                     oldest_first=True):  # fmt: skip
+                    fetched += 1
+                    await self._take_message(client, message)
+            except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+                log.warning("discord account %s: messages of %s since %s not fetched: %s", self.account, where, last,
+                            exc)  # fmt: skip
+                continue
+            if fetched:
+                log.info("discord account %s: %d message(s) of %s since %s fetched", self.account, fetched, where,
+                         last)  # fmt: skip
 
     def _connected(self) -> None:
         self.status.connected = True
@@ -396,9 +434,9 @@ class DiscordConnector:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for task in list(self._taking):
+        for task in [*self._taking, *self._catching_up]:
             task.cancel()
-        await asyncio.gather(*self._taking, return_exceptions=True)
+        await asyncio.gather(*self._taking, *self._catching_up, return_exceptions=True)
         if self._client is not None:
             await self._client.close()
         self.status.connected = False

@@ -3,8 +3,10 @@ recording every call, every IDENTIFY, RESUME and heartbeat.
 
 REST, under ``/api/v10`` (``Authorization: Bot <token>``; an unknown token answers 401 as Discord
 does): ``GET /users/@me``, ``GET /oauth2/applications/@me``, ``GET /gateway/bot`` (its ``url`` is
-this server's gateway), ``GET /channels/{id}``, ``POST /channels/{id}/messages`` (recorded),
-``POST /channels/{id}/typing``.
+this server's gateway), ``GET /channels/{id}`` (a direct chat is a channel once a message was sent in it),
+``GET /channels/{id}/messages`` (its history: every message dispatched or sent, also those sent
+while the bot had no session), ``POST /channels/{id}/messages`` (recorded), ``POST
+/channels/{id}/typing``.
 :meth:`DiscordServer.rate_limit` scripts 429s for the next sends, with ``retry_after`` in the body
 and a ``Retry-After`` header (and ``Via``, as Discord's answers come through Google's front end:
 discord.py takes a 429 without it for a Cloudflare ban).
@@ -44,6 +46,7 @@ class Call:
     token: str
     body: dict[str, Any]
     at: float
+    query: dict[str, str] = field(default_factory=dict)
     status: int = 200
 
 
@@ -166,6 +169,8 @@ class DiscordServer:
         if guild is not None:
             data["guild_id"] = guild
             data["member"] = {"roles": [], "joined_at": _now(), "deaf": False, "mute": False, "flags": 0}
+        elif channel not in self.channels:  # a direct chat: a channel of its own, with its one user
+            self.channels[channel] = {"id": channel, "type": 1, "recipients": [by], "last_message_id": None}
         self.messages[message_id] = data
         await self.dispatch(token, "MESSAGE_CREATE", data)
         return message_id
@@ -237,7 +242,7 @@ class DiscordServer:
         path = request.match_info["path"]
         token = request.headers.get("Authorization", "").removeprefix("Bot ").strip()
         body = await request.json() if request.can_read_body and request.content_type == "application/json" else {}
-        call = Call(request.method, path, token, body, time.monotonic())
+        call = Call(request.method, path, token, body, time.monotonic(), query=dict(request.query))
         self.calls.append(call)
         try:
             response = self._answer(call)
@@ -271,18 +276,29 @@ class DiscordServer:
                 return _json(found)
             if call.method == "POST" and parts[2:] == ["typing"]:
                 return web.Response(status=204)
+            if call.method == "GET" and parts[2:] == ["messages"]:
+                return self._history(channel, call.query)
             if call.method == "POST" and parts[2:] == ["messages"]:
                 if self._limits:
                     wait = self._limits.pop(0)
                     headers = {"Retry-After": str(wait), "Via": "1.1 google", "X-RateLimit-Scope": "user"}
                     return _json({"message": "You are being rate limited.", "retry_after": wait,
                                               "global": False}, status=429, headers=headers)  # fmt: skip
-                return _json({"id": self.snowflake(), "channel_id": channel, "author": bot.user(),
-                                          "content": call.body.get("content", ""), "timestamp": _now(),
-                                          "edited_timestamp": None, "tts": False, "mention_everyone": False,
-                                          "mentions": [], "mention_roles": [], "attachments": [], "embeds": [],
-                                          "pinned": False, "type": 0})  # fmt: skip
+                sent = {"id": self.snowflake(), "channel_id": channel, "author": bot.user(),
+                        "content": call.body.get("content", ""), "timestamp": _now(), "edited_timestamp": None,
+                        "tts": False, "mention_everyone": False, "mentions": [], "mention_roles": [],
+                        "attachments": [], "embeds": [], "pinned": False, "type": 0}  # fmt: skip
+                self.messages[str(sent["id"])] = sent
+                return _json(sent)
         return _json({"message": "404: Not Found", "code": 0}, status=404)
+
+    def _history(self, channel: str, query: dict[str, str]) -> web.Response:
+        """``GET /channels/{id}/messages?after=&limit=``: the ``limit`` messages right after
+        ``after``, the newest first (as Discord answers)."""
+        after, limit = int(query.get("after", "0")), int(query.get("limit", "50"))
+        found = sorted((m for m in self.messages.values() if m["channel_id"] == channel and int(m["id"]) > after),
+                       key=lambda m: int(m["id"]))[:limit]  # fmt: skip
+        return _json(list(reversed(found)))
 
     # -- the gateway ---------------------------------------------------------------------------
 
