@@ -306,7 +306,7 @@ class DiscordConnector:
             author_bot=author.bot,
             text=message.content,
             parent_id=str(parent) if parent is not None else None,
-            mentions=tuple(str(i) for i in message.raw_mentions),
+            mentions=tuple(sorted(_addressed(message))),
             attachments=tuple((a.filename, a.content_type) for a in message.attachments),
             system=message.type not in _SYSTEM_OK,
             revision="edit" if edit else None,
@@ -440,6 +440,16 @@ class DiscordConnector:
         if self._client is not None:
             await self._client.close()
         self.status.connected = False
+
+
+def _addressed(message: discord.Message) -> set[str]:
+    """The users a message addresses: those it mentions (``<@id>`` in its text, and a replied-to
+    author it pings), and the author of the message it replies to, pinged or not."""
+    users = {str(i) for i in message.raw_mentions} | {str(u.id) for u in message.mentions}
+    replied = message.reference.resolved if message.reference is not None else None
+    if isinstance(replied, discord.Message):
+        users.add(str(replied.author.id))
+    return users
 
 
 def _retry_after(exc: discord.HTTPException) -> float | None:

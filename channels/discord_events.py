@@ -7,7 +7,7 @@ connector reads discord.py's ``Message`` into a :class:`Seen`; this module never
 - ``guilds`` (when not empty) lists the servers where the bot answers; a message in any other
   server is skipped.
 - In channels with ``require_mention`` the bot answers only when mentioned (``<@id>``, or a reply
-  to it that pings it) or given a chat command (``/status``, also after a leading mention); other
+  to one of its messages) or given a chat command (``/status``, also after a leading mention); other
   channel messages are stored without an answer when ``store_unmentioned`` is on, else skipped.
 - Attachments are described with the text (``[file report.pdf (application/pdf)]``); bots' own
   messages (this one's included) and system messages (joins, pins) are not stored.

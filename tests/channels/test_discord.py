@@ -97,6 +97,14 @@ async def test_direct_channel_thread_guilds_mentions_commands_and_a_refused_toke
                 ("assistant", f"echo: <@{bot.id}> hi"),
             ]
 
+            # a reply to the bot's answer, without a ping: addressed to the bot
+            answer = str(discord.of(f"channels/{general}/messages")[-1].body["content"])
+            bot_message = next(i for i, m in discord.messages.items() if m["content"] == answer)
+            await discord.message(TOKEN, channel=general, guild=guild, author=MEMBER, text="and then?",
+                                  reply_to=bot_message)  # fmt: skip
+            await discord.wait_for(lambda: len(discord.sent(general)) == 2)
+            assert discord.sent(general)[1].body["content"] == "echo: and then?"
+
             # a thread: its own key under the parent channel, answered in the thread
             await discord.message(TOKEN, channel=thread, guild=guild, author=MEMBER, text=f"<@{bot.id}> in a thread",
                                   mentions=(bot.id,))  # fmt: skip
@@ -115,14 +123,14 @@ async def test_direct_channel_thread_guilds_mentions_commands_and_a_refused_toke
             assert "Tokens:" in discord.sent(DM)[1].body["content"] and len(model.chat_requests) == asked_model
             await discord.message(TOKEN, channel=general, guild=guild, author=MEMBER, text=f"<@{bot.id}> /new",
                                   mentions=(bot.id,))  # fmt: skip
-            await discord.wait_for(lambda: len(discord.sent(general)) == 2)
-            assert "new session" in discord.sent(general)[1].body["content"].lower(), discord.sent(general)[1].body
+            await discord.wait_for(lambda: len(discord.sent(general)) == 3)
+            assert "new session" in discord.sent(general)[2].body["content"].lower(), discord.sent(general)[2].body
             assert await lines(client, f"agent:main:discord:channel:{general}") == []  # a new session
 
             await client.app[CHANNELS].idle()
             assert discord.sent(DM_STRANGER) == [] and discord.sent(other_channel) == []
             shown = await status(client)
-            assert shown["connected"] and shown["messages_in"] == 5 and shown["username"] == "neo"
+            assert shown["connected"] and shown["messages_in"] == 6 and shown["username"] == "neo"
             refused = await status(client, "broken")
             assert not refused["connected"] and "DISCORD_BROKEN" in refused["last_error"]
         logged = [r.getMessage() for r in caplog.records if "discord account broken" in r.getMessage()]

@@ -155,9 +155,11 @@ class DiscordServer:
     # -- what tests do ------------------------------------------------------------------------
 
     async def message(self, token: str, *, channel: str, author: str, text: str, guild: str | None = None,
-                      mentions: tuple[str, ...] = (), bot: bool = False, name: str = "ann") -> str:  # fmt: skip
+                      mentions: tuple[str, ...] = (), bot: bool = False, name: str = "ann",
+                      reply_to: str | None = None) -> str:  # fmt: skip
         """Dispatch a MESSAGE_CREATE to the bot's session (queued in it while its socket is down;
-        lost, as on Discord, when the bot has no session); the message's id."""
+        lost, as on Discord, when the bot has no session); the message's id. ``reply_to``: the
+        message it replies to (without pinging its author unless ``mentions`` names them)."""
         message_id = self.snowflake()
         by = {"id": author, "username": name, "discriminator": "0", "global_name": name.title(), "avatar": None,
               "bot": bot}  # fmt: skip
@@ -166,6 +168,10 @@ class DiscordServer:
                                 "timestamp": _now(), "edited_timestamp": None, "tts": False,
                                 "mention_everyone": False, "mentions": pinged, "mention_roles": [],
                                 "attachments": [], "embeds": [], "pinned": False, "type": 0}  # fmt: skip
+        if reply_to is not None:
+            data["type"] = 19
+            data["message_reference"] = {"message_id": reply_to, "channel_id": channel, "guild_id": guild}
+            data["referenced_message"] = self.messages[reply_to]
         if guild is not None:
             data["guild_id"] = guild
             data["member"] = {"roles": [], "joined_at": _now(), "deaf": False, "mute": False, "flags": 0}
