@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import warnings
 from collections.abc import Awaitable, Mapping
 from datetime import timedelta
@@ -203,7 +204,12 @@ class DiscordConnector:
         down, or was dispatched but not stored before a kill. Each is handed on like a message from
         the gateway (stored once: a message the gateway delivers too is recognised by its id)."""
         since = iso(self.clock() - CATCH_UP_SINCE)
-        for chat_id, thread_id, last in await self.store.recent_chats(CHANNEL, self.account, since, CATCH_UP_CHATS):
+        try:
+            chats = await self.store.recent_chats(CHANNEL, self.account, since, CATCH_UP_CHATS)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("discord account %s: the chats to catch up on are not readable: %s", self.account, exc)
+            return
+        for chat_id, thread_id, last in chats:
             where = int(thread_id or chat_id)
             try:
                 channel = client.get_channel(where) or await client.fetch_channel(where)
@@ -256,8 +262,10 @@ class DiscordConnector:
                 self.status.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("discord account %s: %s; trying again in %.0f s", self.account, self.status.last_error,
                             backoff)  # fmt: skip
+                await client.close()  # its HTTP session with it: the next try is a new client
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
+                client = self._client = self._new_client()
         assert client.user is not None
         self._bot_id = str(client.user.id)
         self.status.username = str(client.user)

@@ -174,6 +174,7 @@ async def test_429_retry_after_is_honoured_and_a_missing_content_intent_is_said_
     async with OpenAIServer() as model, DiscordServer() as discord:
         discord.add_bot(TOKEN)
         discord.add_bot(BROKEN, "nointent", content_intent=False)
+        discord.fail("users/@me", 503)  # Discord down at the first login: tried again, not a refused token
         config = settings(discord)
         config["channels"]["discord"]["accounts"]["plain"] = {"token_env": "DISCORD_PLAIN", "api_base": discord.url}
         app = make_app(tmp_path, clock, config, base_url=model.base_url,
@@ -201,6 +202,7 @@ async def test_429_retry_after_is_honoured_and_a_missing_content_intent_is_said_
                   and r.levelno == logging.ERROR]  # fmt: skip
         assert len(logged) == 1, logged
         assert (await status(client))["connected"]  # the other account runs on
+        assert len(discord.of("users/@me")) == 3 and (await status(client))["restarts"] == 0
         await client.close()
 
 

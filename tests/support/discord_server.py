@@ -93,6 +93,7 @@ class DiscordServer:
         self.port = 0
         self._changed = asyncio.Condition()
         self._limits: list[float] = []  # retry_after of the next sends answered 429
+        self._failures: dict[str, list[int]] = {}
 
     @property
     def url(self) -> str:
@@ -219,6 +220,11 @@ class DiscordServer:
         if socket is not None:
             await socket.close(code=code, message=b"dropped by the test")
 
+    def fail(self, path: str, status: int, times: int = 1) -> None:
+        """The next ``times`` calls of ``path`` (``users/@me``) answer ``status`` with Discord's
+        error JSON."""
+        self._failures.setdefault(path, []).extend([status] * times)
+
     def rate_limit(self, *retry_after: float) -> None:
         """The next sends answer 429, one per ``retry_after`` (seconds)."""
         self._limits.extend(retry_after)
@@ -258,6 +264,9 @@ class DiscordServer:
             await self._notify()
 
     def _answer(self, call: Call) -> web.Response:
+        if self._failures.get(call.path):
+            status = self._failures[call.path].pop(0)
+            return _json({"message": f"{status}: failed by the test", "code": 0}, status=status)
         bot = self.bots.get(call.token)
         if bot is None:
             return _json({"message": "401: Unauthorized", "code": 0}, status=401)
