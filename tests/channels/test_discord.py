@@ -153,8 +153,10 @@ async def test_a_dropped_gateway_is_resumed_with_nothing_lost_or_answered_twice(
         before = await discord.message(TOKEN, channel=DM, author=OWNER, text="before the drop")
         await discord.wait_for(lambda: len(discord.sent(DM)) == 1)
         await wait_until(lambda: bot.heartbeats >= 2)  # heartbeats go on, acknowledged
-        await discord.drop(TOKEN)
+        await discord.drop(TOKEN, hold=True)
         meanwhile = await discord.message(TOKEN, channel=DM, author=OWNER, text="while it was down")
+        await wait_until(lambda: not discord.connected(TOKEN))
+        discord.release()
         await discord.wait_for(lambda: len(discord.sent(DM)) == 2)
         assert len(bot.resumes) == 1 and len(bot.identifies) == 1  # resumed, not a new session
         assert bot.replayed == [before, meanwhile]  # the first one dispatched twice

@@ -94,6 +94,8 @@ class DiscordServer:
         self._changed = asyncio.Condition()
         self._limits: list[float] = []  # retry_after of the next sends answered 429
         self._failures: dict[str, list[int]] = {}
+        self._resumes_open = asyncio.Event()
+        self._resumes_open.set()
 
     @property
     def url(self) -> str:
@@ -213,12 +215,19 @@ class DiscordServer:
         if session.socket is not None and not session.socket.closed:
             await session.socket.send_str(json.dumps(payload))
 
-    async def drop(self, token: str, code: int = 4000) -> None:
-        """Close the bot's gateway socket (4000: an unknown error, which a client resumes after)."""
+    async def drop(self, token: str, code: int = 4000, *, hold: bool = False) -> None:
+        """Close the bot's gateway socket (4000: an unknown error, which a client resumes after);
+        ``hold``: RESUMEs wait until :meth:`release` (what is dispatched meanwhile is queued)."""
+        if hold:
+            self._resumes_open.clear()
         session = self.bots[token].sessions[-1]
         socket, session.socket = session.socket, None
         if socket is not None:
             await socket.close(code=code, message=b"dropped by the test")
+
+    def release(self) -> None:
+        """Let held RESUMEs through."""
+        self._resumes_open.set()
 
     def fail(self, path: str, status: int, times: int = 1) -> None:
         """The next ``times`` calls of ``path`` (``users/@me``) answer ``status`` with Discord's
@@ -360,6 +369,7 @@ class DiscordServer:
             await self.dispatch(bot.token, "GUILD_CREATE", guild)
 
     async def _resume(self, ws: web.WebSocketResponse, d: dict[str, Any]) -> None:
+        await self._resumes_open.wait()
         bot = self.bots.get(str(d.get("token", "")).removeprefix("Bot "))
         session = next((s for s in bot.sessions if s.id == d.get("session_id")), None) if bot else None
         if bot is None or session is None:
