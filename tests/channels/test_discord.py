@@ -18,7 +18,7 @@ from tests.channels.harness import connected_in, wait_until
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app
 from tests.support.discord_server import DiscordServer
-from tests.support.openai_server import OpenAIServer
+from tests.support.openai_server import OpenAIServer, Reply
 
 pytestmark = pytest.mark.realtime
 TOKEN, BROKEN = "MTE.main.secret", "MTE.refused.secret"
@@ -81,6 +81,16 @@ async def test_direct_channel_thread_guilds_mentions_commands_and_a_refused_toke
             assert (await messages(client, key))[0]["client_message_id"] == f"discord:main:{asked}"
             assert discord.of(f"channels/{DM}/typing")  # the typing indicator while the model wrote
 
+            # a long answer: messages of at most 2,000 characters, the code block closed and reopened
+            long = "intro " * 200 + "\n\n```python\n" + "\n".join(f"x_{i} = {i}" for i in range(300)) + "\n```"
+            model.script(Reply(text=long))
+            await discord.message(TOKEN, channel=DM, author=OWNER, text="a long one")
+            await discord.wait_for(lambda: len(discord.sent(DM)) > 2)
+            await client.app[CHANNELS].idle()
+            parts = [str(c.body["content"]) for c in discord.sent(DM)[1:]]
+            assert len(parts) >= 3 and all(len(p) <= 2000 for p in parts), [len(p) for p in parts]
+            assert all(p.count("```") % 2 == 0 for p in parts) and parts[2].startswith("```python")
+
             # a stranger's DM under allowlist: not stored, not answered
             await discord.message(TOKEN, channel=DM_STRANGER, author=STRANGER, text="let me in")
 
@@ -118,9 +128,10 @@ async def test_direct_channel_thread_guilds_mentions_commands_and_a_refused_toke
 
             # chat commands answered in place, without a model call; after a leading mention too
             asked_model = len(model.chat_requests)
+            before = len(discord.sent(DM))
             await discord.message(TOKEN, channel=DM, author=OWNER, text="/status")
-            await discord.wait_for(lambda: len(discord.sent(DM)) == 2)
-            assert "Tokens:" in discord.sent(DM)[1].body["content"] and len(model.chat_requests) == asked_model
+            await discord.wait_for(lambda: len(discord.sent(DM)) == before + 1)
+            assert "Tokens:" in discord.sent(DM)[-1].body["content"] and len(model.chat_requests) == asked_model
             await discord.message(TOKEN, channel=general, guild=guild, author=MEMBER, text=f"<@{bot.id}> /new",
                                   mentions=(bot.id,))  # fmt: skip
             await discord.wait_for(lambda: len(discord.sent(general)) == 3)
@@ -130,7 +141,7 @@ async def test_direct_channel_thread_guilds_mentions_commands_and_a_refused_toke
             await client.app[CHANNELS].idle()
             assert discord.sent(DM_STRANGER) == [] and discord.sent(other_channel) == []
             shown = await status(client)
-            assert shown["connected"] and shown["messages_in"] == 6 and shown["username"] == "neo"
+            assert shown["connected"] and shown["messages_in"] == 7 and shown["username"] == "neo"
             refused = await status(client, "broken")
             assert not refused["connected"] and "DISCORD_BROKEN" in refused["last_error"]
         logged = [r.getMessage() for r in caplog.records if "discord account broken" in r.getMessage()]
