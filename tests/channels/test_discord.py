@@ -121,6 +121,13 @@ async def test_direct_channel_thread_guilds_mentions_commands_and_a_refused_toke
             await discord.wait_for(lambda: len(discord.sent(thread)) == 1)
             thread_key = f"agent:main:discord:channel:{general}:thread:{thread}"
             assert [r for r, _ in await lines(client, thread_key)] == ["user", "assistant"]
+            late = discord.add_thread(guild, general)  # not in discord.py's cache: asked over REST
+            await discord.message(TOKEN, channel=late, guild=guild, author=MEMBER, text=f"<@{bot.id}> late",
+                                  mentions=(bot.id,))  # fmt: skip
+            await discord.wait_for(lambda: len(discord.sent(late)) == 1)
+            assert discord.of(f"channels/{late}")[0].method == "GET"
+            late_key = f"agent:main:discord:channel:{general}:thread:{late}"
+            assert [r for r, _ in await lines(client, late_key)] == ["user", "assistant"]
 
             # a server not in guilds: not answered even when mentioned
             await discord.message(TOKEN, channel=other_channel, guild=other, author=MEMBER, text=f"<@{bot.id}> hey",
@@ -141,7 +148,7 @@ async def test_direct_channel_thread_guilds_mentions_commands_and_a_refused_toke
             await client.app[CHANNELS].idle()
             assert discord.sent(DM_STRANGER) == [] and discord.sent(other_channel) == []
             shown = await status(client)
-            assert shown["connected"] and shown["messages_in"] == 7 and shown["username"] == "neo"
+            assert shown["connected"] and shown["messages_in"] == 8 and shown["username"] == "neo"
             refused = await status(client, "broken")
             assert not refused["connected"] and "DISCORD_BROKEN" in refused["last_error"]
         logged = [r.getMessage() for r in caplog.records if "discord account broken" in r.getMessage()]

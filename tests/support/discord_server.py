@@ -130,6 +130,16 @@ class DiscordServer:
             self.channels[str(channel["id"])] = channel
         return guild
 
+    def add_thread(self, guild: str, parent: str) -> str:
+        """A thread created after the bot's GUILD_CREATE, and never announced to it (no
+        THREAD_CREATE): known only to ``GET /channels/{id}``; its id."""
+        thread = self.snowflake()
+        self.channels[thread] = {"id": thread, "type": 11, "guild_id": guild, "parent_id": parent, "name": "late",
+                                 "owner_id": "1", "message_count": 0, "member_count": 1, "rate_limit_per_user": 0,
+                                 "thread_metadata": {"archived": False, "auto_archive_duration": 1440,
+                                                     "archive_timestamp": _now(), "locked": False}}  # fmt: skip
+        return thread
+
     async def start(self) -> None:
         server = web.Application()
         server.router.add_route("*", "/api/v10/{path:.*}", self._rest)
