@@ -55,6 +55,7 @@ from channels.store import ChannelStore
 from channels.supervisor import MAX_BACKOFF_S, supervise
 from config.channels import DiscordAccount
 from config.clock import Clock, iso
+from config.errors import NotFound
 
 log = logging.getLogger(__name__)
 DEFAULT_API = "https://discord.com/api/v10"
@@ -135,7 +136,9 @@ class DiscordConnector:
         return False
 
     async def receive(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
-        raise NotImplementedError("Discord's gateway connects out; nothing calls the gateway for this account")
+        """Never called (``takes_calls`` is false: the intake answers such a call 404 first)."""
+        raise NotFound(f"discord account {self.account} holds the gateway; Discord's interactions endpoint is not"
+                       " supported")  # fmt: skip
 
     async def start(self, post: PostFn) -> None:
         self._post = post
