@@ -472,6 +472,9 @@ class Settings(Model):
         for name, slack in self.channels.slack.accounts.items():
             if slack.agent not in self.agents:
                 raise ValueError(f"channels.slack.accounts.{name}.agent {slack.agent!r} is not a configured agent")
+        for name, bot in self.channels.discord.accounts.items():
+            if bot.agent not in self.agents:
+                raise ValueError(f"channels.discord.accounts.{name}.agent {bot.agent!r} is not a configured agent")
         return self
 
     def agent(self, agent_id: str) -> AgentSettings:
