@@ -87,12 +87,38 @@ def decode_post(data: dict[str, Any]) -> Post:
 
 
 def _fields(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    names = _NAMES.get(type(obj))
+    if names is None:
+        names = _NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    return {name: getattr(obj, name) for name in names}
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def _frame(data: dict[str, Any]) -> bytes:
     body = orjson.dumps(data)
     return _LENGTH.pack(len(body)) + body
+
+
+class _Sender:
+    """The frames for one connection, gathered until the loop's next turn: one write (one system
+    call) for every frame that turn made, instead of one each."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._frames: list[bytes] = []
+
+    def send(self, data: dict[str, Any]) -> None:
+        frame = _frame(data)  # an answer orjson refuses raises here, before anything is queued
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._frames.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._frames = self._frames, []
+        if frames and not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
@@ -153,13 +179,14 @@ class HandoffServer:
             writer.close()
             return
         self._writers.add(writer)
+        sender = _Sender(writer)
         try:
             while True:
                 request = await _read_frame(reader)
                 if self._closing:
-                    writer.write(_frame({"id": request.get("id"), "declined": True}))
+                    sender.send({"id": request.get("id"), "declined": True})
                     continue
-                task = asyncio.get_running_loop().create_task(self._answer(writer, request))
+                task = asyncio.get_running_loop().create_task(self._answer(sender, request))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError, orjson.JSONDecodeError):
@@ -169,7 +196,7 @@ class HandoffServer:
             if not self._closing:
                 writer.close()
 
-    async def _answer(self, writer: asyncio.StreamWriter, request: dict[str, Any]) -> None:
+    async def _answer(self, sender: _Sender, request: dict[str, Any]) -> None:
         ident = request.get("id")
         try:
             post = decode_post(request["post"])
@@ -180,12 +207,11 @@ class HandoffServer:
         except Exception as exc:
             log.exception("a post handed over by another worker failed")
             answer = {"id": ident, "error": {"code": NeotaskError.code, "message": f"the gateway failed: {exc}"}}
-        if not writer.is_closing():
-            try:
-                writer.write(_frame(answer))
-            except (TypeError, orjson.JSONEncodeError) as exc:  # an answer orjson refuses (huge ints, ...)
-                error = {"code": NeotaskError.code, "message": f"the answer could not be passed on: {exc}"}
-                writer.write(_frame({"id": ident, "error": error}))
+        try:
+            sender.send(answer)
+        except (TypeError, orjson.JSONEncodeError) as exc:  # an answer orjson refuses (huge ints, ...)
+            error = {"code": NeotaskError.code, "message": f"the answer could not be passed on: {exc}"}
+            sender.send({"id": ident, "error": error})
 
     async def close(self) -> None:
         """Decline what comes from now on (the other workers store it themselves), wait for the
@@ -209,6 +235,7 @@ class _Owner:
     index: int
     name: str
     writer: asyncio.StreamWriter | None = None
+    sender: _Sender | None = None
     # the posts under way, by id: the connection they were sent on and their answer to come
     pending: dict[int, tuple[asyncio.StreamWriter, asyncio.Future[dict[str, Any]]]] = dataclasses.field(
         default_factory=dict
@@ -270,12 +297,14 @@ class Handoff:
             writer = await self._connect(owner)
             if writer is None:
                 return None
+        sender = owner.sender
+        assert sender is not None and sender.writer is writer
         self._next += 1
         ident = self._next
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         owner.pending[ident] = (writer, future)
         try:
-            writer.write(_frame({"id": ident, "post": encode_post(post)}))
+            sender.send({"id": ident, "post": encode_post(post)})
             answer = await future
         except (ConnectionError, OSError) as exc:
             raise owner_lost(index, exc) from exc
@@ -308,7 +337,7 @@ class Handoff:
                 log.debug("worker %d not reached for a hand-off (%s)", owner.index, exc)
                 owner.down_until = loop.time() + DOWN_S
                 return None
-            owner.writer = writer
+            owner.writer, owner.sender = writer, _Sender(writer)
             owner.reading = loop.create_task(self._read(owner, reader, writer), name=f"handoff-{owner.index}")
             return writer
 
