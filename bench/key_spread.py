@@ -14,7 +14,11 @@ server this script starts (fsync on), a database per daemon; rounds alternate th
 messages/s, p99, CPU time per message of the daemon's processes and of the database's. The
 targets: pg xN spread at least 0.9x the messages/s of pg x1, and its p99 within 2x of pg xN affine.
 
-``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case]``
+With ``--pause-ms`` (60; 0: none) the same daemons are measured again *paced*, each connection
+waiting that long before each request (about 1,000 msg/s in all, below saturation): there the p99
+and the CPU per message are the daemons' own, not the cores' contention's.
+
+``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--pause-ms MS]``
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from tests.support.postgres import PgServer, start_server, stop_server
 
 CONNECTIONS = 64
 KEYS = 64
+# the paced cases: each connection waits this long before each request, about 1,000 msg/s in all,
+# below what this loaded 2-core machine takes with one process or two
+PAUSE_MS = 60
 
 
 @dataclass
@@ -40,6 +47,7 @@ class Load:
     name: str
     daemon: Case
     spread: bool
+    pause_ms: int = 0
     phases: list[tuple[Phase, float, float]] = field(default_factory=list)  # phase, gateway CPU s, db CPU s
 
 
@@ -49,7 +57,7 @@ async def measure(load: Load, server: PgServer, seconds: float, tag: str) -> Non
     before = cpu_of(gateway), cpu_of(server.pids())
     phase = await wrk_load(
         load.daemon.port, load.name, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("spread"),
-        seconds=seconds, tag=tag, spread=load.spread,
+        seconds=seconds, tag=tag, spread=load.spread, pause_ms=load.pause_ms,
     )  # fmt: skip
     after = cpu_of(gateway), cpu_of(server.pids())
     load.phases.append((phase, after[0] - before[0], after[1] - before[1]))
@@ -83,10 +91,21 @@ def report(results: dict[str, tuple[float, float, float, float, int]], workers: 
             f" its affine case's (target <= 2x), CPU/msg {(spread[2] + spread[3]) / (one_s[2] + one_s[3]):.2f}x"
             f" pg x1 spread; affine {affine[0] / one_a[0]:.2f}x the msg/s of pg x1 affine"
         )
+    one_p = results.get("pg x1 spread paced")
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases"):
+        affine, spread = results.get(f"{daemon} affine paced"), results.get(f"{daemon} spread paced")
+        if one_p is None or affine is None or spread is None:
+            continue
+        cpu = spread[2] + spread[3]
+        lines.append(
+            f"  paced (below saturation), {daemon}: spread p99 {spread[1] / affine[1]:.2f}x its affine case's,"
+            f" {spread[1] / one_p[1]:.2f}x pg x1 spread's; CPU/msg {cpu / (one_p[2] + one_p[3]):.2f}x"
+            f" pg x1 spread, {cpu / (affine[2] + affine[3]):.2f}x its affine case's"
+        )
     return lines
 
 
-async def run(seconds: float, rounds: int, workers: int, leases_case: bool) -> None:
+async def run(seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int) -> None:
     if wrk_path() is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     server = await asyncio.to_thread(start_server, durable=True)
@@ -108,6 +127,10 @@ async def run(seconds: float, rounds: int, workers: int, leases_case: bool) -> N
         for daemon in daemons:
             await prime(daemon.port, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("spread"))
         loads = [Load(f"{d.name} {how}", d, how == "spread") for d in daemons for how in ("affine", "spread")]
+        if pause_ms:  # the same daemons below saturation: p99 and CPU without the cores' contention
+            loads += [Load(f"{daemons[0].name} spread paced", daemons[0], True, pause_ms)]
+            loads += [Load(f"{d.name} {how} paced", d, how == "spread", pause_ms) for d in daemons[1:]
+                      for how in ("affine", "spread")]  # fmt: skip
         load_avg = os.getloadavg()[0]
         for r in range(1, rounds + 1):
             for load in loads if r % 2 else reversed(loads):
@@ -136,10 +159,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-leases-case", action="store_true", help="leave out pg xN with key_handoff: false")
+    parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: none")
     args = parser.parse_args()
     if not 2 <= args.workers <= 16:
         parser.error("--workers must be between 2 and 16")
-    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case))
+    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms))
 
 
 if __name__ == "__main__":

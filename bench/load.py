@@ -29,6 +29,7 @@ HOST = "127.0.0.1"
 LUA = Path(__file__).with_name("wrk_post.lua")
 PACED_LUA = Path(__file__).with_name("wrk_post_paced.lua")
 SPREAD_LUA = Path(__file__).with_name("wrk_post_spread.lua")  # every request on a key drawn at random
+SPREAD_PACED_LUA = Path(__file__).with_name("wrk_post_spread_paced.lua")
 MAX_WRK_THREADS = 64
 TIMEOUT_S = 10.0
 _WRK_LINE = re.compile(r"^NEOTASK-WRK (.*)$", re.MULTILINE)
@@ -108,9 +109,10 @@ def wrk_command(
     requests come over every connection instead of one."""
     exe = wrk_path() or "wrk"
     threads = min(connections, MAX_WRK_THREADS)
-    script, paced = (PACED_LUA, [str(pause_ms)]) if pause_ms else (SPREAD_LUA if spread else LUA, [])
-    if spread and pause_ms:
-        raise ValueError("a spread load is not paced (no script does both)")
+    if pause_ms:
+        script, paced = (SPREAD_PACED_LUA if spread else PACED_LUA), [str(pause_ms)]
+    else:
+        script, paced = (SPREAD_LUA if spread else LUA), []
     return [
         exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, math.ceil(seconds))}s",
         "--timeout", f"{TIMEOUT_S:g}s", "-s", str(script), f"http://{HOST}:{port}",
