@@ -301,10 +301,13 @@ class Handoff:
         assert sender is not None and sender.writer is writer
         self._next += 1
         ident = self._next
+        try:
+            sender.send({"id": ident, "post": encode_post(post)})
+        except (TypeError, orjson.JSONEncodeError):  # what orjson refuses (huge integers, ...): stored here
+            return None
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         owner.pending[ident] = (writer, future)
         try:
-            sender.send({"id": ident, "post": encode_post(post)})
             answer = await future
         except (ConnectionError, OSError) as exc:
             raise owner_lost(index, exc) from exc

@@ -177,3 +177,10 @@ def test_the_hand_off_works_on_uvloop_as_the_daemon_runs_it(tmp_path: Path) -> N
             await two.side.close()
 
     assert (uvloop.run(scenario()) or {}).get("by") == 2
+
+
+async def test_a_post_the_frame_cannot_carry_is_stored_where_it_came(pair: tuple[Worker, Worker]) -> None:
+    one, two = pair
+    raw = key_owned_by(2)
+    huge = Post(parse_key(raw, agents={"main"}), NewMessage(role="tool", content="x", tool_calls=({"n": 1 << 70},)))
+    assert await one.side.post(huge) is None and two.ran == []
