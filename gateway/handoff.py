@@ -189,7 +189,7 @@ class HandoffServer:
                 task = asyncio.get_running_loop().create_task(self._answer(sender, request))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-        except (asyncio.IncompleteReadError, ConnectionError, orjson.JSONDecodeError):
+        except (asyncio.IncompleteReadError, OSError, orjson.JSONDecodeError):
             pass  # the other worker went away (or closed: it connects again when it needs to)
         finally:
             self._writers.discard(writer)
