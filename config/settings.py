@@ -42,6 +42,7 @@ class GatewaySettings(Model):
     openai_compat: OpenAICompatSettings = OpenAICompatSettings()
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     workers: int = Field(1, ge=1, le=64)  # processes on one port (postgres backend only)
+    key_handoff: bool = True  # workers: a post goes to the worker that owns its key (gateway/handoff.py)
 
     @field_validator("tokens")
     @classmethod
