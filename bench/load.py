@@ -28,6 +28,8 @@ import aiohttp
 HOST = "127.0.0.1"
 LUA = Path(__file__).with_name("wrk_post.lua")
 PACED_LUA = Path(__file__).with_name("wrk_post_paced.lua")
+SPREAD_LUA = Path(__file__).with_name("wrk_post_spread.lua")  # every request on a key drawn at random
+SPREAD_PACED_LUA = Path(__file__).with_name("wrk_post_spread_paced.lua")
 MAX_WRK_THREADS = 64
 TIMEOUT_S = 10.0
 _WRK_LINE = re.compile(r"^NEOTASK-WRK (.*)$", re.MULTILINE)
@@ -91,13 +93,26 @@ def wrk_version() -> str:
 
 
 def wrk_command(
-    port: int, *, connections: int, keys: int, prefix: str, seconds: float, tag: str, pause_ms: int = 0
+    port: int,
+    *,
+    connections: int,
+    keys: int,
+    prefix: str,
+    seconds: float,
+    tag: str,
+    pause_ms: int = 0,
+    spread: bool = False,
 ) -> list[str]:
     """wrk posting messages as fast as the server answers; with ``pause_ms``, each connection waits
-    that long before each request (``wrk_post_paced.lua``): a fixed load below saturation."""
+    that long before each request (``wrk_post_paced.lua``): a fixed load below saturation; with
+    ``spread``, every request goes to a key drawn at random (``wrk_post_spread.lua``), so a key's
+    requests come over every connection instead of one."""
     exe = wrk_path() or "wrk"
     threads = min(connections, MAX_WRK_THREADS)
-    script, paced = (PACED_LUA, [str(pause_ms)]) if pause_ms else (LUA, [])
+    if pause_ms:
+        script, paced = (SPREAD_PACED_LUA if spread else PACED_LUA), [str(pause_ms)]
+    else:
+        script, paced = (SPREAD_LUA if spread else LUA), []
     return [
         exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, math.ceil(seconds))}s",
         "--timeout", f"{TIMEOUT_S:g}s", "-s", str(script), f"http://{HOST}:{port}",
@@ -130,10 +145,19 @@ def parse_wrk(name: str, output: str, connections: int) -> Phase:
 
 
 async def wrk_load(
-    port: int, name: str, *, connections: int, keys: int, prefix: str, seconds: float, tag: str, pause_ms: int = 0
+    port: int,
+    name: str,
+    *,
+    connections: int,
+    keys: int,
+    prefix: str,
+    seconds: float,
+    tag: str,
+    pause_ms: int = 0,
+    spread: bool = False,
 ) -> Phase:
     cmd = wrk_command(port, connections=connections, keys=keys, prefix=prefix, seconds=seconds, tag=tag,
-                      pause_ms=pause_ms)  # fmt: skip
+                      pause_ms=pause_ms, spread=spread)  # fmt: skip
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=seconds + TIMEOUT_S + 60)
     if proc.returncode != 0:
