@@ -20,7 +20,7 @@ UNPACKAGED := -m 'not packaging'
 # Every run ends with its 25 slowest tests, so a new slow one shows; make test-durations lists all.
 DURATIONS := --durations=25
 
-.PHONY: run test test-fast test-durations test-calendar test-at test-packaging lint docs bench install browser wrk faketime postgres systemd clean
+.PHONY: run test test-fast test-durations test-calendar test-at test-packaging lint docs bench install browser wrk faketime postgres systemd synapse clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -72,6 +72,15 @@ systemd:
 	  else echo "systemd-analyze missing and not root: the service unit's verify test will be skipped"; fi; \
 	fi
 
+# Synapse (matrix-synapse from PyPI) in a venv of its own, apart from .venv's pins: the Matrix tests
+# start one homeserver on SQLite (tests/support/synapse.py); ~50 s to create on a fresh machine, once.
+# They are skipped, with the reason, only when it cannot be created.
+SYNAPSE_VENV := .synapse-venv
+synapse:
+	@test -x $(SYNAPSE_VENV)/bin/python && $(SYNAPSE_VENV)/bin/python -c 'import synapse' 2>/dev/null || \
+	  { rm -rf $(SYNAPSE_VENV) && $(PY) -m venv $(SYNAPSE_VENV) && $(SYNAPSE_VENV)/bin/pip install --quiet 'matrix-synapse>=1.100,<2'; } \
+	  || { rm -rf $(SYNAPSE_VENV); echo "matrix-synapse could not be installed: the Matrix tests will be skipped"; }
+
 # faketime (libfaketime) shifts the clock of a process tree: the suite at other dates (test-calendar, test-at).
 faketime:
 	@if ! command -v faketime >/dev/null 2>&1; then \
@@ -81,11 +90,11 @@ faketime:
 	  else echo "faketime missing and not root: apt-get install faketime"; exit 1; fi; \
 	fi
 
-test: $(STAMP) browser wrk postgres systemd
+test: $(STAMP) browser wrk postgres systemd synapse
 	$(BIN)/python -m pytest $(XDIST) $(DURATIONS) $(UNPACKAGED) $(PYTEST_ARGS)
 
 # The whole suite, then every test's duration (setup, call, teardown), slowest first.
-test-durations: $(STAMP) browser wrk postgres systemd
+test-durations: $(STAMP) browser wrk postgres systemd synapse
 	mkdir -p test-artifacts
 	$(BIN)/python -m pytest $(XDIST) --durations=0 --durations-min=0 $(UNPACKAGED) $(PYTEST_ARGS) > test-artifacts/pytest.log 2>&1; \
 	  status=$$?; tail -n 3 test-artifacts/pytest.log; \
@@ -133,4 +142,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(SYNAPSE_VENV)

@@ -4,9 +4,9 @@
 post function, render and send a reply, stop; an HTTP-mode connector also takes calls);
 ``channels/telegram.py`` is the Telegram connector on aiogram 3, ``channels/slack.py`` the Slack
 one on slack_sdk (Socket Mode), ``channels/discord.py`` the Discord one on discord.py (the
-gateway); ``channels/access.py`` decides who may talk in a direct chat
-(``dm_policy``); ``channels/store.py`` keeps the durable outbox and the pairing codes in
-``<home>/channels.db``. Nothing here serves HTTP.
+gateway), ``channels/matrix.py`` the Matrix one on matrix-nio (``/sync``); ``channels/access.py``
+decides who may talk in a direct chat (``dm_policy``); ``channels/store.py`` keeps the durable
+outbox and the pairing codes in ``<home>/channels.db``. Nothing here serves HTTP.
 
 ``channels/background.py`` is the one "stored → background turn → deliver" path, and
 ``channels/hooks.py`` the webhook intake on it (typed outcomes; the route renders them): the only

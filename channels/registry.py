@@ -18,7 +18,7 @@ from typing import Any
 
 from channels.protocol import Connector
 from channels.store import ChannelStore
-from config.channels import ChannelsSettings, DiscordAccount, SlackAccount, TelegramAccount
+from config.channels import ChannelsSettings, DiscordAccount, MatrixAccount, SlackAccount, TelegramAccount
 from config.clock import Clock
 
 Account = Any  # one platform's account settings (a pydantic model of config/channels.py)
@@ -76,6 +76,12 @@ def _discord(name: str, account: DiscordAccount, env: Mapping[str, str], store: 
     return DiscordConnector(name, account, env[account.token_env], store, clock=clock)
 
 
+def _matrix(name: str, account: MatrixAccount, env: Mapping[str, str], store: ChannelStore, clock: Clock) -> Connector:
+    from channels.matrix import MatrixConnector
+
+    return MatrixConnector(name, account, env[account.access_token_env], store, clock=clock)
+
+
 PLATFORMS: dict[str, Platform] = {
     "telegram": Platform(
         "telegram", lambda c: c.telegram.accounts, _telegram_needs, _telegram, "webhook", "channels.telegram"
@@ -83,6 +89,9 @@ PLATFORMS: dict[str, Platform] = {
     "slack": Platform("slack", lambda c: c.slack.accounts, _slack_needs, _slack, "events", "channels.slack"),
     "discord": Platform(
         "discord", lambda c: c.discord.accounts, lambda a: [a.token_env], _discord, "interactions", "channels.discord"
+    ),
+    "matrix": Platform(
+        "matrix", lambda c: c.matrix.accounts, lambda a: [a.access_token_env], _matrix, "sync", "channels.matrix"
     ),
 }
 

@@ -11,8 +11,9 @@ written before the message is stored, so whatever a crash interrupts is found ag
 edit or a deletion is stored only where its message was (channels/revisions.py).
 
 What connectors keep about their platform: the updates they could not read (the raw JSON and why,
-the last ``UNREADABLE_KEPT`` per account) and each account's first bot (Telegram keys the updates
-of any later bot by its id).
+the last ``UNREADABLE_KEPT`` per account), each account's first bot (Telegram keys the updates
+of any later bot by its id), and named values a connector keeps (``connector_state``: Matrix's
+sync token and what it knows of each room).
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ CREATE TABLE IF NOT EXISTS unreadable_updates (
     body TEXT NOT NULL,
     created_at TEXT NOT NULL,
     PRIMARY KEY (channel, account, update_id)
+);
+CREATE TABLE IF NOT EXISTS connector_state (
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (channel, account, name)
 );
 CREATE TABLE IF NOT EXISTS first_bots (
     channel TEXT NOT NULL,
@@ -238,8 +247,7 @@ class ChannelStore:
 
         def work(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return db.execute(
-                f"SELECT {_ROW} FROM outbox"
-                " WHERE state IN ('pending', 'answered') ORDER BY created_at, rowid"
+                f"SELECT {_ROW} FROM outbox WHERE state IN ('pending', 'answered') ORDER BY created_at, rowid"
             ).fetchall()
 
         return [_row(r) for r in await self._run(work)]
@@ -381,6 +389,31 @@ class ChannelStore:
             return str(found[0])
 
         return await self._run(work)
+
+    async def state(self, channel: str, account: str, name: str) -> str | None:
+        """A value a connector keeps about its platform (Matrix's sync token, a room's kind), or None."""
+
+        def work(db: sqlite3.Connection) -> str | None:
+            found = db.execute(
+                "SELECT value FROM connector_state WHERE channel = ? AND account = ? AND name = ?",
+                (channel, account, name),
+            ).fetchone()
+            return str(found[0]) if found is not None else None
+
+        return await self._run(work)
+
+    async def keep_state(self, channel: str, account: str, name: str, value: str, now: str) -> None:
+        """Keep (or replace) a connector's value; durable when this returns (synchronous=FULL)."""
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO connector_state (channel, account, name, value, updated_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (channel, account, name) DO UPDATE SET value = excluded.value,"
+                " updated_at = excluded.updated_at",
+                (channel, account, name, value, now),
+            )
+
+        await self._run(work)
 
 
 def _row(raw: tuple[Any, ...]) -> OutboxRow:

@@ -1,4 +1,4 @@
-"""Chat channel settings (``channels.<telegram|slack|discord>.accounts.<name>``): which bots the daemon runs, the
+"""Chat channel settings (``channels.<telegram|slack|discord|matrix>.accounts.<name>``): which bots the daemon runs, the
 environment variable each token comes from (never the token itself), the agent the account posts
 to, and who may talk to it. Documented with their defaults in ``config/defaults.yaml``."""
 
@@ -247,6 +247,70 @@ class DiscordSettings(_Model):
         return value
 
 
+_MATRIX_USER = re.compile(r"^@[^:\s]+:[^\s]+$")
+
+
+class MatrixAccount(_Model):
+    """One Matrix bot user on a homeserver, over the client-server API's ``/sync`` (no public URL
+    needed). ``user_id``: the bot's full id (``@bot:example.org``); its access token comes from
+    ``access_token_env``. Rooms: a room the inviter marked direct (``is_direct``) is a direct chat;
+    any other room is a group, answered when mentioned (``require_mention``)."""
+
+    homeserver: str
+    user_id: str
+    access_token_env: str = "MATRIX_ACCESS_TOKEN"
+    agent: str = "main"
+    enabled: bool = True
+    mode: Literal["sync"] = "sync"
+    dm_policy: DmPolicy = "allowlist"
+    allow_from: tuple[str, ...] = ()
+    require_mention: bool = True
+    store_unmentioned: bool = False
+    sync_timeout_s: int = Field(30, ge=0, le=120)
+    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
+    commands: CommandAccess = CommandAccess()
+
+    @field_validator("access_token_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        if not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
+        return value
+
+    @field_validator("homeserver")
+    @classmethod
+    def _homeserver_url(cls, value: str) -> str:
+        checked = _http_url(value, "https://matrix.example.org")
+        assert checked is not None
+        return checked
+
+    @field_validator("user_id")
+    @classmethod
+    def _user_id(cls, value: str) -> str:
+        if not _MATRIX_USER.match(value):
+            raise ValueError(f"{value!r} is not a Matrix user id; write it whole, e.g. @bot:example.org")
+        return value
+
+    @field_validator("allow_from")
+    @classmethod
+    def _owners(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [v for v in value if not _MATRIX_USER.match(v)]
+        if bad:
+            listed = ", ".join(map(repr, bad))
+            raise ValueError(f"{listed}: not a Matrix user id; write each whole, e.g. @alice:example.org")
+        return value
+
+
+class MatrixSettings(_Model):
+    accounts: dict[str, MatrixAccount] = {}
+
+    @field_validator("accounts")
+    @classmethod
+    def _account_names(cls, value: dict[str, MatrixAccount]) -> dict[str, MatrixAccount]:
+        _check_names(value)
+        return value
+
+
 class OutboxSettings(_Model):
     """Replies waiting to be sent (``<home>/channels.db``): how long a failed send waits before the
     next try, at most."""
@@ -259,3 +323,4 @@ class ChannelsSettings(_Model):
     slack: SlackSettings = SlackSettings()
     outbox: OutboxSettings = OutboxSettings()
     discord: DiscordSettings = DiscordSettings()
+    matrix: MatrixSettings = MatrixSettings()

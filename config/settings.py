@@ -476,6 +476,9 @@ class Settings(Model):
         for name, bot in self.channels.discord.accounts.items():
             if bot.agent not in self.agents:
                 raise ValueError(f"channels.discord.accounts.{name}.agent {bot.agent!r} is not a configured agent")
+        for name, matrix in self.channels.matrix.accounts.items():
+            if matrix.agent not in self.agents:
+                raise ValueError(f"channels.matrix.accounts.{name}.agent {matrix.agent!r} is not a configured agent")
         return self
 
     def agent(self, agent_id: str) -> AgentSettings:

@@ -150,6 +150,8 @@ def _named_secrets(config: LoadedConfig) -> list[str]:
         names += [slack.bot_token_env, slack.app_token_env]
     for bot in config.settings.channels.discord.accounts.values():
         names.append(bot.token_env)
+    for matrix in config.settings.channels.matrix.accounts.values():
+        names.append(matrix.access_token_env)
     return list(dict.fromkeys(names))
 
 
