@@ -335,18 +335,25 @@ async def test_kill_9_and_a_restart_answer_everything_once(tmp_path: Path, homes
             await _answers(alice, room, bot, 1)
             gw.proc.send_signal(signal.SIGKILL)
             await gw.proc.wait()
+        # killed between the answer (stored) and its send: the next start sends it, once, unasked again
+        async with daemon(home, "--config", str(config), env={**env, "_NEOTASK_CRASH_AT": "channels.answered"}) as gw:
+            await alice.say(room, "zero (killed before its answer went out)")
+            assert await gw.wait(timeout=60) == -9
+        assert len(await alice.messages(room, bot.user_id)) == 1 and len(model.chat_requests) == 2
         await alice.say(room, "two (while the gateway is down)")
         await alice.say(room, "three (while the gateway is down)")
         async with daemon(home, "--config", str(config), env=env) as gw:  # the restart
-            await _answers(alice, room, bot, 3, timeout=60)
-            await alice.say(room, "four")
             await _answers(alice, room, bot, 4, timeout=60)
+            await alice.say(room, "four")
+            await _answers(alice, room, bot, 5, timeout=60)
             await asyncio.sleep(2)  # a sync or two more: nothing answered again
             shown = await run_cli("sessions", "show", key, "--home", str(home), "--json", env=env)
             assert shown.returncode == 0 and json.loads(shown.stdout)["key"] == key, shown  # the key through the CLI
             await gw.stop()
         answers = [m["content"]["body"] for m in await alice.messages(room, bot.user_id)]
         down = ["two (while the gateway is down)", "three (while the gateway is down)"]
-        assert answers == [f"echo: {t}" for t in ["one", *down, "four"]]
+        zero = "zero (killed before its answer went out)"
+        assert answers == [f"echo: {t}" for t in ["one", zero, *down, "four"]]
+        assert len(model.chat_requests) == 5  # the stored answer to "zero" was sent, not asked again
         users = [line["content"] for line in stored(home, key) if line.get("role") == "user"]
-        assert users == ["one", *down, "four"]
+        assert users == ["one", zero, *down, "four"]
