@@ -138,6 +138,14 @@ async def test_rooms_keys_mentions_threads_commands_and_strangers(
         await wait_until(typing, 30)
         release.set()
         assert (await _answers(alice, dm, bot, 4))[-1]["content"]["body"] == "echo: take your time"
+        asked = len(model.chat_requests)
+        await alice.say(dm, "/compact")  # answered in place (two messages in this run: nothing to compact)
+        compacted = (await _answers(alice, dm, bot, 5))[-1]["content"]["body"]
+        assert compacted.startswith("Nothing to compact yet"), compacted
+        assert len(model.chat_requests) == asked
+        await alice.say(dm, "/reset")
+        reset = (await _answers(alice, dm, bot, 6))[-1]["content"]["body"]
+        assert reset.startswith("Session reset."), reset
 
         # a group room (the owner invites the bot and bob): answered only when mentioned
         group = await alice.room(bot.user_id, bob.user_id)
@@ -189,7 +197,7 @@ async def test_rooms_keys_mentions_threads_commands_and_strangers(
         accounts = (await (await client.get("/v1/channels")).json())["accounts"]
         [main] = [a for a in accounts if a["channel"] == "matrix"]
         assert main["connected"] and main["username"] == bot.user_id[1:]
-        assert main["messages_in"] == 9 and main["messages_out"] == 9, main
+        assert main["messages_in"] == 11 and main["messages_out"] == 11, main  # with /compact and /reset
 
 
 async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its_account(
