@@ -91,17 +91,26 @@ def wrk_version() -> str:
 
 
 def wrk_command(
-    port: int, *, connections: int, keys: int, prefix: str, seconds: float, tag: str, pause_ms: int = 0
+    port: int,
+    *,
+    connections: int,
+    keys: int,
+    prefix: str,
+    seconds: float,
+    tag: str,
+    pause_ms: int = 0,
+    ids: bool = False,
 ) -> list[str]:
     """wrk posting messages as fast as the server answers; with ``pause_ms``, each connection waits
-    that long before each request (``wrk_post_paced.lua``): a fixed load below saturation."""
+    that long before each request (``wrk_post_paced.lua``): a fixed load below saturation; with
+    ``ids``, each message carries a ``client_message_id`` of its own (unique per tag)."""
     exe = wrk_path() or "wrk"
     threads = min(connections, MAX_WRK_THREADS)
     script, paced = (PACED_LUA, [str(pause_ms)]) if pause_ms else (LUA, [])
     return [
         exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, math.ceil(seconds))}s",
         "--timeout", f"{TIMEOUT_S:g}s", "-s", str(script), f"http://{HOST}:{port}",
-        "--", str(keys), str(threads), quote(prefix, safe=""), tag, *paced,
+        "--", str(keys), str(threads), quote(prefix, safe=""), tag, "1" if ids else "0", *paced,
     ]  # fmt: skip
 
 
@@ -130,10 +139,19 @@ def parse_wrk(name: str, output: str, connections: int) -> Phase:
 
 
 async def wrk_load(
-    port: int, name: str, *, connections: int, keys: int, prefix: str, seconds: float, tag: str, pause_ms: int = 0
+    port: int,
+    name: str,
+    *,
+    connections: int,
+    keys: int,
+    prefix: str,
+    seconds: float,
+    tag: str,
+    pause_ms: int = 0,
+    ids: bool = False,
 ) -> Phase:
     cmd = wrk_command(port, connections=connections, keys=keys, prefix=prefix, seconds=seconds, tag=tag,
-                      pause_ms=pause_ms)  # fmt: skip
+                      pause_ms=pause_ms, ids=ids)  # fmt: skip
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=seconds + TIMEOUT_S + 60)
     if proc.returncode != 0:

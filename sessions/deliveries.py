@@ -81,6 +81,13 @@ class RunDeliveries:
         if isinstance(answered, int) and not record.get("tool_calls"):
             self.replies.setdefault(answered, {"content": record.get("content"), "seq": record.get("seq")})
 
+    def forget(self, record: Mapping[str, Any]) -> None:
+        """An append counted by ``add`` when queued that failed (its seq is given back)."""
+        cmid = record.get("client_message_id")
+        found = self.by_id.get(cmid) if isinstance(cmid, str) else None
+        if found is not None and found[0] == record["seq"]:
+            del self.by_id[str(cmid)]
+
     def merge(self, other: RunDeliveries) -> None:
         for cmid, found in other.by_id.items():
             mine = self.by_id.get(cmid)

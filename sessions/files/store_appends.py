@@ -66,13 +66,16 @@ class AppendStore(RecordStore):
         it before awaiting, so the next message on the key joins the same group commit; it must
         then await ``finish_append``."""
         self.check_writable(run, message)
-        if message.once and message.client_message_id is not None:
-            prior = self._stored_before(run, message.client_message_id)
+        once = message.once and message.client_message_id is not None
+        if once:
+            prior = self._stored_before(run, str(message.client_message_id))
             if prior is not None:
                 raise AlreadyDelivered(prior)
         stamp = iso(self.clock())
         record = message_record(run.next_seq, message, stamp)
         run.next_seq += 1
+        if once:  # known from now on: a repeat queued before this one is durable is refused too
+            _deliveries(run).add(record)
         dump = encode if message.tool_calls else encode_plain  # no floats without tool calls
         data = dump(record)
         _, messages, current = self._run_files(run)
@@ -84,7 +87,7 @@ class AppendStore(RecordStore):
             durable=True,
             also=(current, line) if line else None,
             guarded=True,
-            on_done=lambda error: self._settle_append(run, undo, error),
+            on_done=lambda error: self._settle_append(run, undo, error, record if once else None),
         )
         count_append(run, record, len(data), len(line) if line else None)
         entry = self.entry(run.key)
@@ -201,10 +204,15 @@ class AppendStore(RecordStore):
             deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
         return deliveries.find(run.run_id, client_message_id, since)
 
-    def _settle_append(self, run: RunState, undo: _Undo, error: BaseException | None) -> None:
+    def _settle_append(
+        self, run: RunState, undo: _Undo, error: BaseException | None, once: MessageRecord | None = None
+    ) -> None:
         """On the loop, once an append is durable or failed (``error``): take a failed one out of
-        the counters; when nothing is pending any more, give its seq back and reopen the file."""
+        the counters (and out of the run's deliveries, ``once``: its record, known since it was
+        queued); when nothing is pending any more, give its seq back and reopen the file."""
         run.appends_pending -= 1
+        if error is not None and once is not None and run.deliveries is not None:
+            run.deliveries.forget(once)
         if error is not None:
             run.messages_bytes -= undo.messages_bytes
             if undo.context_bytes:
