@@ -77,6 +77,11 @@ WITH b AS (
     INSERT INTO context_lines (run_id, pos, line)
     SELECT u.run_id, r.pos0 + u.ord, u.line
     FROM unnest($16::text[], $17::bigint[], $18::json[]) AS u(run_id, ord, line) JOIN r USING (run_id)
+), i AS (
+    INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)
+    SELECT * FROM unnest($21::text[], $22::text[], $23::text[], $24::text[], $25::bigint[], $26::text[])
+    ON CONFLICT (session_key, client_message_id) DO UPDATE SET run_id = excluded.run_id,
+        message_seq = excluded.message_seq, response = COALESCE(excluded.response, idempotency.response)
 )
 SELECT run_id, NULL::bigint AS seq, 0 AS src, NULL::text AS prior_run, NULL::bigint AS prior_seq,
     NULL::text AS prior_response, NULL::text AS prior_reply FROM r
@@ -115,6 +120,19 @@ def make_append(record: MessageRecord, last_context_seq: int, future: asyncio.Fu
 
 
 @dataclass
+class ReplyRecord:
+    """A reply body to record for a delivery (``remember_reply``): it rides in the next statement."""
+
+    key: str
+    client_message_id: str
+    created_at: str
+    run_id: str | None
+    seq: int | None
+    response: str
+    future: asyncio.Future[None]
+
+
+@dataclass
 class Call:
     fn: Callable[[], Awaitable[Any]]
     future: asyncio.Future[Any]
@@ -136,6 +154,34 @@ class PgQueue(PgBase):
     _sending: set[asyncio.Task[None]]  # the statements under way
     _unsure: set[str]  # runs whose last statement's outcome is unknown (checked before their next)
     _append_error: BaseException | None
+    _replies: list[ReplyRecord]  # reply records waiting for the next statement
+
+    def queue_reply(
+        self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
+    ) -> asyncio.Future[None]:
+        """Record a reply body in the next append statement (the group commit): it resolves once
+        committed, with the typed error when that statement fails."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._replies.append(ReplyRecord(key, client_message_id, iso(self.clock()), run_id, seq, response, future))
+        self._kick()
+        return future
+
+    def _take_replies(self) -> list[ReplyRecord]:
+        """The reply records for the next statement: one per (key, id) (a later one waits)."""
+        taken: list[ReplyRecord] = []
+        seen: set[tuple[str, str]] = set()
+        left: list[ReplyRecord] = []
+        for reply in self._replies:
+            if reply.future.done():  # its caller was cancelled
+                continue
+            marker = (reply.key, reply.client_message_id)
+            if marker in seen:
+                left.append(reply)
+                continue
+            seen.add(marker)
+            taken.append(reply)
+        self._replies = left
+        return taken
 
     def _enqueue(self, run: RunState, item: Append | Call) -> None:
         queue = self._queues.get(run.run_id)
@@ -165,12 +211,14 @@ class PgQueue(PgBase):
         try:
             while True:
                 self._wake.clear()
-                batch = self._take() if len(self._sending) < MAX_IN_FLIGHT else []
-                if batch:
+                room = len(self._sending) < MAX_IN_FLIGHT
+                batch = self._take() if room else []
+                replies = self._take_replies() if room and self._replies else []
+                if batch or replies:
                     self._in_flight.update(run.run_id for run, _ in batch)
-                    self._sending.add(asyncio.get_running_loop().create_task(self._send_then_release(batch)))
+                    self._sending.add(asyncio.get_running_loop().create_task(self._send_then_release(batch, replies)))
                     continue
-                if not self._queues and not self._sending:
+                if not self._queues and not self._sending and not self._replies:
                     return
                 await self._wake.wait()  # a statement or a call to finish, or appends to come
         except asyncio.CancelledError:  # the loop is closing: nothing queued will be written
@@ -179,11 +227,16 @@ class PgQueue(PgBase):
                 for item in queue.items:
                     _settle(item.future, ConnectionError("the store closed"))
             self._queues.clear()
+            for reply in self._replies:
+                _settle(reply.future, ConnectionError("the store closed"))
+            self._replies = []
             raise
 
-    async def _send_then_release(self, batch: list[tuple[RunState, list[Append]]]) -> None:
+    async def _send_then_release(
+        self, batch: list[tuple[RunState, list[Append]]], replies: list[ReplyRecord] | None = None
+    ) -> None:
         try:
-            await self._send(batch)
+            await self._send(batch, replies or [])
         finally:  # before the flusher looks again (a done callback would come after it)
             self._in_flight.difference_update(run.run_id for run, _ in batch)
             task = asyncio.current_task()
@@ -242,17 +295,18 @@ class PgQueue(PgBase):
                 self._queues[queue.run.run_id] = queue  # it was dropped when empty; items came since
             self._kick()
 
-    async def _send(self, batch: list[tuple[RunState, list[Append]]]) -> None:
+    async def _send(self, batch: list[tuple[RunState, list[Append]]], replies: list[ReplyRecord]) -> None:
         sent = False
         try:
             async with self.pool.acquire() as conn:
                 if self._unsure:
                     batch = await self._verify(conn, batch)
-                    if not batch:
+                    if not batch and not replies:
                         return
                 sent = True
                 since = iso(self.clock() - DELIVERY_WINDOW)
-                claimed, repeats = _claims(await conn.fetch(_APPEND, *_arguments(batch), since))
+                arguments = [*_arguments(batch), since, *_reply_arguments(replies)]
+                claimed, repeats = _claims(await conn.fetch(_APPEND, *arguments))
                 lost = [(run, items) for run, items in batch if run.run_id not in claimed and run.run_id not in repeats]
                 rows = await _counters(conn, [run.run_id for run, _ in lost]) if lost else {}
         except Exception as exc:  # the statement may have committed or not: check before the next
@@ -262,7 +316,12 @@ class PgQueue(PgBase):
             for run, items in batch:
                 self._fail(run, items, exc)
                 self._unsure.add(run.run_id)
+            for reply in replies:
+                _settle(reply.future, database_error(exc) or exc)
             return
+        for reply in replies:
+            if not reply.future.done():
+                reply.future.set_result(None)
         self._append_error = None
         for run, items in batch:
             if run.run_id in repeats:
@@ -457,6 +516,17 @@ def _arguments(batch: list[tuple[RunState, list[Append]]]) -> list[list[Any]]:
             for column, value in zip(context, (run.run_id, ordinal, item.line), strict=True):
                 column.append(value)
     return [*runs, *lines, *context, once_keys]
+
+
+def _reply_arguments(replies: list[ReplyRecord]) -> list[list[Any]]:
+    """The statement's 6 arrays of reply records (key, id, time, run, seq, body)."""
+    columns: list[list[Any]] = [[] for _ in range(6)]
+    for reply in replies:
+        for column, value in zip(columns, (
+            reply.key, reply.client_message_id, reply.created_at, reply.run_id, reply.seq, reply.response,
+        ), strict=True):  # fmt: skip
+            column.append(value)
+    return columns
 
 
 def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:

@@ -72,8 +72,8 @@ class PgRecords(PgReads, PgUsage):
     async def remember_reply(
         self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
     ) -> None:
-        update = "response = COALESCE(excluded.response, idempotency.response)"
-        await self._save_idempotency(key, client_message_id, run_id, seq, response, update)
+        """Rides in the next append statement (``sessions.postgres.batching``): no commit of its own."""
+        await self.queue_reply(client_message_id=client_message_id, key=key, run_id=run_id, seq=seq, response=response)
 
     async def _save_idempotency(
         self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str
