@@ -69,6 +69,7 @@ class SessionStore(MaintenanceStore):
         self._locks: dict[str, asyncio.Lock] = {}
         self._files: dict[str, tuple[Path, Path, Path]] = {}  # run id -> (dir, messages, current)
         self._recorded_ids: dict[str, dict[str, RecordedId]] = {}  # key -> its tasks.db idempotency ids
+        self._reply_batch = None
         self.recovered: list[RecoveredRun] = []
         self._probed: tuple[float, str | None] = (float("-inf"), None)  # (monotonic time, problem)
 

@@ -51,6 +51,8 @@ class StoreBase:
     # per key, once read: the client_message_ids tasks.db records (created_at, run_id, seq); this
     # process is tasks.db's only writer, so it is kept up to date as it writes them
     _recorded_ids: dict[str, dict[str, RecordedId]]
+    # the reply records asked for in this pass of the loop, and the future of their commit
+    _reply_batch: tuple[list[tuple[Any, ...]], asyncio.Future[None]] | None
     _probed: tuple[float, str | None]  # (monotonic time, problem)
 
     # -- queries --------------------------------------------------------------------------------

@@ -186,10 +186,41 @@ class RecordStore(StoreBase):
     async def remember_reply(
         self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
     ) -> None:
-        """The reply body (JSON) to replay to a redelivery of ``client_message_id``."""
-        update = "response = COALESCE(excluded.response, idempotency.response)"
-        stamp = await self._save_idempotency(key, client_message_id, run_id, seq, response, update)
-        self._note_recorded(key, client_message_id, RecordedId(stamp, run_id, seq), replace=False)
+        """The reply body (JSON) to replay to a redelivery of ``client_message_id``. The reply
+        records asked for in one pass of the loop are written in one transaction (one commit)."""
+        batch = self._reply_batch
+        if batch is None:
+            loop = asyncio.get_running_loop()
+            batch = self._reply_batch = ([], loop.create_future())
+            loop.call_soon(self._write_replies)
+        batch[0].append((key, client_message_id, iso(self.clock()), run_id, seq, response))
+        await asyncio.shield(batch[1])
+
+    def _write_replies(self) -> None:
+        batch, self._reply_batch = self._reply_batch, None
+        if batch is not None:
+            task = asyncio.ensure_future(self._commit_replies(*batch))
+            _REPLY_WRITES.add(task)
+            task.add_done_callback(_REPLY_WRITES.discard)
+
+    async def _commit_replies(self, rows: list[tuple[Any, ...]], done: asyncio.Future[None]) -> None:
+        sql = (
+            "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
+            " run_id = excluded.run_id, message_seq = excluded.message_seq,"
+            " response = COALESCE(excluded.response, idempotency.response)"
+        )
+        try:
+            await self._records(lambda c: c.executemany(sql, rows))
+        except BaseException as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: each caller re-raises it
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for key, cmid, stamp, run_id, seq, _ in rows:
+            self._note_recorded(key, cmid, RecordedId(stamp, run_id, seq), replace=False)
+        done.set_result(None)
 
     async def _save_idempotency(
         self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str
@@ -313,6 +344,9 @@ class RecordStore(StoreBase):
             refused = StorageUnavailable(f"tasks.db cannot read or write the record ({exc}); try again shortly")
             del refused.extra["stored"]  # a record beside a message already stored: not known here
             raise refused from exc
+
+
+_REPLY_WRITES: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
 
 
 def _known_keys(conn: sqlite3.Connection) -> list[KnownKey]:
