@@ -28,6 +28,8 @@ import aiohttp
 HOST = "127.0.0.1"
 LUA = Path(__file__).with_name("wrk_post.lua")
 PACED_LUA = Path(__file__).with_name("wrk_post_paced.lua")
+SPREAD_LUA = Path(__file__).with_name("wrk_post_spread.lua")  # every request on a key drawn at random
+SPREAD_PACED_LUA = Path(__file__).with_name("wrk_post_spread_paced.lua")
 MAX_WRK_THREADS = 64
 TIMEOUT_S = 10.0
 _WRK_LINE = re.compile(r"^NEOTASK-WRK (.*)$", re.MULTILINE)
@@ -99,14 +101,20 @@ def wrk_command(
     seconds: float,
     tag: str,
     pause_ms: int = 0,
+    spread: bool = False,
     ids: bool = False,
 ) -> list[str]:
     """wrk posting messages as fast as the server answers; with ``pause_ms``, each connection waits
     that long before each request (``wrk_post_paced.lua``): a fixed load below saturation; with
-    ``ids``, each message carries a ``client_message_id`` of its own (unique per tag)."""
+    ``spread``, every request goes to a key drawn at random (``wrk_post_spread.lua``), so a key's
+    requests come over every connection instead of one; with ``ids``, each message carries a
+    ``client_message_id`` of its own (unique per tag)."""
     exe = wrk_path() or "wrk"
     threads = min(connections, MAX_WRK_THREADS)
-    script, paced = (PACED_LUA, [str(pause_ms)]) if pause_ms else (LUA, [])
+    if pause_ms:
+        script, paced = (SPREAD_PACED_LUA if spread else PACED_LUA), [str(pause_ms)]
+    else:
+        script, paced = (SPREAD_LUA if spread else LUA), []
     return [
         exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, math.ceil(seconds))}s",
         "--timeout", f"{TIMEOUT_S:g}s", "-s", str(script), f"http://{HOST}:{port}",
@@ -148,10 +156,11 @@ async def wrk_load(
     seconds: float,
     tag: str,
     pause_ms: int = 0,
+    spread: bool = False,
     ids: bool = False,
 ) -> Phase:
     cmd = wrk_command(port, connections=connections, keys=keys, prefix=prefix, seconds=seconds, tag=tag,
-                      pause_ms=pause_ms, ids=ids)  # fmt: skip
+                      pause_ms=pause_ms, spread=spread, ids=ids)  # fmt: skip
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=seconds + TIMEOUT_S + 60)
     if proc.returncode != 0:

@@ -34,17 +34,20 @@ function init(args)
   headers = {["Content-Type"] = "application/json"}
 end
 
-function request()
-  sent = sent + 1
-  local path = paths[(sent - 1) % #paths + 1]
+-- the body of this thread's request number `sent` (with its own client_message_id when asked)
+function body_of(sent)
   local body = '{"content": "message ' .. sent .. ' of ' .. tag .. ' from thread ' .. id
     .. ': the quick brown fox jumps over the lazy dog"'
   if with_ids then
-    body = body .. ', "client_message_id": "' .. tag .. '-' .. id .. '-' .. sent .. '"}'
-  else
-    body = body .. '}'
+    return body .. ', "client_message_id": "' .. tag .. '-' .. id .. '-' .. sent .. '"}'
   end
-  return wrk.format("POST", path, headers, body)
+  return body .. '}'
+end
+
+function request()
+  sent = sent + 1
+  local path = paths[(sent - 1) % #paths + 1]
+  return wrk.format("POST", path, headers, body_of(sent))
 end
 
 function done(summary, latency, requests)

@@ -3,7 +3,8 @@
 ``channels/protocol.py`` is the small contract between a connector and the gateway (start with a
 post function, render and send a reply, stop; an HTTP-mode connector also takes calls);
 ``channels/telegram.py`` is the Telegram connector on aiogram 3, ``channels/slack.py`` the Slack
-one on slack_sdk (Socket Mode); ``channels/access.py`` decides who may talk in a direct chat
+one on slack_sdk (Socket Mode), ``channels/discord.py`` the Discord one on discord.py (the
+gateway); ``channels/access.py`` decides who may talk in a direct chat
 (``dm_policy``); ``channels/store.py`` keeps the durable outbox and the pairing codes in
 ``<home>/channels.db``. Nothing here serves HTTP.
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from channels.protocol import Connector
 from channels.store import ChannelStore
-from config.channels import ChannelsSettings, SlackAccount, TelegramAccount
+from config.channels import ChannelsSettings, DiscordAccount, SlackAccount, TelegramAccount
 from config.clock import Clock
 
 Account = Any  # one platform's account settings (a pydantic model of config/channels.py)
@@ -69,11 +69,21 @@ def _slack(name: str, account: SlackAccount, env: Mapping[str, str], store: Chan
                           clock=clock, signing_secret=secret)  # fmt: skip
 
 
+def _discord(name: str, account: DiscordAccount, env: Mapping[str, str], store: ChannelStore,
+             clock: Clock) -> Connector:  # fmt: skip
+    from channels.discord import DiscordConnector
+
+    return DiscordConnector(name, account, env[account.token_env], store, clock=clock)
+
+
 PLATFORMS: dict[str, Platform] = {
     "telegram": Platform(
         "telegram", lambda c: c.telegram.accounts, _telegram_needs, _telegram, "webhook", "channels.telegram"
     ),
     "slack": Platform("slack", lambda c: c.slack.accounts, _slack_needs, _slack, "events", "channels.slack"),
+    "discord": Platform(
+        "discord", lambda c: c.discord.accounts, lambda a: [a.token_env], _discord, "interactions", "channels.discord"
+    ),
 }
 
 

@@ -284,6 +284,24 @@ class ChannelStore:
 
         await self._run(work)
 
+    async def recent_chats(
+        self, channel: str, account: str, since: str, limit: int
+    ) -> list[tuple[str, str | None, str]]:
+        """The chats (and threads) of an account where a message was stored since ``since``, the
+        latest first, with the highest message id stored in each: ``(chat_id, thread_id,
+        message_id)``. Message ids compare as numbers (Discord's snowflakes)."""
+
+        def work(db: sqlite3.Connection) -> list[tuple[str, str | None, str]]:
+            rows = db.execute(
+                "SELECT chat_id, thread_id, MAX(CAST(message_id AS INTEGER)), MAX(updated_at) AS last"
+                " FROM stored_messages WHERE channel = ? AND account = ? AND updated_at >= ?"
+                " GROUP BY chat_id, thread_id ORDER BY last DESC LIMIT ?",
+                (channel, account, since, limit),
+            ).fetchall()
+            return [(str(r[0]), r[1], str(r[2])) for r in rows]
+
+        return await self._run(work)
+
     async def forget_messages_before(self, before: str) -> None:
         def work(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM stored_messages WHERE updated_at < ?", (before,))

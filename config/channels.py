@@ -1,4 +1,4 @@
-"""Chat channel settings (``channels.telegram.accounts.<name>``): which bots the daemon runs, the
+"""Chat channel settings (``channels.<telegram|slack|discord>.accounts.<name>``): which bots the daemon runs, the
 environment variable each token comes from (never the token itself), the agent the account posts
 to, and who may talk to it. Documented with their defaults in ``config/defaults.yaml``."""
 
@@ -190,6 +190,63 @@ class SlackSettings(_Model):
         return value
 
 
+class DiscordAccount(_Model):
+    """One Discord bot (an application's bot user) over the gateway: REST calls go to ``api_base``
+    (null: Discord's own ``/api/v10``), and the gateway's URL is what ``GET {api_base}/gateway/bot``
+    answers, so a proxy (or a test server) can stand in for both. ``guilds``: the servers (guild
+    ids) where it answers in channels (empty: every server it is in); direct messages are governed
+    by ``dm_policy`` alone."""
+
+    token_env: str = "DISCORD_TOKEN"
+    api_base: str | None = None  # null: https://discord.com/api/v10
+    agent: str = "main"
+    enabled: bool = True
+    mode: Literal["gateway"] = "gateway"
+    dm_policy: DmPolicy = "allowlist"
+    allow_from: tuple[str, ...] = ()
+    require_mention: bool = True
+    store_unmentioned: bool = False
+    guilds: tuple[str, ...] = ()
+    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
+    commands: CommandAccess = CommandAccess()
+
+    @field_validator("token_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        if not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
+        return value
+
+    @field_validator("api_base")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        return _http_url(value, "https://discord.com/api/v10")
+
+    @field_validator("allow_from", "guilds", mode="before")
+    @classmethod
+    def _snowflakes_as_text(cls, value: Any) -> Any:
+        return _ids_as_text(value)
+
+    @field_validator("allow_from", "guilds")
+    @classmethod
+    def _snowflakes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        wrong = [v for v in value if not v.isdigit()]
+        if wrong:
+            raise ValueError(f"{', '.join(map(repr, wrong))}: not a Discord id (digits only: turn on Developer Mode,"
+                             " then right-click the user or server, Copy ID)")  # fmt: skip
+        return value
+
+
+class DiscordSettings(_Model):
+    accounts: dict[str, DiscordAccount] = {}
+
+    @field_validator("accounts")
+    @classmethod
+    def _account_names(cls, value: dict[str, DiscordAccount]) -> dict[str, DiscordAccount]:
+        _check_names(value)
+        return value
+
+
 class OutboxSettings(_Model):
     """Replies waiting to be sent (``<home>/channels.db``): how long a failed send waits before the
     next try, at most."""
@@ -201,3 +258,4 @@ class ChannelsSettings(_Model):
     telegram: TelegramSettings = TelegramSettings()
     slack: SlackSettings = SlackSettings()
     outbox: OutboxSettings = OutboxSettings()
+    discord: DiscordSettings = DiscordSettings()

@@ -42,6 +42,7 @@ class GatewaySettings(Model):
     openai_compat: OpenAICompatSettings = OpenAICompatSettings()
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     workers: int = Field(1, ge=1, le=64)  # processes on one port (postgres backend only)
+    key_handoff: bool = True  # workers: a post goes to the worker that owns its key (gateway/handoff.py)
 
     @field_validator("tokens")
     @classmethod
@@ -472,6 +473,9 @@ class Settings(Model):
         for name, slack in self.channels.slack.accounts.items():
             if slack.agent not in self.agents:
                 raise ValueError(f"channels.slack.accounts.{name}.agent {slack.agent!r} is not a configured agent")
+        for name, bot in self.channels.discord.accounts.items():
+            if bot.agent not in self.agents:
+                raise ValueError(f"channels.discord.accounts.{name}.agent {bot.agent!r} is not a configured agent")
         return self
 
     def agent(self, agent_id: str) -> AgentSettings:

@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 
 def add_commands(commands: Any, both: Sequence[argparse.ArgumentParser]) -> None:
-    channels = commands.add_parser("channels", help="chat connectors (Telegram, Slack)")
+    channels = commands.add_parser("channels", help=f"chat connectors ({', '.join(p.capitalize() for p in PLATFORMS)})")
     actions = channels.add_subparsers(dest="action", required=True, metavar="ACTION")
     status = actions.add_parser("status", parents=both, help="each account: connected, last update, errors, in/out")
     status.set_defaults(handler=cmd_status)

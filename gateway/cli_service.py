@@ -148,6 +148,8 @@ def _named_secrets(config: LoadedConfig) -> list[str]:
         names.append(account.token_env)
     for slack in config.settings.channels.slack.accounts.values():
         names += [slack.bot_token_env, slack.app_token_env]
+    for bot in config.settings.channels.discord.accounts.values():
+        names.append(bot.token_env)
     return list(dict.fromkeys(names))
 
 

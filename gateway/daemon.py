@@ -30,12 +30,15 @@ from config.errors import ConfigError, DatabaseRefused
 from config.loader import LoadedConfig
 from config.redaction import SECRETS
 from config.settings import LoggingSettings
+from conversations.commands import dispatch
 from conversations.metrics import STORED_EVERY_S
+from conversations.posts import Post
 from gateway import eventloop, exits, reload, systemd
 from gateway import keys as K
 from gateway.app import create_app
 from gateway.connections import GUARD, GuardedSite, connection_limits
 from gateway.fleet import Fleet
+from gateway.handoff import Handoff
 from gateway.heap import settle_heap
 from gateway.hosts import bind_address
 from gateway.log_json import ContextFilter, JsonFormatter
@@ -180,8 +183,13 @@ async def _serve(
 
     timeout = config.settings.gateway.shutdown_timeout_s
     app = create_app(config, clock=system_clock, env=env)  # nothing opens before runner.setup()
+    handoff: Handoff | None = None
     if role is not None:  # a reload through the API reaches every worker
-        app[reload.RELOADS].fleet = Fleet.of(home.root, role.index, config.settings.gateway.workers)
+        fleet = app[reload.RELOADS].fleet = Fleet.of(home.root, role.index, config.settings.gateway.workers)
+        if config.settings.gateway.key_handoff and fleet.count > 1:  # a key's posts go to the worker owning it
+            handoff = app[K.HANDOFF] = Handoff(home.root, fleet.supervisor, fleet.index, fleet.count,
+                                               lambda post: _run_handed(app, post))  # fmt: skip
+            app.on_shutdown.append(_stop_taking_posts)  # after the turns are stopped, before the store closes
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -227,6 +235,8 @@ async def _serve(
         except ConfigError as exc:  # checked before start already; a check made while building
             log.error("cannot start: %s", exc.message)
             return exits.CONFIG
+        if handoff is not None:
+            await handoff.start()
         site = GuardedSite(runner, host, port, app[GUARD], reuse_port=role is not None)
         try:
             await site.start()
@@ -242,10 +252,23 @@ async def _serve(
         await stop.wait()
     finally:
         status = await _cleanup(runner, home)
+        if handoff is not None:
+            await handoff.close()
         if role is None:
             await asyncio.to_thread(_remove, home.gateway_json)
     log.info("stopped" if status == 0 else "stopped without saving everything")
     return status
+
+
+async def _stop_taking_posts(app: web.Application) -> None:
+    """At shutdown: what the other workers hand over from now on they store themselves; the posts
+    handed over already are answered first."""
+    await app[K.HANDOFF].server.close()
+
+
+async def _run_handed(app: web.Application, post: Post) -> dict[str, Any]:
+    """A post another worker handed over (``gateway.handoff``): run as if it came here."""
+    return dict((await dispatch(app[K.COMMANDS], post)).body())
 
 
 def _runner(app: web.Application, config: LoadedConfig) -> JsonErrorsAppRunner:

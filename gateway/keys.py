@@ -20,6 +20,7 @@ from conversations.events import EventHub
 from conversations.housekeeping import Scheduling
 from conversations.metrics import Metrics
 from conversations.turns import Conversations
+from gateway.handoff import Handoff
 from gateway.openai_compat.service import OpenAICompat
 from gateway.services import Services
 from memory import MemoryService
@@ -46,4 +47,5 @@ WEBHOOKS = web.AppKey("webhooks", Webhooks)
 COMPAT = web.AppKey("openai_compat", OpenAICompat)
 CHANNELS = web.AppKey("channels", ChannelIntake)
 REINDEX = web.AppKey("reindex", dict[str, Any])  # the running reindex's progress (GET /v1/memory/status)
+HANDOFF = web.AppKey("handoff", Handoff)  # workers: a key's posts go to the worker that owns it
 PARSED_KEYS = web.AppKey("parsed_keys", dict[str, SessionKey])  # a cache of the sessions routes

@@ -67,6 +67,9 @@ def sse(event: str, data: Mapping[str, Any]) -> bytes:
 async def answer(request: web.Request, post: Post, *, stream: bool) -> web.StreamResponse:
     commands = request.app[K.COMMANDS]
     if not stream:
+        handoff = request.app.get(K.HANDOFF)
+        if handoff is not None and (body := await handoff.post(post)) is not None:
+            return message_response(body)  # stored by the worker that owns the key (gateway.handoff)
         outcome = await dispatch(commands, post)
         return message_response(outcome.body())
 

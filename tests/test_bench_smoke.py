@@ -141,6 +141,17 @@ async def test_telegram_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[st
     assert status in (0, 1)  # 1 only says the speed target was missed on this machine
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_discord_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import discord_ingest
+
+    status = await asyncio.to_thread(discord_ingest.main, ["--quick"])
+    out = capsys.readouterr().out
+    assert "PASS  stored messages missing: 0" in out  # every gateway message and every post was stored
+    assert status in (0, 1)  # 1 only says the speed target was missed on this machine
+
+
 def test_disk_budget_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
     from bench import disk_budget
 

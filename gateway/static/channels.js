@@ -37,7 +37,7 @@ export function mountChannels(root) {
       const data = await get("/v1/channels");
       if (stopped) return;
       if (!data.accounts.length) {
-        replace(body, empty("No chat channel accounts configured (channels.telegram.accounts or channels.slack.accounts in the config)."));
+        replace(body, empty("No chat channel accounts configured (channels.<platform>.accounts in the config: telegram, slack, discord)."));
         return;
       }
       replace(body, h("table", { class: "table channels-table" },

@@ -301,7 +301,7 @@ async def test_gateway_stop_during_the_model_load_is_quick_and_clean(home: Path,
 
     async with daemon(home, "--config", str(config)) as running:  # its memory worker opens the index, loads the model
         for _ in range(600):
-            if "memory-model-load sentence-transformers: started" in messages():
+            if "memory-model-load e5: started" in messages():  # the default's slowest model
                 break
             await asyncio.sleep(0.1)
         else:
@@ -313,7 +313,7 @@ async def test_gateway_stop_during_the_model_load_is_quick_and_clean(home: Path,
     assert "did not finish" not in running.stderr()
     seen = messages()
     assert "SIGTERM: shutting down" in seen and "stopped" in seen, seen
-    finished = "memory-model-load sentence-transformers: finished"  # the process ended first: not waited for
+    finished = "memory-model-load e5: finished"  # the process ended first: not waited for
     assert not any(m.startswith(finished) for m in seen) and finished not in running.stderr(), seen
 
 

@@ -239,7 +239,9 @@ async def scenario_compact(console: Console) -> None:
     await marker.wait_for()
     assert "Compaction 1" in await marker.inner_text()
     await marker.locator("summary").click()
-    assert "MODEL SUMMARY" in await marker.inner_text()
+    from playwright.async_api import expect
+
+    await expect(marker).to_contain_text("MODEL SUMMARY")  # the page may render the opened marker a frame later
     await console.shot("session-compacted")
     await page.click('.tab[data-tab="context"]')
     card = page.locator('.panel .summary-card[data-kind="summary"]')

@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.realtime, pytest.mark.timeout(600)]
 BEARER = {"Authorization": "Bearer fleet-token"}
 START_S = 240.0  # three interpreters importing the gateway on a loaded 2-core machine
 _MARK = re.compile(r"<(agent:main:dm:\w+)\|(\d+)>")
+_HANDOFF = re.compile(r"worker (\d+): (\d+) post\(s\) stored by the workers owning their keys, (\d+) stored here")
 
 
 class TimedServer(OpenAIServer):
@@ -123,6 +124,14 @@ def assert_contiguous_and_once(found: dict[str, list[tuple[int, str, str]]], ack
     assert acked <= set(users), f"acknowledged but not stored: {sorted(acked - set(users))[:5]}"
 
 
+def final_of(stream: str) -> dict[str, Any]:
+    """The ``final`` event's body of a streamed answer."""
+    finals = [block.split("data: ", 1)[1] for block in stream.split("\n\n") if block.startswith("event: final")]
+    assert len(finals) == 1, stream[-500:]
+    body: dict[str, Any] = json.loads(finals[0])
+    return body
+
+
 async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_server: PgServer, tmp_path: Path) -> None:
     dsn = await postgres_server.database(DATABASE)
     await empty_database(dsn)
@@ -137,11 +146,13 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
 
                 async def post(key: str, n: int) -> None:
+                    # a streamed post is answered by the worker that took it; the others go to the
+                    # key's owner (gateway/handoff.py): both kinds, so a key's turns run on both
                     text = f"<{key}|{n}> hello"
                     url = f"{gw.url}/v1/sessions/{quote(key, safe='')}/messages"
-                    async with http.post(url, json={"content": text}) as resp:
-                        body = await resp.json()
-                        assert resp.status == 200, body
+                    async with http.post(url, json={"content": text, "stream": n % 2 == 1}) as resp:
+                        assert resp.status == 200, await resp.text()
+                        body = final_of(await resp.text()) if n % 2 else await resp.json()
                         assert body["message_seq"] >= 1 and body["reply"]["content"]
                         acked.add((key, text))
 
@@ -219,7 +230,15 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
                 status = await run_cli("gateway", "status", "--home", str(tmp_path / "home"), "--token", "fleet-token")
                 said = status.stdout
                 assert status.returncode == 0 and said.count("worker ") == 2 and said.count(", leader") == 1, said
+            assert await gw.stop(timeout=60) == 0  # the workers' last lines logged
         assert len(acked) == 90
+        # the posts answered whole went to their key's owner: each worker says at shutdown how many it
+        # handed over and stored for the other, and the two agree
+        log_text = (tmp_path / "home" / "logs" / "gateway.log").read_text()
+        counts = _HANDOFF.findall(log_text)
+        assert len(counts) == 2, log_text[-3000:]
+        (one, handed1, took1), (two, handed2, took2) = sorted((int(w), int(h), int(t)) for w, h, t in counts)
+        assert (one, two) == (1, 2) and handed1 == took2 and handed2 == took1 and handed1 + handed2 > 0, counts
         slow_turn = max(server.turns[keys[0]], key=lambda turn: turn[1] - turn[0])
         assert all(at < slow_turn[1] for at in acks), "a message waited for another worker's turn to be stored"
         assert all(share >= 0.15 * sum(used.values()) for share in used.values()), f"one worker served all: {used}"

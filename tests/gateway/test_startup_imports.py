@@ -16,7 +16,7 @@ from tests.gateway.daemons import REPO, Daemon, _reap, child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
-CHAT_SDKS = {"aiogram", "slack_sdk", "slack_bolt"}
+CHAT_SDKS = {"aiogram", "slack_sdk", "slack_bolt", "discord"}
 NOT_NEEDED = CHAT_SDKS | {"lancedb", "torch", "sentence_transformers", "openai", "asyncpg"}
 MODULES = [sys.executable, "-m", "tests.support.modules_at_exit"]
 
@@ -30,6 +30,7 @@ async def test_a_daemon_without_running_accounts_loads_no_chat_sdk_no_index_and_
     config.write_text(yaml.safe_dump({"channels": {
         "telegram": {"accounts": {"off": {"enabled": False}, "unset": {"token_env": "NO_SUCH_TOKEN_VARIABLE"}}},
         "slack": {"accounts": {"work": {"bot_token_env": "NO_SUCH_SLACK_TOKEN"}}},
+        "discord": {"accounts": {"bot": {"token_env": "NO_SUCH_DISCORD_TOKEN"}}},
     }}))  # fmt: skip
     home, out = tmp_path / "home", tmp_path / "modules"
     stderr = tmp_path / "daemon.stderr"

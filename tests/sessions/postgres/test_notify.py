@@ -121,6 +121,9 @@ async def test_events_sent_together_arrive_in_order_in_few_notifications(postgre
                 while len(got) < len(events):
                     await asyncio.sleep(0.05)
             assert got == events
+            async with asyncio.timeout(30):  # the sender counts once its statement returns, which may
+                while sender.sent < len(events):  # be after the other connections heard the NOTIFYs
+                    await asyncio.sleep(0.05)
             async with asyncio.timeout(30):  # the raw listener hears them on a connection of its own
                 while len(seen) < sender.notifications:
                     await asyncio.sleep(0.05)

@@ -1,0 +1,176 @@
+"""Keys that move between workers (``neotask gateway --workers N`` on PostgreSQL): store-only
+``POST /v1/sessions/{key}/messages``, 64 wrk connections on 64 keys, two loads on each daemon:
+
+- ``affine``: connection i posts to key i only; the kernel (``SO_REUSEPORT``) gives each connection
+  to one worker, so each key's requests come to one worker (``bench.workers_ingest``'s load);
+- ``spread``: every request goes to a key drawn at random, so each key's requests come over every
+  connection, to every worker: what a load balancer in front, or many short client connections,
+  bring.
+
+Daemons: ``pg x1`` (one process), ``pg xN`` (N workers, as configured by default: a post for a
+key another worker owns is handed to it, ``gateway.key_handoff``) and ``pg xN leases`` (N workers,
+``key_handoff: false``: the key's lease moves between the workers instead). A durable PostgreSQL
+server this script starts (fsync on), a database per daemon; rounds alternate the cases. Per case:
+messages/s, p99 (the median of the rounds' and the worst), CPU time per message of the daemon's
+processes and of the database's. The
+targets: pg xN spread at least 0.9x the messages/s of pg x1, and its p99 within 2x of pg xN affine.
+
+With ``--pause-ms`` (60; 0: none) the same daemons are measured again *paced*, each connection
+waiting that long before each request (about 1,000 msg/s in all, below saturation): there the p99
+and the CPU per message are the daemons' own, not the cores' contention's.
+
+``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--pause-ms MS]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.load import Phase, key_prefix, prime, wrk_load, wrk_path
+from bench.workers_ingest import Case, cpu_of, gateway_case, start, stop, tree
+from tests.support.postgres import PgServer, start_server, stop_server
+
+CONNECTIONS = 64
+KEYS = 64
+# the paced cases: each connection waits this long before each request, about 1,000 msg/s in all,
+# below what this loaded 2-core machine takes with one process or two
+PAUSE_MS = 60
+
+
+@dataclass
+class Load:
+    name: str
+    daemon: Case
+    spread: bool
+    pause_ms: int = 0
+    phases: list[tuple[Phase, float, float]] = field(default_factory=list)  # phase, gateway CPU s, db CPU s
+
+
+async def measure(load: Load, server: PgServer, seconds: float, tag: str) -> None:
+    assert load.daemon.proc is not None
+    gateway = tree(load.daemon.proc.pid)
+    before = cpu_of(gateway), cpu_of(server.pids())
+    phase = await wrk_load(
+        load.daemon.port, load.name, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("spread"),
+        seconds=seconds, tag=tag, spread=load.spread, pause_ms=load.pause_ms,
+    )  # fmt: skip
+    after = cpu_of(gateway), cpu_of(server.pids())
+    load.phases.append((phase, after[0] - before[0], after[1] - before[1]))
+
+
+def summary(load: Load) -> tuple[float, float, float, float, int, float]:
+    """Messages/s (pooled), the median of the rounds' p99s (s: a spike of the machine's other
+    work in one round does not decide it), gateway and database CPU ms per message, failures, and
+    the worst round's p99 (s)."""
+    ok = sum(p.ok for p, _, _ in load.phases)
+    elapsed = sum(p.elapsed for p, _, _ in load.phases)
+    gw = sum(g for _, g, _ in load.phases) / ok * 1000 if ok else math.nan
+    db = sum(d for _, _, d in load.phases) / ok * 1000 if ok else math.nan
+    failed = sum(p.failed for p, _, _ in load.phases)
+    p99s = [p.p99 for p, _, _ in load.phases]
+    return ok / elapsed, statistics.median(p99s), gw, db, failed, max(p99s)
+
+
+def report(results: dict[str, tuple[float, float, float, float, int, float]], workers: int) -> list[str]:
+    lines = []
+    for name, (rate, p99, gw, db, failed, worst) in results.items():
+        lines.append(
+            f"  {name:26} {rate:7.0f} msg/s  p99 {p99 * 1000:7.1f} ms (worst round {worst * 1000:7.1f})  CPU/msg"
+            f" {gw:.3f} ms gateway + {db:.3f} ms database = {gw + db:.3f} ms"
+            + (f"  ({failed} failed)" if failed else "")
+        )
+    one_a, one_s = results["pg x1 affine"], results["pg x1 spread"]
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases"):
+        affine, spread = results.get(f"{daemon} affine"), results.get(f"{daemon} spread")
+        if affine is None or spread is None:
+            continue
+        lines.append(
+            f"  {daemon}: spread {spread[0] / one_s[0]:.2f}x the msg/s of pg x1 spread"
+            f" ({spread[0] / one_a[0]:.2f}x pg x1 affine; target >= 0.9x), p99 {spread[1] / affine[1]:.2f}x"
+            f" its affine case's (target <= 2x), CPU/msg {(spread[2] + spread[3]) / (one_s[2] + one_s[3]):.2f}x"
+            f" pg x1 spread; affine {affine[0] / one_a[0]:.2f}x the msg/s of pg x1 affine"
+        )
+    one_p = results.get("pg x1 spread paced")
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases"):
+        affine, spread = results.get(f"{daemon} affine paced"), results.get(f"{daemon} spread paced")
+        if one_p is None or affine is None or spread is None:
+            continue
+        cpu = spread[2] + spread[3]
+        lines.append(
+            f"  paced (below saturation), {daemon}: spread p99 {spread[1] / affine[1]:.2f}x its affine case's,"
+            f" {spread[1] / one_p[1]:.2f}x pg x1 spread's; CPU/msg {cpu / (one_p[2] + one_p[3]):.2f}x"
+            f" pg x1 spread, {cpu / (affine[2] + affine[3]):.2f}x its affine case's"
+        )
+    return lines
+
+
+async def run(seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int) -> None:
+    if wrk_path() is None:
+        raise SystemExit("wrk is not installed (apt-get install wrk)")
+    server = await asyncio.to_thread(start_server, durable=True)
+    tmp = Path(tempfile.mkdtemp(prefix="neotask-bench-spread-"))
+    daemons: list[Case] = []
+    try:
+        plans: list[tuple[str, int, dict[str, object]]] = [("pg x1", 1, {}), (f"pg x{workers}", workers, {})]
+        if leases_case:
+            plans.append((f"pg x{workers} leases", workers, {"key_handoff": False}))
+        for i, (name, count, gateway) in enumerate(plans):
+            storage = {"backend": "postgres", "postgres": {"dsn": await server.database(f"bench_spread{i}")}}
+            data: dict[str, object] = {"storage": storage}
+            if gateway:
+                data["gateway"] = gateway
+            daemons.append(gateway_case(name, tmp / name.replace(" ", "-"), data, count))
+        for daemon in daemons:  # one at a time: several imports at once take minutes on a small machine
+            await start(daemon)
+            print(f"  {daemon.name}: listening on port {daemon.port}", flush=True)
+        for daemon in daemons:
+            await prime(daemon.port, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("spread"))
+        loads = [Load(f"{d.name} {how}", d, how == "spread") for d in daemons for how in ("affine", "spread")]
+        if pause_ms:  # the same daemons below saturation: p99 and CPU without the cores' contention
+            loads += [Load(f"{daemons[0].name} spread paced", daemons[0], True, pause_ms)]
+            loads += [Load(f"{d.name} {how} paced", d, how == "spread", pause_ms) for d in daemons[1:]
+                      for how in ("affine", "spread")]  # fmt: skip
+        load_avg = os.getloadavg()[0]
+        for r in range(1, rounds + 1):
+            for load in loads if r % 2 else reversed(loads):
+                await measure(load, server, seconds, f"r{r}")
+                phase, gw, db = load.phases[-1]
+                print(
+                    f"  round {r} {load.name:26} {phase.rate:7.0f} msg/s  p99 {phase.p99 * 1000:7.1f} ms"
+                    f"  CPU gw {gw:5.2f} s db {db:5.2f} s  failed {phase.failed}"
+                    + (f" {dict(phase.errors)}" if phase.errors else ""),
+                    flush=True,
+                )
+        print(
+            f"\n{CONNECTIONS} connections on {KEYS} keys, store-only, {rounds}x{seconds:g} s per case,"
+            f" load {load_avg:.1f} at the start:"
+        )
+        print("\n".join(report({load.name: summary(load) for load in loads}, workers)))
+    finally:
+        for daemon in daemons:
+            await stop(daemon)
+        await asyncio.to_thread(stop_server, server)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-leases-case", action="store_true", help="leave out pg xN with key_handoff: false")
+    parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: none")
+    args = parser.parse_args()
+    if not 2 <= args.workers <= 16:
+        parser.error("--workers must be between 2 and 16")
+    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms))
+
+
+if __name__ == "__main__":
+    main()

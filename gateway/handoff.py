@@ -1,0 +1,376 @@
+"""Posts handed to the worker that owns their key (``neotask gateway --workers N`` on PostgreSQL,
+``gateway.key_handoff``, on by default).
+
+Every key has an *owner* among the workers: a hash of the key, modulo N. A worker that takes a
+post for a key another worker owns (the kernel spread the connections, a load balancer in front,
+or a client whose connections come and go: a key's requests land on any worker) hands the post to
+the owner over a local socket and answers with what the owner answered, so a key's posts are
+stored by one process and its lease (``sessions.postgres.keylocks``) stays there: without this,
+the lease moved between the workers with the key's messages, one move per message (a release, a
+notification, a wait, a read of the key again), and two workers served a fifth of what one did.
+The hop costs a few dozen microseconds of each worker's CPU.
+
+The socket: one per worker, in Linux's abstract namespace (no file to clean up, no path length
+limit), named by the home and the supervisor's pid; a connection from another user is refused
+(``SO_PEERCRED``). Frames are a 4-byte length and an orjson object; a connection carries any
+number of posts at once (each has an id).
+
+What is handed: a post answered as a whole (not ``stream: true``, whose deltas are written as
+they come; nor one with per-call options), through ``conversations.commands.dispatch`` as the
+owner would run it itself. An owner that cannot be reached (starting again after a crash,
+shutting down: it declines what comes meanwhile) is not asked for ``DOWN_S``: the worker stores
+the post itself, the key's lease moving as before, which is correct, only slower. An owner that
+dies with a post under way answers nothing: the post may have been stored or not, and the client
+is told so (503, no ``stored``; the same ``client_message_id`` sent again is stored once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from config.errors import NeotaskError, StorageUnavailable, error_classes
+from conversations.posts import Post
+from sessions.keys import SessionKey
+from sessions.records import NewMessage, TaskKey
+
+log = logging.getLogger(__name__)
+
+DOWN_S = 1.0  # an owner that could not be reached is not asked again for this long
+CONNECT_S = 1.0  # a connection to an owner taking longer: the owner is not reached
+CLOSE_S = 30.0  # at close, the posts under way are waited for this long at most
+MAX_FRAME = 1 << 28
+_LENGTH = struct.Struct("!I")
+_PEERCRED = struct.Struct("3i")
+
+Handle = Callable[[Post], Awaitable[dict[str, Any]]]
+
+
+def owner_of(key: str, workers: int) -> int:
+    """The index (1 to ``workers``) of the worker that owns ``key``."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8, person=b"neotask-owner").digest()
+    return int.from_bytes(digest, "big") % workers + 1
+
+
+def socket_name(home: Path, supervisor: int, index: int) -> str:
+    """Worker ``index``'s socket, in the abstract namespace (a leading NUL)."""
+    tag = hashlib.blake2b(str(home.resolve()).encode(), digest_size=6).hexdigest()
+    return f"\0neotask-handoff-{tag}-{supervisor}-{index}"
+
+
+def encode_post(post: Post) -> dict[str, Any]:
+    return {
+        "key": _fields(post.key),
+        "message": _fields(post.message),
+        "reply": post.reply,
+        "task_key": _fields(post.task_key) if post.task_key is not None else None,
+        "id_scope": post.id_scope,
+    }
+
+
+def decode_post(data: dict[str, Any]) -> Post:
+    key = SessionKey(**{**data["key"], "hook_parts": tuple(data["key"]["hook_parts"])})
+    message = NewMessage(**{**data["message"], "tool_calls": tuple(data["message"]["tool_calls"])})
+    task = data["task_key"]
+    return Post(key, message, data["reply"], TaskKey(**task) if task is not None else None, None, data["id_scope"])
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    names = _NAMES.get(type(obj))
+    if names is None:
+        names = _NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    return {name: getattr(obj, name) for name in names}
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _frame(data: dict[str, Any]) -> bytes:
+    body = orjson.dumps(data)
+    return _LENGTH.pack(len(body)) + body
+
+
+class _Sender:
+    """The frames for one connection, gathered until the loop's next turn: one write (one system
+    call) for every frame that turn made, instead of one each."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._frames: list[bytes] = []
+
+    def send(self, data: dict[str, Any]) -> None:
+        frame = _frame(data)  # an answer orjson refuses raises here, before anything is queued
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._frames.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._frames = self._frames, []
+        if frames and not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if length > MAX_FRAME:
+        raise ConnectionError(f"a hand-off frame of {length} bytes")
+    data = orjson.loads(await reader.readexactly(length))
+    if not isinstance(data, dict):
+        raise ConnectionError("a hand-off frame that is not an object")
+    return data
+
+
+def rebuild_error(error: dict[str, Any]) -> NeotaskError:
+    """The owner's refusal as the error it raised (its class by code: status, retry headers)."""
+    cls = error_classes(http_only=False).get(str(error.get("code")), NeotaskError)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, error.get("message", ""))
+    exc.message = str(error.get("message", ""))
+    extra = error.get("extra")
+    exc.extra = dict(extra) if isinstance(extra, dict) else {}
+    return exc
+
+
+def owner_lost(index: int, exc: BaseException) -> StorageUnavailable:
+    typed = StorageUnavailable(
+        f"the worker that stores this key's messages (worker {index}) stopped while storing this one ({exc}):"
+        " it may be stored; send it again shortly with the same client_message_id (stored once either way)",
+        retry_after_s=1,
+    )
+    del typed.extra["stored"]  # not known: ``stored: false`` would invite a resend under a new id
+    return typed
+
+
+class HandoffServer:
+    """This worker's socket: runs the posts other workers hand it (``handle``) and answers."""
+
+    def __init__(self, name: str, handle: Handle) -> None:
+        self.name = name
+        self._handle = handle
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._closing = False
+        self.handled = 0  # posts run for other workers (tests, and what /metrics may show)
+
+    async def start(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # made here: uvloop refuses an
+        try:  # abstract name given as a path (EINVAL)
+            sock.bind(self.name)
+            sock.setblocking(False)
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not _same_user(writer):
+            writer.close()
+            return
+        self._writers.add(writer)
+        sender = _Sender(writer)
+        try:
+            while True:
+                request = await _read_frame(reader)
+                if self._closing:
+                    sender.send({"id": request.get("id"), "declined": True})
+                    continue
+                task = asyncio.get_running_loop().create_task(self._answer(sender, request))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (asyncio.IncompleteReadError, OSError, orjson.JSONDecodeError):
+            pass  # the other worker went away (or closed: it connects again when it needs to)
+        finally:
+            self._writers.discard(writer)
+            if not self._closing:
+                writer.close()
+
+    async def _answer(self, sender: _Sender, request: dict[str, Any]) -> None:
+        ident = request.get("id")
+        try:
+            post = decode_post(request["post"])
+            answer: dict[str, Any] = {"id": ident, "body": await self._handle(post)}
+            self.handled += 1
+        except NeotaskError as exc:
+            answer = {"id": ident, "error": {"code": exc.code, "message": exc.message, "extra": exc.extra}}
+        except Exception as exc:
+            log.exception("a post handed over by another worker failed")
+            answer = {"id": ident, "error": {"code": NeotaskError.code, "message": f"the gateway failed: {exc}"}}
+        try:
+            sender.send(answer)
+        except (TypeError, orjson.JSONEncodeError) as exc:  # an answer orjson refuses (huge ints, ...)
+            error = {"code": NeotaskError.code, "message": f"the answer could not be passed on: {exc}"}
+            sender.send({"id": ident, "error": error})
+
+    async def close(self) -> None:
+        """Decline what comes from now on (the other workers store it themselves), wait for the
+        posts under way, then close."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=CLOSE_S)
+        for writer in list(self._writers):
+            with contextlib.suppress(Exception):
+                await writer.drain()
+            writer.close()
+        self._writers.clear()
+
+
+@dataclasses.dataclass(eq=False)
+class _Owner:
+    index: int
+    name: str
+    writer: asyncio.StreamWriter | None = None
+    sender: _Sender | None = None
+    # the posts under way, by id: the connection they were sent on and their answer to come
+    pending: dict[int, tuple[asyncio.StreamWriter, asyncio.Future[dict[str, Any]]]] = dataclasses.field(
+        default_factory=dict
+    )
+    down_until: float = 0.0
+    connecting: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    reading: asyncio.Task[None] | None = None
+
+
+class Handoff:
+    """This worker's side: ``post`` hands a post to its key's owner when that is another worker."""
+
+    def __init__(self, home: Path, supervisor: int, index: int, workers: int, handle: Handle) -> None:
+        self.index, self.workers = index, workers
+        self.server = HandoffServer(socket_name(home, supervisor, index), handle)
+        self._owners = {i: _Owner(i, socket_name(home, supervisor, i)) for i in range(1, workers + 1) if i != index}
+        self._next = 0
+        self.enabled = True
+        self.handed = 0  # posts another worker stored (tests)
+
+    async def start(self) -> None:
+        """Listen for the others' posts; a socket that cannot be made (the same home served by
+        another supervisor of the same pid: another machine's namespace) leaves hand-offs off."""
+        try:
+            await self.server.start()
+        except OSError as exc:
+            log.warning("worker %d hands no posts over and takes none (%s)", self.index, exc)
+            self.enabled = False
+
+    async def close(self) -> None:
+        await self.server.close()
+        log.info("worker %d: %d post(s) stored by the workers owning their keys, %d stored here for others",
+                 self.index, self.handed, self.server.handled)  # fmt: skip
+        for owner in self._owners.values():
+            if owner.writer is not None:
+                owner.writer.close()
+            if owner.reading is not None:
+                owner.reading.cancel()
+
+    def owner(self, post: Post) -> int | None:
+        """The other worker that owns the post's key; None: this one answers it."""
+        if post.options is not None or not self.enabled:
+            return None
+        index = owner_of(post.key.raw, self.workers)
+        return None if index == self.index else index
+
+    async def post(self, post: Post) -> dict[str, Any] | None:
+        """The owner's answer body (its refusal raised as the error it was); None when this
+        worker answers the post itself (it owns the key, or the owner cannot be reached now)."""
+        index = self.owner(post)
+        if index is None:
+            return None
+        owner = self._owners[index]
+        loop = asyncio.get_running_loop()
+        if loop.time() < owner.down_until:
+            return None
+        writer = owner.writer if owner.writer is not None and not owner.writer.is_closing() else None
+        if writer is None:
+            writer = await self._connect(owner)
+            if writer is None:
+                return None
+        sender = owner.sender
+        assert sender is not None and sender.writer is writer
+        self._next += 1
+        ident = self._next
+        try:
+            sender.send({"id": ident, "post": encode_post(post)})
+        except (TypeError, orjson.JSONEncodeError):  # what orjson refuses (huge integers, ...): stored here
+            return None
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        owner.pending[ident] = (writer, future)
+        try:
+            answer = await future
+        except (ConnectionError, OSError) as exc:
+            raise owner_lost(index, exc) from exc
+        finally:
+            owner.pending.pop(ident, None)
+        if answer.get("declined"):  # the owner is shutting down: nothing was done there
+            owner.down_until = loop.time() + DOWN_S
+            return None
+        error = answer.get("error")
+        if isinstance(error, dict):
+            raise rebuild_error(error)
+        self.handed += 1
+        body = answer.get("body")
+        return body if isinstance(body, dict) else {}
+
+    async def _connect(self, owner: _Owner) -> asyncio.StreamWriter | None:
+        async with owner.connecting:
+            if owner.writer is not None and not owner.writer.is_closing():
+                return owner.writer
+            loop = asyncio.get_running_loop()
+            if loop.time() < owner.down_until:
+                return None
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                await asyncio.wait_for(loop.sock_connect(sock, owner.name), CONNECT_S)
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
+            except (OSError, TimeoutError) as exc:  # starting again, or gone: stored here meanwhile
+                sock.close()
+                log.debug("worker %d not reached for a hand-off (%s)", owner.index, exc)
+                owner.down_until = loop.time() + DOWN_S
+                return None
+            owner.writer, owner.sender = writer, _Sender(writer)
+            owner.reading = loop.create_task(self._read(owner, reader, writer), name=f"handoff-{owner.index}")
+            return writer
+
+    async def _read(self, owner: _Owner, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        problem: BaseException = ConnectionResetError("the connection closed")
+        try:
+            while True:
+                answer = await _read_frame(reader)
+                sent = owner.pending.get(answer.get("id", -1))
+                if sent is not None and not sent[1].done():
+                    sent[1].set_result(answer)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, orjson.JSONDecodeError) as exc:
+            problem = exc if isinstance(exc, ConnectionError | OSError) else ConnectionResetError(str(exc))
+        finally:
+            if owner.writer is writer:
+                owner.writer = None
+                owner.down_until = asyncio.get_running_loop().time() + DOWN_S
+            writer.close()
+            for on, future in list(owner.pending.values()):
+                if on is writer and not future.done():
+                    future.set_exception(problem)
+
+
+def _same_user(writer: asyncio.StreamWriter) -> bool:
+    """Whether the connecting process runs as this one's user (``SO_PEERCRED``)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    except OSError:
+        return False
+    return bool(uid == os.getuid())
