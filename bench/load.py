@@ -102,11 +102,13 @@ def wrk_command(
     tag: str,
     pause_ms: int = 0,
     spread: bool = False,
+    ids: bool = False,
 ) -> list[str]:
     """wrk posting messages as fast as the server answers; with ``pause_ms``, each connection waits
     that long before each request (``wrk_post_paced.lua``): a fixed load below saturation; with
     ``spread``, every request goes to a key drawn at random (``wrk_post_spread.lua``), so a key's
-    requests come over every connection instead of one."""
+    requests come over every connection instead of one; with ``ids``, each message carries a
+    ``client_message_id`` of its own (unique per tag)."""
     exe = wrk_path() or "wrk"
     threads = min(connections, MAX_WRK_THREADS)
     if pause_ms:
@@ -116,7 +118,7 @@ def wrk_command(
     return [
         exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, math.ceil(seconds))}s",
         "--timeout", f"{TIMEOUT_S:g}s", "-s", str(script), f"http://{HOST}:{port}",
-        "--", str(keys), str(threads), quote(prefix, safe=""), tag, *paced,
+        "--", str(keys), str(threads), quote(prefix, safe=""), tag, "1" if ids else "0", *paced,
     ]  # fmt: skip
 
 
@@ -155,9 +157,10 @@ async def wrk_load(
     tag: str,
     pause_ms: int = 0,
     spread: bool = False,
+    ids: bool = False,
 ) -> Phase:
     cmd = wrk_command(port, connections=connections, keys=keys, prefix=prefix, seconds=seconds, tag=tag,
-                      pause_ms=pause_ms, spread=spread)  # fmt: skip
+                      pause_ms=pause_ms, spread=spread, ids=ids)  # fmt: skip
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=seconds + TIMEOUT_S + 60)
     if proc.returncode != 0:

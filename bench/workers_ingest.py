@@ -29,6 +29,14 @@ started as a user would (``python -m gateway.cli gateway``):
   supervisor on one ``SO_REUSEPORT`` port as the gateway's workers): what this machine charges
   for a second process when there is nothing to share.
 
+Every message of these cases carries a ``client_message_id`` of its own (the retry-safe way to
+post, what every channel does); ``files x1 no id``, ``pg x1 no id`` and ``pg xN no id`` post the
+same without one, on the same daemons, and the report compares each case with its ``no id`` twin:
+messages/s, CPU per message and, on PostgreSQL, database commits per message (the
+``pg_stat_database.xact_commit`` delta of the case's database over the messages acknowledged: every
+statement outside a transaction is one). ``--cases`` measures only the named cases (and their
+daemons), e.g. ``--cases "files x1,files x1 no id,pg x1,pg x1 no id"``.
+
 The daemons and the two echo servers run side by side (idle when not measured), the daemons
 on a durable PostgreSQL server this script starts (fsync on, ``tests.support.postgres``); rounds
 alternate the cases so drift on a noisy machine hits each. Per case: messages/s, p99, and CPU time
@@ -36,7 +44,7 @@ per message of the server's processes (supervisor and workers) and, for the daem
 database's (postmaster and backends), from /proc. The pg xN / pg x1 CPU ratio is printed beside
 the echo's, and their quotient: how much of pg's ratio is beyond the machine's floor.
 
-``python -m bench.workers_ingest [--seconds S] [--rounds R] [--workers N] [--pause-ms MS]``
+``python -m bench.workers_ingest [--seconds S] [--rounds R] [--workers N] [--pause-ms MS] [--cases A,B]``
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 import yaml
 
 from bench.load import Phase, cpu_seconds, key_prefix, prime, wrk_load, wrk_path
@@ -78,9 +87,13 @@ class Case:
     pause_ms: int = 0  # each connection waits this long before each request: a load below saturation
     server: Case | None = None  # measured on another case's daemon (a paced case)
     apart: list[Case] = field(default_factory=list)  # measured on these daemons at once, a wrk each
+    ids: bool = True  # each message with a client_message_id of its own
+    repo: Path = REPO  # the checkout the daemon runs (``--baseline``: another one, measured beside this)
+    datname: str | None = None  # the daemon's PostgreSQL database (its commits are counted)
     proc: asyncio.subprocess.Process | None = None
     port: int = 0
-    phases: list[tuple[Phase, float, float]] = field(default_factory=list)  # phase, gateway CPU s, db CPU s
+    # phase, gateway CPU s, db CPU s, database commits (NaN: not counted)
+    phases: list[tuple[Phase, float, float, float]] = field(default_factory=list)
 
 
 def tree(pid: int) -> list[int]:
@@ -123,9 +136,11 @@ def echo_case(workers: int) -> Case:
 async def start(case: Case) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEOTASK_")}
     env["NEOTASK_MEMORY__WATCH__POLL_SECONDS"] = "3600"
+    env["PYTHONPATH"] = str(case.repo)
     case.proc = await asyncio.create_subprocess_exec(
-        sys.executable, *case.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=REPO
-    )
+        sys.executable, *case.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env,
+        cwd=case.repo,
+    )  # fmt: skip
     assert case.proc.stdout is not None
     async with asyncio.timeout(600):
         while True:
@@ -146,22 +161,47 @@ async def stop(case: Case) -> None:
             case.proc.kill()
 
 
+STATS_SETTLE_S = 1.5  # a busy backend reports its counts to pg_stat_database at most once a second
+
+
+async def commits(server: PgServer, datnames: list[str]) -> float:
+    """Transactions committed so far in ``datnames`` (NaN for none), once the backends reported them."""
+    if not datnames:
+        return math.nan
+    await asyncio.sleep(STATS_SETTLE_S)
+    admin = await asyncpg.connect(server.dsn())
+    try:
+        value = await admin.fetchval(
+            "SELECT sum(xact_commit) FROM pg_stat_database WHERE datname = ANY($1::text[])", datnames
+        )
+    finally:
+        await admin.close()
+    return float(value or 0)
+
+
 async def measure(case: Case, server: PgServer, seconds: float, tag: str) -> None:
     daemons = case.apart or [case.server or case]
     gateway = [pid for daemon in daemons if daemon.proc is not None for pid in tree(daemon.proc.pid)]
     database = server.pids() if case.database else []
+    datnames = [daemon.datname for daemon in daemons if daemon.datname]
+    committed = await commits(server, datnames)
     before = cpu_of(gateway), cpu_of(database)
+    tag = f"{tag}-{case.name.replace(' ', '-')}"  # ids unique per case: no case repeats another's
     async with asyncio.TaskGroup() as group:  # one wrk failing stops the others
         runs = [
             group.create_task(wrk_load(
                 daemon.port, case.name, connections=case.connections, keys=case.connections,
-                prefix=key_prefix("w64x64"), seconds=seconds, tag=tag, pause_ms=case.pause_ms,
+                prefix=key_prefix("w64x64"), seconds=seconds, tag=tag, pause_ms=case.pause_ms, ids=case.ids,
             ))
             for daemon in daemons
         ]  # fmt: skip
     phases = [run.result() for run in runs]
     after = cpu_of(gateway), cpu_of(server.pids() if case.database else [])
-    case.phases.append((together(phases), after[0] - before[0], after[1] - before[1]))
+    # the CPU is read before the commits settle; wrk's late requests (in flight at its stop) count
+    # in the commits, not in the messages: a slight over-count
+    case.phases.append(
+        (together(phases), after[0] - before[0], after[1] - before[1], await commits(server, datnames) - committed)
+    )
 
 
 def together(phases: list[Phase]) -> Phase:
@@ -182,17 +222,43 @@ def together(phases: list[Phase]) -> Phase:
 
 def summary(case: Case) -> tuple[float, float, float, float]:
     """Messages/s (pooled), worst p99, gateway and database CPU ms per message."""
-    ok = sum(p.ok for p, _, _ in case.phases)
-    elapsed = sum(p.elapsed for p, _, _ in case.phases)
-    gw = sum(g for _, g, _ in case.phases) / ok * 1000 if ok else math.nan
-    db = sum(d for _, _, d in case.phases) / ok * 1000 if ok else math.nan
-    return ok / elapsed, max(p.p99 for p, _, _ in case.phases), gw, db
+    ok = sum(p.ok for p, _, _, _ in case.phases)
+    elapsed = sum(p.elapsed for p, _, _, _ in case.phases)
+    gw = sum(g for _, g, _, _ in case.phases) / ok * 1000 if ok else math.nan
+    db = sum(d for _, _, d, _ in case.phases) / ok * 1000 if ok else math.nan
+    return ok / elapsed, max(p.p99 for p, _, _, _ in case.phases), gw, db
+
+
+def commits_per_message(case: Case) -> float:
+    ok = sum(p.ok for p, _, _, _ in case.phases)
+    return sum(c for _, _, _, c in case.phases) / ok if ok else math.nan
+
+
+def id_report(cases: list[Case], results: Mapping[str, tuple[float, float, float, float]]) -> list[str]:
+    """Each case that sends ids against its ``no id`` twin: messages/s, CPU and commits per message."""
+    by_name = {case.name: case for case in cases}
+    lines = []
+    for name, (rate, _, gw, db) in results.items():
+        twin = results.get(f"{name} no id")
+        if twin is None or not twin[0]:
+            continue
+        cpu, twin_cpu = gw + db, twin[2] + twin[3]
+        line = (
+            f"  {name}: with ids {rate:.0f} msg/s, without {twin[0]:.0f}: {rate / twin[0]:.2f}x messages/s,"
+            f" {cpu / twin_cpu:.2f}x CPU per message (target <= 1.2x)"
+        )
+        mine, theirs = commits_per_message(by_name[name]), commits_per_message(by_name[f"{name} no id"])
+        if not math.isnan(mine) and theirs > 0:
+            line += f"; {mine:.3f} vs {theirs:.3f} commits per message: {mine / theirs:.2f}x (target <= 1.2x)"
+        lines.append(line)
+    return lines
 
 
 def report(results: dict[str, tuple[float, float, float, float]], workers: int) -> list[str]:
     """The table (a ``summary`` per case) and the ratios: pg xN / pg x1 CPU per message beside the
     echo's (the machine's floor), and their quotient (the part of pg's ratio beyond the floor)."""
-    base, one, many = results["files x1"], results["pg x1"], results[f"pg x{workers}"]
+    nan = (math.nan,) * 4
+    base, one, many = results.get("files x1", nan), results.get("pg x1", nan), results.get(f"pg x{workers}", nan)
     lines = []
     for name, (rate, p99, gw, db) in results.items():
         cpu = (
@@ -241,7 +307,7 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
                 f"  paced, {what} (below what the machine takes): pg x{workers} {paced_many[0] / paced_one[0]:.2f}x"
                 f" the messages/s of {name}, {paced:.2f}x its CPU per message (target <= 1.2x)"
             )
-    echo_one, echo_many = results["echo x1"], results[f"echo x{workers}"]
+    echo_one, echo_many = results.get("echo x1", nan), results.get(f"echo x{workers}", nan)
     floor = echo_many[2] / echo_one[2] if echo_one[2] > 0 else math.nan
     lines.append(
         f"  CPU per message, x{workers} / x1: pg {pg:.2f}x, echo {floor:.2f}x (the machine's floor);"
@@ -250,7 +316,14 @@ def report(results: dict[str, tuple[float, float, float, float]], workers: int) 
     return lines
 
 
-async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_MS) -> None:
+async def run(
+    seconds: float,
+    rounds: int,
+    workers: int,
+    pause_ms: int = PAUSE_MS,
+    only: frozenset[str] = frozenset(),
+    baseline: Path | None = None,
+) -> None:
     if wrk_path() is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     server = await asyncio.to_thread(start_server, durable=True)
@@ -262,10 +335,14 @@ async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_M
         one = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_one")}}}
         many = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_many")}}}
         part = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_part")}}}
-        for name, data, count in (("files x1", {}, 1), ("pg x1", one, 1), (f"pg x{workers}", many, workers)):
+        for name, data, count, datname in (
+            ("files x1", {}, 1, None), ("pg x1", one, 1, "bench_one"), (f"pg x{workers}", many, workers, "bench_many"),
+        ):  # fmt: skip
             cases.append(gateway_case(name, tmp / name.replace(" ", "-"), data, count))
+            cases[-1].datname = datname
         # one process under the load each of the N has: smaller group-commit batches, no sharing
         cases.append(gateway_case(share_name(workers), tmp / "pg-part", part, 1))
+        cases[-1].datname = "bench_part"
         cases[-1].connections = CONNECTIONS // workers
         # N - 1 more such gateways, a database each: with the one above, N processes sharing nothing
         others = []
@@ -274,9 +351,19 @@ async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_M
             others.append(gateway_case(f"{share_name(workers)} #{i}", tmp / f"pg-part{i}",
                                        {"storage": {"backend": "postgres", "postgres": {"dsn": dsn}}}, 1))  # fmt: skip
             others[-1].connections = CONNECTIONS // workers
+            others[-1].datname = f"bench_part{i}"
         cases += [echo_case(1), echo_case(workers)]
         daemons = cases + others
         apart = [cases[3], *others]
+        # the same messages without a client_message_id, on the same daemons (the twins of the ids)
+        cases += [Case(f"{main.name} no id", [], ids=False, server=main) for main in cases[:3]]
+        if baseline is not None:  # files x1 and pg x1 as another checkout runs them, with and without ids
+            before = {"storage": {"backend": "postgres", "postgres": {"dsn": await server.database("bench_before")}}}
+            for name, data, datname in (("files x1 before", {}, None), ("pg x1 before", before, "bench_before")):
+                old = gateway_case(name, tmp / name.replace(" ", "-"), data, 1)
+                old.repo, old.datname = baseline, datname
+                daemons.append(old)
+                cases += [old, Case(f"{name} no id", [], ids=False, server=old)]
         cases.append(Case(apart_name(workers), [], connections=CONNECTIONS // workers, apart=apart))
         if pause_ms:  # on the daemons of pg x1, pg xN and pg x1 under the load of one of the N
             one_case, many_case, part_case = cases[1], cases[2], cases[3]
@@ -286,6 +373,13 @@ async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_M
             cases.append(Case(f"{many_case.name} paced", [], pause_ms=pause_ms, server=many_case))
             cases.append(Case(f"{apart_name(workers)} paced", [], connections=part_case.connections,
                               pause_ms=pause_ms, apart=apart))  # fmt: skip
+        if only:
+            unknown = only - {case.name for case in cases}
+            if unknown:
+                raise SystemExit(f"--cases: no case {', '.join(sorted(unknown))}; the cases: {[c.name for c in cases]}")
+            cases = [case for case in cases if case.name in only]
+            needed = {id(d) for case in cases for d in (case.apart or [case.server or case])}
+            daemons = [daemon for daemon in daemons if id(daemon) in needed]
         for case in daemons:  # one at a time: several imports at once take minutes on a small machine
             await start(case)
             print(f"  {case.name}: listening on port {case.port}", flush=True)
@@ -296,18 +390,21 @@ async def run(seconds: float, rounds: int, workers: int, pause_ms: int = PAUSE_M
         for r in range(1, rounds + 1):
             for case in cases if r % 2 else reversed(cases):
                 await measure(case, server, seconds, f"r{r}")
-                phase, gw, db = case.phases[-1]
+                phase, gw, db, committed = case.phases[-1]
                 print(
                     f"  round {r} {case.name:9} {phase.rate:8.0f} msg/s  p99 {phase.p99 * 1000:6.1f} ms"
-                    f"  CPU gw {gw:5.2f} s db {db:5.2f} s  failed {phase.failed}"
-                    + (f" {dict(phase.errors)}" if phase.errors else ""),
+                    f"  CPU gw {gw:5.2f} s db {db:5.2f} s  commits/msg {committed / max(phase.ok, 1):.3f}"
+                    f"  failed {phase.failed}" + (f" {dict(phase.errors)}" if phase.errors else ""),
                     flush=True,
                 )
         print(
             f"\n{CONNECTIONS} connections on {CONNECTIONS} keys ({CONNECTIONS // workers} for {share_name(workers)}),"
             f" store-only, {rounds}x{seconds:g} s per case, load {load:.1f}:"
         )
-        print("\n".join(report({case.name: summary(case) for case in cases}, workers)))
+        results = {case.name: summary(case) for case in cases}
+        print("\n".join(report(results, workers)))
+        print("\nWith a client_message_id on every message vs the same without:")
+        print("\n".join(id_report(cases, results)))
     finally:
         for case in daemons:
             await stop(case)
@@ -320,10 +417,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: no paced cases")
+    parser.add_argument("--cases", default="", help="measure only these cases (comma-separated names)")
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout: its files x1 and pg x1 are measured too ('... before')"
+    )
     args = parser.parse_args()
     if not 2 <= args.workers <= CONNECTIONS:
         parser.error(f"--workers must be between 2 and {CONNECTIONS} (the cases compare N processes with one)")
-    asyncio.run(run(args.seconds, args.rounds, args.workers, args.pause_ms))
+    only = frozenset(name.strip() for name in args.cases.split(",") if name.strip())
+    asyncio.run(run(args.seconds, args.rounds, args.workers, args.pause_ms, only, args.baseline))
 
 
 if __name__ == "__main__":

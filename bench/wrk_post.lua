@@ -3,10 +3,11 @@
 -- wrk's Lua has no per-connection hook, so the bench runs one wrk thread per connection (or, past
 -- 64 connections, a few connections per thread, each thread owning a disjoint set of keys that
 -- it rotates through, so no two requests in flight share a key unless there are fewer keys than
--- connections). Arguments after `--`: keys, threads, the URL-encoded key prefix, and a tag that
--- keeps message texts of different phases apart.
+-- connections). Arguments after `--`: keys, threads, the URL-encoded key prefix, a tag that
+-- keeps message texts of different phases apart, and 1 to send each message with a
+-- `client_message_id` of its own (the tag, the thread, the count: the retry-safe way to post).
 --   wrk -t 64 -c 64 -d 10s --timeout 10s -s bench/wrk_post.lua http://127.0.0.1:PORT \
---       -- 64 64 agent%3Amain%3Abench%3Adm%3Ac1k r1
+--       -- 64 64 agent%3Amain%3Abench%3Adm%3Ac1k r1 1
 
 local next_id = 0
 
@@ -20,6 +21,7 @@ function init(args)
   local threads = tonumber(args[2])
   local prefix = args[3]
   tag = args[4] or "run"
+  with_ids = args[5] == "1"
   paths = {}
   if keys <= threads then
     paths[1] = "/v1/sessions/" .. prefix .. (id % keys) .. "/messages"
@@ -32,12 +34,20 @@ function init(args)
   headers = {["Content-Type"] = "application/json"}
 end
 
+-- the body of this thread's request number `sent` (with its own client_message_id when asked)
+function body_of(sent)
+  local body = '{"content": "message ' .. sent .. ' of ' .. tag .. ' from thread ' .. id
+    .. ': the quick brown fox jumps over the lazy dog"'
+  if with_ids then
+    return body .. ', "client_message_id": "' .. tag .. '-' .. id .. '-' .. sent .. '"}'
+  end
+  return body .. '}'
+end
+
 function request()
   sent = sent + 1
   local path = paths[(sent - 1) % #paths + 1]
-  local body = '{"content": "message ' .. sent .. ' of ' .. tag .. ' from thread ' .. id
-    .. ': the quick brown fox jumps over the lazy dog"}'
-  return wrk.format("POST", path, headers, body)
+  return wrk.format("POST", path, headers, body_of(sent))
 end
 
 function done(summary, latency, requests)

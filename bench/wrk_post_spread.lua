@@ -19,7 +19,5 @@ end
 function request()
   sent = sent + 1
   local path = all[math.random(#all)]
-  local body = '{"content": "message ' .. sent .. ' of ' .. tag .. ' from thread ' .. id
-    .. ': the quick brown fox jumps over the lazy dog"}'
-  return wrk.format("POST", path, headers, body)
+  return wrk.format("POST", path, headers, body_of(sent))
 end

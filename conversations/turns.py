@@ -24,10 +24,12 @@ from conversations import log_context
 from conversations.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
 from conversations.completions import ProviderError
 from conversations.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
+from conversations.idempotency import previous_of
 from conversations.log_context import EVERY_ONE
 from conversations.model_turn import ModelTurns, provider_failure, stored_failure
 from conversations.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
 from conversations.queueing import Batch, Room
+from sessions.deliveries import AlreadyDelivered
 from sessions.events import inheritance_published
 from sessions.inheritance import find_inheritance
 from sessions.records import NewMessage, RunState, TaskKey
@@ -62,25 +64,35 @@ class Conversations(ModelTurns):
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None
     ) -> Outcome:
         assert post.message.client_message_id is not None
+        key, cmid = post.key.raw, post.message.client_message_id
         if post.id_scope == "run":
-            previous = await self.find_in_run(post.key.raw, post.message.client_message_id)
+            previous = await self.find_in_run(key, cmid)
+        elif self.store.checks_deliveries(key):
+            previous = None  # the append checks the id in the statement that stores it
         else:
-            previous = await self.find_previous(post.key.raw, post.message.client_message_id)
+            previous = await self.find_previous(key, cmid)
         if previous is None:
-            outcome = await self._post(post, on_delta, on_stored)
+            try:
+                outcome = await self._post(post, on_delta, on_stored)
+            except AlreadyDelivered as repeat:  # stored before: nothing was stored now
+                previous = previous_of(repeat.prior)
+                if repeat.prior.response is None:  # a check in memory knows where, not the recorded answer
+                    previous = await self.find_previous(key, cmid) or previous
+        if previous is None:
+            pass
         elif previous["response"] is not None:
             return outcome_from(json.loads(previous["response"]))
         elif previous.get("reply") is not None:  # answered, but the answer's record was lost
-            outcome = Outcome(post.key.raw, previous["run_id"], previous["message_seq"], reply=previous["reply"])
+            outcome = Outcome(key, previous["run_id"], previous["message_seq"], reply=previous["reply"])
         else:  # stored before, but its turn failed: run the turn again, store nothing new
             run = self.store.run_state(previous["run_id"]) if previous["run_id"] else None
             if run is None or run.status != "running" or not self.needs_turn(post):
-                outcome = Outcome(post.key.raw, previous["run_id"], previous["message_seq"])
+                outcome = Outcome(key, previous["run_id"], previous["message_seq"])
             else:
-                outcome = Outcome(post.key.raw, run.run_id, previous["message_seq"])
+                outcome = Outcome(key, run.run_id, previous["message_seq"])
                 await self._queued_turn(post, run, outcome, on_delta)
         if post.id_scope == "key":
-            await self.remember(post.key.raw, post.message.client_message_id, outcome)
+            await self.remember(key, cmid, outcome)
         return outcome
 
     async def _post(
@@ -137,8 +149,7 @@ class Conversations(ModelTurns):
         self.metrics.message_stored(post.message.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         log_context.RUN_ID.set(run.run_id)
-        if post.message.client_message_id is not None and post.id_scope == "key":
-            await self.remember(key, post.message.client_message_id, None, run_id=run.run_id, seq=record["seq"])
+        # the message is its own delivery record (it carries its client_message_id): no record now
         if on_stored is not None:
             on_stored(outcome)
         if turn:
@@ -244,10 +255,13 @@ class Conversations(ModelTurns):
         return run
 
     def _new_message(self, post: Post) -> NewMessage:
+        """The message as stored: the speaker's name made OpenAI-safe; a key-scoped
+        client_message_id marked ``once`` (the append refuses a repeat: ``AlreadyDelivered``)."""
         message = post.message
+        once = message.client_message_id is not None and post.id_scope == "key"
         if message.role == "user" and message.name is not None:
-            return dataclasses.replace(message, name=speaker_name(message.name))
-        return message
+            return dataclasses.replace(message, name=speaker_name(message.name), once=once)
+        return dataclasses.replace(message, once=True) if once and not message.once else message
 
     async def _queued_turn(
         self, post: Post, run: RunState, outcome: Outcome, on_delta: DeltaFn | None, room: Room | None = None

@@ -34,7 +34,10 @@ Contract of the base capability, in short (the suite checks each point):
 - a storage failure is a typed error (``StorageUnavailable``, ``InsufficientStorage``), never a
   backend's own exception type;
 - delivery records and the OpenAI-compatible records are read back as written (the first webhook
-  record of an id wins; a new delivery's record replaces an expired one).
+  record of an id wins; a new delivery's record replaces an expired one);
+- an append marked ``once`` whose ``client_message_id`` the key stored within the window (in the
+  active run, or recorded for an ended one) raises ``AlreadyDelivered`` and stores nothing; a
+  message is its own delivery record (no record call is needed after it).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 from config.clock import Clock
 from config.settings import CleanupSettings
 from sessions.context_lines import ContextLine
-from sessions.deliveries import Delivery
+from sessions.deliveries import Delivery, PriorDelivery
 from sessions.entries import SessionEntry
 from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
@@ -165,6 +168,7 @@ class RunStore(Protocol):
         append queued before it; None when it changed nothing. A caller cancelled meanwhile does
         not undo it: the run's counters follow it once it is done."""
         ...
+
     async def writable(self) -> str | None: ...
     def recently_writable(self, max_age_s: float) -> bool: ...
     def emit(self, event: StoreEvent) -> None:
@@ -178,6 +182,7 @@ class RunStore(Protocol):
     async def require_run(self, run_id: str) -> RunRow:
         """The run's row; ``RunNotFound`` when there is none."""
         ...
+
     async def list_runs(
         self,
         *,
@@ -191,9 +196,11 @@ class RunStore(Protocol):
         """The completed or failed runs of ``key`` (or of ``task_key``) that ended within
         ``within_days``, newest first; not those of a deleted session (a new session starts clean)."""
         ...
+
     async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[StoredRecord]:
         """A page of the run's messages by seq (an ended or archived run too); ``RunNotFound``."""
         ...
+
     async def read_records(self, run_id: str, kind: RecordKind) -> list[StoredRecord]: ...
     async def read_final_summary(self, run_id: str) -> str | None: ...
     async def read_context(self, run: RunState) -> list[ContextLine]:
@@ -206,6 +213,20 @@ class DeliveryRecords(Protocol):
     run's transcript, and webhook delivery ids."""
 
     async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None: ...
+    async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
+        """An earlier delivery of ``client_message_id`` on ``key`` stored at or after ``since``, in
+        one lookup: its idempotency record, else the message in the active run's transcript (with
+        its reply). What a post looks up when its append cannot check (``checks_deliveries``)."""
+        ...
+
+    def checks_deliveries(self, key: str) -> bool:
+        """True when an append to ``key``'s active run marked ``NewMessage.once`` checks its
+        ``client_message_id`` itself, in the statement that stores it (a post then looks nothing
+        up first); False: look it up first (``recall_delivery``). Every backend refuses a repeat
+        marked ``once`` with ``AlreadyDelivered``, consuming no seq; the check in the append is
+        what makes it atomic across processes sharing the store."""
+        ...
+
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None: ...
     async def remember_delivery(
         self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None
@@ -245,6 +266,7 @@ class UsageRecords(Protocol):
         """Per day and ``by`` (``key``, ``agent``: the keys summed, ``day``: all summed), oldest
         day first; ``since`` and ``until`` inclusive."""
         ...
+
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
         """Input plus output tokens of ``day`` (``YYYY-MM-DD``, UTC): the agent's, and the key's."""
         ...
@@ -258,6 +280,7 @@ class HistorySource(Protocol):
     async def catch_up_history(self, index: HistoryIndexProtocol) -> None:
         """Index what a crash left unindexed (active runs, and runs ended since the last batch)."""
         ...
+
     async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]: ...
 
 
@@ -267,6 +290,7 @@ class Maintenance(Protocol):
     async def check(self, *, fix: bool) -> list[StoredRecord]:
         """The doctor's findings (``{"check", "severity", "detail", "fix", "fixed", ...}``)."""
         ...
+
     async def cleanup(
         self,
         settings: CleanupSettings,
@@ -279,9 +303,11 @@ class Maintenance(Protocol):
         """Complete stale runs (through ``complete``), archive old ended ones, delete expired
         archives, forget expired delivery records; the actions, done or planned (``dry_run``)."""
         ...
+
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         """Every readable run of ``key`` oldest first, or the one run ``run_id``, to stream out."""
         ...
+
     async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
         """Erase ``key`` for good (every run, record and index row of it); its tombstone."""
         ...

@@ -225,6 +225,9 @@ class NewMessage:
     user_activity: bool | None = None
     reply_to: int | None = None  # on a reply or a command's answer: the seq of what it answers
     after: int | None = None  # on a model turn's lines: its place in the context (sessions.context_order)
+    # its client_message_id is stored at most once per key within sessions.deliveries.DELIVERY_WINDOW:
+    # the append checks it as it stores it and raises AlreadyDelivered (storing nothing) on a repeat
+    once: bool = False
 
     @property
     def counts_as_activity(self) -> bool:

@@ -4,6 +4,7 @@ noisy; the figures are read by people from a full ``make bench`` run)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import shutil
 
@@ -225,6 +226,25 @@ def test_workers_ingest_report_sets_pg_ratio_beside_the_echo_floor() -> None:
     assert "pg x2 1.20x theirs (what sharing costs on these cores)" in apart[0]
     # paced: (0.35 + 0.25) / (0.3 + 0.2) = 1.20; pg x2 (0.4 + 0.25) / (0.35 + 0.25) = 1.083
     assert apart[1].startswith("  paced, 2 one-process") and "1.20x the CPU" in apart[1] and "pg x2 1.08x" in apart[1]
+
+
+def test_workers_ingest_compares_each_case_with_ids_with_its_twin_without() -> None:
+    from bench.load import Phase, wrk_command
+    from bench.workers_ingest import Case, id_report
+
+    def measured(name: str, ok: int, commits: float) -> Case:
+        case = Case(name, [])
+        case.phases.append((Phase(name, ok=ok, failed=0, elapsed=10.0, p50=0.0, p99=0.0, mean=0.0), 1.0, 1.0, commits))
+        return case
+
+    cases = [measured("pg x1", 1000, 70.0), measured("pg x1 no id", 1000, 100.0), measured("files x1", 10, math.nan)]
+    results = {"pg x1": (100.0, 0.1, 0.6, 0.3), "pg x1 no id": (200.0, 0.1, 0.5, 0.25), "files x1": (1.0, 0.1, 1, 0)}
+    (line,) = id_report(cases, results)  # files x1 has no twin: no line
+    # 100 / 200 msg/s; (0.6 + 0.3) / (0.5 + 0.25) = 1.2 CPU; 0.07 / 0.1 commits per message
+    assert line.startswith("  pg x1: with ids 100 msg/s, without 200: 0.50x messages/s, 1.20x CPU per message")
+    assert "0.070 vs 0.100 commits per message: 0.70x" in line
+    command = wrk_command(1, connections=2, keys=2, prefix="p", seconds=1, tag="t", ids=True, pause_ms=5)
+    assert command[-4:] == ["p", "t", "1", "5"]  # the ids flag, then the pause (wrk_post_paced.lua)
 
 
 def test_workers_ingest_adds_phases_run_at_once() -> None:

@@ -108,6 +108,7 @@ async def purge_key(store: LifecycleStore, key: str, *, history: HistoryIndex | 
         messages=sum(int(r.get("total_messages") or 0) for r in rows),
     )
     await store.ledger.execute(lambda c: _erase_rows(c, key, tombstone))
+    store.forget_recorded(key)
     if store.entry(key) is not None:
         store.registry.remove(key)
         await store.registry.flush(force=True)

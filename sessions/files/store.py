@@ -15,6 +15,7 @@ from typing import Any
 
 from config.clock import Clock, iso
 from config.settings import Settings
+from sessions.deliveries import RecordedId
 from sessions.files import leftovers
 from sessions.files.damage import ledger_error, storage_damage
 from sessions.files.layout import Home
@@ -67,6 +68,8 @@ class SessionStore(MaintenanceStore):
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._files: dict[str, tuple[Path, Path, Path]] = {}  # run id -> (dir, messages, current)
+        self._recorded_ids: dict[str, dict[str, RecordedId]] = {}  # key -> its tasks.db idempotency ids
+        self._reply_batch = None
         self.recovered: list[RecoveredRun] = []
         self._probed: tuple[float, str | None] = (float("-inf"), None)  # (monotonic time, problem)
 

@@ -17,7 +17,15 @@ from config.clock import iso
 from sessions import usage as usage_days
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
-from sessions.deliveries import Delivery, RunDeliveries
+from sessions.deliveries import (
+    DELIVERY_WINDOW,
+    AlreadyDelivered,
+    Delivery,
+    PriorDelivery,
+    RecordedId,
+    RunDeliveries,
+    prior_of,
+)
 from sessions.faults import probe_writable, storage_error
 from sessions.files import context_rewrite, layout, leftovers
 from sessions.files.jsonl import encode, encode_plain, iter_records
@@ -58,9 +66,16 @@ class AppendStore(RecordStore):
         it before awaiting, so the next message on the key joins the same group commit; it must
         then await ``finish_append``."""
         self.check_writable(run, message)
+        once = message.once and message.client_message_id is not None
+        if once:
+            prior = self._stored_before(run, str(message.client_message_id))
+            if prior is not None:
+                raise AlreadyDelivered(prior)
         stamp = iso(self.clock())
         record = message_record(run.next_seq, message, stamp)
         run.next_seq += 1
+        if once:  # known from now on: a repeat queued before this one is durable is refused too
+            _deliveries(run).add(record)
         dump = encode if message.tool_calls else encode_plain  # no floats without tool calls
         data = dump(record)
         _, messages, current = self._run_files(run)
@@ -72,7 +87,7 @@ class AppendStore(RecordStore):
             durable=True,
             also=(current, line) if line else None,
             guarded=True,
-            on_done=lambda error: self._settle_append(run, undo, error),
+            on_done=lambda error: self._settle_append(run, undo, error, record if once else None),
         )
         count_append(run, record, len(data), len(line) if line else None)
         entry = self.entry(run.key)
@@ -121,14 +136,61 @@ class AppendStore(RecordStore):
         rows = [(run.key, cmid, stamp, run.run_id, seq) for cmid, (seq, stamp) in deliveries.by_id.items()]
         if not rows:
             return
+        # a record of the same delivery (a reply's) stays; an older one of another delivery was
+        # expired when the message was stored (else the message was refused): it is replaced
         sql = (
-            "INSERT OR IGNORE INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq)"
-            " VALUES (?, ?, ?, ?, ?)"
+            "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
+            " created_at = excluded.created_at, run_id = excluded.run_id, message_seq = excluded.message_seq,"
+            " response = NULL WHERE (idempotency.run_id IS NOT excluded.run_id OR idempotency.message_seq IS NOT"
+            " excluded.message_seq)"
+            " AND idempotency.created_at < excluded.created_at"
         )
         try:
             await self.ledger.execute(lambda c: c.executemany(sql, rows))
         except sqlite3.Error as exc:
             log.warning("idempotency records of run %s not written at completion (%s)", run.run_id, exc)
+            self.forget_recorded(run.key)
+            return
+        known = self._recorded_ids.get(run.key)
+        if known is not None:
+            for _key, cmid, stamp, run_id, seq in rows:
+                before = known.get(cmid)
+                if before is None or ((before.run_id, before.seq) != (run_id, seq) and before.created_at < stamp):
+                    known[cmid] = RecordedId(stamp, run_id, seq)
+
+    # -- deliveries: the check of an append marked ``once``, and the lookup before one ---------
+
+    def checks_deliveries(self, key: str) -> bool:
+        """True once the key's recorded ids and its active run's transcript are in memory (the
+        first ``recall_delivery`` of a key reads them): the append then checks without a lookup."""
+        run = self.active_run(key)
+        return run is not None and key in self._recorded_ids and run.deliveries is not None and run.deliveries.scanned
+
+    def _stored_before(self, run: RunState, cmid: str) -> PriorDelivery | None:
+        """``cmid`` stored on the run's key within the window, from what is in memory: the run's
+        deliveries (every durable append of this process, and the file's earlier lines once read)
+        and the key's recorded ids once read (``checks_deliveries`` says when both are)."""
+        since = iso(self.clock() - DELIVERY_WINDOW)
+        known = self._recorded_ids.get(run.key)
+        found = known.get(cmid) if known is not None else None
+        if found is not None and found.created_at >= since:
+            return PriorDelivery(found.run_id, found.seq)
+        delivered = _deliveries(run).find(run.run_id, cmid, since)
+        return None if delivered is None else prior_of(delivered)
+
+    async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
+        """Its record in tasks.db (read in full only when the key's recorded ids name it), else
+        the message in the active run's transcript; reads what the check of an append needs
+        into memory the first time a key (and its run) is asked."""
+        known = await self._recorded(key)
+        found = known.get(client_message_id)
+        if found is not None and found.created_at >= since:
+            record = await self.find_idempotency(key, client_message_id, since=since)
+            if record is not None:
+                return PriorDelivery(record.run_id, record.message_seq, record.response)
+        delivered = await self.find_delivery(key, client_message_id, since=since)
+        return None if delivered is None else prior_of(delivered)
 
     async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
         """The message of the key's active run that carried ``client_message_id`` (stored at or
@@ -142,10 +204,15 @@ class AppendStore(RecordStore):
             deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
         return deliveries.find(run.run_id, client_message_id, since)
 
-    def _settle_append(self, run: RunState, undo: _Undo, error: BaseException | None) -> None:
+    def _settle_append(
+        self, run: RunState, undo: _Undo, error: BaseException | None, once: MessageRecord | None = None
+    ) -> None:
         """On the loop, once an append is durable or failed (``error``): take a failed one out of
-        the counters; when nothing is pending any more, give its seq back and reopen the file."""
+        the counters (and out of the run's deliveries, ``once``: its record, known since it was
+        queued); when nothing is pending any more, give its seq back and reopen the file."""
         run.appends_pending -= 1
+        if error is not None and once is not None and run.deliveries is not None:
+            run.deliveries.forget(once)
         if error is not None:
             run.messages_bytes -= undo.messages_bytes
             if undo.context_bytes:
@@ -290,8 +357,8 @@ class _Undo:
 
 
 def _deliveries(run: RunState) -> RunDeliveries:
-    if run.deliveries is None:
-        run.deliveries = RunDeliveries()
+    if run.deliveries is None:  # a run with nothing stored yet has nothing to read back
+        run.deliveries = RunDeliveries(scanned=run.messages_bytes == 0)
     deliveries: RunDeliveries = run.deliveries
     return deliveries
 

@@ -16,6 +16,7 @@ from config.clock import Clock, iso
 from config.errors import SessionNotFound
 from config.settings import Settings
 from sessions.bookkeeping import relabel_entry
+from sessions.deliveries import RecordedId
 from sessions.events import EventType, StoreEvent
 from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
@@ -47,6 +48,11 @@ class StoreBase:
     _runs: dict[str, RunState]
     _locks: dict[str, asyncio.Lock]
     _files: dict[str, tuple[Path, Path, Path]]  # run id -> (dir, messages, current)
+    # per key, once read: the client_message_ids tasks.db records (created_at, run_id, seq); this
+    # process is tasks.db's only writer, so it is kept up to date as it writes them
+    _recorded_ids: dict[str, dict[str, RecordedId]]
+    # the reply records asked for in this pass of the loop, and the future of their commit
+    _reply_batch: tuple[list[tuple[Any, ...]], asyncio.Future[None]] | None
     _probed: tuple[float, str | None]  # (monotonic time, problem)
 
     # -- queries --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from config.clock import iso
 from config.errors import RunNotFound, StorageUnavailable
 from sessions import usage as usage_days
 from sessions.context_lines import ContextLine, read_back
+from sessions.deliveries import RecordedId
 from sessions.files import archive, layout
 from sessions.files.jsonl import iter_records, read_records
 from sessions.files.ledger import run_metadata
@@ -179,25 +180,89 @@ class RecordStore(StoreBase):
         """A new delivery of ``client_message_id`` stored as ``seq`` (no reply yet): it replaces
         an expired record whole, so its window starts now and the old reply is not replayed."""
         update = "created_at = excluded.created_at, response = NULL"
-        await self._save_idempotency(key, client_message_id, run_id, seq, None, update)
+        stamp = await self._save_idempotency(key, client_message_id, run_id, seq, None, update)
+        self._note_recorded(key, client_message_id, RecordedId(stamp, run_id, seq), replace=True)
 
     async def remember_reply(
         self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
     ) -> None:
-        """The reply body (JSON) to replay to a redelivery of ``client_message_id``."""
-        update = "response = COALESCE(excluded.response, idempotency.response)"
-        await self._save_idempotency(key, client_message_id, run_id, seq, response, update)
+        """The reply body (JSON) to replay to a redelivery of ``client_message_id``. The reply
+        records asked for in one pass of the loop are written in one transaction (one commit)."""
+        batch = self._reply_batch
+        if batch is None:
+            loop = asyncio.get_running_loop()
+            batch = self._reply_batch = ([], loop.create_future())
+            loop.call_soon(self._write_replies)
+        batch[0].append((key, client_message_id, iso(self.clock()), run_id, seq, response))
+        await asyncio.shield(batch[1])
+
+    def _write_replies(self) -> None:
+        batch, self._reply_batch = self._reply_batch, None
+        if batch is not None:
+            task = asyncio.ensure_future(self._commit_replies(*batch))
+            _REPLY_WRITES.add(task)
+            task.add_done_callback(_REPLY_WRITES.discard)
+
+    async def _commit_replies(self, rows: list[tuple[Any, ...]], done: asyncio.Future[None]) -> None:
+        sql = (
+            "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
+            " run_id = excluded.run_id, message_seq = excluded.message_seq,"
+            " response = COALESCE(excluded.response, idempotency.response)"
+        )
+        try:
+            await self._records(lambda c: c.executemany(sql, rows))
+        except BaseException as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: each caller re-raises it
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for key, cmid, stamp, run_id, seq, _ in rows:
+            self._note_recorded(key, cmid, RecordedId(stamp, run_id, seq), replace=False)
+        done.set_result(None)
 
     async def _save_idempotency(
         self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str
-    ) -> None:
-        row = (key, cmid, iso(self.clock()), run_id, seq, response)
+    ) -> str:
+        stamp = iso(self.clock())
+        row = (key, cmid, stamp, run_id, seq, response)
         sql = (
             "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
             " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
             " run_id = excluded.run_id, message_seq = excluded.message_seq, " + update
         )
         await self._records(lambda c: c.execute(sql, row))
+        return stamp
+
+    async def _recorded(self, key: str) -> dict[str, RecordedId]:
+        """The client_message_ids tasks.db records for ``key`` (read once per key and process,
+        then kept as this process writes them), by id."""
+        known = self._recorded_ids.get(key)
+        if known is not None:
+            return known
+        sql = "SELECT client_message_id, created_at, run_id, message_seq FROM idempotency WHERE session_key = ?"
+        rows = await self._records(lambda c: c.execute(sql, (key,)).fetchall())
+        known = self._recorded_ids.get(key)  # read meanwhile by another caller: that one is current
+        if known is None:
+            known = self._recorded_ids[key] = {row[0]: RecordedId(row[1], row[2], row[3]) for row in rows}
+        return known
+
+    def _note_recorded(self, key: str, cmid: str, found: RecordedId, *, replace: bool) -> None:
+        """A record just written for ``cmid`` (``replace``: a new delivery's, its window starts now)."""
+        known = self._recorded_ids.get(key)
+        if known is None:
+            return
+        before = known.get(cmid)
+        known[cmid] = found if replace or before is None else before._replace(run_id=found.run_id, seq=found.seq)
+
+    def forget_recorded(self, key: str | None = None) -> None:
+        """Read tasks.db's records again on the next check (of ``key``, or of every key): after
+        a purge, or a change of tasks.db made around this process."""
+        if key is None:
+            self._recorded_ids.clear()
+        else:
+            self._recorded_ids.pop(key, None)
 
     # -- webhook deliveries ---------------------------------------------------------------------
 
@@ -270,7 +335,6 @@ class RecordStore(StoreBase):
         sql = "INSERT INTO openai_responses (response_id, session_key, run_id, seq, created_at) VALUES (?, ?, ?, ?, ?)"
         await self._records(lambda c: c.execute(sql, row))
 
-
     async def _records(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """A statement on the records beside the runs; a tasks.db failure is the typed
         ``StorageUnavailable`` (callers outside the backend know no SQLite)."""
@@ -280,6 +344,10 @@ class RecordStore(StoreBase):
             refused = StorageUnavailable(f"tasks.db cannot read or write the record ({exc}); try again shortly")
             del refused.extra["stored"]  # a record beside a message already stored: not known here
             raise refused from exc
+
+
+_REPLY_WRITES: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
+
 
 def _known_keys(conn: sqlite3.Connection) -> list[KnownKey]:
     sql = "SELECT session_key, max(agent_id), max(chat_type) FROM tasks WHERE session_key IS NOT NULL GROUP BY 1"

@@ -9,7 +9,7 @@ from datetime import date
 
 from config.clock import Clock, iso
 from sessions import usage as usage_days
-from sessions.deliveries import Delivery, RunDeliveries
+from sessions.deliveries import Delivery, PriorDelivery, RunDeliveries, prior_of
 from sessions.inmemory.data import Idempotency, MemoryData
 from sessions.records import CompatConversation, HookDelivery, IdempotencyRecord, ResponseRef, RunState
 from sessions.usage import DailyUsage, UsageBy
@@ -34,6 +34,28 @@ class MemoryRecords:
                 deliveries.add(record)
         return deliveries.find(run.run_id, client_message_id, since)
 
+    async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
+        return self._stored_before(key, client_message_id, since)
+
+    def checks_deliveries(self, key: str) -> bool:
+        return True  # everything is in memory: the append checks
+
+    def _stored_before(self, key: str, client_message_id: str, since: str) -> PriorDelivery | None:
+        """The idempotency record of ``client_message_id`` on ``key``, else its message in the
+        active run, stored at or after ``since``."""
+        found = self.data.idempotency.get((key, client_message_id))
+        if found is not None and found.created_at >= since:
+            return PriorDelivery(found.run_id, found.seq, found.response)
+        run = self.active_run(key)
+        if run is None:
+            return None
+        deliveries = RunDeliveries(scanned=True)
+        for record in self.data.runs[run.run_id].messages:
+            if "client_message_id" in record or "reply_to" in record:
+                deliveries.add(record)
+        delivered = deliveries.find(run.run_id, client_message_id, since)
+        return None if delivered is None else prior_of(delivered)
+
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
         found = self.data.idempotency.get((key, client_message_id))
         if found is None or found.created_at < since:
@@ -54,14 +76,16 @@ class MemoryRecords:
             found.run_id, found.seq, found.response = run_id, seq, response
 
     def keep_deliveries(self, run: RunState) -> None:
-        """A run that ends keeps an idempotency record of each client_message_id it stored (the
-        first record of an id wins), so a redelivery after it ended is still recognised."""
+        """A run that ends keeps an idempotency record of each client_message_id it stored (a record
+        of the same delivery, a reply's, stays; an older one of another delivery, expired when the
+        message was stored, is replaced), so a redelivery after it ended is still recognised."""
+        latest = RunDeliveries(scanned=True)
         for record in self.data.runs[run.run_id].messages:
-            cmid = record.get("client_message_id")
-            if isinstance(cmid, str):
-                self.data.idempotency.setdefault(
-                    (run.key, cmid), Idempotency(str(record["timestamp"]), run.run_id, int(record["seq"]))
-                )
+            latest.add(record)
+        for cmid, (seq, stamp) in latest.by_id.items():
+            before = self.data.idempotency.get((run.key, cmid))
+            if before is None or ((before.run_id, before.seq) != (run.run_id, seq) and before.created_at < stamp):
+                self.data.idempotency[(run.key, cmid)] = Idempotency(stamp, run.run_id, seq)
 
     async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
         found = self.data.hook_deliveries.get(delivery_id)

@@ -27,6 +27,7 @@ from sessions.bookkeeping import (
 )
 from sessions.compaction import COMPACTIONS
 from sessions.context_order import context_line, in_context
+from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered
 from sessions.entries import SessionEntry
 from sessions.events import EventType, StoreEvent
 from sessions.inmemory.data import MemoryData, StoredRun, line_size
@@ -270,6 +271,11 @@ class MemoryStore(MemoryReads, MemoryRecords):
 
     def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
         check_writable(run, message)
+        if message.once and message.client_message_id is not None:
+            since = iso(self.clock() - DELIVERY_WINDOW)
+            prior = self._stored_before(run.key, message.client_message_id, since)
+            if prior is not None:
+                raise AlreadyDelivered(prior)
         stamp = iso(self.clock())
         record = message_record(run.next_seq, message, stamp)
         stored = self.data.runs[run.run_id]
@@ -415,8 +421,6 @@ def _settle(run: RunState, durable: asyncio.Future[None]) -> None:
     run.appends_pending -= 1
     if not durable.done():
         durable.set_result(None)
-
-
 
 
 def _conforms(store: MemoryStore) -> ConversationStore:

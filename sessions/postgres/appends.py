@@ -18,10 +18,9 @@ from config.clock import iso
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
 from sessions.context_lines import ContextLine, read_back
-from sessions.context_order import context_line, in_context
 from sessions.deliveries import Delivery
-from sessions.files.jsonl import decode, encode, encode_plain
-from sessions.postgres.batching import Append, PgQueue, Undo
+from sessions.files.jsonl import decode, encode
+from sessions.postgres.batching import PgQueue, make_append
 from sessions.postgres.faults import database_error, unavailable
 from sessions.postgres.rewrite import apply_change
 from sessions.postgres.usage import add_daily
@@ -47,14 +46,11 @@ class PgAppends(PgQueue):
         stamp = iso(self.clock())
         record = message_record(run.next_seq, message, stamp)
         run.next_seq += 1
-        dump = encode if message.tool_calls else encode_plain
-        data = dump(record)
-        line = dump(context_line(record)) if in_context(record) else b""
-        undo = Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        item = Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future)
+        once = message.once and message.client_message_id is not None  # checked by the statement
+        item = make_append(record, run.last_context_seq, future, once)
         self._enqueue(run, item)
-        count_append(run, record, len(data), len(line) if line else None)
+        count_append(run, record, item.undo.messages_bytes, item.undo.context_bytes or None)
         entry = self.entry(run.key)
         if entry is not None:
             note_message(entry, message, stamp)
@@ -82,7 +78,7 @@ class PgAppends(PgQueue):
             row = await self.pool.fetchrow(
                 "SELECT m.seq, m.created_at, (SELECT r.record::text FROM messages r WHERE r.run_id = m.run_id"
                 " AND r.reply_to = m.seq AND r.record->'tool_calls' IS NULL ORDER BY r.seq LIMIT 1) AS reply"
-                " FROM messages m WHERE m.run_id = $1 AND m.client_message_id = $2 ORDER BY m.seq LIMIT 1",
+                " FROM messages m WHERE m.run_id = $1 AND m.client_message_id = $2 ORDER BY m.seq DESC LIMIT 1",
                 run.run_id,
                 client_message_id,
             )

@@ -23,7 +23,12 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from config.clock import iso
 from config.errors import Conflict, StorageUnavailable
+from sessions.bookkeeping import count_append
+from sessions.context_order import context_line, in_context
+from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered, PriorDelivery
+from sessions.files.jsonl import decode, encode, encode_plain
 from sessions.postgres.base import PgBase
 from sessions.postgres.faults import RETRY_AFTER_S, database_error
 from sessions.records import MessageRecord, RunState
@@ -39,6 +44,22 @@ _APPEND = """
 WITH b AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
         $7::bigint[], $8::bigint[], $9::text[]) AS b(run_id, first, n, nctx, tokens, cbytes, lastctx, mbytes, at)
+), u AS (
+    SELECT * FROM unnest($10::text[], $11::bigint[], $12::text[], $13::text[], $14::bigint[], $15::json[],
+        $19::text[]) AS u(run_id, seq, at, cmid, reply_to, rec, once_key)
+), seen AS (
+    SELECT u.run_id, u.seq, 1 AS src, p.run_id AS prior_run, p.message_seq AS prior_seq,
+        p.response AS prior_response, NULL::text AS prior_reply
+    FROM u JOIN idempotency p ON p.session_key = u.once_key AND p.client_message_id = u.cmid
+        AND p.created_at >= $20
+    WHERE u.once_key IS NOT NULL
+    UNION ALL
+    SELECT u.run_id, u.seq, 2, d.run_id, d.seq, NULL, (SELECT r.record::text FROM messages r
+        WHERE r.run_id = d.run_id AND r.reply_to = d.seq AND r.record->'tool_calls' IS NULL ORDER BY r.seq LIMIT 1)
+    FROM u CROSS JOIN LATERAL (SELECT m.run_id, m.seq FROM messages m WHERE m.run_id = u.run_id
+        AND m.client_message_id = u.cmid AND m.client_message_id IS NOT NULL AND m.created_at >= $20
+        ORDER BY m.seq DESC LIMIT 1) d
+    WHERE u.once_key IS NOT NULL
 ), r AS (
     UPDATE runs SET next_seq = b.first + b.n, next_pos = runs.next_pos + b.nctx,
         context_tokens = runs.context_tokens + b.tokens, context_bytes = runs.context_bytes + b.cbytes,
@@ -46,19 +67,25 @@ WITH b AS (
         last_context_seq = CASE WHEN b.lastctx > 0 THEN b.lastctx ELSE runs.last_context_seq END,
         messages_bytes = runs.messages_bytes + b.mbytes, updated_at = b.at, opening = false
     FROM b WHERE runs.run_id = b.run_id AND runs.next_seq = b.first AND runs.status IN ('running', 'paused')
+        AND NOT EXISTS (SELECT 1 FROM seen WHERE seen.run_id = b.run_id)
     RETURNING runs.run_id, runs.next_pos - b.nctx AS pos0
 ), m AS (
     INSERT INTO messages (run_id, seq, created_at, client_message_id, reply_to, record)
-    SELECT u.run_id, u.seq, u.at, u.cmid, u.reply_to, u.rec
-    FROM unnest($10::text[], $11::bigint[], $12::text[], $13::text[], $14::bigint[], $15::json[])
-        AS u(run_id, seq, at, cmid, reply_to, rec)
+    SELECT u.run_id, u.seq, u.at, u.cmid, u.reply_to, u.rec FROM u
     WHERE u.run_id IN (SELECT run_id FROM r)
 ), c AS (
     INSERT INTO context_lines (run_id, pos, line)
     SELECT u.run_id, r.pos0 + u.ord, u.line
     FROM unnest($16::text[], $17::bigint[], $18::json[]) AS u(run_id, ord, line) JOIN r USING (run_id)
+), i AS (
+    INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)
+    SELECT * FROM unnest($21::text[], $22::text[], $23::text[], $24::text[], $25::bigint[], $26::text[])
+    ON CONFLICT (session_key, client_message_id) DO UPDATE SET run_id = excluded.run_id,
+        message_seq = excluded.message_seq, response = COALESCE(excluded.response, idempotency.response)
 )
-SELECT run_id FROM r
+SELECT run_id, NULL::bigint AS seq, 0 AS src, NULL::text AS prior_run, NULL::bigint AS prior_seq,
+    NULL::text AS prior_response, NULL::text AS prior_reply FROM r
+UNION ALL SELECT * FROM seen
 """
 
 
@@ -79,6 +106,29 @@ class Append:
     text: str  # the message line (JSON)
     line: str | None  # the context line (JSON), None for a command
     undo: Undo
+    future: asyncio.Future[None]
+    once: bool = False  # its client_message_id is checked by the statement (``NewMessage.once``)
+
+
+def make_append(record: MessageRecord, last_context_seq: int, future: asyncio.Future[None], once: bool) -> Append:
+    """The queued form of a message record: its line and context line encoded, what it counts."""
+    dump = encode if record.get("tool_calls") else encode_plain  # no floats without tool calls
+    data = dump(record)
+    line = dump(context_line(record)) if in_context(record) else b""
+    undo = Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, last_context_seq)
+    return Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future, once)
+
+
+@dataclass
+class ReplyRecord:
+    """A reply body to record for a delivery (``remember_reply``): it rides in the next statement."""
+
+    key: str
+    client_message_id: str
+    created_at: str
+    run_id: str | None
+    seq: int | None
+    response: str
     future: asyncio.Future[None]
 
 
@@ -104,6 +154,34 @@ class PgQueue(PgBase):
     _sending: set[asyncio.Task[None]]  # the statements under way
     _unsure: set[str]  # runs whose last statement's outcome is unknown (checked before their next)
     _append_error: BaseException | None
+    _replies: list[ReplyRecord]  # reply records waiting for the next statement
+
+    def queue_reply(
+        self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
+    ) -> asyncio.Future[None]:
+        """Record a reply body in the next append statement (the group commit): it resolves once
+        committed, with the typed error when that statement fails."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._replies.append(ReplyRecord(key, client_message_id, iso(self.clock()), run_id, seq, response, future))
+        self._kick()
+        return future
+
+    def _take_replies(self) -> list[ReplyRecord]:
+        """The reply records for the next statement: one per (key, id) (a later one waits)."""
+        taken: list[ReplyRecord] = []
+        seen: set[tuple[str, str]] = set()
+        left: list[ReplyRecord] = []
+        for reply in self._replies:
+            if reply.future.done():  # its caller was cancelled
+                continue
+            marker = (reply.key, reply.client_message_id)
+            if marker in seen:
+                left.append(reply)
+                continue
+            seen.add(marker)
+            taken.append(reply)
+        self._replies = left
+        return taken
 
     def _enqueue(self, run: RunState, item: Append | Call) -> None:
         queue = self._queues.get(run.run_id)
@@ -133,12 +211,14 @@ class PgQueue(PgBase):
         try:
             while True:
                 self._wake.clear()
-                batch = self._take() if len(self._sending) < MAX_IN_FLIGHT else []
-                if batch:
+                room = len(self._sending) < MAX_IN_FLIGHT
+                batch = self._take() if room else []
+                replies = self._take_replies() if room and self._replies else []
+                if batch or replies:
                     self._in_flight.update(run.run_id for run, _ in batch)
-                    self._sending.add(asyncio.get_running_loop().create_task(self._send_then_release(batch)))
+                    self._sending.add(asyncio.get_running_loop().create_task(self._send_then_release(batch, replies)))
                     continue
-                if not self._queues and not self._sending:
+                if not self._queues and not self._sending and not self._replies:
                     return
                 await self._wake.wait()  # a statement or a call to finish, or appends to come
         except asyncio.CancelledError:  # the loop is closing: nothing queued will be written
@@ -147,11 +227,16 @@ class PgQueue(PgBase):
                 for item in queue.items:
                     _settle(item.future, ConnectionError("the store closed"))
             self._queues.clear()
+            for reply in self._replies:
+                _settle(reply.future, ConnectionError("the store closed"))
+            self._replies = []
             raise
 
-    async def _send_then_release(self, batch: list[tuple[RunState, list[Append]]]) -> None:
+    async def _send_then_release(
+        self, batch: list[tuple[RunState, list[Append]]], replies: list[ReplyRecord] | None = None
+    ) -> None:
         try:
-            await self._send(batch)
+            await self._send(batch, replies or [])
         finally:  # before the flusher looks again (a done callback would come after it)
             self._in_flight.difference_update(run.run_id for run, _ in batch)
             task = asyncio.current_task()
@@ -176,10 +261,17 @@ class PgQueue(PgBase):
                 task.add_done_callback(self._calls.discard)
                 continue
             taken: list[Append] = []
+            once_ids: set[str] | None = None  # ids the statement checks: a repeat waits for the next
             while queue.items and total < MAX_BATCH:
                 item = queue.items[0]
                 if not isinstance(item, Append):
                     break
+                if item.once:
+                    cmid = item.record.get("client_message_id")
+                    once_ids = once_ids if once_ids is not None else set()
+                    if cmid in once_ids:
+                        break
+                    once_ids.add(str(cmid))
                 taken.append(item)
                 queue.items.popleft()
                 total += 1
@@ -203,17 +295,19 @@ class PgQueue(PgBase):
                 self._queues[queue.run.run_id] = queue  # it was dropped when empty; items came since
             self._kick()
 
-    async def _send(self, batch: list[tuple[RunState, list[Append]]]) -> None:
+    async def _send(self, batch: list[tuple[RunState, list[Append]]], replies: list[ReplyRecord]) -> None:
         sent = False
         try:
             async with self.pool.acquire() as conn:
                 if self._unsure:
                     batch = await self._verify(conn, batch)
-                    if not batch:
+                    if not batch and not replies:
                         return
                 sent = True
-                claimed = {row[0] for row in await conn.fetch(_APPEND, *_arguments(batch))}
-                lost = [(run, items) for run, items in batch if run.run_id not in claimed]
+                since = iso(self.clock() - DELIVERY_WINDOW)
+                arguments = [*_arguments(batch), since, *_reply_arguments(replies)]
+                claimed, repeats = _claims(await conn.fetch(_APPEND, *arguments))
+                lost = [(run, items) for run, items in batch if run.run_id not in claimed and run.run_id not in repeats]
                 rows = await _counters(conn, [run.run_id for run, _ in lost]) if lost else {}
         except Exception as exc:  # the statement may have committed or not: check before the next
             typed = database_error(exc)
@@ -222,9 +316,17 @@ class PgQueue(PgBase):
             for run, items in batch:
                 self._fail(run, items, exc)
                 self._unsure.add(run.run_id)
+            for reply in replies:
+                _settle(reply.future, database_error(exc) or exc)
             return
+        for reply in replies:
+            if not reply.future.done():
+                reply.future.set_result(None)
         self._append_error = None
         for run, items in batch:
+            if run.run_id in repeats:
+                self._drop_repeats(run, items, repeats[run.run_id])
+                continue
             if run.run_id not in claimed:
                 first = items[0].record["seq"]
                 self._fail(run, items, Conflict(
@@ -278,6 +380,59 @@ class PgQueue(PgBase):
             self.sync_counters(entry, run)
             self.touch(run.key)
 
+    def _drop_repeats(self, run: RunState, taken: list[Append], priors: Mapping[int, PriorDelivery]) -> None:
+        """The statement stored nothing of ``run``: appends in ``taken`` repeat a delivery
+        (``priors``, by seq). Those, and a reply to one of them, are refused (``AlreadyDelivered``);
+        the others, and every append queued behind them, are queued again in their order with the
+        seqs that follow (a ``reply_to`` follows its message), as if the repeats had never come."""
+        queue = self._queues.get(run.run_id)
+        behind = list(queue.items) if queue is not None else []
+        self._take_back(run, [*taken, *(item for item in behind if isinstance(item, Append))])
+        dropped: dict[int, PriorDelivery] = {}
+        moved: dict[int, int] = {}
+        kept: collections.deque[Append | Call] = collections.deque()
+        for item in [*taken, *behind]:
+            if isinstance(item, Call):
+                kept.append(item)
+                continue
+            record = item.record
+            seq, answers = record["seq"], record.get("reply_to")
+            prior = priors.get(seq) or (dropped.get(answers) if answers is not None else None)
+            if prior is not None:
+                dropped[seq] = prior
+                _settle(item.future, AlreadyDelivered(prior))
+                continue
+            record["seq"] = moved[seq] = run.next_seq
+            run.next_seq += 1
+            if answers is not None and answers in moved:
+                record["reply_to"] = moved[answers]
+            again = make_append(record, run.last_context_seq, item.future, item.once)
+            count_append(run, record, again.undo.messages_bytes, again.undo.context_bytes or None)
+            kept.append(again)
+        if queue is None:
+            queue = RunQueue(run)
+        queue.items = kept
+        if kept:
+            self._queues[run.run_id] = queue
+        entry = self.entry(run.key)
+        if entry is not None and entry.run_id == run.run_id:
+            self.sync_counters(entry, run)
+            self.touch(run.key)
+
+    def _take_back(self, run: RunState, appends: list[Append]) -> None:
+        """The run's counters as they were before ``appends`` (queued in a row) were counted."""
+        if not appends:
+            return
+        for item in appends:
+            undo = item.undo
+            run.messages_bytes -= undo.messages_bytes
+            if undo.context_bytes:
+                run.context_bytes -= undo.context_bytes
+                run.context_tokens = max(0, run.context_tokens - undo.tokens)
+                run.context_lines -= 1
+        run.appends_pending -= len(appends)
+        run.next_seq, run.last_context_seq = appends[0].undo.seq, appends[0].undo.last_context_seq
+
     def _fail(self, run: RunState, taken: list[Append], exc: BaseException) -> None:
         """``taken`` failed: it and every append queued behind it fail; the run's counters go
         back to before the first of them."""
@@ -290,16 +445,9 @@ class PgQueue(PgBase):
             return
         self._append_error = exc
         typed = database_error(exc) or exc
+        self._take_back(run, failed)
         for item in failed:
-            undo = item.undo
-            run.messages_bytes -= undo.messages_bytes
-            if undo.context_bytes:
-                run.context_bytes -= undo.context_bytes
-                run.context_tokens = max(0, run.context_tokens - undo.tokens)
-                run.context_lines -= 1
             _settle(item.future, typed)
-        run.appends_pending -= len(failed)
-        run.next_seq, run.last_context_seq = failed[0].undo.seq, failed[0].undo.last_context_seq
         entry = self.entry(run.key)
         if entry is not None and entry.run_id == run.run_id:
             self.sync_counters(entry, run)
@@ -316,11 +464,37 @@ async def _counters(conn: asyncpg.Connection, run_ids: list[str]) -> dict[str, a
     return {row["run_id"]: row for row in await conn.fetch(_COUNTERS, run_ids)}
 
 
+def _claims(rows: list[asyncpg.Record]) -> tuple[set[str], dict[str, dict[int, PriorDelivery]]]:
+    """The runs the statement stored, and per run not stored for it, the appends (by seq) that
+    repeat a delivery with what that delivery was (its record's reply body, its transcript's reply)."""
+    claimed: set[str] = set()
+    repeats: dict[str, dict[int, PriorDelivery]] = {}
+    for run_id, seq, src, prior_run, prior_seq, response, reply in rows:
+        if src == 0:
+            claimed.add(run_id)
+            continue
+        found = repeats.setdefault(run_id, {})
+        before = found.get(seq)
+        answer = None
+        if reply is not None:
+            record = decode(reply.encode())
+            answer = {"content": record.get("content"), "seq": record.get("seq")}
+        if before is None:
+            found[seq] = PriorDelivery(prior_run, prior_seq, response, answer)
+        elif src == 1:  # the record's place and body; the transcript's reply
+            found[seq] = PriorDelivery(prior_run, prior_seq, response, before.reply)
+        else:
+            found[seq] = PriorDelivery(before.run_id, before.seq, before.response, answer)
+    return claimed, repeats
+
+
 def _arguments(batch: list[tuple[RunState, list[Append]]]) -> list[list[Any]]:
-    """The statement's 18 arrays: per run, per message line, per context line."""
+    """The statement's 19 arrays: per run, per message line, per context line, and the key of
+    each line whose client_message_id is checked (None for the others)."""
     runs: list[list[Any]] = [[] for _ in range(9)]
     lines: list[list[Any]] = [[] for _ in range(6)]
     context: list[list[Any]] = [[] for _ in range(3)]
+    once_keys: list[str | None] = []
     for run, items in batch:
         in_context = [item for item in items if item.line is not None]
         for column, value in zip(runs, (
@@ -337,10 +511,22 @@ def _arguments(batch: list[tuple[RunState, list[Append]]]) -> list[list[Any]]:
                 record.get("reply_to"), item.text,
             ), strict=True):  # fmt: skip
                 column.append(value)
+            once_keys.append(run.key if item.once else None)
         for ordinal, item in enumerate(in_context):
             for column, value in zip(context, (run.run_id, ordinal, item.line), strict=True):
                 column.append(value)
-    return [*runs, *lines, *context]
+    return [*runs, *lines, *context, once_keys]
+
+
+def _reply_arguments(replies: list[ReplyRecord]) -> list[list[Any]]:
+    """The statement's 6 arrays of reply records (key, id, time, run, seq, body)."""
+    columns: list[list[Any]] = [[] for _ in range(6)]
+    for reply in replies:
+        for column, value in zip(columns, (
+            reply.key, reply.client_message_id, reply.created_at, reply.run_id, reply.seq, reply.response,
+        ), strict=True):  # fmt: skip
+            column.append(value)
+    return columns
 
 
 def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:

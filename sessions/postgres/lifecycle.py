@@ -188,12 +188,17 @@ class PgLifecycle(PgRecords):
                     f" compaction_count = $5, final_summary = $6, opening = $7, {sets} WHERE run_id = $1",
                     run.run_id, status, now, error, run.compaction_count, text, False, *stats.values(),
                 )  # fmt: skip
-                # every client_message_id the run stored keeps its idempotency record after the run
+                # every client_message_id the run stored keeps its idempotency record after the run (a
+                # record of the same delivery stays; an expired one of an earlier delivery is replaced)
                 await conn.execute(
                     "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq)"
-                    " SELECT $2, client_message_id, min(created_at), $1, min(seq) FROM messages"
-                    " WHERE run_id = $1 AND client_message_id IS NOT NULL GROUP BY client_message_id"
-                    " ON CONFLICT (session_key, client_message_id) DO NOTHING",
+                    " SELECT DISTINCT ON (client_message_id) $2, client_message_id, created_at, $1, seq FROM messages"
+                    " WHERE run_id = $1 AND client_message_id IS NOT NULL ORDER BY client_message_id, seq DESC"
+                    " ON CONFLICT (session_key, client_message_id) DO UPDATE SET created_at = excluded.created_at,"
+                    " run_id = excluded.run_id, message_seq = excluded.message_seq, response = NULL"
+                    " WHERE (idempotency.run_id, idempotency.message_seq)"
+                    " IS DISTINCT FROM (excluded.run_id, excluded.message_seq)"
+                    " AND idempotency.created_at < excluded.created_at",
                     run.run_id, key,
                 )  # fmt: skip
                 if after is not None:

@@ -4,6 +4,8 @@ delivery capability) and the OpenAI-compatible routes' conversations and respons
 from __future__ import annotations
 
 from config.clock import iso
+from sessions.deliveries import PriorDelivery
+from sessions.files.jsonl import decode
 from sessions.postgres.faults import unavailable
 from sessions.postgres.reads import PgReads
 from sessions.postgres.usage import PgUsage
@@ -13,6 +15,16 @@ _SAVE_IDEMPOTENCY = (
     "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
     " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_key, client_message_id) DO UPDATE SET"
     " run_id = excluded.run_id, message_seq = excluded.message_seq, "
+)
+
+
+_RECALL = (
+    "SELECT 1 AS src, run_id, message_seq AS seq, response, NULL::text AS reply FROM idempotency"
+    " WHERE session_key = $1 AND client_message_id = $2 AND created_at >= $3"
+    " UNION ALL (SELECT 2, m.run_id, m.seq, NULL, (SELECT r.record::text FROM messages r WHERE r.run_id = m.run_id"
+    " AND r.reply_to = m.seq AND r.record->'tool_calls' IS NULL ORDER BY r.seq LIMIT 1)"
+    " FROM messages m WHERE m.run_id = $4 AND m.client_message_id = $2 AND m.client_message_id IS NOT NULL"
+    " AND m.created_at >= $3 ORDER BY m.seq DESC LIMIT 1)"
 )
 
 
@@ -30,6 +42,28 @@ class PgRecords(PgReads, PgUsage):
             )
         return IdempotencyRecord(row[0], row[1], row[2]) if row else None
 
+    async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
+        """One statement: the idempotency record, else the message in the active run (and its reply)."""
+        run = self.active_run(key)
+        with unavailable("nothing was stored"):
+            rows = await self.pool.fetch(_RECALL, key, client_message_id, since, run.run_id if run else None)
+        if not rows:
+            return None
+        found = {row["src"]: row for row in rows}
+        record, delivered = found.get(1), found.get(2)
+        reply = None
+        if delivered is not None and delivered["reply"] is not None:
+            answer = decode(delivered["reply"].encode())
+            reply = {"content": answer.get("content"), "seq": answer.get("seq")}
+        first = record if record is not None else delivered
+        assert first is not None
+        return PriorDelivery(first["run_id"], first["seq"], record["response"] if record else None, reply)
+
+    def checks_deliveries(self, key: str) -> bool:
+        """The append statement checks an id marked ``once`` (``sessions.postgres.batching``): a
+        key with an active run is looked up by nothing else."""
+        return self.active_run(key) is not None
+
     async def remember_delivery(self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None) -> None:
         """A new delivery replaces an expired record whole (its window starts now, no old reply)."""
         update = "created_at = excluded.created_at, response = NULL"
@@ -38,8 +72,8 @@ class PgRecords(PgReads, PgUsage):
     async def remember_reply(
         self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
     ) -> None:
-        update = "response = COALESCE(excluded.response, idempotency.response)"
-        await self._save_idempotency(key, client_message_id, run_id, seq, response, update)
+        """Rides in the next append statement (``sessions.postgres.batching``): no commit of its own."""
+        await self.queue_reply(client_message_id=client_message_id, key=key, run_id=run_id, seq=seq, response=response)
 
     async def _save_idempotency(
         self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str

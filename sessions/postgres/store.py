@@ -64,6 +64,7 @@ class PgStore(PgShared, PgMaintenance, PgExport):
         self._unsure: set[str] = set()
         self._in_flight: set[str] = set()
         self._sending: set[asyncio.Task[None]] = set()
+        self._replies = []
         self._append_error: BaseException | None = None
         self._probed: tuple[float, str | None] = (float("-inf"), None)
 
