@@ -76,7 +76,7 @@ async def post_message(base: str, key: str, body: dict[str, Any], headers: dict[
 
 async def wait_ready(base: str, headers: dict[str, str] | None = None) -> None:
     async with aiohttp.ClientSession(headers=headers) as http:
-        for _ in range(300):
+        for _ in range(900):  # the memory models load first: up to a minute on a busy machine
             async with http.get(f"{base}/readyz") as resp:
                 if resp.status == 200:
                     return
