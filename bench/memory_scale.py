@@ -1,7 +1,6 @@
 """Memory at scale: index N chunks with the default embedders, then a daemon's RSS over that index.
 
-``python -m bench.memory_scale [--chunks N]`` (20,000 by default; also ``python -m bench.memory_speed
---scale N``):
+``python -m bench.memory_scale [--chunks N]`` (20,000 by default):
 
 1. a Markdown memory of N chunks (one heading and one paragraph of 50-110 words each, 50 per file)
    is indexed from scratch by ``MemoryService.reindex`` with the default settings in a child

@@ -253,7 +253,7 @@ class TorchE5:
 
 # how far the traced encoder's vector may be from encode's on the probe texts (cosine)
 _TRACE_MIN_COSINE = 0.9999
-_TRACE_PROBES = ("probe", "What did Caroline make in pottery class last Thursday?", "夫の誕生日はいつ？", "long " * 250)
+_TRACE_PROBES = ("probe", "What did Caroline make in pottery class last Thursday?", "夫の誕生日はいつ？", "long " * 60)
 
 
 def _trace_lone(model: TorchE5) -> Any:
