@@ -169,6 +169,8 @@ class TorchE5:
         self.kernels = kernels or ("bfloat16" if bfloat16_runs_fast() else "int8")
         self._encoder = _encoder(model, self.kernels)
         self._dtype = torch.bfloat16 if self.kernels == "bfloat16" else torch.float32
+        self._lone: Any = None  # the traced encoder of one unpadded text (encode_one), once traced
+        self._lone_tried = False
 
     def count(self, text: str) -> int:
         """Tokens the model reads for ``text`` (its start and end tokens included)."""
@@ -187,6 +189,37 @@ class TorchE5:
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         out: npt.NDArray[np.float32] = (sums / np.maximum(norms, 1e-12)).astype(np.float32)
         return out
+
+    def encode_one(self, text: str, prefix: str) -> npt.NDArray[np.float32]:
+        """The unit vector of ``prefix + text`` (a search query), as :meth:`encode` gives it (to
+        float rounding), through the encoder traced by TorchScript for one unpadded input (frozen:
+        no Python per module, no attention mask): a short query's cost is mostly the encoder's
+        per-module overhead, which the trace removes (``python -m bench.memory_speed`` prints both
+        paths). A text longer than one window, or a trace that failed or differs from the eager
+        encoder on the probe texts, goes through :meth:`encode`."""
+        ids = self.tokenizer.content([prefix + text])[0]
+        lone = self._traced()
+        if lone is None or len(ids) > self.window:
+            return self.encode([text], prefix)
+        with torch.inference_mode():
+            hidden = lone(self._embeds(ids)).float()[0]
+        mean = hidden.mean(0).double().numpy()
+        out: npt.NDArray[np.float32] = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)[None, :]
+        return out
+
+    def _embeds(self, content: list[int]) -> torch.Tensor:
+        """The input embeddings of one window of content tokens (with its start and end tokens)."""
+        ids = np.array([self.tokenizer.bos, *content, self.tokenizer.eos], np.int64)
+        used, index = np.unique(ids, return_inverse=True)
+        table = dequantize(self._words[used], len(used), self._sizes["hidden"])
+        return torch.from_numpy(table[index])[None].to(self._dtype)
+
+    def _traced(self) -> Any:
+        """The encoder traced for one unpadded input (traced on first use), or None."""
+        if not self._lone_tried:
+            self._lone_tried = True
+            self._lone = _trace_lone(self)
+        return self._lone
 
     def _batches(self, windows: list[tuple[int, list[int]]]) -> list[list[tuple[int, list[int]]]]:
         """Windows grouped so that a padded batch holds at most ``batch_tokens`` tokens."""
@@ -216,6 +249,44 @@ class TorchE5:
             means = (hidden * m).sum(1) / m.sum(1)
         out: npt.NDArray[np.float64] = means.double().numpy()
         return out
+
+
+# how far the traced encoder's vector may be from encode's on the probe texts (cosine)
+_TRACE_MIN_COSINE = 0.9999
+_TRACE_PROBES = ("probe", "What did Caroline make in pottery class last Thursday?", "夫の誕生日はいつ？", "long " * 60)
+
+
+def _trace_lone(model: TorchE5) -> Any:
+    """``model``'s encoder traced by TorchScript for one unpadded input (``inputs_embeds`` only),
+    frozen; None when tracing fails or its vectors of the probe texts are not ``encode``'s."""
+    encoder = model._encoder
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, embeds: torch.Tensor) -> torch.Tensor:
+            hidden: torch.Tensor = self.encoder(inputs_embeds=embeds).last_hidden_state
+            return hidden
+
+    try:
+        example = model._embeds(model.tokenizer.content(["query: " + _TRACE_PROBES[1]])[0])
+        with torch.inference_mode(), warnings.catch_warnings():
+            # (the tracer warns about the branches it records as constants: masking and padding,
+            # which one unpadded input never takes; the probes below check the result)
+            warnings.simplefilter("ignore")
+            traced: Any = torch.jit.freeze(torch.jit.trace(Hidden().eval(), (example,), check_trace=False))  # type: ignore[no-untyped-call]
+        model._lone, model._lone_tried = traced, True
+        for probe in _TRACE_PROBES:
+            eager = model.encode([probe], "query: ")[0]
+            if float(model.encode_one(probe, "query: ")[0] @ eager) < _TRACE_MIN_COSINE:
+                return None
+    except Exception:  # any failure to trace leaves the eager path, which always works
+        return None
+    finally:
+        model._lone = None
+    return traced
 
 
 def bfloat16_runs_fast() -> bool:

@@ -18,8 +18,10 @@ from collections.abc import Mapping
 from config.errors import ConfigError
 from config.settings import EmbeddingSettings
 from memory.embedders import (
+    PACKAGED_MODEL,
     E5Embedder,
     Embedder,
+    EmbedderIdentity,
     OpenAIEmbedder,
     SentenceTransformerEmbedder,
     UniversalSentenceEncoderEmbedder,
@@ -96,3 +98,32 @@ def build_embedder(settings: EmbeddingSettings, env: Mapping[str, str] | None = 
     return SentenceTransformerEmbedder(
         settings.model, batch_size=min(settings.batch_size, 32), offline=_truthy(env.get("HF_HUB_OFFLINE"))
     )
+
+
+def embedder_of(
+    identity: EmbedderIdentity, settings: EmbeddingSettings, env: Mapping[str, str] | None = None
+) -> Embedder:
+    """An embedder (not started) that makes the vectors of ``identity``: the one an index built
+    before a change of ``memory.embedding`` was made with, so that while the index is rebuilt for
+    the new setting, the old one keeps answering with query vectors of its own model. The packaged
+    models load offline; a named sentence-transformers model loads from the local cache only (a
+    rebuild never waits on a download); an OpenAI-compatible model only while the setting still
+    names that provider (its address and key are the setting's). The caller checks the started
+    embedder's identity. ConfigError when none can be built."""
+    routed = {"auto": "minilm+use", "minilm+use": "minilm+use", "minilm+e5+use": "minilm+e5+use", "e5+use": "e5+use"}
+    provider = identity.provider
+    if provider in routed or provider in ("e5", "universal-sentence-encoder"):
+        packaged = EmbeddingSettings(provider=routed.get(provider, provider), batch_size=settings.batch_size)
+        return build_embedder(packaged, env)
+    if provider == "sentence-transformers":
+        model = None if identity.model == PACKAGED_MODEL else identity.model
+        return SentenceTransformerEmbedder(model, batch_size=min(settings.batch_size, 32), offline=True)
+    if provider == "openai" and settings.provider == "openai":
+        return OpenAIEmbedder(
+            model=identity.model,
+            base_url=settings.base_url,
+            api_key=(env or {}).get(settings.api_key_env) or None,
+            batch_size=settings.batch_size,
+            max_retries=0,
+        )
+    raise ConfigError(f"the index's embedder ({provider} {identity.model}) is no longer configured")

@@ -449,6 +449,7 @@ class E5Embedder:
         torch.set_num_threads(self._threads)
         model = TorchE5()
         model.encode(["probe"], "passage: ")
+        model.encode_one("probe", "query: ")  # traces the query path now, not on the first search
         self._model = model
 
     async def start(self) -> None:
@@ -483,7 +484,8 @@ class E5Embedder:
         return head[:space] if space > 0 else head
 
     def _encode_query(self, text: str) -> Vectors:
-        return self.encode_sync([self.query_head(text)], query=True)
+        self.load_sync()
+        return self._model.encode_one(_c_strings([self.query_head(text)])[0], "query: ")  # type: ignore[no-any-return]
 
     async def embed_query(self, text: str) -> Vectors:
         """One question's vector (of its first ``E5_QUERY_TOKENS`` tokens: :meth:`query_head`)."""
@@ -598,9 +600,7 @@ class OpenAIEmbedder:
         try:
             response = await self._client.embeddings.create(**kwargs)
         except OpenAIError as exc:
-            raise EmbeddingError(
-                f"embeddings request to {self._base_url or 'OpenAI'} failed: {exc}"
-            ) from exc
+            raise EmbeddingError(f"embeddings request to {self._base_url or 'OpenAI'} failed: {exc}") from exc
         rows = sorted(response.data, key=lambda d: d.index)
         return _normalise(np.asarray([row.embedding for row in rows], dtype=np.float32))
 

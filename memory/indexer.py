@@ -113,6 +113,8 @@ class Indexer:
         self._signatures: dict[FileKey, Signature] = {}
         self.pending = 0
         self.rebuilding = False
+        self.rebuild_identity: IndexIdentity | None = None  # what the rebuild in flight builds
+        self._strays_checked = False
         self.embedded_total = 0  # chunks embedded since start, by any run
         self._dropped: OrderedDict[str, np.ndarray[Any, Any]] = OrderedDict()
 
@@ -194,14 +196,22 @@ class Indexer:
         if rebuild:
             agents = list(self._workspaces)
             self._dropped.clear()  # another model or chunking, or force: re-embed
+            # what a rebuild for this identity killed midway had written: reused, not re-embedded
+            strays = [] if force else await self._call(store.strays_of, identity)
+            await self._call(store.drop_strays, strays)  # (tables of other identities: of no use)
             target = await self._call(store.create_table, identity)
             known: dict[FileKey, FileState] = {}
             reuse = [] if force or store.active_identity is None else [store.active]
             if store.active_identity is not None and store.active_identity.embedder != identity.embedder:
                 reuse = []
+            reuse += strays
             self.rebuilding = True
+            self.rebuild_identity = identity
         else:
             target, known, reuse = store.active, self.known, []
+            if not self._strays_checked:  # a forced rebuild killed midway: its table is of no use
+                await self._call(store.drop_strays)
+            self._strays_checked = True
         try:
             report = await self._pass(agents, target, known, reuse, rebuild, progress)
             if rebuild:
@@ -216,6 +226,7 @@ class Indexer:
             return IndexReport(rebuilt=False, seconds=time.monotonic() - started, errors=(f"rebuild failed: {exc}",))
         finally:
             self.rebuilding = False
+            self.rebuild_identity = None
             self.pending = 0
         return IndexReport(**{**report.as_dict(), "errors": report.errors, "seconds": time.monotonic() - started})
 

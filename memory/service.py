@@ -18,8 +18,15 @@ from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownA
 from config.settings import MemorySettings
 from memory import scopes, sources
 from memory.dates import spell_dates
-from memory.embedder_choice import build_embedder
-from memory.embedders import Embedder, cosine_floor_of, is_multilingual, query_scale_of, query_vector
+from memory.embedder_choice import build_embedder, embedder_of
+from memory.embedders import (
+    Embedder,
+    EmbedderIdentity,
+    cosine_floor_of,
+    is_multilingual,
+    query_scale_of,
+    query_vector,
+)
 from memory.fusion import (
     Candidate,
     FusionParams,
@@ -36,7 +43,7 @@ from memory.loading import ModelLoader
 from memory.progress import PassProgress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.routed import RoutedEmbedder
-from memory.store import ChunkStore
+from memory.store import ChunkStore, IndexIdentity
 from memory.watcher import sweep, watch
 
 log = logging.getLogger("neotask.memory")
@@ -100,6 +107,14 @@ class MemoryService:
         self._last_run: dict[str, Any] | None = None
         self._progress: PassProgress | None = None  # the indexing pass in flight
         self._last_error: str | None = None
+        # While the index is rebuilt for another embedder, the old index keeps answering, its query
+        # vectors made by the embedder it was built with (``_previous``, loaded for the rebuild and
+        # closed once the new index replaces the old); ``_previous_note`` says why the old index
+        # answers by its text side alone when that embedder cannot be loaded.
+        self._previous: Embedder | None = None
+        self._previous_for: EmbedderIdentity | None = None
+        self._previous_note: str | None = None
+        self._previous_lock = asyncio.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -152,6 +167,7 @@ class MemoryService:
         await asyncio.get_running_loop().run_in_executor(None, lambda: self._reads.shutdown(wait=True))
         if self._own_embedder and self._embedder is not None:
             await self._embedder.close()
+        await self._release_previous()
 
     @property
     def ready(self) -> bool:
@@ -268,6 +284,9 @@ class MemoryService:
         assert self._indexer is not None
         async with self._run_lock:
             self._progress = tracker = PassProgress()
+            # a rebuild for another embedder: the old index keeps answering with its own model's
+            # query vectors, loaded beside the rebuild (not before it: the rebuild does not wait)
+            previous = asyncio.create_task(self._ensure_previous()) if self._needs_previous() else None
 
             def both(done: int, total: int) -> None:
                 tracker.update(done, total)
@@ -278,6 +297,10 @@ class MemoryService:
                 report = await self._indexer.run(agents, force=force, progress=both)
             finally:
                 self._progress = None
+                if previous is not None:
+                    await previous
+                if not self._needs_previous():  # the new index replaced the old: its model goes
+                    await self._release_previous()
         self._last_run = {**report.as_dict(), "finished_at": iso(self._clock())}
         self._last_error = report.errors[-1] if report.errors else None
         return report
@@ -304,6 +327,7 @@ class MemoryService:
             "progress": self._progress.as_dict() if self._progress else None,
             "identity": identity,
             "table": store.active.name if store and store.active is not None else None,
+            "serving": self.serving(),
             "agents": per_agent,
             "last_run": self._last_run,
             "last_error": self._last_error,
@@ -329,8 +353,9 @@ class MemoryService:
             await self._ensure_index()
         if not self._background and self._store is not None and self._store.active_identity is not None:
             await self._ensure_embedder()  # no worker loads it: this search is what needs a vector
-        use_vector = self._vector_knows(query)
-        pool = await self.candidates(agent, query, include_memory_md=include_memory_md, scope=scope)
+            if self._needs_previous():  # an index the daemon is rebuilding for this embedder
+                await self._ensure_previous()
+        pool, use_vector = await self._candidates(agent, query, include_memory_md, True, scope)
         params = FusionParams(
             s.vector_weight,
             s.text_weight,
@@ -361,28 +386,100 @@ class MemoryService:
             raise BadRequest("q must be a non-empty search query")
         return agent, query, k
 
-    def _query_embedder(self) -> Embedder | None:
-        """The embedder when it is loaded and made the active table's vectors; while a table of
-        another routed choice is active (being rebuilt for this one), the embedder of that choice
-        over the same loaded models (:meth:`RoutedEmbedder.view_for`: the default's index from
-        before E5 keeps its vector side until the new one replaces it); else None (the text side
-        then answers alone)."""
-        store, embedder = self._store, self._embedder if self._embedder_ready else None
-        if embedder is None or store is None or store.active_identity is None:
+    def _query_embedder(self, active: IndexIdentity | None) -> Embedder | None:
+        """What embeds a query for the index of identity ``active``: the configured embedder when
+        it made that index; while an index of another routed choice is active (being rebuilt for
+        this one), the embedder of that choice over the same loaded models
+        (:meth:`RoutedEmbedder.view_for`); else the embedder that index was built with, when it
+        is loaded (``_previous``: the old index keeps its vector side until the new one replaces
+        it); else None (the text side then answers alone)."""
+        if active is None:
             return None
-        active = store.active_identity.embedder
-        if active == embedder.identity:
-            return embedder
-        return embedder.view_for(active) if isinstance(embedder, RoutedEmbedder) else None
+        embedder = self._embedder if self._embedder_ready else None
+        if embedder is not None:
+            if active.embedder == embedder.identity:
+                return embedder
+            if isinstance(embedder, RoutedEmbedder) and (view := embedder.view_for(active.embedder)) is not None:
+                return view
+        previous = self._previous
+        return previous if previous is not None and previous.identity == active.embedder else None
 
-    def _vector_knows(self, query: str) -> bool:
-        """False without a usable query vector, or when the query is CJK and the embedder is
-        English-only: its cosines then say nothing (unrelated Japanese scores 0.5-0.7), so ranking
-        and abstention use the text side alone."""
-        embedder = self._query_embedder()
-        if embedder is None:
+    def _needs_previous(self) -> bool:
+        """Whether the active index was built by an embedder other than the configured one (and
+        the configured one's models cannot embed its queries)."""
+        store, embedder = self._store, self._embedder if self._embedder_ready else None
+        if store is None or embedder is None or store.active_identity is None:
             return False
-        return not is_cjk_query(query) or is_multilingual(embedder.identity)
+        active = store.active_identity
+        if active.embedder == embedder.identity:
+            return False
+        return not (isinstance(embedder, RoutedEmbedder) and embedder.view_for(active.embedder) is not None)
+
+    async def _ensure_previous(self) -> None:
+        """Load the embedder the active index was built with (once per index; see ``_previous``)."""
+        store = self._store
+        if store is None or store.active_identity is None:
+            return
+        wanted = store.active_identity.embedder
+        async with self._previous_lock:
+            if self._previous_for == wanted:
+                return  # loaded, or tried and failed
+            await self._release_previous()
+            self._previous_for = wanted
+            embedder: Embedder | None = None
+            try:
+                embedder = embedder_of(wanted, self.settings.embedding, self._env)
+                await embedder.start()
+                if embedder.identity != wanted:
+                    raise ValueError(
+                        f"it now makes {embedder.identity.model} ({embedder.identity.dimensions} dimensions)"
+                    )
+            except Exception as exc:  # any failure leaves the text side answering, as before
+                if embedder is not None:
+                    with contextlib.suppress(Exception):
+                        await embedder.close()
+                self._previous_note = (
+                    f"the index's embedder ({wanted.provider} {wanted.model}) cannot be loaded ({exc}): it is "
+                    "searched by its text side until the rebuild for the configured embedder replaces it"
+                )
+                log.warning("memory: %s", self._previous_note)
+                return
+            self._previous = embedder
+            log.info("memory: the index of %s answers with its own query vectors until it is replaced", wanted.provider)
+
+    async def _release_previous(self) -> None:
+        previous, self._previous, self._previous_for, self._previous_note = self._previous, None, None, None
+        if previous is not None:
+            await previous.close()
+
+    def serving(self) -> dict[str, Any] | None:
+        """What answers a search now (JSON-ready; None before an index exists): the active index's
+        embedder, whether a query gets a vector for it (``vectors``; false: its text side answers
+        alone, ``note`` says why), and, while a rebuild for another embedder runs, that embedder
+        (``replacing``: the active index keeps answering until the new one is complete)."""
+        store = self._store
+        if store is None:
+            return None
+        _, active = store.serving()
+        if active is None:
+            return None
+        indexer = self._indexer
+        target = indexer.rebuild_identity if indexer is not None else None
+        vectors = self._query_embedder(active) is not None
+        note = None
+        if not vectors:
+            note = self._previous_note or "the embedding model is not loaded yet"
+        return {
+            "provider": active.provider,
+            "model": active.model,
+            "vectors": vectors,
+            "replacing": (
+                {"provider": target.provider, "model": target.model}
+                if target is not None and target.embedder != active.embedder
+                else None
+            ),
+            "note": note,
+        }
 
     async def candidates(
         self,
@@ -397,16 +494,25 @@ class MemoryService:
         ``memory.fusion.fuse`` turns them into hits under any weights and thresholds).
         ``with_share=False`` leaves each candidate's term share at 0 (it costs stemming). A date in
         digits in the query is searched as memory spells it (``memory.dates``)."""
+        pool, _ = await self._candidates(agent, query, include_memory_md, with_share, scope)
+        return pool
+
+    async def _candidates(
+        self, agent: str, query: str, include_memory_md: bool, with_share: bool, scope: scopes.Scope
+    ) -> tuple[list[Candidate], bool]:
+        """``candidates``, and whether the query's cosines may rank and abstain: false without a
+        query vector, or when the query is CJK and the embedder English-only (its cosines then
+        say nothing: unrelated Japanese scores 0.5-0.7)."""
         agent = self._agent(agent)
         query = spell_dates(query)
         if self._store is None and self._index_exists():
             await self._ensure_index()
         store = self._store
         if store is None:
-            return []  # no index was ever written: nothing to find
-        table = store.active
+            return [], False  # no index was ever written: nothing to find
+        table, active = store.serving()  # read together: a swap may run meanwhile
         if table is None:
-            return []
+            return [], False
         n = self.settings.search.candidates
         loop = asyncio.get_running_loop()
         # the full-text query (and the term shares of what it found) runs while the query is
@@ -414,16 +520,24 @@ class MemoryService:
         # hand-over between threads fewer than a job each: under load each costs a wake-up)
         text_job = self._reads.submit(_text_side, store, table, query, agent, n, include_memory_md, with_share, scope)
         vector = None
-        embedder = self._query_embedder()
+        embedder = self._query_embedder(active)
         scale = query_scale_of(embedder, query) if embedder is not None else 1.0
         floor = cosine_floor_of(embedder, query) if embedder is not None else 0.0
         try:
             if embedder is not None:
                 vector = await query_vector(embedder, query)
+        except RuntimeError:
+            if embedder is self._embedder:
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(text_job)
+                raise
+            vector = None  # the previous embedder closed as the new index replaced the old: text side
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(text_job)
             raise
+        knows = vector is not None and embedder is not None
+        knows = knows and (not is_cjk_query(query) or is_multilingual(embedder.identity))  # type: ignore[union-attr]
 
         def vector_side_and_merge() -> list[Candidate]:
             # (the text job was queued first, so it runs or has run: waiting here cannot deadlock
@@ -433,7 +547,7 @@ class MemoryService:
                 vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md, scope)
             return _merge(query, vector, vec_rows, text_job.result(), n, with_share, scale, floor)
 
-        return await loop.run_in_executor(self._reads, vector_side_and_merge)
+        return await loop.run_in_executor(self._reads, vector_side_and_merge), knows
 
     # --- files -------------------------------------------------------------------------------
 

@@ -75,6 +75,14 @@ class IndexIdentity:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def tag(self) -> str:
+        """A short hash of the identity, part of the name of every table built for it (so the
+        table a rebuild killed midway left behind is known for what it holds)."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IndexIdentity:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
@@ -178,6 +186,7 @@ class ChunkStore:
         self._mirror_on = mirror
         self._mirrors: dict[str, Mirror] = {}
         self._mirror_lock = threading.Lock()
+        self._active_lock = threading.Lock()
         pointer = self._read_pointer()
         try:
             if pointer is not None and pointer["table"] in self._tables():
@@ -188,6 +197,11 @@ class ChunkStore:
                 self.mirror(self.active)
         except (KeyError, TypeError):  # an unreadable pointer: start a new index
             self.active = self.active_identity = None
+
+    def serving(self) -> tuple[Any, IndexIdentity | None]:
+        """The active table and its identity, read together (a swap may run on the index thread)."""
+        with self._active_lock:
+            return self.active, self.active_identity
 
     def _tables(self) -> set[str]:
         return set(self._db.list_tables().tables)
@@ -201,7 +215,7 @@ class ChunkStore:
         return data
 
     def create_table(self, identity: IndexIdentity) -> Any:
-        name = f"chunks_{int(time.time() * 1000)}_{os.getpid()}"
+        name = f"chunks_{identity.tag}_{int(time.time() * 1000)}_{os.getpid()}"
         table = self._db.create_table(name, schema=schema(identity.dimensions))
         self._agents[name] = frozenset()
         if self._mirror_on:
@@ -218,7 +232,8 @@ class ChunkStore:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         old = self.active
-        self.active, self.active_identity = table, identity
+        with self._active_lock:
+            self.active, self.active_identity = table, identity
         self._writes = self._rows_since_optimize = 0
         if old is not None and old.name != table.name:
             self.drop(old)
@@ -230,13 +245,23 @@ class ChunkStore:
         with contextlib.suppress(ValueError, FileNotFoundError, OSError):
             self._db.drop_table(table.name)
 
-    def drop_strays(self) -> None:
-        """Tables left by a rebuild that died with the process."""
-        keep = self.active.name if self.active is not None else None
+    def drop_strays(self, keep: Iterable[Any] = ()) -> None:
+        """Tables left by a rebuild that died with the process (but the active table and ``keep``)."""
+        kept = {t.name for t in (self.active, *keep) if t is not None}
         for name in self._tables():
-            if name.startswith("chunks_") and name != keep:
+            if name.startswith("chunks_") and name not in kept:
+                self._agents.pop(name, None)
+                self._mirrors.pop(name, None)
                 with contextlib.suppress(ValueError, FileNotFoundError, OSError):
                     self._db.drop_table(name)
+
+    def strays_of(self, identity: IndexIdentity) -> list[Any]:
+        """The tables a rebuild for ``identity`` left when its process died (not the active one):
+        their vectors are the new identity's, so a restarted rebuild reuses them by content hash
+        instead of embedding every chunk again."""
+        active = self.active.name if self.active is not None else None
+        names = sorted(n for n in self._tables() if n.startswith(f"chunks_{identity.tag}_") and n != active)
+        return [self._db.open_table(n) for n in names]
 
     # --- reads -------------------------------------------------------------------------------
 

@@ -59,6 +59,13 @@ MEMORY_SEARCH = Answer(
                 " indexing pass has finished, and while a pass has chunks left to embed (a rebuild after a change"
                 " of embedder, or new and changed files); GET /v1/memory/status `progress` says how far it is",
             },
+            "serving": {
+                "type": ["object", "null"],
+                "description": "the index that answered: its embedder (`provider`, `model`); `vectors`: whether the"
+                " query got a vector for it (false: its text side answered alone, `note` says why); `replacing`: while"
+                " a rebuild for another embedder runs, that embedder (the old index answers, with query vectors of"
+                " its own model, until the new one is complete), else null; null before any index exists",
+            },
         },
     },
 )
@@ -93,7 +100,14 @@ async def search(request: web.Request) -> web.Response:
     k = TOP_K.read(request, high=settings.memory.search.candidates, default=settings.memory.search.top_k)
     hits = await request.app[MEMORY].search(_agent(request, MEMORY_AGENT), query, k=k)
     memory = request.app[MEMORY]
-    return json_response({"query": query, "results": [present(hit) for hit in hits], "partial": memory.partial})
+    return json_response(
+        {
+            "query": query,
+            "results": [present(hit) for hit in hits],
+            "partial": memory.partial,
+            "serving": memory.serving(),
+        }
+    )
 
 
 @routes.get("/v1/memory/files")
@@ -114,9 +128,7 @@ async def read_file(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/memory/reindex")
-@operation(
-    "Reindex memory", "memory", body=ReindexBody, body_required=False, errors=(MemoryNotReady, EmbeddingError)
-)
+@operation("Reindex memory", "memory", body=ReindexBody, body_required=False, errors=(MemoryNotReady, EmbeddingError))
 async def reindex(request: web.Request) -> web.Response:
     limit = request.app[K.CONFIG].settings.gateway.max_body_bytes
     body = await parse_body(request, ReindexBody, limit, optional=True)

@@ -7,6 +7,26 @@ import { notify, showError } from "./ui.js";
 
 const filePath = (path) => `/v1/memory/files/${path.split("/").map(encodeURIComponent).join("/")}`;
 
+const seconds = (s) => (s >= 90 ? `${Math.round(s / 60)} min` : `${Math.max(1, Math.round(s))} s`);
+
+// The pass in flight (status.progress): chunks embedded of those it must embed, rate, time left.
+function progressView(p) {
+  const parts = [`${num(p.done)} / ${num(p.total)} chunks`];
+  if (p.chunks_per_second) parts.push(`${Number(p.chunks_per_second).toFixed(1)} chunks/s`);
+  if (p.seconds_left !== null && p.seconds_left !== undefined) parts.push(`${seconds(p.seconds_left)} left`);
+  return h("span", { class: "indexing" }, bar(p.done, p.total, parts.join(" · "), true));
+}
+
+// What answers a search now: during a rebuild for another embedder, the old index (its own vectors,
+// or its text side alone when its model cannot load).
+function servingView(v) {
+  if (!v || !v.replacing) return null;
+  const how = v.vectors ? "with its own model's vectors" : "by its text alone";
+  return h("span", { class: v.vectors ? "muted small" : "error-text" },
+    `Searches use the ${v.provider} index ${how} until the ${v.replacing.provider} index is complete`
+    + (v.note ? ` (${v.note}).` : "."));
+}
+
 function statusView(s) {
   const item = (label, ...value) => h("div", { class: "meta-item" }, h("dt", {}, label), h("dd", {}, ...value));
   const wide = (label, ...value) => h("div", { class: "meta-item meta-wide" }, h("dt", {}, label), h("dd", {}, ...value));
@@ -18,6 +38,8 @@ function statusView(s) {
     item("Files", num(s.files)),
     item("Chunks", num(s.chunks)),
     item("Pending", num(s.pending)),
+    s.progress ? wide("Indexing", progressView(s.progress)) : null,
+    s.serving && s.serving.replacing ? wide("Searches", servingView(s.serving)) : null,
     wide("Embeddings", [id.provider, id.model, id.dimensions ? `${id.dimensions} dims` : null].filter(Boolean).join(" · ")
       || "–"),
     wide("Last run", last ? `${when(last.finished_at)} · ${num(last.files_changed)} changed · `
@@ -61,12 +83,23 @@ export function mountMemory(root, query) {
           progress),
         h("section", { class: "box" }, h("h2", {}, "Files"), filesBox))));
 
+  // while a pass is in flight (or this page's reindex runs) the status is read again every
+  // POLL_MS, so the console shows a rebuild's progress, whoever started it
+  const POLL_MS = 250;
+  let timer = null;
+  let reindexing = false;
+  let gone = false;
   async function loadStatus() {
+    clearTimeout(timer);
+    let again = reindexing;
     try {
-      replace(statusBox, statusView(await get("/v1/memory/status")));
+      const s = await get("/v1/memory/status");
+      replace(statusBox, statusView(s));
+      again = again || Boolean(s.progress);
     } catch (error) {
       replace(statusBox, empty(`Status unavailable: ${error.message}`));
     }
+    if (again && !gone) timer = setTimeout(loadStatus, again && !reindexing ? 1000 : POLL_MS);
   }
 
   async function loadFiles() {
@@ -135,6 +168,8 @@ export function mountMemory(root, query) {
   async function reindex() {
     reindexButton.disabled = true;
     showProgress(0, 0);
+    reindexing = true;
+    loadStatus();
     try {
       const { report } = await post("/v1/memory/reindex", { agent, force: force.checked });
       notify(`Reindexed: ${num(report.files_scanned)} files scanned, ${num(report.files_changed)} changed, `
@@ -145,6 +180,7 @@ export function mountMemory(root, query) {
       showError(error);
     } finally {
       reindexButton.disabled = false;
+      reindexing = false;
       loadStatus();
       loadFiles();
     }
@@ -156,5 +192,5 @@ export function mountMemory(root, query) {
   loadStatus();
   loadFiles();
   if (q.value) search();
-  return unsubscribe;
+  return () => { gone = true; clearTimeout(timer); unsubscribe(); };
 }

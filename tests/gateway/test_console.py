@@ -171,7 +171,7 @@ async def test_sessions_session_live_compact_reset_memory(
         await scenario_compact(console)
         await scenario_reset(console, first_run)
         await scenario_buttons(console, server.url)
-        await scenario_memory(console, server.url)
+        await scenario_memory(console, server.url, workspace)
         await scenario_phone(browser, server.url)
         assert console.errors == []
         await page.close()
@@ -307,7 +307,14 @@ async def scenario_buttons(console: Console, base: str) -> None:
     await expect(page.locator(f'tr[data-key="{MAIN}"] .badge-pin')).to_have_count(1)
 
 
-async def scenario_memory(console: Console, base: str) -> None:
+async def scenario_memory(console: Console, base: str, workspace: Path) -> None:
+    from playwright.async_api import expect
+
+    # enough chunks that a forced rebuild lasts long enough to be watched (written now: the daemon's
+    # start-up pass stays small)
+    notes = [f"## Shelf {i}\n\nBox {i} of the archive holds the letters of year {1900 + i}." for i in range(200)]
+    (workspace / "memory").mkdir()
+    (workspace / "memory" / "archive.md").write_text("# Archive\n\n" + "\n\n".join(notes) + "\n")
     page = console.page
     await page.click('.nav a[data-section="memory"]')
     await page.wait_for_selector(".files button:has-text('MEMORY.md')")
@@ -323,9 +330,21 @@ async def scenario_memory(console: Console, base: str) -> None:
     await hit.locator(".citation").click()
     await page.wait_for_selector(".viewer .line.hl:has-text('genmaicha')")
     await page.check('input[name="force"]')
+    # the status box shows the rebuild's progress from /v1/memory/status (chunks, rate, time left)
+    # while it runs: recorded as it appears, since the rebuild may end before a check could look
+    await page.evaluate("""() => {
+      window.seenIndexing = [];
+      new MutationObserver(() => {
+        const text = document.querySelector(".box .indexing")?.textContent;
+        if (text) window.seenIndexing.push(text);
+      }).observe(document.body, { subtree: true, childList: true, characterData: true });
+    }""")
     await page.click("text=Reindex")
     await page.wait_for_selector(".notice:has-text('Reindexed')")
     await page.wait_for_selector(".progress:has-text('Done')")
+    seen = await page.evaluate("window.seenIndexing")
+    assert any(re.fullmatch(r"\d+ / \d+ chunks · [\d.]+ chunks/s · \d+ (s|min) left", t) for t in seen), seen
+    await expect(page.locator(".box .indexing")).to_have_count(0)  # the pass is over: gone
     await console.shot("memory")
 
 

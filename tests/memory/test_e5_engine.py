@@ -69,3 +69,16 @@ def test_a_batch_gives_each_text_its_own_vector(engines: dict[str, Any]) -> None
     together = engine.encode(TEXTS, "passage: ")
     alone = np.concatenate([engine.encode([t], "passage: ") for t in TEXTS])
     assert (together * alone).sum(axis=1).min() > 0.99999
+
+
+def test_a_lone_query_through_the_traced_encoder_is_encodes_vector(engines: dict[str, Any]) -> None:
+    """encode_one (a search query: the encoder traced for one unpadded input) gives encode's vector
+    with the kernels this CPU runs, a text longer than one window included (it goes through encode)."""
+    from memory.e5_engine import bfloat16_runs_fast
+
+    engine = engines["bfloat16" if bfloat16_runs_fast() else "int8"]
+    for text in TEXTS:
+        one = engine.encode_one(text, "query: ")
+        assert one.shape == (1, 384) and one.dtype == np.float32
+        assert float(one[0] @ engine.encode([text], "query: ")[0]) > 0.9999, text[:30]
+    assert engine._lone is not None, "the trace failed, so the eager path answered"

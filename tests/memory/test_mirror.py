@@ -128,3 +128,18 @@ def test_an_empty_mirror_and_filters_that_match_nothing() -> None:
     assert len(mirror.snapshot.nearest(query, "main", 10, True)) == 3
     mirror.delete("main", ["MEMORY.md"])
     assert len(mirror.snapshot) == 0 and mirror.snapshot.nearest(query, "main", 10, True) == []
+
+
+def test_a_query_with_one_models_part_scores_what_the_whole_vectors_score() -> None:
+    """A routed query fills one model's part of the vector (the rest is 0): the scan reads only
+    those columns, and scores what the product with the whole vectors gives."""
+    from memory.mirror import _scores
+
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(300, 896)).astype(np.float32)
+    for part in (slice(0, 384), slice(384, 896)):
+        query = np.zeros(896, np.float32)
+        query[part] = rng.normal(size=part.stop - part.start)
+        assert np.allclose(_scores(vectors, query), vectors @ query, atol=1e-4)
+    whole = rng.normal(size=896).astype(np.float32)
+    assert np.allclose(_scores(vectors, whole), vectors @ whole, atol=1e-4)

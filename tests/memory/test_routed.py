@@ -162,8 +162,10 @@ async def test_the_index_from_before_e5_keeps_serving_until_it_is_replaced(
     tmp_path: Path, routed: RoutedEmbedder, default_embedder: Embedder
 ) -> None:
     """Where E5 runs, the default's identity changed, so an index built before is rebuilt at start.
-    Until the new one replaces it, the old one answers by its text side: the default no longer
-    loads MiniLM, so it cannot embed a query the old vectors can be compared with."""
+    Until the new one replaces it, the old one answers, its queries embedded by the models it was
+    built with (the default no longer loads MiniLM, so the service loads MiniLM and USE for it): a
+    CLI search (background=False) while the daemon rebuilds is vector-ranked too
+    (tests/memory/test_rebuild.py: the daemon's side)."""
     assert isinstance(default_embedder, RoutedEmbedder)
     assert default_embedder.view_for(routed.identity) is None
     assert default_embedder.view_for(default_embedder.identity) is default_embedder
@@ -187,6 +189,9 @@ async def test_the_index_from_before_e5_keeps_serving_until_it_is_replaced(
         assert after.status()["identity"]["provider"] == "auto"  # still the old table
         for q, fact in (("Who is my dentist?", "Alice Wong"), ("夫の誕生日はいつ？", "五月三日")):
             hits = await after.search("main", q)
-            assert hits and fact in hits[0].snippet and hits[0].vector_score == 0
+            assert hits and fact in hits[0].snippet and hits[0].vector_score > 0.3
+        assert after.serving() == {
+            "provider": "auto", "model": routed.identity.model, "vectors": True, "replacing": None, "note": None
+        }  # fmt: skip
     finally:
         await after.close()
