@@ -5,6 +5,7 @@ to, and who may talk to it. Documented with their defaults in ``config/defaults.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -324,3 +325,11 @@ class ChannelsSettings(_Model):
     outbox: OutboxSettings = OutboxSettings()
     discord: DiscordSettings = DiscordSettings()
     matrix: MatrixSettings = MatrixSettings()
+
+    def accounts(self) -> Iterator[tuple[str, str, Any]]:
+        """(platform, account name, its settings) of every platform's accounts: each field of this
+        model that has ``accounts`` is a platform (``channels/registry.py`` names how to run them)."""
+        for platform in type(self).model_fields:
+            accounts = getattr(getattr(self, platform), "accounts", None)
+            for name, account in (accounts or {}).items():
+                yield platform, name, account

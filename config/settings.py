@@ -467,18 +467,10 @@ class Settings(Model):
         for name, hook in self.hooks.items():
             if hook.agent not in self.agents:
                 raise ValueError(f"hooks.{name}.agent {hook.agent!r} is not a configured agent")
-        for name, account in self.channels.telegram.accounts.items():
+        for platform, name, account in self.channels.accounts():
             if account.agent not in self.agents:
-                raise ValueError(f"channels.telegram.accounts.{name}.agent {account.agent!r} is not a configured agent")
-        for name, slack in self.channels.slack.accounts.items():
-            if slack.agent not in self.agents:
-                raise ValueError(f"channels.slack.accounts.{name}.agent {slack.agent!r} is not a configured agent")
-        for name, bot in self.channels.discord.accounts.items():
-            if bot.agent not in self.agents:
-                raise ValueError(f"channels.discord.accounts.{name}.agent {bot.agent!r} is not a configured agent")
-        for name, matrix in self.channels.matrix.accounts.items():
-            if matrix.agent not in self.agents:
-                raise ValueError(f"channels.matrix.accounts.{name}.agent {matrix.agent!r} is not a configured agent")
+                where = f"channels.{platform}.accounts.{name}.agent"
+                raise ValueError(f"{where} {account.agent!r} is not a configured agent")
         return self
 
     def agent(self, agent_id: str) -> AgentSettings:

@@ -144,14 +144,10 @@ def _manager_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def _named_secrets(config: LoadedConfig) -> list[str]:
     names = [agent.model.api_key_env for agent in config.settings.agents.values() if agent.model.base_url]
-    for account in config.settings.channels.telegram.accounts.values():
-        names.append(account.token_env)
-    for slack in config.settings.channels.slack.accounts.values():
-        names += [slack.bot_token_env, slack.app_token_env]
-    for bot in config.settings.channels.discord.accounts.values():
-        names.append(bot.token_env)
-    for matrix in config.settings.channels.matrix.accounts.values():
-        names.append(matrix.access_token_env)
+    from channels.registry import configured  # the chat platforms' own list (no SDK is imported)
+
+    for platform, _, account in configured(config.settings.channels):
+        names += platform.needs(account)
     return list(dict.fromkeys(names))
 
 
