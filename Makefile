@@ -20,7 +20,7 @@ UNPACKAGED := -m 'not packaging'
 # Every run ends with its 25 slowest tests, so a new slow one shows; make test-durations lists all.
 DURATIONS := --durations=25
 
-.PHONY: run test test-fast test-durations test-calendar test-at test-packaging lint docs bench install browser wrk faketime postgres systemd synapse clean
+.PHONY: run prepare packages test test-fast test-durations test-calendar test-at test-packaging lint docs bench install browser wrk faketime postgres systemd synapse clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -90,11 +90,28 @@ faketime:
 	  else echo "faketime missing and not root: apt-get install faketime"; exit 1; fi; \
 	fi
 
-test: $(STAMP) browser wrk postgres systemd synapse
+# What the suite needs, installed side by side on a fresh machine (mostly waiting on downloads): the
+# Debian packages in one apt-get run, .venv, Synapse's venv; then each tool's own check (its fallback
+# and its message when it could not be installed).
+DEBIAN_PACKAGES := chromium:chromium wrk:wrk pg_ctl:postgresql systemd-analyze:systemd faketime:faketime
+packages:
+	@missing=""; for pair in $(DEBIAN_PACKAGES); do \
+	  tool=$${pair%%:*}; package=$${pair#*:}; \
+	  if [ "$$tool" = pg_ctl ]; then ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && continue; \
+	  else command -v $$tool >/dev/null 2>&1 && continue; fi; missing="$$missing $$package"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	    || echo "apt-get could not install$$missing (each is tried again on its own)"; fi
+
+prepare:
+	@$(MAKE) --no-print-directory -j3 packages $(STAMP) synapse
+	@$(MAKE) --no-print-directory browser wrk postgres systemd
+
+test: prepare
 	$(BIN)/python -m pytest $(XDIST) $(DURATIONS) $(UNPACKAGED) $(PYTEST_ARGS)
 
 # The whole suite, then every test's duration (setup, call, teardown), slowest first.
-test-durations: $(STAMP) browser wrk postgres systemd synapse
+test-durations: prepare
 	mkdir -p test-artifacts
 	$(BIN)/python -m pytest $(XDIST) --durations=0 --durations-min=0 $(UNPACKAGED) $(PYTEST_ARGS) > test-artifacts/pytest.log 2>&1; \
 	  status=$$?; tail -n 3 test-artifacts/pytest.log; \

@@ -54,11 +54,13 @@ def test_tokens_are_the_c_engines(c_engine: Any, engines: dict[str, Any]) -> Non
 def test_vectors_are_the_c_engines(c_engine: Any, engines: dict[str, Any], prefix: str) -> None:
     """float32 and bfloat16 give the C engine's vectors (its int8 activations aside); the int8
     fallback stays within 0.99 (0.995-0.997 measured)."""
-    expected = np.asarray(c_engine.encode(TEXTS, prefix == "query: "), np.float32)
+    # a query is short: the two long texts (the second window's path) are checked as passages only
+    texts = TEXTS if prefix == "passage: " else [t for t in TEXTS if len(t) < 200]
+    expected = np.asarray(c_engine.encode(texts, prefix == "query: "), np.float32)
     floors = {"float32": 0.999, "bfloat16": 0.999, "int8": 0.99}
     for kind, engine in engines.items():
-        got = engine.encode(TEXTS, prefix)
-        assert got.shape == (len(TEXTS), 384) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        got = engine.encode(texts, prefix)
+        assert got.shape == (len(texts), 384) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
         cosines = (got * expected).sum(axis=1)
         assert cosines.min() >= floors[kind], (kind, np.round(cosines, 4))
 
