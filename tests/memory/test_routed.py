@@ -138,6 +138,73 @@ async def test_japanese_paraphrases_found_with_the_defaults(tmp_path: Path, defa
     assert all(h.vector_score <= 1.0 for h in answers[lunch])
 
 
+EN_FILLER = [
+    "Went for a walk in the park and watched the ducks on the pond.",
+    "Cleaned the kitchen and sorted the recycling before dinner.",
+    "Read a few chapters of the novel on the balcony in the afternoon.",
+    "Called the bank about the new card; it arrives next week.",
+    "Watered the tomatoes and tied up the beans in the garden.",
+    "The train was late again, so I worked from the café for an hour.",
+    "Fixed the squeaky hinge on the wardrobe door with some oil.",
+    "Made soup with the leftover vegetables and froze two portions.",
+    "Spent the evening answering emails and planning the week.",
+    "Took the bike in for a new chain and brake pads.",
+]
+EN_PAIRS = [
+    ("My dentist is Doctor Alice Wong on Baker Street.", "Who looks after my teeth?"),
+    ("My husband's birthday is on the third of May.", "When was my partner born?"),
+    (
+        "The wifi password at the cabin is written on the fridge.",
+        "Where can I find the internet code at the holiday house?",
+    ),
+    ("Our daughter is allergic to peanuts and carries an EpiPen.", "Does my kid have any food allergies?"),
+    ("The car's next service is due at 90,000 kilometres.", "When does the vehicle need maintenance?"),
+    ("I parked the camper van in row F of the long-stay lot.", "Where did I leave the motorhome?"),
+    (
+        "Grandma's lasagne needs two hours in the oven at 180 degrees.",
+        "How long do I bake my grandmother's pasta dish?",
+    ),
+    ("My passport expires in August 2027.", "When is my travel document no longer valid?"),
+    (
+        "The landlord's name is Mr. Petrov and he prefers text messages.",
+        "How should I contact the person who owns my flat?",
+    ),
+    ("I pay 42 euros a month for the gym membership.", "How much does my fitness club cost?"),
+]
+EN_UNRELATED = [
+    "What is the height of Mount Everest?",
+    "How do quantum computers work?",
+    "Who won the football world cup in 1998?",
+    "How do I restring a guitar?",
+    "What is the stock market outlook for next year?",
+]
+
+
+async def test_english_paraphrases_found_and_unrelated_questions_quiet_with_the_defaults(
+    tmp_path: Path, default_embedder: Embedder
+) -> None:
+    """The English counterpart of the Japanese test: ten facts among 300 diary paragraphs, the
+    shipped settings: every paraphrased question (no word of its fact but names) finds its fact in
+    the top 3, and at least 4 of 5 unrelated questions get nothing (5 and 5 measured with the
+    defaults, with minilm+e5+use and with MiniLM alone)."""
+    paragraphs = [f"{EN_FILLER[i % 10]} (day {i})" for i in range(300)]
+    for i, (fact, _) in enumerate(EN_PAIRS):
+        paragraphs.insert(17 + i * 29, fact)
+    write(tmp_path / "ws", "memory/notes/diary.md", "\n\n".join(paragraphs) + "\n")
+    service = MemoryService(
+        MemorySettings(), {"main": tmp_path / "ws"}, tmp_path / "db", clock=system_clock, embedder=default_embedder
+    )
+    await service.start()
+    try:
+        await eventually(lambda: service.ready, timeout=300)
+        missed = [q for fact, q in EN_PAIRS if not any(fact in h.snippet for h in await service.search("main", q, k=3))]
+        answered = [q for q in EN_UNRELATED if await service.search("main", q, k=3)]
+    finally:
+        await service.close()
+    assert not missed, missed
+    assert len(answered) <= 1, answered
+
+
 async def test_service_routes_english_to_minilm_cosines(tmp_path: Path, routed: RoutedEmbedder) -> None:
     write(tmp_path / "ws", "MEMORY.md", "My dentist is Doctor Alice Wong on Baker Street.\n")
     settings = memory_settings(search={"min_score": 0.0, "min_text_score": 0.0})
