@@ -83,7 +83,9 @@ async def matrix_round(
     return messages / (done - started), messages / (done - (connected or started))
 
 
-async def run(messages: int, chats: int, rounds: int) -> int:
+async def run(messages: int, chats: int, rounds: int, homeserver: Any = None) -> int:
+    """The bench against ``homeserver`` (a started ``tests.support.synapse.Synapse``: the test
+    suite's own), or against one it starts and stops."""
     from tests.support.synapse import Synapse, available
 
     report = Report("matrix_ingest")
@@ -93,8 +95,10 @@ async def run(messages: int, chats: int, rounds: int) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="neotask-bench-mx-") as tmp:
         home = Path(tmp) / "home"
-        homeserver = Synapse(Path(tmp) / "synapse")
-        await asyncio.to_thread(homeserver.start)
+        own = homeserver is None
+        if own:
+            homeserver = Synapse(Path(tmp) / "synapse")
+            await asyncio.to_thread(homeserver.start)
         try:
             bot = await asyncio.to_thread(homeserver.register, "benchbot")
             users = [await asyncio.to_thread(homeserver.register, f"user{i}") for i in range(chats)]
@@ -138,7 +142,8 @@ async def run(messages: int, chats: int, rounds: int) -> int:
                 proc.terminate()
                 await proc.wait()
         finally:
-            await asyncio.to_thread(homeserver.stop)
+            if own:
+                await asyncio.to_thread(homeserver.stop)
         expected = rounds * messages * 2 + 2 * chats
         stored = count_stored(home)
         print(f"  stored user messages: {stored} (expected {expected})")

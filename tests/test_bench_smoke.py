@@ -152,20 +152,6 @@ async def test_discord_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[str
     assert status in (0, 1)  # 1 only says the speed target was missed on this machine
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-async def test_matrix_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench import matrix_ingest
-    from tests.support import synapse
-
-    if synapse.available() is not None:
-        pytest.skip(str(synapse.available()))
-    status = await asyncio.to_thread(matrix_ingest.main, ["--quick"])
-    out = capsys.readouterr().out
-    assert "PASS  stored messages missing: 0" in out, out  # every message and every post was stored
-    assert status in (0, 1)  # 1 only says the speed target was missed on this machine
-
-
 def test_disk_budget_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
     from bench import disk_budget
 

@@ -365,3 +365,18 @@ async def test_kill_9_and_a_restart_answer_everything_once(tmp_path: Path, homes
         assert len(model.chat_requests) == 5  # the stored answer to "zero" was sent, not asked again
         users = [line["content"] for line in stored(home, key) if line.get("role") == "user"]
         assert users == ["one", zero, *down, "four"]
+
+
+@pytest.mark.realtime
+@pytest.mark.timeout(300)
+async def test_the_ingest_bench_runs_quick_on_this_homeserver(
+    homeserver: Synapse, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.matrix_ingest --quick against the suite's Synapse (a second homeserver would cost its
+    start): every message of both paths stored."""
+    from bench import matrix_ingest
+
+    status = await matrix_ingest.run(60, 4, 1, homeserver=homeserver)
+    out = capsys.readouterr().out
+    assert "PASS  stored messages missing: 0" in out, out
+    assert status in (0, 1)  # 1 only says the speed target was missed on this machine
