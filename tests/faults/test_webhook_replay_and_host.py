@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from channels.webhooks import sign, sign_standard
+from gateway import keys as K
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
 
@@ -85,6 +86,11 @@ async def test_standard_webhooks_signatures_and_their_window(
     replay = await client.post("/hooks/std", **standard(body, "msg_1", now))
     assert replay.status == 200 and (await replay.json())["status"] == "duplicate"
 
+    app = client.server.app  # what the accepted delivery left pending is on disk first: its turn,
+    await app[K.WEBHOOKS].idle()  # sessions.json, and the writer's queue (the run's `.opening` marker
+    store = app[K.STORE]  # is unlinked after the answer: a digest taken before saw it vanish)
+    await store.registry.flush()
+    await store.writer.call(lambda: None)
     before = tree_digest(tmp_path)
     captured = standard(body, "msg_1", now)
     captured["headers"]["webhook-id"] = "msg_2"  # an id the signature does not cover
