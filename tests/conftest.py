@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,6 +161,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     whichever test first runs the CLI in-process; the run-queue sampler of the loop guard."""
     os.umask(0o077)
     _RUNQUEUE.start()
+
+
+# The longest files first: pytest-xdist (--dist loadfile) hands out files in collection order, and
+# these (real daemons, model loads, Synapse, benches; 40-150 s each) collected last, as the root's
+# files are, left three workers idle while one finished them. The rest keep their order.
+SLOW_FILES_FIRST = (
+    "tests/test_bench_smoke.py",
+    "tests/gateway/test_leader_daemons.py",
+    "tests/channels/test_matrix_synapse.py",
+    "tests/gateway/test_console.py",
+    "tests/memory/test_rebuild.py",
+    "tests/channels/test_telegram_daemon.py",
+    "tests/gateway/test_api_fuzz.py",
+    "tests/faults/test_history_catch_up.py",
+    "tests/faults/test_openai_crash.py",
+    "tests/memory/test_benchmarks.py",
+)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank)))
 
 
 @pytest.fixture
