@@ -145,7 +145,7 @@ test-packaging: $(STAMP)
 	$(BIN)/python -m pytest -p no:xdist -m packaging $(DURATIONS) $(PYTEST_ARGS) tests/packaging
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway conversations sessions memory scheduler config channels backups tests bench
+	$(BIN)/ruff check gateway conversations sessions home memory scheduler config channels backups tests bench
 	$(BIN)/mypy
 
 # The docs site (mkdocs-material, mkdocs.yml) into build/site. --strict: a broken link or anchor, or a

@@ -33,12 +33,12 @@ from backups.manifest import (
     walk_files,
 )
 from config.settings import Settings
+from home.atomic import fsync_dir
+from home.layout import PRIVATE_DIR, Home
+from home.targets import replace_problem
 from sessions.files.doctor import check_home
 from sessions.files.history_doctor import check_home_index
-from sessions.files.jsonl import fsync_dir
-from sessions.files.layout import PRIVATE_DIR, Home
 from sessions.files.ledger import Ledger
-from sessions.files.targets import replace_problem
 
 COMPRESS_LEVEL = 3  # a backup of a busy home is CPU-bound at 6 for little gain
 

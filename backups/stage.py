@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backups.manifest import walk_files
-from sessions.files.jsonl import write_atomic
-from sessions.files.layout import FOLDERS, MESSAGES, PRIVATE_DIR, Home
+from home.atomic import write_atomic
+from home.layout import FOLDERS, MESSAGES, PRIVATE_DIR, Home
 from sessions.files.registry import FORMAT_VERSION as SESSIONS_FORMAT
 
 STAGING_PREFIX = ".staging-"

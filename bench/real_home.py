@@ -33,7 +33,7 @@ import aiohttp
 from bench.common import Report, fmt_seconds, median, parser, print_table, ratio, section
 from config.clock import system_clock
 from config.loader import build_settings, load_defaults
-from sessions.files import layout
+from home import layout
 from sessions.files.store import SessionStore
 
 OPEN_LIMIT = 3.0

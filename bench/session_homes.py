@@ -21,9 +21,9 @@ from typing import Any
 
 from config.clock import Clock
 from config.settings import Settings
-from sessions.files import layout
-from sessions.files.jsonl import write_json_atomic
-from sessions.files.layout import Home
+from home import layout
+from home.atomic import write_json_atomic
+from home.layout import Home
 from sessions.files.ledger import RUN_COLUMNS, Ledger
 from sessions.files.registry import SessionRegistry
 from sessions.files.store import SessionStore

@@ -33,7 +33,7 @@ from bench.session_homes import (
 from config.clock import system_clock
 from config.loader import build_settings, deep_merge, load_defaults
 from config.settings import Settings
-from sessions.files import layout
+from home import layout
 from sessions.files.recovery import recover_all
 from sessions.files.store import SessionStore
 from sessions.keys import Ingress, route

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from config.errors import RunNotFound
+from home.atomic import write_atomic
 from memory import scopes
 from memory.scopes import Scope
 from sessions.events import StoreEvent
-from sessions.files.jsonl import write_atomic
 from sessions.protocol import ConversationStore
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ from typing import Any
 
 from backups import stage
 from config.loader import LoadedConfig
+from home.layout import Home
 from sessions.copy_snapshot import Snapshot
 from sessions.files import bulk as files_bulk
-from sessions.files.layout import Home
 
 ACTIVE = ("running", "paused")
 

@@ -28,8 +28,8 @@ from config.errors import Unavailable
 from config.loader import LoadedConfig
 from gateway import backup_postgres
 from gateway.places import memory_uri, version, workspaces
+from home.layout import Home
 from memory import MemoryService
-from sessions.files.layout import Home
 from sessions.files.store import SessionStore
 from sessions.protocol import StoreProtocol
 

@@ -39,9 +39,9 @@ from gateway.cli_context import START_WAIT_S, Context
 from gateway.client import ApiError, GatewayClient, Unreachable, key_segment
 from gateway.places import version
 from gateway.tables import table as _table
-from sessions.files.damage import EXIT_STATE, DamagedState
-from sessions.files.layout import PRIVATE_UMASK
-from sessions.files.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked
+from home.damage import EXIT_STATE, DamagedState
+from home.layout import PRIVATE_UMASK
+from home.lock import EXIT_LOCKED, HomeLock, HomeLocked, is_locked
 from sessions.records import CHAT_TYPES, ENTRY_STATUSES
 
 EXIT_OK = exits.OK

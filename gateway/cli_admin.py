@@ -20,7 +20,7 @@ import yaml
 from config.errors import ConfigError, DatabaseRefused
 from gateway import cli_history, exits, offline
 from gateway.tables import table as _table
-from sessions.files.damage import EXIT_STATE
+from home.damage import EXIT_STATE
 
 if TYPE_CHECKING:
     from gateway.cli_context import Context

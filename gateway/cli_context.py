@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from config.loader import LoadedConfig, load_config, resolve_home
 from gateway.client import GatewayClient
-from sessions.files.lock import is_locked, read_gateway_json
+from home.lock import is_locked, read_gateway_json
 
 START_WAIT_S = 30.0  # how long the CLI waits for a daemon that holds the lock but does not listen yet
 

@@ -23,12 +23,12 @@ from config.loader import LoadedConfig
 from gateway import exits, offline
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
-from sessions.files.damage import DamagedState
+from home.damage import DamagedState
+from home.layout import Home
+from home.targets import replace_problem
 from sessions.files.export import ExportFormat, export_lines
 from sessions.files.history_doctor import check_home_index
-from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
-from sessions.files.targets import replace_problem
 from sessions.history_index import HistoryQuery, time_bound
 from sessions.history_text import match_expression
 from sessions.keys import parse_key

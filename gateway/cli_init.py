@@ -25,7 +25,7 @@ from config.loader import LoadedConfig, load_config
 from gateway import exits
 from gateway.first_config import PARSERS, RESET_MODES, Answers, data, render, tree
 from gateway.places import version
-from sessions.files.permissions import tighten_root
+from home.permissions import tighten_root
 
 if TYPE_CHECKING:
     from gateway.cli_context import Context

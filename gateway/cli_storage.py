@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import exits, offline
+from home.layout import Home
+from home.lock import HomeLock
 from sessions.copying import CopyRefused, End, FilesEnd, Snapshot, configured_end, copy, parse_target
-from sessions.files.layout import Home
-from sessions.files.lock import HomeLock
 
 if TYPE_CHECKING:
     from config.loader import LoadedConfig

@@ -47,12 +47,12 @@ from gateway.places import url_for, version
 from gateway.runner import JsonErrorsAppRunner
 from gateway.validation import check_listening
 from gateway.workers import WorkerRole, run_supervisor
+from home.atomic import write_json_atomic
+from home.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
+from home.layout import Home
+from home.lock import EXIT_LOCKED, HomeLock, HomeLocked
+from home.permissions import tighten_root
 from sessions.backends import describe_backend
-from sessions.files.damage import EXIT_STATE, DamagedState, check_writable, storage_damage
-from sessions.files.jsonl import write_json_atomic
-from sessions.files.layout import Home
-from sessions.files.lock import EXIT_LOCKED, HomeLock, HomeLocked
-from sessions.files.permissions import tighten_root
 
 log = logging.getLogger(__name__)
 QUIET_LOGGERS = ("apscheduler", "httpx", "httpx2", "openai", "sentence_transformers")

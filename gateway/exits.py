@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sessions.files.damage import EXIT_STATE
-from sessions.files.lock import EXIT_LOCKED
+from home.damage import EXIT_STATE
+from home.lock import EXIT_LOCKED
 
 OK = 0
 FAILED = 1  # the work failed: an API error, an unreachable gateway, a cron job that failed, a port taken

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.files.jsonl import write_json_atomic
+from home.atomic import write_json_atomic
 
 WAIT_S = 15.0  # for the other workers' outcomes (a worker busy starting may not reload at once)
 FRESH_S = 30.0  # a request older than this is an earlier one: a later SIGHUP was an operator's

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from config.clock import iso, system_clock
 from config.loader import LoadedConfig
+from home.layout import Home
+from home.lock import HomeLock
 from sessions.backends import open_store
 from sessions.files import doctor
-from sessions.files.layout import Home
-from sessions.files.lock import HomeLock
 from sessions.keys import parse_key
 from sessions.protocol import StoreProtocol
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-PROJECT = {"gateway", "sessions", "memory", "channels", "scheduler", "backups", "conversations"}
+PROJECT = {"gateway", "sessions", "home", "memory", "channels", "scheduler", "backups", "conversations"}
 Mapping_ = dict[int, tuple[Any, Any]]
 
 

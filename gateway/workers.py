@@ -35,8 +35,8 @@ from conversations.log_context import EVERY_ONE
 from conversations.metrics import MULTIPROCESS_ENV
 from gateway import eventloop, exits, systemd
 from gateway.places import url_for, version
-from sessions.files.jsonl import write_json_atomic
-from sessions.files.layout import Home
+from home.atomic import write_json_atomic
+from home.layout import Home
 
 log = logging.getLogger(__name__)
 

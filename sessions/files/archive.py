@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sessions.files.jsonl import fsync_dir, private
+from home.atomic import fsync_dir, private
 
 Step = Callable[[str], None]
 REMOVING_PREFIX = ".removing-"  # archive/.removing-{uuid}: a folder moved aside, being removed

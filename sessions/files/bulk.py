@@ -12,6 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from home import layout
+from home.atomic import write_atomic, write_json_atomic
+from home.layout import Home
 from sessions.compaction import COMPACTIONS
 from sessions.copy_snapshot import (
     RECORD_TABLES,
@@ -23,10 +26,7 @@ from sessions.copy_snapshot import (
     Snapshot,
     line_text,
 )
-from sessions.files import layout
 from sessions.files.archive import write_archive
-from sessions.files.jsonl import write_atomic, write_json_atomic
-from sessions.files.layout import Home
 from sessions.files.ledger import RUN_COLUMNS, migrate
 from sessions.files.recovery import LEDGER_METADATA
 from sessions.files.registry import FORMAT_VERSION

@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sessions.files import layout
+from home import layout
+from sessions.compaction import COMPACTIONS
 from sessions.files.jsonl import encode, read_records, write_records_atomic
 from sessions.records import ContextRewrite
 from sessions.rewrites import Compaction, ContextChange, Uncompaction, compacted, to_undo, tokens_of, uncompacted
@@ -32,7 +33,7 @@ def _compact(folder: Path, change: Compaction) -> ContextRewrite | None:
     if done is None:
         return None
     new_lines, record = done
-    (folder / layout.COMPACTIONS).mkdir(mode=0o700, exist_ok=True)
+    (folder / COMPACTIONS).mkdir(mode=0o700, exist_ok=True)
     write_records_atomic(folder / str(record["archive"]), current)
     _append_synced(folder / layout.SUMMARIES, record)
     write_records_atomic(folder / layout.CURRENT, new_lines)

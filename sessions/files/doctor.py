@@ -21,7 +21,9 @@ from pathlib import Path
 from config.clock import parse_iso, system_clock
 from config.errors import NeotaskError
 from config.settings import Settings
-from sessions.files.damage import DamagedState
+from home.atomic import fsync_dir
+from home.damage import DamagedState
+from home.layout import Home
 from sessions.files.doctor_checks import (
     ACTIVE,
     DAMAGED,
@@ -58,8 +60,6 @@ from sessions.files.doctor_fixes import (
     set_ledger_aside,
 )
 from sessions.files.doctor_store import check_store, recorded_damage
-from sessions.files.jsonl import fsync_dir
-from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.files.registry import SessionRegistry
 from sessions.files.store import SessionStore
@@ -200,8 +200,6 @@ async def _recover(root: Path, settings: Settings | None, now: str, damaged: Map
     finally:
         await store.close()
     return done
-
-
 
 
 def clear_lock_dir(home: Home) -> Finding | None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sessions.files.layout import folder_for
+from home.layout import folder_for
 from sessions.records import ACTIVE_STATUSES
 
 Severity = Literal["error", "warning", "info"]

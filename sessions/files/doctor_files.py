@@ -15,15 +15,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from home import layout
+from home.damage import FIX_LEDGER, DamagedState, ledger_error
+from home.layout import FOLDERS, Home
+from home.permissions import tighten, wide_modes
 from sessions.compaction import last_seq
-from sessions.files import layout, leftovers
-from sessions.files.damage import FIX_LEDGER, DamagedState, ledger_error
+from sessions.files import leftovers
 from sessions.files.doctor_checks import ACTIVE, RESTART, Finding, RunFolder
 from sessions.files.integrity import cut_lines, describe, scan_lines
 from sessions.files.jsonl import read_records
-from sessions.files.layout import FOLDERS, Home
 from sessions.files.ledger import MIGRATIONS, check_schema, check_version
-from sessions.files.permissions import tighten, wide_modes
 
 # -- the files themselves: every line, seqs, modes (blocking) ----------------------------------------
 

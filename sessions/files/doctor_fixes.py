@@ -15,13 +15,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sessions.files import layout, leftovers
+from home import layout
+from home.atomic import fsync_dir, write_json_atomic
+from home.damage import FIX_LEDGER, DamagedState
+from home.layout import Home
+from sessions.files import leftovers
 from sessions.files.archive import read_member
-from sessions.files.damage import FIX_LEDGER, DamagedState
 from sessions.files.doctor_checks import ACTIVE, DAMAGED, FOLDER_FIXES, LOST, SET_ASIDE, Finding, RunFolder
 from sessions.files.doctor_files import scan_archives
-from sessions.files.jsonl import fsync_dir, write_json_atomic
-from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.files.registry import SessionEntry
 

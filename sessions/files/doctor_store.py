@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from config.clock import iso
+from home.layout import Home
 from sessions.files.doctor_checks import DAMAGED, ONLINE_MIN_AGE_S, Finding, RunFolder, Snapshot, diagnose
 from sessions.files.doctor_files import file_findings, fix_files, scan_archives, scan_folders, scan_tmp
 from sessions.files.doctor_fixes import _mark, _plan, entry_fix, folder_fix, remove_tmp
-from sessions.files.layout import Home
 from sessions.files.store_lifecycle import LifecycleStore
 
 

@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 from config.errors import RunNotFound, SessionNotFound
-from sessions.files import archive, layout
+from home import layout
+from home.layout import Home
+from sessions.files import archive
 from sessions.files.history import RunSource, iter_run_messages, sources_from_rows
 from sessions.files.history_sources import RunExport
 from sessions.files.jsonl import read_records
-from sessions.files.layout import Home
 from sessions.files.store_lifecycle import LifecycleStore
 
 __all__ = ["ExportFormat", "RunExport", "export_lines", "jsonl_lines", "markdown_lines", "one_run", "runs_of_key"]

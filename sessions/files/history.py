@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sessions.files import layout
+from home import layout
+from home.layout import Home
 from sessions.files.history_marks import MARKS_TABLE, Fed, Marks, locate_in, marks_of, transaction, upgrade
 from sessions.files.history_search import HistoryHit, HistoryQuery, search
 from sessions.files.history_sources import RunSource as RunSource  # re-exported: importers read them here
 from sessions.files.history_sources import iter_run_messages as iter_run_messages
 from sessions.files.history_sources import sources_from_rows as sources_from_rows
 from sessions.files.jsonl import iter_records
-from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.history_index import HistoryStats as HistoryStats  # declared backend-neutral there
 from sessions.history_text import CJK_RUN, index_text, indexable, message_text

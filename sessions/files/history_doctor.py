@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from home.layout import Home
 from sessions.files.doctor_checks import Finding
 from sessions.files.history import (
     HistoryIndex,
@@ -17,7 +18,6 @@ from sessions.files.history import (
     rebuild_all,
     sources_from_rows,
 )
-from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.history_text import indexable
 

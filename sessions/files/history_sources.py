@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sessions.files import layout
+from home import layout
+from home.layout import Home
 from sessions.files.jsonl import decode, iter_records
-from sessions.files.layout import Home
 
 log = logging.getLogger(__name__)
 

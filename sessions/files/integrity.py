@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.files.jsonl import decode, private, write_atomic
+from home.atomic import private, write_atomic
+from sessions.files.jsonl import decode
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from home.damage import FIX_LEDGER, DamagedState, ledger_error, storage_damage
 from sessions import usage as usage_days
-from sessions.files.damage import FIX_LEDGER, DamagedState, ledger_error, storage_damage
 
 T = TypeVar("T")
 

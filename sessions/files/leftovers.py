@@ -14,8 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-from sessions.files import layout
-from sessions.files.jsonl import fsync_dir
+from home import layout
+from home.atomic import fsync_dir
 from sessions.records import ACTIVE_STATUSES
 
 log = logging.getLogger(__name__)

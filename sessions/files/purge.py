@@ -19,9 +19,9 @@ from typing import Any
 
 from config.clock import iso
 from config.errors import SessionNotFound
-from sessions.files import layout
+from home import layout
+from home.atomic import fsync_dir
 from sessions.files.history import HistoryIndex
-from sessions.files.jsonl import fsync_dir
 from sessions.files.store_lifecycle import LifecycleStore
 
 log = logging.getLogger(__name__)

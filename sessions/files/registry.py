@@ -11,9 +11,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from home.atomic import write_atomic
+from home.damage import DamagedState
 from sessions.entries import SessionEntry as SessionEntry  # re-exported: the registry's record
-from sessions.files.damage import DamagedState
-from sessions.files.jsonl import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,6 @@ def check_format(path: Path, version: Any) -> None:
             f"format_version {version} is newer than this neotask knows ({FORMAT_VERSION})",
             "upgrade neotask, or move the file aside to have it rebuilt from tasks.db and the run folders",
         )
-
-
 
 
 class SessionRegistry:

@@ -15,10 +15,10 @@ from typing import Any
 
 from config.clock import Clock, iso
 from config.settings import Settings
+from home.damage import ledger_error, storage_damage
+from home.layout import Home
 from sessions.deliveries import RecordedId
 from sessions.files import leftovers
-from sessions.files.damage import ledger_error, storage_damage
-from sessions.files.layout import Home
 from sessions.files.ledger import Ledger, run_metadata
 from sessions.files.recovery import RecoveredRun, recover_all
 from sessions.files.registry import SessionEntry, SessionRegistry

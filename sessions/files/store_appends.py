@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import iso
+from home import layout
+from home.probe import probe_writable
 from sessions import usage as usage_days
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
@@ -26,8 +28,8 @@ from sessions.deliveries import (
     RunDeliveries,
     prior_of,
 )
-from sessions.faults import probe_writable, storage_error
-from sessions.files import context_rewrite, layout, leftovers
+from sessions.faults import storage_error
+from sessions.files import context_rewrite, leftovers
 from sessions.files.jsonl import encode, encode_plain, iter_records
 from sessions.files.recovery import context_line, in_context
 from sessions.files.store_records import RecordStore

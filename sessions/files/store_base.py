@@ -15,10 +15,10 @@ from typing import Any, cast
 from config.clock import Clock, iso
 from config.errors import SessionNotFound
 from config.settings import Settings
+from home.layout import Home
 from sessions.bookkeeping import relabel_entry
 from sessions.deliveries import RecordedId
 from sessions.events import EventType, StoreEvent
-from sessions.files.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.files.recovery import RecoveredRun
 from sessions.files.registry import SessionEntry, SessionRegistry

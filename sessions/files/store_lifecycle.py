@@ -15,10 +15,11 @@ from typing import Any
 
 from config.clock import iso
 from config.errors import NeotaskError, RunActive, StorageUnavailable
+from home import layout
+from home.atomic import fsync_dir, write_atomic, write_json_atomic
 from sessions.bookkeeping import end_entry, idle_entry, require_active, run_stats, start_entry
 from sessions.faults import storage_error
-from sessions.files import layout, leftovers
-from sessions.files.jsonl import fsync_dir, write_atomic, write_json_atomic
+from sessions.files import leftovers
 from sessions.files.store_appends import AppendStore
 from sessions.records import RunState, RunStatus, TaskKey
 from sessions.store_hooks import run_hook

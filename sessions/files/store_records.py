@@ -13,10 +13,11 @@ from typing import Any, TypeVar, cast
 
 from config.clock import iso
 from config.errors import RunNotFound, StorageUnavailable
+from home import layout
 from sessions import usage as usage_days
 from sessions.context_lines import ContextLine, read_back
 from sessions.deliveries import RecordedId
-from sessions.files import archive, layout
+from sessions.files import archive
 from sessions.files.jsonl import iter_records, read_records
 from sessions.files.ledger import run_metadata
 from sessions.files.store_base import StoreBase

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from sessions.files.jsonl import fsync_dir
+from home.atomic import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from sessions.files.damage import DamagedState
+from home.damage import DamagedState
 from sessions.postgres import usage as usage_daily
 from sessions.postgres.history import MIGRATION as HISTORY_MIGRATION
 from sessions.postgres.leader import MIGRATION as CLAIMS_MIGRATION

@@ -12,9 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from home.layout import Home
 from sessions.files import archive as archives
 from sessions.files.archive import STEPS
-from sessions.files.layout import Home
 from tests.faults.ops_support import all_messages, call, write_config
 from tests.gateway.daemons import child_env, daemon
 

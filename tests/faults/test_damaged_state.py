@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.files.damage import EXIT_STATE, FIX_LEDGER, ledger_error
+from home.damage import EXIT_STATE, FIX_LEDGER, ledger_error
 from sessions.files.doctor import check_home
 from tests.conftest import FakeClock
 from tests.faults.state_support import (

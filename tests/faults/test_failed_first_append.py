@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 
 from gateway import keys as K
-from sessions.files import layout
+from home import layout
 from sessions.files.doctor import check_home
 from sessions.files.leftovers import OPENING
 from sessions.records import NewMessage

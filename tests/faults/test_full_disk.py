@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from config.errors import InsufficientStorage
-from sessions.files import layout
+from home import layout
 from sessions.files.jsonl import read_records
 from sessions.records import NewMessage
 from tests.faults.conftest import fill

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 
-from sessions.files.damage import EXIT_STATE
+from home.damage import EXIT_STATE
 from tests.faults.state_support import failed_start, one_clear_line
 from tests.gateway.daemons import daemon, run_cli
 

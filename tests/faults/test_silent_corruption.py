@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.files.damage import EXIT_STATE, DamagedState
+from home.damage import EXIT_STATE, DamagedState
 from sessions.files.doctor import Finding, check_home
 from sessions.files.jsonl import read_records
 from sessions.files.ledger import MIGRATIONS

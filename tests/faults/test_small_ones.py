@@ -15,7 +15,7 @@ from config.errors import ConfigError
 from config.loader import build_settings, deep_merge, load_defaults
 from gateway.hosts import bind_address, is_loopback
 from gateway.places import url_for
-from sessions.files.lock import is_locked
+from home.lock import is_locked
 from tests.faults.ops_support import write_config
 from tests.gateway.daemons import child_env, daemon, run_cli, start_daemon
 

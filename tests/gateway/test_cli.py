@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from config.clock import system_clock
-from sessions.files.lock import HomeLock
+from home.lock import HomeLock
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
 from tests.gateway.daemons import daemon

@@ -23,7 +23,7 @@ from gateway import keys as K
 from gateway.app import create_app
 from gateway.cli import main
 from gateway.reload import in_force, needs_restart
-from sessions.files.lock import HomeLock
+from home.lock import HomeLock
 from tests.conftest import FakeClock
 from tests.gateway.conftest import Client
 

@@ -145,7 +145,7 @@ async def test_message_answers_and_streams_are_described(client: Client) -> None
 
 def test_one_class_per_code_each_with_its_status_and_meaning() -> None:
     import gateway.app  # noqa: F401  (every error class of the code base is loaded)
-    import sessions.files.lock  # noqa: F401
+    import home.lock  # noqa: F401
 
     every = error_classes(http_only=False)
     assert set(every) - set(error_classes()) == NOT_HTTP

@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 from config.clock import system_clock
+from home.layout import Home
+from home.lock import HomeLock
 from sessions.compaction import archive_name, summary_line
 from sessions.files import bulk as files_bulk
 from sessions.files.archive import write_archive
-from sessions.files.layout import Home
-from sessions.files.lock import HomeLock
 from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.files.damage import DamagedState
+from home.damage import DamagedState
 from sessions.files.ledger import MIGRATIONS, Ledger, migrate
 from sessions.usage import usage_day
 from tests.conftest import FakeClock

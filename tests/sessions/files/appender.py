@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from config.clock import system_clock
-from sessions.files.lock import EXIT_LOCKED, HomeLock, HomeLocked
+from home.lock import EXIT_LOCKED, HomeLock, HomeLocked
 from sessions.records import NewMessage, TaskKey
 from tests.sessions.helpers import settings_with
 

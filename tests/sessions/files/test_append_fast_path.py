@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessions.files import layout
+from home import layout
 from sessions.files.jsonl import decode, encode, encode_plain
 from sessions.records import NewMessage
 from tests.conftest import FakeClock

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.files.lock import EXIT_LOCKED
+from home.lock import EXIT_LOCKED
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from config.errors import Conflict, NotFound, SessionPaused, StorageUnavailable
-from sessions.files import layout
+from home import layout
 from sessions.files.jsonl import read_records
 from sessions.files.ledger import MIGRATIONS
 from sessions.records import NewMessage

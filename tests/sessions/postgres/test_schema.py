@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from config.errors import Conflict, RunActive, StorageUnavailable
-from sessions.files.damage import DamagedState
+from home.damage import DamagedState
 from sessions.postgres.schema import SCHEMA_VERSION
 from sessions.records import NewMessage, TaskKey
 from tests.sessions.postgres.conftest import Opener

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sessions.compaction import COMPACTIONS as COMPACTIONS
-
 RunFolder = Literal["running", "paused", "completed"]
 FOLDERS: tuple[RunFolder, ...] = ("running", "paused", "completed")
 

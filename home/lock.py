@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from config.errors import Conflict
-from sessions.files.damage import DamagedState, storage_damage
+from home.damage import DamagedState, storage_damage
 
 EXIT_LOCKED = 73  # EX_CANTCREAT: what a second daemon exits with
 

@@ -14,7 +14,7 @@ import sqlite3
 from pathlib import Path
 
 from config.errors import NeotaskError
-from sessions.faults import probe_writable
+from home.probe import probe_writable
 
 EXIT_STATE = 78  # EX_CONFIG: the home (configuration or state on disk) must be fixed first
 FIX_LEDGER = "run `neotask doctor --fix` to rebuild it from the run folders"
