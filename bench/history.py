@@ -27,8 +27,9 @@ from bench.common import Report, Summary, fmt_seconds, now, parser, print_table,
 from config.clock import system_clock
 from config.loader import build_settings, deep_merge, load_defaults
 from sessions.files.history import HistoryIndex, connect, create_schema
-from sessions.files.history_search import HistoryQuery, search
+from sessions.files.history_search import search
 from sessions.files.store import SessionStore
+from sessions.history_index import HistoryQuery
 from sessions.history_text import index_text
 from sessions.records import NewMessage, RunState, TaskKey
 from sessions.store_hooks import StoreHooks
@@ -202,8 +203,9 @@ def bench_search(report: Report, *, rows: int, small: int, queries: int, keep: P
 _CHILD = """
 import json, sys
 from pathlib import Path
-from sessions.files.export import RunExport, export_lines
-from sessions.files.history import RunSource
+from sessions.files.export import export_lines
+from sessions.exports import RunExport
+from sessions.exports import RunSource
 
 def peak_kb():
     for line in open("/proc/self/status"):
@@ -286,4 +288,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -24,10 +24,10 @@ from config.settings import Settings
 from home import layout
 from home.atomic import write_json_atomic
 from home.layout import Home
-from sessions.files.ledger import RUN_COLUMNS, Ledger
+from sessions.files.ledger import Ledger
 from sessions.files.registry import SessionRegistry
 from sessions.files.store import SessionStore
-from sessions.records import NewMessage, RunState, TaskKey
+from sessions.records import RUN_COLUMNS, NewMessage, RunState, TaskKey
 
 CHANNEL = "telegram"
 TEMPLATE_KEY = f"agent:main:{CHANNEL}:dm:template"

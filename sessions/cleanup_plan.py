@@ -19,8 +19,10 @@ from config.clock import iso
 from config.settings import CleanupSettings
 from sessions.records import ACTIVE_STATUSES, FINISHED_STATUSES
 
-CleanupKind = Literal["complete", "archive", "delete_archive"]
+IDEMPOTENCY_DAYS = 1  # SPEC section 8: a repeat within a day answers the first answer
+DELIVERY_ID_DAYS = 7  # webhook senders retry a delivery for hours, not weeks
 
+CleanupKind = Literal["complete", "archive", "delete_archive"]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ from typing import Any, Protocol, TypeVar
 
 from config.clock import iso, parse_iso
 from config.errors import BadRequest
+from sessions.history_text import indexable, message_text
+
+MAX_BATCH = 2000  # messages the index writes in one batch, whatever the backend
 
 
 @dataclass(frozen=True)
@@ -107,3 +110,19 @@ def own_index(index: HistoryIndexProtocol, kind: type[IndexT]) -> IndexT:
     if not isinstance(index, kind):
         raise TypeError(f"{type(index).__name__} is not this backend's history index ({kind.__name__})")
     return index
+
+
+def row_values(run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The ``messages`` row of a messages.jsonl record, or None when it is not indexed."""
+    if not indexable(record):
+        return None
+    return (
+        run_id,
+        int(record.get("seq") or 0),
+        key,
+        agent_id,
+        str(record.get("role") or ""),
+        record.get("timestamp"),
+        1 if record.get("role") == "tool" else 0,
+        message_text(record),
+    )

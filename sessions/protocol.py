@@ -73,7 +73,7 @@ from sessions.rewrites import ContextChange
 from sessions.usage import DailyUsage, UsageBy
 
 if TYPE_CHECKING:  # the files backend's export streams
-    from sessions.files.history_sources import RunExport
+    from sessions.exports import RunExport
 
 RecordKind = Literal["summaries", "tools", "planning"]  # a run's records besides its messages
 CompleteRun = Callable[[str], Awaitable[None]]  # cleanup completes a stale run of a key through it

@@ -124,6 +124,17 @@ class PlanRecord(TypedDict):
     created_at: str
 
 
+# the columns of a run row (``RunRow``), in the order tasks.db and the ``runs`` table hold them
+RUN_COLUMNS = (
+    "uuid", "status", "task_type", "task_identifier", "repository", "user", "created_at",
+    "updated_at", "completed_at", "metadata", "total_messages", "total_summaries",
+    "total_tool_calls", "final_token_count", "final_message_count", "error_message",
+    "session_key", "agent_id", "channel", "chat_type", "parent_uuid", "input_tokens",
+    "output_tokens", "cache_read_tokens", "cache_write_tokens", "compaction_count", "pinned",
+    "archived_at",
+)  # fmt: skip
+
+
 class RunRow(TypedDict, total=False):
     """A tasks.db ``tasks`` row (``SELECT *``); ``uuid``, ``status`` and ``created_at`` are always set."""
 

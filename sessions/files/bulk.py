@@ -27,9 +27,10 @@ from sessions.copy_snapshot import (
     line_text,
 )
 from sessions.files.archive import write_archive
-from sessions.files.ledger import RUN_COLUMNS, migrate
+from sessions.files.ledger import migrate
 from sessions.files.recovery import LEDGER_METADATA
 from sessions.files.registry import FORMAT_VERSION
+from sessions.records import RUN_COLUMNS
 
 _LISTS = (("messages", layout.MESSAGES), ("context", layout.CURRENT), ("summaries", layout.SUMMARIES),
           ("tools", layout.TOOLS), ("plans", layout.PLANNING))  # fmt: skip

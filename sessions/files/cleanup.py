@@ -16,7 +16,14 @@ from typing import Any
 
 from config.clock import iso, parse_iso
 from config.settings import CleanupSettings
-from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
+from sessions.cleanup_plan import (
+    DELIVERY_ID_DAYS,
+    IDEMPOTENCY_DAYS,
+    ArchiveFacts,
+    CleanupAction,
+    RunFacts,
+    plan_cleanup,
+)
 from sessions.files import archive as archives
 from sessions.files.archive import Step
 from sessions.files.store_lifecycle import LifecycleStore
@@ -97,10 +104,6 @@ async def run_cleanup(
         await store.ledger.execute(lambda c: c.execute("VACUUM"))
         log.info("cleanup: %d action(s) done", sum(1 for r in report if r["done"]))
     return report
-
-
-IDEMPOTENCY_DAYS = 1  # SPEC section 8: a repeat within a day answers the first answer
-DELIVERY_ID_DAYS = 7  # webhook senders retry a delivery for hours, not weeks
 
 
 def _trim_deliveries(conn: Any, now: datetime) -> int:

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from home import layout
+from sessions.codec import encode
 from sessions.compaction import COMPACTIONS
-from sessions.files.jsonl import encode, read_records, write_records_atomic
+from sessions.files.jsonl import read_records, write_records_atomic
 from sessions.records import ContextRewrite
 from sessions.rewrites import Compaction, ContextChange, Uncompaction, compacted, to_undo, tokens_of, uncompacted
 

@@ -15,9 +15,9 @@ from typing import Any, Literal
 from config.errors import RunNotFound, SessionNotFound
 from home import layout
 from home.layout import Home
+from sessions.exports import RunExport, RunSource
 from sessions.files import archive
-from sessions.files.history import RunSource, iter_run_messages, sources_from_rows
-from sessions.files.history_sources import RunExport
+from sessions.files.history import iter_run_messages, sources_from_rows
 from sessions.files.jsonl import read_records
 from sessions.files.store_lifecycle import LifecycleStore
 

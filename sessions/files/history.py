@@ -32,15 +32,15 @@ from typing import Any, TypeVar
 
 from home import layout
 from home.layout import Home
+from sessions.exports import RunSource
 from sessions.files.history_marks import MARKS_TABLE, Fed, Marks, locate_in, marks_of, transaction, upgrade
-from sessions.files.history_search import HistoryHit, HistoryQuery, search
-from sessions.files.history_sources import RunSource as RunSource  # re-exported: importers read them here
+from sessions.files.history_search import search
 from sessions.files.history_sources import iter_run_messages as iter_run_messages
 from sessions.files.history_sources import sources_from_rows as sources_from_rows
 from sessions.files.jsonl import iter_records
 from sessions.files.ledger import Ledger
-from sessions.history_index import HistoryStats as HistoryStats  # declared backend-neutral there
-from sessions.history_text import CJK_RUN, index_text, indexable, message_text
+from sessions.history_index import MAX_BATCH, HistoryHit, HistoryQuery, HistoryStats, row_values
+from sessions.history_text import CJK_RUN, index_text
 from sessions.history_words import TOKENIZER
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,6 @@ SCHEMA = (
     f"CREATE VIRTUAL TABLE fts USING fts5(body, content='', tokenize='{TOKENIZER}')",
     MARKS_TABLE,
 )
-MAX_BATCH = 2000
 BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
 
 
@@ -79,22 +78,6 @@ class _Op:
 
 
 _STOP = object()
-
-
-def row_values(run_id: str, key: str, agent_id: str | None, record: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """The ``messages`` row of a messages.jsonl record, or None when it is not indexed."""
-    if not indexable(record):
-        return None
-    return (
-        run_id,
-        int(record.get("seq") or 0),
-        key,
-        agent_id,
-        str(record.get("role") or ""),
-        record.get("timestamp"),
-        1 if record.get("role") == "tool" else 0,
-        message_text(record),
-    )
 
 
 _ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"

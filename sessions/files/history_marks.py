@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.files.jsonl import decode, iter_records
+from sessions.codec import decode
+from sessions.files.jsonl import iter_records
 
 log = logging.getLogger(__name__)
 
-MARKS_TABLE = (
-    "CREATE TABLE marks (run_id TEXT PRIMARY KEY, session_key TEXT NOT NULL, through_seq INTEGER NOT NULL)"
-)
+MARKS_TABLE = "CREATE TABLE marks (run_id TEXT PRIMARY KEY, session_key TEXT NOT NULL, through_seq INTEGER NOT NULL)"
 UPSERT = (
     "INSERT INTO marks (run_id, session_key, through_seq) VALUES (?, ?, ?)"
     " ON CONFLICT(run_id) DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)"

@@ -6,8 +6,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from sessions.history_index import HistoryHit as HistoryHit  # declared backend-neutral there
-from sessions.history_index import HistoryQuery as HistoryQuery
+from sessions.history_index import HistoryHit, HistoryQuery
 from sessions.history_text import match_expression, query_terms, snippet
 
 CANDIDATES = 1000  # the newest matches ranked per search (see ``search``)

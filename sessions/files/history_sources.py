@@ -7,48 +7,15 @@ import contextlib
 import logging
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from home import layout
 from home.layout import Home
-from sessions.files.jsonl import decode, iter_records
+from sessions.codec import decode
+from sessions.exports import RunSource
+from sessions.files.jsonl import iter_records
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunSource:
-    """Where the messages of one run can be read, for a rebuild."""
-
-    run_id: str
-    session_key: str
-    agent_id: str | None
-    folder: Path | None = None
-    archive: Path | None = None
-
-
-class ExportReader(Protocol):
-    """Where a run's records are read from when they are not in a run folder or an archive (the
-    PostgreSQL backend's tables). Blocking, like the file reads: called on the export's thread."""
-
-    def messages(self) -> Iterator[dict[str, Any]]:
-        """The run's messages in seq order, streamed."""
-        ...
-
-    def summaries(self) -> list[dict[str, Any]]: ...
-    def final_summary(self) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class RunExport:
-    """A run to export: its ledger row (``sessions.files.ledger.RUN_COLUMNS``) and where its
-    messages are (``sessions/files/export.py``): ``source``'s folder or archive, or ``reader``."""
-
-    row: dict[str, Any]
-    source: RunSource
-    reader: ExportReader | None = None
 
 
 def iter_run_messages(source: RunSource) -> Iterator[dict[str, Any]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from home.atomic import private, write_atomic
-from sessions.files.jsonl import decode
+from sessions.codec import decode
 
 log = logging.getLogger(__name__)
 

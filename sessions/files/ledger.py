@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from home.damage import FIX_LEDGER, DamagedState, ledger_error, storage_damage
 from sessions import usage as usage_days
+from sessions.records import RUN_COLUMNS
 
 T = TypeVar("T")
 
@@ -124,15 +125,6 @@ MIGRATIONS: tuple[str, ...] = (
     # 6: token usage per UTC day, agent and key (GET /v1/usage, agents.<id>.limits).
     usage_days.MIGRATION,
 )
-
-RUN_COLUMNS = (
-    "uuid", "status", "task_type", "task_identifier", "repository", "user", "created_at",
-    "updated_at", "completed_at", "metadata", "total_messages", "total_summaries",
-    "total_tool_calls", "final_token_count", "final_message_count", "error_message",
-    "session_key", "agent_id", "channel", "chat_type", "parent_uuid", "input_tokens",
-    "output_tokens", "cache_read_tokens", "cache_write_tokens", "compaction_count", "pinned",
-    "archived_at",
-)  # fmt: skip
 
 
 def run_metadata(text: str | None) -> dict[str, Any]:

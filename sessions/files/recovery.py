@@ -16,11 +16,12 @@ from typing import Any
 
 from home import layout
 from home.atomic import private
+from sessions.codec import encode
 from sessions.compaction import archive_of, last_seq, rolled_forward
 from sessions.context_order import context_line as context_line  # re-exported: the writer's lines
 from sessions.context_order import in_context as in_context
 from sessions.files.integrity import cut_lines, describe, scan_lines, seq_of
-from sessions.files.jsonl import encode, iter_records, last_record, read_records, repair_tail, write_records_atomic
+from sessions.files.jsonl import iter_records, last_record, read_records, repair_tail, write_records_atomic
 from sessions.records import ACTIVE_STATUSES, ActiveStatus, Counters, counters_of
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from home.probe import probe_writable
 from sessions import usage as usage_days
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
+from sessions.codec import encode, encode_plain
 from sessions.deliveries import (
     DELIVERY_WINDOW,
     AlreadyDelivered,
@@ -30,7 +31,7 @@ from sessions.deliveries import (
 )
 from sessions.faults import storage_error
 from sessions.files import context_rewrite, leftovers
-from sessions.files.jsonl import encode, encode_plain, iter_records
+from sessions.files.jsonl import iter_records
 from sessions.files.recovery import context_line, in_context
 from sessions.files.store_records import RecordStore
 from sessions.records import (

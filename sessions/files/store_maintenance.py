@@ -10,15 +10,16 @@ import asyncio
 from datetime import datetime
 
 from config.settings import CleanupSettings
+from sessions.exports import RunExport
 from sessions.files.cleanup import run_cleanup
 from sessions.files.doctor_store import check_store
-from sessions.files.export import RunExport, one_run, runs_of_key
-from sessions.files.history import MAX_BATCH, HistoryIndex, catch_up, history_path, rebuild_all
+from sessions.files.export import one_run, runs_of_key
+from sessions.files.history import HistoryIndex, catch_up, history_path, rebuild_all
 from sessions.files.history_doctor import check_index
 from sessions.files.history_marks import runs_on_disk
 from sessions.files.purge import purge_key
 from sessions.files.store_lifecycle import LifecycleStore
-from sessions.history_index import HistoryIndexProtocol, own_index
+from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
 from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
 

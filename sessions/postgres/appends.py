@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from config.clock import iso
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
+from sessions.codec import decode, encode
 from sessions.context_lines import ContextLine, read_back
 from sessions.deliveries import Delivery
-from sessions.files.jsonl import decode, encode
 from sessions.postgres.batching import PgQueue, make_append
 from sessions.postgres.faults import database_error, unavailable
 from sessions.postgres.rewrite import apply_change

@@ -26,9 +26,9 @@ import asyncpg
 from config.clock import iso
 from config.errors import Conflict, StorageUnavailable
 from sessions.bookkeeping import count_append
+from sessions.codec import decode, encode, encode_plain
 from sessions.context_order import context_line, in_context
 from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered, PriorDelivery
-from sessions.files.jsonl import decode, encode, encode_plain
 from sessions.postgres.base import PgBase
 from sessions.postgres.faults import RETRY_AFTER_S, database_error
 from sessions.records import MessageRecord, RunState

@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 
 from sessions.copy_snapshot import RECORD_TABLES, USAGE_FIELDS, RunCopy, Snapshot, line_text
-from sessions.files.ledger import RUN_COLUMNS
 from sessions.postgres.schema import migrate
+from sessions.records import RUN_COLUMNS
 
 # the ledger's columns under their PostgreSQL names (``uuid`` is ``run_id`` there)
 _RUN_COLUMNS = tuple("run_id" if c == "uuid" else c for c in RUN_COLUMNS)

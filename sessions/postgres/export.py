@@ -13,10 +13,10 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from config.errors import RunNotFound, SessionNotFound
-from sessions.files.history_sources import RunExport, RunSource
-from sessions.files.ledger import RUN_COLUMNS
+from sessions.exports import RunExport, RunSource
 from sessions.postgres.base import PgBase
 from sessions.postgres.faults import unavailable
+from sessions.records import RUN_COLUMNS
 
 T = TypeVar("T")
 PAGE = 500  # messages per query

@@ -26,8 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from sessions.files.history import MAX_BATCH, HistoryStats, row_values
-from sessions.files.history_search import HistoryHit, HistoryQuery
+from sessions.history_index import MAX_BATCH, HistoryHit, HistoryQuery, HistoryStats, row_values
 from sessions.history_text import index_text, query_terms, snippet
 from sessions.history_words import words as fts5_words
 from sessions.postgres.faults import unavailable

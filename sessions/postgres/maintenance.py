@@ -11,8 +11,14 @@ from typing import Any
 from config.clock import iso, parse_iso
 from config.errors import SessionNotFound
 from config.settings import CleanupSettings
-from sessions.cleanup_plan import ArchiveFacts, CleanupAction, RunFacts, plan_cleanup
-from sessions.files.cleanup import DELIVERY_ID_DAYS, IDEMPOTENCY_DAYS
+from sessions.cleanup_plan import (
+    DELIVERY_ID_DAYS,
+    IDEMPOTENCY_DAYS,
+    ArchiveFacts,
+    CleanupAction,
+    RunFacts,
+    plan_cleanup,
+)
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
 from sessions.protocol import ArchiveStep, CompleteRun

@@ -33,8 +33,8 @@ from typing import Any, cast
 import asyncpg
 
 from sessions.appends import event_fields
+from sessions.codec import decode
 from sessions.events import StoreEvent
-from sessions.files.jsonl import decode
 from sessions.postgres.keylocks import LEASE_CHANNEL
 
 log = logging.getLogger(__name__)

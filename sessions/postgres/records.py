@@ -4,8 +4,8 @@ delivery capability) and the OpenAI-compatible routes' conversations and respons
 from __future__ import annotations
 
 from config.clock import iso
+from sessions.codec import decode
 from sessions.deliveries import PriorDelivery
-from sessions.files.jsonl import decode
 from sessions.postgres.faults import unavailable
 from sessions.postgres.reads import PgReads
 from sessions.postgres.usage import PgUsage

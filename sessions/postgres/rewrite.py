@@ -9,8 +9,8 @@ import json
 
 import asyncpg
 
+from sessions.codec import encode
 from sessions.compaction import COMPACTIONS
-from sessions.files.jsonl import encode
 from sessions.postgres.faults import unavailable
 from sessions.records import ContextRewrite, RunState
 from sessions.rewrites import Compaction, ContextChange, compacted, to_undo, tokens_of, uncompacted

@@ -15,8 +15,7 @@ from config.clock import Clock
 from config.errors import ConfigError
 from config.settings import PostgresSettings, Settings
 from sessions.entries import SessionEntry
-from sessions.files.history import MAX_BATCH
-from sessions.history_index import HistoryIndexProtocol, own_index
+from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
 from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
 from sessions.postgres.export import PgExport
 from sessions.postgres.faults import quiet_pool_log, refused_at_open, unavailable

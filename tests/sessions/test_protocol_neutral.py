@@ -23,9 +23,9 @@ def _named_types(hint: object) -> Iterator[type]:
 
 
 def _hints(cls: type, method: str) -> dict[str, object]:
-    import sessions.files.history_sources as sources  # the export streams (Maintenance) still are the files backend's
+    from sessions.exports import RunExport  # under TYPE_CHECKING in the protocol module
 
-    return typing.get_type_hints(getattr(cls, method), globalns={**vars(protocol), "RunExport": sources.RunExport})
+    return typing.get_type_hints(getattr(cls, method), globalns={**vars(protocol), "RunExport": RunExport})
 
 
 @pytest.mark.parametrize(

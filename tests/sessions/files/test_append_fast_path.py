@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from home import layout
-from sessions.files.jsonl import decode, encode, encode_plain
+from sessions.codec import decode, encode, encode_plain
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start

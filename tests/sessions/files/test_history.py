@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from sessions.files.history import HistoryIndex, RunSource, history_path
-from sessions.files.history_search import HistoryQuery
-from sessions.files.jsonl import encode
+from sessions.codec import encode
+from sessions.exports import RunSource
+from sessions.files.history import HistoryIndex, history_path
+from sessions.history_index import HistoryQuery
 from sessions.history_text import index_text, indexable, match_expression, query_terms, snippet
 
 KEY = "agent:main:main"
@@ -33,8 +34,15 @@ def message(seq: int, content: str, role: str = "user", **extra: Any) -> dict[st
         (message(4, "Summary of the previous run", role="system", kind="inheritance"), False),
         (message(5, "42 results", role="tool", tool_call_id="c1"), True),
         (message(6, "   "), False),
-        ({"seq": 7, "role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
-         True),
+        (
+            {
+                "seq": 7,
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+            },
+            True,
+        ),
     ],
 )
 def test_what_is_indexed(record: dict[str, Any], expected: bool) -> None:

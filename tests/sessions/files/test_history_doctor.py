@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sessions.files.history import HistoryIndex, history_path
 from sessions.files.history_doctor import HOLES, INCOMPLETE, MISSING, STALE, check_home_index, check_index
-from sessions.files.history_search import HistoryQuery
+from sessions.history_index import HistoryQuery
 from sessions.records import NewMessage
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start

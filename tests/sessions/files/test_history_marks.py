@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from sessions.files.history import SCHEMA, HistoryIndex, _insert_many, connect, create_schema, row_values
+from sessions.codec import encode
+from sessions.files.history import SCHEMA, HistoryIndex, _insert_many, connect, create_schema
 from sessions.files.history_marks import MARKS_TABLE, TAIL_BYTES, Fed, Marks, advance, last_seq, marks_of
-from sessions.files.jsonl import encode, iter_records
+from sessions.files.jsonl import iter_records
+from sessions.history_index import row_values
 from sessions.history_text import index_text
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from config.errors import SessionNotFound
 from sessions.files.history import HistoryIndex
-from sessions.files.history_search import HistoryHit, HistoryQuery
+from sessions.history_index import HistoryHit, HistoryQuery
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
