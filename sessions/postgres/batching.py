@@ -26,11 +26,12 @@ import asyncpg
 from config.clock import iso
 from config.errors import Conflict, StorageUnavailable
 from sessions.bookkeeping import count_append
-from sessions.codec import decode, encode, encode_plain
+from sessions.codec import encode, encode_plain
 from sessions.context_order import context_line, in_context
 from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered, PriorDelivery
 from sessions.postgres.base import PgBase
 from sessions.postgres.faults import RETRY_AFTER_S, database_error
+from sessions.postgres.repeats import RECORD, SEEN, ReplyRecord, claims, reply_arguments, take_replies
 from sessions.records import MessageRecord, RunState
 
 log = logging.getLogger(__name__)
@@ -40,27 +41,14 @@ MAX_BATCH = 1024  # messages in one statement
 MAX_IN_FLIGHT = 2  # statements under way at once (on disjoint runs): the database works on one
 # while the loop encodes the next
 
-_APPEND = """
+_APPEND = f"""
 WITH b AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
         $7::bigint[], $8::bigint[], $9::text[]) AS b(run_id, first, n, nctx, tokens, cbytes, lastctx, mbytes, at)
 ), u AS (
     SELECT * FROM unnest($10::text[], $11::bigint[], $12::text[], $13::text[], $14::bigint[], $15::json[],
         $19::text[]) AS u(run_id, seq, at, cmid, reply_to, rec, once_key)
-), seen AS (
-    SELECT u.run_id, u.seq, 1 AS src, p.run_id AS prior_run, p.message_seq AS prior_seq,
-        p.response AS prior_response, NULL::text AS prior_reply
-    FROM u JOIN idempotency p ON p.session_key = u.once_key AND p.client_message_id = u.cmid
-        AND p.created_at >= $20
-    WHERE u.once_key IS NOT NULL
-    UNION ALL
-    SELECT u.run_id, u.seq, 2, d.run_id, d.seq, NULL, (SELECT r.record::text FROM messages r
-        WHERE r.run_id = d.run_id AND r.reply_to = d.seq AND r.record->'tool_calls' IS NULL ORDER BY r.seq LIMIT 1)
-    FROM u CROSS JOIN LATERAL (SELECT m.run_id, m.seq FROM messages m WHERE m.run_id = u.run_id
-        AND m.client_message_id = u.cmid AND m.client_message_id IS NOT NULL AND m.created_at >= $20
-        ORDER BY m.seq DESC LIMIT 1) d
-    WHERE u.once_key IS NOT NULL
-), r AS (
+), {SEEN}), r AS (
     UPDATE runs SET next_seq = b.first + b.n, next_pos = runs.next_pos + b.nctx,
         context_tokens = runs.context_tokens + b.tokens, context_bytes = runs.context_bytes + b.cbytes,
         context_lines = runs.context_lines + b.nctx,
@@ -77,12 +65,7 @@ WITH b AS (
     INSERT INTO context_lines (run_id, pos, line)
     SELECT u.run_id, r.pos0 + u.ord, u.line
     FROM unnest($16::text[], $17::bigint[], $18::json[]) AS u(run_id, ord, line) JOIN r USING (run_id)
-), i AS (
-    INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)
-    SELECT * FROM unnest($21::text[], $22::text[], $23::text[], $24::text[], $25::bigint[], $26::text[])
-    ON CONFLICT (session_key, client_message_id) DO UPDATE SET run_id = excluded.run_id,
-        message_seq = excluded.message_seq, response = COALESCE(excluded.response, idempotency.response)
-)
+), {RECORD})
 SELECT run_id, NULL::bigint AS seq, 0 AS src, NULL::text AS prior_run, NULL::bigint AS prior_seq,
     NULL::text AS prior_response, NULL::text AS prior_reply FROM r
 UNION ALL SELECT * FROM seen
@@ -117,19 +100,6 @@ def make_append(record: MessageRecord, last_context_seq: int, future: asyncio.Fu
     line = dump(context_line(record)) if in_context(record) else b""
     undo = Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, last_context_seq)
     return Append(record, data[:-1].decode(), line[:-1].decode() if line else None, undo, future, once)
-
-
-@dataclass
-class ReplyRecord:
-    """A reply body to record for a delivery (``remember_reply``): it rides in the next statement."""
-
-    key: str
-    client_message_id: str
-    created_at: str
-    run_id: str | None
-    seq: int | None
-    response: str
-    future: asyncio.Future[None]
 
 
 @dataclass
@@ -168,19 +138,7 @@ class PgQueue(PgBase):
 
     def _take_replies(self) -> list[ReplyRecord]:
         """The reply records for the next statement: one per (key, id) (a later one waits)."""
-        taken: list[ReplyRecord] = []
-        seen: set[tuple[str, str]] = set()
-        left: list[ReplyRecord] = []
-        for reply in self._replies:
-            if reply.future.done():  # its caller was cancelled
-                continue
-            marker = (reply.key, reply.client_message_id)
-            if marker in seen:
-                left.append(reply)
-                continue
-            seen.add(marker)
-            taken.append(reply)
-        self._replies = left
+        taken, self._replies = take_replies(self._replies)
         return taken
 
     def _enqueue(self, run: RunState, item: Append | Call) -> None:
@@ -305,8 +263,8 @@ class PgQueue(PgBase):
                         return
                 sent = True
                 since = iso(self.clock() - DELIVERY_WINDOW)
-                arguments = [*_arguments(batch), since, *_reply_arguments(replies)]
-                claimed, repeats = _claims(await conn.fetch(_APPEND, *arguments))
+                arguments = [*_arguments(batch), since, *reply_arguments(replies)]
+                claimed, repeats = claims(await conn.fetch(_APPEND, *arguments))
                 lost = [(run, items) for run, items in batch if run.run_id not in claimed and run.run_id not in repeats]
                 rows = await _counters(conn, [run.run_id for run, _ in lost]) if lost else {}
         except Exception as exc:  # the statement may have committed or not: check before the next
@@ -464,30 +422,6 @@ async def _counters(conn: asyncpg.Connection, run_ids: list[str]) -> dict[str, a
     return {row["run_id"]: row for row in await conn.fetch(_COUNTERS, run_ids)}
 
 
-def _claims(rows: list[asyncpg.Record]) -> tuple[set[str], dict[str, dict[int, PriorDelivery]]]:
-    """The runs the statement stored, and per run not stored for it, the appends (by seq) that
-    repeat a delivery with what that delivery was (its record's reply body, its transcript's reply)."""
-    claimed: set[str] = set()
-    repeats: dict[str, dict[int, PriorDelivery]] = {}
-    for run_id, seq, src, prior_run, prior_seq, response, reply in rows:
-        if src == 0:
-            claimed.add(run_id)
-            continue
-        found = repeats.setdefault(run_id, {})
-        before = found.get(seq)
-        answer = None
-        if reply is not None:
-            record = decode(reply.encode())
-            answer = {"content": record.get("content"), "seq": record.get("seq")}
-        if before is None:
-            found[seq] = PriorDelivery(prior_run, prior_seq, response, answer)
-        elif src == 1:  # the record's place and body; the transcript's reply
-            found[seq] = PriorDelivery(prior_run, prior_seq, response, before.reply)
-        else:
-            found[seq] = PriorDelivery(before.run_id, before.seq, before.response, answer)
-    return claimed, repeats
-
-
 def _arguments(batch: list[tuple[RunState, list[Append]]]) -> list[list[Any]]:
     """The statement's 19 arrays: per run, per message line, per context line, and the key of
     each line whose client_message_id is checked (None for the others)."""
@@ -516,17 +450,6 @@ def _arguments(batch: list[tuple[RunState, list[Append]]]) -> list[list[Any]]:
             for column, value in zip(context, (run.run_id, ordinal, item.line), strict=True):
                 column.append(value)
     return [*runs, *lines, *context, once_keys]
-
-
-def _reply_arguments(replies: list[ReplyRecord]) -> list[list[Any]]:
-    """The statement's 6 arrays of reply records (key, id, time, run, seq, body)."""
-    columns: list[list[Any]] = [[] for _ in range(6)]
-    for reply in replies:
-        for column, value in zip(columns, (
-            reply.key, reply.client_message_id, reply.created_at, reply.run_id, reply.seq, reply.response,
-        ), strict=True):  # fmt: skip
-            column.append(value)
-    return columns
 
 
 def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:
