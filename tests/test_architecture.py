@@ -7,23 +7,40 @@ Imports are read with ``ast`` from every module of the packages, wherever they s
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "sessions", "memory", "scheduler", "channels", "conversations", "gateway")
+PACKAGES = ("config", "home", "sessions", "memory", "scheduler", "channels", "backups", "conversations", "gateway")
+OURS = ("config", "home", "sessions", "memory", "scheduler", "channels", "backups", "conversations", "gateway")
 
-# package -> module prefixes it must not import (ours, and the HTTP server code)
+# package (or a package of one) -> module prefixes it must not import (ours, and the HTTP server code)
 FORBIDDEN: Mapping[str, tuple[str, ...]] = {
-    "config": ("sessions", "memory", "scheduler", "channels", "conversations", "gateway"),
-    "sessions": ("gateway", "conversations"),
+    "config": tuple(p for p in OURS if p != "config"),
+    "home": tuple(p for p in OURS if p not in ("config", "home")),
+    "sessions": ("gateway", "conversations", "backups"),
+    "sessions.postgres": ("sessions.files",),
+    "sessions.inmemory": ("sessions.files", "sessions.postgres"),
+    "backups": ("gateway", "conversations"),
     "memory": ("gateway", "conversations"),
     "scheduler": ("gateway", "conversations"),
     "channels": ("gateway", "aiohttp.web"),
     "conversations": ("gateway", "aiohttp.web"),
 }
+
+
+# The modules outside the files backend that still import it (``sessions.files``), by name: the list
+# may only get shorter. A module that no longer imports it comes off the list; a new one is refused.
+FILES_BACKEND_IMPORTERS = frozenset({
+    "backups.pack", "backups.stage",  # a home's point staged and checked with the files backend's own tools
+    "gateway.api.history", "gateway.cli_history",  # the export writer, `neotask history`
+    "gateway.backup_postgres", "gateway.backups",  # backups of a home (and of a database staged as one)
+    "gateway.crashpoints", "gateway.offline",  # the archive's crash steps, the offline doctor
+    "sessions.backends", "sessions.copying",  # the construction site, the storage copier
+})  # fmt: skip
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -42,6 +59,16 @@ def imports(name: str, path: Path) -> Iterator[tuple[str, ...]]:
     """Each name ``name`` imports, as the dotted names it may be, most precise first: ``import a.b``
     gives ``("a.b",)``; ``from a import b`` gives ``("a.b", "a")`` (a module ``b``, or a name in
     ``a``). Relative imports are made absolute."""
+    yield from _imports(name, path)
+
+
+@functools.cache
+def _imports(name: str, path: Path) -> tuple[tuple[str, ...], ...]:
+    """``imports``, each file read once for all the checks."""
+    return tuple(_read_imports(name, path))
+
+
+def _read_imports(name: str, path: Path) -> Iterator[tuple[str, ...]]:
     is_package = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
@@ -117,15 +144,31 @@ def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
 def forbidden_arrows(root: Path, modules: Mapping[str, Path]) -> list[str]:
     bad = set()
     for name, path in modules.items():
-        package = name.split(".")[0]
+        rules = [
+            (package, prefix) for package, banned in FORBIDDEN.items() if _under(name, package) for prefix in banned
+        ]
         for candidates in imports(name, path):
-            for prefix in FORBIDDEN.get(package, ()):
-                if any(c == prefix or c.startswith(prefix + ".") for c in candidates):
+            for package, prefix in rules:
+                if any(_under(c, prefix) for c in candidates):
                     bad.add(f"{path.relative_to(root)} imports {prefix} ({package} must not)")
     return sorted(bad)
+
+
+def files_backend_importers(modules: Mapping[str, Path]) -> set[str]:
+    """The modules outside ``sessions.files`` that import it."""
+    return {
+        name
+        for name, path in modules.items()
+        if not _under(name, "sessions.files")
+        and any(_under(c, "sessions.files") for cs in imports(name, path) for c in cs)
+    }
 
 
 def test_no_import_circle_between_modules() -> None:
@@ -139,6 +182,16 @@ def test_no_forbidden_arrow_between_packages() -> None:
     assert forbidden_arrows(ROOT, module_files(ROOT)) == []
 
 
+def test_only_the_listed_modules_reach_into_the_files_backend() -> None:
+    found = files_backend_importers(module_files(ROOT))
+    assert not found - FILES_BACKEND_IMPORTERS, (
+        f"new importers of sessions.files: {sorted(found - FILES_BACKEND_IMPORTERS)}"
+    )
+    assert not FILES_BACKEND_IMPORTERS - found, (
+        f"no longer importers (take them off the list): {sorted(FILES_BACKEND_IMPORTERS - found)}"
+    )
+
+
 # -- the checks themselves, over a small tree -------------------------------------------------------
 
 
@@ -147,6 +200,7 @@ def _tree(root: Path, files: Mapping[str, str]) -> None:
         (root / package).mkdir(parents=True, exist_ok=True)
         (root / package / "__init__.py").touch()
     for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text, encoding="utf-8")
 
 
@@ -181,8 +235,31 @@ def test_a_line_is_not_a_circle(tmp_path: Path) -> None:
         ("channels/a.py", "from aiohttp import web\n"),
         ("conversations/a.py", "from aiohttp.web import Response\n"),
         ("conversations/b.py", "from gateway.keys import STORE\n"),
+        ("home/a.py", "from sessions.faults import storage_error\n"),
+        ("home/b.py", "def f():\n    from backups import pack\n"),
+        ("backups/a.py", "from gateway.offline import open_offline\n"),
+        ("sessions/postgres/a.py", "from sessions.files.jsonl import iter_records\n"),
+        ("sessions/inmemory/a.py", "from sessions.postgres import store\n"),
     ],
 )
 def test_a_forbidden_arrow_is_found(tmp_path: Path, rel: str, text: str) -> None:
     _tree(tmp_path, {rel: text})
     assert len(forbidden_arrows(tmp_path, module_files(tmp_path))) == 1
+
+
+def test_an_allowed_arrow_is_not_refused(tmp_path: Path) -> None:
+    _tree(tmp_path, {
+        "home/a.py": "from config.errors import Conflict\n",
+        "sessions/postgres/a.py": "from sessions.codec import decode\nfrom home.layout import Home\n",
+        "sessions/files/a.py": "from sessions.postgres import store\n",  # no rule of the files backend
+    })  # fmt: skip
+    assert forbidden_arrows(tmp_path, module_files(tmp_path)) == []
+
+
+def test_an_importer_of_the_files_backend_is_found(tmp_path: Path) -> None:
+    _tree(tmp_path, {
+        "gateway/a.py": "def f():\n    from sessions.files import bulk\n",
+        "gateway/b.py": "from sessions.filesystem import x\n",  # another module whose name starts alike
+        "sessions/files/c.py": "from sessions.files.jsonl import iter_records\n",  # the backend itself
+    })  # fmt: skip
+    assert files_backend_importers(module_files(tmp_path)) == {"gateway.a"}
