@@ -1,11 +1,12 @@
 """What every connector holds of its account, set up in one place: the account's name and
 settings, the store and the clock, the part size, its status, its direct-chat gate and its record
-of the messages it stored. Each connector (``telegram.py``, ``slack.py``, ``discord.py``,
+of the messages it stored, and how it stops for good. Each connector (``telegram.py``, ``slack.py``, ``discord.py``,
 ``matrix.py``) is an :class:`AccountParts` with its platform's client beside them; these are the
 ``account``, ``status`` and ``access`` of the ``Connector`` protocol."""
 
 from __future__ import annotations
 
+import logging
 from typing import Generic, Protocol, TypeVar
 
 from channels.access import AccessSettings, DirectAccess, NotifyFn
@@ -45,3 +46,12 @@ class AccountParts(Generic[S]):
         self.status = AccountStatus(channel, name, settings.agent, settings.mode, enabled=settings.enabled)
         self.access = DirectAccess(channel, name, settings, store, clock=clock, notify=notify, noun=noun)
         self.revisions = Revisions(channel, name, store, clock=clock)
+
+    def _stop(self, why: str, fix: str) -> None:
+        """The account stops for good (its token refused, a setting the platform wants), the others
+        keep running: one error line in the connector's log, and its status says why."""
+        message = (f"{self.status.channel} account {self.account}: {why}; this account is stopped, the others keep"
+                   f" running; {fix}")  # fmt: skip
+        logging.getLogger(type(self).__module__).error("%s", message)
+        self.status.connected = False
+        self.status.last_error = message

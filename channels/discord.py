@@ -228,17 +228,10 @@ class DiscordConnector(AccountParts[DiscordAccount]):
         self.status.connected = True
         self.status.last_error = None
 
-    def _refused(self, why: str, fix: str) -> None:
-        message = (f"discord account {self.account}: {why}; this account is stopped, the others keep running;"
-                   f" {fix}")  # fmt: skip
-        log.error("%s", message)
-        self.status.connected = False
-        self.status.last_error = message
-
     def _token_refused(self, how: str) -> None:
-        self._refused(f"Discord refused the token in {self.settings.token_env} ({how})",
-                      f"fix {self.settings.token_env} (developer portal: your application, Bot, Reset Token) and"
-                      " restart")  # fmt: skip
+        self._stop(f"Discord refused the token in {self.settings.token_env} ({how})",
+                   f"fix {self.settings.token_env} (developer portal: your application, Bot, Reset Token) and"
+                   " restart")  # fmt: skip
 
     async def _run(self) -> None:
         """Log in and hold the gateway (returns only when Discord refuses the token or the intent)."""
@@ -270,10 +263,10 @@ class DiscordConnector(AccountParts[DiscordAccount]):
         try:
             await client.connect(reconnect=True)
         except discord.PrivilegedIntentsRequired:
-            self._refused(f"the gateway closed with {INTENTS_CLOSE_CODE}: the bot asks for the message content intent,"
-                          " which is not enabled for it (without it Discord sends messages without their text)",
-                          "turn on Message Content Intent (developer portal: your application, Bot, Privileged Gateway"
-                          " Intents) and restart")  # fmt: skip
+            self._stop(f"the gateway closed with {INTENTS_CLOSE_CODE}: the bot asks for the message content intent,"
+                       " which is not enabled for it (without it Discord sends messages without their text)",
+                       "turn on Message Content Intent (developer portal: your application, Bot, Privileged Gateway"
+                       " Intents) and restart")  # fmt: skip
             return
         except discord.ConnectionClosed as exc:
             if exc.code == TOKEN_CLOSE_CODE:

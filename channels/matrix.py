@@ -114,11 +114,7 @@ class MatrixConnector(AccountParts[MatrixAccount]):
         self._task = asyncio.create_task(supervise(lambda: self._run(post), self.status), name=f"matrix {self.account}")
 
     def _refused(self, why: str) -> None:
-        message = (f"matrix account {self.account}: {why}; this account is stopped, the others keep running;"
-                   f" fix {self.settings.access_token_env} (the bot user's access token) and restart")  # fmt: skip
-        log.error("%s", message)
-        self.status.connected = False
-        self.status.last_error = message
+        self._stop(why, f"fix {self.settings.access_token_env} (the bot user's access token) and restart")
 
     async def _failed(self, failure: str, backoff: float, wait: float | None = None) -> float:
         self.status.connected = False

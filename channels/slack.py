@@ -115,11 +115,7 @@ class SlackConnector(AccountParts[SlackAccount]):
         self._task = asyncio.create_task(supervise(self._run, self.status), name=f"slack {self.account}")
 
     def _refused(self, why: str) -> None:
-        message = (f"slack account {self.account}: {why}; this account is stopped, the others keep running;"
-                   f" fix {self.settings.bot_token_env} / {self.settings.app_token_env} and restart")  # fmt: skip
-        log.error("%s", message)
-        self.status.connected = False
-        self.status.last_error = message
+        self._stop(why, f"fix {self.settings.bot_token_env} / {self.settings.app_token_env} and restart")
 
     async def _until_answered(self, method: str, call: Callable[[], Awaitable[T]], token: str) -> T | None:
         """``call`` tried again with a backoff until Slack answers it; None when Slack refused the

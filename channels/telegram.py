@@ -112,11 +112,7 @@ class TelegramConnector(AccountParts[TelegramAccount]):
         self._task = asyncio.create_task(run, name=f"telegram {self.account}")
 
     def _refused(self, why: str) -> None:
-        message = (f"telegram account {self.account}: {why}; this account is stopped, the others keep running;"
-                   f" fix {self.settings.token_env} (from @BotFather) and restart")  # fmt: skip
-        log.error("%s", message)
-        self.status.connected = False
-        self.status.last_error = message
+        self._stop(why, f"fix {self.settings.token_env} (from @BotFather) and restart")
 
     async def _run(self, post: PostFn) -> None:
         """Connect, then poll (returns only when the token is refused, or once a webhook is set)."""
