@@ -10,12 +10,12 @@ per-channel-peer``. Per round:
 - *discord*: N direct messages from C senders are dispatched over the gateway (MESSAGE_CREATE) at
   once; the time is from then until the account's ``messages_in`` (``GET /v1/channels``, counted
   once a message is durable) has grown by N;
-- *http*: the same N messages (other senders, so new keys alike) posted to ``/v1/messages`` by C
-  concurrent clients, one sender per client, each message with its ``client_message_id``.
+- *http*: the same N messages posted to ``/v1/messages`` by C concurrent clients
+  (``bench/channel_ingest.py``).
 
-Rounds alternate the two so drift on a shared machine hits both; the pooled ratio is checked
-against the target (discord ≥ 0.8x http). Every message is then counted in the messages.jsonl
-files. ``python -m bench.discord_ingest [--quick] [--messages N] [--chats C] [--rounds R]``.
+Rounds alternate the two; the pooled ratio is checked against the target (discord ≥ 0.8x http).
+Every message is then counted in the messages.jsonl files. ``python -m bench.discord_ingest
+[--quick] [--messages N] [--chats C] [--rounds R]``.
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ daemon (store-only, the default fsync ``batch``) with one Matrix account, ``dm_p
   rate from the first sync answered, without the account's start). The homeserver's
   own time to accept the messages is not counted (Telegram's benchmark queues its updates on a
   stand-in at once, likewise);
-- *http*: the same N messages (other senders, so new keys alike) posted to ``/v1/messages`` by C
-  concurrent clients, one sender per client, each message with its ``client_message_id``.
+- *http*: the same N messages posted to ``/v1/messages`` by C concurrent clients
+  (``bench/channel_ingest.py``).
 
-Rounds alternate the two; the pooled ratio is checked against the target (matrix ≥ 0.8x http).
-Every message is then counted in the messages.jsonl files.
-``python -m bench.matrix_ingest [--quick] [--messages N] [--chats C] [--rounds R]``.
+Rounds alternate the two; the pooled ratio is checked against the target (matrix ≥ 0.8x http). Every
+message is then counted in the messages.jsonl files. ``python -m bench.matrix_ingest [--quick]
+[--messages N] [--chats C] [--rounds R]``.
 """
 
 from __future__ import annotations

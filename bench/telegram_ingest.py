@@ -9,12 +9,12 @@ process), ``dm_policy: open`` and ``session.dm_scope: per-channel-peer``. Per ro
 - *telegram*: N direct messages from C senders are queued on the Bot API server at once; the time
   is from then until the connector's ``getUpdates`` carries an offset past the last one (so every
   update is durable: the offset is committed only after the store);
-- *http*: the same N messages (other senders, so new keys alike) posted to ``/v1/messages`` by C
-  concurrent clients, one sender per client, each message with its ``client_message_id``.
+- *http*: the same N messages posted to ``/v1/messages`` by C concurrent clients
+  (``bench/channel_ingest.py``).
 
-Rounds alternate the two so drift on a shared machine hits both; the pooled ratio is checked
-against the target (telegram ≥ 0.8x http). Every message is then counted in the messages.jsonl
-files. ``python -m bench.telegram_ingest [--quick] [--messages N] [--chats C] [--rounds R]``.
+Rounds alternate the two; the pooled ratio is checked against the target (telegram ≥ 0.8x http).
+Every message is then counted in the messages.jsonl files. ``python -m bench.telegram_ingest
+[--quick] [--messages N] [--chats C] [--rounds R]``.
 """
 
 from __future__ import annotations
