@@ -24,7 +24,6 @@ and the CPU per message are the daemons' own, not the cores' contention's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
 import os
@@ -34,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load import Phase, key_prefix, prime, wrk_load, wrk_path
-from bench.workers_ingest import Case, cpu_of, gateway_case, start, stop, tree
-from tests.support.postgres import PgServer, start_server, stop_server
+from bench.workers_ingest import Case, arguments, cpu_of, gateway_case, start_all, stop_all, tree
+from tests.support.postgres import PgServer, start_server
 
 CONNECTIONS = 64
 KEYS = 64
@@ -127,9 +126,7 @@ async def run(seconds: float, rounds: int, workers: int, leases_case: bool, paus
             if gateway:
                 data["gateway"] = gateway
             daemons.append(gateway_case(name, tmp / name.replace(" ", "-"), data, count))
-        for daemon in daemons:  # one at a time: several imports at once take minutes on a small machine
-            await start(daemon)
-            print(f"  {daemon.name}: listening on port {daemon.port}", flush=True)
+        await start_all(daemons)
         for daemon in daemons:
             await prime(daemon.port, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("spread"))
         loads = [Load(f"{d.name} {how}", d, how == "spread") for d in daemons for how in ("affine", "spread")]
@@ -154,16 +151,11 @@ async def run(seconds: float, rounds: int, workers: int, leases_case: bool, paus
         )
         print("\n".join(report({load.name: summary(load) for load in loads}, workers)))
     finally:
-        for daemon in daemons:
-            await stop(daemon)
-        await asyncio.to_thread(stop_server, server)
+        await stop_all(daemons, server)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = arguments(__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--no-leases-case", action="store_true", help="leave out pg xN with key_handoff: false")
     parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: none")
     args = parser.parse_args()

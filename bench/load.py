@@ -27,9 +27,7 @@ import aiohttp
 
 HOST = "127.0.0.1"
 LUA = Path(__file__).with_name("wrk_post.lua")
-PACED_LUA = Path(__file__).with_name("wrk_post_paced.lua")
 SPREAD_LUA = Path(__file__).with_name("wrk_post_spread.lua")  # every request on a key drawn at random
-SPREAD_PACED_LUA = Path(__file__).with_name("wrk_post_spread_paced.lua")
 MAX_WRK_THREADS = 64
 TIMEOUT_S = 10.0
 _WRK_LINE = re.compile(r"^NEOTASK-WRK (.*)$", re.MULTILINE)
@@ -105,16 +103,13 @@ def wrk_command(
     ids: bool = False,
 ) -> list[str]:
     """wrk posting messages as fast as the server answers; with ``pause_ms``, each connection waits
-    that long before each request (``wrk_post_paced.lua``): a fixed load below saturation; with
+    that long before each request (``wrk_post.lua``'s last argument): a fixed load below saturation; with
     ``spread``, every request goes to a key drawn at random (``wrk_post_spread.lua``), so a key's
     requests come over every connection instead of one; with ``ids``, each message carries a
     ``client_message_id`` of its own (unique per tag)."""
     exe = wrk_path() or "wrk"
     threads = min(connections, MAX_WRK_THREADS)
-    if pause_ms:
-        script, paced = (SPREAD_PACED_LUA if spread else PACED_LUA), [str(pause_ms)]
-    else:
-        script, paced = (SPREAD_LUA if spread else LUA), []
+    script, paced = (SPREAD_LUA if spread else LUA), [str(pause_ms)] if pause_ms else []
     return [
         exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, math.ceil(seconds))}s",
         "--timeout", f"{TIMEOUT_S:g}s", "-s", str(script), f"http://{HOST}:{port}",

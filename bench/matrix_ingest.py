@@ -13,18 +13,17 @@ daemon (store-only, the default fsync ``batch``) with one Matrix account, ``dm_p
   rate from the first sync answered, without the account's start). The homeserver's
   own time to accept the messages is not counted (Telegram's benchmark queues its updates on a
   stand-in at once, likewise);
-- *http*: the same N messages (other senders, so new keys alike) posted to ``/v1/messages`` by C
-  concurrent clients, one sender per client, each message with its ``client_message_id``.
+- *http*: the same N messages posted to ``/v1/messages`` by C concurrent clients
+  (``bench/channel_ingest.py``).
 
-Rounds alternate the two; the pooled ratio is checked against the target (matrix ≥ 0.8x http).
-Every message is then counted in the messages.jsonl files.
-``python -m bench.matrix_ingest [--quick] [--messages N] [--chats C] [--rounds R]``.
+Rounds alternate the two; the pooled ratio is checked against the target (matrix ≥ 0.8x http). Every
+message is then counted in the messages.jsonl files. ``python -m bench.matrix_ingest [--quick]
+[--messages N] [--chats C] [--rounds R]``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import tempfile
 import time
@@ -35,8 +34,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bench.common import Report, parser, print_table, section
-from bench.telegram_ingest import count_stored, http_round, start_daemon
+from bench.channel_ingest import arguments, check, http_round, pooled, start_daemon
+from bench.common import Report, print_table, section
 
 TARGET = 0.8
 
@@ -108,8 +107,7 @@ async def run(messages: int, chats: int, rounds: int, homeserver: Any = None) ->
             data: dict[str, Any] = {"session": {"dm_scope": "per-channel-peer"},
                                     "channels": {"matrix": {"accounts": {"bench": account}}}}  # fmt: skip
             config.write_text(yaml.safe_dump(data))
-            os.environ["MX_BENCH"] = bot.token
-            proc, url = await start_daemon(home, config)
+            proc, url = await start_daemon(home, config, {"MX_BENCH": bot.token})
             try:
                 section(f"matrix_ingest: {messages} messages from {chats} senders per phase, {rounds} round(s)")
                 rooms = [(user, await user.room(bot.user_id, direct=True)) for user in users]
@@ -122,18 +120,16 @@ async def run(messages: int, chats: int, rounds: int, homeserver: Any = None) ->
                 drain_rates: list[float] = []
                 http_rates: list[float] = []
                 await matrix_round(proc, config, data, url, rooms, chats, "warm-mx")  # connector and keys warm
-                await http_round(url, chats, chats, "warm-http")
+                await http_round(url, chats, chats, "warm-http", channel="matrix")
                 for r in range(rounds):
                     mx, drain = await matrix_round(proc, config, data, url, rooms, messages, f"mx{r}")
-                    web = await http_round(url, messages, chats, f"http{r}")
+                    web = await http_round(url, messages, chats, f"http{r}", channel="matrix")
                     mx_rates.append(mx)
                     drain_rates.append(drain)
                     http_rates.append(web)
                     rows.append((str(r + 1), f"{mx:,.0f}", f"{drain:,.0f}", f"{web:,.0f}", f"{mx / web:.2f}x",
                                  f"{drain / web:.2f}x"))  # fmt: skip
-                pooled_mx = len(mx_rates) / sum(1 / x for x in mx_rates)
-                pooled_drain = len(drain_rates) / sum(1 / x for x in drain_rates)
-                pooled_http = len(http_rates) / sum(1 / x for x in http_rates)
+                pooled_mx, pooled_drain, pooled_http = pooled(mx_rates), pooled(drain_rates), pooled(http_rates)
                 rows.append(("pooled", f"{pooled_mx:,.0f}", f"{pooled_drain:,.0f}", f"{pooled_http:,.0f}",
                              f"{pooled_mx / pooled_http:.2f}x", f"{pooled_drain / pooled_http:.2f}x"))  # fmt: skip
                 print_table(("round", "matrix msgs/s (from start)", "(from first sync)", "/v1/messages msgs/s",
@@ -144,22 +140,11 @@ async def run(messages: int, chats: int, rounds: int, homeserver: Any = None) ->
         finally:
             if own:
                 await asyncio.to_thread(homeserver.stop)
-        expected = rounds * messages * 2 + 2 * chats
-        stored = count_stored(home)
-        print(f"  stored user messages: {stored} (expected {expected})")
-        report.check("stored messages missing", float(expected - stored), 0.0, unit="", digits=0)
-        report.check("http / matrix (target matrix >= 0.8x http)", pooled_http / pooled_mx, 1 / TARGET)
-    return report.finish()
+        return check(report, home, rounds * messages * 2 + 2 * chats, "matrix", pooled_mx, pooled_http, TARGET)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = parser("bench.matrix_ingest", __doc__ or "")
-    p.add_argument("--messages", type=int, default=1000)
-    p.add_argument("--chats", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.messages, args.chats, args.rounds = 60, 4, 1
+    args = arguments("bench.matrix_ingest", __doc__ or "", argv, messages=1000, chats=32, rounds=3, quick=(60, 4, 1))
     return asyncio.run(run(args.messages, args.chats, args.rounds))
 
 

@@ -60,7 +60,7 @@ import signal
 import statistics
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,6 +159,31 @@ async def stop(case: Case) -> None:
             await asyncio.wait_for(case.proc.communicate(), 60)
         if case.proc.returncode is None:
             case.proc.kill()
+
+
+async def start_all(daemons: Sequence[Case]) -> None:
+    """Each daemon started and listening, one at a time: several imports at once take minutes on a
+    small machine."""
+    for case in daemons:
+        await start(case)
+        print(f"  {case.name}: listening on port {case.port}", flush=True)
+
+
+async def stop_all(daemons: Sequence[Case], server: PgServer) -> None:
+    """Each daemon stopped, then the PostgreSQL server."""
+    for case in daemons:
+        await stop(case)
+    await asyncio.to_thread(stop_server, server)
+
+
+def arguments(description: str | None) -> argparse.ArgumentParser:
+    """The options of a benchmark that measures each case for ``--seconds``, ``--rounds`` times,
+    with ``--workers`` gateway processes in the case of several."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    return parser
 
 
 STATS_SETTLE_S = 1.5  # a busy backend reports its counts to pg_stat_database at most once a second
@@ -380,9 +405,7 @@ async def run(
             cases = [case for case in cases if case.name in only]
             needed = {id(d) for case in cases for d in (case.apart or [case.server or case])}
             daemons = [daemon for daemon in daemons if id(daemon) in needed]
-        for case in daemons:  # one at a time: several imports at once take minutes on a small machine
-            await start(case)
-            print(f"  {case.name}: listening on port {case.port}", flush=True)
+        await start_all(daemons)
         prefix = key_prefix("w64x64")
         for case in daemons:
             await prime(case.port, connections=case.connections, keys=case.connections, prefix=prefix)
@@ -406,16 +429,11 @@ async def run(
         print("\nWith a client_message_id on every message vs the same without:")
         print("\n".join(id_report(cases, results)))
     finally:
-        for case in daemons:
-            await stop(case)
-        await asyncio.to_thread(stop_server, server)
+        await stop_all(daemons, server)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = arguments(__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: no paced cases")
     parser.add_argument("--cases", default="", help="measure only these cases (comma-separated names)")
     parser.add_argument(

@@ -4,10 +4,12 @@
 -- 64 connections, a few connections per thread, each thread owning a disjoint set of keys that
 -- it rotates through, so no two requests in flight share a key unless there are fewer keys than
 -- connections). Arguments after `--`: keys, threads, the URL-encoded key prefix, a tag that
--- keeps message texts of different phases apart, and 1 to send each message with a
--- `client_message_id` of its own (the tag, the thread, the count: the retry-safe way to post).
+-- keeps message texts of different phases apart, 1 to send each message with a
+-- `client_message_id` of its own (the tag, the thread, the count: the retry-safe way to post),
+-- and optionally a pause in milliseconds each connection waits before each request (wrk's `delay`
+-- hook): a paced load, below what the server can take.
 --   wrk -t 64 -c 64 -d 10s --timeout 10s -s bench/wrk_post.lua http://127.0.0.1:PORT \
---       -- 64 64 agent%3Amain%3Abench%3Adm%3Ac1k r1 1
+--       -- 64 64 agent%3Amain%3Abench%3Adm%3Ac1k r1 1 [30]
 
 local next_id = 0
 
@@ -32,6 +34,14 @@ function init(args)
   end
   sent = 0
   headers = {["Content-Type"] = "application/json"}
+  pause_ms = tonumber(args[6]) or 0
+  if pause_ms > 0 then
+    -- defined only when paced: wrk looks for `delay` after init, and with it sends every request
+    -- through a timer, even one of 0 ms
+    function delay()
+      return pause_ms
+    end
+  end
 end
 
 -- the body of this thread's request number `sent` (with its own client_message_id when asked)

@@ -1,7 +1,7 @@
 -- bench/wrk_post.lua with every request on a key drawn at random (of all the keys), so the
 -- requests of a key come over every connection, to whichever worker accepted it: the keys spread
 -- over the workers as a load balancer or short client connections spread them. Arguments after
--- `--`: those of wrk_post.lua.
+-- `--`: those of wrk_post.lua (the pause included).
 local here = debug.getinfo(1, "S").source:sub(2):match("(.*/)") or "./"
 dofile(here .. "wrk_post.lua")
 

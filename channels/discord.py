@@ -45,12 +45,12 @@ with warnings.catch_warnings():  # discord.py's voice player imports audioop (de
     from discord.gateway import DiscordWebSocket
     from discord.http import HTTPClient, Route
 
-from channels.access import DirectAccess
+from channels.account import AccountParts
 from channels.discord_events import CHANNEL, Seen, Skip, inbound
 from channels.discord_format import DISCORD_LIMIT, split
 from channels.handover import hand_over
-from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
-from channels.revisions import Ignored, Revisions
+from channels.protocol import PostFn, Rejected, RetryLater, Target
+from channels.revisions import Ignored
 from channels.store import ChannelStore
 from channels.supervisor import MAX_BACKOFF_S, supervise
 from config.channels import DiscordAccount
@@ -101,19 +101,14 @@ class _Client(discord.Client):
         self._connection.http = self.http
 
 
-class DiscordConnector:
+class DiscordConnector(AccountParts[DiscordAccount]):
     """One Discord bot account."""
 
     channel = CHANNEL
 
     def __init__(self, name: str, account: DiscordAccount, token: str, store: ChannelStore, *, clock: Clock,
                  limit: int = DISCORD_LIMIT) -> None:  # fmt: skip
-        self.account = name
-        self.settings = account
-        self.store = store
-        self.clock = clock
-        self.limit = limit
-        self.status = AccountStatus(CHANNEL, name, account.agent, account.mode, enabled=account.enabled)
+        super().__init__(CHANNEL, name, account, store, clock=clock, limit=limit, notify=self.notify)
         self.status.extra["resumes"] = 0
         self._token = token
         self._client: _Client | None = None
@@ -124,8 +119,6 @@ class DiscordConnector:
         self._post: PostFn | None = None
         self._taking: set[asyncio.Task[None]] = set()
         self._catching_up: set[asyncio.Task[None]] = set()
-        self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify)
-        self.revisions = Revisions(CHANNEL, name, store, clock=clock)
 
     @property
     def api_base(self) -> str:
@@ -235,17 +228,10 @@ class DiscordConnector:
         self.status.connected = True
         self.status.last_error = None
 
-    def _refused(self, why: str, fix: str) -> None:
-        message = (f"discord account {self.account}: {why}; this account is stopped, the others keep running;"
-                   f" {fix}")  # fmt: skip
-        log.error("%s", message)
-        self.status.connected = False
-        self.status.last_error = message
-
     def _token_refused(self, how: str) -> None:
-        self._refused(f"Discord refused the token in {self.settings.token_env} ({how})",
-                      f"fix {self.settings.token_env} (developer portal: your application, Bot, Reset Token) and"
-                      " restart")  # fmt: skip
+        self._stop(f"Discord refused the token in {self.settings.token_env} ({how})",
+                   f"fix {self.settings.token_env} (developer portal: your application, Bot, Reset Token) and"
+                   " restart")  # fmt: skip
 
     async def _run(self) -> None:
         """Log in and hold the gateway (returns only when Discord refuses the token or the intent)."""
@@ -277,10 +263,10 @@ class DiscordConnector:
         try:
             await client.connect(reconnect=True)
         except discord.PrivilegedIntentsRequired:
-            self._refused(f"the gateway closed with {INTENTS_CLOSE_CODE}: the bot asks for the message content intent,"
-                          " which is not enabled for it (without it Discord sends messages without their text)",
-                          "turn on Message Content Intent (developer portal: your application, Bot, Privileged Gateway"
-                          " Intents) and restart")  # fmt: skip
+            self._stop(f"the gateway closed with {INTENTS_CLOSE_CODE}: the bot asks for the message content intent,"
+                       " which is not enabled for it (without it Discord sends messages without their text)",
+                       "turn on Message Content Intent (developer portal: your application, Bot, Privileged Gateway"
+                       " Intents) and restart")  # fmt: skip
             return
         except discord.ConnectionClosed as exc:
             if exc.code == TOKEN_CLOSE_CODE:

@@ -51,12 +51,12 @@ from nio import (
     WhoamiError,
 )
 
-from channels.access import DirectAccess
+from channels.account import AccountParts
 from channels.handover import hand_over
 from channels.matrix_events import CHANNEL, DIRECT, GROUP, Bot, Encrypted, Skip, inbound, invite_of
 from channels.matrix_format import MATRIX_LIMIT, content, split
-from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
-from channels.revisions import Ignored, Revisions
+from channels.protocol import Inbound, PostFn, Rejected, RetryLater, Target
+from channels.revisions import Ignored
 from channels.store import ChannelStore
 from channels.supervisor import MAX_BACKOFF_S, supervise
 from config.channels import MatrixAccount
@@ -90,19 +90,14 @@ def _http_status(response: Any) -> int:
     return int(getattr(transport, "status", 0) or 0)
 
 
-class MatrixConnector:
+class MatrixConnector(AccountParts[MatrixAccount]):
     """One Matrix bot account."""
 
     channel = CHANNEL
 
     def __init__(self, name: str, account: MatrixAccount, token: str, store: ChannelStore, *, clock: Clock,
                  limit: int = MATRIX_LIMIT) -> None:  # fmt: skip
-        self.account = name
-        self.settings = account
-        self.store = store
-        self.clock = clock
-        self.limit = limit
-        self.status = AccountStatus(CHANNEL, name, account.agent, account.mode, enabled=account.enabled)
+        super().__init__(CHANNEL, name, account, store, clock=clock, limit=limit, notify=self.notify)
         self.status.extra["encrypted_rooms"] = []
         config = AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0, encryption_enabled=False,
                                    store_sync_tokens=False, request_timeout=30)  # fmt: skip
@@ -114,18 +109,12 @@ class MatrixConnector:
         self._kinds: dict[str, str] = {}
         self._told_encrypted: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify)
-        self.revisions = Revisions(CHANNEL, name, store, clock=clock)
 
     async def start(self, post: PostFn) -> None:
         self._task = asyncio.create_task(supervise(lambda: self._run(post), self.status), name=f"matrix {self.account}")
 
     def _refused(self, why: str) -> None:
-        message = (f"matrix account {self.account}: {why}; this account is stopped, the others keep running;"
-                   f" fix {self.settings.access_token_env} (the bot user's access token) and restart")  # fmt: skip
-        log.error("%s", message)
-        self.status.connected = False
-        self.status.last_error = message
+        self._stop(why, f"fix {self.settings.access_token_env} (the bot user's access token) and restart")
 
     async def _failed(self, failure: str, backoff: float, wait: float | None = None) -> float:
         self.status.connected = False

@@ -41,10 +41,10 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.access import DirectAccess
+from channels.account import AccountParts
 from channels.handover import hand_over
-from channels.protocol import AccountStatus, Inbound, PostFn, Rejected, RetryLater, Target
-from channels.revisions import Ignored, Revisions
+from channels.protocol import Inbound, PostFn, Rejected, RetryLater, Target
+from channels.revisions import Ignored
 from channels.slack_events import CHANNEL, Skip, inbound, slash_inbound
 from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
@@ -73,7 +73,6 @@ class _NoTokenNotice(logging.Filter):
         return "`token` will be unused" not in record.getMessage()
 
 
-
 class _SlackClock(SignatureClock):
     """The gateway's clock for slack_sdk's timestamp check."""
 
@@ -84,7 +83,7 @@ class _SlackClock(SignatureClock):
         return self.clock().timestamp()
 
 
-class SlackConnector:
+class SlackConnector(AccountParts[SlackAccount]):
     """One Slack app account."""
 
     channel = CHANNEL
@@ -93,12 +92,7 @@ class SlackConnector:
         self, name: str, account: SlackAccount, bot_token: str, app_token: str, store: ChannelStore, *,
         clock: Clock, limit: int = SLACK_LIMIT, signing_secret: str | None = None,
     ) -> None:  # fmt: skip
-        self.account = name
-        self.settings = account
-        self.store = store
-        self.clock = clock
-        self.limit = limit
-        self.status = AccountStatus(CHANNEL, name, account.agent, account.mode, enabled=account.enabled)
+        super().__init__(CHANNEL, name, account, store, clock=clock, limit=limit, notify=self.notify, noun="app")
         base = account.api_base or DEFAULT_API
         self.web = AsyncWebClient(token=bot_token, base_url=base if base.endswith("/") else base + "/")
         self._app_token = app_token
@@ -107,8 +101,6 @@ class SlackConnector:
         self._task: asyncio.Task[None] | None = None
         self._post: PostFn | None = None
         self._commands: set[asyncio.Task[bool]] = set()  # slash commands over HTTP, acknowledged, being handed on
-        self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify, noun="app")
-        self.revisions = Revisions(CHANNEL, name, store, clock=clock)
         self._verifier = SignatureVerifier(signing_secret, clock=_SlackClock(clock)) if signing_secret else None
         bolt_log = logging.getLogger(f"{__name__}.bolt")
         if not any(isinstance(f, _NoTokenNotice) for f in bolt_log.filters):
@@ -123,11 +115,7 @@ class SlackConnector:
         self._task = asyncio.create_task(supervise(self._run, self.status), name=f"slack {self.account}")
 
     def _refused(self, why: str) -> None:
-        message = (f"slack account {self.account}: {why}; this account is stopped, the others keep running;"
-                   f" fix {self.settings.bot_token_env} / {self.settings.app_token_env} and restart")  # fmt: skip
-        log.error("%s", message)
-        self.status.connected = False
-        self.status.last_error = message
+        self._stop(why, f"fix {self.settings.bot_token_env} / {self.settings.app_token_env} and restart")
 
     async def _until_answered(self, method: str, call: Callable[[], Awaitable[T]], token: str) -> T | None:
         """``call`` tried again with a backoff until Slack answers it; None when Slack refused the

@@ -47,10 +47,10 @@ from aiogram.types import BotCommand, ReplyParameters, Update
 from aiogram.utils.token import TokenValidationError
 from pydantic import ValidationError
 
-from channels.access import DirectAccess
+from channels.account import AccountParts
 from channels.handover import hand_over
-from channels.protocol import AccountStatus, PostFn, Rejected, RetryLater, Target
-from channels.revisions import Ignored, Revisions
+from channels.protocol import PostFn, Rejected, RetryLater, Target
+from channels.revisions import Ignored
 from channels.store import ChannelStore
 from channels.supervisor import supervise
 from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
@@ -78,7 +78,7 @@ MAX_BACKOFF_S = 30.0
 _TRANSIENT = (TelegramNetworkError, TelegramServerError, TelegramRetryAfter, ClientDecodeError)
 
 
-class TelegramConnector:
+class TelegramConnector(AccountParts[TelegramAccount]):
     """One Telegram bot account."""
 
     channel = CHANNEL
@@ -87,19 +87,12 @@ class TelegramConnector:
         self, name: str, account: TelegramAccount, token: str, store: ChannelStore, *, clock: Clock,
         limit: int = TELEGRAM_LIMIT, webhook_secret: str | None = None,
     ) -> None:  # fmt: skip
-        self.account = name
-        self.settings = account
-        self.store = store
-        self.clock = clock
-        self.limit = limit
-        self.status = AccountStatus(CHANNEL, name, account.agent, account.mode, enabled=account.enabled)
+        super().__init__(CHANNEL, name, account, store, clock=clock, limit=limit, notify=self.notify)
         self.status.extra["updates_unreadable"] = 0
         self._token = token
         self._bot: Bot | None = None
         self._me: BotIdentity | None = None
         self._task: asyncio.Task[None] | None = None
-        self.access = DirectAccess(CHANNEL, name, account, store, clock=clock, notify=self.notify)
-        self.revisions = Revisions(CHANNEL, name, store, clock=clock)
         self._webhook_secret = webhook_secret
         self._post: PostFn | None = None
 
@@ -119,11 +112,7 @@ class TelegramConnector:
         self._task = asyncio.create_task(run, name=f"telegram {self.account}")
 
     def _refused(self, why: str) -> None:
-        message = (f"telegram account {self.account}: {why}; this account is stopped, the others keep running;"
-                   f" fix {self.settings.token_env} (from @BotFather) and restart")  # fmt: skip
-        log.error("%s", message)
-        self.status.connected = False
-        self.status.last_error = message
+        self._stop(why, f"fix {self.settings.token_env} (from @BotFather) and restart")
 
     async def _run(self, post: PostFn) -> None:
         """Connect, then poll (returns only when the token is refused, or once a webhook is set)."""

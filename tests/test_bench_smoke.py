@@ -230,7 +230,7 @@ def test_workers_ingest_compares_each_case_with_ids_with_its_twin_without() -> N
     assert line.startswith("  pg x1: with ids 100 msg/s, without 200: 0.50x messages/s, 1.20x CPU per message")
     assert "0.070 vs 0.100 commits per message: 0.70x" in line
     command = wrk_command(1, connections=2, keys=2, prefix="p", seconds=1, tag="t", ids=True, pause_ms=5)
-    assert command[-4:] == ["p", "t", "1", "5"]  # the ids flag, then the pause (wrk_post_paced.lua)
+    assert command[-4:] == ["p", "t", "1", "5"]  # the ids flag, then the pause (wrk_post.lua's last argument)
 
 
 def test_workers_ingest_adds_phases_run_at_once() -> None:

@@ -57,7 +57,7 @@ async def test_echo_server_workers_share_one_port_and_stop_together() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make test installs it as root)")
 async def test_paced_wrk_sends_about_one_request_per_pause_and_connection() -> None:
-    """bench.workers_ingest's paced cases (wrk_post_paced.lua): each connection waits ``pause_ms``
+    """bench.workers_ingest's paced cases (wrk_post.lua with a pause): each connection waits ``pause_ms``
     before each request, so the load is what was asked for, not what the server takes."""
     from bench.load import wrk_load
 

@@ -34,6 +34,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from tests.support.platform_server import PlatformServer, Script
+
 MESSAGE_CONTENT = 1 << 15  # the intent
 GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19  # the application flag: the intent enabled (a bot in under 100 servers)
 FIRST_ID = 1_180_000_000_000_000_000
@@ -79,21 +81,18 @@ class Bot:
                 "bot": True, "flags": 0}  # fmt: skip
 
 
-class DiscordServer:
+class DiscordServer(PlatformServer[Call]):
     def __init__(self, *, heartbeat_interval_ms: int = 1000, replay_overlap: int = 0) -> None:
+        super().__init__()
         self.bots: dict[str, Bot] = {}
-        self.calls: list[Call] = []
         self.guilds: dict[str, dict[str, Any]] = {}
         self.channels: dict[str, dict[str, Any]] = {}
         self.messages: dict[str, dict[str, Any]] = {}  # the users' messages dispatched, by id
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.replay_overlap = replay_overlap
         self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-        self._changed = asyncio.Condition()
         self._limits: list[float] = []  # retry_after of the next sends answered 429
-        self._failures: dict[str, list[int]] = {}
+        self._failures = Script[int]()
         self._resumes_open = asyncio.Event()
         self._resumes_open.set()
 
@@ -140,30 +139,18 @@ class DiscordServer:
                                                      "archive_timestamp": _now(), "locked": False}}  # fmt: skip
         return thread
 
-    async def start(self) -> None:
+    def app(self) -> web.Application:
         server = web.Application()
         server.router.add_route("*", "/api/v10/{path:.*}", self._rest)
         server.router.add_get("/gateway", self._gateway)
-        self._runner = web.AppRunner(server)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        return server
 
     async def close(self) -> None:
         for bot in self.bots.values():
             for session in bot.sessions:
                 if session.socket is not None:
                     await session.socket.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def __aenter__(self) -> DiscordServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await super().close()
 
     # -- what tests do ------------------------------------------------------------------------
 
@@ -242,7 +229,7 @@ class DiscordServer:
     def fail(self, path: str, status: int, times: int = 1) -> None:
         """The next ``times`` calls of ``path`` (``users/@me``) answer ``status`` with Discord's
         error JSON."""
-        self._failures.setdefault(path, []).extend([status] * times)
+        self._failures.add(path, *[status] * times)
 
     def rate_limit(self, *retry_after: float) -> None:
         """The next sends answer 429, one per ``retry_after`` (seconds)."""
@@ -259,14 +246,6 @@ class DiscordServer:
         bot = self.bots[token]
         return bool(bot.sessions) and bot.sessions[-1].socket is not None and not bot.sessions[-1].socket.closed
 
-    async def wait_for(self, predicate: Any, timeout: float = 30.0) -> None:
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(predicate)
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
     # -- REST ----------------------------------------------------------------------------------
 
     async def _rest(self, request: web.Request) -> web.Response:
@@ -274,17 +253,14 @@ class DiscordServer:
         token = request.headers.get("Authorization", "").removeprefix("Bot ").strip()
         body = await request.json() if request.can_read_body and request.content_type == "application/json" else {}
         call = Call(request.method, path, token, body, time.monotonic(), query=dict(request.query))
-        self.calls.append(call)
-        try:
+        async with self._recording(call):
             response = self._answer(call)
             call.status = response.status
             return response
-        finally:
-            await self._notify()
 
     def _answer(self, call: Call) -> web.Response:
-        if self._failures.get(call.path):
-            status = self._failures[call.path].pop(0)
+        status = self._failures.take(call.path)
+        if status is not None:
             return _json({"message": f"{status}: failed by the test", "code": 0}, status=status)
         bot = self.bots.get(call.token)
         if bot is None:

@@ -22,6 +22,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from tests.support.platform_server import PlatformServer, Script, proxy_page
+
 
 @dataclass
 class Call:
@@ -41,16 +43,13 @@ class App:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class SlackServer:
+class SlackServer(PlatformServer[Call]):
     def __init__(self) -> None:
+        super().__init__()
         self.apps: list[App] = []
-        self.calls: list[Call] = []
         self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-        self._changed = asyncio.Condition()
         self._sockets: set[web.WebSocketResponse] = set()
-        self.failures: dict[str, list[tuple[int, str, int | None, bool]]] = {}
+        self.failures = Script[tuple[int, str, int | None, bool]]()
         self.ts: dict[str, str] = {}  # event_id -> the ts of the message it carries
 
     @property
@@ -62,28 +61,16 @@ class SlackServer:
         self.apps.append(app)
         return app
 
-    async def start(self) -> None:
+    def app(self) -> web.Application:
         server = web.Application()
         server.router.add_post("/api/{method}", self._api)
         server.router.add_get("/link", self._link)
-        self._runner = web.AppRunner(server)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        return server
 
     async def close(self) -> None:
         for ws in list(self._sockets):
             await ws.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def __aenter__(self) -> SlackServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await super().close()
 
     # -- what tests do ------------------------------------------------------------------------
 
@@ -164,19 +151,11 @@ class SlackServer:
              html: bool = False) -> None:  # fmt: skip
         """The next ``times`` calls of ``method`` answer this failure (429 with ``Retry-After``;
         ``html``: an HTML page titled ``error`` instead of Slack's JSON)."""
-        self.failures.setdefault(method, []).extend([(status, error, retry_after, html)] * times)
+        self.failures.add(method, *[(status, error, retry_after, html)] * times)
 
     def posted(self, channel: str | None = None) -> list[Call]:
         return [c for c in self.calls if c.method == "chat.postMessage" and c.params.get("_ok")
                 and (channel is None or c.params.get("channel") == channel)]  # fmt: skip
-
-    async def wait_for(self, predicate: Any, timeout: float = 30.0) -> None:
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(predicate)
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
 
     # -- the Web API ----------------------------------------------------------------------------
 
@@ -187,10 +166,10 @@ class SlackServer:
             params = dict(await request.json())
         else:
             params = {k: v for k, v in (await request.post()).items() if isinstance(v, str)}
-        self.calls.append(Call(method, token, params, time.monotonic()))
-        try:
-            if self.failures.get(method):
-                return self._failure(method)
+        async with self._recording(Call(method, token, params, time.monotonic())):
+            failure = self.failures.take(method)
+            if failure is not None:
+                return _failure(*failure)
             if method == "apps.connections.open":
                 if not any(a.app_token == token for a in self.apps):
                     return web.json_response({"ok": False, "error": "invalid_auth"})
@@ -205,16 +184,6 @@ class SlackServer:
                 ts = f"1700000001.{next(self._ids):06d}"
                 return web.json_response({"ok": True, "channel": params.get("channel"), "ts": ts})
             return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
-        finally:
-            await self._notify()
-
-    def _failure(self, method: str) -> web.Response:
-        status, error, retry_after, html = self.failures[method].pop(0)
-        if html:
-            page = f"<html><head><title>{status} {error}</title></head><body><h1>{status} {error}</h1></body></html>"
-            return web.Response(status=status, text=page, content_type="text/html")
-        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-        return web.json_response({"ok": False, "error": error}, status=status, headers=headers)
 
     async def _link(self, request: web.Request) -> web.WebSocketResponse:
         app = next(a for a in self.apps if a.app_token == request.query.get("token"))
@@ -248,3 +217,10 @@ class SlackServer:
             pusher.cancel()
             self._sockets.discard(ws)
         return ws
+
+
+def _failure(status: int, error: str, retry_after: int | None, html: bool) -> web.Response:
+    if html:
+        return proxy_page(status, error)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    return web.json_response({"ok": False, "error": error}, status=status, headers=headers)

@@ -19,12 +19,13 @@ import asyncio
 import itertools
 import json
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
 
 from aiohttp import web
+
+from tests.support.platform_server import PlatformServer, Script, proxy_page
 
 ALLOWED_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre", "blockquote",
                 "span", "tg-spoiler"}  # fmt: skip
@@ -90,16 +91,13 @@ class Bot:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class TelegramServer:
+class TelegramServer(PlatformServer[Call]):
     def __init__(self) -> None:
+        super().__init__()
         self.bots: dict[str, Bot] = {}
-        self.calls: list[Call] = []
-        self.failures: dict[str, deque[Failure]] = {}
+        self.failures = Script[Failure]()
         self._update_ids = itertools.count(1000)
         self._message_ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-        self._changed = asyncio.Condition()
         self.message_ids: dict[int, int] = {}  # update_id -> the message_id of its message
 
     def add_bot(self, token: str, username: str) -> Bot:
@@ -111,33 +109,21 @@ class TelegramServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self) -> None:
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        return app
 
     async def close(self) -> None:
         for bot in self.bots.values():
             bot.arrived.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def __aenter__(self) -> TelegramServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await super().close()
 
     # -- what tests do ------------------------------------------------------------------------
 
     def fail(self, method: str, *failures: Failure) -> None:
         """The next calls of ``method`` answer these failures, one each, in order."""
-        self.failures.setdefault(method, deque()).extend(failures)
+        self.failures.add(method, *failures)
 
     def message(
         self,
@@ -215,10 +201,6 @@ class TelegramServer:
     def of(self, method: str, token: str | None = None) -> list[Call]:
         return [c for c in self.calls if c.method == method and (token is None or c.token == token)]
 
-    async def wait_for(self, predicate: Any, timeout: float = 30.0) -> None:
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(predicate)
-
     # -- the Bot API ----------------------------------------------------------------------------
 
     async def _params(self, request: web.Request) -> dict[str, Any]:
@@ -238,30 +220,24 @@ class TelegramServer:
     async def _handle(self, request: web.Request) -> web.Response:
         token, method = request.match_info["token"], request.match_info["method"]
         params = await self._params(request)
-        call = Call(token, method, params, time.monotonic())
-        self.calls.append(call)
-        try:
+        async with self._recording(Call(token, method, params, time.monotonic())):
             bot = self.bots.get(token)
             if bot is None:
                 return _error(401, "Unauthorized")
-            queued = self.failures.get(method)
-            if queued:
-                failure = queued.popleft()
+            failure = self.failures.take(method)
+            if failure is not None:
                 if failure.result is not None:
                     handler = getattr(self, f"_m_{method}")
                     await handler(bot, params)
                     return _ok(failure.result)
                 if failure.html:
-                    return _page(failure.status, failure.description)
+                    return proxy_page(failure.status, failure.description)
                 return _error(failure.status, failure.description, failure.retry_after)
             handler = getattr(self, f"_m_{method}", None)
             if handler is None:
                 return _error(404, "Not Found: method not found")
             result: web.Response = await handler(bot, params)
             return result
-        finally:
-            async with self._changed:
-                self._changed.notify_all()
 
     async def _m_getMe(self, bot: Bot, params: dict[str, Any]) -> web.Response:
         return _ok({"id": bot.id, "is_bot": True, "first_name": "Neotask", "username": bot.username})
@@ -326,12 +302,6 @@ def _error(status: int, description: str, retry_after: int | None = None) -> web
     if retry_after is not None:
         body["parameters"] = {"retry_after": retry_after}
     return web.json_response(body, status=status)
-
-
-def _page(status: int, title: str) -> web.Response:
-    html = (f"<html><head><title>{status} {title}</title></head><body><center><h1>{status} {title}</h1>"
-            "</center><hr><center>nginx</center></body></html>")  # fmt: skip
-    return web.Response(status=status, text=html, content_type="text/html")
 
 
 def bad_gateway() -> Failure:
