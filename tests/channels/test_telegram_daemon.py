@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from channels.telegram_format import to_plain, utf16_len
 from tests.channels.harness import BOT, TOKEN, configure, daemon, env, session_lines, texts, wait_until
@@ -117,6 +118,10 @@ async def test_a_429_storm_is_waited_out_and_the_answer_sent_once(tmp_path: Path
         bots.add_bot(TOKEN, BOT)
         bots.fail("sendMessage", *[rate_limited(1) for _ in range(4)], Failure(502, "Bad Gateway"))
         config = configure(tmp_path, model, bots, {"main": account(bots)})
+        # the 502's wait is the backoff, doubled by each failure before it (16 s after 4): capped at 2 s
+        data = yaml.safe_load(config.read_text())
+        data["channels"]["outbox"] = {"max_backoff_s": 2}
+        config.write_text(yaml.safe_dump(data))
         async with daemon(home, "--config", str(config), env=env()) as gw:
             bots.message(TOKEN, chat_id=555, from_id=555, text="busy?")
             await bots.wait_for(lambda: len(bots.sent(TOKEN)) == 1, timeout=60)

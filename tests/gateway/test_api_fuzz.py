@@ -1,7 +1,7 @@
 """Property-based fuzzing of the HTTP API from its own /openapi.json (SPEC section 8): whatever an
 operation is sent (path values, query values, JSON bodies shaped by its schema, raw bytes with any
 content type) it never answers 5xx, every error has the JSON error shape with a documented code,
-and a rejected request changes nothing on disk. Bounded: a fixed number of examples."""
+and a rejected request changes nothing on disk. Bounded: a fixed number of examples per operation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from config.errors import error_classes
@@ -21,7 +21,11 @@ from gateway import keys as K
 from tests.conftest import FakeClock
 from tests.gateway.helpers import make_app, tree_digest
 
-EXAMPLES = 3000
+# Each operation gets its own examples, in two rounds (the second acts on what the first left). One
+# pool of 3,000 examples for all operations gave one operation a single example and another 205, and
+# reached fewer (operation, status, error code) pairs than these 2 x 20 per operation (130 against 134).
+EXAMPLES_PER_OPERATION = 20
+ROUNDS = 2
 SKIP = {
     ("get", "/v1/events"),  # a stream that does not end
     ("post", "/v1/memory/reindex"),  # embeds the workspace: slow, and covered by the memory tests
@@ -87,21 +91,21 @@ def query_value(schema: dict[str, Any]) -> st.SearchStrategy[str]:
 
 
 class Api:
-    """The document and a run id, with a short repr for Hypothesis's reports."""
+    """The document, a run id and the operation fuzzed, with a short repr for Hypothesis's reports."""
 
-    def __init__(self, document: dict[str, Any], run_id: str) -> None:
+    def __init__(self, document: dict[str, Any], run_id: str, operation: tuple[str, str, dict[str, Any]]) -> None:
         self.document = document
         self.run_id = run_id
-        self.operations = operations(document)
+        self.operation = operation
 
     def __repr__(self) -> str:
-        return "Api(/openapi.json)"
+        return f"Api(/openapi.json, {self.operation[0].upper()} {self.operation[1]})"
 
 
 @st.composite
 def requests(draw: st.DrawFn, api: Api) -> tuple[str, str, dict[str, Any]]:
     document, run_id = api.document, api.run_id
-    method, template, op = draw(st.sampled_from(api.operations))
+    method, template, op = api.operation
     path = template
     for param in op.get("parameters", []):
         if param["in"] == "path":
@@ -176,13 +180,19 @@ def test_fuzzed_requests_never_fail_the_server_and_rejections_write_nothing(tmp_
                 await settled()
                 assert tree_digest(tmp_path) == before, where
 
-        @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
-        @given(request=requests(Api(document, run_id)))
-        def check(request: tuple[str, str, dict[str, Any]]) -> None:
-            loop.run_until_complete(send(*request))
+        # what creates first, what deletes last: each round starts with sessions and runs to act on
+        fuzzed = sorted(operations(document), key=lambda o: ["post", "put", "patch", "get", "delete"].index(o[0]))
+        assert len(fuzzed) > 40, fuzzed  # the document was read whole
+        for n, operation in enumerate(fuzzed * ROUNDS):
 
-        check()
+            @seed(n)  # reproducible, and another draw for each operation and round
+            @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
+                      suppress_health_check=list(HealthCheck))  # fmt: skip
+            @given(request=requests(Api(document, run_id, operation)))
+            def check(request: tuple[str, str, dict[str, Any]]) -> None:
+                loop.run_until_complete(send(*request))
+
+            check()
     finally:
         loop.run_until_complete(client.close())
         loop.close()

@@ -39,6 +39,12 @@ async def as_json(capsys: pytest.CaptureFixture[str], home: Path, *args: str) ->
     return json.loads(out)
 
 
+def quickest_embedder(home: Path) -> None:
+    """The memory commands with the embedder quickest to load (numpy only): these tests are about the
+    commands, and the default's E5 (torch, transformers) took most of their time."""
+    (home / "config.yaml").write_text(json.dumps({"memory": {"embedding": {"provider": "universal-sentence-encoder"}}}))
+
+
 async def test_cron_list_and_run_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -81,6 +87,7 @@ async def test_cleanup_dry_run_then_for_real_offline(tmp_path: Path, capsys: pyt
 async def test_memory_index_search_status_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = tmp_path / "home"
     (home / "workspaces/main/memory").mkdir(parents=True)
+    quickest_embedder(home)
     (home / "workspaces/main/MEMORY.md").write_text("# Travel\nThe user's passport expires in June 2027.\n")
     code, out = await run(capsys, home, "memory", "index")
     assert code == 0 and "1 chunk(s) embedded" in out and "1/1 chunks" in out
@@ -99,6 +106,7 @@ async def test_memory_search_offline_refuses_bad_input_before_touching_the_index
     refused search still wrote the index (11 files newer than the edited MEMORY.md)."""
     home = tmp_path / "home"
     (home / "workspaces/main/memory").mkdir(parents=True)
+    quickest_embedder(home)
     memory_md = home / "workspaces/main/MEMORY.md"
     memory_md.write_text("# Travel\nThe user's passport expires in June 2027.\n")
     code, _ = await run(capsys, home, "memory", "index")

@@ -160,7 +160,10 @@ async def test_sessions_session_live_compact_reset_memory(
     workspace.mkdir(parents=True)
     (workspace / "MEMORY.md").write_text(MEMORY_MD)
     model = {"base_url": openai_server.base_url, "name": "test-model", "timeout_s": 5, "max_retries": 0}
-    async with start(home, {"agents": {"main": {"model": model}}}) as server:
+    # the console shows whichever embedder's index: the one quickest to load (numpy only; the default's
+    # E5 imports torch and transformers, which made up most of this test's time)
+    memory = {"embedding": {"provider": "universal-sentence-encoder"}}
+    async with start(home, {"agents": {"main": {"model": model}}, "memory": memory}) as server:
         await wait_ready(server.url)
         first_run = await seed(server.url)
         console = Console(await browser.new_page(viewport={"width": 1280, "height": 900}))
@@ -310,9 +313,10 @@ async def scenario_buttons(console: Console, base: str) -> None:
 async def scenario_memory(console: Console, base: str, workspace: Path) -> None:
     from playwright.async_api import expect
 
-    # enough chunks that a forced rebuild lasts long enough to be watched (written now: the daemon's
-    # start-up pass stays small)
-    notes = [f"## Shelf {i}\n\nBox {i} of the archive holds the letters of year {1900 + i}." for i in range(200)]
+    # enough chunks that a forced rebuild lasts long enough to be watched: about 600, a second or
+    # more with this embedder, with progress after each embedding call of 32 (written now: the
+    # daemon's start-up pass stays small)
+    notes = [f"## Shelf {i}\n\nBox {i} of the archive holds the letters of year {1900 + i}." for i in range(600)]
     (workspace / "memory").mkdir()
     (workspace / "memory" / "archive.md").write_text("# Archive\n\n" + "\n\n".join(notes) + "\n")
     page = console.page
