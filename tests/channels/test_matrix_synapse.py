@@ -24,7 +24,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from channels.matrix import ENCRYPTED_NOTICE
+from channels.matrix import ENCRYPTED_NOTICE, UNDECRYPTABLE_NOTICE
 from gateway import keys as K
 from tests.channels.harness import connected, connected_in, daemon, stored, wait_until
 from tests.conftest import FakeClock
@@ -205,7 +205,7 @@ async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its
 ) -> None:
     bot, alice = await _register(homeserver, "neo", "alice")
     async with OpenAIServer() as model:
-        accounts = {"main": _account(homeserver, bot, allow_from=[alice.user_id]),
+        accounts = {"main": _account(homeserver, bot, allow_from=[alice.user_id], encryption=False),
                     "broken": _account(homeserver, bot, access_token_env="MX_BROKEN")}  # fmt: skip
         app = make_app(tmp_path, clock, _overrides(accounts), base_url=model.base_url,
                        env={"MX_MAIN": bot.token, "MX_BROKEN": "syt_not_a_token"})  # fmt: skip
@@ -313,6 +313,113 @@ async def test_more_messages_than_a_sync_holds_are_paged_back_none_missed(
         await intake.idle()
         answers = [m["content"]["body"] for m in await alice.messages(room, bot.user_id)]
         assert answers == [f"echo: m{i}" for i in range(5)]
+
+
+# -- end-to-end encryption ------------------------------------------------------------------------
+
+
+class Olm:
+    """A user's own Matrix client with end-to-end encryption (nio with its e2e extra, as the bot),
+    its keys in ``folder``: sends encrypted and reads what it was sent, decrypted."""
+
+    def __init__(self, hs: Synapse, user: User, folder: Path) -> None:
+        from nio import AsyncClient, AsyncClientConfig
+        from nio.store import SqliteStore
+
+        folder.mkdir(parents=True, exist_ok=True)
+        config = AsyncClientConfig(encryption_enabled=True, store=SqliteStore, store_sync_tokens=False)
+        self.client = AsyncClient(hs.url, user.user_id, store_path=str(folder), config=config)
+        self.user = user
+        self.clear: list[Any] = []  # the decrypted messages read, oldest first
+
+    async def __aenter__(self) -> Olm:
+        self.client.access_token = self.user.token
+        me = await self.client.whoami()
+        self.client.restore_login(self.user.user_id, me.device_id, self.user.token)
+        assert (await self.client.keys_upload()).__class__.__name__ == "KeysUploadResponse"
+        await self.read()  # the rooms so far
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+
+    async def read(self) -> None:
+        from nio import RoomMessageNotice, RoomMessageText, SyncResponse
+
+        synced = await self.client.sync(timeout=0, full_state=not self.client.next_batch)
+        assert isinstance(synced, SyncResponse), synced
+        for joined in synced.rooms.join.values():
+            self.clear += [e for e in joined.timeline.events if isinstance(e, RoomMessageText | RoomMessageNotice)]
+        if self.client.should_query_keys:
+            await self.client.keys_query()
+
+    async def say(self, room: str, text: str) -> None:
+        await self.read()
+        sent = await self.client.room_send(room, "m.room.message", {"msgtype": "m.text", "body": text},
+                                           ignore_unverified_devices=True)  # fmt: skip
+        assert sent.__class__.__name__ == "RoomSendResponse", sent
+
+    async def answers(self, bot: User, count: int) -> list[str]:
+        async def enough() -> list[str] | None:
+            await self.read()
+            found = [e.body for e in self.clear if e.sender == bot.user_id]
+            return found if len(found) >= count else None
+
+        return list(await wait_until(enough, 60))
+
+
+async def _server_types(user: User, room: str, sender: str) -> list[str]:
+    """The types of ``sender``'s timeline events as the homeserver holds them."""
+    found = await user.call("GET", f"/rooms/{quote(room)}/messages?dir=b&limit=100")
+    return [e["type"] for e in reversed(found["chunk"]) if e["sender"] == sender and "state_key" not in e]
+
+
+async def test_an_encrypted_room_is_read_and_answered_encrypted_also_after_a_restart(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse, caplog: pytest.LogCaptureFixture
+) -> None:
+    bot, alice = await _register(homeserver, "neo", "alice")
+    home = tmp_path / "home"
+    account = _overrides({"main": _account(homeserver, bot, allow_from=[alice.user_id])})
+    async with OpenAIServer() as model, Olm(homeserver, alice, tmp_path / "alice-keys") as olm:
+        client = await aiohttp_client(make_app(home, clock, account, base_url=model.base_url,
+                                               env={"MX_MAIN": bot.token}))  # fmt: skip
+        await connected_in(client, "main")
+        room = await alice.room(bot.user_id, direct=True, encrypted=True)
+        await _joined(alice, room, bot.user_id)
+        await olm.say(room, "a secret **hello**")
+        assert await olm.answers(bot, 1) == ["echo: a secret **hello**"]  # the answer, decrypted by alice
+        assert await _server_types(alice, room, bot.user_id) == ["m.room.encrypted"]  # nothing in clear
+        assert await _server_types(alice, room, alice.user_id) == ["m.room.encrypted"]
+        [status] = [a for a in (await (await client.get("/v1/channels")).json())["accounts"] if a["account"] == "main"]
+        assert status["encryption"] == "on" and status["encrypted_rooms"] == [], status
+
+        # a message whose key never reached the bot: logged once, the room told once (per megolm session)
+        bogus = {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgAEnACgAkL", "sender_key": "x",
+                 "session_id": "lost", "device_id": "D"}  # fmt: skip
+        for _ in range(2):
+            await alice.call("PUT", f"/rooms/{quote(room)}/send/m.room.encrypted/{_name('t')}", bogus)
+        assert (await olm.answers(bot, 2))[1] == UNDECRYPTABLE_NOTICE
+        told = [r for r in caplog.records if "could not be decrypted" in r.getMessage()]
+        assert len(told) == 1 and room in told[0].getMessage()
+
+        # the crypto store: under the home, private, and kept across a restart of the gateway
+        folder = home / "matrix" / "main"
+        assert folder.stat().st_mode & 0o777 == 0o700
+        files = list(folder.iterdir())
+        assert files and all(f.stat().st_mode & 0o777 == 0o600 for f in files), files
+        await client.close()
+        asked = len(model.chat_requests)
+        await olm.say(room, "while you were away")  # the same megolm session: its key is in the bot's store
+        client = await aiohttp_client(make_app(home, clock, account, base_url=model.base_url,
+                                               env={"MX_MAIN": bot.token}))  # fmt: skip
+        await connected_in(client, "main")
+        assert (await olm.answers(bot, 3))[2] == "echo: while you were away"
+        olm.client.invalidate_outbound_session(room)  # a new room key, sent to the bot's (kept) device keys
+        await olm.say(room, "a new session")
+        assert (await olm.answers(bot, 4))[3] == "echo: a new session"
+        assert len(model.chat_requests) == asked + 2
+        assert await _server_types(alice, room, bot.user_id) == ["m.room.encrypted"] * 4
+        assert sum("could not be decrypted" in r.getMessage() for r in caplog.records) == 1
 
 
 # -- a real daemon: kill -9 and a restart --------------------------------------------------------
