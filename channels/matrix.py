@@ -200,6 +200,12 @@ class MatrixConnector:
                       " will not be read", self.account, missing)  # fmt: skip
             self.status.extra["encryption"] = f"unavailable: {missing}"
             return
+        if not self.client.device_id:
+            why = "the access token has no device (log in for a token of the bot's own, docs/channels-matrix.md)"
+            log.error("matrix account %s: end-to-end encryption off: %s; encrypted rooms will not be read",
+                      self.account, why)  # fmt: skip
+            self.status.extra["encryption"] = f"off: {why}"
+            return
         if self.crypto is None:
             crypto = Crypto(self.client, self.crypto_folder, self.account)
             await asyncio.to_thread(crypto.open)

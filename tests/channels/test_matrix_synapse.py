@@ -5,7 +5,8 @@ gateway's Matrix account talking to it through matrix-nio as it would to matrix.
 In-process (the gateway app, the local model server): a direct room and a group room joined on an
 owner's invite, a stranger's invite rejected, the keys (``!``, ``:``, ``@`` and ``$`` in them)
 through the API, mention gating, a thread, a chat command answered without a model call, an
-encrypted room told once, a refused token beside an account that runs, a real 429. A real daemon:
+encrypted room told once, a refused token beside an account that runs (at start, and revoked while it
+runs), a real 429, an end-to-end encrypted room read and answered (also after a restart). A real daemon:
 kill -9 with a message sent while it is down, then a restart (nothing answered twice, nothing
 missed)."""
 
@@ -233,6 +234,36 @@ async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its
         assert len(refused) == 1 and "the others keep running" in refused[0].getMessage()
         encrypted = [r for r in caplog.records if "end-to-end encrypted" in r.getMessage()]
         assert len(encrypted) == 1 and room in encrypted[0].getMessage()
+
+
+async def test_a_token_revoked_while_running_stops_its_account_with_one_line_the_other_answers(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse, caplog: pytest.LogCaptureFixture
+) -> None:
+    revoked, other, alice = await _register(homeserver, "neo", "neo", "alice")
+    async with OpenAIServer() as model:
+        accounts = {"main": _account(homeserver, revoked, allow_from=[alice.user_id], encryption=False),
+                    "other": _account(homeserver, other, access_token_env="MX_OTHER", allow_from=[alice.user_id],
+                                      encryption=False)}  # fmt: skip
+        app = make_app(tmp_path, clock, _overrides(accounts), base_url=model.base_url,
+                       env={"MX_MAIN": revoked.token, "MX_OTHER": other.token})  # fmt: skip
+        client = await aiohttp_client(app)
+        await connected_in(client, "main")
+        await connected_in(client, "other")
+        await revoked.call("POST", "/logout", {})  # the bot's session logged out (as Element's "sign out" does)
+
+        async def stopped() -> dict[str, Any] | None:
+            listed = {a["account"]: a for a in (await (await client.get("/v1/channels")).json())["accounts"]}
+            return listed if not listed["main"]["connected"] and listed["main"]["last_error"] else None
+
+        listed = await wait_until(stopped, 30)
+        assert "/sync refused the token in MX_MAIN" in listed["main"]["last_error"], listed["main"]
+        assert "M_UNKNOWN_TOKEN" in listed["main"]["last_error"] and revoked.token not in json.dumps(listed)
+        room = await alice.room(other.user_id, direct=True)  # the other account keeps answering
+        await _joined(alice, room, other.user_id)
+        await alice.say(room, "still there?")
+        assert [m["content"]["body"] for m in await _answers(alice, room, other, 1)] == ["echo: still there?"]
+        refused = [r for r in caplog.records if r.levelname == "ERROR" and "matrix account main" in r.getMessage()]
+        assert len(refused) == 1 and "the others keep running" in refused[0].getMessage(), refused
 
 
 async def test_pairing_joins_a_strangers_direct_room_and_lets_them_in_once_approved(
