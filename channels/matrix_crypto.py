@@ -131,6 +131,15 @@ class Crypto:
         if client.outgoing_to_device_messages:
             await client.send_to_device_messages()
 
+    def has_key(self, room_id: str, event: dict[str, Any]) -> bool:
+        """Whether the room key of an encrypted event is here now (it may come a sync after the event)."""
+        content = event.get("content") or {}
+        olm = self.client.olm
+        sender_key, session_id = content.get("sender_key"), content.get("session_id")
+        if olm is None or not isinstance(sender_key, str) or not isinstance(session_id, str):
+            return False
+        return olm.inbound_group_store.get(room_id, sender_key, session_id) is not None
+
     def decrypt(self, room_id: str, event: dict[str, Any]) -> dict[str, Any] | Undecryptable:
         """The clear event (the JSON a clear one would be) of an ``m.room.encrypted`` timeline event."""
         content = event.get("content") or {}

@@ -17,10 +17,11 @@ import json
 import os
 import signal
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+from uuid import uuid4
 
 import pytest
 import yaml
@@ -390,6 +391,28 @@ class Olm:
                                            ignore_unverified_devices=True)  # fmt: skip
         assert sent.__class__.__name__ == "RoomSendResponse", sent
 
+    async def withheld(self, room: str, text: str) -> Callable[[], Awaitable[None]]:
+        """Send ``text`` encrypted with a new room key that is not sent yet; the function that sends it."""
+        from nio import Api
+
+        client, olm = self.client, self.client.olm
+        assert olm is not None
+        await self.read()
+        olm.create_outbound_group_session(room)
+        payloads = list(olm.share_group_session_parallel(room, list(client.rooms[room].users),
+                                                          ignore_unverified_devices=True))  # fmt: skip
+        olm.outbound_group_sessions[room].shared = True  # (it is not: room_send must not share it now)
+        await self.say(room, text)
+
+        async def send_key() -> None:
+            for _, to_device in payloads:
+                method, path, data = Api.to_device(client.access_token, "m.room.encrypted", to_device, uuid4())
+                response = await client.send(method, path, data)
+                assert response.status == 200, await response.text()
+                response.release()
+
+        return send_key
+
     async def answers(self, bot: User, count: int) -> list[str]:
         async def enough() -> list[str] | None:
             await self.read()
@@ -451,6 +474,12 @@ async def test_an_encrypted_room_is_read_and_answered_encrypted_also_after_a_res
         assert len(model.chat_requests) == asked + 2
         assert await _server_types(alice, room, bot.user_id) == ["m.room.encrypted"] * 4
         assert sum("could not be decrypted" in r.getMessage() for r in caplog.records) == 1
+
+        # a room key that comes a sync after its message: the room is told, then the message is read
+        send_key = await olm.withheld(room, "my key comes later")
+        assert (await olm.answers(bot, 5))[4] == UNDECRYPTABLE_NOTICE
+        await send_key()
+        assert (await olm.answers(bot, 6))[5] == "echo: my key comes later"
 
 
 # -- a real daemon: kill -9 and a restart --------------------------------------------------------

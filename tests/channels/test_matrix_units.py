@@ -200,3 +200,4 @@ async def test_a_429_on_sync_is_waited_out_for_its_retry_after_ms(
     [waited] = [r.getMessage() for r in caplog.records if "M_LIMIT_EXCEEDED" in r.getMessage()]
     assert "/sync answered 429" in waited and "trying again in 1.3 s" in waited, waited
     assert connector.status.last_error is None  # cleared by the sync that worked
+    assert connector.status.extra["encryption"] == "off" and not (tmp_path / "matrix").exists()  # encryption: false
