@@ -18,9 +18,14 @@ code) and a group invite only from an approved sender; every other invite is rej
 A room's kind (direct or group) is kept when it is joined; a room joined otherwise is direct when
 it has two members.
 
-End-to-end encrypted rooms are not read (no olm library): the first encrypted event of a room is
-answered once, in the room, with a notice saying so; the log says it, and the account's status
-lists the room (``encrypted_rooms``).
+End-to-end encrypted rooms: with ``encryption`` on (the default when matrix-nio's e2e extra is
+installed) the account's olm machine (channels/matrix_crypto.py) takes each sync's keys and
+decrypts its encrypted events, which then go on as clear ones; the replies to an encrypted room
+are encrypted. An event that does not decrypt is logged once per room and megolm session and,
+under ``undecryptable: notice``, answered once with a notice saying so; it waits (in memory) for
+its key to come in a later sync, and is read then. With encryption off (or unavailable) the
+first encrypted event of a room is answered once with a notice that the bot cannot read it; the
+log says it, and the account's status lists the room (``encrypted_rooms``).
 
 Sends: ``m.text`` with ``formatted_body`` (HTML) and the Markdown as ``body``, in the thread of
 the message answered; the transaction id is derived from the room, the event answered and the
@@ -45,14 +50,18 @@ from nio import (
     ErrorResponse,
     JoinedMembersResponse,
     JoinError,
+    LocalProtocolError,
     ProfileGetDisplayNameResponse,
     RoomLeaveError,
     RoomSendError,
+    SendRetryError,
     WhoamiError,
 )
 
 from channels.account import AccountParts
 from channels.handover import hand_over
+from channels.matrix_crypto import Crypto, Undecryptable
+from channels.matrix_crypto import available as crypto_available
 from channels.matrix_events import CHANNEL, DIRECT, GROUP, Bot, Encrypted, Skip, inbound, invite_of
 from channels.matrix_format import MATRIX_LIMIT, content, split
 from channels.protocol import Inbound, PostFn, Rejected, RetryLater, Target
@@ -69,6 +78,11 @@ NEXT_BATCH = "next_batch"
 TIMELINE_LIMIT = 100  # events per room and sync; more (a long outage) is paged back with /messages
 ENCRYPTED_NOTICE = ("This room is end-to-end encrypted, and this bot cannot read encrypted messages. "
                     "Talk to it in a room without encryption.")  # fmt: skip
+UNDECRYPTABLE_NOTICE = ("I could not decrypt a message in this room: no key for it reached this bot's device. "
+                        "Send it again; if this keeps happening, check that your client shares room keys with "
+                        "unverified devices.")  # fmt: skip
+KEY_WAIT_S, KEY_WAITING = 3600.0, 200  # an undecryptable event waits this long for its key, this many at most
+NIO_FAILURES = (LocalProtocolError, SendRetryError)  # nio's own refusals before a send (a room or keys not ready)
 SYNC_FILTER: dict[str, Any] = {
     "presence": {"types": []},
     "account_data": {"types": []},
@@ -109,6 +123,10 @@ class MatrixConnector(AccountParts[MatrixAccount]):
         self._kinds: dict[str, str] = {}
         self._told_encrypted: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self.crypto: Crypto | None = None  # end-to-end encryption: opened at start, once whoami gave the device
+        self.crypto_folder = store.path.parent / "matrix" / name  # the account's crypto store, under the home
+        self._told_undecryptable: set[str] = set()
+        self._waiting_keys: dict[str, tuple[str, str, dict[str, Any], float]] = {}  # event id: room, kind, event, since
 
     async def start(self, post: PostFn) -> None:
         self._task = asyncio.create_task(supervise(lambda: self._run(post), self.status), name=f"matrix {self.account}")
@@ -158,9 +176,44 @@ class MatrixConnector(AccountParts[MatrixAccount]):
                 self.bot = Bot(self.settings.user_id, name.displayname)
         self.status.username = self.settings.user_id.removeprefix("@")
         await self.access.load()
+        await self._open_crypto()
         log.info("matrix account %s: connected as %s to %s, /sync", self.account, self.settings.user_id,
                  self.settings.homeserver)  # fmt: skip
         await self._sync_loop(post)
+
+    async def _open_crypto(self) -> None:
+        """The olm machine on the account's store, keys uploaded; or why encryption is off."""
+        wanted, missing = self.settings.encryption, crypto_available()
+        if wanted is False or (wanted is None and missing):
+            self.status.extra["encryption"] = "off" if wanted is False else f"off: {missing}"
+            return
+        if missing:
+            log.error("matrix account %s: encryption: true, but %s (pip install 'matrix-nio[e2e]'); encrypted rooms"
+                      " will not be read", self.account, missing)  # fmt: skip
+            self.status.extra["encryption"] = f"unavailable: {missing}"
+            return
+        if not self.client.device_id:
+            why = "the access token has no device (log in for a token of the bot's own, docs/channels-matrix.md)"
+            log.error("matrix account %s: end-to-end encryption off: %s; encrypted rooms will not be read",
+                      self.account, why)  # fmt: skip
+            self.status.extra["encryption"] = f"off: {why}"
+            return
+        if self.crypto is None:
+            crypto = Crypto(self.client, self.crypto_folder, self.account)
+            await asyncio.to_thread(crypto.open)
+            self.crypto = crypto
+        self.status.extra["encryption"] = "on"
+        self.status.extra["device_id"] = self.client.device_id
+        await self._keep_up_keys()
+
+    async def _keep_up_keys(self) -> None:
+        if self.crypto is None:
+            return
+        try:
+            await self.crypto.keep_up()
+        except (aiohttp.ClientError, TimeoutError, OSError, *NIO_FAILURES) as exc:
+            log.warning("matrix account %s: end-to-end keys not kept up (tried again after the next sync): %s: %s",
+                        self.account, type(exc).__name__, exc)  # fmt: skip
 
     async def _sync_loop(self, post: PostFn) -> None:
         token = await self.store.state(CHANNEL, self.account, NEXT_BATCH)
@@ -188,6 +241,10 @@ class MatrixConnector(AccountParts[MatrixAccount]):
             if failing:
                 self.status.last_error = None
                 failing = False
+            if self.crypto is not None:
+                await self.crypto.take_sync(response)
+                await self._keep_up_keys()
+                await self._keys_came(post)
             if await self._take_sync(response, post, first=token is None, since=token):
                 token = str(response["next_batch"])
                 await self.store.keep_state(CHANNEL, self.account, NEXT_BATCH, token, iso(self.clock()))
@@ -229,7 +286,7 @@ class MatrixConnector(AccountParts[MatrixAccount]):
             if timeline.get("limited") and since is not None:
                 events = await self._earlier(room_id, timeline.get("prev_batch"), since) + events
             states = list((joined.get("state") or {}).get("events") or []) + events
-            if any(s.get("type") == "m.room.encryption" for s in states):
+            if self.crypto is None and any(s.get("type") == "m.room.encryption" for s in states):
                 await self._encrypted(room_id)
             if events:
                 rooms.append(self._take_room(room_id, events, post))
@@ -257,6 +314,14 @@ class MatrixConnector(AccountParts[MatrixAccount]):
 
     async def _take(self, room_id: str, kind: str, event: dict[str, Any], post: PostFn) -> bool:
         self.status.last_update_at = iso(self.clock())
+        if self.crypto is not None and event.get("type") == "m.room.encrypted":
+            clear = self.crypto.decrypt(room_id, event)
+            if isinstance(clear, Undecryptable):
+                await self._undecryptable(clear)
+                if clear.sender != self.settings.user_id and clear.event_id:
+                    self._wait_for_key(room_id, kind, event)
+                return True
+            event = clear
         parsed = inbound(event, room_id, kind, self.account, self.settings, self.bot)
         if isinstance(parsed, Encrypted):
             await self._encrypted(room_id)
@@ -324,6 +389,46 @@ class MatrixConnector(AccountParts[MatrixAccount]):
         if await self.notify(Target(room_id), ENCRYPTED_NOTICE):
             await self.store.keep_state(CHANNEL, self.account, name, iso(self.clock()), iso(self.clock()))
 
+    def _wait_for_key(self, room_id: str, kind: str, event: dict[str, Any]) -> None:
+        """Kept (in memory, for ``KEY_WAIT_S``, at most ``KEY_WAITING`` events) for its key to come
+        in a later sync: then it is read as if it had just arrived."""
+        now = self.clock().timestamp()
+        waiting = self._waiting_keys
+        for event_id in [e for e, (_, _, _, since) in waiting.items() if now - since > KEY_WAIT_S]:
+            del waiting[event_id]
+        while len(waiting) >= KEY_WAITING:
+            del waiting[next(iter(waiting))]
+        waiting[str(event["event_id"])] = (room_id, kind, event, now)
+
+    async def _keys_came(self, post: PostFn) -> None:
+        """The waiting events whose room key this sync brought, read now (in the order they came)."""
+        assert self.crypto is not None
+        for event_id, (room_id, kind, event, _) in list(self._waiting_keys.items()):
+            if self.crypto.has_key(room_id, event):
+                log.info("matrix account %s: the key of event %s came later; read now", self.account, event_id)
+                if await self._take(room_id, kind, event, post):
+                    self._waiting_keys.pop(event_id, None)
+
+    async def _undecryptable(self, event: Undecryptable) -> None:
+        """Logged once per room and megolm session; under ``undecryptable: notice`` the room is
+        told once too."""
+        if event.sender == self.settings.user_id:
+            return  # the bot's own message, from another of its devices
+        self.status.extra["undecryptable"] = int(self.status.extra.get("undecryptable") or 0) + 1
+        name = f"undecryptable:{event.room_id}:{event.session_id}"
+        if name in self._told_undecryptable:
+            return
+        self._told_undecryptable.add(name)
+        if await self.store.state(CHANNEL, self.account, name) is not None:
+            return
+        tell = self.settings.undecryptable == "notice"
+        log.warning("matrix account %s: event %s in room %s from %s could not be decrypted (%s); %s",
+                    self.account, event.event_id, event.room_id, event.sender, event.reason,
+                    "told the room once" if tell else "ignored (undecryptable: ignore)")  # fmt: skip
+        self.status.last_error = f"room {event.room_id}: a message from {event.sender} could not be decrypted"
+        if not tell or await self.notify(Target(event.room_id), UNDECRYPTABLE_NOTICE):
+            await self.store.keep_state(CHANNEL, self.account, name, iso(self.clock()), iso(self.clock()))
+
     # -- sending --------------------------------------------------------------------------------
 
     def render(self, markdown: str) -> list[str]:
@@ -337,8 +442,12 @@ class MatrixConnector(AccountParts[MatrixAccount]):
         seed = json.dumps([target.chat_id, target.thread_id, target.reply_to, part])
         txn = "neotask-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
         try:
-            sent = await self.client.room_send(target.chat_id, "m.room.message", body, tx_id=txn)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if self.crypto is not None:
+                await self.crypto.room_ready(target.chat_id)
+            sent = await self.client.room_send(
+                target.chat_id, "m.room.message", body, tx_id=txn, ignore_unverified_devices=True
+            )  # fmt: skip: trust on first use
+        except (aiohttp.ClientError, TimeoutError, OSError, *NIO_FAILURES) as exc:
             raise RetryLater(f"matrix: {type(exc).__name__}: {exc}") from None
         if isinstance(sent, RoomSendError | ErrorResponse):
             self._raise_for(sent)
@@ -362,8 +471,10 @@ class MatrixConnector(AccountParts[MatrixAccount]):
     async def notify(self, target: Target, text: str) -> bool:
         body = {"msgtype": "m.notice", "body": text}
         try:
-            sent = await self.client.room_send(target.chat_id, "m.room.message", body)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if self.crypto is not None:
+                await self.crypto.room_ready(target.chat_id)
+            sent = await self.client.room_send(target.chat_id, "m.room.message", body, ignore_unverified_devices=True)
+        except (aiohttp.ClientError, TimeoutError, OSError, *NIO_FAILURES) as exc:
             log.warning("matrix account %s: notice to %s not sent: %s", self.account, target.chat_id, exc)
             return False
         if isinstance(sent, ErrorResponse):

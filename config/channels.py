@@ -270,6 +270,8 @@ class MatrixAccount(_Model):
     sync_timeout_s: int = Field(30, ge=0, le=120)
     pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
     commands: CommandAccess = CommandAccess()
+    encryption: bool | None = None  # end-to-end encryption; None: on when matrix-nio's e2e extra is installed
+    undecryptable: Literal["notice", "ignore"] = "notice"  # an encrypted message without its key
 
     @field_validator("access_token_env")
     @classmethod

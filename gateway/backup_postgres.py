@@ -54,6 +54,8 @@ def stage_snapshot(config: LoadedConfig, home: Home, target: Home, snapshot: Sna
     (each active run with its last seq), as the files backup records them."""
     files_bulk.load(target.root, snapshot)
     stage.backup_sqlite(home.root / "channels.db", target.root / "channels.db")
+    for db in sorted(home.root.glob("matrix/*/*.db")):  # the Matrix accounts' crypto stores
+        stage.backup_sqlite(db, target.root / db.relative_to(home.root))
     runs: dict[str, Any] = {}
     for run in snapshot.runs:
         if run.row.get("status") in ACTIVE:

@@ -43,8 +43,12 @@ def _inside(path: Path, root: Path) -> Path | None:
 
 
 def stage_databases(home: Home, target: Home) -> list[str]:
+    """tasks.db, channels.db and the Matrix accounts' crypto stores (``matrix/<account>/*.db``: the
+    bot devices' keys, without which a restored bot cannot read its encrypted rooms)."""
     copied = []
-    for source, dest in ((home.tasks_db, target.tasks_db), (home.root / "channels.db", target.root / "channels.db")):
+    pairs = [(home.tasks_db, target.tasks_db), (home.root / "channels.db", target.root / "channels.db")]
+    pairs += [(db, target.root / db.relative_to(home.root)) for db in sorted(home.root.glob("matrix/*/*.db"))]
+    for source, dest in pairs:
         if stage.backup_sqlite(source, dest):
             copied.append(dest.relative_to(target.root).as_posix())
     return copied

@@ -49,6 +49,14 @@ FLAGS = (  # the answers as flags: (flag, metavar, help); each value is checked 
         "VAR",
         f"the variable holding the Slack app token (default {Answers.slack_app_token_env})",
     ),
+    ("--discord-token-env", "VAR", "the variable holding a Discord bot token (default: no Discord)"),
+    ("--matrix-homeserver", "URL", "the Matrix homeserver, https://matrix.example.org (default: no Matrix)"),
+    ("--matrix-user-id", "ID", "the Matrix bot user's id, @bot:example.org (needed with --matrix-homeserver)"),
+    (
+        "--matrix-token-env",
+        "VAR",
+        f"the variable holding the Matrix access token (default {Answers.matrix_token_env})",
+    ),
     ("--reset", "POLICY", f"{' | '.join(RESET_MODES)} (default {Answers.reset})"),
     ("--reset-hour", "HOUR", f"the local hour of the daily reset, 0-23 (default {Answers.reset_hour})"),
     ("--idle-minutes", "MIN", f"minutes idle before an idle reset (default {Answers.idle_minutes:g})"),
@@ -83,6 +91,12 @@ QUESTIONS: tuple[tuple[str, str, Callable[[Answers], bool]], ...] = (
     ("slack_bot_token_env", "Slack: the variable holding the bot token (e.g. SLACK_BOT_TOKEN; none: no Slack)",
      lambda a: True),
     ("slack_app_token_env", "Slack: the variable holding the app-level token", lambda a: bool(a.slack_bot_token_env)),
+    ("discord_token_env", "Discord: the variable holding the bot token (e.g. DISCORD_TOKEN; none: no Discord)",
+     lambda a: True),
+    ("matrix_homeserver", "Matrix: the homeserver (e.g. https://matrix.example.org; none: no Matrix)",
+     lambda a: True),
+    ("matrix_user_id", "Matrix: the bot user's id (e.g. @bot:example.org)", lambda a: bool(a.matrix_homeserver)),
+    ("matrix_token_env", "Matrix: the variable holding its access token", lambda a: bool(a.matrix_homeserver)),
     ("reset", f"Reset policy ({', '.join(RESET_MODES)})", lambda a: True),
     ("reset_hour", "The local hour of the daily reset (0-23)", lambda a: a.reset in ("daily", "both")),
     ("idle_minutes", "Minutes idle before a session is reset", lambda a: a.reset in ("idle", "both")),
@@ -143,6 +157,8 @@ def cmd_init(ctx: Context) -> int:
             answers = ask(answers, input, ctx.print)
         except EOFError:
             return _refuse("no answer (end of input): nothing was written")
+    if answers.matrix_homeserver and not answers.matrix_user_id:
+        return _refuse("--matrix-user-id: a Matrix account needs the bot user's id (e.g. @bot:example.org)")
     if args.check_model and not answers.base_url:
         return _refuse("--check-model needs a model: give its base URL (--base-url)")
     config = load_config(env=ctx.env, home=ctx.home, config_path=target, user_data=data(tree(answers)))
@@ -257,6 +273,8 @@ def _next_steps(ctx: Context, answers: Answers) -> str:
             lines.append(f"  export {name}=...   # {what}")
     lines.append(f"  neotask gateway{flags}   # runs in the foreground (Ctrl-C stops it)")
     lines.append(f"then: neotask service install --user{flags}   # the same gateway as a systemd service")
-    if answers.telegram_token_env or answers.slack_bot_token_env:
+    if answers.chat:
         lines.append("      message your bot: it answers with a pairing code; `neotask channels approve CODE`")
+    if answers.matrix_homeserver:
+        lines.append("      (Matrix: start a direct chat with the bot user; it joins, then answers)")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ The file holds only what the answers set; everything else keeps its default from
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -32,6 +33,10 @@ class Answers:
     telegram_token_env: str | None = None
     slack_bot_token_env: str | None = None
     slack_app_token_env: str = "SLACK_APP_TOKEN"
+    discord_token_env: str | None = None
+    matrix_homeserver: str | None = None
+    matrix_user_id: str | None = None
+    matrix_token_env: str = "MATRIX_ACCESS_TOKEN"
     reset: ResetMode = "daily"
     reset_hour: int = 4
     idle_minutes: float = 240
@@ -46,7 +51,17 @@ class Answers:
         if self.slack_bot_token_env:
             found.append((self.slack_bot_token_env, "the Slack bot token (xoxb-...)"))
             found.append((self.slack_app_token_env, "the Slack app-level token (xapp-..., connections:write)"))
+        if self.discord_token_env:
+            found.append((self.discord_token_env, "the Discord bot token (Developer Portal, Bot, Reset Token)"))
+        if self.matrix_homeserver:
+            found.append((self.matrix_token_env, "the Matrix bot user's access token (syt_..., from a login)"))
         return found
+
+    @property
+    def chat(self) -> bool:
+        """Some chat platform is configured."""
+        return bool(self.telegram_token_env or self.slack_bot_token_env or self.discord_token_env
+                    or self.matrix_homeserver)  # fmt: skip
 
 
 # -- one answer at a time: the text typed (or the flag) -> the value, or ValueError with the reason --
@@ -93,6 +108,13 @@ def _shown(text: str) -> str:
     return repr(text) if len(text) <= 12 else repr(text[:4] + "...")
 
 
+def parse_matrix_user(text: str) -> str:
+    text = text.strip()
+    if not re.fullmatch(r"@[^:\s]+:\S+", text):
+        raise ValueError(f"{text!r} is not a Matrix user id: write it whole, e.g. @bot:example.org")
+    return text
+
+
 def parse_reset(text: str) -> ResetMode:
     text = text.strip().lower()
     for mode in RESET_MODES:
@@ -128,6 +150,10 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "telegram_token_env": _optional(parse_env_name),
     "slack_bot_token_env": _optional(parse_env_name),
     "slack_app_token_env": parse_env_name,
+    "discord_token_env": _optional(parse_env_name),
+    "matrix_homeserver": _optional(parse_url),
+    "matrix_user_id": _optional(parse_matrix_user),
+    "matrix_token_env": parse_env_name,
     "reset": parse_reset,
     "reset_hour": parse_hour,
     "idle_minutes": parse_minutes,
@@ -175,6 +201,18 @@ def tree(answers: Answers) -> list[Node]:
             ("app_token_env", answers.slack_app_token_env, "the variable holding the app token (xapp-...)"),
             ("dm_policy", "pairing", pairing),
         ], "one app in Socket Mode, posting to agent main")], "docs/channels-slack.md")], "Slack apps"))  # fmt: skip
+    if answers.discord_token_env:
+        accounts.append(("discord", [("accounts", [("main", [
+            ("token_env", answers.discord_token_env, "the variable holding the bot token (never the token)"),
+            ("dm_policy", "pairing", pairing),
+        ], "one bot, posting to agent main")], "docs/channels-discord.md")], "Discord bots"))  # fmt: skip
+    if answers.matrix_homeserver:
+        accounts.append(("matrix", [("accounts", [("main", [
+            ("homeserver", answers.matrix_homeserver, "the homeserver's client-server API"),
+            ("user_id", answers.matrix_user_id, "the bot user's full id"),
+            ("access_token_env", answers.matrix_token_env, "the variable holding its access token (syt_...)"),
+            ("dm_policy", "pairing", pairing),
+        ], "one bot user, posting to agent main")], "docs/channels-matrix.md")], "Matrix bot users"))  # fmt: skip
     if accounts:
         nodes.append(("channels", accounts, "chat connectors"))
     return nodes

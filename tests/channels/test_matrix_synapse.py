@@ -5,7 +5,8 @@ gateway's Matrix account talking to it through matrix-nio as it would to matrix.
 In-process (the gateway app, the local model server): a direct room and a group room joined on an
 owner's invite, a stranger's invite rejected, the keys (``!``, ``:``, ``@`` and ``$`` in them)
 through the API, mention gating, a thread, a chat command answered without a model call, an
-encrypted room told once, a refused token beside an account that runs, a real 429. A real daemon:
+encrypted room told once, a refused token beside an account that runs (at start, and revoked while it
+runs), a real 429, an end-to-end encrypted room read and answered (also after a restart). A real daemon:
 kill -9 with a message sent while it is down, then a restart (nothing answered twice, nothing
 missed)."""
 
@@ -16,15 +17,16 @@ import json
 import os
 import signal
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+from uuid import uuid4
 
 import pytest
 import yaml
 
-from channels.matrix import ENCRYPTED_NOTICE
+from channels.matrix import ENCRYPTED_NOTICE, UNDECRYPTABLE_NOTICE
 from gateway import keys as K
 from tests.channels.harness import connected, connected_in, daemon, stored, wait_until
 from tests.conftest import FakeClock
@@ -205,7 +207,7 @@ async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its
 ) -> None:
     bot, alice = await _register(homeserver, "neo", "alice")
     async with OpenAIServer() as model:
-        accounts = {"main": _account(homeserver, bot, allow_from=[alice.user_id]),
+        accounts = {"main": _account(homeserver, bot, allow_from=[alice.user_id], encryption=False),
                     "broken": _account(homeserver, bot, access_token_env="MX_BROKEN")}  # fmt: skip
         app = make_app(tmp_path, clock, _overrides(accounts), base_url=model.base_url,
                        env={"MX_MAIN": bot.token, "MX_BROKEN": "syt_not_a_token"})  # fmt: skip
@@ -233,6 +235,36 @@ async def test_an_encrypted_room_is_told_once_and_a_refused_token_stops_only_its
         assert len(refused) == 1 and "the others keep running" in refused[0].getMessage()
         encrypted = [r for r in caplog.records if "end-to-end encrypted" in r.getMessage()]
         assert len(encrypted) == 1 and room in encrypted[0].getMessage()
+
+
+async def test_a_token_revoked_while_running_stops_its_account_with_one_line_the_other_answers(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse, caplog: pytest.LogCaptureFixture
+) -> None:
+    revoked, other, alice = await _register(homeserver, "neo", "neo", "alice")
+    async with OpenAIServer() as model:
+        accounts = {"main": _account(homeserver, revoked, allow_from=[alice.user_id], encryption=False),
+                    "other": _account(homeserver, other, access_token_env="MX_OTHER", allow_from=[alice.user_id],
+                                      encryption=False)}  # fmt: skip
+        app = make_app(tmp_path, clock, _overrides(accounts), base_url=model.base_url,
+                       env={"MX_MAIN": revoked.token, "MX_OTHER": other.token})  # fmt: skip
+        client = await aiohttp_client(app)
+        await connected_in(client, "main")
+        await connected_in(client, "other")
+        await revoked.call("POST", "/logout", {})  # the bot's session logged out (as Element's "sign out" does)
+
+        async def stopped() -> dict[str, Any] | None:
+            listed = {a["account"]: a for a in (await (await client.get("/v1/channels")).json())["accounts"]}
+            return listed if not listed["main"]["connected"] and listed["main"]["last_error"] else None
+
+        listed = await wait_until(stopped, 30)
+        assert "/sync refused the token in MX_MAIN" in listed["main"]["last_error"], listed["main"]
+        assert "M_UNKNOWN_TOKEN" in listed["main"]["last_error"] and revoked.token not in json.dumps(listed)
+        room = await alice.room(other.user_id, direct=True)  # the other account keeps answering
+        await _joined(alice, room, other.user_id)
+        await alice.say(room, "still there?")
+        assert [m["content"]["body"] for m in await _answers(alice, room, other, 1)] == ["echo: still there?"]
+        refused = [r for r in caplog.records if r.levelname == "ERROR" and "matrix account main" in r.getMessage()]
+        assert len(refused) == 1 and "the others keep running" in refused[0].getMessage(), refused
 
 
 async def test_pairing_joins_a_strangers_direct_room_and_lets_them_in_once_approved(
@@ -313,6 +345,141 @@ async def test_more_messages_than_a_sync_holds_are_paged_back_none_missed(
         await intake.idle()
         answers = [m["content"]["body"] for m in await alice.messages(room, bot.user_id)]
         assert answers == [f"echo: m{i}" for i in range(5)]
+
+
+# -- end-to-end encryption ------------------------------------------------------------------------
+
+
+class Olm:
+    """A user's own Matrix client with end-to-end encryption (nio with its e2e extra, as the bot),
+    its keys in ``folder``: sends encrypted and reads what it was sent, decrypted."""
+
+    def __init__(self, hs: Synapse, user: User, folder: Path) -> None:
+        from nio import AsyncClient, AsyncClientConfig
+        from nio.store import SqliteStore
+
+        folder.mkdir(parents=True, exist_ok=True)
+        config = AsyncClientConfig(encryption_enabled=True, store=SqliteStore, store_sync_tokens=False)
+        self.client = AsyncClient(hs.url, user.user_id, store_path=str(folder), config=config)
+        self.user = user
+        self.clear: list[Any] = []  # the decrypted messages read, oldest first
+
+    async def __aenter__(self) -> Olm:
+        self.client.access_token = self.user.token
+        me = await self.client.whoami()
+        self.client.restore_login(self.user.user_id, me.device_id, self.user.token)
+        assert (await self.client.keys_upload()).__class__.__name__ == "KeysUploadResponse"
+        await self.read()  # the rooms so far
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+
+    async def read(self) -> None:
+        from nio import RoomMessageNotice, RoomMessageText, SyncResponse
+
+        synced = await self.client.sync(timeout=0, full_state=not self.client.next_batch)
+        assert isinstance(synced, SyncResponse), synced
+        for joined in synced.rooms.join.values():
+            self.clear += [e for e in joined.timeline.events if isinstance(e, RoomMessageText | RoomMessageNotice)]
+        if self.client.should_query_keys:
+            await self.client.keys_query()
+
+    async def say(self, room: str, text: str) -> None:
+        await self.read()
+        sent = await self.client.room_send(room, "m.room.message", {"msgtype": "m.text", "body": text},
+                                           ignore_unverified_devices=True)  # fmt: skip
+        assert sent.__class__.__name__ == "RoomSendResponse", sent
+
+    async def withheld(self, room: str, text: str) -> Callable[[], Awaitable[None]]:
+        """Send ``text`` encrypted with a new room key that is not sent yet; the function that sends it."""
+        from nio import Api
+
+        client, olm = self.client, self.client.olm
+        assert olm is not None
+        await self.read()
+        olm.create_outbound_group_session(room)
+        payloads = list(olm.share_group_session_parallel(room, list(client.rooms[room].users),
+                                                          ignore_unverified_devices=True))  # fmt: skip
+        olm.outbound_group_sessions[room].shared = True  # (it is not: room_send must not share it now)
+        await self.say(room, text)
+
+        async def send_key() -> None:
+            for _, to_device in payloads:
+                method, path, data = Api.to_device(client.access_token, "m.room.encrypted", to_device, uuid4())
+                response = await client.send(method, path, data)
+                assert response.status == 200, await response.text()
+                response.release()
+
+        return send_key
+
+    async def answers(self, bot: User, count: int) -> list[str]:
+        async def enough() -> list[str] | None:
+            await self.read()
+            found = [e.body for e in self.clear if e.sender == bot.user_id]
+            return found if len(found) >= count else None
+
+        return list(await wait_until(enough, 60))
+
+
+async def _server_types(user: User, room: str, sender: str) -> list[str]:
+    """The types of ``sender``'s timeline events as the homeserver holds them."""
+    found = await user.call("GET", f"/rooms/{quote(room)}/messages?dir=b&limit=100")
+    return [e["type"] for e in reversed(found["chunk"]) if e["sender"] == sender and "state_key" not in e]
+
+
+async def test_an_encrypted_room_is_read_and_answered_encrypted_also_after_a_restart(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock, homeserver: Synapse, caplog: pytest.LogCaptureFixture
+) -> None:
+    bot, alice = await _register(homeserver, "neo", "alice")
+    home = tmp_path / "home"
+    account = _overrides({"main": _account(homeserver, bot, allow_from=[alice.user_id])})
+    async with OpenAIServer() as model, Olm(homeserver, alice, tmp_path / "alice-keys") as olm:
+        client = await aiohttp_client(make_app(home, clock, account, base_url=model.base_url,
+                                               env={"MX_MAIN": bot.token}))  # fmt: skip
+        await connected_in(client, "main")
+        room = await alice.room(bot.user_id, direct=True, encrypted=True)
+        await _joined(alice, room, bot.user_id)
+        await olm.say(room, "a secret **hello**")
+        assert await olm.answers(bot, 1) == ["echo: a secret **hello**"]  # the answer, decrypted by alice
+        assert await _server_types(alice, room, bot.user_id) == ["m.room.encrypted"]  # nothing in clear
+        assert await _server_types(alice, room, alice.user_id) == ["m.room.encrypted"]
+        [status] = [a for a in (await (await client.get("/v1/channels")).json())["accounts"] if a["account"] == "main"]
+        assert status["encryption"] == "on" and status["encrypted_rooms"] == [], status
+
+        # a message whose key never reached the bot: logged once, the room told once (per megolm session)
+        bogus = {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgAEnACgAkL", "sender_key": "x",
+                 "session_id": "lost", "device_id": "D"}  # fmt: skip
+        for _ in range(2):
+            await alice.call("PUT", f"/rooms/{quote(room)}/send/m.room.encrypted/{_name('t')}", bogus)
+        assert (await olm.answers(bot, 2))[1] == UNDECRYPTABLE_NOTICE
+        told = [r for r in caplog.records if "could not be decrypted" in r.getMessage()]
+        assert len(told) == 1 and room in told[0].getMessage()
+
+        # the crypto store: under the home, private, and kept across a restart of the gateway
+        folder = home / "matrix" / "main"
+        assert folder.stat().st_mode & 0o777 == 0o700
+        files = list(folder.iterdir())
+        assert files and all(f.stat().st_mode & 0o777 == 0o600 for f in files), files
+        await client.close()
+        asked = len(model.chat_requests)
+        await olm.say(room, "while you were away")  # the same megolm session: its key is in the bot's store
+        client = await aiohttp_client(make_app(home, clock, account, base_url=model.base_url,
+                                               env={"MX_MAIN": bot.token}))  # fmt: skip
+        await connected_in(client, "main")
+        assert (await olm.answers(bot, 3))[2] == "echo: while you were away"
+        olm.client.invalidate_outbound_session(room)  # a new room key, sent to the bot's (kept) device keys
+        await olm.say(room, "a new session")
+        assert (await olm.answers(bot, 4))[3] == "echo: a new session"
+        assert len(model.chat_requests) == asked + 2
+        assert await _server_types(alice, room, bot.user_id) == ["m.room.encrypted"] * 4
+        assert sum("could not be decrypted" in r.getMessage() for r in caplog.records) == 1
+
+        # a room key that comes a sync after its message: the room is told, then the message is read
+        send_key = await olm.withheld(room, "my key comes later")
+        assert (await olm.answers(bot, 5))[4] == UNDECRYPTABLE_NOTICE
+        await send_key()
+        assert (await olm.answers(bot, 6))[5] == "echo: my key comes later"
 
 
 # -- a real daemon: kill -9 and a restart --------------------------------------------------------

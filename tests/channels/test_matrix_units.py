@@ -1,12 +1,17 @@
 """Matrix without a homeserver: ``config check`` on the issue's example and bad values, the pure
-event decisions (channels/matrix_events.py), the message format, and how a refused send is read."""
+event decisions (channels/matrix_events.py), the message format, how a refused send is read, and
+a 429 on ``/sync`` from a small homeserver stand-in (Synapse does not rate-limit ``/sync``)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from nio import RoomSendError
 
 from channels.matrix import MatrixConnector
@@ -17,6 +22,7 @@ from channels.store import ChannelStore
 from config.channels import MatrixAccount
 from config.clock import system_clock
 from sessions.keys import Ingress, parse_key, route
+from tests.channels.harness import wait_until
 from tests.gateway.daemons import child_env, run_cli
 
 ISSUE_EXAMPLE = """
@@ -148,3 +154,50 @@ async def test_a_refused_send_is_read_as_the_homeserver_meant_it(tmp_path: Path)
             connector._raise_for(RoomSendError("boom", "M_UNKNOWN_ERROR"))
     finally:
         await connector.client.close()
+
+
+async def test_a_429_on_sync_is_waited_out_for_its_retry_after_ms(
+    aiohttp_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first ``/sync`` answers 429 ``M_LIMIT_EXCEEDED`` with ``retry_after_ms: 1300``: the next
+    comes no sooner (the connector's own backoff would be 1 s), and the account is connected after."""
+    syncs: list[float] = []
+
+    async def whoami(request: web.Request) -> web.Response:
+        return web.json_response({"user_id": "@bot:example.org", "device_id": "DEV"})
+
+    async def displayname(request: web.Request) -> web.Response:
+        return web.json_response({"displayname": "NeoBot"})
+
+    async def sync(request: web.Request) -> web.Response:
+        syncs.append(time.monotonic())
+        if len(syncs) == 1:
+            limited = {"errcode": "M_LIMIT_EXCEEDED", "error": "Too Many Requests", "retry_after_ms": 1300}
+            return web.json_response(limited, status=429)
+        if len(syncs) > 2:
+            await asyncio.sleep(float(request.query["timeout"]) / 1000)
+        return web.json_response({"next_batch": f"s{len(syncs)}"})
+
+    app = web.Application()
+    app.router.add_get("/_matrix/client/v3/account/whoami", whoami)
+    app.router.add_get("/_matrix/client/v3/profile/{user}/displayname", displayname)
+    app.router.add_get("/_matrix/client/v3/sync", sync)
+    server = await aiohttp_server(app)
+    account = MatrixAccount(homeserver=str(server.make_url("")).rstrip("/"), user_id="@bot:example.org",
+                            encryption=False, sync_timeout_s=1)  # fmt: skip
+    connector = MatrixConnector("main", account, "syt_x", ChannelStore(tmp_path / "c.db"), clock=system_clock)
+
+    async def post(message: Inbound) -> Any:
+        raise AssertionError(f"nothing was sent to the bot: {message}")
+
+    with caplog.at_level(logging.WARNING, logger="channels.matrix"):
+        await connector.start(post)
+        try:
+            await wait_until(lambda: len(syncs) >= 2 and connector.status.connected, 10)
+        finally:
+            await connector.stop()
+    assert syncs[1] - syncs[0] >= 1.25, syncs  # the hint, not the 1 s backoff
+    [waited] = [r.getMessage() for r in caplog.records if "M_LIMIT_EXCEEDED" in r.getMessage()]
+    assert "/sync answered 429" in waited and "trying again in 1.3 s" in waited, waited
+    assert connector.status.last_error is None  # cleared by the sync that worked
+    assert connector.status.extra["encryption"] == "off" and not (tmp_path / "matrix").exists()  # encryption: false

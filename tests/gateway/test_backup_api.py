@@ -5,11 +5,13 @@ home that is not empty) is a clear error that changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import hashlib
 import io
 import json
 import os
+import sqlite3
 import stat
 import tarfile
 from pathlib import Path
@@ -51,18 +53,27 @@ async def _backup(client: Client, out: Path) -> dict[str, Any]:
 
 async def test_a_backup_holds_a_manifest_that_verifies_and_restores(client: Client, tmp_path: Path) -> None:
     await _seed(client)
+    keys = tmp_path / "matrix" / "main" / "@bot:example.org_DEV.db"  # a Matrix account's crypto store
+    keys.parent.mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(keys)) as db, db:
+        db.execute("CREATE TABLE accounts (pickle TEXT)")
+        db.execute("INSERT INTO accounts VALUES ('the device keys')")
     out = tmp_path.parent / f"{tmp_path.name}-out.tar.gz"
     body = await _backup(client, out)
     assert body["counts"]["runs"] == 2 and body["counts"]["active_runs"] == 1
     assert list(body["point"]["runs"].values()) == [{"state": "running", "seq": 1}]
     manifest = await asyncio.to_thread(verify, out)
     assert manifest["format_version"] == 1 and manifest["mode"] == "online"
-    assert {"contexts/tasks.db", "contexts/sessions.json", "channels.db"} <= set(manifest["files"])
+    assert {"contexts/tasks.db", "contexts/sessions.json", "channels.db", "matrix/main/@bot:example.org_DEV.db"} <= set(
+        manifest["files"]
+    )
     with tarfile.open(out, "r:gz") as tar:
         assert tar.next().name == MANIFEST  # type: ignore[union-attr]
     target = tmp_path.parent / f"{tmp_path.name}-restored"
     await asyncio.to_thread(restore, out, target, now=NOW, settings=Settings())
     assert (target / "contexts" / "history.db").exists()  # rebuilt, not copied
+    with contextlib.closing(sqlite3.connect(target / "matrix" / "main" / "@bot:example.org_DEV.db")) as db:
+        assert db.execute("SELECT pickle FROM accounts").fetchall() == [("the device keys",)]
     lines = [
         json.loads(line)
         for p in (target / "contexts").glob("*/*/messages.jsonl")

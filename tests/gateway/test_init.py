@@ -62,6 +62,27 @@ def test_non_interactive_writes_a_commented_private_config_that_config_check_pas
     assert f"OK: {target}" in capsys.readouterr().out
 
 
+def test_discord_and_matrix_accounts_are_offered_and_config_check_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MATRIX_ACCESS_TOKEN", raising=False)
+    home = tmp_path / "h"
+    code, out, err = run(
+        capsys, "--non-interactive", "--home", str(home), "--discord-token-env", "MY_DISCORD",
+        "--matrix-homeserver", "https://matrix.example.org/", "--matrix-user-id", "@neo:example.org",
+    )  # fmt: skip
+    assert code == 0, err
+    assert parse_yaml((home / "config.yaml").read_text())["channels"] == {
+        "discord": {"accounts": {"main": {"token_env": "MY_DISCORD", "dm_policy": "pairing"}}},
+        "matrix": {"accounts": {"main": {"homeserver": "https://matrix.example.org", "user_id": "@neo:example.org",
+                                         "access_token_env": "MATRIX_ACCESS_TOKEN", "dm_policy": "pairing"}}},
+    }  # fmt: skip
+    assert "export MY_DISCORD=..." in out and "export MATRIX_ACCESS_TOKEN=..." in out
+    assert "start a direct chat with the bot user" in out and "neotask channels approve CODE" in out
+    capsys.readouterr()
+    assert main(["config", "check", "--home", str(home)]) == 0, capsys.readouterr()
+
+
 def test_store_only_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "--non-interactive", "--home", str(tmp_path / "h"))
     assert code == 0, err
@@ -98,6 +119,11 @@ def test_an_existing_config_is_kept_without_force(tmp_path: Path, capsys: pytest
         (["--idle-minutes", "-5"], "--idle-minutes: '-5' is not a number of minutes above 0"),
         (["--model", "gpt 4"], "--model: 'gpt 4' is not a model name"),
         (["--check-model"], "--check-model needs a model"),
+        (["--matrix-homeserver", "https://m.example.org"], "--matrix-user-id: a Matrix account needs the bot"),
+        (
+            ["--matrix-homeserver", "https://m.example.org", "--matrix-user-id", "bot"],
+            "--matrix-user-id: 'bot' is not a Matrix user id",
+        ),
     ],
 )
 def test_a_bad_answer_is_refused_with_the_reason_and_nothing_is_written(
@@ -156,7 +182,7 @@ async def test_check_model_makes_one_request_and_a_failure_writes_nothing(
 
 
 def test_asking_again_after_a_bad_answer() -> None:
-    typed = iter(["ftp://x", "http://127.0.0.1:8000/v1", "", "", "none", "", "idle", "0", "30"])
+    typed = iter(["ftp://x", "http://127.0.0.1:8000/v1", "", "", "none", "", "", "", "idle", "0", "30"])
     prompts: list[str] = []
     said: list[str] = []
 
@@ -213,6 +239,8 @@ def test_on_a_terminal_it_asks_each_question(tmp_path: Path) -> None:
             ("API key [OPENAI_API_KEY]", "OLLAMA_KEY"),
             ("Telegram", "TG_BOT"),
             ("Slack", ""),
+            ("Discord", ""),
+            ("Matrix: the homeserver", ""),
             ("Reset policy", "both"),
             ("hour of the daily reset", "5"),
             ("Minutes idle", "45"),
