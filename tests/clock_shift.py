@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,9 +77,16 @@ def faketime() -> str:
     return path
 
 
+def real_time() -> float:
+    """The real clock's time, also inside a shifted run: a shift started there replaces the run's own
+    (libfaketime reads one ``FAKETIME``), so it is counted from the real time, not the shifted one."""
+    outer = re.fullmatch(r"([+-]\d+)s", os.environ.get("FAKETIME", ""))
+    return time.time() - (int(outer.group(1)) if outer else 0)
+
+
 def shifted(command: list[str], moment: Moment) -> tuple[list[str], dict[str, str]]:
     """``command`` under a clock shifted so that it starts at ``moment``."""
-    offset = round(moment.epoch() - time.time())
+    offset = round(moment.epoch() - real_time())
     path = os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TZ": moment.zone, "FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONPATH": path}
     return [faketime(), "-f", f"{offset:+d}s", *command], env

@@ -7,6 +7,7 @@ connection holds the leases of any number of keys, and losing it drops them."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -183,6 +184,9 @@ async def test_the_view_of_a_key_another_process_works_on_follows_its_events(sha
     assert second.entry(KEY) is None  # a session deleted elsewhere leaves the listing here
 
 
+# Under libfaketime the server's lock_timeout never fires (measured with psql on a shifted server:
+# `SET lock_timeout = 1000` waited 4.6 s, until the holder let go), and it is what asks again.
+@pytest.mark.skipif("FAKETIME" in os.environ, reason="PostgreSQL's lock_timeout does not fire under libfaketime")
 async def test_a_lost_ask_is_asked_again_while_the_holder_stays_busy(shared_store: Shared) -> None:
     """The holder never lets its lease linger out (a message on the key every 0.3 s) and misses
     the first ask: the waiting process asks again and gets the key."""
