@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
@@ -48,6 +49,9 @@ from memory.watcher import sweep, watch
 
 log = logging.getLogger("neotask.memory")
 T = TypeVar("T")
+# query vectors kept by (embedder identity, query): an agent asks its memory the same question again
+# (each turn's recall, a retried tool call), and a query's embedding is most of a search's CPU
+QUERY_VECTORS_KEPT = 256
 
 
 class MemoryService:
@@ -91,6 +95,7 @@ class MemoryService:
         # Searches read on their own threads: the full-text and the vector query of one search run
         # side by side, and neither waits behind an indexing write (LanceDB reads are snapshot reads).
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-read")
+        self._query_vectors: OrderedDict[tuple[EmbedderIdentity, str], np.ndarray[Any, Any]] = OrderedDict()
         self._store: ChunkStore | None = None
         self._indexer: Indexer | None = None
         self._run_lock = asyncio.Lock()
@@ -525,7 +530,7 @@ class MemoryService:
         floor = cosine_floor_of(embedder, query) if embedder is not None else 0.0
         try:
             if embedder is not None:
-                vector = await query_vector(embedder, query)
+                vector = await self._query_vector(embedder, query)
         except RuntimeError:
             if embedder is self._embedder:
                 with contextlib.suppress(Exception):
@@ -548,6 +553,21 @@ class MemoryService:
             return _merge(query, vector, vec_rows, text_job.result(), n, with_share, scale, floor)
 
         return await loop.run_in_executor(self._reads, vector_side_and_merge), knows
+
+    async def _query_vector(self, embedder: Embedder, query: str) -> np.ndarray[Any, Any]:
+        """``query``'s vector from ``embedder``, the last ``QUERY_VECTORS_KEPT`` kept (an
+        identity names the model that makes the vector, so one identity's vector of a text is
+        always the same; read-only: every search shares it)."""
+        key = (embedder.identity, query)
+        if (found := self._query_vectors.get(key)) is not None:
+            self._query_vectors.move_to_end(key)
+            return found
+        vector = await query_vector(embedder, query)
+        vector.setflags(write=False)
+        self._query_vectors[key] = vector
+        while len(self._query_vectors) > QUERY_VECTORS_KEPT:
+            self._query_vectors.popitem(last=False)
+        return vector
 
     # --- files -------------------------------------------------------------------------------
 

@@ -25,6 +25,15 @@ async def test_search_finds_cites_and_abstains(service: MemoryService) -> None:
     assert await service.search("main", "zebra xylophone quantum") == []
 
 
+async def test_a_repeated_query_is_embedded_once(service: MemoryService, openai_server: OpenAIServer) -> None:
+    first = await service.search("main", "who is my dentist")
+    openai_server.requests.clear()
+    assert await service.search("main", "who is my dentist") == first
+    assert embedding_inputs(openai_server) == []  # the kept vector, not a second request
+    await service.search("main", "who grows basil")
+    assert embedding_inputs(openai_server) == ["who grows basil"]
+
+
 async def test_include_memory_md_false_leaves_it_out(service: MemoryService) -> None:
     assert any(h.path == "MEMORY.md" for h in await service.search("main", "green tea morning"))
     hits = await service.search("main", "green tea morning", include_memory_md=False)
@@ -434,9 +443,7 @@ async def test_a_question_about_what_no_turn_mentions_gets_nothing(
         await embedder.close()
 
 
-async def test_a_fifo_in_the_memory_blocks_neither_indexing_nor_reads(
-    service: MemoryService, workspace: Path
-) -> None:
+async def test_a_fifo_in_the_memory_blocks_neither_indexing_nor_reads(service: MemoryService, workspace: Path) -> None:
     """A FIFO named ``*.md`` used to hang the indexing run (``reindex`` never returned, the index
     stayed stale) and every read of it."""
     import os
