@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from config.errors import SessionPaused, StorageUnavailable
@@ -83,14 +84,41 @@ def test_every_key_has_one_owner_and_the_keys_spread() -> None:
         owners = collections.Counter(owner_of(key, workers) for key in keys)
         assert sorted(owners) == list(range(1, workers + 1))
         assert min(owners.values()) > 0.7 * len(keys) / workers, owners
-    assert [owner_of(key, 3) for key in keys] == [owner_of(key, 3) for key in keys]
+    remembered = [owner_of(key, 3) for key in keys]
+    H._OWNERS.clear()  # what another process computes afresh
+    assert [owner_of(key, 3) for key in keys] == remembered
 
 
 def test_a_post_crosses_as_it_was_built() -> None:
+    def crossed(post: Post) -> Post:
+        return decode_post(orjson.loads(orjson.dumps(encode_post(post))))
+
     post = post_for("agent:main:telegram:group:g1:topic:7", "日本語 and ünïcode")
-    assert decode_post(encode_post(post)) == post
+    assert crossed(post) == post
     hook = Post(parse_key("hook:gh:push:1", agents={"main"}), NewMessage(role="user", content="x"), reply=True)
-    assert decode_post(encode_post(hook)) == hook
+    assert crossed(hook) == hook
+
+
+async def test_frames_cut_anywhere_by_the_reads_come_whole() -> None:
+    frames = [{"id": n, "body": "é" * n} for n in range(40)]
+    wire = b"".join(H._frame(f) for f in frames)
+    reader = asyncio.StreamReader()
+    got: list[dict[str, Any]] = []
+    reading = H._Frames(reader)
+
+    async def feed() -> None:
+        for at in range(0, len(wire), 7):  # 7 bytes at a time: lengths and bodies cut everywhere
+            reader.feed_data(wire[at : at + 7])
+            await asyncio.sleep(0)
+        reader.feed_eof()
+
+    feeding = asyncio.create_task(feed())
+    while len(got) < len(frames):
+        got += await asyncio.wait_for(reading.next(), 5)
+    await feeding
+    assert got == frames
+    with pytest.raises(asyncio.IncompleteReadError):
+        await reading.next()
 
 
 async def test_a_post_for_another_workers_key_is_answered_by_that_worker(pair: tuple[Worker, Worker]) -> None:
