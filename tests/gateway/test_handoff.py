@@ -284,3 +284,9 @@ def test_the_hand_off_counts_are_in_the_metrics() -> None:
     assert metrics.registry.get_sample_value("neotask_handoffs_total", {"result": "refused"}) is None
     metrics.flush()  # a worker's timer counts between scrapes (the other workers' scrapes read it)
     assert metrics.registry.get_sample_value("neotask_handoffs_total", {"result": "refused"}) == 1
+
+
+async def test_the_benchs_hop_measure_hands_every_post_to_the_owner() -> None:
+    from bench.key_spread import hop_cost  # its own check: the owner served every post it timed
+
+    assert 0 < await hop_cost(posts=128, rounds=1, warm=1) < 0.05
