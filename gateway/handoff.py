@@ -380,9 +380,9 @@ class Handoff:
         try:
             answer = await (self._answer(owner, ident, writer) if on_delta is None
                             else self._streamed(owner, ident, writer, on_delta))  # fmt: skip
-        except (ConnectionError, OSError) as exc:
+        except _Lost as lost:  # not what ``on_delta`` raises: a client gone mid-stream is not the owner
             self._count(LOST)
-            raise owner_lost(index, exc) from exc
+            raise owner_lost(index, lost.problem) from lost.problem
         finally:
             owner.pending.pop(ident, None)
         if answer.get("declined"):  # the owner is shutting down: nothing was done there
@@ -464,9 +464,17 @@ class Handoff:
                 if on is not writer:
                     continue
                 if isinstance(sink, asyncio.Queue):
-                    sink.put_nowait(problem)
+                    sink.put_nowait(_Lost(problem))
                 elif not sink.done():
-                    sink.set_exception(problem)
+                    sink.set_exception(_Lost(problem))
+
+
+class _Lost(Exception):
+    """The connection to the owner broke with a post under way (``problem``: how)."""
+
+    def __init__(self, problem: BaseException) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
 
 
 def _no_count(result: str) -> None:

@@ -290,3 +290,17 @@ async def test_the_benchs_hop_measure_hands_every_post_to_the_owner() -> None:
     from bench.key_spread import hop_cost  # its own check: the owner served every post it timed
 
     assert 0 < await hop_cost(posts=128, rounds=1, warm=1) < 0.05
+
+
+async def test_a_client_gone_mid_stream_is_not_the_owner_lost(pair: tuple[Worker, Worker]) -> None:
+    one, two = pair
+    two.deltas = ("a", "b")
+
+    async def gone(text: str) -> None:
+        raise ConnectionResetError("the client went away")
+
+    with pytest.raises(ConnectionResetError):  # as on one process: the write's error, not a 503
+        await one.side.post(post_for(key_owned_by(2)), gone)
+    assert one.counts == {} and len(two.ran) == 1
+    two.deltas = ()
+    assert (await one.side.post(post_for(key_owned_by(2))) or {}).get("by") == 2  # the connection serves on
