@@ -19,12 +19,16 @@ With ``--pause-ms`` (60; 0: none) the same daemons are measured again *paced*, e
 waiting that long before each request (about 1,000 msg/s in all, below saturation): there the p99
 and the CPU per message are the daemons' own, not the cores' contention's.
 
+With ``--baseline DIR`` (another checkout, e.g. a worktree of the main branch) a fourth daemon,
+``pg xN baseline``, runs that checkout's code with the same settings, loaded beside the others: the
+report compares pg xN's spread case with it, in the same run.
+
 First, the hop alone (``hop_cost``): both sides of ``gateway.handoff`` in this process, on real
 sockets, a store that answers at once, 64 posts under way at a time: the CPU time per handed post,
 reported against pg x1's gateway CPU per message.
 
 ``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--pause-ms MS]
-[--hop-only]``
+[--hop-only] [--baseline DIR]``
 """
 
 from __future__ import annotations
@@ -136,7 +140,7 @@ def report(
             f" pg x1 spread's gateway CPU per message; with {workers} workers {(workers - 1) / workers:.2f} of the"
             f" spread posts are handed"
         )
-    for daemon in (f"pg x{workers}", f"pg x{workers} leases"):
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
         affine, spread = results.get(f"{daemon} affine"), results.get(f"{daemon} spread")
         if affine is None or spread is None:
             continue
@@ -146,8 +150,15 @@ def report(
             f" its affine case's (target <= 2x), CPU/msg {(spread[2] + spread[3]) / (one_s[2] + one_s[3]):.2f}x"
             f" pg x1 spread; affine {affine[0] / one_a[0]:.2f}x the msg/s of pg x1 affine"
         )
+    ours, theirs = results.get(f"pg x{workers} spread"), results.get(f"pg x{workers} baseline spread")
+    if ours is not None and theirs is not None:
+        lines.append(
+            f"  pg x{workers} against the baseline's code, spread: msg/s {ours[0] / theirs[0]:.2f}x, CPU/msg"
+            f" {(ours[2] + ours[3]) / (theirs[2] + theirs[3]):.2f}x (gateway {ours[2] / theirs[2]:.2f}x),"
+            f" p99 {ours[1] / theirs[1]:.2f}x"
+        )
     one_p = results.get("pg x1 spread paced")
-    for daemon in (f"pg x{workers}", f"pg x{workers} leases"):
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
         affine, spread = results.get(f"{daemon} affine paced"), results.get(f"{daemon} spread paced")
         if one_p is None or affine is None or spread is None:
             continue
@@ -160,7 +171,9 @@ def report(
     return lines
 
 
-async def run(seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int) -> None:
+async def run(
+    seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int, baseline: Path | None = None
+) -> None:
     if wrk_path() is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     hop_s = await hop_cost()
@@ -172,12 +185,17 @@ async def run(seconds: float, rounds: int, workers: int, leases_case: bool, paus
         plans: list[tuple[str, int, dict[str, object]]] = [("pg x1", 1, {}), (f"pg x{workers}", workers, {})]
         if leases_case:
             plans.append((f"pg x{workers} leases", workers, {"key_handoff": False}))
+        if baseline is not None:
+            plans.append((f"pg x{workers} baseline", workers, {}))
         for i, (name, count, gateway) in enumerate(plans):
             storage = {"backend": "postgres", "postgres": {"dsn": await server.database(f"bench_spread{i}")}}
             data: dict[str, object] = {"storage": storage}
             if gateway:
                 data["gateway"] = gateway
-            daemons.append(gateway_case(name, tmp / name.replace(" ", "-"), data, count))
+            case = gateway_case(name, tmp / name.replace(" ", "-"), data, count)
+            if name.endswith("baseline") and baseline is not None:
+                case.repo = baseline
+            daemons.append(case)
         for daemon in daemons:  # one at a time: several imports at once take minutes on a small machine
             await start(daemon)
             print(f"  {daemon.name}: listening on port {daemon.port}", flush=True)
@@ -218,13 +236,17 @@ def main() -> None:
     parser.add_argument("--no-leases-case", action="store_true", help="leave out pg xN with key_handoff: false")
     parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: none")
     parser.add_argument("--hop-only", action="store_true", help="only the hop's CPU per handed post (no database)")
+    parser.add_argument("--baseline", type=Path, help="another checkout: pg xN on its code, beside this one's")
     args = parser.parse_args()
     if args.hop_only:
         print(f"the hop alone: {asyncio.run(hop_cost()) * 1e6:.1f} us of CPU per handed post (both sides)")
         return
     if not 2 <= args.workers <= 16:
         parser.error("--workers must be between 2 and 16")
-    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms))
+    if args.baseline is not None and not (args.baseline / "gateway" / "cli.py").is_file():
+        parser.error(f"--baseline {args.baseline} is not a Neotask checkout (no gateway/cli.py)")
+    baseline = args.baseline.resolve() if args.baseline is not None else None
+    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms, baseline))
 
 
 if __name__ == "__main__":
