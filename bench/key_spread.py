@@ -19,7 +19,16 @@ With ``--pause-ms`` (60; 0: none) the same daemons are measured again *paced*, e
 waiting that long before each request (about 1,000 msg/s in all, below saturation): there the p99
 and the CPU per message are the daemons' own, not the cores' contention's.
 
-``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--pause-ms MS]``
+With ``--baseline DIR`` (another checkout, e.g. a worktree of the main branch) a fourth daemon,
+``pg xN baseline``, runs that checkout's code with the same settings, loaded beside the others: the
+report compares pg xN's spread case with it, in the same run.
+
+First, the hop alone (``hop_cost``): both sides of ``gateway.handoff`` in this process, on real
+sockets, a store that answers at once, 64 posts under way at a time: the CPU time per handed post,
+reported against pg x1's gateway CPU per message.
+
+``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--pause-ms MS]
+[--hop-only] [--baseline DIR]``
 """
 
 from __future__ import annotations
@@ -29,11 +38,17 @@ import math
 import os
 import statistics
 import tempfile
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load import Phase, key_prefix, prime, wrk_load, wrk_path
 from bench.workers_ingest import Case, arguments, cpu_of, gateway_case, start_all, stop_all, tree
+from conversations.posts import DeltaFn, Post
+from gateway.handoff import Handoff, owner_of
+from sessions.keys import parse_key
+from sessions.records import NewMessage
 from tests.support.postgres import PgServer, start_server
 
 CONNECTIONS = 64
@@ -41,6 +56,36 @@ KEYS = 64
 # the paced cases: each connection waits this long before each request, about 1,000 msg/s in all,
 # below what this loaded 2-core machine takes with one process or two
 PAUSE_MS = 60
+
+
+async def hop_cost(posts: int = 12800, rounds: int = 5, warm: int = 20) -> float:
+    """CPU seconds per handed post, both sides in this process (the median of ``rounds``)."""
+
+    async def handle(post: Post, on_delta: DeltaFn | None) -> Mapping[str, object]:
+        return {"session_key": post.key.raw, "run_id": "r", "message_seq": 1, "reply": None, "events": [], "usage": {}}
+
+    home = Path(tempfile.mkdtemp(prefix="neotask-bench-hop-"))
+    one, two = Handoff(home, os.getpid(), 1, 2, handle), Handoff(home, os.getpid(), 2, 2, handle)
+    await one.start()
+    await two.start()
+    try:
+        raws = (f"agent:main:dm:hop{n}" for n in range(10_000))
+        keys = [raw for raw in raws if owner_of(raw, 2) == 2][:CONNECTIONS]
+        batch = [Post(parse_key(raw, agents={"main"}), NewMessage(role="user", content=f"message {n} of the hop bench",
+                      client_message_id=f"hop-{n}"), reply=False) for n, raw in enumerate(keys)]  # fmt: skip
+        for _ in range(warm):  # warm: the connection made, the code paths run once
+            await asyncio.gather(*(one.post(post) for post in batch))
+        costs = []
+        for _ in range(rounds):
+            before = time.process_time()
+            for _ in range(posts // len(batch)):
+                await asyncio.gather(*(one.post(post) for post in batch))
+            costs.append((time.process_time() - before) / (posts // len(batch) * len(batch)))
+        assert two.server.handled == (warm + rounds * (posts // len(batch))) * len(batch)
+        return statistics.median(costs)
+    finally:
+        await one.close()
+        await two.close()
 
 
 @dataclass
@@ -77,7 +122,9 @@ def summary(load: Load) -> tuple[float, float, float, float, int, float]:
     return ok / elapsed, statistics.median(p99s), gw, db, failed, max(p99s)
 
 
-def report(results: dict[str, tuple[float, float, float, float, int, float]], workers: int) -> list[str]:
+def report(
+    results: dict[str, tuple[float, float, float, float, int, float]], workers: int, hop_s: float | None = None
+) -> list[str]:
     lines = []
     for name, (rate, p99, gw, db, failed, worst) in results.items():
         lines.append(
@@ -86,7 +133,13 @@ def report(results: dict[str, tuple[float, float, float, float, int, float]], wo
             + (f"  ({failed} failed)" if failed else "")
         )
     one_a, one_s = results["pg x1 affine"], results["pg x1 spread"]
-    for daemon in (f"pg x{workers}", f"pg x{workers} leases"):
+    if hop_s is not None:
+        lines.append(
+            f"  the hop alone: {hop_s * 1e6:.1f} us of CPU per handed post (both sides), {hop_s * 1000 / one_s[2]:.3f}x"
+            f" pg x1 spread's gateway CPU per message; with {workers} workers {(workers - 1) / workers:.2f} of the"
+            f" spread posts are handed"
+        )
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
         affine, spread = results.get(f"{daemon} affine"), results.get(f"{daemon} spread")
         if affine is None or spread is None:
             continue
@@ -96,8 +149,15 @@ def report(results: dict[str, tuple[float, float, float, float, int, float]], wo
             f" its affine case's (target <= 2x), CPU/msg {(spread[2] + spread[3]) / (one_s[2] + one_s[3]):.2f}x"
             f" pg x1 spread; affine {affine[0] / one_a[0]:.2f}x the msg/s of pg x1 affine"
         )
+    ours, theirs = results.get(f"pg x{workers} spread"), results.get(f"pg x{workers} baseline spread")
+    if ours is not None and theirs is not None:
+        lines.append(
+            f"  pg x{workers} against the baseline's code, spread: msg/s {ours[0] / theirs[0]:.2f}x, CPU/msg"
+            f" {(ours[2] + ours[3]) / (theirs[2] + theirs[3]):.2f}x (gateway {ours[2] / theirs[2]:.2f}x),"
+            f" p99 {ours[1] / theirs[1]:.2f}x"
+        )
     one_p = results.get("pg x1 spread paced")
-    for daemon in (f"pg x{workers}", f"pg x{workers} leases"):
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
         affine, spread = results.get(f"{daemon} affine paced"), results.get(f"{daemon} spread paced")
         if one_p is None or affine is None or spread is None:
             continue
@@ -110,9 +170,13 @@ def report(results: dict[str, tuple[float, float, float, float, int, float]], wo
     return lines
 
 
-async def run(seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int) -> None:
+async def run(
+    seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int, baseline: Path | None = None
+) -> None:
     if wrk_path() is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
+    hop_s = await hop_cost()
+    print(f"  the hop alone: {hop_s * 1e6:.1f} us of CPU per handed post (both sides, in this process)", flush=True)
     server = await asyncio.to_thread(start_server, durable=True)
     tmp = Path(tempfile.mkdtemp(prefix="neotask-bench-spread-"))
     daemons: list[Case] = []
@@ -120,12 +184,17 @@ async def run(seconds: float, rounds: int, workers: int, leases_case: bool, paus
         plans: list[tuple[str, int, dict[str, object]]] = [("pg x1", 1, {}), (f"pg x{workers}", workers, {})]
         if leases_case:
             plans.append((f"pg x{workers} leases", workers, {"key_handoff": False}))
+        if baseline is not None:
+            plans.append((f"pg x{workers} baseline", workers, {}))
         for i, (name, count, gateway) in enumerate(plans):
             storage = {"backend": "postgres", "postgres": {"dsn": await server.database(f"bench_spread{i}")}}
             data: dict[str, object] = {"storage": storage}
             if gateway:
                 data["gateway"] = gateway
-            daemons.append(gateway_case(name, tmp / name.replace(" ", "-"), data, count))
+            case = gateway_case(name, tmp / name.replace(" ", "-"), data, count)
+            if name.endswith("baseline") and baseline is not None:
+                case.repo = baseline
+            daemons.append(case)
         await start_all(daemons)
         for daemon in daemons:
             await prime(daemon.port, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("spread"))
@@ -149,7 +218,7 @@ async def run(seconds: float, rounds: int, workers: int, leases_case: bool, paus
             f"\n{CONNECTIONS} connections on {KEYS} keys, store-only, {rounds}x{seconds:g} s per case,"
             f" load {load_avg:.1f} at the start:"
         )
-        print("\n".join(report({load.name: summary(load) for load in loads}, workers)))
+        print("\n".join(report({load.name: summary(load) for load in loads}, workers, hop_s)))
     finally:
         await stop_all(daemons, server)
 
@@ -158,10 +227,18 @@ def main() -> None:
     parser = arguments(__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--no-leases-case", action="store_true", help="leave out pg xN with key_handoff: false")
     parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: none")
+    parser.add_argument("--hop-only", action="store_true", help="only the hop's CPU per handed post (no database)")
+    parser.add_argument("--baseline", type=Path, help="another checkout: pg xN on its code, beside this one's")
     args = parser.parse_args()
+    if args.hop_only:
+        print(f"the hop alone: {asyncio.run(hop_cost()) * 1e6:.1f} us of CPU per handed post (both sides)")
+        return
     if not 2 <= args.workers <= 16:
         parser.error("--workers must be between 2 and 16")
-    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms))
+    if args.baseline is not None and not (args.baseline / "gateway" / "cli.py").is_file():
+        parser.error(f"--baseline {args.baseline} is not a Neotask checkout (no gateway/cli.py)")
+    baseline = args.baseline.resolve() if args.baseline is not None else None
+    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms, baseline))
 
 
 if __name__ == "__main__":

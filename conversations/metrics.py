@@ -52,6 +52,15 @@ class Metrics:
         self.disk_low_crossings = Counter(
             "neotask_disk_low_crossings", "Times free disk space fell below storage.min_free", registry=self.registry
         )
+        self.handoffs = Counter(
+            "neotask_handoffs_total",
+            "Posts for a key another worker owns (--workers N, gateway.key_handoff), by what became of them",
+            ["result"], registry=self.registry,
+        )  # fmt: skip
+        self.handoffs_served = Counter(
+            "neotask_handoffs_served_total", "Posts stored for another worker that took them", registry=self.registry
+        )
+        self._handoffs: dict[str, int] = {}  # by result, not yet counted
         self._stored_by_role: dict[str, Any] = {}
         self._stored: list[tuple[str, float]] = []  # (role, seconds) not yet counted
         self._counted_at = time.monotonic()
@@ -65,9 +74,14 @@ class Metrics:
         if len(stored) >= STORED_BATCH or time.monotonic() - self._counted_at >= STORED_EVERY_S:
             self._count_stored()
 
+    def handoff(self, result: str) -> None:
+        """What became of a post for a key another worker owns (``gateway.handoff``'s results;
+        ``served``: one run here for another worker). Counted with the stored messages' batch."""
+        self._handoffs[result] = self._handoffs.get(result, 0) + 1
+
     def flush(self) -> None:
         """Count what is batched (a worker's timer: other workers' scrapes read the counts)."""
-        if self._stored:
+        if self._stored or self._handoffs:
             self._count_stored()
 
     def _count_stored(self) -> None:
@@ -82,6 +96,9 @@ class Metrics:
             if child is None:
                 child = self._stored_by_role[role] = self.messages.labels(role)
             child.inc(count)
+        handoffs, self._handoffs = self._handoffs, {}
+        for result, count in handoffs.items():
+            (self.handoffs_served if result == "served" else self.handoffs.labels(result)).inc(count)
 
     def render(self) -> bytes:
         self._count_stored()

@@ -32,7 +32,7 @@ from config.redaction import SECRETS
 from config.settings import LoggingSettings
 from conversations.commands import dispatch
 from conversations.metrics import STORED_EVERY_S
-from conversations.posts import Post
+from conversations.posts import DeltaFn, Post
 from gateway import eventloop, exits, reload, systemd
 from gateway import keys as K
 from gateway.app import create_app
@@ -188,7 +188,8 @@ async def _serve(
         fleet = app[reload.RELOADS].fleet = Fleet.of(home.root, role.index, config.settings.gateway.workers)
         if config.settings.gateway.key_handoff and fleet.count > 1:  # a key's posts go to the worker owning it
             handoff = app[K.HANDOFF] = Handoff(home.root, fleet.supervisor, fleet.index, fleet.count,
-                                               lambda post: _run_handed(app, post))  # fmt: skip
+                                               lambda post, on_delta: _run_handed(app, post, on_delta),
+                                               lambda result: app[K.METRICS].handoff(result))  # fmt: skip
             app.on_shutdown.append(_stop_taking_posts)  # after the turns are stopped, before the store closes
 
     def on_signal(signum: int) -> None:
@@ -266,9 +267,9 @@ async def _stop_taking_posts(app: web.Application) -> None:
     await app[K.HANDOFF].server.close()
 
 
-async def _run_handed(app: web.Application, post: Post) -> dict[str, Any]:
+async def _run_handed(app: web.Application, post: Post, on_delta: DeltaFn | None) -> Mapping[str, Any]:
     """A post another worker handed over (``gateway.handoff``): run as if it came here."""
-    return dict((await dispatch(app[K.COMMANDS], post)).body())
+    return (await dispatch(app[K.COMMANDS], post, on_delta=on_delta)).body()
 
 
 def _runner(app: web.Application, config: LoadedConfig) -> JsonErrorsAppRunner:

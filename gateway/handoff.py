@@ -15,11 +15,17 @@ limit), named by the home and the supervisor's pid; a connection from another us
 (``SO_PEERCRED``). Frames are a 4-byte length and an orjson object; a connection carries any
 number of posts at once (each has an id).
 
-What is handed: a post answered as a whole (not ``stream: true``, whose deltas are written as
-they come; nor one with per-call options), through ``conversations.commands.dispatch`` as the
-owner would run it itself. An owner that cannot be reached (starting again after a crash,
-shutting down: it declines what comes meanwhile) is not asked for ``DOWN_S``: the worker stores
-the post itself, the key's lease moving as before, which is correct, only slower. An owner that
+What is handed: a post of the message routes, answered whole or streamed (``stream: true``: the
+owner sends each text delta as a frame of its own as it comes, which the worker that took the post
+writes to its client at once), through ``conversations.commands.dispatch`` as the owner would run
+it itself. Not a post with per-call options: the OpenAI-compatible routes post several messages
+per call and keep records around it (``gateway.openai_compat.service``), so a call would have to
+be handed whole; it is answered where it came, the key's lease moving as before.
+
+An owner that cannot be reached (starting again after a crash, shutting down: it declines what
+comes meanwhile) is not asked for ``DOWN_S``: the worker stores the post itself, the key's lease
+moving as before, which is correct, only slower. Each post for another worker's key is counted by
+what became of it (``RESULTS``, ``neotask_handoffs_total{result}`` in ``/metrics``). An owner that
 dies with a post under way answers nothing: the post may have been stored or not, and the client
 is told so (503, no ``stored``; the same ``client_message_id`` sent again is stored once).
 """
@@ -31,17 +37,18 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import operator
 import os
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from config.errors import NeotaskError, StorageUnavailable, error_classes
-from conversations.posts import Post
+from conversations.posts import DeltaFn, Post
 from sessions.keys import SessionKey
 from sessions.records import NewMessage, TaskKey
 
@@ -51,16 +58,35 @@ DOWN_S = 1.0  # an owner that could not be reached is not asked again for this l
 CONNECT_S = 1.0  # a connection to an owner taking longer: the owner is not reached
 CLOSE_S = 30.0  # at close, the posts under way are waited for this long at most
 MAX_FRAME = 1 << 28
+READ_SIZE = 1 << 18  # read at once from a connection: every frame that came meanwhile
 _LENGTH = struct.Struct("!I")
 _PEERCRED = struct.Struct("3i")
 
-Handle = Callable[[Post], Awaitable[dict[str, Any]]]
+Handle = Callable[[Post, DeltaFn | None], Awaitable[Mapping[str, Any]]]
+# what became of a post for a key another worker owns (``neotask_handoffs_total{result}``):
+ANSWERED = "answered"  # the owner stored it and answered
+REFUSED = "refused"  # the owner refused it (its error passed on as it was)
+DECLINED = "declined"  # the owner was shutting down: stored here
+UNREACHABLE = "unreachable"  # the owner could not be reached (or was not asked, for DOWN_S): stored here
+UNSENDABLE = "unsendable"  # a frame could not carry it (what orjson refuses): stored here
+LOST = "lost"  # the owner went away with it under way: may be stored (503 without ``stored``)
+RESULTS = (ANSWERED, REFUSED, DECLINED, UNREACHABLE, UNSENDABLE, LOST)
+Count = Callable[[str], None]
 
 
 def owner_of(key: str, workers: int) -> int:
     """The index (1 to ``workers``) of the worker that owns ``key``."""
-    digest = hashlib.blake2b(key.encode(), digest_size=8, person=b"neotask-owner").digest()
-    return int.from_bytes(digest, "big") % workers + 1
+    found = _OWNERS.get((key, workers))
+    if found is None:
+        if len(_OWNERS) >= OWNERS_KEPT:
+            _OWNERS.clear()
+        digest = hashlib.blake2b(key.encode(), digest_size=8, person=b"neotask-owner").digest()
+        found = _OWNERS[key, workers] = int.from_bytes(digest, "big") % workers + 1
+    return found
+
+
+OWNERS_KEPT = 65536  # keys whose owner is remembered (the hash is most of a hand-off's decision)
+_OWNERS: dict[tuple[str, int], int] = {}
 
 
 def socket_name(home: Path, supervisor: int, index: int) -> str:
@@ -69,31 +95,30 @@ def socket_name(home: Path, supervisor: int, index: int) -> str:
     return f"\0neotask-handoff-{tag}-{supervisor}-{index}"
 
 
-def encode_post(post: Post) -> dict[str, Any]:
-    return {
-        "key": _fields(post.key),
-        "message": _fields(post.message),
-        "reply": post.reply,
-        "task_key": _fields(post.task_key) if post.task_key is not None else None,
-        "id_scope": post.id_scope,
-    }
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def decode_post(data: dict[str, Any]) -> Post:
-    key = SessionKey(**{**data["key"], "hook_parts": tuple(data["key"]["hook_parts"])})
-    message = NewMessage(**{**data["message"], "tool_calls": tuple(data["message"]["tool_calls"])})
-    task = data["task_key"]
-    return Post(key, message, data["reply"], TaskKey(**task) if task is not None else None, None, data["id_scope"])
+# a post crosses as lists of its parts' fields in their declared order (both sides run the same
+# code): a third cheaper to write and to read than objects naming each field
+_KEY, _MESSAGE, _TASK = _names(SessionKey), _names(NewMessage), _names(TaskKey)
+_key_values, _message_values = operator.attrgetter(*_KEY), operator.attrgetter(*_MESSAGE)
+_task_values = operator.attrgetter(*_TASK)
+_HOOK_PARTS, _TOOL_CALLS = _KEY.index("hook_parts"), _MESSAGE.index("tool_calls")
 
 
-def _fields(obj: Any) -> dict[str, Any]:
-    names = _NAMES.get(type(obj))
-    if names is None:
-        names = _NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
-    return {name: getattr(obj, name) for name in names}
+def encode_post(post: Post) -> list[Any]:
+    task = post.task_key
+    return [_key_values(post.key), _message_values(post.message), post.reply,
+            _task_values(task) if task is not None else None, post.id_scope]  # fmt: skip
 
 
-_NAMES: dict[type, tuple[str, ...]] = {}
+def decode_post(data: list[Any]) -> Post:
+    key, message, reply, task, id_scope = data
+    key[_HOOK_PARTS] = tuple(key[_HOOK_PARTS])
+    message[_TOOL_CALLS] = tuple(message[_TOOL_CALLS])
+    task_key = TaskKey(*task) if task is not None else None
+    return Post(SessionKey(*key), NewMessage(*message), bool(reply), task_key, None, id_scope)
 
 
 def _frame(data: dict[str, Any]) -> bytes:
@@ -121,14 +146,36 @@ class _Sender:
             self.writer.write(b"".join(frames))
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
-    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
-    if length > MAX_FRAME:
-        raise ConnectionError(f"a hand-off frame of {length} bytes")
-    data = orjson.loads(await reader.readexactly(length))
-    if not isinstance(data, dict):
-        raise ConnectionError("a hand-off frame that is not an object")
-    return data
+class _Frames:
+    """The frames coming on one connection: ``next`` reads what has come (one read for any
+    number of frames) and gives every whole frame in it; a frame cut by the read waits for the
+    rest."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self._buffer = b""
+
+    async def next(self) -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = []
+        while not frames:
+            chunk = await self.reader.read(READ_SIZE)
+            if not chunk:
+                raise asyncio.IncompleteReadError(self._buffer, None)
+            buffer = self._buffer + chunk if self._buffer else chunk
+            at, end = 0, len(buffer)
+            while end - at >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(buffer, at)
+                if length > MAX_FRAME:
+                    raise ConnectionError(f"a hand-off frame of {length} bytes")
+                if end - at - _LENGTH.size < length:
+                    break
+                data = orjson.loads(buffer[at + _LENGTH.size : at + _LENGTH.size + length])
+                if not isinstance(data, dict):
+                    raise ConnectionError("a hand-off frame that is not an object")
+                frames.append(data)
+                at += _LENGTH.size + length
+            self._buffer = buffer[at:] if at < end else b""
+        return frames
 
 
 def rebuild_error(error: dict[str, Any]) -> NeotaskError:
@@ -155,8 +202,9 @@ def owner_lost(index: int, exc: BaseException) -> StorageUnavailable:
 class HandoffServer:
     """This worker's socket: runs the posts other workers hand it (``handle``) and answers."""
 
-    def __init__(self, name: str, handle: Handle) -> None:
+    def __init__(self, name: str, handle: Handle, count: Count | None = None) -> None:
         self.name = name
+        self._count = count
         self._handle = handle
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -180,15 +228,17 @@ class HandoffServer:
             return
         self._writers.add(writer)
         sender = _Sender(writer)
+        frames = _Frames(reader)
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                request = await _read_frame(reader)
-                if self._closing:
-                    sender.send({"id": request.get("id"), "declined": True})
-                    continue
-                task = asyncio.get_running_loop().create_task(self._answer(sender, request))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                for request in await frames.next():
+                    if self._closing:
+                        sender.send({"id": request.get("id"), "declined": True})
+                        continue
+                    task = loop.create_task(self._answer(sender, request))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, OSError, orjson.JSONDecodeError):
             pass  # the other worker went away (or closed: it connects again when it needs to)
         finally:
@@ -198,10 +248,18 @@ class HandoffServer:
 
     async def _answer(self, sender: _Sender, request: dict[str, Any]) -> None:
         ident = request.get("id")
+        on_delta: DeltaFn | None = None
+        if request.get("stream"):
+
+            async def on_delta(text: str) -> None:
+                sender.send({"id": ident, "delta": text})
+
         try:
             post = decode_post(request["post"])
-            answer: dict[str, Any] = {"id": ident, "body": await self._handle(post)}
+            answer: dict[str, Any] = {"id": ident, "body": await self._handle(post, on_delta)}
             self.handled += 1
+            if self._count is not None:
+                self._count("served")
         except NeotaskError as exc:
             answer = {"id": ident, "error": {"code": exc.code, "message": exc.message, "extra": exc.extra}}
         except Exception as exc:
@@ -230,16 +288,18 @@ class HandoffServer:
         self._writers.clear()
 
 
+_Sink = asyncio.Future[dict[str, Any]] | asyncio.Queue[dict[str, Any] | BaseException]
+
+
 @dataclasses.dataclass(eq=False)
 class _Owner:
     index: int
     name: str
     writer: asyncio.StreamWriter | None = None
     sender: _Sender | None = None
-    # the posts under way, by id: the connection they were sent on and their answer to come
-    pending: dict[int, tuple[asyncio.StreamWriter, asyncio.Future[dict[str, Any]]]] = dataclasses.field(
-        default_factory=dict
-    )
+    # the posts under way, by id: the connection they were sent on and where their frames go (a
+    # future for the answer; a queue for a streamed post's deltas, then its answer or the failure)
+    pending: dict[int, tuple[asyncio.StreamWriter, _Sink]] = dataclasses.field(default_factory=dict)
     down_until: float = 0.0
     connecting: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     reading: asyncio.Task[None] | None = None
@@ -248,9 +308,14 @@ class _Owner:
 class Handoff:
     """This worker's side: ``post`` hands a post to its key's owner when that is another worker."""
 
-    def __init__(self, home: Path, supervisor: int, index: int, workers: int, handle: Handle) -> None:
+    def __init__(
+        self, home: Path, supervisor: int, index: int, workers: int, handle: Handle, count: Count | None = None
+    ) -> None:
+        """``count``: told what became of each post for another worker's key (one of ``RESULTS``)
+        and of each post run here for another worker (``served``)."""
         self.index, self.workers = index, workers
-        self.server = HandoffServer(socket_name(home, supervisor, index), handle)
+        self._count = count if count is not None else _no_count
+        self.server = HandoffServer(socket_name(home, supervisor, index), handle, count)
         self._owners = {i: _Owner(i, socket_name(home, supervisor, i)) for i in range(1, workers + 1) if i != index}
         self._next = 0
         self.enabled = True
@@ -282,46 +347,75 @@ class Handoff:
         index = owner_of(post.key.raw, self.workers)
         return None if index == self.index else index
 
-    async def post(self, post: Post) -> dict[str, Any] | None:
+    async def post(self, post: Post, on_delta: DeltaFn | None = None) -> dict[str, Any] | None:
         """The owner's answer body (its refusal raised as the error it was); None when this
-        worker answers the post itself (it owns the key, or the owner cannot be reached now)."""
+        worker answers the post itself (it owns the key, or the owner cannot be reached now).
+        With ``on_delta`` (a streamed post) the owner's text deltas are passed to it as they come."""
         index = self.owner(post)
         if index is None:
             return None
         owner = self._owners[index]
         loop = asyncio.get_running_loop()
         if loop.time() < owner.down_until:
+            self._count(UNREACHABLE)
             return None
         writer = owner.writer if owner.writer is not None and not owner.writer.is_closing() else None
         if writer is None:
             writer = await self._connect(owner)
             if writer is None:
+                self._count(UNREACHABLE)
                 return None
         sender = owner.sender
         assert sender is not None and sender.writer is writer
         self._next += 1
         ident = self._next
+        request: dict[str, Any] = {"id": ident, "post": encode_post(post)}
+        if on_delta is not None:
+            request["stream"] = True
         try:
-            sender.send({"id": ident, "post": encode_post(post)})
+            sender.send(request)
         except (TypeError, orjson.JSONEncodeError):  # what orjson refuses (huge integers, ...): stored here
+            self._count(UNSENDABLE)
             return None
-        future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        owner.pending[ident] = (writer, future)
         try:
-            answer = await future
-        except (ConnectionError, OSError) as exc:
-            raise owner_lost(index, exc) from exc
+            answer = await (self._answer(owner, ident, writer) if on_delta is None
+                            else self._streamed(owner, ident, writer, on_delta))  # fmt: skip
+        except _Lost as lost:  # not what ``on_delta`` raises: a client gone mid-stream is not the owner
+            self._count(LOST)
+            raise owner_lost(index, lost.problem) from lost.problem
         finally:
             owner.pending.pop(ident, None)
         if answer.get("declined"):  # the owner is shutting down: nothing was done there
             owner.down_until = loop.time() + DOWN_S
+            self._count(DECLINED)
             return None
         error = answer.get("error")
         if isinstance(error, dict):
+            self._count(REFUSED)
             raise rebuild_error(error)
         self.handed += 1
+        self._count(ANSWERED)
         body = answer.get("body")
         return body if isinstance(body, dict) else {}
+
+    @staticmethod
+    async def _answer(owner: _Owner, ident: int, writer: asyncio.StreamWriter) -> dict[str, Any]:
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        owner.pending[ident] = (writer, future)
+        return await future
+
+    @staticmethod
+    async def _streamed(owner: _Owner, ident: int, writer: asyncio.StreamWriter, on_delta: DeltaFn) -> dict[str, Any]:
+        """The deltas of a streamed post, each passed on as it comes, then its answer."""
+        frames: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
+        owner.pending[ident] = (writer, frames)
+        while True:
+            frame = await frames.get()
+            if isinstance(frame, BaseException):
+                raise frame
+            if "delta" not in frame:
+                return frame
+            await on_delta(str(frame["delta"]))
 
     async def _connect(self, owner: _Owner) -> asyncio.StreamWriter | None:
         async with owner.connecting:
@@ -347,11 +441,18 @@ class Handoff:
     async def _read(self, owner: _Owner, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         problem: BaseException = ConnectionResetError("the connection closed")
         try:
+            frames = _Frames(reader)
+            pending = owner.pending
             while True:
-                answer = await _read_frame(reader)
-                sent = owner.pending.get(answer.get("id", -1))
-                if sent is not None and not sent[1].done():
-                    sent[1].set_result(answer)
+                for answer in await frames.next():
+                    sent = pending.get(answer.get("id", -1))
+                    if sent is None:
+                        continue
+                    sink = sent[1]
+                    if isinstance(sink, asyncio.Queue):
+                        sink.put_nowait(answer)
+                    elif not sink.done():
+                        sink.set_result(answer)
         except (asyncio.IncompleteReadError, ConnectionError, OSError, orjson.JSONDecodeError) as exc:
             problem = exc if isinstance(exc, ConnectionError | OSError) else ConnectionResetError(str(exc))
         finally:
@@ -359,9 +460,25 @@ class Handoff:
                 owner.writer = None
                 owner.down_until = asyncio.get_running_loop().time() + DOWN_S
             writer.close()
-            for on, future in list(owner.pending.values()):
-                if on is writer and not future.done():
-                    future.set_exception(problem)
+            for on, sink in list(owner.pending.values()):
+                if on is not writer:
+                    continue
+                if isinstance(sink, asyncio.Queue):
+                    sink.put_nowait(_Lost(problem))
+                elif not sink.done():
+                    sink.set_exception(_Lost(problem))
+
+
+class _Lost(Exception):
+    """The connection to the owner broke with a post under way (``problem``: how)."""
+
+    def __init__(self, problem: BaseException) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
+
+
+def _no_count(result: str) -> None:
+    pass
 
 
 def _same_user(writer: asyncio.StreamWriter) -> bool:

@@ -66,10 +66,10 @@ def sse(event: str, data: Mapping[str, Any]) -> bytes:
 
 async def answer(request: web.Request, post: Post, *, stream: bool) -> web.StreamResponse:
     commands = request.app[K.COMMANDS]
+    handoff = request.app.get(K.HANDOFF)  # a key another worker owns: stored there (gateway.handoff)
     if not stream:
-        handoff = request.app.get(K.HANDOFF)
         if handoff is not None and (body := await handoff.post(post)) is not None:
-            return message_response(body)  # stored by the worker that owns the key (gateway.handoff)
+            return message_response(body)
         outcome = await dispatch(commands, post)
         return message_response(outcome.body())
 
@@ -85,7 +85,8 @@ async def answer(request: web.Request, post: Post, *, stream: bool) -> web.Strea
         await (await start()).write(sse("delta", {"content": text}))
 
     try:
-        outcome = await dispatch(commands, post, on_delta=on_delta)
+        handed = None if handoff is None else await handoff.post(post, on_delta)
+        final = handed if handed is not None else (await dispatch(commands, post, on_delta=on_delta)).body()
     except NeotaskError as exc:
         if response is None:
             raise
@@ -94,7 +95,7 @@ async def answer(request: web.Request, post: Post, *, stream: bool) -> web.Strea
         await response.write_eof()
         return response
     stream_response = await start()
-    await stream_response.write(sse("final", outcome.body()))
+    await stream_response.write(sse("final", final))
     await stream_response.write_eof()
     return stream_response
 

@@ -146,8 +146,8 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
 
                 async def post(key: str, n: int) -> None:
-                    # a streamed post is answered by the worker that took it; the others go to the
-                    # key's owner (gateway/handoff.py): both kinds, so a key's turns run on both
+                    # whole or streamed, a post goes to its key's owner (gateway/handoff.py), the
+                    # streamed one's deltas passed on as they come
                     text = f"<{key}|{n}> hello"
                     url = f"{gw.url}/v1/sessions/{quote(key, safe='')}/messages"
                     async with http.post(url, json={"content": text, "stream": n % 2 == 1}) as resp:
@@ -212,6 +212,10 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
                     async with http.get(f"{gw.url}/metrics", headers=BEARER) as resp:
                         text = await resp.text()
                     totals.add(metric(text, 'neotask_messages_total{role="user"}'))
+                    # the posts handed to their key's owner: each counted by the worker that took it
+                    # (answered) and by the one that stored it (served)
+                    handed = metric(text, 'neotask_handoffs_total{result="answered"}')
+                    assert handed == metric(text, "neotask_handoffs_served_total") > 0, text
                 assert totals == {users}, (totals, users)
 
                 # /readyz and /v1/admin/config name every worker and the leader, whichever answers
@@ -232,8 +236,8 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
                 assert status.returncode == 0 and said.count("worker ") == 2 and said.count(", leader") == 1, said
             assert await gw.stop(timeout=60) == 0  # the workers' last lines logged
         assert len(acked) == 90
-        # the posts answered whole went to their key's owner: each worker says at shutdown how many it
-        # handed over and stored for the other, and the two agree
+        # the posts went to their key's owner: each worker says at shutdown how many it handed over
+        # and stored for the other, and the two agree
         log_text = (tmp_path / "home" / "logs" / "gateway.log").read_text()
         counts = _HANDOFF.findall(log_text)
         assert len(counts) == 2, log_text[-3000:]
