@@ -209,6 +209,7 @@ class HandoffServer:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._serving: set[asyncio.Task[None]] = set()  # the connections being read
         self._closing = False
         self.handled = 0  # posts run for other workers (tests, and what /metrics may show)
 
@@ -227,6 +228,9 @@ class HandoffServer:
             writer.close()
             return
         self._writers.add(writer)
+        serving = asyncio.current_task()
+        if serving is not None:
+            self._serving.add(serving)
         sender = _Sender(writer)
         frames = _Frames(reader)
         loop = asyncio.get_running_loop()
@@ -243,6 +247,8 @@ class HandoffServer:
             pass  # the other worker went away (or closed: it connects again when it needs to)
         finally:
             self._writers.discard(writer)
+            if serving is not None:
+                self._serving.discard(serving)
             if not self._closing:
                 writer.close()
 
@@ -286,6 +292,8 @@ class HandoffServer:
                 await writer.drain()
             writer.close()
         self._writers.clear()
+        if self._serving:  # each connection's reader sees its end (a loop ending first cancels them: a traceback)
+            await asyncio.wait(list(self._serving), timeout=CLOSE_S)
 
 
 _Sink = asyncio.Future[dict[str, Any]] | asyncio.Queue[dict[str, Any] | BaseException]
