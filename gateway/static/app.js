@@ -31,7 +31,10 @@ function route() {
   unmount();
   unmount = () => {};
   const { parts, query } = parseHash();
-  const [section, arg] = parts;
+  const [section] = parts;
+  // a session key or run id is the rest of the path: a key may hold "/", and a link whose %2F a
+  // tool unescaped (yarl, some chat clients) still opens its session
+  const arg = parts.slice(1).join("/");
   for (const link of document.querySelectorAll(".nav a")) {
     link.setAttribute("aria-current", String(link.dataset.section === (OWN_SECTIONS.includes(section) ? section : "sessions")));
   }
