@@ -157,8 +157,8 @@ async def collect_sets(root: Path, sizes: Sequence[int], embedder: Embedder, *, 
         (f"conversation-{n}", functools.partial(build_conversations, chunks=n)) for n in sizes
     ]
     builders += [
-        ("notes", functools.partial(notes_questions, days=20 if quick else 60)),
-        ("japanese", functools.partial(build_japanese, filler_sessions=2 if quick else 6)),
+        ("notes", functools.partial(notes_questions, days=8 if quick else 60)),
+        ("japanese", functools.partial(build_japanese, filler_sessions=1 if quick else 6)),
     ]
     try:
         return [await collect(name, root, build, embedder) for name, build in builders]

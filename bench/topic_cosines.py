@@ -13,7 +13,7 @@ question's **best cosine** is its highest over its own memory. For each threshol
 the share of answerable and of unanswerable questions whose best cosine is below ``t`` (what a
 rule "refuse below t" would refuse). Sets: REALTALK (697 answerable, its 95 unanswerable questions
 of ``realtalk.unanswerable``), conversation-1000 and the English notes (their off-topic questions);
-``--quick``: two chats and conversation-100 (a smoke run).
+``--quick``: two chats and conversation-100, at most 64 paragraphs and questions each (a smoke run).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from bench.retrieval import realtalk
 from bench.retrieval.conversations import build_conversations
 from memory.embedders import E5Embedder, Embedder, SentenceTransformerEmbedder, query_vector
 
+QUICK = 64  # --quick: at most this many paragraphs, and questions of each kind, per memory
 Memory = tuple[list[str], list[str], list[str]]  # paragraphs, answerable questions, unanswerable ones
 
 
@@ -56,8 +57,8 @@ def memories(data: Path | None, root: Path, *, quick: bool) -> dict[str, list[Me
     out["conversation-100" if quick else "conversation-1000"] = [
         (_paragraphs(root / "conversation"), [q.text for q in qs if q.evidence], [q.text for q in qs if not q.evidence])
     ]
-    if quick:
-        return out
+    if quick:  # a smoke run: the first paragraphs and questions are enough to go through every step
+        return {name: [(p[:QUICK], a[:QUICK], u[:QUICK]) for p, a, u in sets] for name, sets in out.items()}
     qs = [q for q in notes_questions(root / "notes") if q.lang == "en"]
     out["notes"] = [
         (_paragraphs(root / "notes"), [q.text for q in qs if q.evidence], [q.text for q in qs if not q.evidence])
