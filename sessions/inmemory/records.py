@@ -25,6 +25,10 @@ class MemoryRecords:
     # -- deliveries and idempotency records -------------------------------------------------------
 
     async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
+        return self._delivery(key, client_message_id, since)
+
+    def _delivery(self, key: str, client_message_id: str, since: str) -> Delivery | None:
+        """The message ``client_message_id`` delivered on ``key``'s active run at or after ``since``."""
         run = self.active_run(key)
         if run is None:
             return None
@@ -46,14 +50,7 @@ class MemoryRecords:
         found = self.data.idempotency.get((key, client_message_id))
         if found is not None and found.created_at >= since:
             return PriorDelivery(found.run_id, found.seq, found.response)
-        run = self.active_run(key)
-        if run is None:
-            return None
-        deliveries = RunDeliveries(scanned=True)
-        for record in self.data.runs[run.run_id].messages:
-            if "client_message_id" in record or "reply_to" in record:
-                deliveries.add(record)
-        delivered = deliveries.find(run.run_id, client_message_id, since)
+        delivered = self._delivery(key, client_message_id, since)
         return None if delivered is None else prior_of(delivered)
 
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
