@@ -26,6 +26,29 @@ settings.load_profile("neotask")
 
 pytest_plugins = ["tests.support.fixtures", "tests.support.postgres"]
 
+
+def _lock_log_capture_against_threads() -> None:
+    """pytest's log capture walks ``logging``'s table of loggers when each test phase starts, without
+    ``logging``'s lock; a thread a test left behind (an embedder still importing its libraries, which
+    name their loggers as they load) adds to the table meanwhile, and the next test in that worker
+    failed with "dictionary changed size during iteration" (seen once in make test). The walk takes
+    the lock that ``logging.getLogger`` takes."""
+    import logging
+
+    from _pytest import logging as capture
+
+    enter = capture.catching_logs.__enter__
+    lock = logging._lock  # type: ignore[attr-defined]  # the module's RLock (3.11 to 3.13)
+
+    def locked_enter(self: Any) -> Any:
+        with lock:
+            return enter(self)
+
+    capture.catching_logs.__enter__ = locked_enter  # type: ignore[method-assign]
+
+
+_lock_log_capture_against_threads()
+
 # A callback that holds the loop longer than this fails the test. fsync, SQLite, LanceDB and model
 # work belong on their threads; done on the loop they take seconds here. Two kinds of time inside a
 # slow step are not counted, because they are not the code under test blocking its loop:
