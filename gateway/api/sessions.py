@@ -9,8 +9,9 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
+from config.chat_commands import parse_command
 from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, SessionNotFound
-from conversations.commands import model_name_problem, parse_command
+from conversations.commands import model_name_problem
 from conversations.queueing import QUEUE_MODES
 from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Post
