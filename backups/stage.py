@@ -125,10 +125,14 @@ def run_folders(home: Home, states: Iterable[str] = FOLDERS) -> list[Path]:
 def copy_tree(source: Path, target: Path) -> int:
     """Copy the files under ``source`` (temp files left out); a file that vanishes meanwhile is
     skipped. The number of files copied."""
+    return _copy_files((p for p in walk_files(source) if not _is_temp(p.name)), source, target)
+
+
+def _copy_files(files: Iterable[Path], source: Path, target: Path) -> int:
+    """Copy each file (under ``source``) to its place under ``target``, in order, owner-only; one
+    that vanished meanwhile is skipped. The number of files copied."""
     copied = 0
-    for path in walk_files(source):
-        if _is_temp(path.name):
-            continue
+    for path in files:
         dest = target / path.relative_to(source)
         _mkdir(dest.parent)
         try:
@@ -197,17 +201,7 @@ def copy_lance(source: Path, target: Path) -> int:
         return 0
     files = [p for p in walk_files(source) if not _is_temp(p.name)]
     files.sort(key=lambda p: (0 if "_versions" in p.parts else 1, str(p)))
-    copied = 0
-    for path in files:
-        dest = target / path.relative_to(source)
-        _mkdir(dest.parent)
-        try:
-            shutil.copyfile(path, dest)
-        except FileNotFoundError:
-            continue
-        os.chmod(dest, 0o600)
-        copied += 1
-    return copied
+    return _copy_files(files, source, target)
 
 
 def write_sessions(stage: Home, encoded: Mapping[str, str]) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from channels.protocol import ChatType, Inbound, Revision, Target
 from config.channels import DiscordAccount
-from conversations.commands import parse_command
+from config.chat_commands import parse_command
 
 CHANNEL = "discord"
 

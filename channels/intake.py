@@ -33,11 +33,12 @@ from channels.registry import PLATFORMS, Account, Platform, configured, load_sdk
 from channels.store import ChannelStore, OutboxRow
 from channels.throttle import Throttle
 from config.channels import ChannelsSettings
+from config.chat_commands import parse_command
 from config.clock import Clock, iso
 from config.errors import NeotaskError, NotFound, SessionPaused, ShuttingDown
 from config.redaction import SECRETS
 from config.settings import Settings
-from conversations.commands import Commands, commands_in, dispatch, parse_command
+from conversations.commands import Commands, commands_in, dispatch
 from conversations.turns import Conversations, Outcome, Post
 from sessions.keys import DmScope, Ingress, route
 from sessions.records import NewMessage

@@ -9,66 +9,49 @@ from __future__ import annotations
 
 import re
 
+from channels.markdown import FENCE, Stash, render_line
 from channels.telegram_format import split as _split
 
 SLACK_LIMIT = 4000  # characters of one message's text (Slack truncates past 40,000; 4,000 reads well)
 
-_FENCE = re.compile(r"^\s*```")
 _CODE = re.compile(r"`[^`\n]+`")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)(.*?\S)\1")
 _ITALIC = re.compile(r"(?<![\w*])\*(?=[^\s*])([^*\n]*?[^\s*])\*(?![\w*])")
 _STRIKE = re.compile(r"~~(?=\S)(.*?\S)~~")
 _LINK = re.compile(r"\[([^\[\]\n]+)\]\((https?://[^\s()<>]+)\)")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
-_BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 
 
 def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _link(match: re.Match[str]) -> str:
+    return f"<{match.group(2)}|{escape(match.group(1)).replace('|', '¦')}>"
+
+
 def _inline(text: str) -> str:
-    codes: list[str] = []
-
-    def keep(match: re.Match[str]) -> str:
-        codes.append(escape(match.group(0)))
-        return f"\x00{len(codes) - 1}\x00"
-
-    text = _CODE.sub(keep, text.replace("\x00", ""))
-    links: list[str] = []
-
-    def link(match: re.Match[str]) -> str:
-        links.append(f"<{match.group(2)}|{escape(match.group(1)).replace('|', '¦')}>")
-        return f"\x01{len(links) - 1}\x01"
-
-    text = _LINK.sub(link, text)
-    out = escape(text)
+    codes, links = Stash("\x00"), Stash("\x01")
+    text = codes.take(_CODE, text.replace("\x00", ""), lambda m: escape(m.group(0)))
+    out = escape(links.take(_LINK, text, _link))
     out = _ITALIC.sub(r"_\1_", out)
     out = _BOLD.sub(r"*\2*", out)
     out = _STRIKE.sub(r"~\1~", out)
-    out = re.sub(r"\x01(\d+)\x01", lambda m: links[int(m.group(1))], out)
-    return re.sub(r"\x00(\d+)\x00", lambda m: codes[int(m.group(1))], out)
+    return codes.put_back(links.put_back(out))
+
+
+def _bold(text: str) -> str:
+    return f"*{text}*"
 
 
 def to_mrkdwn(markdown: str) -> str:
     out: list[str] = []
     in_fence = False
     for line in markdown.split("\n"):
-        if _FENCE.match(line):
+        if FENCE.match(line):
             in_fence = not in_fence
             out.append("```")
-            continue
-        if in_fence:
-            out.append(escape(line))
-            continue
-        heading = _HEADING.match(line)
-        bullet = _BULLET.match(line)
-        if heading:
-            out.append(f"*{_inline(heading.group(1))}*")
-        elif bullet and not line.lstrip().startswith("**"):
-            out.append(f"{bullet.group(1)}• {_inline(bullet.group(2))}")
         else:
-            out.append(_inline(line))
+            out.append(escape(line) if in_fence else render_line(line, _inline, _bold))
     if in_fence:
         out.append("```")
     return "\n".join(out)

@@ -17,19 +17,18 @@ import html
 import re
 from collections.abc import Callable
 
+from channels.markdown import FENCE as _FENCE
+from channels.markdown import Stash, render_line
+
 TELEGRAM_LIMIT = 4096  # characters (UTF-16 code units) of one message's text
 
-_FENCE = re.compile(r"^\s*```")
 _INLINE_CODE = re.compile(r"`([^`\n]+)`")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)([^<>\n]*?\S)\1")
 _ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=[^\s*])([^<>*\n]*?[^\s*])\*(?![\w*])")
 _ITALIC_UNDERSCORE = re.compile(r"(?<![\w_])_(?=[^\s_])([^<>_\n]*?[^\s_])_(?![\w_])")
 _STRIKE = re.compile(r"~~(?=\S)([^<>\n]*?\S)~~")
 _LINK = re.compile(r"\[([^\[\]<>\n]+)\]\((https?://[^\s()<>\"]+|tg://[^\s()<>\"]+)\)")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
-_BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 _QUOTE = re.compile(r"^\s{0,3}&gt;\s?(.*)$")
-_PLACEHOLDER = "\x00{}\x00"
 _TAG = re.compile(r"<[^>]+>")
 
 
@@ -44,30 +43,27 @@ def _link(match: re.Match[str]) -> str:
 
 def _inline(text: str) -> str:
     """One line (or paragraph) of Markdown outside code blocks, escaped, with inline formatting."""
-    codes: list[str] = []
-
-    def keep_code(match: re.Match[str]) -> str:
-        codes.append(f"<code>{html.escape(match.group(1), quote=False)}</code>")
-        return _PLACEHOLDER.format(len(codes) - 1)
-
-    text = _INLINE_CODE.sub(keep_code, text.replace("\x00", ""))
+    codes = Stash("\x00")
+    text = codes.take(_INLINE_CODE, text.replace("\x00", ""), _code)
     out = html.escape(text, quote=False)
     out = _BOLD.sub(r"<b>\2</b>", out)
     out = _STRIKE.sub(r"<s>\1</s>", out)
     out = _ITALIC_STAR.sub(r"<i>\1</i>", out)
     out = _ITALIC_UNDERSCORE.sub(r"<i>\1</i>", out)
     out = _LINK.sub(_link, out)
-    return re.sub(r"\x00(\d+)\x00", lambda m: codes[int(m.group(1))], out)
+    return codes.put_back(out)
+
+
+def _code(match: re.Match[str]) -> str:
+    return f"<code>{html.escape(match.group(1), quote=False)}</code>"
+
+
+def _bold(text: str) -> str:
+    return f"<b>{text}</b>"
 
 
 def _line(line: str) -> str:
-    heading = _HEADING.match(line)
-    if heading:
-        return f"<b>{_inline(heading.group(1))}</b>"
-    bullet = _BULLET.match(line)
-    if bullet and not line.lstrip().startswith("**"):
-        return f"{bullet.group(1)}• {_inline(bullet.group(2))}"
-    return _inline(line)
+    return render_line(line, _inline, _bold)
 
 
 def to_html(markdown: str) -> str:

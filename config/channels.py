@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from config.chat_commands import COMMAND_NAMES, SETTINGS_COMMANDS
 
@@ -32,6 +32,31 @@ def _ids_as_text(value: Any) -> Any:
     return value
 
 
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
+    return value
+
+
+_A = TypeVar("_A", bound=BaseModel)
+
+
+def _named(accounts: dict[str, _A]) -> dict[str, _A]:
+    """Account names go into URLs (``/hooks/telegram/<name>``) and status: one grammar for every platform."""
+    for name in accounts:
+        if not _ACCOUNT.match(name):
+            raise ValueError(
+                f"account name {name!r} must be letters, digits and _ . @ + - only (it is the last segment of "
+                f"the webhook route /hooks/<platform>/<name>, which '/' and '#' would break)"
+            )
+    return accounts
+
+
+Ids = Annotated[tuple[str, ...], BeforeValidator(_ids_as_text)]  # user (or server) ids, numbers taken as text
+EnvName = Annotated[str, AfterValidator(_env_name)]  # where a secret comes from: the variable's name
+Accounts = Annotated[dict[str, _A], AfterValidator(_named)]  # a platform's accounts by name
+
+
 class CommandAccess(_Model):
     """Who may run the chat commands that change a session's settings (``restricted``; ``/model``
     with a name: without one it only shows the model): the owners (the account's ``allow_from``)
@@ -39,13 +64,8 @@ class CommandAccess(_Model):
     own (``session.dm_scope`` per-peer or per-channel-peer, or a stranger under ``open`` and
     ``pairing``). Anyone else is answered with a short refusal, and nothing runs."""
 
-    allow_from: tuple[str, ...] = ()
+    allow_from: Ids = ()
     restricted: tuple[str, ...] = SETTINGS_COMMANDS
-
-    @field_validator("allow_from", mode="before")
-    @classmethod
-    def _admins_as_text(cls, value: Any) -> Any:
-        return _ids_as_text(value)
 
     @field_validator("restricted")
     @classmethod
@@ -69,32 +89,33 @@ def _http_url(value: str | None, example: str) -> str | None:
     return value
 
 
-class TelegramAccount(_Model):
+class ChatAccount(_Model):
+    """What every platform's account has: the agent it posts to, whether it runs, who may talk to
+    it in a direct chat (``dm_policy``; ``allow_from``: the owners), whether a group message must
+    mention it to be answered (and whether one that does not is stored), how long a pairing code
+    is good, and who may run the restricted chat commands."""
+
+    agent: str = "main"
+    enabled: bool = True
+    dm_policy: DmPolicy = "allowlist"
+    allow_from: Ids = ()
+    require_mention: bool = True
+    store_unmentioned: bool = False
+    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
+    commands: CommandAccess = CommandAccess()
+
+
+class TelegramAccount(ChatAccount):
     """One Telegram bot. ``mode``: ``polling`` (long polling, no public URL needed) or ``webhook``
     (Telegram POSTs each update to ``webhook_url``, which must reach the daemon's
     ``/hooks/telegram/<account>``; every call must carry the secret from ``webhook_secret_env``)."""
 
-    token_env: str = "TELEGRAM_BOT_TOKEN"
+    token_env: EnvName = "TELEGRAM_BOT_TOKEN"
     api_base: str | None = None  # e.g. http://127.0.0.1:8081 for a self-hosted Bot API server
-    agent: str = "main"
-    enabled: bool = True
     mode: Literal["polling", "webhook"] = "polling"
     webhook_url: str | None = None
-    webhook_secret_env: str | None = None
-    dm_policy: DmPolicy = "allowlist"
-    allow_from: tuple[str, ...] = ()
-    require_mention: bool = True
-    store_unmentioned: bool = False
+    webhook_secret_env: EnvName | None = None
     poll_timeout_s: int = Field(25, ge=0, le=50)
-    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
-    commands: CommandAccess = CommandAccess()
-
-    @field_validator("token_env", "webhook_secret_env")
-    @classmethod
-    def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.match(value):
-            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
-        return value
 
     @field_validator("api_base")
     @classmethod
@@ -115,59 +136,23 @@ class TelegramAccount(_Model):
             )
         return self
 
-    @field_validator("allow_from", mode="before")
-    @classmethod
-    def _owners_as_text(cls, value: Any) -> Any:
-        return _ids_as_text(value)
-
-
-def _check_names(accounts: dict[str, Any]) -> None:
-    """Account names go into URLs (``/hooks/telegram/<name>``) and status: one grammar for both platforms."""
-    for name in accounts:
-        if not _ACCOUNT.match(name):
-            raise ValueError(
-                f"account name {name!r} must be letters, digits and _ . @ + - only (it is the last segment of "
-                f"the webhook route /hooks/<platform>/<name>, which '/' and '#' would break)"
-            )
-
 
 class TelegramSettings(_Model):
-    accounts: dict[str, TelegramAccount] = {}
-
-    @field_validator("accounts")
-    @classmethod
-    def _account_names(cls, value: dict[str, TelegramAccount]) -> dict[str, TelegramAccount]:
-        _check_names(value)
-        return value
+    accounts: Accounts[TelegramAccount] = {}
 
 
-class SlackAccount(_Model):
+class SlackAccount(ChatAccount):
     """One Slack app: ``mode`` ``socket`` (Socket Mode, no public URL needed; the app-level token,
     ``xapp-`` with ``connections:write``, opens the socket) or ``events`` (the Events API: Slack
     POSTs to ``/hooks/slack/<account>``, each call signed with the signing secret). The bot token
     (``xoxb-``) calls the Web API either way."""
 
-    bot_token_env: str = "SLACK_BOT_TOKEN"
-    app_token_env: str = "SLACK_APP_TOKEN"
+    bot_token_env: EnvName = "SLACK_BOT_TOKEN"
+    app_token_env: EnvName = "SLACK_APP_TOKEN"
     api_base: str | None = None  # e.g. https://slack-gov.com/api/ for GovSlack; null: https://slack.com/api/
-    agent: str = "main"
-    enabled: bool = True
     mode: Literal["socket", "events"] = "socket"
-    signing_secret_env: str | None = None  # mode events: the app's signing secret
-    dm_policy: DmPolicy = "allowlist"
-    allow_from: tuple[str, ...] = ()
-    require_mention: bool = True
-    store_unmentioned: bool = False
+    signing_secret_env: EnvName | None = None  # mode events: the app's signing secret
     reply_in_thread: bool = False  # a mention at a channel's top level is answered in a thread of its own
-    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
-    commands: CommandAccess = CommandAccess()
-
-    @field_validator("bot_token_env", "app_token_env", "signing_secret_env")
-    @classmethod
-    def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.match(value):
-            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
-        return value
 
     @field_validator("api_base")
     @classmethod
@@ -182,51 +167,25 @@ class SlackAccount(_Model):
 
 
 class SlackSettings(_Model):
-    accounts: dict[str, SlackAccount] = {}
-
-    @field_validator("accounts")
-    @classmethod
-    def _account_names(cls, value: dict[str, SlackAccount]) -> dict[str, SlackAccount]:
-        _check_names(value)
-        return value
+    accounts: Accounts[SlackAccount] = {}
 
 
-class DiscordAccount(_Model):
+class DiscordAccount(ChatAccount):
     """One Discord bot (an application's bot user) over the gateway: REST calls go to ``api_base``
     (null: Discord's own ``/api/v10``), and the gateway's URL is what ``GET {api_base}/gateway/bot``
     answers, so a proxy (or a test server) can stand in for both. ``guilds``: the servers (guild
     ids) where it answers in channels (empty: every server it is in); direct messages are governed
     by ``dm_policy`` alone."""
 
-    token_env: str = "DISCORD_TOKEN"
+    token_env: EnvName = "DISCORD_TOKEN"
     api_base: str | None = None  # null: https://discord.com/api/v10
-    agent: str = "main"
-    enabled: bool = True
     mode: Literal["gateway"] = "gateway"
-    dm_policy: DmPolicy = "allowlist"
-    allow_from: tuple[str, ...] = ()
-    require_mention: bool = True
-    store_unmentioned: bool = False
-    guilds: tuple[str, ...] = ()
-    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
-    commands: CommandAccess = CommandAccess()
-
-    @field_validator("token_env")
-    @classmethod
-    def _env_name(cls, value: str) -> str:
-        if not _ENV_NAME.match(value):
-            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
-        return value
+    guilds: Ids = ()
 
     @field_validator("api_base")
     @classmethod
     def _api_url(cls, value: str | None) -> str | None:
         return _http_url(value, "https://discord.com/api/v10")
-
-    @field_validator("allow_from", "guilds", mode="before")
-    @classmethod
-    def _snowflakes_as_text(cls, value: Any) -> Any:
-        return _ids_as_text(value)
 
     @field_validator("allow_from", "guilds")
     @classmethod
@@ -239,19 +198,13 @@ class DiscordAccount(_Model):
 
 
 class DiscordSettings(_Model):
-    accounts: dict[str, DiscordAccount] = {}
-
-    @field_validator("accounts")
-    @classmethod
-    def _account_names(cls, value: dict[str, DiscordAccount]) -> dict[str, DiscordAccount]:
-        _check_names(value)
-        return value
+    accounts: Accounts[DiscordAccount] = {}
 
 
 _MATRIX_USER = re.compile(r"^@[^:\s]+:[^\s]+$")
 
 
-class MatrixAccount(_Model):
+class MatrixAccount(ChatAccount):
     """One Matrix bot user on a homeserver, over the client-server API's ``/sync`` (no public URL
     needed). ``user_id``: the bot's full id (``@bot:example.org``); its access token comes from
     ``access_token_env``. Rooms: a room the inviter marked direct (``is_direct``) is a direct chat;
@@ -259,26 +212,12 @@ class MatrixAccount(_Model):
 
     homeserver: str
     user_id: str
-    access_token_env: str = "MATRIX_ACCESS_TOKEN"
-    agent: str = "main"
-    enabled: bool = True
+    access_token_env: EnvName = "MATRIX_ACCESS_TOKEN"
     mode: Literal["sync"] = "sync"
-    dm_policy: DmPolicy = "allowlist"
-    allow_from: tuple[str, ...] = ()
-    require_mention: bool = True
-    store_unmentioned: bool = False
+    allow_from: tuple[str, ...] = ()  # Matrix ids are text (@alice:example.org): no number to take as text
     sync_timeout_s: int = Field(30, ge=0, le=120)
-    pairing_code_lifetime_s: int = PAIRING_CODE_LIFETIME_S
-    commands: CommandAccess = CommandAccess()
     encryption: bool | None = None  # end-to-end encryption; None: on when matrix-nio's e2e extra is installed
     undecryptable: Literal["notice", "ignore"] = "notice"  # an encrypted message without its key
-
-    @field_validator("access_token_env")
-    @classmethod
-    def _env_name(cls, value: str) -> str:
-        if not _ENV_NAME.match(value):
-            raise ValueError(f"{value!r} is not an environment variable name; write the name, never the token")
-        return value
 
     @field_validator("homeserver")
     @classmethod
@@ -305,13 +244,7 @@ class MatrixAccount(_Model):
 
 
 class MatrixSettings(_Model):
-    accounts: dict[str, MatrixAccount] = {}
-
-    @field_validator("accounts")
-    @classmethod
-    def _account_names(cls, value: dict[str, MatrixAccount]) -> dict[str, MatrixAccount]:
-        _check_names(value)
-        return value
+    accounts: Accounts[MatrixAccount] = {}
 
 
 class OutboxSettings(_Model):

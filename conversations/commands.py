@@ -5,20 +5,17 @@ and never reach the model; every command answers 200, an unknown one with help."
 from __future__ import annotations
 
 import json
-import re
 import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from config.chat_commands import ALIASES, CHAT_COMMANDS
+from config.chat_commands import ALIASES, CHAT_COMMANDS, parse_command
 from conversations.hooks import CommandHooks, NextReset
 from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
 from sessions.compactor import SummaryResult
 from sessions.records import RunState
 from sessions.thresholds import compaction_threshold
-
-_NAME = re.compile(r"^/([^\W\d_][\w-]*)$")
 
 HELP = {c.name: c.help_line for c in CHAT_COMMANDS}
 CONTINUING = ("new", "reset")  # the text after these is posted as the next message (maybe a command)
@@ -38,29 +35,6 @@ def model_name_problem(name: str) -> str | None:
         return "A model name cannot hold control characters (NUL, tab, line breaks)."
     return None
 Handler = Callable[["CommandCall"], Awaitable[Outcome]]
-
-
-def parse_command(text: str) -> tuple[str, str] | None:
-    """``("compact", "focus on decisions")`` for ``/compact focus on decisions``; None when the
-    text is not a command (``/path/to/file`` is not). The command word is NFKC-normalised, so a
-    full-width slash and letters typed with an IME (U+FF0F, U+FF53...) make ``/status``; a name in
-    any script is a command (an unknown one is answered with the help)."""
-    first = text.lstrip()[:1]
-    if first.isascii() and first != "/":  # NFKC leaves a leading ASCII character first: no command
-        return None
-    return parse_command_fully(text)
-
-
-def parse_command_fully(text: str) -> tuple[str, str] | None:
-    """``parse_command`` without its shortcut for a leading ASCII character (what the shortcut is
-    tested against)."""
-    parts = text.strip().split(maxsplit=1)
-    if not parts:
-        return None
-    match = _NAME.match(unicodedata.normalize("NFKC", parts[0]))
-    if match is None:
-        return None
-    return match.group(1).casefold(), (parts[1] if len(parts) > 1 else "").strip()
 
 
 def commands_in(text: str) -> list[tuple[str, str]]:

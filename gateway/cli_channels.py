@@ -127,16 +127,25 @@ def cmd_pairings(ctx: Context) -> int:
     return 0
 
 
-def cmd_approve(ctx: Context) -> int:
+def _decide(ctx: Context, action: str, offline: Callable[[ChannelStore], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """Approve or revoke ``ctx.args.code``: through the running daemon's API (``/v1/channels/<action>``),
+    or, with none, ``offline`` on ``channels.db`` under the home lock. The pairing's body either way."""
     normalized(ctx.args.code)  # refused before anything is opened
     client = ctx.client()
     if client is not None:
-        body = client.post("/v1/channels/approve", {"code": ctx.args.code})
-    else:
-        if (missing := _no_code(ctx, ctx.args.code)) is not None:
-            raise missing
-        pairing = _on_store(ctx, lambda store: store.approve(ctx.args.code, system_clock()))
-        body = {**pairing.as_json(system_clock()), "notified": pairing.welcomed_at is not None}
+        body: dict[str, Any] = client.post(f"/v1/channels/{action}", {"code": ctx.args.code})
+        return body
+    if (missing := _no_code(ctx, ctx.args.code)) is not None:
+        raise missing
+    return _on_store(ctx, offline)
+
+
+def cmd_approve(ctx: Context) -> int:
+    async def approve(store: ChannelStore) -> dict[str, Any]:
+        pairing = await store.approve(ctx.args.code, system_clock())
+        return {**pairing.as_json(system_clock()), "notified": pairing.welcomed_at is not None}
+
+    body = _decide(ctx, "approve", approve)
     if ctx.as_json:
         ctx.print_json(body)
         return 0
@@ -148,15 +157,10 @@ def cmd_approve(ctx: Context) -> int:
 
 
 def cmd_revoke(ctx: Context) -> int:
-    normalized(ctx.args.code)
-    client = ctx.client()
-    if client is not None:
-        body = client.post("/v1/channels/revoke", {"code": ctx.args.code})
-    else:
-        if (missing := _no_code(ctx, ctx.args.code)) is not None:
-            raise missing
-        pairing = _on_store(ctx, lambda store: store.revoke(ctx.args.code))
-        body = {**pairing.as_json(system_clock()), "revoked": True}
+    async def revoke(store: ChannelStore) -> dict[str, Any]:
+        return {**(await store.revoke(ctx.args.code)).as_json(system_clock()), "revoked": True}
+
+    body = _decide(ctx, "revoke", revoke)
     if ctx.as_json:
         ctx.print_json(body)
         return 0

@@ -92,6 +92,13 @@ def ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+def page(name: str, items: str, item: Answer) -> Answer:
+    """The answer of a listing's page: ``items``, a list of ``item``, and ``next_cursor``, what the
+    next page's ``cursor`` is (null on the last page)."""
+    listed: Schema = {"type": "array", "items": item.ref}
+    return Answer(name, {"type": "object", "properties": {items: listed, "next_cursor": NULLABLE_STR}}, parts=(item,))
+
+
 OBJECT = Answer("Object", OBJ)
 
 

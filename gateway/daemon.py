@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -178,64 +179,16 @@ async def _serve(
     role: WorkerRole | None = None,
 ) -> int:
     home = Home(config.home)
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-
-    timeout = config.settings.gateway.shutdown_timeout_s
     app = create_app(config, clock=system_clock, env=env)  # nothing opens before runner.setup()
-    handoff: Handoff | None = None
-    if role is not None:  # a reload through the API reaches every worker
-        fleet = app[reload.RELOADS].fleet = Fleet.of(home.root, role.index, config.settings.gateway.workers)
-        if config.settings.gateway.key_handoff and fleet.count > 1:  # a key's posts go to the worker owning it
-            handoff = app[K.HANDOFF] = Handoff(home.root, fleet.supervisor, fleet.index, fleet.count,
-                                               lambda post, on_delta: _run_handed(app, post, on_delta),
-                                               lambda result: app[K.METRICS].handoff(result))  # fmt: skip
-            app.on_shutdown.append(_stop_taking_posts)  # after the turns are stopped, before the store closes
-
-    def on_signal(signum: int) -> None:
-        if stop.is_set():
-            log.info("%s again: already shutting down", signal.Signals(signum).name)
-            return
-        log.info("%s: shutting down", signal.Signals(signum).name)
-        stop.set()
-        if role is None:
-            systemd.stopping(env)
-        _watchdog(home, timeout - WATCHDOG_MARGIN_S, worker=role is not None)
-
-    async def hangup() -> None:
-        notifying = role is None and bool(url)  # READY=1 only once it listens
-        if notifying:
-            systemd.reloading(env)
-        try:
-            await asyncio.to_thread(reopen_log)
-            log.info("SIGHUP: log file reopened; reloading the configuration")
-            await reload.on_hangup(app)
-        finally:
-            if notifying and not stop.is_set():
-                systemd.ready(env, url)
-
-    hangups: set[asyncio.Task[None]] = set()
-
-    def on_hangup() -> None:
-        task = loop.create_task(hangup())
-        hangups.add(task)
-        task.add_done_callback(hangups.discard)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    loop.add_signal_handler(signal.SIGHUP, on_hangup)  # its default action would end the process
-
-    url = ""  # where it listens, once it does (a SIGHUP before is no reload to report)
+    handoff = _join_fleet(app, home, config, role)
+    signals = _Signals(app, home, env, reopen_log, role, stop, config.settings.gateway.shutdown_timeout_s)
+    signals.install(asyncio.get_running_loop())
     runner = _runner(app, config)
     try:
-        try:
-            await runner.setup()  # cleanup contexts open here: the store recovers every active run
-        except (DamagedState, DatabaseRefused) as exc:
-            log.error("cannot start: %s", exc.message)
-            return EXIT_STATE
-        except ConfigError as exc:  # checked before start already; a check made while building
-            log.error("cannot start: %s", exc.message)
-            return exits.CONFIG
+        failed = await _setup(runner)
+        if failed is not None:
+            return failed
         if handoff is not None:
             await handoff.start()
         site = GuardedSite(runner, host, port, app[GUARD], reuse_port=role is not None)
@@ -245,7 +198,7 @@ async def _serve(
             log.error("cannot listen on %s port %d: %s", host, port, exc.strerror or exc)
             return EXIT_FAILED
         bound_port = _bound_port(runner.addresses, port)
-        url = url_for(host, bound_port)
+        signals.url = url_for(host, bound_port)
         await _announce(config, home, host, bound_port, env, role)
         settle_heap()  # start-up is done (and timed): the collector stops walking what it made
         if role is not None:  # the other workers read this worker's counts and status
@@ -259,6 +212,84 @@ async def _serve(
             await asyncio.to_thread(_remove, home.gateway_json)
     log.info("stopped" if status == 0 else "stopped without saving everything")
     return status
+
+
+def _join_fleet(app: web.Application, home: Home, config: LoadedConfig, role: WorkerRole | None) -> Handoff | None:
+    """A worker of several: a reload through the API reaches every worker, and (``key_handoff``)
+    a key's posts go to the worker owning it, through the handoff this returns."""
+    if role is None:
+        return None
+    fleet = app[reload.RELOADS].fleet = Fleet.of(home.root, role.index, config.settings.gateway.workers)
+    if not (config.settings.gateway.key_handoff and fleet.count > 1):
+        return None
+    handoff = app[K.HANDOFF] = Handoff(home.root, fleet.supervisor, fleet.index, fleet.count,
+                                       lambda post, on_delta: _run_handed(app, post, on_delta),
+                                       lambda result: app[K.METRICS].handoff(result))  # fmt: skip
+    app.on_shutdown.append(_stop_taking_posts)  # after the turns are stopped, before the store closes
+    return handoff
+
+
+async def _setup(runner: web.AppRunner) -> int | None:
+    """Open the app (its cleanup contexts: the store recovers every active run); the exit status
+    when it cannot start, else None."""
+    try:
+        await runner.setup()
+    except (DamagedState, DatabaseRefused) as exc:
+        log.error("cannot start: %s", exc.message)
+        return EXIT_STATE
+    except ConfigError as exc:  # checked before start already; a check made while building
+        log.error("cannot start: %s", exc.message)
+        return exits.CONFIG
+    return None
+
+
+@dataclass
+class _Signals:
+    """The daemon's signal handlers: SIGTERM and SIGINT shut it down (a second one is logged and
+    ignored), SIGHUP reopens the log file and reloads the configuration (its default action would
+    end the process). ``url``: where it listens, once it does (a SIGHUP before is no reload to report)."""
+
+    app: web.Application
+    home: Home
+    env: Mapping[str, str]
+    reopen_log: Callable[[], None]
+    role: WorkerRole | None
+    stop: asyncio.Event
+    timeout_s: float
+    url: str = ""
+    _hangups: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_stop, signum)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hangup, loop)
+
+    def _on_stop(self, signum: int) -> None:
+        if self.stop.is_set():
+            log.info("%s again: already shutting down", signal.Signals(signum).name)
+            return
+        log.info("%s: shutting down", signal.Signals(signum).name)
+        self.stop.set()
+        if self.role is None:
+            systemd.stopping(self.env)
+        _watchdog(self.home, self.timeout_s - WATCHDOG_MARGIN_S, worker=self.role is not None)
+
+    def _on_hangup(self, loop: asyncio.AbstractEventLoop) -> None:
+        task = loop.create_task(self._hangup())
+        self._hangups.add(task)
+        task.add_done_callback(self._hangups.discard)
+
+    async def _hangup(self) -> None:
+        notifying = self.role is None and bool(self.url)  # READY=1 only once it listens
+        if notifying:
+            systemd.reloading(self.env)
+        try:
+            await asyncio.to_thread(self.reopen_log)
+            log.info("SIGHUP: log file reopened; reloading the configuration")
+            await reload.on_hangup(self.app)
+        finally:
+            if notifying and not self.stop.is_set():
+                systemd.ready(self.env, self.url)
 
 
 async def _stop_taking_posts(app: web.Application) -> None:

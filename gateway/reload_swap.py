@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -52,6 +52,40 @@ def _ours(obj: Any) -> bool:
     return type(obj).__module__.split(".", 1)[0] in PROJECT
 
 
+Put = Callable[[Any], None]  # replaces the reference a slot holds
+
+
+def _references(obj: Any) -> Iterator[tuple[Any, Put | None]]:
+    """What ``obj`` refers to, each with how to replace that reference (None: it is only walked
+    further: a method's object and function, a partial's parts, a tuple's or a set's items)."""
+    if isinstance(obj, types.FunctionType):
+        for cell in obj.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            yield value, functools.partial(setattr, cell, "cell_contents")
+    elif isinstance(obj, types.MethodType):
+        yield obj.__self__, None
+        yield obj.__func__, None
+    elif isinstance(obj, functools.partial):
+        yield from ((part, None) for part in (obj.func, *obj.args, *obj.keywords.values()))
+    elif isinstance(obj, dict | list):
+        for slot, value in list(obj.items() if isinstance(obj, dict) else enumerate(obj)):
+            yield value, functools.partial(obj.__setitem__, slot)
+    elif isinstance(obj, (tuple, set, frozenset)):
+        yield from ((item, None) for item in obj)
+    elif _ours(obj):
+        names = getattr(obj, "__dict__", {})
+        slots = [s for cls in type(obj).__mro__ for s in getattr(cls, "__slots__", ())]
+        for name in [*names, *slots]:
+            try:
+                value = getattr(obj, name)
+            except AttributeError:
+                continue
+            yield value, functools.partial(object.__setattr__, obj, name)  # frozen dataclasses too
+
+
 def swap(roots: Iterable[Any], parts: Mapping_) -> int:
     """Point every reference under ``roots`` (objects of the project's packages, their
     containers, bound methods, partials and closures) at the new settings; how many changed."""
@@ -63,53 +97,11 @@ def swap(roots: Iterable[Any], parts: Mapping_) -> int:
         if id(obj) in seen or isinstance(obj, (BaseModel, str, bytes, int, float, type)):
             continue
         seen.add(id(obj))
-        if isinstance(obj, types.FunctionType):
-            for cell in obj.__closure__ or ():
-                try:
-                    value = cell.cell_contents
-                except ValueError:  # an empty cell
-                    continue
-                hit, new = _mapped(value, parts)
-                if hit:
-                    cell.cell_contents = new
-                    changed += 1
-                else:
-                    stack.append(value)
-        elif isinstance(obj, types.MethodType):
-            stack.append(obj.__self__)
-            stack.append(obj.__func__)
-        elif isinstance(obj, functools.partial):
-            stack.extend((obj.func, *obj.args, *obj.keywords.values()))
-        elif isinstance(obj, dict):
-            for key, value in list(obj.items()):
-                hit, new = _mapped(value, parts)
-                if hit:
-                    obj[key] = new
-                    changed += 1
-                else:
-                    stack.append(value)
-        elif isinstance(obj, list):
-            for index, value in enumerate(obj):
-                hit, new = _mapped(value, parts)
-                if hit:
-                    obj[index] = new
-                    changed += 1
-                else:
-                    stack.append(value)
-        elif isinstance(obj, (tuple, set, frozenset)):
-            stack.extend(obj)
-        elif _ours(obj):
-            names = getattr(obj, "__dict__", {})
-            slots = [s for cls in type(obj).__mro__ for s in getattr(cls, "__slots__", ())]
-            for name in [*names, *slots]:
-                try:
-                    value = getattr(obj, name)
-                except AttributeError:
-                    continue
-                hit, new = _mapped(value, parts)
-                if hit:
-                    object.__setattr__(obj, name, new)  # frozen dataclasses too
-                    changed += 1
-                else:
-                    stack.append(value)
+        for value, put in _references(obj):
+            hit, new = _mapped(value, parts) if put is not None else (False, None)
+            if hit and put is not None:
+                put(new)
+                changed += 1
+            else:
+                stack.append(value)
     return changed

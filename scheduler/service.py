@@ -63,8 +63,25 @@ class _Job:
     firings: deque[Firing] = field(default_factory=lambda: deque(maxlen=LAST_RUNS))
 
 
-def _daily_trigger(at_hour: int, zone: ZoneInfo) -> CronTrigger:
-    return CronTrigger(hour=at_hour, minute=0, second=0, timezone=zone)
+def _daily_job(
+    job_id: str, kind: JobKind, hour: int, zone: ZoneInfo, call: Callback, misfire_grace_s: float, guard: str = ""
+) -> _Job:
+    """A job once a day at ``hour``:00 in ``zone`` (the daily reset, the cleanup); its own guard
+    unless ``guard`` names a shared one."""
+    trigger = CronTrigger(hour=hour, minute=0, second=0, timezone=zone)
+    text = f"daily at {hour:02d}:00 {zone.key}"
+    return _Job(job_id, kind, guard or job_id, trigger, text, call, misfire_grace_s, fixed_hours=True, zone=zone)
+
+
+def _crontab_job(
+    job_id: str, kind: JobKind, expression: str, zone: ZoneInfo, call: Callback, misfire_grace_s: float
+) -> _Job:
+    """A job at the times of a crontab expression in ``zone`` (the backup, each cron job)."""
+    trigger = crontab_trigger(expression, zone)
+    text = f"cron {expression} {zone.key}"
+    return _Job(
+        job_id, kind, job_id, trigger, text, call, misfire_grace_s, fixed_hours=hours_fixed(expression), zone=zone
+    )
 
 
 class SchedulerService:
@@ -102,64 +119,16 @@ class SchedulerService:
         self._scheduled: set[asyncio.Task[Any]] = set()  # firings of the schedule under way
         self.gate: Gate | None = None
         self.ready = False
-        jobs: list[_Job] = []
-        if daily_reset is not None:
-            jobs.extend(self._daily_jobs(daily_reset, misfire_grace_s))
-        jobs.append(
-            _Job(
-                id="sweep",
-                kind="sweep",
-                guard="sweep",
-                trigger=None,
-                text=f"every {sweep_seconds:g}s",
-                call=sweep,
-                misfire_grace_s=sweep_seconds,
-                interval_s=sweep_seconds,
-            )
-        )
-        jobs.append(
-            _Job(
-                id="cleanup",
-                kind="cleanup",
-                guard="cleanup",
-                trigger=_daily_trigger(cleanup_at_hour, timezone),
-                text=f"daily at {cleanup_at_hour:02d}:00 {timezone.key}",
-                call=cleanup,
-                misfire_grace_s=misfire_grace_s,
-                fixed_hours=True,
-                zone=timezone,
-            )
-        )
+        jobs = self._daily_jobs(daily_reset, misfire_grace_s) if daily_reset is not None else []
+        every = f"every {sweep_seconds:g}s"  # an interval job: anchored when the scheduler starts
+        jobs.append(_Job("sweep", "sweep", "sweep", None, every, sweep, sweep_seconds, interval_s=sweep_seconds))
+        jobs.append(_daily_job("cleanup", "cleanup", cleanup_at_hour, timezone, cleanup, misfire_grace_s))
         if backup is not None:  # backup.schedule: a crontab expression in the reset zone
-            jobs.append(
-                _Job(
-                    id="backup",
-                    kind="backup",
-                    guard="backup",
-                    trigger=crontab_trigger(backup[0], timezone),
-                    text=f"cron {backup[0]} {timezone.key}",
-                    call=backup[1],
-                    misfire_grace_s=misfire_grace_s,
-                    fixed_hours=hours_fixed(backup[0]),
-                    zone=timezone,
-                )
-            )
+            jobs.append(_crontab_job("backup", "backup", backup[0], timezone, backup[1], misfire_grace_s))
         for job in cron_jobs:
             zone = ZoneInfo(job.timezone) if job.timezone else timezone
-            job_id = CRON_PREFIX + job.id
-            jobs.append(
-                _Job(
-                    id=job_id,
-                    kind="cron",
-                    guard=job_id,
-                    trigger=crontab_trigger(job.schedule, zone),
-                    text=f"cron {job.schedule} {zone.key}",
-                    call=_bind(run_cron, job),
-                    misfire_grace_s=misfire_grace_s,
-                    fixed_hours=hours_fixed(job.schedule),
-                    zone=zone,
-                )
-            )
+            call = _bind(run_cron, job)
+            jobs.append(_crontab_job(CRON_PREFIX + job.id, "cron", job.schedule, zone, call, misfire_grace_s))
         self._jobs: dict[str, _Job] = {}
         for spec in jobs:
             if spec.id in self._jobs:
@@ -167,6 +136,8 @@ class SchedulerService:
             self._jobs[spec.id] = spec
 
     def _daily_jobs(self, daily: DailyJob, misfire_grace_s: float) -> list[_Job]:
+        """The daily reset at each boundary (the reset zone's first, then the agents' own), one
+        guard for all: they share a callback."""
         seen: set[tuple[str, int]] = set()
         jobs: list[_Job] = []
         for zone, hour in [(self._zone, daily.at_hour), *daily.boundaries]:
@@ -174,19 +145,7 @@ class SchedulerService:
                 continue
             seen.add((zone.key, hour))
             job_id = "daily_reset" if not jobs else f"daily_reset:{zone.key}:{hour:02d}"
-            jobs.append(
-                _Job(
-                    id=job_id,
-                    kind="daily_reset",
-                    guard="daily_reset",
-                    trigger=_daily_trigger(hour, zone),
-                    text=f"daily at {hour:02d}:00 {zone.key}",
-                    call=daily.callback,
-                    misfire_grace_s=misfire_grace_s,
-                    fixed_hours=True,
-                    zone=zone,
-                )
-            )
+            jobs.append(_daily_job(job_id, "daily_reset", hour, zone, daily.callback, misfire_grace_s, "daily_reset"))
         return jobs
 
     async def start(self) -> None:

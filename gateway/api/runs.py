@@ -6,7 +6,7 @@ import base64
 import contextlib
 import json
 from collections.abc import Mapping
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,7 +16,6 @@ from gateway import keys as K
 from gateway.contract import (
     CURSOR,
     LIMIT,
-    NULLABLE_STR,
     OBJ,
     STR,
     Answer,
@@ -24,13 +23,15 @@ from gateway.contract import (
     IntParam,
     Param,
     operation,
+    page,
     typed,
 )
 from gateway.http import json_response, parse_body
 from sessions.protocol import RecordKind
-from sessions.records import RUN_STATUSES, RunRow
+from sessions.records import RUN_STATUSES, RunRow, RunState
 
 routes = web.RouteTableDef()
+B = TypeVar("B", bound=BaseModel)
 RUN_KEY = Param("key", "session key")
 RUN_STATUS = ChoiceParam("status", "run statuses", choices=RUN_STATUSES, many=True)
 AFTER_SEQ = IntParam("after_seq", "messages after this seq", default=0, low=0, high=2**62)
@@ -45,11 +46,7 @@ RUN = typed(
     add={"archived": {"type": "boolean"}},
     required=("uuid", "status", "created_at"),
 )
-RUN_LIST = Answer(
-    "RunList",
-    {"type": "object", "properties": {"runs": {"type": "array", "items": RUN.ref}, "next_cursor": NULLABLE_STR}},
-    parts=(RUN,),
-)
+RUN_LIST = page("RunList", "runs", RUN)
 RUN_MESSAGES = Answer(
     "RunMessages",
     {
@@ -179,25 +176,24 @@ async def run_final_summary(request: web.Request) -> web.Response:
     return json_response({"run_id": row["uuid"], "status": row["status"], "final_summary": text})
 
 
-def _active_run(request: web.Request) -> Any:
+async def _on_active_run(request: web.Request, model: type[B]) -> tuple[RunState, B]:
+    """A record's body and the active run it goes to: a run that does not exist is 404, a body
+    that does not fit 400, a run that is no longer active 409 ``run_not_active``."""
     store = request.app[K.STORE]
-    run = store.run_state(request.match_info["uuid"])
+    run_id = request.match_info["uuid"]
+    await store.require_run(run_id)
+    body = await parse_body(request, model, request.app[K.CONFIG].settings.gateway.max_body_bytes)
+    run = store.run_state(run_id)
     if run is None:
-        raise RunNotActive(
-            f"run {request.match_info['uuid']} is not active; tool calls and plans are recorded on active runs",
-        )
-    return run
+        raise RunNotActive(f"run {run_id} is not active; tool calls and plans are recorded on active runs")
+    return run, body
 
 
 @routes.post("/v1/runs/{uuid}/tools")
 @operation("Record a tool call", "runs", body=ToolBody, status=201, errors=(RunNotActive,))
 async def record_tool(request: web.Request) -> web.Response:
-    config = request.app[K.CONFIG]
-    store = request.app[K.STORE]
-    await store.require_run(request.match_info["uuid"])
-    body = await parse_body(request, ToolBody, config.settings.gateway.max_body_bytes)
-    run = _active_run(request)
-    record = await store.record_tool(
+    run, body = await _on_active_run(request, ToolBody)
+    record = await request.app[K.STORE].record_tool(
         run, tool_name=body.tool_name, arguments=body.arguments, result=body.result, error=body.error
     )
     return json_response(record, status=201)
@@ -206,10 +202,6 @@ async def record_tool(request: web.Request) -> web.Response:
 @routes.post("/v1/runs/{uuid}/planning")
 @operation("Record a plan", "runs", body=PlanBody, status=201, errors=(RunNotActive,))
 async def record_plan(request: web.Request) -> web.Response:
-    config = request.app[K.CONFIG]
-    store = request.app[K.STORE]
-    await store.require_run(request.match_info["uuid"])
-    body = await parse_body(request, PlanBody, config.settings.gateway.max_body_bytes)
-    run = _active_run(request)
-    record = await store.record_plan(run, plan_type=body.plan_type, plan_content=body.plan_content)
+    run, body = await _on_active_run(request, PlanBody)
+    record = await request.app[K.STORE].record_plan(run, plan_type=body.plan_type, plan_content=body.plan_content)
     return json_response(record, status=201)

@@ -9,8 +9,9 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
+from config.chat_commands import parse_command
 from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, SessionNotFound
-from conversations.commands import model_name_problem, parse_command
+from conversations.commands import model_name_problem
 from conversations.queueing import QUEUE_MODES
 from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Post
@@ -25,7 +26,7 @@ from gateway.api.fastbody import (
     plain_ingress,
     plain_message,
 )
-from gateway.contract import AGENT, CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, TURN_ERRORS, Answer, ChoiceParam, Param
+from gateway.contract import AGENT, CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, TURN_ERRORS, Answer, ChoiceParam, Param, page
 from gateway.contract import operation as op
 from gateway.http import json_response, parse_body, read_json, read_object, validate
 from gateway.operations import describe_session, matching_sessions
@@ -120,14 +121,7 @@ QUEUE_MODES_DOC = (
     "next model call, after a tool round, sees it) and the call answers that turn's `reply`; when the turn has no "
     "further model call, the message gets a turn of its own."
 )
-SESSION_LIST = Answer(
-    "SessionList",
-    {
-        "type": "object",
-        "properties": {"sessions": {"type": "array", "items": SESSION.ref}, "next_cursor": NULLABLE_STR},
-    },
-    parts=(SESSION,),
-)
+SESSION_LIST = page("SessionList", "sessions", SESSION)
 CONTEXT = Answer(
     "Context",
     {
@@ -174,16 +168,19 @@ def client_message_id(request: web.Request, body_value: str | None) -> str | Non
     return body_value or header or None
 
 
+# What a route that posts a message reads beside its body, answers (whole or streamed) and may meet.
+POSTING: dict[str, Any] = {
+    "params": (IDEMPOTENCY,), "answer": MESSAGE_ANSWER, "stream": STREAM_EVENT, "errors": (InvalidKey, *TURN_ERRORS)
+}  # fmt: skip
+
+
 @routes.post("/v1/messages")
 @op(
     "Channel ingress",
     "sessions",
     "Routed to a session key by `session.dm_scope` and `bindings` (SPEC section 1).",
     body=IngressBody,
-    params=(IDEMPOTENCY,),
-    answer=MESSAGE_ANSWER,
-    stream=STREAM_EVENT,
-    errors=(InvalidKey, *TURN_ERRORS),
+    **POSTING,
 )
 async def ingress(request: web.Request) -> web.StreamResponse:
     settings = request.app[K.CONFIG].settings
@@ -216,10 +213,7 @@ async def ingress(request: web.Request) -> web.StreamResponse:
     "A user message gets a model reply when a model is configured and `reply` is not false; a message starting "
     "with `/` is a chat command. " + QUEUE_MODES_DOC,
     body=MessageBody,
-    params=(IDEMPOTENCY,),
-    answer=MESSAGE_ANSWER,
-    stream=STREAM_EVENT,
-    errors=(InvalidKey, *TURN_ERRORS),
+    **POSTING,
 )
 async def post_message(request: web.Request) -> web.StreamResponse:
     config = request.app[K.CONFIG]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conversations.commands import parse_command, parse_command_fully
+from config.chat_commands import parse_command, parse_command_fully
 
 SAMPLES = st.sampled_from(
     [
