@@ -21,6 +21,7 @@ from sessions.cleanup_plan import (
 )
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
+from sessions.postgres.state import PgState
 from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
 
@@ -32,20 +33,24 @@ log = logging.getLogger(__name__)
 KEYED_TABLES = ("idempotency", "hook_deliveries", "openai_conversations", "openai_responses", "usage_daily")
 
 
-class PgMaintenance(PgLifecycle):
+class PgMaintenance:
+    def __init__(self, state: PgState, lifecycle: PgLifecycle) -> None:
+        self.state = state
+        self.lifecycle = lifecycle
+
     async def purge(self, key: str, *, history: Any = None) -> StoredRecord:
         """Erase ``key`` for good (``SessionNotFound`` when neither an entry nor a run of it exists);
         the tombstone ``{session_key, deleted_at, runs, messages}``. ``history`` (the index) needs
         nothing: its rows go with the runs. The caller holds the key's lock."""
         with unavailable("nothing was stored"):
-            rows = await self.pool.fetch("SELECT run_id, total_messages FROM runs WHERE session_key = $1", key)
-        if self.entry(key) is None and not rows:
+            rows = await self.state.pool.fetch("SELECT run_id, total_messages FROM runs WHERE session_key = $1", key)
+        if self.state.entry(key) is None and not rows:
             raise SessionNotFound(f"no session or run with key {key!r}")
-        if self.active_run(key) is not None:
-            await self.complete(key, reason="purge", summarize=False)
-        stamp = iso(self.clock())
+        if self.state.active_run(key) is not None:
+            await self.lifecycle.complete(key, reason="purge", summarize=False)
+        stamp = iso(self.state.clock())
         with unavailable("nothing was stored"):
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.state.pool.acquire() as conn, conn.transaction():
                 rows = await conn.fetch("DELETE FROM runs WHERE session_key = $1 RETURNING run_id, total_messages", key)
                 for table in KEYED_TABLES:
                     await conn.execute(f"DELETE FROM {table} WHERE session_key = $1", key)
@@ -57,8 +62,8 @@ class PgMaintenance(PgLifecycle):
                     " VALUES ($1, $2, $3, 'purge', $4, $5)",
                     [(key, run_id, stamp, len(rows), messages) for run_id in run_ids],
                 )
-        self._entries.pop(key, None)
-        self._dirty.discard(key)
+        self.state.entries.pop(key, None)
+        self.state.dirty.discard(key)
         tombstone = {
             "session_key": key,
             "deleted_at": stamp,
@@ -71,8 +76,8 @@ class PgMaintenance(PgLifecycle):
     async def tombstones(self, key: str | None = None) -> list[StoredRecord]:
         sql = "SELECT session_key, run_id, purged_at FROM purge_tombstones"
         with unavailable("nothing was stored"):
-            rows = await (self.pool.fetch(sql + " WHERE session_key = $1 ORDER BY id", key) if key is not None
-                          else self.pool.fetch(sql + " ORDER BY id"))  # fmt: skip
+            rows = await (self.state.pool.fetch(sql + " WHERE session_key = $1 ORDER BY id", key) if key is not None
+                          else self.state.pool.fetch(sql + " ORDER BY id"))  # fmt: skip
         return [dict(r) for r in rows]
 
     # -- cleanup (the plan of sessions.cleanup_plan; an archive is the run's rows marked archived) --
@@ -91,11 +96,11 @@ class PgMaintenance(PgLifecycle):
         deletes the run's rows (its messages, records and index rows with them); expired
         idempotency and webhook delivery records are forgotten."""
         with unavailable("nothing was stored"):
-            rows = await self.pool.fetch(_FACTS)
+            rows = await self.state.pool.fetch(_FACTS)
         runs, archived = [], []
         for row in rows:
             key = row["session_key"] or ""
-            entry = self.entry(key)
+            entry = self.state.entry(key)
             pinned = bool(row["pinned"]) or bool(entry and entry.pinned)
             if row["archived_at"]:
                 archived.append(ArchiveFacts(row["run_id"], parse_iso(row["archived_at"]), key, pinned))
@@ -118,24 +123,24 @@ class PgMaintenance(PgLifecycle):
         report: list[StoredRecord] = []
         for action in actions:
             if action.kind == "complete":
-                if action.session_key and self.active_run(action.session_key) is not None:
+                if action.session_key and self.state.active_run(action.session_key) is not None:
                     await complete(action.session_key)
             elif action.kind == "archive":
                 with unavailable("nothing was stored"):
-                    await self.pool.execute(
-                        "UPDATE runs SET archived_at = $2 WHERE run_id = $1", action.run_id, iso(self.clock())
+                    await self.state.pool.execute(
+                        "UPDATE runs SET archived_at = $2 WHERE run_id = $1", action.run_id, iso(self.state.clock())
                     )
                 if step is not None:
                     step("recorded")
             else:
                 with unavailable("nothing was stored"):
-                    await self.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
+                    await self.state.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
             report.append({**_describe(action), "done": True})
         with unavailable("nothing was stored"):
-            keys = await self.pool.execute(
+            keys = await self.state.pool.execute(
                 "DELETE FROM idempotency WHERE created_at < $1", iso(now - timedelta(days=IDEMPOTENCY_DAYS))
             )
-            hooks = await self.pool.execute(
+            hooks = await self.state.pool.execute(
                 "DELETE FROM hook_deliveries WHERE created_at < $1", iso(now - timedelta(days=DELIVERY_ID_DAYS))
             )
         trimmed = int(keys.split()[-1]) + int(hooks.split()[-1])
@@ -151,20 +156,20 @@ class PgMaintenance(PgLifecycle):
         Archives (tar.gz) and run folders are files-only: nothing to check here."""
         findings: list[StoredRecord] = []
         with unavailable("nothing was stored"):
-            gaps = await self.pool.fetch(_GAPS)
-            doubled = await self.pool.fetch(_DOUBLED)
+            gaps = await self.state.pool.fetch(_GAPS)
+            doubled = await self.state.pool.fetch(_DOUBLED)
         for row in gaps:
             detail = f"run {row[0]} has {row[1]} message(s) but seqs up to {row[2]}: seqs are missing"
             findings.append(_finding("seq_gaps", "error", detail, None, run_id=row[0], key=row[3]))
         for row in doubled:
             detail = f"key {row[0]} has {row[1]} active runs (the constraint runs_one_active_per_key is missing?)"
             findings.append(_finding("active_runs", "error", detail, None, key=row[0]))
-        for entry in list(self._entries.values()):
-            if entry.run_id is not None and self.active_run(entry.key) is None:
+        for entry in list(self.state.entries.values()):
+            if entry.run_id is not None and self.state.active_run(entry.key) is None:
                 detail = f"the entry of {entry.key} names run {entry.run_id}, which is not active"
                 if fix:
                     entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
-                    await self.flush_entries(entry.key)
+                    await self.state.flush_entries(entry.key)
                 findings.append(_finding("entries", "warning", detail, "set the entry idle", key=entry.key, fixed=fix))
         return findings
 
