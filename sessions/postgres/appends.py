@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from config.clock import iso
 from sessions.appends import check_writable, event_fields, message_record, tool_record
-from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
+from sessions.bookkeeping import add_usage_counts, count_append, counted_rewrite, note_message, plan_record
 from sessions.codec import decode, encode
 from sessions.context_lines import ContextLine, read_back
 from sessions.deliveries import Delivery
@@ -104,16 +104,9 @@ class PgAppends:
     # -- tool and plan records, usage -----------------------------------------------------------
 
     async def record_tool(
-        self,
-        run: RunState,
-        *,
-        tool_name: str,
-        arguments: object,
-        result: object = None,
-        error: str | None = None,
-        duration_ms: float | None = None,
-        extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord:
+        self, run: RunState, *, tool_name: str, arguments: object, result: object = None, error: str | None = None,
+        duration_ms: float | None = None, extra: Mapping[str, object] | None = None,
+    ) -> StoredRecord:  # fmt: skip
         record = tool_record(
             run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, iso(self.state.clock())
         )
@@ -160,37 +153,9 @@ class PgAppends:
     # -- the context rewrite (compaction, uncompact) --------------------------------------------
 
     async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
-        """Carry out ``change`` after every append queued before it, in one transaction
-        (``sessions.postgres.rewrite``); then count it into the run. Cancelled meanwhile, the
-        rewrite goes on and is counted once done."""
-        tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
+        """After every append queued before it, in one transaction (``sessions.postgres.rewrite``)."""
         future = self.queue.after_queued(run, lambda: apply_change(self.state.pool, run, change))
-        try:
-            done = await asyncio.shield(future)
-        except asyncio.CancelledError:
-            future.add_done_callback(lambda f: self._count_late_rewrite(run, f, tokens_at_call, bytes_at_call))
-            raise
-        if done is None:
-            return None
-        self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
-        return done
-
-    def _count_rewrite(self, run: RunState, done: ContextRewrite, tokens_at_call: int, bytes_at_call: int) -> None:
-        run.context_bytes = done.context_bytes + (run.context_bytes - bytes_at_call)
-        run.context_tokens = done.tokens_after + (run.context_tokens - tokens_at_call)
-        run.context_lines += done.line_delta
-        run.compaction_count = done.compaction_count
-        run.next_summary_id = done.summary_id + 1
-        self.state.mirror(run)
-
-    def _count_late_rewrite(
-        self, run: RunState, future: asyncio.Future[ContextRewrite | None], tokens_at_call: int, bytes_at_call: int
-    ) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
-        done = future.result()
-        if done is not None:
-            self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
+        return await counted_rewrite(run, future, lambda: self.state.mirror(run))
 
     # -- reads of the context -------------------------------------------------------------------
 

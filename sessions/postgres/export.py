@@ -85,7 +85,7 @@ class PgExport:
         self.state = state
 
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
-        """Every run of ``key`` oldest first (archived ones too: their rows stay), or the run ``run_id``."""
+        """Archived runs too (their rows stay)."""
         pool = self.state.pool
         with unavailable("nothing was stored"):
             if run_id is not None:

@@ -39,16 +39,9 @@ class PgLifecycle:
         self._undiscarded: dict[str, str] = {}  # key -> a run discard_run could not delete (the database was away)
 
     async def start_run(
-        self,
-        key: str,
-        *,
-        agent_id: str | None,
-        chat_type: str,
-        channel: str | None,
-        task_key: TaskKey,
-        parent_uuid: str | None = None,
-        opening: bool = False,
-    ) -> RunState:
+        self, key: str, *, agent_id: str | None, chat_type: str, channel: str | None, task_key: TaskKey,
+        parent_uuid: str | None = None, opening: bool = False,
+    ) -> RunState:  # fmt: skip
         entry = self.state.entry(key)
         if entry is not None and entry.run_id is not None:
             raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
@@ -150,14 +143,9 @@ class PgLifecycle:
             entry.status, entry.updated_at = after.status, after.updated_at
 
     async def complete(
-        self,
-        key: str,
-        *,
-        error: str | None = None,
-        reason: str = "complete",
-        summarize: bool = True,
+        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True,
         final_summary: str | None = None,
-    ) -> RunState:
+    ) -> RunState:  # fmt: skip
         """Complete (or fail) the key's run, keeping the final summary it is given (the engine's
         ``conversations/run_end.py`` writes it; the store summarizes nothing)."""
         run = require_active(self.state, key)
@@ -227,14 +215,9 @@ class PgLifecycle:
         return completed
 
     async def update_entry(
-        self,
-        key: str,
-        *,
-        pinned: bool | None = None,
-        label: str | None = None,
-        clear_label: bool = False,
+        self, key: str, *, pinned: bool | None = None, label: str | None = None, clear_label: bool = False,
         settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:
+    ) -> SessionEntry:  # fmt: skip
         entry = self.state.require_entry(key)
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned

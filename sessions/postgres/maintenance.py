@@ -5,20 +5,13 @@ content), cleanup and the doctor's database checks (export is ``sessions.postgre
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from config.clock import iso, parse_iso
 from config.errors import SessionNotFound
 from config.settings import CleanupSettings
-from sessions.cleanup_plan import (
-    DELIVERY_ID_DAYS,
-    IDEMPOTENCY_DAYS,
-    ArchiveFacts,
-    CleanupAction,
-    RunFacts,
-    plan_cleanup,
-)
+from sessions.cleanup_plan import ArchiveFacts, describe, is_pinned, plan_cleanup, records_cutoffs, run_facts
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
 from sessions.postgres.state import PgState
@@ -39,7 +32,7 @@ class PgMaintenance:
         self.lifecycle = lifecycle
 
     async def purge(self, key: str, *, history: Any = None) -> StoredRecord:
-        """Erase ``key`` for good (``SessionNotFound`` when neither an entry nor a run of it exists);
+        """In one transaction (``SessionNotFound`` when neither an entry nor a run of ``key`` exists);
         the tombstone ``{session_key, deleted_at, runs, messages}``. ``history`` (the index) needs
         nothing: its rows go with the runs. The caller holds the key's lock."""
         with unavailable("nothing was stored"):
@@ -83,14 +76,9 @@ class PgMaintenance:
     # -- cleanup (the plan of sessions.cleanup_plan; an archive is the run's rows marked archived) --
 
     async def cleanup(
-        self,
-        settings: CleanupSettings,
-        *,
-        now: datetime,
-        dry_run: bool,
-        complete: CompleteRun,
+        self, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteRun,
         step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:
+    ) -> list[StoredRecord]:  # fmt: skip
         """The files backend's decisions (``plan_cleanup``) on the database: ``archive`` marks a
         run's row archived (its rows stay, readable; no tar.gz on this backend), ``delete_archive``
         deletes the run's rows (its messages, records and index rows with them); expired
@@ -101,25 +89,13 @@ class PgMaintenance:
         for row in rows:
             key = row["session_key"] or ""
             entry = self.state.entry(key)
-            pinned = bool(row["pinned"]) or bool(entry and entry.pinned)
             if row["archived_at"]:
-                archived.append(ArchiveFacts(row["run_id"], parse_iso(row["archived_at"]), key, pinned))
-                continue
-            last = entry.last_interaction_at if entry and entry.run_id == row["run_id"] else None
-            runs.append(
-                RunFacts(
-                    run_id=row["run_id"],
-                    session_key=key,
-                    chat_type=row["chat_type"] or "direct",
-                    status=row["status"],
-                    completed_at=_when(row["completed_at"]),
-                    last_interaction_at=_when(last or row["updated_at"] or row["created_at"]),
-                    pinned=pinned,
-                )
-            )
+                archived.append(ArchiveFacts(row["run_id"], parse_iso(row["archived_at"]), key, is_pinned(row, entry)))
+            else:
+                runs.append(run_facts(row["run_id"], row, entry))
         actions = plan_cleanup(runs, archived, settings, now)
         if dry_run:
-            return [{**_describe(a), "done": False} for a in actions]
+            return [{**describe(a), "done": False} for a in actions]
         report: list[StoredRecord] = []
         for action in actions:
             if action.kind == "complete":
@@ -135,14 +111,11 @@ class PgMaintenance:
             else:
                 with unavailable("nothing was stored"):
                     await self.state.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
-            report.append({**_describe(action), "done": True})
+            report.append({**describe(action), "done": True})
+        keys_before, hooks_before = records_cutoffs(now)
         with unavailable("nothing was stored"):
-            keys = await self.state.pool.execute(
-                "DELETE FROM idempotency WHERE created_at < $1", iso(now - timedelta(days=IDEMPOTENCY_DAYS))
-            )
-            hooks = await self.state.pool.execute(
-                "DELETE FROM hook_deliveries WHERE created_at < $1", iso(now - timedelta(days=DELIVERY_ID_DAYS))
-            )
+            keys = await self.state.pool.execute("DELETE FROM idempotency WHERE created_at < $1", keys_before)
+            hooks = await self.state.pool.execute("DELETE FROM hook_deliveries WHERE created_at < $1", hooks_before)
         trimmed = int(keys.split()[-1]) + int(hooks.split()[-1])
         if trimmed:
             log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
@@ -186,14 +159,6 @@ _DOUBLED = (
     "SELECT session_key, count(*) FROM runs WHERE status IN ('running', 'paused')"
     " GROUP BY session_key HAVING count(*) > 1"
 )
-
-
-def _when(text: str | None) -> datetime | None:
-    return parse_iso(text) if text else None
-
-
-def _describe(action: CleanupAction) -> StoredRecord:
-    return {"action": action.kind, "run_id": action.run_id, "session_key": action.session_key, "reason": action.reason}
 
 
 def _finding(

@@ -65,13 +65,9 @@ class PgReads:
         return cast(RunRow, dict(row)) if row is not None else None
 
     async def list_runs(
-        self,
-        *,
-        session_key: str | None = None,
-        statuses: Sequence[str] = (),
-        limit: int = 50,
+        self, *, session_key: str | None = None, statuses: Sequence[str] = (), limit: int = 50,
         before: tuple[str, str] | None = None,
-    ) -> list[RunRow]:
+    ) -> list[RunRow]:  # fmt: skip
         """Newest first by (created_at, uuid); ``before`` is the cursor of the last row seen."""
         clauses: list[str] = []
         values: list[Any] = []
@@ -104,8 +100,7 @@ class PgReads:
         return row
 
     async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
-        """Completed or failed runs of ``key`` (or of ``task_key``) ended within ``within_days``,
-        newest first; not those of a deleted session (``inherit`` false)."""
+        """A deleted session's runs have ``inherit`` false."""
         since = iso(self.state.clock() - timedelta(days=within_days))
         values: list[object] = [since, key]
         match = "session_key = $2"

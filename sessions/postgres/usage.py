@@ -48,14 +48,9 @@ class PgUsage:
         self.state = state
 
     async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
+        self, *, agent_id: str | None = None, session_key: str | None = None, since: date | None = None,
+        until: date | None = None, by: UsageBy = "key",
+    ) -> list[DailyUsage]:  # fmt: skip
         clauses: list[str] = []
         values: list[str] = []
         for column, value in (
