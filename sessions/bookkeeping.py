@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from config.errors import NoActiveRun
+from config.errors import NoActiveRun, SessionNotFound
 from sessions.entries import SessionEntry
 from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState
 
@@ -26,6 +26,21 @@ def require_active(store: _Lookups, key: str) -> RunState:
     if run is None:
         raise NoActiveRun(f"session {key!r} has no active run")
     return run
+
+
+def found_entry(entry: SessionEntry | None, key: str) -> SessionEntry:
+    """``require_entry``'s answer: the key's entry, or ``SessionNotFound``."""
+    if entry is None:
+        raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
+    return entry
+
+
+def inherit_next(entry: SessionEntry | None, inherit: bool) -> bool:
+    """``set_inherit_next`` on the key's entry: False when it has none or says so already."""
+    if entry is None or entry.inherit_next == inherit:
+        return False
+    entry.inherit_next = inherit
+    return True
 
 
 def run_stats(run: RunState) -> dict[str, int]:

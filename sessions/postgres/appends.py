@@ -69,9 +69,8 @@ class PgAppends:
             self.state.touch(run.key)
         return record, future
 
-    async def finish_append(
-        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
-    ) -> MessageRecord:
+    async def finish_append(self, run: RunState, record: MessageRecord, durable: asyncio.Future[None]) -> MessageRecord:
+        """Once ``durable``: the durable listeners and the message event."""
         await durable
         run.opening = False
         for durable_listener in self.state.hooks.durable_listeners:

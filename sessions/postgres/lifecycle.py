@@ -16,7 +16,15 @@ import asyncpg
 
 from config.clock import iso
 from config.errors import RunActive
-from sessions.bookkeeping import end_entry, idle_entry, relabel_entry, require_active, run_stats, start_entry
+from sessions.bookkeeping import (
+    end_entry,
+    idle_entry,
+    inherit_next,
+    relabel_entry,
+    require_active,
+    run_stats,
+    start_entry,
+)
 from sessions.entries import SessionEntry
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
@@ -229,12 +237,10 @@ class PgLifecycle:
         return entry
 
     async def set_inherit_next(self, key: str, inherit: bool) -> bool:
-        entry = self.state.entry(key)
-        if entry is None or entry.inherit_next == inherit:
-            return False
-        entry.inherit_next = inherit
-        self.state.touch(key)
-        return True
+        changed = inherit_next(self.state.entry(key), inherit)
+        if changed:
+            self.state.touch(key)
+        return changed
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         entry = self.state.entry(key)

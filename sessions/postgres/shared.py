@@ -196,7 +196,7 @@ class PgSharing:
         come here: ``append`` and a post's ``queue_append`` (seq given under the key's lock, the
         commit awaited after it), so ``record``, the caller's, takes the second try's seq and time."""
         try:
-            return await self.appends.finish_append(run, message, record, durable)
+            return await self.appends.finish_append(run, record, durable)
         except Conflict as exc:
             if self.leases is None or type(exc) is not Conflict:  # not the claim's: a closing run, ...
                 raise
@@ -208,7 +208,7 @@ class PgSharing:
         finally:
             self.leases.leave(run.key)
         record.update(again)
-        return await self.appends.finish_append(run, message, record, durable)
+        return await self.appends.finish_append(run, record, durable)
 
     async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
         return await self._leased(run.key, lambda: self.appends.rewrite_context(run, change))

@@ -18,8 +18,8 @@ from typing import Any, cast
 import asyncpg
 
 from config.clock import Clock, iso
-from config.errors import SessionNotFound
 from config.settings import Settings
+from sessions.bookkeeping import found_entry
 from sessions.entries import SessionEntry
 from sessions.events import EventType, StoreEvent
 from sessions.postgres.faults import unavailable
@@ -56,10 +56,7 @@ class PgState:
         return self.entries.get(key)
 
     def require_entry(self, key: str) -> SessionEntry:
-        entry = self.entries.get(key)
-        if entry is None:
-            raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
-        return entry
+        return found_entry(self.entries.get(key), key)
 
     def active_run(self, key: str) -> RunState | None:
         entry = self.entries.get(key)
