@@ -5,12 +5,13 @@ takes a message. The backends call these and persist the result their own way (s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from config.errors import NoActiveRun
+from config.errors import NoActiveRun, SessionNotFound
 from sessions.entries import SessionEntry
-from sessions.records import USAGE_KEYS, MessageRecord, NewMessage, PlanRecord, RunState
+from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState
 
 
 class _Lookups(Protocol):
@@ -25,6 +26,21 @@ def require_active(store: _Lookups, key: str) -> RunState:
     if run is None:
         raise NoActiveRun(f"session {key!r} has no active run")
     return run
+
+
+def found_entry(entry: SessionEntry | None, key: str) -> SessionEntry:
+    """``require_entry``'s answer: the key's entry, or ``SessionNotFound``."""
+    if entry is None:
+        raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
+    return entry
+
+
+def inherit_next(entry: SessionEntry | None, inherit: bool) -> bool:
+    """``set_inherit_next`` on the key's entry: False when it has none or says so already."""
+    if entry is None or entry.inherit_next == inherit:
+        return False
+    entry.inherit_next = inherit
+    return True
 
 
 def run_stats(run: RunState) -> dict[str, int]:
@@ -49,6 +65,39 @@ def count_append(run: RunState, record: MessageRecord, record_bytes: int, line_b
         run.context_tokens += record["tokens"]
         run.context_lines += 1
         run.last_context_seq = record["seq"]
+
+
+def count_rewrite(run: RunState, done: ContextRewrite, tokens_at_call: int, bytes_at_call: int) -> None:
+    """The run's counters once a context rewrite is done; what was appended since it was called
+    (``tokens_at_call``, ``bytes_at_call``: the counters then) stays counted on top."""
+    run.context_bytes = done.context_bytes + (run.context_bytes - bytes_at_call)
+    run.context_tokens = done.tokens_after + (run.context_tokens - tokens_at_call)
+    run.context_lines += done.line_delta
+    run.compaction_count = done.compaction_count
+    run.next_summary_id = done.summary_id + 1
+
+
+async def counted_rewrite(
+    run: RunState, future: asyncio.Future[ContextRewrite | None], counted: Callable[[], object]
+) -> ContextRewrite | None:
+    """Wait for a context rewrite under way elsewhere (a writer thread, a transaction), then count
+    it into the run (``counted`` follows, e.g. the entry's checkpoint). A caller cancelled
+    meanwhile does not stop it: it is counted once done, or the run's counters (its compaction
+    count, its next summary id) would fall behind what is stored."""
+    tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
+
+    def count(done: ContextRewrite | None) -> None:
+        if done is not None:
+            count_rewrite(run, done, tokens_at_call, bytes_at_call)
+            counted()
+
+    try:
+        done = await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(lambda f: None if f.cancelled() or f.exception() else count(f.result()))
+        raise
+    count(done)
+    return done
 
 
 def note_message(entry: SessionEntry, message: NewMessage, stamp: str) -> None:

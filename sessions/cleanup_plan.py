@@ -10,13 +10,14 @@ something); a dry run just shows it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
-from config.clock import iso
+from config.clock import iso, parse_iso
 from config.settings import CleanupSettings
+from sessions.entries import SessionEntry
 from sessions.records import ACTIVE_STATUSES, FINISHED_STATUSES
 
 IDEMPOTENCY_DAYS = 1  # SPEC section 8: a repeat within a day answers the first answer
@@ -55,6 +56,39 @@ class CleanupAction:
     run_id: str
     session_key: str | None
     reason: str
+
+
+def is_pinned(row: Mapping[str, Any], entry: SessionEntry | None) -> bool:
+    """A run's ledger row pinned, or its key pinned since."""
+    return bool(row.get("pinned")) or bool(entry and entry.pinned)
+
+
+def run_facts(run_id: str, row: Mapping[str, Any], entry: SessionEntry | None) -> RunFacts:
+    """A run's facts from its ledger row (tasks.db's ``tasks``, PostgreSQL's ``runs``: the same
+    columns) and its key's entry (which knows the active run's last interaction)."""
+    last = entry.last_interaction_at if entry and entry.run_id == run_id else None
+    return RunFacts(
+        run_id=run_id, session_key=row.get("session_key") or "", chat_type=row.get("chat_type") or "direct",
+        status=row["status"], completed_at=_when(row.get("completed_at")),
+        last_interaction_at=_when(last or row.get("updated_at") or row.get("created_at")),
+        pinned=is_pinned(row, entry),
+    )  # fmt: skip
+
+
+def describe(action: CleanupAction) -> dict[str, Any]:
+    """An action as a cleanup's report shows it (``done`` and ``error`` are added)."""
+    return {"action": action.kind, "run_id": action.run_id, "session_key": action.session_key,
+            "reason": action.reason}  # fmt: skip
+
+
+def records_cutoffs(now: datetime) -> tuple[str, str]:
+    """The creation times before which idempotency records, and webhook delivery records, are
+    forgotten (nothing can match them any more)."""
+    return iso(now - timedelta(days=IDEMPOTENCY_DAYS)), iso(now - timedelta(days=DELIVERY_ID_DAYS))
+
+
+def _when(text: str | None) -> datetime | None:
+    return parse_iso(text) if text else None
 
 
 def retention_days(settings: CleanupSettings, chat_type: str) -> float:

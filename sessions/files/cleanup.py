@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from config.clock import iso, parse_iso
 from config.settings import CleanupSettings
 from sessions.cleanup_plan import (
-    DELIVERY_ID_DAYS,
-    IDEMPOTENCY_DAYS,
     ArchiveFacts,
     CleanupAction,
     RunFacts,
+    describe,
+    is_pinned,
     plan_cleanup,
+    records_cutoffs,
+    run_facts,
 )
 from sessions.files import archive as archives
 from sessions.files.archive import Step
@@ -32,39 +34,18 @@ log = logging.getLogger(__name__)
 CompleteFn = Callable[[str], Awaitable[None]]
 
 
-def _when(text: str | None) -> datetime | None:
-    return parse_iso(text) if text else None
-
-
 async def gather(store: LifecycleStore) -> tuple[list[RunFacts], list[ArchiveFacts]]:
     rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute("SELECT * FROM tasks")])
     runs, archives = [], []
     for row in rows:
         key = row.get("session_key") or ""
         entry = store.entry(key)
-        pinned = bool(row.get("pinned")) or bool(entry and entry.pinned)
         if row.get("archived_at"):
             if await asyncio.to_thread(store.home.archive_file(row["uuid"]).exists):
-                archives.append(ArchiveFacts(row["uuid"], parse_iso(row["archived_at"]), key, pinned))
+                archives.append(ArchiveFacts(row["uuid"], parse_iso(row["archived_at"]), key, is_pinned(row, entry)))
             continue
-        last = entry.last_interaction_at if entry and entry.run_id == row["uuid"] else None
-        runs.append(
-            RunFacts(
-                run_id=row["uuid"],
-                session_key=key,
-                chat_type=row.get("chat_type") or "direct",
-                status=row["status"],
-                completed_at=_when(row.get("completed_at")),
-                last_interaction_at=_when(last or row.get("updated_at") or row.get("created_at")),
-                pinned=pinned,
-            )
-        )
+        runs.append(run_facts(row["uuid"], row, entry))
     return runs, archives
-
-
-def describe(action: CleanupAction) -> dict[str, Any]:
-    return {"action": action.kind, "run_id": action.run_id, "session_key": action.session_key,
-            "reason": action.reason}  # fmt: skip
 
 
 async def run_cleanup(
@@ -108,8 +89,7 @@ async def run_cleanup(
 
 def _trim_deliveries(conn: Any, now: datetime) -> int:
     """Forget redelivery records past their window (only rows nothing can match any more)."""
-    keys_before = iso(now - timedelta(days=IDEMPOTENCY_DAYS))
-    hooks_before = iso(now - timedelta(days=DELIVERY_ID_DAYS))
+    keys_before, hooks_before = records_cutoffs(now)
     keys = conn.execute("DELETE FROM idempotency WHERE created_at < ?", (keys_before,))
     hooks = conn.execute("DELETE FROM hook_deliveries WHERE created_at < ?", (hooks_before,))
     return int(keys.rowcount) + int(hooks.rowcount)

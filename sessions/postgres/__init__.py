@@ -1,9 +1,11 @@
 """The PostgreSQL backend of the session store (``storage.backend: postgres``).
 
-Modules by capability, as the store port splits it: ``schema`` (versioned migrations), ``faults``
-(a lost or refusing server as the typed storage errors), ``base`` (the in-memory view: entries,
-active runs, events), ``appends`` (core: the per-run append queue, one statement per batch, the
-context rewrite), ``lifecycle`` (core: start, pause, resume, complete, delete, discard), ``reads``
-(core reads), ``records`` (idempotency, delivery and OpenAI-compatible records) and ``store``
-(open, recovery of the active runs, close).
+``store.PgStore`` is composed of parts, each a class of its own over one shared ``state.PgState``
+(the pool, the in-memory view: entries, active runs, events): ``batching`` (the append queue, one
+statement per batch), ``appends`` (core: messages, records, usage, the context rewrite), ``reads``
+(core reads), ``records`` (idempotency, delivery and OpenAI-compatible records), ``usage``,
+``lifecycle`` (core: start, pause, resume, complete, delete, discard), ``maintenance`` (purge,
+cleanup, the doctor), ``export`` and ``shared`` (keys leased across processes). Beside them:
+``schema`` (versioned migrations), ``faults`` (a lost or refusing server as the typed storage
+errors), ``history`` (the history index), ``leader`` (leadership), ``bulk`` (the storage copy).
 """

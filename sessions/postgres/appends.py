@@ -16,66 +16,76 @@ from collections.abc import Mapping
 
 from config.clock import iso
 from sessions.appends import check_writable, event_fields, message_record, tool_record
-from sessions.bookkeeping import add_usage_counts, count_append, note_message, plan_record
+from sessions.bookkeeping import add_usage_counts, count_append, counted_rewrite, note_message, plan_record
 from sessions.codec import decode, encode
 from sessions.context_lines import ContextLine, read_back
 from sessions.deliveries import Delivery
-from sessions.postgres.batching import PgQueue, make_append
+from sessions.postgres.batching import AppendQueue, make_append
 from sessions.postgres.faults import database_error, unavailable
 from sessions.postgres.rewrite import apply_change
+from sessions.postgres.state import PgState
 from sessions.postgres.usage import add_daily
-from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState, StoredRecord
+from sessions.records import (
+    USAGE_KEYS,
+    ContextRewrite,
+    MessageRecord,
+    NewMessage,
+    PlanRecord,
+    RunState,
+    StoredRecord,
+    copy_counters,
+)
 from sessions.rewrites import ContextChange
 from sessions.usage import DailyKey, usage_day
 
 log = logging.getLogger(__name__)
 
 
-class PgAppends(PgQueue):
+class PgAppends:
+    """Messages (through ``queue``), tool and plan records, usage, calibration, the context rewrite
+    and read, the health probe."""
+
+    def __init__(self, state: PgState, queue: AppendQueue) -> None:
+        self.state = state
+        self.queue = queue
+        self._probed: tuple[float, str | None] = (float("-inf"), None)
+
     # -- messages -------------------------------------------------------------------------------
 
-    def check_writable(self, run: RunState, message: NewMessage) -> None:
-        check_writable(run, message)
-
-    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
-        record, durable = self.queue_append(run, message)
-        return await self.finish_append(run, message, record, durable)
-
     def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
-        self.check_writable(run, message)
-        stamp = iso(self.clock())
+        check_writable(run, message)
+        stamp = iso(self.state.clock())
         record = message_record(run.next_seq, message, stamp)
         run.next_seq += 1
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         once = message.once and message.client_message_id is not None  # checked by the statement
         item = make_append(record, run.last_context_seq, future, once)
-        self._enqueue(run, item)
+        self.queue.enqueue(run, item)
         count_append(run, record, item.undo.messages_bytes, item.undo.context_bytes or None)
-        entry = self.entry(run.key)
+        entry = self.state.entry(run.key)
         if entry is not None:
             note_message(entry, message, stamp)
-            self.sync_counters(entry, run)
-            self.touch(run.key)
+            copy_counters(run, entry)
+            self.state.touch(run.key)
         return record, future
 
-    async def finish_append(
-        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
-    ) -> MessageRecord:
+    async def finish_append(self, run: RunState, record: MessageRecord, durable: asyncio.Future[None]) -> MessageRecord:
+        """Once ``durable``: the durable listeners and the message event."""
         await durable
         run.opening = False
-        for durable_listener in self.hooks.durable_listeners:
+        for durable_listener in self.state.hooks.durable_listeners:
             durable_listener(run, record)
-        self._emit("message", run, at=record["timestamp"], **event_fields(record))
+        self.state.emit_run("message", run, at=record["timestamp"], **event_fields(record))
         return record
 
     # -- deliveries found in the transcript -----------------------------------------------------
 
     async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
-        run = self.active_run(key)
+        run = self.state.active_run(key)
         if run is None:
             return None
         with unavailable("nothing was stored"):
-            row = await self.pool.fetchrow(
+            row = await self.state.pool.fetchrow(
                 "SELECT m.seq, m.created_at, (SELECT r.record::text FROM messages r WHERE r.run_id = m.run_id"
                 " AND r.reply_to = m.seq AND r.record->'tool_calls' IS NULL ORDER BY r.seq LIMIT 1) AS reply"
                 " FROM messages m WHERE m.run_id = $1 AND m.client_message_id = $2 ORDER BY m.seq DESC LIMIT 1",
@@ -93,18 +103,11 @@ class PgAppends(PgQueue):
     # -- tool and plan records, usage -----------------------------------------------------------
 
     async def record_tool(
-        self,
-        run: RunState,
-        *,
-        tool_name: str,
-        arguments: object,
-        result: object = None,
-        error: str | None = None,
-        duration_ms: float | None = None,
-        extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord:
+        self, run: RunState, *, tool_name: str, arguments: object, result: object = None, error: str | None = None,
+        duration_ms: float | None = None, extra: Mapping[str, object] | None = None,
+    ) -> StoredRecord:  # fmt: skip
         record = tool_record(
-            run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, iso(self.clock())
+            run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, iso(self.state.clock())
         )
         run.next_tool_seq += 1
         sql = (
@@ -112,29 +115,29 @@ class PgAppends(PgQueue):
             " RETURNING run_id) INSERT INTO tool_calls (run_id, seq, record) SELECT run_id, $2, $3::json FROM r"
         )
         with unavailable("the tool call's record was not stored"):
-            await self.pool.execute(sql, run.run_id, record["seq"], encode(record)[:-1].decode())
+            await self.state.pool.execute(sql, run.run_id, record["seq"], encode(record)[:-1].decode())
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        record = plan_record(run, plan_type, plan_content, iso(self.clock()))
+        record = plan_record(run, plan_type, plan_content, iso(self.state.clock()))
         sql = (
             "WITH r AS (UPDATE runs SET next_plan_id = greatest(next_plan_id, $2::bigint + 1) WHERE run_id = $1"
             " RETURNING run_id) INSERT INTO plans (run_id, id, record) SELECT run_id, $2, $3::json FROM r"
         )
         with unavailable("the plan was not stored"):
-            await self.pool.execute(sql, run.run_id, record["id"], encode(dict(record))[:-1].decode())
+            await self.state.pool.execute(sql, run.run_id, record["id"], encode(dict(record))[:-1].decode())
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
-        entry = self.entry(run.key)
+        entry = self.state.entry(run.key)
         clean = add_usage_counts(run, entry, usage)
         if entry is not None:
-            self.touch(run.key)
+            self.state.touch(run.key)
         sets = ", ".join(f"{k} = {k} + ${i}" for i, k in enumerate(USAGE_KEYS, start=2))
-        daily = DailyKey(usage_day(self.clock()), run.agent_id or "main", run.key)
+        daily = DailyKey(usage_day(self.state.clock()), run.agent_id or "main", run.key)
         try:
             with unavailable("the usage was not stored"):
-                async with self.pool.acquire() as conn, conn.transaction():
+                async with self.state.pool.acquire() as conn, conn.transaction():
                     await conn.execute(f"UPDATE runs SET {sets} WHERE run_id = $1", run.run_id, *clean.values())
                     await add_daily(conn, daily, clean)
         except Exception as exc:  # the turn goes on: its message and reply are stored already
@@ -144,48 +147,14 @@ class PgAppends(PgQueue):
         self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
     ) -> None:
         run.context_tokens = max(0, prompt_tokens - overhead_tokens) + max(0, appended_since)
-        entry = self.entry(run.key)
-        if entry is not None:
-            self.sync_counters(entry, run)
-            self.touch(run.key)
+        self.state.mirror(run)
 
     # -- the context rewrite (compaction, uncompact) --------------------------------------------
 
     async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
-        """Carry out ``change`` after every append queued before it, in one transaction
-        (``sessions.postgres.rewrite``); then count it into the run. Cancelled meanwhile, the
-        rewrite goes on and is counted once done."""
-        tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
-        future = self.after_queued(run, lambda: apply_change(self.pool, run, change))
-        try:
-            done = await asyncio.shield(future)
-        except asyncio.CancelledError:
-            future.add_done_callback(lambda f: self._count_late_rewrite(run, f, tokens_at_call, bytes_at_call))
-            raise
-        if done is None:
-            return None
-        self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
-        return done
-
-    def _count_rewrite(self, run: RunState, done: ContextRewrite, tokens_at_call: int, bytes_at_call: int) -> None:
-        run.context_bytes = done.context_bytes + (run.context_bytes - bytes_at_call)
-        run.context_tokens = done.tokens_after + (run.context_tokens - tokens_at_call)
-        run.context_lines += done.line_delta
-        run.compaction_count = done.compaction_count
-        run.next_summary_id = done.summary_id + 1
-        entry = self.entry(run.key)
-        if entry is not None:
-            self.sync_counters(entry, run)
-            self.touch(run.key)
-
-    def _count_late_rewrite(
-        self, run: RunState, future: asyncio.Future[ContextRewrite | None], tokens_at_call: int, bytes_at_call: int
-    ) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
-        done = future.result()
-        if done is not None:
-            self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
+        """After every append queued before it, in one transaction (``sessions.postgres.rewrite``)."""
+        future = self.queue.after_queued(run, lambda: apply_change(self.state.pool, run, change))
+        return await counted_rewrite(run, future, lambda: self.state.mirror(run))
 
     # -- reads of the context -------------------------------------------------------------------
 
@@ -194,21 +163,21 @@ class PgAppends(PgQueue):
 
         async def _read() -> list[ContextLine]:
             with unavailable("the context was not stored"):
-                rows = await self.pool.fetch(
+                rows = await self.state.pool.fetch(
                     "SELECT line::text FROM context_lines WHERE run_id = $1 ORDER BY pos", run.run_id
                 )
             return read_back([decode(row[0].encode()) for row in rows])
 
         if run.appends_pending == 0:
             return await _read()
-        return await self.after_queued(run, _read)
+        return await self.queue.after_queued(run, _read)
 
     # -- health ---------------------------------------------------------------------------------
 
     async def writable(self) -> str | None:
         """None when the database takes a write now; else why not (for ``/readyz``)."""
         try:
-            async with self.pool.acquire(timeout=5) as conn:
+            async with self.state.pool.acquire(timeout=5) as conn:
                 await conn.fetchval("SELECT 1", timeout=5)
             problem = None
         except Exception as exc:
@@ -221,4 +190,4 @@ class PgAppends(PgQueue):
 
     def recently_writable(self, max_age_s: float) -> bool:
         at, problem = self._probed
-        return problem is None and self._append_error is None and time.monotonic() - at < max_age_s
+        return problem is None and self.queue.error is None and time.monotonic() - at < max_age_s

@@ -29,9 +29,9 @@ from sessions.bookkeeping import count_append
 from sessions.codec import encode, encode_plain
 from sessions.context_order import context_line, in_context
 from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered, PriorDelivery
-from sessions.postgres.base import PgBase
 from sessions.postgres.faults import RETRY_AFTER_S, database_error
 from sessions.postgres.repeats import RECORD, SEEN, ReplyRecord, claims, reply_arguments, take_replies
+from sessions.postgres.state import PgState
 from sessions.records import MessageRecord, RunState
 
 log = logging.getLogger(__name__)
@@ -115,16 +115,21 @@ class RunQueue:
     busy: bool = False  # a call of the run is under way
 
 
-class PgQueue(PgBase):
-    _queues: dict[str, RunQueue]
-    _flusher: asyncio.Task[None] | None
-    _wake: asyncio.Event
-    _calls: set[asyncio.Task[None]]
-    _in_flight: set[str]  # runs with a statement under way
-    _sending: set[asyncio.Task[None]]  # the statements under way
-    _unsure: set[str]  # runs whose last statement's outcome is unknown (checked before their next)
-    _append_error: BaseException | None
-    _replies: list[ReplyRecord]  # reply records waiting for the next statement
+class AppendQueue:
+    """The runs' queues of appends and calls, and the statements that store them (see the module's
+    doc); over the store's ``PgState``."""
+
+    def __init__(self, state: PgState) -> None:
+        self.state = state
+        self.queues: dict[str, RunQueue] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._calls: set[asyncio.Task[None]] = set()
+        self.in_flight: set[str] = set()  # runs with a statement under way
+        self._sending: set[asyncio.Task[None]] = set()  # the statements under way
+        self.unsure: set[str] = set()  # runs whose last statement's outcome is unknown (checked before their next)
+        self.error: BaseException | None = None  # the last failure of an append (None once a statement succeeds)
+        self._replies: list[ReplyRecord] = []  # reply records waiting for the next statement
 
     def queue_reply(
         self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
@@ -132,7 +137,8 @@ class PgQueue(PgBase):
         """Record a reply body in the next append statement (the group commit): it resolves once
         committed, with the typed error when that statement fails."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._replies.append(ReplyRecord(key, client_message_id, iso(self.clock()), run_id, seq, response, future))
+        stamp = iso(self.state.clock())
+        self._replies.append(ReplyRecord(key, client_message_id, stamp, run_id, seq, response, future))
         self._kick()
         return future
 
@@ -141,10 +147,10 @@ class PgQueue(PgBase):
         taken, self._replies = take_replies(self._replies)
         return taken
 
-    def _enqueue(self, run: RunState, item: Append | Call) -> None:
-        queue = self._queues.get(run.run_id)
+    def enqueue(self, run: RunState, item: Append | Call) -> None:
+        queue = self.queues.get(run.run_id)
         if queue is None:
-            queue = self._queues[run.run_id] = RunQueue(run)
+            queue = self.queues[run.run_id] = RunQueue(run)
         queue.items.append(item)
         self._kick()
 
@@ -157,10 +163,19 @@ class PgQueue(PgBase):
     def after_queued(self, run: RunState, fn: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
         """Run ``fn`` once every append queued for ``run`` before it is stored (in queue order)."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._enqueue(run, Call(fn, future))
+        self.enqueue(run, Call(fn, future))
         return future
 
-    async def settle_queues(self) -> None:
+    def busy(self, run: RunState) -> bool:
+        """Whether ``run`` has appends not yet stored (queued, or in a statement under way)."""
+        return run.appends_pending > 0 or run.run_id in self.queues or run.run_id in self.in_flight
+
+    async def settled(self, run: RunState) -> None:
+        """Wait for the appends queued for ``run`` (before a lifecycle change: they land first)."""
+        if run.appends_pending or run.run_id in self.queues:
+            await self.after_queued(run, nothing)
+
+    async def settle(self) -> None:
         """Wait until every queued append and call is done (before a close)."""
         while (self._flusher is not None and not self._flusher.done()) or self._calls:
             await asyncio.gather(*([self._flusher] if self._flusher else []), *self._calls, return_exceptions=True)
@@ -173,18 +188,18 @@ class PgQueue(PgBase):
                 batch = self._take() if room else []
                 replies = self._take_replies() if room and self._replies else []
                 if batch or replies:
-                    self._in_flight.update(run.run_id for run, _ in batch)
+                    self.in_flight.update(run.run_id for run, _ in batch)
                     self._sending.add(asyncio.get_running_loop().create_task(self._send_then_release(batch, replies)))
                     continue
-                if not self._queues and not self._sending and not self._replies:
+                if not self.queues and not self._sending and not self._replies:
                     return
                 await self._wake.wait()  # a statement or a call to finish, or appends to come
         except asyncio.CancelledError:  # the loop is closing: nothing queued will be written
-            for queue in list(self._queues.values()):
+            for queue in list(self.queues.values()):
                 self._fail(queue.run, [], ConnectionError("the store closed"))
                 for item in queue.items:
                     _settle(item.future, ConnectionError("the store closed"))
-            self._queues.clear()
+            self.queues.clear()
             for reply in self._replies:
                 _settle(reply.future, ConnectionError("the store closed"))
             self._replies = []
@@ -196,7 +211,7 @@ class PgQueue(PgBase):
         try:
             await self._send(batch, replies or [])
         finally:  # before the flusher looks again (a done callback would come after it)
-            self._in_flight.difference_update(run.run_id for run, _ in batch)
+            self.in_flight.difference_update(run.run_id for run, _ in batch)
             task = asyncio.current_task()
             if task is not None:
                 self._sending.discard(task)
@@ -207,8 +222,8 @@ class PgQueue(PgBase):
         head of a queue is started (the appends before it are stored)."""
         batch: list[tuple[RunState, list[Append]]] = []
         total = 0
-        for run_id, queue in list(self._queues.items()):
-            if queue.busy or run_id in self._in_flight:  # a run is in one statement at a time
+        for run_id, queue in list(self.queues.items()):
+            if queue.busy or run_id in self.in_flight:  # a run is in one statement at a time
                 continue
             head = queue.items[0] if queue.items else None
             if isinstance(head, Call):
@@ -236,7 +251,7 @@ class PgQueue(PgBase):
             if taken:
                 batch.append((queue.run, taken))
             if not queue.items:
-                del self._queues[run_id]
+                del self.queues[run_id]
         return batch
 
     async def _call(self, queue: RunQueue, call: Call) -> None:
@@ -249,20 +264,20 @@ class PgQueue(PgBase):
                 call.future.set_result(result)
         finally:
             queue.busy = False
-            if queue.items and self._queues.get(queue.run.run_id) is not queue:
-                self._queues[queue.run.run_id] = queue  # it was dropped when empty; items came since
+            if queue.items and self.queues.get(queue.run.run_id) is not queue:
+                self.queues[queue.run.run_id] = queue  # it was dropped when empty; items came since
             self._kick()
 
     async def _send(self, batch: list[tuple[RunState, list[Append]]], replies: list[ReplyRecord]) -> None:
         sent = False
         try:
-            async with self.pool.acquire() as conn:
-                if self._unsure:
+            async with self.state.pool.acquire() as conn:
+                if self.unsure:
                     batch = await self._verify(conn, batch)
                     if not batch and not replies:
                         return
                 sent = True
-                since = iso(self.clock() - DELIVERY_WINDOW)
+                since = iso(self.state.clock() - DELIVERY_WINDOW)
                 arguments = [*_arguments(batch), since, *reply_arguments(replies)]
                 claimed, repeats = claims(await conn.fetch(_APPEND, *arguments))
                 lost = [(run, items) for run, items in batch if run.run_id not in claimed and run.run_id not in repeats]
@@ -273,14 +288,14 @@ class PgQueue(PgBase):
                 exc = unsure_commit(exc)
             for run, items in batch:
                 self._fail(run, items, exc)
-                self._unsure.add(run.run_id)
+                self.unsure.add(run.run_id)
             for reply in replies:
                 _settle(reply.future, database_error(exc) or exc)
             return
         for reply in replies:
             if not reply.future.done():
                 reply.future.set_result(None)
-        self._append_error = None
+        self.error = None
         for run, items in batch:
             if run.run_id in repeats:
                 self._drop_repeats(run, items, repeats[run.run_id])
@@ -304,16 +319,16 @@ class PgQueue(PgBase):
         """After a statement whose outcome is unknown (the connection broke under it): a run whose
         row is not where this process counted it (the lost statement did commit) fails what it
         queued since, and takes its counters from the row; the rest of the batch is sent."""
-        unsure = [run.run_id for run, _ in batch if run.run_id in self._unsure]
+        unsure = [run.run_id for run, _ in batch if run.run_id in self.unsure]
         if not unsure:
             return batch
         rows = await _counters(conn, unsure)
         kept = []
         for run, items in batch:
-            if run.run_id not in self._unsure:
+            if run.run_id not in self.unsure:
                 kept.append((run, items))
                 continue
-            self._unsure.discard(run.run_id)
+            self.unsure.discard(run.run_id)
             row = rows.get(run.run_id)
             if row is not None and row["next_seq"] == items[0].record["seq"]:
                 kept.append((run, items))
@@ -333,17 +348,14 @@ class PgQueue(PgBase):
         run.next_seq, run.messages_bytes = int(row["next_seq"]), int(row["messages_bytes"])
         run.context_tokens, run.context_bytes = int(row["context_tokens"]), int(row["context_bytes"])
         run.context_lines, run.last_context_seq = int(row["context_lines"]), int(row["last_context_seq"])
-        entry = self.entry(run.key)
-        if entry is not None and entry.run_id == run.run_id:
-            self.sync_counters(entry, run)
-            self.touch(run.key)
+        self.state.mirror(run, own_only=True)
 
     def _drop_repeats(self, run: RunState, taken: list[Append], priors: Mapping[int, PriorDelivery]) -> None:
         """The statement stored nothing of ``run``: appends in ``taken`` repeat a delivery
         (``priors``, by seq). Those, and a reply to one of them, are refused (``AlreadyDelivered``);
         the others, and every append queued behind them, are queued again in their order with the
         seqs that follow (a ``reply_to`` follows its message), as if the repeats had never come."""
-        queue = self._queues.get(run.run_id)
+        queue = self.queues.get(run.run_id)
         behind = list(queue.items) if queue is not None else []
         self._take_back(run, [*taken, *(item for item in behind if isinstance(item, Append))])
         dropped: dict[int, PriorDelivery] = {}
@@ -371,11 +383,8 @@ class PgQueue(PgBase):
             queue = RunQueue(run)
         queue.items = kept
         if kept:
-            self._queues[run.run_id] = queue
-        entry = self.entry(run.key)
-        if entry is not None and entry.run_id == run.run_id:
-            self.sync_counters(entry, run)
-            self.touch(run.key)
+            self.queues[run.run_id] = queue
+        self.state.mirror(run, own_only=True)
 
     def _take_back(self, run: RunState, appends: list[Append]) -> None:
         """The run's counters as they were before ``appends`` (queued in a row) were counted."""
@@ -394,22 +403,19 @@ class PgQueue(PgBase):
     def _fail(self, run: RunState, taken: list[Append], exc: BaseException) -> None:
         """``taken`` failed: it and every append queued behind it fail; the run's counters go
         back to before the first of them."""
-        queue = self._queues.get(run.run_id)
+        queue = self.queues.get(run.run_id)
         failed = list(taken)
         if queue is not None:
             failed += [item for item in queue.items if isinstance(item, Append)]
             queue.items = collections.deque(item for item in queue.items if isinstance(item, Call))
         if not failed:
             return
-        self._append_error = exc
+        self.error = exc
         typed = database_error(exc) or exc
         self._take_back(run, failed)
         for item in failed:
             _settle(item.future, typed)
-        entry = self.entry(run.key)
-        if entry is not None and entry.run_id == run.run_id:
-            self.sync_counters(entry, run)
-            self.touch(run.key)
+        self.state.mirror(run, own_only=True)
 
 
 _COUNTERS = (
@@ -450,6 +456,10 @@ def _arguments(batch: list[tuple[RunState, list[Append]]]) -> list[list[Any]]:
             for column, value in zip(context, (run.run_id, ordinal, item.line), strict=True):
                 column.append(value)
     return [*runs, *lines, *context, once_keys]
+
+
+async def nothing() -> None:
+    return None
 
 
 def _settle(future: asyncio.Future[Any], exc: BaseException) -> None:

@@ -12,10 +12,12 @@ import json
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
+import asyncpg
+
 from config.errors import RunNotFound, SessionNotFound
 from sessions.exports import RunExport, RunSource
-from sessions.postgres.base import PgBase
 from sessions.postgres.faults import unavailable
+from sessions.postgres.state import PgState
 from sessions.records import RUN_COLUMNS
 
 T = TypeVar("T")
@@ -27,8 +29,10 @@ _COLUMNS = ", ".join(f'"{c}"' if c != "uuid" else "run_id AS uuid" for c in RUN_
 class PgRunReader:
     """A run's records for ``sessions.files.export``: blocking calls made from a worker thread."""
 
-    def __init__(self, store: PgBase, run_id: str, final_summary: str | None, loop: asyncio.AbstractEventLoop) -> None:
-        self._store = store
+    def __init__(
+        self, pool: asyncpg.Pool, run_id: str, final_summary: str | None, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._pool = pool
         self._run_id = run_id
         self._final = final_summary
         self._loop = loop
@@ -50,7 +54,7 @@ class PgRunReader:
 
     async def _fetch(self, sql: str, *args: Any) -> list[str]:
         with unavailable("nothing was stored"):
-            return [str(r[0]) for r in await self._store.pool.fetch(sql, self._run_id, *args)]
+            return [str(r[0]) for r in await self._pool.fetch(sql, self._run_id, *args)]
 
     def messages(self) -> Iterator[dict[str, Any]]:
         after = 0
@@ -76,15 +80,19 @@ class PgRunReader:
 _MESSAGES = "SELECT record::text FROM messages WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
 
 
-class PgExport(PgBase):
+class PgExport:
+    def __init__(self, state: PgState) -> None:
+        self.state = state
+
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
-        """Every run of ``key`` oldest first (archived ones too: their rows stay), or the run ``run_id``."""
+        """Archived runs too (their rows stay)."""
+        pool = self.state.pool
         with unavailable("nothing was stored"):
             if run_id is not None:
-                rows = await self.pool.fetch(f"SELECT {_COLUMNS}, final_summary FROM runs WHERE run_id = $1", run_id)
+                rows = await pool.fetch(f"SELECT {_COLUMNS}, final_summary FROM runs WHERE run_id = $1", run_id)
             else:
                 assert key is not None, "export_runs needs a key or a run id"
-                rows = await self.pool.fetch(
+                rows = await pool.fetch(
                     f"SELECT {_COLUMNS}, final_summary FROM runs WHERE session_key = $1 ORDER BY created_at, run_id",
                     key,
                 )
@@ -97,5 +105,5 @@ class PgExport(PgBase):
         for row in rows:
             ledger = {c: row[c] for c in RUN_COLUMNS}
             source = RunSource(str(row["uuid"]), str(row["session_key"] or ""), row["agent_id"])
-            out.append(RunExport(ledger, source, PgRunReader(self, str(row["uuid"]), row["final_summary"], loop)))
+            out.append(RunExport(ledger, source, PgRunReader(pool, str(row["uuid"]), row["final_summary"], loop)))
         return out

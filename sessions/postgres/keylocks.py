@@ -38,7 +38,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import asyncpg
 
@@ -80,34 +80,27 @@ class _Lease:
     on_lost: Callable[[object], None] | None = None
 
 
+@dataclass(eq=False)
 class KeyLeases:
     """The keys this process holds; ``on_taken`` runs once a key's lock is taken (on its
-    connection), ``on_leaving`` before it is given back."""
+    connection), ``on_leaving`` before it is given back, ``on_waiting`` when this process waits
+    for a lock another holds (it asks for it: ``LEASE_CHANNEL``)."""
 
-    def __init__(
-        self,
-        pool: asyncpg.Pool,
-        *,
-        on_taken: Taken,
-        on_leaving: Leaving,
-        on_waiting: Asking | None = None,
-        linger_s: float = LINGER_S,
-        capacity: int = LOCK_CONNECTIONS,
-    ) -> None:
-        self.pool = pool
-        self._on_taken = on_taken
-        self._on_leaving = on_leaving
-        self._on_waiting = on_waiting
-        self.linger_s = linger_s
-        self.capacity = capacity
-        self._leases: dict[str, _Lease] = {}
-        self._by_lock: dict[int, str] = {}
-        self._holder: asyncpg.Connection | None = None  # holds every lock taken without waiting
-        self._holder_lock = asyncio.Lock()  # one statement at a time on it
-        self._taking: set[asyncio.Task[None]] = set()
-        self._closing = False
-        self.waits = 0  # leases that had to wait for another process (for tests and /metrics)
-        self.takes = 0  # leases taken (a message on a key this process holds takes none)
+    pool: asyncpg.Pool
+    _: KW_ONLY
+    on_taken: Taken
+    on_leaving: Leaving
+    on_waiting: Asking | None = None
+    linger_s: float = LINGER_S
+    capacity: int = LOCK_CONNECTIONS
+    waits: int = field(default=0, init=False)  # leases that had to wait for another process (tests, /metrics)
+    takes: int = field(default=0, init=False)  # leases taken (a message on a key this process holds takes none)
+    _leases: dict[str, _Lease] = field(default_factory=dict, init=False)
+    _by_lock: dict[int, str] = field(default_factory=dict, init=False)
+    _holder: asyncpg.Connection | None = field(default=None, init=False)  # holds every lock taken without waiting
+    _holder_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)  # one statement at a time on it
+    _taking: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    _closing: bool = field(default=False, init=False)
 
     def known(self, key: str) -> bool:
         """Whether this process holds ``key``, is taking it or giving it back."""
@@ -261,7 +254,7 @@ class KeyLeases:
                 if taken:
                     lease.conn = conn = holder
                     self.takes += 1
-                    await self._on_taken(key, holder)
+                    await self.on_taken(key, holder)
             if conn is None:
                 self.waits += 1
                 lease.own = True
@@ -272,7 +265,7 @@ class KeyLeases:
                 lease.on_lost = lambda _conn: self._lost(key, lease)
                 conn.add_termination_listener(lease.on_lost)
                 self.takes += 1
-                await self._on_taken(key, conn)
+                await self.on_taken(key, conn)
         except BaseException as exc:
             if conn is not None and lease.own:
                 await drop_connection(self.pool, conn)  # the lock, if taken, goes with the connection
@@ -296,8 +289,8 @@ class KeyLeases:
         ``lock_timeout`` ends each wait cleanly: the lock is then not held, nor half taken."""
         await conn.execute(f"SET lock_timeout = {int(ASK_AGAIN_S * 1000)}")  # the pool's reset undoes it
         while True:
-            if self._on_waiting is not None:
-                self._on_waiting(lock)
+            if self.on_waiting is not None:
+                self.on_waiting(lock)
             try:
                 await conn.execute("SELECT pg_advisory_lock($1)", lock)
                 return
@@ -311,12 +304,12 @@ class KeyLeases:
         if lease is None or lease.conn is None or lease.unlocking:
             return
         if lease.own:
-            await self._on_taken(key, lease.conn)
+            await self.on_taken(key, lease.conn)
             return
         async with self._holder_lock:
             holder = self._holder
             if holder is not None and holder is lease.conn:
-                await self._on_taken(key, holder)
+                await self.on_taken(key, holder)
 
     async def _leave(self, key: str, lease: _Lease) -> None:
         try:
@@ -324,7 +317,7 @@ class KeyLeases:
             while lease.conn is not None:
                 entered = lease.entered
                 try:
-                    await self._on_leaving(key)
+                    await self.on_leaving(key)
                 except Exception as exc:  # the next holder reads the runs table, the truth
                     log.warning("key %r: its entry was not written before the lease ended (%s)", key, exc)
                 if lease.users > 0:  # a user came back meanwhile: keep holding

@@ -16,12 +16,20 @@ import asyncpg
 
 from config.clock import iso
 from config.errors import RunActive
-from sessions.bookkeeping import end_entry, idle_entry, relabel_entry, require_active, run_stats, start_entry
+from sessions.bookkeeping import (
+    end_entry,
+    idle_entry,
+    inherit_next,
+    relabel_entry,
+    require_active,
+    run_stats,
+    start_entry,
+)
 from sessions.entries import SessionEntry
-from sessions.postgres.base import NOWHERE, _encode_entry
+from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
-from sessions.postgres.records import PgRecords
-from sessions.records import RunState, RunStatus, TaskKey
+from sessions.postgres.state import NOWHERE, PgState, encode_entry
+from sessions.records import RunState, RunStatus, TaskKey, copy_counters
 from sessions.store_hooks import run_hook
 
 log = logging.getLogger(__name__)
@@ -32,24 +40,20 @@ _UPSERT_ENTRY = (
 )
 
 
-class PgLifecycle(PgRecords):
-    _undiscarded: dict[str, str]  # key -> a run discard_run could not delete (the database was away)
+class PgLifecycle:
+    def __init__(self, state: PgState, queue: AppendQueue) -> None:
+        self.state = state
+        self.queue = queue
+        self._undiscarded: dict[str, str] = {}  # key -> a run discard_run could not delete (the database was away)
 
     async def start_run(
-        self,
-        key: str,
-        *,
-        agent_id: str | None,
-        chat_type: str,
-        channel: str | None,
-        task_key: TaskKey,
-        parent_uuid: str | None = None,
-        opening: bool = False,
-    ) -> RunState:
-        entry = self.entry(key)
+        self, key: str, *, agent_id: str | None, chat_type: str, channel: str | None, task_key: TaskKey,
+        parent_uuid: str | None = None, opening: bool = False,
+    ) -> RunState:  # fmt: skip
+        entry = self.state.entry(key)
         if entry is not None and entry.run_id is not None:
             raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
-        now = iso(self.clock())
+        now = iso(self.state.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
             run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
@@ -65,11 +69,11 @@ class PgLifecycle(PgRecords):
         stale = self._undiscarded.get(key)
         if stale is not None:  # its row still holds the key's one active place: it goes first
             with unavailable("the message was not stored"):
-                await self.pool.execute("DELETE FROM runs WHERE run_id = $1 AND opening AND next_seq = 1", stale)
+                await self.state.pool.execute("DELETE FROM runs WHERE run_id = $1 AND opening AND next_seq = 1", stale)
             del self._undiscarded[key]
         try:
             with unavailable("the message was not stored"):
-                await self.pool.execute(
+                await self.state.pool.execute(
                     "INSERT INTO runs (run_id, session_key, status, task_type, task_identifier, repository, \"user\","
                     " created_at, updated_at, metadata, agent_id, channel, chat_type, parent_uuid, pinned, opening)"
                     " VALUES ($1, $2, 'running', $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14)",
@@ -80,89 +84,84 @@ class PgLifecycle(PgRecords):
         except asyncpg.UniqueViolationError:
             raise RunActive(f"session {key!r} already has an active run (started by another gateway process)") from None
         run.opening = opening
-        self._runs[run_id] = run
+        self.state.runs[run_id] = run
         if entry is None:
-            entry = self._new_entry(key, agent_id, chat_type, channel)
-            self._entries[key] = entry
+            entry = self.state.new_entry(key, agent_id, chat_type, channel)
+            self.state.entries[key] = entry
         start_entry(entry, run_id, now)
-        self.sync_counters(entry, run)
-        self.touch(key)  # the run's row is the truth; recovery rebuilds the entry from it
-        self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        copy_counters(run, entry)
+        self.state.touch(key)  # the run's row is the truth; recovery rebuilds the entry from it
+        self.state.emit_run("lifecycle", run, action="start", parent_uuid=parent_uuid)
         return run
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
         """Undo ``start_run`` for a run whose first message could not be stored: its row (and
         everything under it) goes; the entry is removed or set idle."""
-        self._runs.pop(run.run_id, None)
-        entry = self.entry(run.key)
+        self.state.runs.pop(run.run_id, None)
+        entry = self.state.entry(run.key)
         if entry is not None and entry.run_id == run.run_id:
             if remove_entry:
-                del self._entries[run.key]
+                del self.state.entries[run.key]
             else:
                 idle_entry(entry)
         try:
             with unavailable("the discarded run was not stored"):
-                await self.pool.execute("DELETE FROM runs WHERE run_id = $1", run.run_id)
-            await self.flush_entries(run.key)
+                await self.state.pool.execute("DELETE FROM runs WHERE run_id = $1", run.run_id)
+            await self.state.flush_entries(run.key)
         except Exception as exc:  # an opening run with no message: the key's next start or start-up removes it
             self._undiscarded[run.key] = run.run_id
             log.error("could not remove discarded run %s (%s): the key's next start will", run.run_id, exc)
-        self._emit("lifecycle", run, action="discard")
+        self.state.emit_run("lifecycle", run, action="discard")
 
     async def pause(self, key: str) -> RunState:
-        run = require_active(self, key)
+        run = require_active(self.state, key)
         if run.status == "paused":
             return run
-        for name, hook in self.hooks.stop_hooks.items():
+        for name, hook in self.state.hooks.stop_hooks.items():
             await run_hook("stop", name, hook, run)
         await self._set_status(run, "paused", stats=True)
-        self._emit("lifecycle", run, action="pause")
+        self.state.emit_run("lifecycle", run, action="pause")
         return run
 
     async def resume(self, key: str) -> RunState:
-        run = require_active(self, key)
+        run = require_active(self.state, key)
         if run.status == "running":
             return run
         await self._set_status(run, "running", stats=False)
-        self._emit("lifecycle", run, action="resume")
+        self.state.emit_run("lifecycle", run, action="resume")
         return run
 
     async def _set_status(self, run: RunState, status: RunStatus, *, stats: bool) -> None:
-        await self._settled(run)
-        now = iso(self.clock())
-        entry = self.entry(run.key)
+        await self.queue.settled(run)
+        now = iso(self.state.clock())
+        entry = self.state.entry(run.key)
         after = dataclasses.replace(entry, status=status, updated_at=now) if entry is not None else None
         extra = run_stats(run) if stats else {}
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(extra, start=4))
         with unavailable("the change was not stored"):
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.state.pool.acquire() as conn, conn.transaction():
                 await conn.execute(
                     f"UPDATE runs SET status = $2, updated_at = $3{', ' + sets if sets else ''} WHERE run_id = $1",
                     run.run_id, status, now, *extra.values(),
                 )  # fmt: skip
                 if after is not None:
-                    await conn.execute(_UPSERT_ENTRY, after.key, _encode_entry(after))
+                    await conn.execute(_UPSERT_ENTRY, after.key, encode_entry(after))
         run.status = status
         if entry is not None and after is not None:
             entry.status, entry.updated_at = after.status, after.updated_at
 
     async def complete(
-        self,
-        key: str,
-        *,
-        error: str | None = None,
-        reason: str = "complete",
-        summarize: bool = True,
+        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True,
         final_summary: str | None = None,
-    ) -> RunState:
+    ) -> RunState:  # fmt: skip
         """Complete (or fail) the key's run, keeping the final summary it is given (the engine's
         ``conversations/run_end.py`` writes it; the store summarizes nothing)."""
-        run = require_active(self, key)
+        run = require_active(self.state, key)
         run.closing = True
         try:
             return await self._complete(run, key, error, reason, final_summary if summarize else None, summarize)
         except BaseException:
-            if run.run_id in self._runs:
+            if run.run_id in self.state.runs:
                 run.closing = False  # not completed: the run goes on
             raise
 
@@ -170,11 +169,11 @@ class PgLifecycle(PgRecords):
         self, run: RunState, key: str, error: str | None, reason: str, text: str | None, summarize: bool
     ) -> RunState:
         status: RunStatus = "failed" if error is not None else "completed"
-        for name, hook in self.hooks.completion_hooks.items() if summarize else ():
+        for name, hook in self.state.hooks.completion_hooks.items() if summarize else ():
             await run_hook("completion", name, hook, run)
-        await self._settled(run)
-        now = iso(self.clock())
-        entry = self.entry(key)
+        await self.queue.settled(run)
+        now = iso(self.state.clock())
+        entry = self.state.entry(key)
         after = None
         if entry is not None:
             after = dataclasses.replace(entry)
@@ -182,7 +181,7 @@ class PgLifecycle(PgRecords):
         stats = run_stats(run)
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(stats, start=8))
         with unavailable("the run's completion was not stored"):
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.state.pool.acquire() as conn, conn.transaction():
                 await conn.execute(
                     f"UPDATE runs SET status = $2, completed_at = $3, updated_at = $3, error_message = $4,"
                     f" compaction_count = $5, final_summary = $6, opening = $7, {sets} WHERE run_id = $1",
@@ -202,66 +201,50 @@ class PgLifecycle(PgRecords):
                     run.run_id, key,
                 )  # fmt: skip
                 if after is not None:
-                    await conn.execute(_UPSERT_ENTRY, after.key, _encode_entry(after))
-        del self._runs[run.run_id]
+                    await conn.execute(_UPSERT_ENTRY, after.key, encode_entry(after))
+        del self.state.runs[run.run_id]
         if entry is not None and after is not None:
-            self._entries[key] = after
-            self._dirty.discard(key)
+            self.state.entries[key] = after
+            self.state.dirty.discard(key)
         run.status = status
-        self._emit("lifecycle", run, action=status, reason=reason, error=error)
+        self.state.emit_run("lifecycle", run, action=status, reason=reason, error=error)
         return run
 
     async def delete(self, key: str) -> str | None:
         """Complete the active run (if any) and remove the entry; the runs stay."""
-        self.require_entry(key)
+        self.state.require_entry(key)
         completed = None
-        if self.active_run(key) is not None:
+        if self.state.active_run(key) is not None:
             completed = (await self.complete(key, reason="delete")).run_id
-        self._entries.pop(key, None)
+        self.state.entries.pop(key, None)
         with unavailable("the deletion was not stored"):  # a new session on the key inherits nothing of these runs
-            await self.pool.execute("UPDATE runs SET inherit = false WHERE session_key = $1", key)
-        await self.flush_entries(key)
+            await self.state.pool.execute("UPDATE runs SET inherit = false WHERE session_key = $1", key)
+        await self.state.flush_entries(key)
         return completed
 
     async def update_entry(
-        self,
-        key: str,
-        *,
-        pinned: bool | None = None,
-        label: str | None = None,
-        clear_label: bool = False,
+        self, key: str, *, pinned: bool | None = None, label: str | None = None, clear_label: bool = False,
         settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:
-        entry = self.require_entry(key)
+    ) -> SessionEntry:  # fmt: skip
+        entry = self.state.require_entry(key)
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             with unavailable("the change was not stored"):
-                await self.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
+                await self.state.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
         relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
-        entry.updated_at = iso(self.clock())
-        await self.flush_entries(key)
+        entry.updated_at = iso(self.state.clock())
+        await self.state.flush_entries(key)
         return entry
 
     async def set_inherit_next(self, key: str, inherit: bool) -> bool:
-        entry = self.entry(key)
-        if entry is None or entry.inherit_next == inherit:
-            return False
-        entry.inherit_next = inherit
-        self.touch(key)
-        return True
+        changed = inherit_next(self.state.entry(key), inherit)
+        if changed:
+            self.state.touch(key)
+        return changed
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
-        entry = self.entry(key)
+        entry = self.state.entry(key)
         if entry is None:
             return
         entry.last_reset_boundary = boundary
-        await self.flush_entries(key)
-
-    async def _settled(self, run: RunState) -> None:
-        """Wait for the appends queued for ``run`` before a lifecycle change (they land first)."""
-        if run.appends_pending or run.run_id in self._queues:
-            await self.after_queued(run, _nothing)
-
-
-async def _nothing() -> None:
-    return None
+        await self.state.flush_entries(key)

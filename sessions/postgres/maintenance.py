@@ -5,22 +5,16 @@ content), cleanup and the doctor's database checks (export is ``sessions.postgre
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from config.clock import iso, parse_iso
 from config.errors import SessionNotFound
 from config.settings import CleanupSettings
-from sessions.cleanup_plan import (
-    DELIVERY_ID_DAYS,
-    IDEMPOTENCY_DAYS,
-    ArchiveFacts,
-    CleanupAction,
-    RunFacts,
-    plan_cleanup,
-)
+from sessions.cleanup_plan import ArchiveFacts, describe, is_pinned, plan_cleanup, records_cutoffs, run_facts
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
+from sessions.postgres.state import PgState
 from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
 
@@ -32,20 +26,24 @@ log = logging.getLogger(__name__)
 KEYED_TABLES = ("idempotency", "hook_deliveries", "openai_conversations", "openai_responses", "usage_daily")
 
 
-class PgMaintenance(PgLifecycle):
+class PgMaintenance:
+    def __init__(self, state: PgState, lifecycle: PgLifecycle) -> None:
+        self.state = state
+        self.lifecycle = lifecycle
+
     async def purge(self, key: str, *, history: Any = None) -> StoredRecord:
-        """Erase ``key`` for good (``SessionNotFound`` when neither an entry nor a run of it exists);
+        """In one transaction (``SessionNotFound`` when neither an entry nor a run of ``key`` exists);
         the tombstone ``{session_key, deleted_at, runs, messages}``. ``history`` (the index) needs
         nothing: its rows go with the runs. The caller holds the key's lock."""
         with unavailable("nothing was stored"):
-            rows = await self.pool.fetch("SELECT run_id, total_messages FROM runs WHERE session_key = $1", key)
-        if self.entry(key) is None and not rows:
+            rows = await self.state.pool.fetch("SELECT run_id, total_messages FROM runs WHERE session_key = $1", key)
+        if self.state.entry(key) is None and not rows:
             raise SessionNotFound(f"no session or run with key {key!r}")
-        if self.active_run(key) is not None:
-            await self.complete(key, reason="purge", summarize=False)
-        stamp = iso(self.clock())
+        if self.state.active_run(key) is not None:
+            await self.lifecycle.complete(key, reason="purge", summarize=False)
+        stamp = iso(self.state.clock())
         with unavailable("nothing was stored"):
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.state.pool.acquire() as conn, conn.transaction():
                 rows = await conn.fetch("DELETE FROM runs WHERE session_key = $1 RETURNING run_id, total_messages", key)
                 for table in KEYED_TABLES:
                     await conn.execute(f"DELETE FROM {table} WHERE session_key = $1", key)
@@ -57,8 +55,8 @@ class PgMaintenance(PgLifecycle):
                     " VALUES ($1, $2, $3, 'purge', $4, $5)",
                     [(key, run_id, stamp, len(rows), messages) for run_id in run_ids],
                 )
-        self._entries.pop(key, None)
-        self._dirty.discard(key)
+        self.state.entries.pop(key, None)
+        self.state.dirty.discard(key)
         tombstone = {
             "session_key": key,
             "deleted_at": stamp,
@@ -71,73 +69,53 @@ class PgMaintenance(PgLifecycle):
     async def tombstones(self, key: str | None = None) -> list[StoredRecord]:
         sql = "SELECT session_key, run_id, purged_at FROM purge_tombstones"
         with unavailable("nothing was stored"):
-            rows = await (self.pool.fetch(sql + " WHERE session_key = $1 ORDER BY id", key) if key is not None
-                          else self.pool.fetch(sql + " ORDER BY id"))  # fmt: skip
+            rows = await (self.state.pool.fetch(sql + " WHERE session_key = $1 ORDER BY id", key) if key is not None
+                          else self.state.pool.fetch(sql + " ORDER BY id"))  # fmt: skip
         return [dict(r) for r in rows]
 
     # -- cleanup (the plan of sessions.cleanup_plan; an archive is the run's rows marked archived) --
 
     async def cleanup(
-        self,
-        settings: CleanupSettings,
-        *,
-        now: datetime,
-        dry_run: bool,
-        complete: CompleteRun,
+        self, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteRun,
         step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:
+    ) -> list[StoredRecord]:  # fmt: skip
         """The files backend's decisions (``plan_cleanup``) on the database: ``archive`` marks a
         run's row archived (its rows stay, readable; no tar.gz on this backend), ``delete_archive``
         deletes the run's rows (its messages, records and index rows with them); expired
         idempotency and webhook delivery records are forgotten."""
         with unavailable("nothing was stored"):
-            rows = await self.pool.fetch(_FACTS)
+            rows = await self.state.pool.fetch(_FACTS)
         runs, archived = [], []
         for row in rows:
             key = row["session_key"] or ""
-            entry = self.entry(key)
-            pinned = bool(row["pinned"]) or bool(entry and entry.pinned)
+            entry = self.state.entry(key)
             if row["archived_at"]:
-                archived.append(ArchiveFacts(row["run_id"], parse_iso(row["archived_at"]), key, pinned))
-                continue
-            last = entry.last_interaction_at if entry and entry.run_id == row["run_id"] else None
-            runs.append(
-                RunFacts(
-                    run_id=row["run_id"],
-                    session_key=key,
-                    chat_type=row["chat_type"] or "direct",
-                    status=row["status"],
-                    completed_at=_when(row["completed_at"]),
-                    last_interaction_at=_when(last or row["updated_at"] or row["created_at"]),
-                    pinned=pinned,
-                )
-            )
+                archived.append(ArchiveFacts(row["run_id"], parse_iso(row["archived_at"]), key, is_pinned(row, entry)))
+            else:
+                runs.append(run_facts(row["run_id"], row, entry))
         actions = plan_cleanup(runs, archived, settings, now)
         if dry_run:
-            return [{**_describe(a), "done": False} for a in actions]
+            return [{**describe(a), "done": False} for a in actions]
         report: list[StoredRecord] = []
         for action in actions:
             if action.kind == "complete":
-                if action.session_key and self.active_run(action.session_key) is not None:
+                if action.session_key and self.state.active_run(action.session_key) is not None:
                     await complete(action.session_key)
             elif action.kind == "archive":
                 with unavailable("nothing was stored"):
-                    await self.pool.execute(
-                        "UPDATE runs SET archived_at = $2 WHERE run_id = $1", action.run_id, iso(self.clock())
+                    await self.state.pool.execute(
+                        "UPDATE runs SET archived_at = $2 WHERE run_id = $1", action.run_id, iso(self.state.clock())
                     )
                 if step is not None:
                     step("recorded")
             else:
                 with unavailable("nothing was stored"):
-                    await self.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
-            report.append({**_describe(action), "done": True})
+                    await self.state.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
+            report.append({**describe(action), "done": True})
+        keys_before, hooks_before = records_cutoffs(now)
         with unavailable("nothing was stored"):
-            keys = await self.pool.execute(
-                "DELETE FROM idempotency WHERE created_at < $1", iso(now - timedelta(days=IDEMPOTENCY_DAYS))
-            )
-            hooks = await self.pool.execute(
-                "DELETE FROM hook_deliveries WHERE created_at < $1", iso(now - timedelta(days=DELIVERY_ID_DAYS))
-            )
+            keys = await self.state.pool.execute("DELETE FROM idempotency WHERE created_at < $1", keys_before)
+            hooks = await self.state.pool.execute("DELETE FROM hook_deliveries WHERE created_at < $1", hooks_before)
         trimmed = int(keys.split()[-1]) + int(hooks.split()[-1])
         if trimmed:
             log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
@@ -151,20 +129,20 @@ class PgMaintenance(PgLifecycle):
         Archives (tar.gz) and run folders are files-only: nothing to check here."""
         findings: list[StoredRecord] = []
         with unavailable("nothing was stored"):
-            gaps = await self.pool.fetch(_GAPS)
-            doubled = await self.pool.fetch(_DOUBLED)
+            gaps = await self.state.pool.fetch(_GAPS)
+            doubled = await self.state.pool.fetch(_DOUBLED)
         for row in gaps:
             detail = f"run {row[0]} has {row[1]} message(s) but seqs up to {row[2]}: seqs are missing"
             findings.append(_finding("seq_gaps", "error", detail, None, run_id=row[0], key=row[3]))
         for row in doubled:
             detail = f"key {row[0]} has {row[1]} active runs (the constraint runs_one_active_per_key is missing?)"
             findings.append(_finding("active_runs", "error", detail, None, key=row[0]))
-        for entry in list(self._entries.values()):
-            if entry.run_id is not None and self.active_run(entry.key) is None:
+        for entry in list(self.state.entries.values()):
+            if entry.run_id is not None and self.state.active_run(entry.key) is None:
                 detail = f"the entry of {entry.key} names run {entry.run_id}, which is not active"
                 if fix:
                     entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
-                    await self.flush_entries(entry.key)
+                    await self.state.flush_entries(entry.key)
                 findings.append(_finding("entries", "warning", detail, "set the entry idle", key=entry.key, fixed=fix))
         return findings
 
@@ -181,14 +159,6 @@ _DOUBLED = (
     "SELECT session_key, count(*) FROM runs WHERE status IN ('running', 'paused')"
     " GROUP BY session_key HAVING count(*) > 1"
 )
-
-
-def _when(text: str | None) -> datetime | None:
-    return parse_iso(text) if text else None
-
-
-def _describe(action: CleanupAction) -> StoredRecord:
-    return {"action": action.kind, "run_id": action.run_id, "session_key": action.session_key, "reason": action.reason}
 
 
 def _finding(

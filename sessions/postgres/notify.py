@@ -243,17 +243,19 @@ class EventRelay:
 
     async def close(self) -> None:
         self._closing = True
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        await _cancel(self._keeper)
         if self._sender is not None:
             with contextlib.suppress(Exception):
                 await self._sender
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        await _cancel(self._reader)
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await self._conn.close(timeout=5)
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    """``task`` cancelled, and waited for (None: none was started)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -10,8 +10,8 @@ from typing import Any, cast
 
 from config.clock import iso
 from config.errors import RunNotFound
-from sessions.postgres.appends import PgAppends
 from sessions.postgres.faults import unavailable
+from sessions.postgres.state import PgState
 from sessions.protocol import RecordKind
 from sessions.records import KnownKey, RunRow, StoredRecord, TaskKey
 
@@ -55,20 +55,19 @@ _RECORDS: dict[RecordKind, tuple[str, str]] = {
 }
 
 
-class PgReads(PgAppends):
+class PgReads:
+    def __init__(self, state: PgState) -> None:
+        self.state = state
+
     async def get_run(self, run_id: str) -> RunRow | None:
         with unavailable("nothing was read"):
-            row = await self.pool.fetchrow(f"{SELECT_RUN} WHERE run_id = $1", run_id)
+            row = await self.state.pool.fetchrow(f"{SELECT_RUN} WHERE run_id = $1", run_id)
         return cast(RunRow, dict(row)) if row is not None else None
 
     async def list_runs(
-        self,
-        *,
-        session_key: str | None = None,
-        statuses: Sequence[str] = (),
-        limit: int = 50,
+        self, *, session_key: str | None = None, statuses: Sequence[str] = (), limit: int = 50,
         before: tuple[str, str] | None = None,
-    ) -> list[RunRow]:
+    ) -> list[RunRow]:  # fmt: skip
         """Newest first by (created_at, uuid); ``before`` is the cursor of the last row seen."""
         clauses: list[str] = []
         values: list[Any] = []
@@ -85,13 +84,13 @@ class PgReads(PgAppends):
         values.append(limit)
         sql = f"{SELECT_RUN} {where} ORDER BY created_at DESC, run_id DESC LIMIT ${len(values)}"
         with unavailable("nothing was read"):
-            rows = await self.pool.fetch(sql, *values)
+            rows = await self.state.pool.fetch(sql, *values)
         return [cast(RunRow, dict(row)) for row in rows]
 
     async def known_keys(self) -> list[KnownKey]:
         sql = "SELECT session_key, max(agent_id), max(chat_type) FROM runs WHERE session_key IS NOT NULL GROUP BY 1"
         with unavailable("nothing was read"):
-            rows = await self.pool.fetch(sql)
+            rows = await self.state.pool.fetch(sql)
         return [KnownKey(r[0], r[1], r[2]) for r in rows]
 
     async def require_run(self, run_id: str) -> RunRow:
@@ -101,9 +100,8 @@ class PgReads(PgAppends):
         return row
 
     async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
-        """Completed or failed runs of ``key`` (or of ``task_key``) ended within ``within_days``,
-        newest first; not those of a deleted session (``inherit`` false)."""
-        since = iso(self.clock() - timedelta(days=within_days))
+        """A deleted session's runs have ``inherit`` false."""
+        since = iso(self.state.clock() - timedelta(days=within_days))
         values: list[object] = [since, key]
         match = "session_key = $2"
         if task_key is not None:
@@ -117,13 +115,13 @@ class PgReads(PgAppends):
             " ORDER BY completed_at DESC, created_at DESC"
         )
         with unavailable("nothing was read"):
-            rows = await self.pool.fetch(sql, *values)
+            rows = await self.state.pool.fetch(sql, *values)
         return [cast(RunRow, dict(row)) for row in rows]
 
     async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[StoredRecord]:
         await self.require_run(run_id)
         with unavailable("nothing was read"):
-            rows = await self.pool.fetch(
+            rows = await self.state.pool.fetch(
                 "SELECT record::text FROM messages WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
                 run_id,
                 after_seq,
@@ -135,11 +133,12 @@ class PgReads(PgAppends):
         await self.require_run(run_id)
         table, order = _RECORDS[kind]
         with unavailable("nothing was read"):
-            rows = await self.pool.fetch(f"SELECT record::text FROM {table} WHERE run_id = $1 ORDER BY {order}", run_id)
+            sql = f"SELECT record::text FROM {table} WHERE run_id = $1 ORDER BY {order}"
+            rows = await self.state.pool.fetch(sql, run_id)
         return [json.loads(row[0]) for row in rows]
 
     async def read_final_summary(self, run_id: str) -> str | None:
         await self.require_run(run_id)
         with unavailable("nothing was read"):
-            text = await self.pool.fetchval("SELECT final_summary FROM runs WHERE run_id = $1", run_id)
+            text = await self.state.pool.fetchval("SELECT final_summary FROM runs WHERE run_id = $1", run_id)
         return str(text) if text is not None else None

@@ -6,9 +6,9 @@ from __future__ import annotations
 from config.clock import iso
 from sessions.codec import decode
 from sessions.deliveries import PriorDelivery
+from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
-from sessions.postgres.reads import PgReads
-from sessions.postgres.usage import PgUsage
+from sessions.postgres.state import PgState
 from sessions.records import CompatConversation, HookDelivery, IdempotencyRecord, ResponseRef
 
 _SAVE_IDEMPOTENCY = (
@@ -28,12 +28,16 @@ _RECALL = (
 )
 
 
-class PgRecords(PgReads, PgUsage):
+class PgRecords:
+    def __init__(self, state: PgState, queue: AppendQueue) -> None:
+        self.state = state
+        self.queue = queue
+
     # -- idempotency ----------------------------------------------------------------------------
 
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
         with unavailable("nothing was stored"):
-            row = await self.pool.fetchrow(
+            row = await self.state.pool.fetchrow(
                 "SELECT run_id, message_seq, response FROM idempotency"
                 " WHERE session_key = $1 AND client_message_id = $2 AND created_at >= $3",
                 key,
@@ -44,9 +48,9 @@ class PgRecords(PgReads, PgUsage):
 
     async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
         """One statement: the idempotency record, else the message in the active run (and its reply)."""
-        run = self.active_run(key)
+        run = self.state.active_run(key)
         with unavailable("nothing was stored"):
-            rows = await self.pool.fetch(_RECALL, key, client_message_id, since, run.run_id if run else None)
+            rows = await self.state.pool.fetch(_RECALL, key, client_message_id, since, run.run_id if run else None)
         if not rows:
             return None
         found = {row["src"]: row for row in rows}
@@ -62,7 +66,7 @@ class PgRecords(PgReads, PgUsage):
     def checks_deliveries(self, key: str) -> bool:
         """The append statement checks an id marked ``once`` (``sessions.postgres.batching``): a
         key with an active run is looked up by nothing else."""
-        return self.active_run(key) is not None
+        return self.state.active_run(key) is not None
 
     async def remember_delivery(self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None) -> None:
         """A new delivery replaces an expired record whole (its window starts now, no old reply)."""
@@ -73,19 +77,20 @@ class PgRecords(PgReads, PgUsage):
         self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
     ) -> None:
         """Rides in the next append statement (``sessions.postgres.batching``): no commit of its own."""
-        await self.queue_reply(client_message_id=client_message_id, key=key, run_id=run_id, seq=seq, response=response)
+        await self.queue.queue_reply(key, client_message_id, run_id=run_id, seq=seq, response=response)
 
     async def _save_idempotency(
         self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str
     ) -> None:
         with unavailable("the idempotency record was not stored"):
-            await self.pool.execute(_SAVE_IDEMPOTENCY + update, key, cmid, iso(self.clock()), run_id, seq, response)
+            stamp = iso(self.state.clock())
+            await self.state.pool.execute(_SAVE_IDEMPOTENCY + update, key, cmid, stamp, run_id, seq, response)
 
     # -- webhook deliveries ---------------------------------------------------------------------
 
     async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
         with unavailable("nothing was stored"):
-            row = await self.pool.fetchrow(
+            row = await self.state.pool.fetchrow(
                 "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = $1", delivery_id
             )
         return HookDelivery(row[0], row[1]) if row else None
@@ -95,17 +100,17 @@ class PgRecords(PgReads, PgUsage):
     ) -> None:
         """Remember a delivery id (the first record of an id wins)."""
         with unavailable("the delivery record was not stored"):
-            await self.pool.execute(
+            await self.state.pool.execute(
                 "INSERT INTO hook_deliveries (delivery_id, hook, created_at, session_key, message_seq)"
                 " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (delivery_id) DO NOTHING",
-                delivery_id, hook, iso(self.clock()), session_key, message_seq,
+                delivery_id, hook, iso(self.state.clock()), session_key, message_seq,
             )  # fmt: skip
 
     # -- the OpenAI-compatible routes' records --------------------------------------------------
 
     async def compat_conversation(self, key: str) -> CompatConversation | None:
         with unavailable("nothing was stored"):
-            row = await self.pool.fetchrow(
+            row = await self.state.pool.fetchrow(
                 "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
                 " FROM openai_conversations WHERE session_key = $1",
                 key,
@@ -114,7 +119,7 @@ class PgRecords(PgReads, PgUsage):
 
     async def save_compat_conversation(self, key: str, record: CompatConversation) -> None:
         with unavailable("the conversation record was not stored"):
-            await self.pool.execute(
+            await self.state.pool.execute(
                 "INSERT INTO openai_conversations (session_key, epoch, base_count, request_count, request_digest,"
                 " answered_count, answered_digest, answer, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
                 " ON CONFLICT (session_key) DO UPDATE SET epoch = excluded.epoch, base_count = excluded.base_count,"
@@ -122,12 +127,12 @@ class PgRecords(PgReads, PgUsage):
                 " answered_count = excluded.answered_count, answered_digest = excluded.answered_digest,"
                 " answer = excluded.answer, updated_at = excluded.updated_at",
                 key, record.epoch, record.base_count, record.request_count, record.request_digest,
-                record.answered_count, record.answered_digest, record.answer, iso(self.clock()),
+                record.answered_count, record.answered_digest, record.answer, iso(self.state.clock()),
             )  # fmt: skip
 
     async def compat_response(self, response_id: str) -> ResponseRef | None:
         with unavailable("nothing was stored"):
-            row = await self.pool.fetchrow(
+            row = await self.state.pool.fetchrow(
                 "SELECT response_id, session_key, run_id, seq FROM openai_responses WHERE response_id = $1",
                 response_id,
             )
@@ -135,15 +140,15 @@ class PgRecords(PgReads, PgUsage):
 
     async def latest_compat_response(self, key: str) -> str | None:
         with unavailable("nothing was stored"):
-            value = await self.pool.fetchval(
+            value = await self.state.pool.fetchval(
                 "SELECT response_id FROM openai_responses WHERE session_key = $1 ORDER BY ord DESC LIMIT 1", key
             )
         return str(value) if value is not None else None
 
     async def save_compat_response(self, ref: ResponseRef) -> None:
         with unavailable("the response record was not stored"):
-            await self.pool.execute(
+            await self.state.pool.execute(
                 "INSERT INTO openai_responses (response_id, session_key, run_id, seq, created_at)"
                 " VALUES ($1, $2, $3, $4, $5)",
-                ref.response_id, ref.session_key, ref.run_id, ref.seq, iso(self.clock()),
+                ref.response_id, ref.session_key, ref.run_id, ref.seq, iso(self.state.clock()),
             )  # fmt: skip

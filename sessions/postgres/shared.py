@@ -19,21 +19,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
 
 from config.errors import Conflict
 from sessions.events import StoreEvent
 from sessions.postgres.appends import PgAppends
-from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
+from sessions.postgres.batching import AppendQueue, nothing
 from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases
 from sessions.postgres.locks import SharedLock, TurnLock
 from sessions.postgres.notify import EventRelay
-from sessions.records import ContextRewrite, MessageRecord, NewMessage, RunState
+from sessions.postgres.state import NOWHERE, PgState, decode_entry, state_from_row
+from sessions.records import ContextRewrite, MessageRecord, NewMessage, RunState, copy_counters
 from sessions.rewrites import ContextChange
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 VIEW_REFRESH_S = 0.2  # the other processes' changes are read again in batches this far apart
 POOL_CLOSE_S = 10.0
@@ -54,34 +58,41 @@ async def _close_pool(pool: asyncpg.Pool) -> None:
         pool.terminate()
 
 
-class PgShared(PgAppends):
-    _leases: KeyLeases | None = None
-    _turn_pool: asyncpg.Pool | None = None
-    _relay: EventRelay | None = None
-    _follower: Callable[[StoreEvent], object] | None = None
-    _stale: set[str]
-    _reading: frozenset[str] = frozenset()  # the keys a view refresh is reading now
-    _overtaken: set[str]  # of those, the ones a lease took meanwhile: the read is older than it
-    _viewing: asyncio.Task[None] | None = None
+class PgSharing:
+    """The store's keys and events across processes (see the module's doc); alone (``start`` not
+    called), ``lock_for`` hands out plain locks and the appends go straight to ``appends``."""
 
-    async def start_sharing(self, dsn: str, password: str | None) -> None:
+    def __init__(self, state: PgState, queue: AppendQueue, appends: PgAppends) -> None:
+        self.state = state
+        self.queue = queue
+        self.appends = appends
+        self.leases: KeyLeases | None = None
+        self._turn_pool: asyncpg.Pool | None = None
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._follower: Callable[[StoreEvent], object] | None = None
+        self._stale: set[str] = set()
+        self._reading: frozenset[str] = frozenset()  # the keys a view refresh is reading now
+        self._overtaken: set[str] = set()  # of those, the ones a lease took meanwhile: the read is older than it
+        self._viewing: asyncio.Task[None] | None = None
+
+    async def start(self, dsn: str, password: str | None) -> None:
         """Lease keys from now on (a pool of connections that hold the keys' locks), and send and
         receive the events (``sessions.postgres.notify``)."""
         pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
-        relay = EventRelay(self.pool, dsn, password)
+        relay = EventRelay(self.state.pool, dsn, password)
         leases = KeyLeases(pool, on_taken=self._refresh_key, on_leaving=self._settle_key, on_waiting=relay.ask)
         relay.asked = leases.asked
         relay.deliver = self._from_others
         self._stale, self._overtaken = set(), set()
-        self._leases = leases
+        self.leases = leases
         self._turn_pool = await asyncpg.create_pool(dsn, password=password, min_size=0, max_size=LOCK_CONNECTIONS)
         self._locks.clear()
         await relay.start()
-        self._relay = relay
+        self.state.relay = relay
 
-    async def stop_sharing(self) -> None:
-        leases, self._leases = self._leases, None
-        relay, self._relay = self._relay, None
+    async def stop(self) -> None:
+        leases, self.leases = self.leases, None
+        relay, self.state.relay = self.state.relay, None
         turns, self._turn_pool = self._turn_pool, None
         viewing, self._viewing = self._viewing, None
         if viewing is not None:
@@ -107,7 +118,7 @@ class PgShared(PgAppends):
 
     def _from_others(self, event: StoreEvent) -> None:
         key = event.get("key")
-        if isinstance(key, str) and self._leases is not None and not self._leases.known(key):
+        if isinstance(key, str) and self.leases is not None and not self.leases.known(key):
             self._stale.add(key)
             if self._viewing is None or self._viewing.done():
                 self._viewing = asyncio.get_running_loop().create_task(self._refresh_views(), name="postgres-views")
@@ -121,7 +132,8 @@ class PgShared(PgAppends):
             keys, self._stale = sorted(self._stale), set()
             self._reading, self._overtaken = frozenset(keys), set()
             try:
-                async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+                pool = self.state.pool
+                async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
                     runs, entries = await self._read_keys(keys, conn)  # one snapshot for both
             except Exception as exc:  # the next event of the key, or a lease, reads it again
                 log.debug("views of %d key(s) not read again (%s)", len(keys), exc)
@@ -130,42 +142,47 @@ class PgShared(PgAppends):
                 self._reading = frozenset()
             for key in keys:
                 # not held nor taken since the read began: nothing here is newer than what was read
-                if key not in self._overtaken and self._leases is not None and not self._leases.known(key):
+                if key not in self._overtaken and self.leases is not None and not self.leases.known(key):
                     self._apply_key(key, runs.get(key, []), entries.get(key))
-
-    def emit(self, event: StoreEvent) -> None:
-        super().emit(event)  # the store's own events come here too (``_emit`` builds and emits)
-        if self._relay is not None:
-            self._relay.send(event)
 
     @property
     def shared(self) -> bool:
-        return self._leases is not None
+        return self.leases is not None
 
     def lock_for(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)
         if lock is None:
-            lock = self._locks[key] = asyncio.Lock() if self._leases is None else SharedLock(self._leases, key)
+            lock = self._locks[key] = asyncio.Lock() if self.leases is None else SharedLock(self.leases, key)
         return lock
 
     def turn_lock(self, key: str) -> asyncio.Lock | None:
         """``TurnLocks``: the key's turn lock across processes (None: one process, the engine's own
         lock is enough)."""
-        if self._leases is None or self._turn_pool is None:
+        if self.leases is None or self._turn_pool is None:
             return None
-        return TurnLock(self._turn_pool, self._leases, key)
+        return TurnLock(self._turn_pool, self.leases, key)
+
+    async def _leased(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
+        """``work`` under the key's lease (taken for its length; alone, none)."""
+        if self.leases is None:
+            return await work()
+        await self.leases.enter(key)
+        try:
+            return await work()
+        finally:
+            self.leases.leave(key)
 
     async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
         """Under the key's lease (a turn's reply, a tool's message: the lease is not held for a
         whole turn), so its seq follows what other processes stored meanwhile; a seq taken by a
         killed holder's late append is handled in ``finish_append``."""
-        if self._leases is None:
-            return await super().append(run, message)
-        await self._leases.enter(run.key)
-        try:
-            return await super().append(run, message)
-        finally:
-            self._leases.leave(run.key)
+        if self.leases is None:
+            return await self._append(run, message)
+        return await self._leased(run.key, lambda: self._append(run, message))
+
+    async def _append(self, run: RunState, message: NewMessage) -> MessageRecord:
+        record, durable = self.appends.queue_append(run, message)
+        return await self.finish_append(run, message, record, durable)
 
     async def finish_append(
         self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
@@ -179,28 +196,22 @@ class PgShared(PgAppends):
         come here: ``append`` and a post's ``queue_append`` (seq given under the key's lock, the
         commit awaited after it), so ``record``, the caller's, takes the second try's seq and time."""
         try:
-            return await super().finish_append(run, message, record, durable)
+            return await self.appends.finish_append(run, record, durable)
         except Conflict as exc:
-            if self._leases is None or type(exc) is not Conflict:  # not the claim's: a closing run, ...
+            if self.leases is None or type(exc) is not Conflict:  # not the claim's: a closing run, ...
                 raise
             log.warning("run %s: seq %s taken by another process's late append; sending again", run.run_id,
                         record["seq"])  # fmt: skip
-        await self._leases.enter(run.key)
+        await self.leases.enter(run.key)
         try:
-            again, durable = self.queue_append(run, message)
+            again, durable = self.appends.queue_append(run, message)
         finally:
-            self._leases.leave(run.key)
+            self.leases.leave(run.key)
         record.update(again)
-        return await super().finish_append(run, message, record, durable)
+        return await self.appends.finish_append(run, record, durable)
 
     async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
-        if self._leases is None:
-            return await super().rewrite_context(run, change)
-        await self._leases.enter(run.key)
-        try:
-            return await super().rewrite_context(run, change)
-        finally:
-            self._leases.leave(run.key)
+        return await self._leased(run.key, lambda: self.appends.rewrite_context(run, change))
 
     async def _refresh_key(self, key: str, conn: asyncpg.Connection) -> None:
         """Read ``key``'s active run and entry again, the lease just taken: another process may have
@@ -230,47 +241,35 @@ class PgShared(PgAppends):
 
     def _apply_key(self, key: str, rows: list[asyncpg.Record], body: str | None) -> None:
         active = {row["run_id"]: state_from_row(dict(row), NOWHERE / row["run_id"]) for row in rows}
-        for run_id, run in list(self._runs.items()):
-            if run.key == key and run_id not in active and not self._busy(run):
-                del self._runs[run_id]  # ended by another process
+        for run_id, run in list(self.state.runs.items()):
+            if run.key == key and run_id not in active and not self.queue.busy(run):
+                del self.state.runs[run_id]  # ended by another process
         for run_id, fresh in active.items():
-            known = self._runs.get(run_id)
+            known = self.state.runs.get(run_id)
             if known is None:
-                self._runs[run_id] = fresh
-            elif not self._busy(known):
+                self.state.runs[run_id] = fresh
+            elif not self.queue.busy(known):
                 for name in _REFRESHED:
                     setattr(known, name, getattr(fresh, name))
-        if key not in self._dirty:
+        if key not in self.state.dirty:
             if body is not None:
-                self._entries[key] = decode_entry(body)
+                self.state.entries[key] = decode_entry(body)
             elif not active:  # deleted by another process (a session never stored has no entry here)
-                self._entries.pop(key, None)
-        entry = self._entries.get(key)
+                self.state.entries.pop(key, None)
+        entry = self.state.entries.get(key)
         first = next(iter(active), None)
         if first is not None:
-            run = self._runs[first]
+            run = self.state.runs[first]
             if entry is None:
-                entry = self._entries[key] = self._new_entry(key, run.agent_id, run.chat_type, run.channel)
+                entry = self.state.entries[key] = self.state.new_entry(key, run.agent_id, run.chat_type, run.channel)
             entry.run_id, entry.status, entry.started_at = run.run_id, run.status, run.started_at
-            self.sync_counters(entry, run)
+            copy_counters(run, entry)
         elif entry is not None and entry.run_id is not None:
             entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
 
     async def _settle_key(self, key: str) -> None:
         """Before the lease ends: every append queued for the key durable, its entry written."""
-        for run in [r for r in self._runs.values() if r.key == key and self._busy(r)]:
-            await self._after_all(run)
-        await self.flush_entries(key)
-
-    def _busy(self, run: RunState) -> bool:
-        """Whether ``run`` has appends not yet stored (queued, or in a statement under way)."""
-        return run.appends_pending > 0 or run.run_id in self._queues or run.run_id in self._in_flight
-
-    async def _after_all(self, run: RunState) -> None:
-        async def nothing() -> None:
-            return None
-
-        try:
-            await self.after_queued(run, nothing)
-        except Exception:  # a failed append fails what follows it: nothing more is queued
-            return
+        for run in [r for r in self.state.runs.values() if r.key == key and self.queue.busy(r)]:
+            with contextlib.suppress(Exception):  # a failed append fails what follows it: nothing more is queued
+                await self.queue.after_queued(run, nothing)
+        await self.state.flush_entries(key)

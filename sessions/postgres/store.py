@@ -1,38 +1,63 @@
-"""``PgStore``: the session store on PostgreSQL. ``open`` connects, applies the migrations (refusing
-a database a newer neotask migrated), removes runs a start left without their first message, and
-loads the entries and the active runs; ``close`` waits for the queued appends and writes the
-entries."""
+"""``PgStore``: the session store on PostgreSQL, composed of its parts over one ``PgState``
+(``sessions.postgres.state``): the append queue (``batching``), ``appends``, ``reads``,
+``records``, ``usage``, ``lifecycle``, ``maintenance``, ``export`` and the keys shared across
+processes (``shared``); each method of the port is one call of a part. ``open`` connects, applies
+the migrations (refusing a database a newer neotask migrated), removes runs a start left without
+their first message, and loads the entries and the active runs; ``close`` waits for the queued
+appends and writes the entries."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import date, datetime
 
 import asyncpg
 
 from config.clock import Clock
 from config.errors import ConfigError
-from config.settings import PostgresSettings, Settings
+from config.settings import CleanupSettings, PostgresSettings, Settings
+from sessions.appends import check_writable
+from sessions.context_lines import ContextLine
+from sessions.deliveries import Delivery, PriorDelivery
 from sessions.entries import SessionEntry
+from sessions.events import StoreEvent
+from sessions.exports import RunExport
 from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
-from sessions.postgres.base import NOWHERE, decode_entry, state_from_row
+from sessions.postgres.appends import PgAppends
+from sessions.postgres.batching import AppendQueue
 from sessions.postgres.export import PgExport
-from sessions.postgres.faults import quiet_pool_log, refused_at_open, unavailable
+from sessions.postgres.faults import quiet_pool_log, refused_at_open
 from sessions.postgres.history import PgHistoryIndex
+from sessions.postgres.lifecycle import PgLifecycle
 from sessions.postgres.maintenance import PgMaintenance
+from sessions.postgres.reads import PgReads
+from sessions.postgres.records import PgRecords
 from sessions.postgres.schema import migrate
-from sessions.postgres.shared import PgShared
-from sessions.protocol import ConversationStore
-from sessions.records import Counters, RunState, StoredRecord, counter_values
+from sessions.postgres.shared import PgSharing
+from sessions.postgres.state import PgState, load_view
+from sessions.postgres.usage import PgUsage
+from sessions.protocol import ArchiveStep, CompleteRun, RecordKind, StoreProtocol
+from sessions.records import (
+    CompatConversation,
+    ContextRewrite,
+    HookDelivery,
+    IdempotencyRecord,
+    KnownKey,
+    MessageRecord,
+    NewMessage,
+    PlanRecord,
+    ResponseRef,
+    RunRow,
+    RunState,
+    StoredRecord,
+    TaskKey,
+)  # fmt: skip
+from sessions.rewrites import ContextChange
 from sessions.store_hooks import StoreHooks
-
-log = logging.getLogger(__name__)
+from sessions.usage import DailyUsage, UsageBy
 
 POOL_SIZE = 10
-_DROP_OPENING = (
-    "DELETE FROM runs WHERE opening AND next_seq = 1 AND status IN ('running', 'paused') RETURNING run_id, session_key"
-)
 
 
 async def keep_session(_conn: asyncpg.Connection) -> None:
@@ -43,29 +68,27 @@ async def keep_session(_conn: asyncpg.Connection) -> None:
     or keep a cursor (the lock and LISTEN connections are others, with the default reset)."""
 
 
-class PgStore(PgShared, PgMaintenance, PgExport):
+class PgStore:
+    """Every capability of the store port (``sessions.protocol``) on PostgreSQL. Each method is one
+    of the parts below: they share one ``PgState`` (the pool, the keys' entries, the active runs)
+    and are given at construction the other parts they call."""
+
     def __init__(self, settings: Settings, *, clock: Clock, pool: asyncpg.Pool, where: str, hooks: StoreHooks) -> None:
-        self.settings = settings
         self.clock = clock
-        self.pool = pool
-        self.where = where
-        self.hooks = hooks
-        self._entries: dict[str, SessionEntry] = {}
-        self._dirty: set[str] = set()
-        self._flush_task: asyncio.Task[None] | None = None
-        self._runs: dict[str, RunState] = {}
-        self._undiscarded: dict[str, str] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._queues = {}
-        self._flusher: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
-        self._calls: set[asyncio.Task[None]] = set()
-        self._unsure: set[str] = set()
-        self._in_flight: set[str] = set()
-        self._sending: set[asyncio.Task[None]] = set()
-        self._replies = []
-        self._append_error: BaseException | None = None
-        self._probed: tuple[float, str | None] = (float("-inf"), None)
+        self.state = state = PgState(settings, clock, pool, where, hooks)
+        self.queue = queue = AppendQueue(state)  # the append statements (group commit)
+        self.appends = appends = PgAppends(state, queue)
+        self.sharing = PgSharing(state, queue, appends)  # keys leased across processes (``shared``)
+        self.reads = PgReads(state)
+        self.records = PgRecords(state, queue)
+        self.usage = PgUsage(state)
+        self.lifecycle = lifecycle = PgLifecycle(state, queue)
+        self.maintenance = PgMaintenance(state, lifecycle)
+        self.export = PgExport(state)
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self.state.pool
 
     @classmethod
     async def open(
@@ -94,29 +117,251 @@ class PgStore(PgShared, PgMaintenance, PgExport):
         try:
             async with pool.acquire() as conn:
                 await migrate(conn, where)
-            await store._recover(shared=shared)
+            await load_view(store.state, shared=shared)
             if shared:
-                await store.start_sharing(dsn, password)
+                await store.sharing.start(dsn, password)
         except BaseException:
             await pool.close()
             raise
         return store
 
     async def close(self) -> None:
-        await self.settle_queues()
-        await self.stop_sharing()
-        if self._flush_task is not None and not self._flush_task.done():
-            self._flush_task.cancel()
+        await self.queue.settle()
+        await self.sharing.stop()
+        flush_task = self.state.flush_task
+        if flush_task is not None and not flush_task.done():
+            flush_task.cancel()
         try:
-            await self.flush_entries()
+            await self.state.flush_entries()
         finally:
-            await self.pool.close()
+            await self.state.pool.close()
 
-    # -- HistorySource (on the ``history`` table: sessions.postgres.history) -----------------------
+    async def flush_entries(self, *keys: str) -> None:
+        await self.state.flush_entries(*keys)
+
+    # -- lookups (in memory), locks, events: the state, ``sessions.postgres.shared`` ---------------
+
+    def entry(self, key: str) -> SessionEntry | None:
+        return self.state.entries.get(key)
+
+    def require_entry(self, key: str) -> SessionEntry:
+        return self.state.require_entry(key)
+
+    def entries(self) -> Iterable[SessionEntry]:
+        return self.state.entries.values()
+
+    def active_run(self, key: str) -> RunState | None:
+        return self.state.active_run(key)
+
+    def run_state(self, run_id: str) -> RunState | None:
+        return self.state.runs.get(run_id)
+
+    def active_runs(self) -> Iterable[RunState]:
+        return self.state.runs.values()
+
+    def emit(self, event: StoreEvent) -> None:
+        self.state.emit(event)
+
+    def lock_for(self, key: str) -> asyncio.Lock:
+        return self.sharing.lock_for(key)
+
+    def turn_lock(self, key: str) -> asyncio.Lock | None:
+        return self.sharing.turn_lock(key)
+
+    def follow_events(self, deliver: Callable[[StoreEvent], object]) -> None:
+        self.sharing.follow_events(deliver)
+
+    @property
+    def shared(self) -> bool:
+        return self.sharing.shared
+
+    # -- the entry, the lifecycle: ``sessions.postgres.lifecycle`` ----------------------------------
+
+    async def update_entry(
+        self, key: str, *, pinned: bool | None = None, label: str | None = None, clear_label: bool = False,
+        settings: Mapping[str, object] | None = None,
+    ) -> SessionEntry:  # fmt: skip
+        return await self.lifecycle.update_entry(
+            key, pinned=pinned, label=label, clear_label=clear_label, settings=settings
+        )
+
+    async def set_inherit_next(self, key: str, inherit: bool) -> bool:
+        return await self.lifecycle.set_inherit_next(key, inherit)
+
+    async def set_reset_boundary(self, key: str, boundary: str) -> None:
+        await self.lifecycle.set_reset_boundary(key, boundary)
+
+    async def start_run(
+        self, key: str, *, agent_id: str | None, chat_type: str, channel: str | None, task_key: TaskKey,
+        parent_uuid: str | None = None, opening: bool = False,
+    ) -> RunState:  # fmt: skip
+        return await self.lifecycle.start_run(
+            key, agent_id=agent_id, chat_type=chat_type, channel=channel, task_key=task_key,
+            parent_uuid=parent_uuid, opening=opening,
+        )  # fmt: skip
+
+    async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
+        await self.lifecycle.discard_run(run, remove_entry=remove_entry)
+
+    async def pause(self, key: str) -> RunState:
+        return await self.lifecycle.pause(key)
+
+    async def resume(self, key: str) -> RunState:
+        return await self.lifecycle.resume(key)
+
+    async def complete(
+        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True,
+        final_summary: str | None = None,
+    ) -> RunState:  # fmt: skip
+        return await self.lifecycle.complete(
+            key, error=error, reason=reason, summarize=summarize, final_summary=final_summary
+        )
+
+    async def delete(self, key: str) -> str | None:
+        return await self.lifecycle.delete(key)
+
+    # -- appends: ``sessions.postgres.appends`` (under the key's lease when shared) ---------------
+
+    def check_writable(self, run: RunState, message: NewMessage) -> None:
+        check_writable(run, message)
+
+    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
+        return await self.sharing.append(run, message)
+
+    def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
+        return self.appends.queue_append(run, message)
+
+    async def finish_append(
+        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
+    ) -> MessageRecord:
+        return await self.sharing.finish_append(run, message, record, durable)
+
+    async def record_tool(
+        self, run: RunState, *, tool_name: str, arguments: object, result: object = None, error: str | None = None,
+        duration_ms: float | None = None, extra: Mapping[str, object] | None = None,
+    ) -> StoredRecord:  # fmt: skip
+        return await self.appends.record_tool(
+            run, tool_name=tool_name, arguments=arguments, result=result, error=error, duration_ms=duration_ms,
+            extra=extra,
+        )  # fmt: skip
+
+    async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
+        return await self.appends.record_plan(run, plan_type=plan_type, plan_content=plan_content)
+
+    async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
+        await self.appends.add_usage(run, usage)
+
+    def calibrate_context(
+        self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
+    ) -> None:
+        self.appends.calibrate_context(run, prompt_tokens, overhead_tokens, appended_since=appended_since)
+
+    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
+        return await self.sharing.rewrite_context(run, change)
+
+    async def read_context(self, run: RunState) -> list[ContextLine]:
+        return await self.appends.read_context(run)
+
+    async def writable(self) -> str | None:
+        return await self.appends.writable()
+
+    def recently_writable(self, max_age_s: float) -> bool:
+        return self.appends.recently_writable(max_age_s)
+
+    # -- reads by run id: ``sessions.postgres.reads`` -----------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunRow | None:
+        return await self.reads.get_run(run_id)
+
+    async def require_run(self, run_id: str) -> RunRow:
+        return await self.reads.require_run(run_id)
+
+    async def list_runs(
+        self, *, session_key: str | None = None, statuses: Sequence[str] = (), limit: int = 50,
+        before: tuple[str, str] | None = None,
+    ) -> list[RunRow]:  # fmt: skip
+        return await self.reads.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
+
+    async def known_keys(self) -> list[KnownKey]:
+        return await self.reads.known_keys()
+
+    async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
+        return await self.reads.previous_runs(key=key, task_key=task_key, within_days=within_days)
+
+    async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[StoredRecord]:
+        return await self.reads.read_messages(run_id, after_seq=after_seq, limit=limit)
+
+    async def read_records(self, run_id: str, kind: RecordKind) -> list[StoredRecord]:
+        return await self.reads.read_records(run_id, kind)
+
+    async def read_final_summary(self, run_id: str) -> str | None:
+        return await self.reads.read_final_summary(run_id)
+
+    # -- DeliveryRecords, CompatRecords: ``sessions.postgres.records`` -------------------------------
+
+    async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
+        return await self.appends.find_delivery(key, client_message_id, since=since)
+
+    async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
+        return await self.records.recall_delivery(key, client_message_id, since=since)
+
+    def checks_deliveries(self, key: str) -> bool:
+        return self.records.checks_deliveries(key)
+
+    async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
+        return await self.records.find_idempotency(key, client_message_id, since=since)
+
+    async def remember_delivery(
+        self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None
+    ) -> None:
+        await self.records.remember_delivery(key, client_message_id, run_id=run_id, seq=seq)
+
+    async def remember_reply(
+        self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
+    ) -> None:
+        await self.records.remember_reply(key, client_message_id, run_id=run_id, seq=seq, response=response)
+
+    async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
+        return await self.records.hook_delivery(delivery_id)
+
+    async def record_hook_delivery(
+        self, delivery_id: str, hook: str, *, session_key: str | None, message_seq: int | None
+    ) -> None:
+        await self.records.record_hook_delivery(delivery_id, hook, session_key=session_key, message_seq=message_seq)
+
+    async def compat_conversation(self, key: str) -> CompatConversation | None:
+        return await self.records.compat_conversation(key)
+
+    async def save_compat_conversation(self, key: str, record: CompatConversation) -> None:
+        await self.records.save_compat_conversation(key, record)
+
+    async def compat_response(self, response_id: str) -> ResponseRef | None:
+        return await self.records.compat_response(response_id)
+
+    async def latest_compat_response(self, key: str) -> str | None:
+        return await self.records.latest_compat_response(key)
+
+    async def save_compat_response(self, ref: ResponseRef) -> None:
+        await self.records.save_compat_response(ref)
+
+    # -- UsageRecords: ``sessions.postgres.usage`` ---------------------------------------------------
+
+    async def daily_usage(
+        self, *, agent_id: str | None = None, session_key: str | None = None, since: date | None = None,
+        until: date | None = None, by: UsageBy = "key",
+    ) -> list[DailyUsage]:  # fmt: skip
+        return await self.usage.daily_usage(
+            agent_id=agent_id, session_key=session_key, since=since, until=until, by=by
+        )
+
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
+        return await self.usage.tokens_spent(day, agent_id, session_key)
+
+    # -- HistorySource (on the ``history`` table: ``sessions.postgres.history``) -------------------
 
     def open_history(self, *, max_batch: int | None = None) -> PgHistoryIndex:
         """The history index in this database (not started yet: ``await index.open()``)."""
-        return PgHistoryIndex(self.pool, max_batch=max_batch or MAX_BATCH)
+        return PgHistoryIndex(self.state.pool, max_batch=max_batch or MAX_BATCH)
 
     async def rebuild_history(self, index: HistoryIndexProtocol) -> int:
         return await own_index(index, PgHistoryIndex).rebuild()
@@ -127,50 +372,22 @@ class PgStore(PgShared, PgMaintenance, PgExport):
     async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]:
         return await own_index(index, PgHistoryIndex).check(fix=fix)
 
-    async def _recover(self, *, shared: bool = False) -> None:
-        with unavailable("nothing was stored"):
-            async with self.pool.acquire() as conn:
-                # a start that never stored its first message (a crash, a failed append) leaves nothing;
-                # shared, such a run may be another process's start under way: the key's next message uses it
-                dropped = [] if shared else await conn.fetch(_DROP_OPENING)
-                entries = await conn.fetch("SELECT key, body::text FROM entries")
-                rows = await conn.fetch("SELECT * FROM runs WHERE status IN ('running', 'paused')")
-        for row in dropped:
-            log.warning("run %s of %r never stored its first message: removed", row[0], row[1])
-        self._entries = {row[0]: decode_entry(row[1]) for row in entries}
-        for row in rows:
-            run = state_from_row(dict(row), NOWHERE / row["run_id"])
-            entry = self._entries.get(run.key)
-            if entry is not None and entry.run_id == run.run_id and _same_but_tokens(entry, run):
-                run.context_tokens = entry.context_tokens  # a calibration the row does not hold
-            self._runs[run.run_id] = run
-        self._reconcile_entries()
-        if self._dirty:
-            await self.flush_entries()
+    # -- Maintenance: ``sessions.postgres.maintenance``, ``sessions.postgres.export`` ----------------
 
-    def _reconcile_entries(self) -> None:
-        """Make the entries agree with the active runs (the runs table is the truth)."""
-        for run in self._runs.values():
-            entry = self._entries.get(run.key)
-            if entry is None:
-                entry = self._entries[run.key] = self._new_entry(run.key, run.agent_id, run.chat_type, run.channel)
-            if entry.run_id != run.run_id:
-                entry.inherit_next = True
-            before = (entry.run_id, entry.status, entry.started_at, counter_values(entry))
-            entry.run_id, entry.status, entry.started_at = run.run_id, run.status, run.started_at
-            self.sync_counters(entry, run)
-            if (entry.run_id, entry.status, entry.started_at, counter_values(entry)) != before:
-                self._dirty.add(run.key)
-        for entry in self._entries.values():
-            if entry.run_id is not None and entry.run_id not in self._runs:
-                entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
-                self._dirty.add(entry.key)
+    async def check(self, *, fix: bool) -> list[StoredRecord]:
+        return await self.maintenance.check(fix=fix)
 
+    async def cleanup(
+        self, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteRun,
+        step: ArchiveStep | None = None,
+    ) -> list[StoredRecord]:  # fmt: skip
+        return await self.maintenance.cleanup(settings, now=now, dry_run=dry_run, complete=complete, step=step)
 
-def _same_but_tokens(entry: SessionEntry, run: RunState) -> bool:
-    """Whether the entry's checkpoint describes the stored run (its token count may then be a
-    provider's calibration, which the run's row does not keep)."""
-    return Counters._make(counter_values(entry))._replace(context_tokens=0) == run.counters._replace(context_tokens=0)
+    async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
+        return await self.export.export_runs(key=key, run_id=run_id)
+
+    async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
+        return await self.maintenance.purge(key, history=history)
 
 
 def connection_options(settings: PostgresSettings, environ: Mapping[str, str]) -> tuple[str, str | None]:
@@ -223,5 +440,5 @@ def redact(dsn: str) -> str:
     return f"{scheme}://{user}@{host}"
 
 
-def _conforms(store: PgStore) -> ConversationStore:
-    return store  # mypy checks here that PgStore has the base and record capabilities
+def _conforms(store: PgStore) -> StoreProtocol:
+    return store  # mypy checks here that PgStore has every capability

@@ -8,8 +8,8 @@ from datetime import date
 
 import asyncpg
 
-from sessions.postgres.base import PgBase
 from sessions.postgres.faults import unavailable
+from sessions.postgres.state import PgState
 from sessions.records import USAGE_KEYS
 from sessions.usage import USAGE_COLUMNS, DailyKey, DailyUsage, UsageBy, daily_row
 
@@ -43,16 +43,14 @@ async def add_daily(conn: asyncpg.Connection, where: DailyKey, usage: dict[str, 
     await conn.execute(_ADD, where.day, where.agent_id, where.session_key, *(usage.get(k, 0) for k in USAGE_KEYS))
 
 
-class PgUsage(PgBase):
+class PgUsage:
+    def __init__(self, state: PgState) -> None:
+        self.state = state
+
     async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
+        self, *, agent_id: str | None = None, session_key: str | None = None, since: date | None = None,
+        until: date | None = None, by: UsageBy = "key",
+    ) -> list[DailyUsage]:  # fmt: skip
         clauses: list[str] = []
         values: list[str] = []
         for column, value in (
@@ -70,12 +68,12 @@ class PgUsage(PgBase):
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT {columns}, {sums} FROM usage_daily {where} GROUP BY {columns} ORDER BY {columns}"
         with unavailable("nothing was read"):
-            rows = await self.pool.fetch(sql, *values)
+            rows = await self.state.pool.fetch(sql, *values)
         return [daily_row(r["day"], r.get("agent_id"), r.get("session_key"), dict(r)) for r in rows]
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
         with unavailable("the message was not stored"):  # its budget could not be checked
-            row = await self.pool.fetchrow(
+            row = await self.state.pool.fetchrow(
                 "SELECT COALESCE(SUM(input_tokens + output_tokens), 0)::bigint,"
                 " COALESCE(SUM(CASE WHEN session_key = $3 THEN input_tokens + output_tokens ELSE 0 END), 0)::bigint"
                 " FROM usage_daily WHERE day = $1 AND agent_id = $2",

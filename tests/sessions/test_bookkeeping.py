@@ -4,6 +4,7 @@ The conformance suite checks the same over every backend; these pin the rules th
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,11 @@ from sessions.appends import message_record
 from sessions.bookkeeping import (
     add_usage_counts,
     count_append,
+    counted_rewrite,
     end_entry,
+    found_entry,
     idle_entry,
+    inherit_next,
     note_message,
     plan_record,
     relabel_entry,
@@ -23,7 +27,7 @@ from sessions.bookkeeping import (
     start_entry,
 )
 from sessions.entries import SessionEntry
-from sessions.records import NewMessage, Role, RunState, TaskKey
+from sessions.records import ContextRewrite, NewMessage, Role, RunState, TaskKey
 
 KEY = "agent:main:main"
 
@@ -151,3 +155,57 @@ def test_plan_records_take_the_next_id() -> None:
     second = plan_record(run, "todo", "b", "t2")
     assert first == {"id": 1, "plan_type": "todo", "plan_content": "a", "created_at": "t1"}
     assert second["id"] == 2 and run.next_plan_id == 3
+
+
+def test_found_entry_and_inherit_next() -> None:
+    entry = _entry()
+    assert found_entry(entry, KEY) is entry
+    with pytest.raises(SessionNotFound):
+        found_entry(None, KEY)
+    assert inherit_next(entry, not entry.inherit_next) is True
+    assert inherit_next(entry, entry.inherit_next) is False  # says so already
+    assert inherit_next(None, True) is False
+
+
+REWRITE = ContextRewrite(tokens_after=20, line_delta=-8, context_bytes=200, compaction_count=1, summary_id=1)
+
+
+def _rewritten(run: RunState) -> tuple[int, ...]:
+    return run.context_tokens, run.context_bytes, run.context_lines, run.compaction_count, run.next_summary_id
+
+
+async def test_a_rewrite_is_counted_with_what_was_appended_meanwhile_on_top() -> None:
+    run, counted = _run(context_tokens=100, context_bytes=1000, context_lines=10), []
+    future: asyncio.Future[ContextRewrite | None] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(counted_rewrite(run, future, lambda: counted.append(run.compaction_count)))
+    await asyncio.sleep(0)
+    run.context_tokens, run.context_bytes, run.context_lines = 105, 1050, 11  # an append queued meanwhile
+    future.set_result(REWRITE)
+    assert await waiting is REWRITE
+    assert _rewritten(run) == (25, 250, 3, 1, 2) and counted == [1]
+    unchanged: asyncio.Future[ContextRewrite | None] = asyncio.get_running_loop().create_future()
+    unchanged.set_result(None)
+    assert await counted_rewrite(run, unchanged, lambda: counted.append(0)) is None
+    assert _rewritten(run) == (25, 250, 3, 1, 2) and counted == [1]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_a_rewrite_whose_caller_was_cancelled_is_counted_once_done(fails: bool) -> None:
+    run, counted = _run(context_tokens=100, context_bytes=1000, context_lines=10), []
+    future: asyncio.Future[ContextRewrite | None] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(counted_rewrite(run, future, lambda: counted.append(run.compaction_count)))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not future.cancelled() and counted == []  # the rewrite goes on
+    if fails:
+        future.set_exception(OSError("disk"))
+    else:
+        future.set_result(REWRITE)
+    await asyncio.sleep(0)
+    if fails:
+        future.exception()  # retrieved: nothing was counted
+        assert _rewritten(run) == (100, 1000, 10, 0, 1) and counted == []
+    else:
+        assert _rewritten(run) == (20, 200, 2, 1, 2) and counted == [1]

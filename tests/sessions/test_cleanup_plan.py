@@ -11,9 +11,14 @@ from sessions.cleanup_plan import (
     ArchiveFacts,
     CleanupAction,
     RunFacts,
+    describe,
+    is_pinned,
     plan_cleanup,
+    records_cutoffs,
     retention_days,
+    run_facts,
 )
+from sessions.entries import SessionEntry
 
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 DEFAULT = CleanupSettings()
@@ -127,3 +132,37 @@ def test_retention_days_lookup() -> None:
     assert retention_days(SHORT_CRON, "cron") == 1
     assert retention_days(SHORT_CRON, "hook") == 0
     assert retention_days(SHORT_CRON, "direct") == 30
+
+
+def _entry(run_id: str | None, *, pinned: bool = False) -> SessionEntry:
+    entry = SessionEntry(key="agent:main:main", agent_id="main", chat_type="direct", channel=None,
+                         created_at="2026-11-01T00:00:00Z", updated_at="2026-11-01T00:00:00Z")  # fmt: skip
+    entry.run_id, entry.pinned, entry.last_interaction_at = run_id, pinned, "2026-11-29T00:00:00Z"
+    return entry
+
+
+ROW = {"session_key": "agent:main:main", "chat_type": None, "status": "running", "completed_at": None,
+       "updated_at": "2026-11-20T00:00:00Z", "created_at": "2026-11-10T00:00:00Z", "pinned": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("row", "entry", "last", "pinned"),
+    [
+        pytest.param(ROW, None, "2026-11-20T00:00:00Z", False, id="no entry: the row's updated_at"),
+        pytest.param(ROW, _entry("r"), "2026-11-29T00:00:00Z", False, id="the entry's active run: its interaction"),
+        pytest.param(ROW, _entry("other"), "2026-11-20T00:00:00Z", False, id="the entry names another run"),
+        pytest.param({**ROW, "updated_at": None}, None, "2026-11-10T00:00:00Z", False, id="no updated_at"),
+        pytest.param({**ROW, "pinned": 1}, None, "2026-11-20T00:00:00Z", True, id="the row pinned"),
+        pytest.param(ROW, _entry(None, pinned=True), "2026-11-20T00:00:00Z", True, id="the key pinned since"),
+    ],
+)
+def test_run_facts_of_a_ledger_row(row: dict[str, object], entry: SessionEntry | None, last: str, pinned: bool) -> None:
+    facts = run_facts("r", row, entry)
+    assert facts == RunFacts("r", "agent:main:main", "direct", "running", None, datetime.fromisoformat(last), pinned)
+    assert is_pinned(row, entry) is pinned
+
+
+def test_describe_and_the_delivery_records_cutoffs() -> None:
+    action = CleanupAction("archive", "r", "agent:main:main", "old")
+    assert describe(action) == {"action": "archive", "run_id": "r", "session_key": "agent:main:main", "reason": "old"}
+    assert records_cutoffs(NOW) == ("2026-11-29T03:00:00+00:00", "2026-11-23T03:00:00+00:00")  # 1 and 7 days

@@ -37,7 +37,7 @@ async def shared_store(postgres_server: PgServer, clock: FakeClock) -> AsyncIter
         store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2, shared=True)
         opened.append(store)
         for name, value in leases.items():
-            setattr(store._leases, name, value)
+            setattr(store.sharing.leases, name, value)
         return store
 
     yield opener
@@ -46,8 +46,8 @@ async def shared_store(postgres_server: PgServer, clock: FakeClock) -> AsyncIter
 
 
 def leases_of(store: PgStore) -> KeyLeases:
-    assert store._leases is not None
-    return store._leases
+    assert store.sharing.leases is not None
+    return store.sharing.leases
 
 
 async def post(store: PgStore, key: str, text: str) -> int:
@@ -84,8 +84,8 @@ async def test_a_key_asked_for_by_another_process_goes_back_long_before_the_ling
 async def test_an_unheard_ask_waits_for_the_linger_only(shared_store: Shared) -> None:
     first = await shared_store(linger_s=1.0)
     second = await shared_store()
-    assert first._relay is not None
-    first._relay.asked = None  # the first process does not hear the ask (its listener was away)
+    assert first.state.relay is not None
+    first.state.relay.asked = None  # the first process does not hear the ask (its listener was away)
     await post(first, KEY, "one")
     assert await post(second, KEY, "two") == 2  # the lease went back when its linger ended
     assert leases_of(second).waits == 1
@@ -192,8 +192,8 @@ async def test_a_lost_ask_is_asked_again_while_the_holder_stays_busy(shared_stor
     the first ask: the waiting process asks again and gets the key."""
     first = await shared_store(linger_s=60.0)
     second = await shared_store()
-    assert first._relay is not None
-    heard = first._relay.asked
+    assert first.state.relay is not None
+    heard = first.state.relay.asked
     missed: list[int] = []
 
     def deaf_once(lock: int) -> None:
@@ -203,7 +203,7 @@ async def test_a_lost_ask_is_asked_again_while_the_holder_stays_busy(shared_stor
         assert heard is not None
         heard(lock)
 
-    first._relay.asked = deaf_once
+    first.state.relay.asked = deaf_once
     await post(first, KEY, "one")
     stop = asyncio.Event()
 
@@ -224,8 +224,8 @@ async def test_a_lost_ask_is_asked_again_while_the_holder_stays_busy(shared_stor
 async def test_closing_while_a_take_waits_does_not_hang(shared_store: Shared) -> None:
     first = await shared_store(linger_s=60.0)
     second = await shared_store()
-    assert first._relay is not None
-    first._relay.asked = None  # the first never gives the key back
+    assert first.state.relay is not None
+    first.state.relay.asked = None  # the first never gives the key back
     await post(first, KEY, "one")
     waiting = asyncio.create_task(post(second, KEY, "two"))
     deadline = time.monotonic() + 10
@@ -242,7 +242,7 @@ async def test_a_view_read_that_a_lease_overtook_is_not_applied(shared_store: Sh
     second = await shared_store(linger_s=0.0)  # gives each lease back at once
     await post(first, KEY, "one")
     await asyncio.sleep(0)
-    real = second._read_keys
+    real = second.sharing._read_keys
     views = 0
 
     async def overtaken(keys: list[str], conn: Any, **how: Any) -> Any:
@@ -255,10 +255,10 @@ async def test_a_view_read_that_a_lease_overtook_is_not_applied(shared_store: Sh
                 await asyncio.sleep(0.01)
         return snapshot
 
-    second._read_keys = overtaken  # type: ignore[method-assign]
-    second._from_others({"type": "message", "key": KEY, "run_id": "r", "at": "now"})  # type: ignore[typeddict-item]
-    assert second._viewing is not None
-    await second._viewing
+    second.sharing._read_keys = overtaken  # type: ignore[method-assign]
+    second.sharing._from_others({"type": "message", "key": KEY, "run_id": "r", "at": "now"})  # type: ignore[typeddict-item]
+    assert second.sharing._viewing is not None
+    await second.sharing._viewing
     run = second.active_run(KEY)
     assert run is not None and run.next_seq == 3  # not the older read's 2
 

@@ -109,13 +109,13 @@ async def test_after_an_unknown_outcome_the_run_is_checked_before_its_next_state
     stale = second.active_run(KEY)
     assert stale is not None
     await first.append(run, NewMessage(role="user", content="committed, answer lost"))
-    second._unsure.add(stale.run_id)
+    second.queue.unsure.add(stale.run_id)
     with pytest.raises(StorageUnavailable, match="did not count") as info:
         await second.append(stale, NewMessage(role="user", content="queued after the loss"))
     assert info.value.extra == {"stored": False, "retry_after_s": 1}
     assert stale.next_seq == 2 and stale.counters == run.counters
     assert (await second.append(stale, NewMessage(role="user", content="next")))["seq"] == 2
-    second._unsure.add(stale.run_id)  # unsure, but the row is where it was counted: sent as is
+    second.queue.unsure.add(stale.run_id)  # unsure, but the row is where it was counted: sent as is
     assert (await second.append(stale, NewMessage(role="user", content="after")))["seq"] == 3
 
 

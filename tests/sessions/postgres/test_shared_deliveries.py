@@ -84,7 +84,7 @@ async def test_a_repeat_found_by_the_statement_gives_its_seq_to_what_was_queued_
         again = NewMessage(role="user", content="again", client_message_id="c-1", once=True)
         repeat, repeat_durable = store.queue_append(run, again)
         await asyncio.sleep(0)  # the flusher sends the repeat: the run is in a statement now
-        assert run.run_id in store._in_flight
+        assert run.run_id in store.queue.in_flight
         behind = NewMessage(role="user", content="behind")
         reply = NewMessage(role="assistant", content="to the repeat", reply_to=repeat["seq"])
         queued = [(m, *store.queue_append(run, m)) for m in (behind, reply)]
