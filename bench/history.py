@@ -203,9 +203,10 @@ def bench_search(report: Report, *, rows: int, small: int, queries: int, keep: P
 _CHILD = """
 import json, sys
 from pathlib import Path
-from sessions.files.export import export_lines
+from sessions.export_lines import export_lines
 from sessions.exports import RunExport
-from sessions.exports import RunSource
+from sessions.files.export import FolderReader
+from sessions.files.history_sources import RunSource
 
 def peak_kb():
     for line in open("/proc/self/status"):
@@ -215,7 +216,7 @@ def peak_kb():
 
 folder, fmt = Path(sys.argv[1]), sys.argv[2]
 run = RunExport({"uuid": folder.name, "session_key": "agent:main:main", "status": "completed"},
-                RunSource(folder.name, "agent:main:main", "main", folder=folder))
+                FolderReader(RunSource(folder.name, "agent:main:main", "main", folder=folder)))
 before = peak_kb()
 written = 0
 with open("/dev/null", "w", encoding="utf-8") as out:

@@ -26,7 +26,7 @@ from gateway.tables import table as _table
 from home.damage import DamagedState
 from home.layout import Home
 from home.targets import replace_problem
-from sessions.files.export import ExportFormat, export_lines
+from sessions.export_lines import ExportFormat, export_lines
 from sessions.files.history_doctor import check_home_index
 from sessions.files.ledger import Ledger
 from sessions.history_index import HistoryQuery, time_bound

@@ -66,7 +66,7 @@ EXCEPTIONS: Mapping[tuple[str, str], frozenset[str]] = {
 # may only get shorter. A module that no longer imports it comes off the list; a new one is refused.
 FILES_BACKEND_IMPORTERS = frozenset({
     "backups.pack", "backups.stage",  # a home's point staged and checked with the files backend's own tools
-    "gateway.api.history", "gateway.cli_history",  # the export writer, `neotask history`
+    "gateway.cli_history",  # `neotask history`
     "gateway.backup_postgres", "gateway.backups",  # backups of a home (and of a database staged as one)
     "gateway.crashpoints", "gateway.offline",  # the archive's crash steps, the offline doctor
     "sessions.backends", "sessions.copying",  # the construction site, the storage copier

@@ -28,8 +28,8 @@ from gateway.contract import (
 )
 from gateway.http import json_response
 from gateway.keys import HISTORY
+from sessions.export_lines import ExportFormat, export_lines
 from sessions.exports import RunExport
-from sessions.files.export import ExportFormat, export_lines
 from sessions.history_index import HistoryIndexProtocol, HistoryQuery, time_bound
 from sessions.history_text import match_expression
 from sessions.keys import parse_key

@@ -32,9 +32,9 @@ from typing import Any, TypeVar
 
 from home import layout
 from home.layout import Home
-from sessions.exports import RunSource
 from sessions.files.history_marks import MARKS_TABLE, Fed, Marks, locate_in, marks_of, transaction, upgrade
 from sessions.files.history_search import search
+from sessions.files.history_sources import RunSource as RunSource
 from sessions.files.history_sources import iter_run_messages as iter_run_messages
 from sessions.files.history_sources import sources_from_rows as sources_from_rows
 from sessions.files.jsonl import iter_records

@@ -9,9 +9,9 @@ import asyncio
 from pathlib import Path
 
 from home.layout import Home
-from sessions.exports import RunSource
 from sessions.files.doctor_checks import Finding
 from sessions.files.history import HistoryIndex, history_path, iter_run_messages, rebuild_all, sources_from_rows
+from sessions.files.history_sources import RunSource
 from sessions.files.ledger import Ledger
 from sessions.history_text import indexable
 

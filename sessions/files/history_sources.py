@@ -7,15 +7,27 @@ import contextlib
 import logging
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from home import layout
 from home.layout import Home
 from sessions.codec import decode
-from sessions.exports import RunSource
 from sessions.files.jsonl import iter_records
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """Where the messages of one run can be read: its folder, else its archive."""
+
+    run_id: str
+    session_key: str
+    agent_id: str | None
+    folder: Path | None = None
+    archive: Path | None = None
 
 
 def iter_run_messages(source: RunSource) -> Iterator[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Exports on PostgreSQL (``GET /v1/sessions/{key}/export``, ``GET /v1/runs/{uuid}/export``,
 ``neotask sessions export``): the runs as the files backend's export gives them
-(``sessions.files.export`` writes both), their messages read a page at a time. The export's lines
+(``sessions.export_lines`` writes both), their messages read a page at a time. The export's lines
 are produced on a worker thread (the route and the CLI pull them off the event loop); each page is
 a query run on the store's loop, which the thread waits for, so a run of any length is exported in
 constant memory and the pool is used as everywhere else."""
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from config.errors import RunNotFound, SessionNotFound
-from sessions.exports import RunExport, RunSource
+from sessions.exports import RunExport
 from sessions.postgres.faults import unavailable
 from sessions.postgres.state import PgState
 from sessions.records import RUN_COLUMNS
@@ -27,7 +27,8 @@ _COLUMNS = ", ".join(f'"{c}"' if c != "uuid" else "run_id AS uuid" for c in RUN_
 
 
 class PgRunReader:
-    """A run's records for ``sessions.files.export``: blocking calls made from a worker thread."""
+    """A run's records for the export writer (``sessions.export_lines``): blocking calls made from a
+    worker thread."""
 
     def __init__(
         self, pool: asyncpg.Pool, run_id: str, final_summary: str | None, loop: asyncio.AbstractEventLoop
@@ -104,6 +105,5 @@ class PgExport:
         out = []
         for row in rows:
             ledger = {c: row[c] for c in RUN_COLUMNS}
-            source = RunSource(str(row["uuid"]), str(row["session_key"] or ""), row["agent_id"])
-            out.append(RunExport(ledger, source, PgRunReader(pool, str(row["uuid"]), row["final_summary"], loop)))
+            out.append(RunExport(ledger, PgRunReader(pool, str(row["uuid"]), row["final_summary"], loop)))
         return out

@@ -16,7 +16,7 @@ import yaml
 from config.clock import system_clock
 from config.errors import RunNotFound, SessionNotFound
 from sessions.copying import FilesEnd, PostgresEnd, copy
-from sessions.files.export import export_lines
+from sessions.export_lines import export_lines
 from sessions.files.store import SessionStore
 from sessions.postgres import export as pg_export
 from sessions.postgres.store import PgStore

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from sessions.codec import encode
-from sessions.exports import RunSource
 from sessions.files.history import HistoryIndex, history_path
+from sessions.files.history_sources import RunSource
 from sessions.history_index import HistoryQuery
 from sessions.history_text import index_text, indexable, match_expression, query_terms, snippet
 
