@@ -1,7 +1,7 @@
 """A test-only crash hook: ``_NEOTASK_CRASH_AT=<step>[@<n>]`` in the daemon's environment (read
 once at start) makes the process SIGKILL itself the ``n``-th time (default: the first) it reaches
 that step, so crash tests kill a real daemon exactly there. Steps: those of archiving
-(``sessions.files.archive.STEPS``) and those of an OpenAI-compatible chat completion (``OPENAI_STEPS``).
+(``sessions.protocol.ARCHIVE_STEPS``) and those of an OpenAI-compatible chat completion (``OPENAI_STEPS``).
 Unset, it does nothing; it is not a configuration key and not for production use."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import os
 import signal
 from collections.abc import Mapping
 
-from sessions.files.archive import STEPS, Step
+from sessions.protocol import ARCHIVE_STEPS as STEPS
+from sessions.protocol import ArchiveStep as Step
 
 log = logging.getLogger(__name__)
 CRASH_ENV = "_NEOTASK_CRASH_AT"

@@ -78,6 +78,7 @@ if TYPE_CHECKING:  # the files backend's export streams
 RecordKind = Literal["summaries", "tools", "planning"]  # a run's records besides its messages
 CompleteRun = Callable[[str], Awaitable[None]]  # cleanup completes a stale run of a key through it
 ArchiveStep = Callable[[str], None]  # called at each step of archiving a run (a test hook)
+ARCHIVE_STEPS = ("packed", "archived", "recorded", "detached", "removing")  # those steps, in their order
 
 
 class RunStore(Protocol):

@@ -68,7 +68,7 @@ FILES_BACKEND_IMPORTERS = frozenset({
     "backups.pack", "backups.stage",  # a home's point staged and checked with the files backend's own tools
     "gateway.cli_history",  # `neotask history`
     "gateway.backup_postgres", "gateway.backups",  # backups of a home (and of a database staged as one)
-    "gateway.crashpoints", "gateway.offline",  # the archive's crash steps, the offline doctor
+    "gateway.offline",  # the offline doctor
     "sessions.backends", "sessions.copying",  # the construction site, the storage copier
 })  # fmt: skip
 

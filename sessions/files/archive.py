@@ -15,15 +15,17 @@ import json
 import os
 import shutil
 import tarfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from home.atomic import fsync_dir, private
+from sessions.protocol import ARCHIVE_STEPS as STEPS
+from sessions.protocol import ArchiveStep as Step
 
-Step = Callable[[str], None]
+__all__ = ["REMOVING_PREFIX", "STEPS", "Step", "archive_ok", "finish_removals", "read_member", "read_records",
+           "remove_folder", "temp_of", "write_archive"]  # fmt: skip
+
 REMOVING_PREFIX = ".removing-"  # archive/.removing-{uuid}: a folder moved aside, being removed
-STEPS = ("packed", "archived", "recorded", "detached", "removing")  # the order of the crash points
 
 
 def _no_step(name: str) -> None:
