@@ -8,11 +8,12 @@ import hashlib
 import json
 import tarfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from backups.errors import BackupInvalid
+from home.copies import walk_files
 
 FORMAT = "neotask-backup"
 FORMAT_VERSION = 1
@@ -37,13 +38,6 @@ def sha256_stream(stream: IO[bytes]) -> str:
     while block := stream.read(CHUNK):
         digest.update(block)
     return digest.hexdigest()
-
-
-def walk_files(root: Path) -> Iterator[Path]:
-    """Every regular file under ``root``, sorted (the archive's order)."""
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            yield path
 
 
 def file_table(root: Path) -> dict[str, dict[str, Any]]:

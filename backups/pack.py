@@ -30,15 +30,15 @@ from backups.manifest import (
     counts,
     file_table,
     verify,
-    walk_files,
 )
 from config.settings import Settings
 from home.atomic import fsync_dir
+from home.copies import walk_files
 from home.layout import PRIVATE_DIR, Home
 from home.targets import replace_problem
-from sessions.files.doctor import check_home
-from sessions.files.history_doctor import check_home_index
-from sessions.files.ledger import Ledger
+from sessions.backends import staged_home
+from sessions.backup import StagedHome
+from sessions.records import StoredRecord
 
 COMPRESS_LEVEL = 3  # a backup of a busy home is CPU-bound at 6 for little gain
 
@@ -94,16 +94,16 @@ def _is_backup(out: Path) -> None:
         )
 
 
-def problems(findings: list[Any]) -> list[str]:
-    return [f.detail for f in findings if f.severity in ("error", "warning") and not f.fixed]
+def problems(findings: list[StoredRecord]) -> list[str]:
+    return [str(f["detail"]) for f in findings if f["severity"] in ("error", "warning") and not f["fixed"]]
 
 
 def finish(
-    stage: Home, out: Path, *, meta: Mapping[str, Any], point: Mapping[str, Any], now: str, settings: Settings
+    stage: StagedHome, out: Path, *, meta: Mapping[str, Any], point: Mapping[str, Any], now: str, settings: Settings
 ) -> dict[str, Any]:
     """Bring the stage in line, check it, pack it into ``out``; the manifest."""
-    check_home(stage.root, fix=True, now=now, settings=settings)
-    left = problems(check_home(stage.root, fix=False, now=now, settings=settings))
+    stage.check(fix=True, now=now, settings=settings)
+    left = problems(stage.check(fix=False, now=now, settings=settings))
     if left:  # never expected: a backup that would not restore clean is not written
         raise BackupInvalid(f"the staged copy is not consistent ({left[0]}); nothing was written")
     files = file_table(stage.root)
@@ -160,9 +160,10 @@ def restore(archive: Path, target: Path, *, now: str, settings: Settings) -> dic
         for path in [work, *work.rglob("*")]:
             os.chmod(path, PRIVATE_DIR if path.is_dir() else 0o600)
         Home(work).ensure()
+        restored = staged_home(work)
         if settings.history.enabled:
-            asyncio.run(build_history(Home(work)))
-        left = problems(check_home(work, fix=False, now=now, settings=settings))
+            asyncio.run(build_history(restored))
+        left = problems(restored.check(fix=False, now=now, settings=settings))
         if left:
             raise BackupInvalid(f"the restored home does not check clean ({left[0]}); nothing was restored")
         if target.exists():
@@ -210,16 +211,10 @@ def _extract(archive: Path, work: Path) -> None:
         raise BackupInvalid(f"{archive} is truncated or damaged ({str(exc) or type(exc).__name__})") from exc
 
 
-async def build_history(home: Home) -> None:
+async def build_history(home: StagedHome) -> None:
     """The history index the backup left out, built from the restored runs and archives (so the
     doctor finds it, and the first start need not)."""
-    ledger = Ledger(home.tasks_db)
-    await ledger.open()
-    try:
-        findings = await check_home_index(home.contexts, ledger, home, fix=True)
-    finally:
-        await ledger.close()
-    left = problems(findings)
+    left = problems(await home.build_history())
     if left:
         raise BackupInvalid(f"the history index of the restored home could not be built ({left[0]})")
 

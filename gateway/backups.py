@@ -1,13 +1,15 @@
 """Backups of the home, online (inside the daemon) or offline (the CLI under the home lock): the
-gateway picks the consistent point, ``backups/`` stages, checks and packs (blocking, off the loop).
+store stages its part at one consistent point through its ``Backup`` (``sessions.protocol``), the
+gateway copies the rest around it, ``backups/`` checks and packs (blocking, off the loop).
 
-Online, in this order: the SQLite databases through the backup API (tasks.db, channels.db); then
-the point, in one pass of the event loop: the sessions.json entries as the store holds them, and
-the active runs, frozen on the append writer's thread (``backups.stage.freeze_runs``) behind every
-append queued before (so every acknowledged message is in, each once, and nothing appended later
-is); then the completed runs, archives, workspaces, the config, and the memory tables copied on the
-index's write thread. The doctor's safe fixes bring the stage in line (the folders are the truth,
-as at start-up) and a check must find nothing before the archive is written.
+In this order: channels.db and the Matrix crypto stores through SQLite's backup API; then the
+store's point (the files backend: tasks.db, then in one pass of the event loop the sessions.json
+entries as the store holds them and the active runs frozen on the append writer's thread behind
+every append queued before, so every acknowledged message is in, each once, and nothing appended
+later is, then the completed runs and archives; PostgreSQL: one REPEATABLE READ dump written as a
+files home); then the workspaces, the config, and the memory tables copied on the index's write
+thread. The doctor's safe fixes bring the stage in line (the folders are the truth, as at
+start-up) and a check must find nothing before the archive is written.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ from typing import Any
 from backups import pack, retention, stage
 from backups.errors import BackupRunning
 from config.clock import Clock, iso
-from config.errors import Unavailable
 from config.loader import LoadedConfig
-from gateway import backup_postgres
 from gateway.places import memory_uri, version, workspaces
+from home.copies import backup_sqlite, copy_tree
 from home.layout import Home
 from memory import MemoryService
-from sessions.files.store import SessionStore
+from sessions.backends import offline_backup, staged_home
+from sessions.backup import BackupPoint
 from sessions.protocol import StoreProtocol
 
 log = logging.getLogger(__name__)
@@ -43,30 +45,28 @@ def _inside(path: Path, root: Path) -> Path | None:
 
 
 def stage_databases(home: Home, target: Home) -> list[str]:
-    """tasks.db, channels.db and the Matrix accounts' crypto stores (``matrix/<account>/*.db``: the
-    bot devices' keys, without which a restored bot cannot read its encrypted rooms)."""
+    """channels.db and the Matrix accounts' crypto stores (``matrix/<account>/*.db``: the bot
+    devices' keys, without which a restored bot cannot read its encrypted rooms); tasks.db is the
+    store's (its ``Backup``)."""
     copied = []
-    pairs = [(home.tasks_db, target.tasks_db), (home.root / "channels.db", target.root / "channels.db")]
+    pairs = [(home.root / "channels.db", target.root / "channels.db")]
     pairs += [(db, target.root / db.relative_to(home.root)) for db in sorted(home.root.glob("matrix/*/*.db"))]
     for source, dest in pairs:
-        if stage.backup_sqlite(source, dest):
+        if backup_sqlite(source, dest):
             copied.append(dest.relative_to(target.root).as_posix())
     return copied
 
 
-def stage_files(config: LoadedConfig, home: Home, target: Home, skip: set[str], *, runs: bool = True) -> dict[str, Any]:
-    """Completed runs (but ``skip``), archives, workspaces inside the home, the config file
-    (``runs=False``: no run folder nor archive of the home, which the database holds)."""
-    notes: dict[str, Any] = {"skipped": []}
-    if runs:
-        notes["completed_runs"] = stage.copy_completed(home, target, skip)
-        notes["archives"] = stage.copy_archives(home, target)
+def stage_files(config: LoadedConfig, home: Home, target: Home, point: BackupPoint) -> dict[str, Any]:
+    """Workspaces inside the home and the config file; the notes of the manifest (with what the
+    store's point copied)."""
+    notes: dict[str, Any] = {"skipped": [], **point.notes}
     for agent_id, folder in sorted(workspaces(config).items()):
         rel = _inside(folder, home.root)
         if rel is None:
             notes["skipped"].append(f"workspace of {agent_id} ({folder}) is outside the home: back it up yourself")
         elif folder.is_dir():
-            stage.copy_tree(folder, target.root / rel)
+            copy_tree(folder, target.root / rel)
     if config.config_path is not None and config.config_path.is_file():
         shutil.copyfile(config.config_path, target.root / "config.yaml")
         os.chmod(target.root / "config.yaml", 0o600)
@@ -82,8 +82,12 @@ def stage_memory(config: LoadedConfig, home: Home, target: Home, notes: dict[str
     notes["memory_files"] = stage.copy_lance(uri, target.root / rel)
 
 
-def _meta(config: LoadedConfig, mode: str) -> dict[str, Any]:
-    return {"neotask_version": version(), "mode": mode, "home": str(config.home)}
+def _meta(config: LoadedConfig, mode: str, point: BackupPoint, notes: dict[str, Any]) -> dict[str, Any]:
+    return {"neotask_version": version(), "mode": mode, "home": str(config.home), **point.meta, "notes": notes}
+
+
+def _point(point: BackupPoint) -> dict[str, Any]:
+    return {"at": point.at, "runs": {run_id: dict(run) for run_id, run in point.runs.items()}}
 
 
 def _target(home: Home, output: Path | None, clock: Clock) -> Path:
@@ -125,22 +129,13 @@ class Backups:
         if self._lock.locked():
             raise BackupRunning("a backup is being taken already: wait for it to finish")
         async with self._lock:
-            store = self.store
-            postgres = self.config.settings.storage.backend == "postgres"
-            if not postgres and not isinstance(store, SessionStore):
-                raise Unavailable(
-                    f"backups need storage.backend files or postgres, not {self.config.settings.storage.backend}"
-                )
-            home = store.home if isinstance(store, SessionStore) else Home(self.config.home)
+            home = Home(self.config.home)
             out = await asyncio.to_thread(_target, home, output, self.clock)
             await asyncio.to_thread(pack.check_target, out, home.root)
             started = self.clock()
             target = await asyncio.to_thread(stage.new_stage, home, f"{started:%Y%m%dT%H%M%S}-{os.getpid()}")
             try:
-                if isinstance(store, SessionStore):
-                    manifest = await self._stage_and_pack(store, home, target, out)
-                else:
-                    manifest = await self._stage_database(home, target, out)
+                manifest = await self._stage_and_pack(home, target, out)
             finally:
                 await asyncio.to_thread(shutil.rmtree, target.root, True)
             keep = self.config.settings.backup.keep
@@ -161,48 +156,20 @@ class Backups:
             log.exception("scheduled backup failed")
             return None
 
-    async def _stage_database(self, home: Home, target: Home, out: Path) -> dict[str, Any]:
-        """A PostgreSQL deployment (``gateway.backup_postgres``): the point is the dump's transaction."""
-        at = iso(self.clock())
-        snapshot = await backup_postgres.online_snapshot(self.store)
-        runs = await asyncio.to_thread(backup_postgres.stage_snapshot, self.config, home, target, snapshot)
-        notes = await asyncio.to_thread(stage_files, self.config, home, target, set(), runs=False)
+    async def _stage_and_pack(self, home: Home, target: Home, out: Path) -> dict[str, Any]:
+        await asyncio.to_thread(stage_databases, home, target)
+        staged = staged_home(target.root)
+        point = await self.store.backup.stage_backup(staged)
+        notes = await asyncio.to_thread(stage_files, self.config, home, target, point)
         if self.memory is not None:
             await self.memory.exclusive(lambda: stage_memory(self.config, home, target, notes))
         else:
             await asyncio.to_thread(stage_memory, self.config, home, target, notes)
-        meta = {**_meta(self.config, "online"), **backup_postgres.meta(), "notes": notes}
+        meta = _meta(self.config, "online", point, notes)
         return await asyncio.to_thread(
-            pack.finish, target, out, meta=meta, point={"at": at, "runs": runs}, now=iso(self.clock()),
+            pack.finish, staged, out, meta=meta, point=_point(point), now=iso(self.clock()),
             settings=self.config.settings,
         )  # fmt: skip
-
-    async def _stage_and_pack(self, store: SessionStore, home: Home, target: Home, out: Path) -> dict[str, Any]:
-        await asyncio.to_thread(stage_databases, home, target)
-        # The point: one pass of the loop takes the entries and queues the freeze behind every append.
-        at = iso(self.clock())
-        encoded = {key: entry.encode() for key, entry in store.registry.entries.items()}
-        active = [run.run_id for run in store.active_runs()]
-
-        def freeze() -> list[stage.FrozenRun]:
-            folders = [
-                home.contexts / state / run_id for run_id in active for state in ("running", "paused", "completed")
-            ]
-            return stage.freeze_runs(target, [f for f in folders if f.is_dir()])
-
-        frozen = await store.writer.call(freeze)
-        await asyncio.to_thread(stage.write_sessions, target, encoded)
-        await asyncio.to_thread(stage.settle_runs, frozen)
-        notes = await asyncio.to_thread(stage_files, self.config, home, target, {run.run_id for run in frozen})
-        if self.memory is not None:
-            await self.memory.exclusive(lambda: stage_memory(self.config, home, target, notes))
-        else:
-            await asyncio.to_thread(stage_memory, self.config, home, target, notes)
-        point = {"at": at, "runs": {run.run_id: {"state": run.state, "seq": run.seq} for run in frozen}}
-        meta = {**_meta(self.config, "online"), "notes": notes}
-        return await asyncio.to_thread(
-            pack.finish, target, out, meta=meta, point=point, now=iso(self.clock()), settings=self.config.settings
-        )
 
 
 def take_offline(
@@ -216,41 +183,15 @@ def take_offline(
     started = clock()
     target = stage.new_stage(home, f"{started:%Y%m%dT%H%M%S}-{os.getpid()}")
     try:
-        if config.settings.storage.backend == "postgres":
-            manifest = _offline_database(config, home, target, out, clock, os.environ if env is None else env)
-        else:
-            manifest = _offline_files(config, home, target, out, clock)
+        backup = offline_backup(config.home, config.settings, clock=clock, environ=os.environ if env is None else env)
+        stage_databases(home, target)
+        staged = staged_home(target.root)
+        point = asyncio.run(backup.stage_backup(staged))
+        notes = stage_files(config, home, target, point)
+        stage_memory(config, home, target, notes)
+        meta = _meta(config, "offline", point, notes)
+        manifest = pack.finish(staged, out, meta=meta, point=_point(point), now=iso(clock()), settings=config.settings)
     finally:
         shutil.rmtree(target.root, ignore_errors=True)
     pruned = retention.prune(home.root, config.settings.backup.keep, spare=out.name) if output is None else []
     return _summary(out, manifest, pruned)
-
-
-def _offline_database(
-    config: LoadedConfig, home: Home, target: Home, out: Path, clock: Clock, env: Mapping[str, str]
-) -> dict[str, Any]:
-    at = iso(clock())
-    snapshot = backup_postgres.offline_snapshot(config, env)
-    runs = backup_postgres.stage_snapshot(config, home, target, snapshot)
-    notes = stage_files(config, home, target, set(), runs=False)
-    stage_memory(config, home, target, notes)
-    meta = {**_meta(config, "offline"), **backup_postgres.meta(), "notes": notes}
-    return pack.finish(
-        target, out, meta=meta, point={"at": at, "runs": runs}, now=iso(clock()), settings=config.settings
-    )
-
-
-def _offline_files(config: LoadedConfig, home: Home, target: Home, out: Path, clock: Clock) -> dict[str, Any]:
-    started = clock()
-    stage_databases(home, target)
-    if home.sessions_json.is_file():
-        shutil.copyfile(home.sessions_json, target.sessions_json)
-    frozen = stage.freeze_runs(target, stage.run_folders(home, ("running", "paused")))
-    stage.settle_runs(frozen)
-    notes = stage_files(config, home, target, {run.run_id for run in frozen})
-    stage_memory(config, home, target, notes)
-    point = {"at": iso(started), "runs": {run.run_id: {"state": run.state, "seq": run.seq} for run in frozen}}
-    return pack.finish(
-        target, out, meta={**_meta(config, "offline"), "notes": notes}, point=point, now=iso(clock()),
-        settings=config.settings,
-    )  # fmt: skip

@@ -7,20 +7,31 @@
 
 Each backend opens its own history index (``sessions.history_index.HistoryIndexProtocol``).
 The in-memory backend (``sessions.inmemory``) has the base and record capabilities only (no
-history index, no doctor or cleanup), so the daemon does not offer it; tests open it directly."""
+history index, no doctor or cleanup), so the daemon does not offer it; tests open it directly.
+
+This module and the storage copier (``sessions.copying``) are the only ones outside a backend's
+package that import it (``tests/test_architecture.py``): everything else reaches a backend through
+the capabilities of ``sessions.protocol``, and, with no daemon, through what this module opens:
+``open_doctor`` (a ``Doctor``), ``offline_backup`` (a ``Backup``) and ``staged_home`` (the files
+home a backup is staged in or restored into, ``sessions.backup.StagedHome``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from config.clock import Clock
 from config.errors import ConfigError
 from config.settings import Settings
+from sessions.backup import StagedHome
+from sessions.files.backup import HomeBackup
+from sessions.files.offline import HomeDoctor, StagedFilesHome
 from sessions.files.store import SessionStore
 from sessions.leadership import Leadership, SoleLeader
-from sessions.protocol import StoreProtocol
+from sessions.protocol import Backup, Doctor, StoreProtocol
+from sessions.records import StoredRecord
 from sessions.store_hooks import StoreHooks
 
 
@@ -75,3 +86,63 @@ def describe_backend(settings: Settings) -> str:
 
         return f"postgres {redact(settings.storage.postgres.dsn)}"
     return settings.storage.backend
+
+
+# -- with no daemon (the CLI holds the home lock) ---------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def open_doctor(
+    root: Path, settings: Settings, *, clock: Clock, environ: Mapping[str, str] | None = None
+) -> AsyncIterator[Doctor]:
+    """The configured storage's doctor with no daemon: the files backend's over the home's files
+    (no store opened: its recovery would change what the doctor reports); PostgreSQL's is the
+    store (its start-up recovery runs first) with its history index's checks."""
+    if settings.storage.backend != "postgres":
+        yield HomeDoctor(root, settings, clock)
+        return
+    store = await open_store(root, settings, clock=clock, environ=environ)
+    try:
+        yield _StoreDoctor(store, history=settings.history.enabled)
+    finally:
+        await store.close()
+
+
+class _StoreDoctor:
+    """An open store's doctor, with its history index's checks when ``history``."""
+
+    def __init__(self, store: StoreProtocol, *, history: bool) -> None:
+        self._store = store
+        self._history = history
+
+    async def check(self, *, fix: bool) -> list[StoredRecord]:
+        findings = await self._store.check(fix=fix)
+        if self._history:
+            index = self._store.open_history()
+            await index.open()
+            try:
+                findings += await self._store.check_history(index, fix=fix)
+            finally:
+                await index.close()
+        return findings
+
+
+def offline_backup(
+    root: Path, settings: Settings, *, clock: Clock, environ: Mapping[str, str] | None = None
+) -> Backup:
+    """The configured storage's ``Backup`` with no daemon: the home's files (nothing writes them:
+    the caller holds the lock), or the database on a connection of its own (its dump's
+    transaction is the point, whatever other machines write)."""
+    if settings.storage.backend != "postgres":
+        return HomeBackup(root, clock)
+    from sessions.copying import configured_end, dump
+    from sessions.postgres.backup import PgBackup
+
+    end = configured_end(settings, root, os.environ if environ is None else environ)
+    return PgBackup(lambda: dump(end), clock)
+
+
+def staged_home(root: Path) -> StagedHome:
+    """The home under ``root`` as a backup's stage or a restore's target (a files home: the
+    format of every backup)."""
+    return StagedFilesHome(root)

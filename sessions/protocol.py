@@ -72,7 +72,8 @@ from sessions.records import (
 from sessions.rewrites import ContextChange
 from sessions.usage import DailyUsage, UsageBy
 
-if TYPE_CHECKING:  # the files backend's export streams
+if TYPE_CHECKING:
+    from sessions.backup import BackupPoint, StagedHome
     from sessions.exports import RunExport
 
 RecordKind = Literal["summaries", "tools", "planning"]  # a run's records besides its messages
@@ -285,12 +286,18 @@ class HistorySource(Protocol):
     async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]: ...
 
 
-class Maintenance(Protocol):
-    """The doctor, cleanup, export and purge of a backend's storage."""
+class Doctor(Protocol):
+    """The doctor of a backend's storage: the daemon's store is one (``Maintenance``); with no
+    daemon, ``sessions.backends.open_doctor`` gives one (the files backend's reads the home's
+    files as they are, with no start-up recovery first, and checks the history index too)."""
 
     async def check(self, *, fix: bool) -> list[StoredRecord]:
         """The doctor's findings (``{"check", "severity", "detail", "fix", "fixed", ...}``)."""
         ...
+
+
+class Maintenance(Doctor, Protocol):
+    """The doctor (``check``), cleanup, export and purge of a backend's storage."""
 
     async def cleanup(
         self,
@@ -311,6 +318,18 @@ class Maintenance(Protocol):
 
     async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
         """Erase ``key`` for good (every run, record and index row of it); its tombstone."""
+        ...
+
+
+class Backup(Protocol):
+    """A backend whose storage a backup can take (files, postgres): its part of a backup, staged
+    at one consistent point as a files home (``sessions.backup``). The daemon's store gives one
+    (``StoreProtocol.backup``); with no daemon, ``sessions.backends.offline_backup``."""
+
+    async def stage_backup(self, stage: StagedHome) -> BackupPoint:
+        """Write this store's runs, entries and records as they are at one point into ``stage``
+        (new, empty); the point. Everything acknowledged before the call is in, each once, and
+        nothing stored after the point is."""
         ...
 
 
@@ -337,3 +356,8 @@ class ConversationStore(RunStore, DeliveryRecords, CompatRecords, Protocol):
 
 class StoreProtocol(ConversationStore, UsageRecords, HistorySource, Maintenance, Protocol):
     """Every capability: what the daemon opens (``gateway.services``)."""
+
+    @property
+    def backup(self) -> Backup:
+        """The store's ``Backup``."""
+        ...

@@ -65,9 +65,7 @@ EXCEPTIONS: Mapping[tuple[str, str], frozenset[str]] = {
 # The modules outside the files backend that still import it (``sessions.files``), by name: the list
 # may only get shorter. A module that no longer imports it comes off the list; a new one is refused.
 FILES_BACKEND_IMPORTERS = frozenset({
-    "backups.pack", "backups.stage",  # a home's point staged and checked with the files backend's own tools
     "gateway.cli_history",  # `neotask history`
-    "gateway.backup_postgres", "gateway.backups",  # backups of a home (and of a database staged as one)
     "gateway.offline",  # the offline doctor
     "sessions.backends", "sessions.copying",  # the construction site, the storage copier
 })  # fmt: skip

@@ -19,6 +19,7 @@ from home.damage import ledger_error, storage_damage
 from home.layout import Home
 from sessions.deliveries import RecordedId
 from sessions.files import leftovers
+from sessions.files.backup import FilesBackup
 from sessions.files.ledger import Ledger, run_metadata
 from sessions.files.recovery import RecoveredRun, recover_all
 from sessions.files.registry import SessionEntry, SessionRegistry
@@ -123,6 +124,10 @@ class SessionStore(MaintenanceStore):
         await self.registry.close()
         await self.writer.close()
         await self.ledger.close()
+
+    @property
+    def backup(self) -> FilesBackup:
+        return FilesBackup(self.home, self.registry, self.writer, self.active_runs, self.clock)
 
     async def _recover(self) -> None:
         rows, problem = await asyncio.gather(self.ledger.execute(_active_rows), asyncio.to_thread(self.registry.load))

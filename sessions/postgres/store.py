@@ -25,6 +25,7 @@ from sessions.events import StoreEvent
 from sessions.exports import RunExport
 from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
 from sessions.postgres.appends import PgAppends
+from sessions.postgres.backup import PgBackup, online_backup
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.export import PgExport
 from sessions.postgres.faults import quiet_pool_log, refused_at_open
@@ -138,6 +139,10 @@ class PgStore:
 
     async def flush_entries(self, *keys: str) -> None:
         await self.state.flush_entries(*keys)
+
+    @property
+    def backup(self) -> PgBackup:
+        return online_backup(self.state)
 
     # -- lookups (in memory), locks, events: the state, ``sessions.postgres.shared`` ---------------
 
