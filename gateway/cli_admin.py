@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from config.errors import ConfigError, DatabaseRefused
-from gateway import cli_history, exits, offline
+from gateway import exits, offline
 from gateway.tables import table as _table
 from home.damage import EXIT_STATE
 
@@ -210,8 +210,6 @@ def cmd_doctor(ctx: Context) -> int:
     fix = bool(ctx.args.fix)
     client = ctx.client()
     body = client.post("/v1/admin/doctor", {"fix": fix}) if client else offline.run_doctor(ctx.config, fix=fix)
-    if client is None:  # the history check skips an unreadable tasks.db: the ledger check reports it
-        body["actions"] += cli_history.offline_doctor(ctx.config, fix=fix)
     actions = body.get("actions", [])
     left = [a for a in actions if a.get("severity") == "error" and not a.get("fixed")]
     for action in left:  # what stops or damages the gateway, one line each, whatever the format

@@ -23,12 +23,8 @@ from config.loader import LoadedConfig
 from gateway import exits, offline
 from gateway.client import GatewayClient, Unreachable, _api_error, key_segment
 from gateway.tables import table as _table
-from home.damage import DamagedState
-from home.layout import Home
 from home.targets import replace_problem
 from sessions.export_lines import ExportFormat, export_lines
-from sessions.files.history_doctor import check_home_index
-from sessions.files.ledger import Ledger
 from sessions.history_index import HistoryQuery, time_bound
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
@@ -267,31 +263,3 @@ def cmd_sessions_purge(ctx: Context) -> int:
         stone = body["tombstone"]
         ctx.print(f"purged {key}: {stone['runs']} run(s), {stone['messages']} message(s); tombstone kept")
     return 0
-
-
-# -- doctor ----------------------------------------------------------------------------------------
-
-
-def offline_doctor(config: LoadedConfig, *, fix: bool) -> list[dict[str, Any]]:
-    """The history index findings of ``neotask doctor`` without a daemon (under the home lock).
-    None on PostgreSQL: its index is checked with the database (``offline.run_doctor``), and a
-    tasks.db the home kept from its files days is not the deployment's store."""
-    if not config.settings.history.enabled or config.settings.storage.backend != "files":
-        return []
-    home = Home(config.home)
-
-    async def run() -> list[dict[str, Any]]:
-        ledger = Ledger(home.tasks_db)
-        try:
-            await ledger.open()
-        except DamagedState:  # the doctor's own ledger check reports it (unreadable_ledger)
-            return []
-        try:
-            findings = await check_home_index(home.contexts, ledger, home, fix=fix)
-        finally:
-            await ledger.close()
-        return [f.as_dict() for f in findings]
-
-    if not home.tasks_db.exists():
-        return []
-    return offline.locked(config, lambda: asyncio.run(run()))

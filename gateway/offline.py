@@ -5,8 +5,9 @@ delivers to ``deliver_to`` exactly as the daemon would. Answers use the HTTP API
 through the same operations (``gateway/operations.py``).
 
 Each function is one short-lived session: open the services (recovery runs), do one thing, close
-them (sessions.json flushed). The doctor is the exception: it works on the files without opening
-the store, whose recovery would change what it is meant to report.
+them (sessions.json flushed). The doctor is the exception: ``sessions.backends.open_doctor`` gives
+the storage's ``Doctor`` (the files backend's works on the files without opening the store, whose
+recovery would change what it is meant to report).
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
-from config.clock import iso, system_clock
+from config.clock import system_clock
 from config.loader import LoadedConfig
 from home.layout import Home
-from home.lock import HomeLock
-from sessions.backends import open_store
-from sessions.files import doctor
+from home.lock import HomeLock, clear_lock_dir
+from sessions.backends import open_doctor, open_store
 from sessions.keys import parse_key
 from sessions.protocol import StoreProtocol
 
@@ -163,35 +163,18 @@ def delete_session(config: LoadedConfig, env: Mapping[str, str], key: str) -> di
 
 
 def run_doctor(config: LoadedConfig, *, fix: bool) -> dict[str, Any]:
-    """The doctor over the files; with ``fix``, an empty directory in place of gateway.lock (which
-    stops the lock from being taken at all) is removed first."""
-    if config.settings.storage.backend == "postgres":
-        return _database_doctor(config, fix=fix)
-    cleared = doctor.clear_lock_dir(Home(config.home)) if fix else None
+    """The doctor of the configured storage (``Doctor``: the files and the history index, or the
+    database and its index); with ``fix`` on the files backend, an empty directory in place of
+    gateway.lock (which stops the lock from being taken at all) is removed first."""
+    files = config.settings.storage.backend != "postgres"
+    cleared = clear_lock_dir(Home(config.home).lock_file) if fix and files else None
 
-    def work() -> dict[str, Any]:
-        findings = doctor.check_home(config.home, fix=fix, now=iso(system_clock()), settings=config.settings)
-        return {"actions": [f.as_dict() for f in ([cleared] if cleared else []) + findings]}
+    async def work() -> list[dict[str, Any]]:
+        async with open_doctor(config.home, config.settings, clock=system_clock) as doctor:
+            return await doctor.check(fix=fix)
 
-    return locked(config, work)
-
-
-def _database_doctor(config: LoadedConfig, *, fix: bool) -> dict[str, Any]:
-    """The doctor on ``storage.backend: postgres``: the database's checks and its history index's
-    (the store is opened: its start-up recovery runs first; there are no run folders or archives)."""
-
-    async def work(store: StoreProtocol) -> dict[str, Any]:
-        findings = await store.check(fix=fix)
-        if config.settings.history.enabled:
-            history = store.open_history()
-            await history.open()
-            try:
-                findings += await store.check_history(history, fix=fix)
-            finally:
-                await history.close()
-        return {"actions": findings}
-
-    return with_store(config, work)
+    findings = locked(config, lambda: asyncio.run(work()))
+    return {"actions": ([cleared] if cleared else []) + findings}
 
 
 def _check_key(config: LoadedConfig, key: str) -> str:

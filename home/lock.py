@@ -106,3 +106,19 @@ def describe_holder(home: Path) -> str:
             pid = "?"
     url = info.get("url", "starting")
     return f"gateway already running (pid {pid}, url {url})"
+
+
+def clear_lock_dir(lock_file: Path) -> dict[str, Any] | None:
+    """Remove a directory standing where gateway.lock belongs (which stops the lock from being
+    taken at all), when it is empty (blocking; before the lock is taken): a doctor's finding,
+    fixed, when there was one; ``DamagedState`` when it holds files."""
+    if not lock_file.is_dir() or lock_file.is_symlink():
+        return None
+    try:
+        lock_file.rmdir()
+    except OSError as exc:
+        problem = f"is a directory, not the lock file, and cannot be removed ({exc.strerror})"
+        raise DamagedState(lock_file, problem, "move it aside, then start again") from None
+    detail = f"{lock_file} was a directory, not the lock file"
+    return {"check": "lock_is_directory", "severity": "error", "detail": detail, "fix": "remove it",
+            "path": "gateway.lock", "fixed": True, "fixable": True}  # fmt: skip

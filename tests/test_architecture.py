@@ -65,8 +65,6 @@ EXCEPTIONS: Mapping[tuple[str, str], frozenset[str]] = {
 # The modules outside the files backend that still import it (``sessions.files``), by name: the list
 # may only get shorter. A module that no longer imports it comes off the list; a new one is refused.
 FILES_BACKEND_IMPORTERS = frozenset({
-    "gateway.cli_history",  # `neotask history`
-    "gateway.offline",  # the offline doctor
     "sessions.backends", "sessions.copying",  # the construction site, the storage copier
 })  # fmt: skip
 

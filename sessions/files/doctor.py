@@ -66,7 +66,7 @@ from sessions.files.store import SessionStore
 
 __all__ = [
     "ACTIVE", "DAMAGED", "FOLDER_FIXES", "LOST", "ONLINE_MIN_AGE_S", "RESTART", "SET_ASIDE", "Finding", "FixKind",
-    "LedgerFix", "RunFolder", "Severity", "Snapshot", "check_home", "check_store", "clear_lock_dir", "diagnose",
+    "LedgerFix", "RunFolder", "Severity", "Snapshot", "check_home", "check_store", "diagnose",
     "entry_fix", "file_findings", "fix_files", "folder_fix", "ledger_finding", "ledger_fix", "read_rows",
     "rebuild_archived_rows", "recorded_damage", "remove_tmp", "scan_archives", "scan_folders", "scan_tmp",
     "set_aside_file", "set_ledger_aside",
@@ -200,21 +200,6 @@ async def _recover(root: Path, settings: Settings | None, now: str, damaged: Map
     finally:
         await store.close()
     return done
-
-
-def clear_lock_dir(home: Home) -> Finding | None:
-    """Remove a directory standing where gateway.lock belongs, when it is empty (blocking; before
-    the lock is taken). A finding (fixed) when there was one; ``DamagedState`` when it holds files."""
-    path = home.lock_file
-    if not path.is_dir() or path.is_symlink():
-        return None
-    try:
-        path.rmdir()
-    except OSError as exc:
-        problem = f"is a directory, not the lock file, and cannot be removed ({exc.strerror})"
-        raise DamagedState(path, problem, "move it aside, then start again") from None
-    detail = f"{path} was a directory, not the lock file"
-    return Finding("lock_is_directory", "error", detail, "remove it", path="gateway.lock", fixed=True)
 
 
 async def _save_entries(registry: SessionRegistry, keys: list[str]) -> None:
