@@ -1,5 +1,6 @@
 """The layout is the architecture (docs/ARCHITECTURE.md): no import circle between modules, the
-arrows between packages point one way, and the document names every package, every rule below
+arrows between packages point one way, the storage backends are private (only the composition
+root and the storage copier import them), and the document names every package, every rule below
 and every module.
 
 Imports are read with ``ast`` from every module of the packages, wherever they stand (top level,
@@ -62,11 +63,11 @@ EXCEPTIONS: Mapping[tuple[str, str], frozenset[str]] = {
 }
 
 
-# The modules outside the files backend that still import it (``sessions.files``), by name: the list
-# may only get shorter. A module that no longer imports it comes off the list; a new one is refused.
-FILES_BACKEND_IMPORTERS = frozenset({
-    "sessions.backends", "sessions.copying",  # the construction site, the storage copier
-})  # fmt: skip
+# The backends are private: no module outside a backend's own package imports it, but the
+# composition root (the one module that chooses a backend) and the storage copier. Everything
+# else reaches a backend through the capabilities of ``sessions.protocol``.
+BACKENDS = ("sessions.files", "sessions.postgres", "sessions.inmemory")
+BACKEND_IMPORTERS = frozenset({"sessions.backends", "sessions.copying"})
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -193,13 +194,15 @@ def forbidden_arrows(root: Path, modules: Mapping[str, Path]) -> list[str]:
     return sorted(bad)
 
 
-def files_backend_importers(modules: Mapping[str, Path]) -> set[str]:
-    """The modules outside ``sessions.files`` that import it."""
+def backend_importers(modules: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Backend -> the modules outside its package that import it."""
     return {
-        name
-        for name, path in modules.items()
-        if not _under(name, "sessions.files")
-        and any(_under(c, "sessions.files") for cs in imports(name, path) for c in cs)
+        backend: {
+            name
+            for name, path in modules.items()
+            if not _under(name, backend) and any(_under(c, backend) for cs in imports(name, path) for c in cs)
+        }
+        for backend in BACKENDS
     }
 
 
@@ -214,14 +217,10 @@ def test_no_forbidden_arrow_between_packages() -> None:
     assert forbidden_arrows(ROOT, module_files(ROOT)) == []
 
 
-def test_only_the_listed_modules_reach_into_the_files_backend() -> None:
-    found = files_backend_importers(module_files(ROOT))
-    assert not found - FILES_BACKEND_IMPORTERS, (
-        f"new importers of sessions.files: {sorted(found - FILES_BACKEND_IMPORTERS)}"
-    )
-    assert not FILES_BACKEND_IMPORTERS - found, (
-        f"no longer importers (take them off the list): {sorted(FILES_BACKEND_IMPORTERS - found)}"
-    )
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backend_is_imported_only_by_the_composition_root_and_the_copier(backend: str) -> None:
+    found = backend_importers(module_files(ROOT))[backend]
+    assert found <= BACKEND_IMPORTERS, f"modules importing {backend}: {sorted(found - BACKEND_IMPORTERS)}"
 
 
 def rule_rows(doc: str) -> dict[str, tuple[str, str]]:
@@ -269,6 +268,10 @@ def undrawn_rules(doc: str) -> list[str]:
         for text in [*([_written(key)] if key != package else []), *map(_written, banned)]:
             if text not in must_not:
                 wrong.append(f"{package}/'s row does not name {text} ({key} must not import {', '.join(banned)})")
+    sessions_may, _ = rows.get("sessions", ("", ""))
+    for module in sorted(BACKEND_IMPORTERS):  # the backends are private but to these
+        if f"`{module.split('.')[-1]}.py`" not in sessions_may:
+            wrong.append(f"sessions/'s row does not name {module}, the one module outside a backend to import it")
     for (package, prefix), modules in EXCEPTIONS.items():
         may, _ = rows.get(package, ("", ""))
         for module in sorted(modules):
@@ -432,13 +435,20 @@ def test_an_allowed_arrow_is_not_refused(tmp_path: Path) -> None:
     assert forbidden_arrows(tmp_path, module_files(tmp_path)) == []
 
 
-def test_an_importer_of_the_files_backend_is_found(tmp_path: Path) -> None:
+def test_an_importer_of_a_backend_is_found(tmp_path: Path) -> None:
     _tree(tmp_path, {
         "gateway/a.py": "def f():\n    from sessions.files import bulk\n",
         "gateway/b.py": "from sessions.filesystem import x\n",  # another module whose name starts alike
         "sessions/files/c.py": "from sessions.files.jsonl import iter_records\n",  # the backend itself
+        "sessions/files/d.py": "from sessions.postgres import store\n",  # a backend reaching into another
+        "backups/e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sessions.inmemory import data\n",
+        "sessions/backends.py": "from sessions.postgres.store import PgStore\n",  # the composition root
     })  # fmt: skip
-    assert files_backend_importers(module_files(tmp_path)) == {"gateway.a"}
+    assert backend_importers(module_files(tmp_path)) == {
+        "sessions.files": {"gateway.a"},
+        "sessions.postgres": {"sessions.files.d", "sessions.backends"},
+        "sessions.inmemory": {"backups.e"},
+    }
 
 
 def test_a_module_the_document_does_not_name_is_found(tmp_path: Path) -> None:
