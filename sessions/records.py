@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
-from pathlib import Path
 from typing import Any, Literal, NamedTuple, NotRequired, Protocol, get_args
 
 from typing_extensions import TypedDict  # pydantic derives the API's answer schemas from these (gateway/contract.typed)
@@ -275,7 +274,6 @@ class RunState:
     chat_type: str
     channel: str | None
     status: RunStatus
-    dir: Path
     started_at: str
     task_key: TaskKey
     parent_uuid: str | None = None

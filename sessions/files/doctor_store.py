@@ -14,6 +14,7 @@ from home.layout import Home
 from sessions.files.doctor_checks import DAMAGED, ONLINE_MIN_AGE_S, Finding, RunFolder, Snapshot, diagnose
 from sessions.files.doctor_files import file_findings, fix_files, scan_archives, scan_folders, scan_tmp
 from sessions.files.doctor_fixes import _mark, _plan, entry_fix, folder_fix, remove_tmp
+from sessions.files.run_folder import folder_of
 from sessions.files.store_lifecycle import LifecycleStore
 
 
@@ -90,7 +91,7 @@ async def check_store(store: LifecycleStore, *, fix: bool, min_age_s: float = ON
     for index in plan.folders:  # never the folder the store holds (a held run's strays may go)
         finding = findings[index]
         held_run = live.get(finding.run_id or "")
-        if held_run is not None and (held_run.status == finding.status or held_run.dir.parent.name == finding.status):
+        if held_run is not None and finding.status in (held_run.status, folder_of(held_run).parent.name):
             continue
         if await asyncio.to_thread(folder_fix, home, finding, rows):
             fixed.add(index)

@@ -23,6 +23,7 @@ from sessions.files.backup import FilesBackup
 from sessions.files.ledger import Ledger, run_metadata
 from sessions.files.recovery import RecoveredRun, recover_all
 from sessions.files.registry import SessionEntry, SessionRegistry
+from sessions.files.run_folder import FolderRun
 from sessions.files.store_maintenance import MaintenanceStore
 from sessions.files.writer import AppendWriter
 from sessions.protocol import StoreProtocol
@@ -210,7 +211,7 @@ class SessionStore(MaintenanceStore):
 
     def _state_from_recovery(self, rec: RecoveredRun, row: dict[str, Any] | None) -> RunState:
         meta = rec.metadata
-        run = RunState(
+        run = FolderRun(
             run_id=rec.run_id,
             key=str(meta.get("session_key") or (row or {}).get("session_key") or ""),
             agent_id=meta.get("agent_id"),

@@ -33,6 +33,7 @@ from sessions.faults import storage_error
 from sessions.files import context_rewrite, leftovers
 from sessions.files.jsonl import iter_records
 from sessions.files.recovery import context_line, in_context
+from sessions.files.run_folder import folder_of
 from sessions.files.store_records import RecordStore
 from sessions.records import (
     ContextRewrite,
@@ -114,7 +115,7 @@ class AppendStore(RecordStore):
             _deliveries(run).add(record)
         if run.opening:
             run.opening = False
-            marker = run.dir / leftovers.OPENING
+            marker = folder_of(run) / leftovers.OPENING
             self.writer.call(lambda: marker.unlink(missing_ok=True)).add_done_callback(_log_failure)
         for durable_listener in self.durable_listeners:
             durable_listener(run, record)
@@ -124,8 +125,9 @@ class AppendStore(RecordStore):
     def _run_files(self, run: RunState) -> tuple[Path, Path, Path]:
         """The run's folder and its two message stores, joined once per folder (not per append)."""
         files = self._files.get(run.run_id)
-        if files is None or files[0] is not run.dir:
-            files = self._files[run.run_id] = (run.dir, run.dir / layout.MESSAGES, run.dir / layout.CURRENT)
+        folder = folder_of(run)
+        if files is None or files[0] is not folder:
+            files = self._files[run.run_id] = (folder, folder / layout.MESSAGES, folder / layout.CURRENT)
         return files
 
     async def _record_deliveries(self, run: RunState) -> None:
@@ -134,7 +136,7 @@ class AppendStore(RecordStore):
         redelivery after the run ended is then still recognised."""
         deliveries = _deliveries(run)
         if not deliveries.scanned and run.messages_bytes:
-            path = run.dir / layout.MESSAGES
+            path = folder_of(run) / layout.MESSAGES
             deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
         rows = [(run.key, cmid, stamp, run.run_id, seq) for cmid, (seq, stamp) in deliveries.by_id.items()]
         if not rows:
@@ -203,7 +205,7 @@ class AppendStore(RecordStore):
             return None
         deliveries = _deliveries(run)
         if not deliveries.scanned:
-            path = run.dir / layout.MESSAGES
+            path = folder_of(run) / layout.MESSAGES
             deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
         return deliveries.find(run.run_id, client_message_id, since)
 
@@ -227,7 +229,7 @@ class AppendStore(RecordStore):
         if run.appends_pending == 0 and run.failed_seq is not None:
             run.next_seq, run.last_context_seq = run.failed_seq, run.failed_context_seq
             run.failed_seq = None
-            self.writer.reopen(run.dir / layout.MESSAGES)
+            self.writer.reopen(folder_of(run) / layout.MESSAGES)
             entry = self.entry(run.key)
             if entry is not None and entry.run_id == run.run_id:
                 self.sync_counters(entry, run)
@@ -262,12 +264,12 @@ class AppendStore(RecordStore):
         stamp = iso(self.clock())
         record = tool_record(run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, stamp)
         run.next_tool_seq += 1
-        await self.writer.append(run.dir / layout.TOOLS, encode(record), durable=True)
+        await self.writer.append(folder_of(run) / layout.TOOLS, encode(record), durable=True)
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
         record = plan_record(run, plan_type, plan_content, iso(self.clock()))
-        await self.writer.append(run.dir / layout.PLANNING, encode(record), durable=True)
+        await self.writer.append(folder_of(run) / layout.PLANNING, encode(record), durable=True)
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
@@ -299,8 +301,8 @@ class AppendStore(RecordStore):
         thread (``sessions.files.context_rewrite``), after every append queued before it and with
         the append handle of current.jsonl closed; then count what it did into the run (appends
         queued meanwhile are kept on top) and checkpoint the counters. None: it changed nothing."""
-        current = run.dir / layout.CURRENT
-        folder = run.dir
+        folder = folder_of(run)
+        current = folder / layout.CURRENT
         tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
 
         def _do() -> ContextRewrite | None:

@@ -20,6 +20,7 @@ from home.atomic import fsync_dir, write_atomic, write_json_atomic
 from sessions.bookkeeping import end_entry, idle_entry, require_active, run_stats, start_entry
 from sessions.faults import storage_error
 from sessions.files import leftovers
+from sessions.files.run_folder import FolderRun, folder_of, folder_run
 from sessions.files.store_appends import AppendStore
 from sessions.records import RunState, RunStatus, TaskKey
 from sessions.store_hooks import run_hook
@@ -49,7 +50,7 @@ class LifecycleStore(AppendStore):
             raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
         now = iso(self.clock())
         run_id = str(uuidlib.uuid4())
-        run = RunState(
+        run = FolderRun(
             run_id=run_id,
             key=key,
             agent_id=agent_id,
@@ -64,7 +65,7 @@ class LifecycleStore(AppendStore):
         metadata = self._metadata(run)
         created = False
         try:
-            await self.writer.call(lambda: _create_run_folder(run.dir, metadata, opening=opening))
+            await self.writer.call(lambda: _create_run_folder(folder_of(run), metadata, opening=opening))
             created = True
             await self.ledger.insert_run(self._ledger_row(run))
         except (OSError, sqlite3.Error) as exc:
@@ -73,7 +74,7 @@ class LifecycleStore(AppendStore):
                 await self._remove_run_files(run)
             else:
                 try:
-                    await self.writer.call(lambda: _remove_folder(run.dir))
+                    await self.writer.call(lambda: _remove_folder(folder_of(run)))
                 except OSError as cleanup:  # a folder with no message: start-up recovery removes it
                     log.error("could not remove the half-created folder of run %s (%s)", run.run_id, cleanup)
             raise _start_error(exc) from exc
@@ -109,8 +110,8 @@ class LifecycleStore(AppendStore):
 
     async def _remove_run_files(self, run: RunState) -> None:
         def _do() -> None:
-            self.writer.close_handles_under(run.dir)
-            _remove_folder(run.dir)
+            self.writer.close_handles_under(folder_of(run))
+            _remove_folder(folder_of(run))
 
         try:
             await self.writer.call(_do)
@@ -162,7 +163,7 @@ class LifecycleStore(AppendStore):
         for name, hook in list(self.completion_hooks.items()) if summarize else ():
             await run_hook("completion", name, hook, run)
         if final_summary is not None and summarize:
-            text, path = final_summary, run.dir / layout.FINAL_SUMMARY
+            text, path = final_summary, folder_of(run) / layout.FINAL_SUMMARY
             await self.writer.call(lambda: _write_text(path, text))
         await self._record_deliveries(run)
         await self._move(run, "completed")
@@ -199,8 +200,8 @@ class LifecycleStore(AppendStore):
         return completed
 
     async def _move(self, run: RunState, status: RunStatus) -> None:
-        old, new = run.dir, self.home.run_dir(run.run_id, status)
-        run.dir = new
+        old, new = folder_of(run), self.home.run_dir(run.run_id, status)
+        folder_run(run).dir = new
         run.status = status
 
         def _do() -> None:

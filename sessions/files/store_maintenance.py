@@ -18,6 +18,7 @@ from sessions.files.history import HistoryIndex, catch_up, history_path, rebuild
 from sessions.files.history_doctor import check_index
 from sessions.files.history_marks import runs_on_disk
 from sessions.files.purge import purge_key
+from sessions.files.run_folder import folder_of
 from sessions.files.store_lifecycle import LifecycleStore
 from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
 from sessions.protocol import ArchiveStep, CompleteRun
@@ -40,7 +41,7 @@ class MaintenanceStore(LifecycleStore):
 
     async def catch_up_history(self, index: HistoryIndexProtocol) -> None:
         index = own_index(index, HistoryIndex)
-        runs = [(r.run_id, r.key, r.agent_id, r.dir, r.next_seq - 1) for r in self.active_runs()]
+        runs = [(r.run_id, r.key, r.agent_id, folder_of(r), r.next_seq - 1) for r in self.active_runs()]
         active = {run[0] for run in runs}
         rows = await self.ledger.execute(lambda c: [tuple(r) for r in c.execute(_ENDED_UNARCHIVED)])
         ended = [row for row in rows if row[0] not in active]

@@ -20,6 +20,7 @@ from sessions.deliveries import RecordedId
 from sessions.files import archive
 from sessions.files.jsonl import iter_records, read_records
 from sessions.files.ledger import run_metadata
+from sessions.files.run_folder import folder_of
 from sessions.files.store_base import StoreBase
 from sessions.protocol import RecordKind
 from sessions.records import (
@@ -98,7 +99,7 @@ class RecordStore(StoreBase):
         row = await self.require_run(run_id)
         active = self._runs.get(run_id)
         if active is not None:
-            return row, active.dir
+            return row, folder_of(active)
         folder = self.home.run_dir(run_id, row["status"])
         return row, folder if await asyncio.to_thread(folder.is_dir) else None
 
@@ -153,7 +154,7 @@ class RecordStore(StoreBase):
         compaction threshold is hundreds of kB to parse). Rewrites of the file (compaction,
         uncompact) run under the key's turn lock and are awaited, so none is in flight while a
         turn reads."""
-        path = run.dir / layout.CURRENT
+        path = folder_of(run) / layout.CURRENT
 
         def _read() -> list[ContextLine]:
             return read_back(read_records(path))

@@ -31,7 +31,6 @@ from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered
 from sessions.entries import SessionEntry
 from sessions.events import EventType, StoreEvent
 from sessions.inmemory.data import MemoryData, StoredRun, line_size
-from sessions.inmemory.paths import NOWHERE
 from sessions.inmemory.reads import MemoryReads
 from sessions.inmemory.records import MemoryRecords
 from sessions.protocol import ConversationStore
@@ -158,7 +157,7 @@ class MemoryStore(MemoryReads, MemoryRecords):
         run_id = str(uuidlib.uuid4())
         run = RunState(
             run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
-            dir=NOWHERE / run_id, started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+            started_at=now, task_key=task_key, parent_uuid=parent_uuid,
         )  # fmt: skip
         pinned = entry is not None and entry.pinned
         row = cast(RunRow, {
@@ -404,7 +403,7 @@ def _state_of(stored: StoredRun) -> RunState:
     run = RunState(
         run_id=row["uuid"], key=str(row.get("session_key") or ""), agent_id=row.get("agent_id"),
         chat_type=str(row.get("chat_type") or "direct"), channel=row.get("channel"), status=row["status"],
-        dir=NOWHERE / row["uuid"], started_at=row["created_at"],
+        started_at=row["created_at"],
         task_key=TaskKey(
             task_type=str(row.get("task_type") or "agent"), task_identifier=row.get("task_identifier"),
             repository=row.get("repository"), user=row.get("user"),

@@ -28,7 +28,7 @@ from sessions.bookkeeping import (
 from sessions.entries import SessionEntry
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
-from sessions.postgres.state import NOWHERE, PgState, encode_entry
+from sessions.postgres.state import PgState, encode_entry
 from sessions.records import RunState, RunStatus, TaskKey, copy_counters
 from sessions.store_hooks import run_hook
 
@@ -57,7 +57,7 @@ class PgLifecycle:
         run_id = str(uuidlib.uuid4())
         run = RunState(
             run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
-            dir=NOWHERE / run_id, started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+            started_at=now, task_key=task_key, parent_uuid=parent_uuid,
         )  # fmt: skip
         metadata: dict[str, Any] = {
             "format_version": METADATA_FORMAT_VERSION, "uuid": run_id, "created_at": now, **task_key.as_dict(),

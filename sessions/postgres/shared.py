@@ -31,7 +31,7 @@ from sessions.postgres.batching import AppendQueue, nothing
 from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases
 from sessions.postgres.locks import SharedLock, TurnLock
 from sessions.postgres.notify import EventRelay
-from sessions.postgres.state import NOWHERE, PgState, decode_entry, state_from_row
+from sessions.postgres.state import PgState, decode_entry, state_from_row
 from sessions.records import ContextRewrite, MessageRecord, NewMessage, RunState, copy_counters
 from sessions.rewrites import ContextChange
 
@@ -240,7 +240,7 @@ class PgSharing:
         return runs, {row["key"]: row["body"] for row in bodies}
 
     def _apply_key(self, key: str, rows: list[asyncpg.Record], body: str | None) -> None:
-        active = {row["run_id"]: state_from_row(dict(row), NOWHERE / row["run_id"]) for row in rows}
+        active = {row["run_id"]: state_from_row(dict(row)) for row in rows}
         for run_id, run in list(self.state.runs.items()):
             if run.key == key and run_id not in active and not self.queue.busy(run):
                 del self.state.runs[run_id]  # ended by another process

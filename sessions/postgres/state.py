@@ -12,7 +12,6 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import asyncpg
@@ -29,7 +28,6 @@ from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
 
-NOWHERE = Path("/nonexistent/neotask-postgres")  # a run's ``dir``: its stores are tables, not a folder
 _DROP_OPENING = (
     "DELETE FROM runs WHERE opening AND next_seq = 1 AND status IN ('running', 'paused') RETURNING run_id, session_key"
 )
@@ -144,7 +142,7 @@ async def load_view(state: PgState, *, shared: bool = False) -> None:
         log.warning("run %s of %r never stored its first message: removed", row[0], row[1])
     state.entries = {row[0]: decode_entry(row[1]) for row in entries}
     for row in rows:
-        run = state_from_row(dict(row), NOWHERE / row["run_id"])
+        run = state_from_row(dict(row))
         entry = state.entries.get(run.key)
         if entry is not None and entry.run_id == run.run_id and _same_but_tokens(entry, run):
             run.context_tokens = entry.context_tokens  # a calibration the row does not hold
@@ -189,11 +187,11 @@ def decode_entry(text: str) -> SessionEntry:
     return SessionEntry.from_dict(data, key=key)
 
 
-def state_from_row(row: Mapping[str, Any], folder: Path) -> RunState:
+def state_from_row(row: Mapping[str, Any]) -> RunState:
     """A run's state from its ``runs`` row."""
     run = RunState(
         run_id=row["run_id"], key=row["session_key"] or "", agent_id=row["agent_id"],
-        chat_type=row["chat_type"] or "direct", channel=row["channel"], status=row["status"], dir=folder,
+        chat_type=row["chat_type"] or "direct", channel=row["channel"], status=row["status"],
         started_at=row["created_at"],
         task_key=TaskKey(row["task_type"], row["task_identifier"], row["repository"], row["user"]),
         parent_uuid=row["parent_uuid"], next_tool_seq=int(row["next_tool_seq"]), next_plan_id=int(row["next_plan_id"]),

@@ -29,7 +29,7 @@ KEYS = [KeyInfo(MAIN, "main", "direct"), KeyInfo(ALICE, "main", "direct"), KeyIn
 
 def caller(key: str, chat_type: str) -> RunState:
     return RunState(run_id="r", key=key, agent_id="main", chat_type=chat_type, channel=None, status="running",
-                    dir=Path("/nonexistent"), started_at="", task_key=TaskKey("agent", key))  # fmt: skip
+                    started_at="", task_key=TaskKey("agent", key))  # fmt: skip
 
 
 @pytest.mark.parametrize(

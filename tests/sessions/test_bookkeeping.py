@@ -5,7 +5,6 @@ The conformance suite checks the same over every backend; these pin the rules th
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -35,7 +34,7 @@ KEY = "agent:main:main"
 def _run(**counters: int) -> RunState:
     run = RunState(
         run_id="r1", key=KEY, agent_id="main", chat_type="direct", channel=None, status="running",
-        dir=Path("/nowhere/r1"), started_at="2026-01-01T00:00:00Z", task_key=TaskKey("chat", KEY),
+        started_at="2026-01-01T00:00:00Z", task_key=TaskKey("chat", KEY),
     )  # fmt: skip
     for name, value in counters.items():
         setattr(run, name, value)
