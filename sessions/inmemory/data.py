@@ -50,3 +50,5 @@ class MemoryData:
     compat_conversations: dict[str, CompatConversation] = field(default_factory=dict)
     compat_responses: list[tuple[ResponseRef, str]] = field(default_factory=list)
     usage_daily: dict[DailyKey, dict[str, int]] = field(default_factory=dict)  # USAGE_COLUMNS per day, agent, key
+    history: dict[tuple[str, int], tuple[Any, ...]] | None = None  # the history index's rows (None: never opened)
+    tombstones: list[StoredRecord] = field(default_factory=list)  # one per purged key, without content

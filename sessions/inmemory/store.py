@@ -31,6 +31,8 @@ from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered
 from sessions.entries import SessionEntry
 from sessions.events import EventType, StoreEvent
 from sessions.inmemory.data import MemoryData, StoredRun, line_size
+from sessions.inmemory.history import MemoryHistory
+from sessions.inmemory.maintenance import MemoryMaintenance
 from sessions.inmemory.reads import MemoryReads
 from sessions.inmemory.records import MemoryRecords
 from sessions.protocol import ConversationStore
@@ -55,7 +57,7 @@ from sessions.store_hooks import StoreHooks, run_hook
 log = logging.getLogger(__name__)
 
 
-class MemoryStore(MemoryReads, MemoryRecords):
+class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
     def __init__(self, data: MemoryData, *, clock: Clock, hooks: StoreHooks) -> None:
         self.data, self.clock, self.hooks = data, clock, hooks
         self._entries = {key: SessionEntry.from_dict(dict(raw)) for key, raw in data.entries.items()}

@@ -12,6 +12,7 @@ from config.clock import iso, parse_iso
 from config.errors import SessionNotFound
 from config.settings import CleanupSettings
 from sessions.cleanup_plan import ArchiveFacts, describe, is_pinned, plan_cleanup, records_cutoffs, run_facts
+from sessions.findings import finding as _finding
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
 from sessions.postgres.state import PgState
@@ -159,14 +160,3 @@ _DOUBLED = (
     "SELECT session_key, count(*) FROM runs WHERE status IN ('running', 'paused')"
     " GROUP BY session_key HAVING count(*) > 1"
 )
-
-
-def _finding(
-    check: str, severity: str, detail: str, fix: str | None, *, run_id: str | None = None, key: str | None = None,
-    fixed: bool = False,
-) -> StoredRecord:  # fmt: skip
-    body: StoredRecord = {"check": check, "severity": severity, "detail": detail, "fix": fix}
-    for name, value in (("run_id", run_id), ("key", key)):
-        if value is not None:
-            body[name] = value
-    return body | {"fixed": fixed, "fixable": fix is not None}

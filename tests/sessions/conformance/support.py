@@ -50,9 +50,12 @@ BASE = "RunStore"
 DELIVERY = "DeliveryRecords"
 COMPAT = "CompatRecords"
 USAGE = "UsageRecords"
+HISTORY = "HistorySource"
+MAINTENANCE = "Maintenance"
+EVERY = frozenset({BASE, DELIVERY, COMPAT, USAGE, HISTORY, MAINTENANCE})
 BACKENDS: dict[str, Backend] = {
-    "files": Backend(_files, frozenset({BASE, DELIVERY, COMPAT, USAGE, "HistorySource", "Maintenance"})),
-    "memory": Backend(_memory, frozenset({BASE, DELIVERY, COMPAT, USAGE})),
+    "files": Backend(_files, EVERY),
+    "memory": Backend(_memory, EVERY),
 }
 
 
@@ -74,7 +77,7 @@ def _postgres(server: PgServer) -> Factory:
 
 # Backends on a server: the fixture that gives the server, the factory on it, the capabilities.
 SERVER_BACKENDS: dict[str, tuple[str, Callable[[PgServer], Factory], frozenset[str]]] = {
-    "postgres": ("postgres_server", _postgres, frozenset({BASE, DELIVERY, COMPAT, USAGE})),
+    "postgres": ("postgres_server", _postgres, EVERY),
 }
 
 

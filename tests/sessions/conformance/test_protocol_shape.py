@@ -19,8 +19,12 @@ CLASSES = {"files": SessionStore, "memory": MemoryStore, "postgres": PgStore}
 
 
 def _methods(name: str) -> set[str]:
+    """The methods a capability declares, with those of the capabilities it extends (``Maintenance``
+    is ``Doctor``'s ``check`` and its own)."""
     node = next(n for n in ast.parse(SOURCE).body if isinstance(n, ast.ClassDef) and n.name == name)
-    return {f.name for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+    inherited = [b.id for b in node.bases if isinstance(b, ast.Name) and b.id != "Protocol"]
+    own = {f.name for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+    return own.union(*(_methods(base) for base in inherited))
 
 
 def test_the_protocol_names_no_any_no_path_and_no_mutable_attribute() -> None:
@@ -47,3 +51,12 @@ def test_every_backend_implements_the_capabilities_it_claims() -> None:
                 implemented = getattr(CLASSES[name], method, None)
                 if implemented is not None and inspect.iscoroutinefunction(declared):
                     assert inspect.iscoroutinefunction(implemented), (name, method)
+
+
+def test_the_backends_that_take_backups_give_a_backup() -> None:
+    """``StoreProtocol.backup`` (what the daemon's backups take): files and postgres."""
+    assert _methods("Backup") == {"stage_backup"}
+    for cls in (SessionStore, PgStore):
+        assert isinstance(inspect.getattr_static(cls, "backup"), property), cls
+        returned = inspect.signature(inspect.getattr_static(cls, "backup").fget).return_annotation
+        assert "Backup" in str(returned), (cls, returned)
