@@ -90,16 +90,7 @@ def check_home(
         damaged = ledger_finding(exc)
         if not fix or damaged.kind is None:
             return [damaged]
-        aside = set_ledger_aside(home)
-        ledger = Ledger(home.tasks_db)
-        ledger.open_sync()
-        try:
-            archived = rebuild_archived_rows(home, ledger, now)
-        finally:
-            ledger.close_sync()
-        detail = f"{damaged.detail} (moved to {aside.name}; {archived} archived run(s) restored from their archives)"
-        again = check_home(root, fix=True, now=now, min_age_s=min_age_s, settings=settings)
-        return [replace(damaged, detail=detail, fixed=True), *again]
+        return _rebuild_ledger(home, damaged, now=now, min_age_s=min_age_s, settings=settings)
     registry = SessionRegistry(home.sessions_json, flush_ms=0)
     try:
         problem = registry.load()
@@ -114,23 +105,56 @@ def check_home(
     )
     findings = diagnose(snap) + file_findings(home, snap.folders, recorded_damage(rows))
     if problem not in (None, "missing"):
-        newer = problem.startswith("unsupported")  # rebuilding it would throw a newer neotask's entries away
-        findings.append(
-            Finding(
-                "unreadable_sessions_json",
-                "error",
-                f"sessions.json is {problem}",
-                "upgrade neotask, or move the file aside to have it rebuilt from tasks.db and the run folders"
-                if newer
-                else "move it aside (sessions.json.damaged) and rebuild it from tasks.db and the run folders,"
-                " as start-up recovery does",
-                kind=None if newer else "rebuild_sessions",
-                path="contexts/sessions.json",
-                manual=newer,
-            )
-        )
+        findings.append(_sessions_json_finding(problem))
     if not fix:
         return findings
+    return _fix_home(home, findings, snap, registry, problem, now=now, settings=settings)
+
+
+def _rebuild_ledger(
+    home: Home, damaged: Finding, *, now: str, min_age_s: float, settings: Settings | None
+) -> list[Finding]:
+    """An unreadable tasks.db set aside and a new one made (its archived runs restored from their
+    archives), then the home checked and fixed again."""
+    aside = set_ledger_aside(home)
+    ledger = Ledger(home.tasks_db)
+    ledger.open_sync()
+    try:
+        archived = rebuild_archived_rows(home, ledger, now)
+    finally:
+        ledger.close_sync()
+    detail = f"{damaged.detail} (moved to {aside.name}; {archived} archived run(s) restored from their archives)"
+    again = check_home(home.root, fix=True, now=now, min_age_s=min_age_s, settings=settings)
+    return [replace(damaged, detail=detail, fixed=True), *again]
+
+
+def _sessions_json_finding(problem: str) -> Finding:
+    newer = problem.startswith("unsupported")  # rebuilding it would throw a newer neotask's entries away
+    return Finding(
+        "unreadable_sessions_json",
+        "error",
+        f"sessions.json is {problem}",
+        "upgrade neotask, or move the file aside to have it rebuilt from tasks.db and the run folders"
+        if newer
+        else "move it aside (sessions.json.damaged) and rebuild it from tasks.db and the run folders,"
+        " as start-up recovery does",
+        kind=None if newer else "rebuild_sessions",
+        path="contexts/sessions.json",
+        manual=newer,
+    )
+
+
+def _fix_home(
+    home: Home,
+    findings: list[Finding],
+    snap: Snapshot,
+    registry: SessionRegistry,
+    problem: str | None,
+    *,
+    now: str,
+    settings: Settings | None,
+) -> list[Finding]:
+    """The safe fixes of ``findings``: the findings, those fixed marked."""
     folders = {f.run_id: f for f in snap.folders}
     plan = _plan(findings, folders, now)
     fixed: set[int] = set()
@@ -155,7 +179,8 @@ def check_home(
     if plan.runs or rebuild:
         for _ in rebuild:
             set_aside_file(home.sessions_json)
-        failed = asyncio.run(_recover(root, settings, now, {findings[i].run_id or "": findings[i] for i in plan.runs}))
+        damaged = {findings[i].run_id or "": findings[i] for i in plan.runs}
+        failed = asyncio.run(_recover(home.root, settings, now, damaged))
         if failed is not None:
             fixed.update(rebuild)
             fixed.update(plan.entries if rebuild else ())  # the rebuilt entries follow the runs
