@@ -4,8 +4,9 @@ A backup goes through the running daemon's API (``POST /v1/admin/backup``) when 
 the CLI takes the home lock and backs the files up itself. Verify and restore work on the
 archive alone (no daemon involved): restore refuses a home that is not empty and leaves nothing
 behind when it fails. On ``storage.backend: postgres`` the backup is a snapshot of the database in
-the same format (``gateway.backup_postgres``); ``restore --to postgres://…`` copies the restored
-home into an empty database and verifies it (``sessions.copying``).
+the same format (the store's ``Backup``, ``sessions.postgres.backup``); ``restore --to
+postgres://…`` copies the restored home into an empty database and verifies it
+(``sessions.copying``).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
 | ``postgres`` | ``sessions.postgres.store.PgStore``: tables in PostgreSQL | all (archived runs stay as rows) |
 
 Each backend opens its own history index (``sessions.history_index.HistoryIndexProtocol``).
-The in-memory backend (``sessions.inmemory``) has the base and record capabilities only (no
-history index, no doctor or cleanup), so the daemon does not offer it; tests open it directly.
+The in-memory backend (``sessions.inmemory``) keeps nothing across a restart and takes no backup,
+so the daemon does not offer it; tests open it directly.
 
 This module and the storage copier (``sessions.copying``) are the only ones outside a backend's
 package that import it (``tests/test_architecture.py``): everything else reaches a backend through

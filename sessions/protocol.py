@@ -6,14 +6,16 @@ writes a file. A backend implements the capabilities it has; the conformance sui
 case needs (``support.BACKENDS`` says which backend has which), as LangGraph's checkpoint
 conformance suite splits its base and extended capabilities.
 
-| capability | what it is | files (``sessions.files``) | memory (``sessions.memory``) |
+| capability | what it is | files (``sessions.files``) | memory (``sessions.inmemory``) |
 |---|---|---|---|
 | ``RunStore`` (base) | keys, runs, lifecycle, appends, reads by run id, the context rewrite | yes | yes |
 | ``DeliveryRecords`` | idempotency records, deliveries in the transcript, webhook delivery ids | yes | yes |
 | ``CompatRecords`` | the OpenAI-compatible routes' conversations and response ids | yes | yes |
 | ``UsageRecords`` | token usage per UTC day, agent and key (``GET /v1/usage``, budgets) | yes | yes |
-| ``HistorySource`` | feeds, rebuilds and checks the full-text history index | yes | no |
-| ``Maintenance`` | doctor (check and fix), cleanup (archive, expire, trim), export, purge | yes | no |
+| ``HistorySource`` | feeds, rebuilds and checks the full-text history index | yes | yes |
+| ``Doctor`` | the doctor's check (and fix); also with no daemon (``sessions.backends.open_doctor``) | yes | yes |
+| ``Maintenance`` | doctor (check and fix), cleanup (archive, expire, trim), export, purge | yes | yes |
+| ``Backup`` | the store's part of a backup, staged at one point as a files home | yes | no |
 | ``TurnLocks`` (optional) | a turn lock held across processes sharing the store | no | no |
 | ``SharedEvents`` (optional) | the events other processes sharing the store emit | no | no |
 

@@ -1,5 +1,6 @@
-"""The in-memory backend of the session store: the base and record capabilities of
-``sessions.protocol`` (``ConversationStore``) kept in process memory.
+"""The in-memory backend of the session store: the capabilities of ``sessions.protocol`` but
+``Backup`` (the base and record capabilities, usage, the history index, maintenance) kept in
+process memory.
 
 It proves the Protocol is a real port (a second backend passes the conformance suite) and lets
 the engine's fast tests run without files. What it keeps lives as long as its ``MemoryData``:

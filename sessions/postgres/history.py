@@ -29,6 +29,7 @@ import asyncpg
 from sessions.history_index import MAX_BATCH, HistoryHit, HistoryQuery, HistoryStats, row_values
 from sessions.history_text import index_text, query_terms, snippet
 from sessions.history_words import words as fts5_words
+from sessions.maintenance_records import finding
 from sessions.postgres.faults import unavailable
 
 log = logging.getLogger(__name__)
@@ -243,15 +244,15 @@ class PgHistoryIndex:
             if fix:
                 with unavailable("nothing was stored"):
                     await self.pool.execute(_DELETE_STALE)
-            findings.append(_finding("history_stale", f"{stale} index row(s) have no stored message",
-                                     "delete their index rows", fix))  # fmt: skip
+            findings.append(finding("history_stale", "warning", f"{stale} index row(s) have no stored message",
+                                    "delete their index rows", fixed=fix))  # fmt: skip
         if lacking:
             if fix:
                 for start in range(0, len(lacking), self.max_batch):
                     await self.insert(lacking[start : start + self.max_batch])
             runs = len({row[0] for row in lacking})
-            findings.append(_finding("history_holes", f"{len(lacking)} message(s) of {runs} run(s) are missing"
-                                     " from the history index", "index them", fix))  # fmt: skip
+            findings.append(finding("history_holes", "warning", f"{len(lacking)} message(s) of {runs} run(s) are"
+                                    " missing from the history index", "index them", fixed=fix))  # fmt: skip
         return findings
 
     async def search(self, query: HistoryQuery) -> list[HistoryHit]:
@@ -311,7 +312,3 @@ class PgHistoryIndex:
     async def run_ids(self) -> set[str]:
         with unavailable("nothing was stored"):
             return {r[0] for r in await self.pool.fetch("SELECT DISTINCT run_id FROM history")}
-
-
-def _finding(check: str, detail: str, fix: str, fixed: bool) -> dict[str, Any]:
-    return {"check": check, "severity": "warning", "detail": detail, "fix": fix, "fixed": fixed, "fixable": True}
