@@ -26,10 +26,10 @@ from typing import Any
 
 import asyncpg
 
+from sessions.findings import finding
 from sessions.history_index import MAX_BATCH, HistoryHit, HistoryQuery, HistoryStats, row_values
 from sessions.history_text import index_text, query_terms, snippet
 from sessions.history_words import words as fts5_words
-from sessions.maintenance_records import finding
 from sessions.postgres.faults import unavailable
 
 log = logging.getLogger(__name__)
