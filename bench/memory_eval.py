@@ -49,8 +49,8 @@ from config.settings import EmbeddingSettings, MemorySettings
 from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder, build_embedder
 from memory.dates import spell_dates
 from memory.embedders import E5_FLOOR, E5Embedder, Embedder, is_multilingual, query_vector
+from memory.embedders.routed import RoutedEmbedder
 from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query
-from memory.routed import RoutedEmbedder
 from memory.store import POINTER
 
 TODAY = date(2026, 11, 30)

@@ -19,7 +19,6 @@ from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownA
 from config.settings import MemorySettings
 from memory import scopes, sources
 from memory.dates import spell_dates
-from memory.embedder_choice import build_embedder, embedder_of
 from memory.embedders import (
     Embedder,
     EmbedderIdentity,
@@ -28,6 +27,8 @@ from memory.embedders import (
     query_scale_of,
     query_vector,
 )
+from memory.embedders.choice import build_embedder, embedder_of
+from memory.embedders.routed import RoutedEmbedder
 from memory.fusion import (
     Candidate,
     FusionParams,
@@ -43,7 +44,6 @@ from memory.indexer import Indexer, Progress
 from memory.loading import ModelLoader
 from memory.progress import PassProgress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
-from memory.routed import RoutedEmbedder
 from memory.store import ChunkStore, IndexIdentity
 from memory.watcher import sweep, watch
 
@@ -60,7 +60,7 @@ class MemoryService:
     ``workspaces`` maps agent id → workspace folder (``MEMORY.md``, ``memory/**/*.md``).
     ``uri`` is the LanceDB folder (``memory.uri``). ``embedder`` defaults to the one
     ``settings.embedding`` describes, built with ``env`` (the caller's environment: the API key
-    and the offline flag, see :func:`memory.embedder_choice.build_embedder`; None: an empty one); an
+    and the offline flag, see :func:`memory.embedders.choice.build_embedder`; None: an empty one); an
     embedder passed in is not closed by :meth:`close`.
 
     ``background`` false (a short-lived CLI command): no indexing, watching or sweeping; the index

@@ -17,9 +17,9 @@ import pytest
 
 from config.clock import system_clock
 from memory import Embedder, MemoryService, UniversalSentenceEncoderEmbedder
-from memory.embedder_choice import e5_runs_here
 from memory.embedders import Vectors
-from memory.routed import RoutedEmbedder
+from memory.embedders.choice import e5_runs_here
+from memory.embedders.routed import RoutedEmbedder
 from tests.memory.conftest import eventually, memory_settings, openai_embedder, routed_embedder, write
 from tests.support.openai_server import OpenAIServer
 

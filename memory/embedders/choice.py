@@ -1,5 +1,5 @@
-"""Which embedder ``memory.embedding`` describes: one of ``memory/embedders.py``'s or the routed
-pair of ``memory/routed.py`` (which builds on those, so the choice lives above both).
+"""Which embedder ``memory.embedding`` describes: one of the families in ``memory/embedders/`` or the routed
+pair of ``memory/embedders/routed.py`` (which builds on those, so the choice lives above both).
 
 Every packaged choice routes Japanese and Chinese queries to the Universal Sentence Encoder; they
 differ in what answers English ones. ``auto`` (the default) is ``e5+use`` where
@@ -27,7 +27,7 @@ from memory.embedders import (
     UniversalSentenceEncoderEmbedder,
     has_avx2,
 )
-from memory.routed import RoutedEmbedder
+from memory.embedders.routed import RoutedEmbedder
 
 log = logging.getLogger("neotask.memory")
 
