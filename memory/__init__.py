@@ -41,7 +41,7 @@ Methods:
   ``read_file(agent, path) -> str``: ``path`` relative to the workspace; ``..``/absolute paths or
   non-memory files are ``BadRequest``, a missing file ``NotFound`` (so is MEMORY.md for ``get`` with
   ``include_memory_md=False``).
-- ``candidates(agent, query, *, include_memory_md=True) -> list[memory.fusion.Candidate]``: the two
+- ``candidates(agent, query, *, include_memory_md=True) -> list[memory.candidates.Candidate]``: the two
   merged candidate pools before fusion (for the retrieval benchmark and diagnostics).
 
 Files change on disk at any time: a watcher (debounced ``memory.watch.debounce_ms``) and a sweep

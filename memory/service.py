@@ -18,6 +18,7 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownAgent
 from config.settings import MemorySettings
 from memory import scopes, sources
+from memory.candidates import Candidate, merge_pools
 from memory.dates import spell_dates
 from memory.embedders import (
     Embedder,
@@ -29,22 +30,14 @@ from memory.embedders import (
 )
 from memory.embedders.choice import build_embedder, embedder_of
 from memory.embedders.routed import RoutedEmbedder
-from memory.fusion import (
-    Candidate,
-    FusionParams,
-    fuse,
-    is_cjk_query,
-    merge_pools,
-    named_speakers,
-    query_terms,
-    spoken_by,
-    text_share,
-)
+from memory.fusion import FusionParams, fuse
 from memory.indexer import Indexer, Progress
 from memory.loading import ModelLoader
 from memory.progress import PassProgress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
+from memory.speakers import named_speakers, spoken_by
 from memory.store import ChunkStore, IndexIdentity
+from memory.terms import is_cjk_query, query_terms, text_share
 from memory.watcher import sweep, watch
 
 log = logging.getLogger("neotask.memory")
