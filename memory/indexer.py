@@ -25,7 +25,8 @@ from memory.chunking import Chunk, chunk_markdown
 from memory.embedders import Embedder
 from memory.records import IndexReport
 from memory.sources import SourceFile, allowed_roots, discover, file_hash, read_text_inside
-from memory.store import ChunkStore, IndexIdentity, rows_table
+from memory.store import ChunkStore
+from memory.table import IndexIdentity, rows_table
 
 log = logging.getLogger("neotask.memory")
 

@@ -36,7 +36,8 @@ from memory.loading import ModelLoader
 from memory.progress import PassProgress
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.speakers import named_speakers, spoken_by
-from memory.store import ChunkStore, IndexIdentity
+from memory.store import ChunkStore
+from memory.table import IndexIdentity
 from memory.terms import is_cjk_query, query_terms, text_share
 from memory.watcher import sweep, watch
 
