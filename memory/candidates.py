@@ -1,10 +1,26 @@
 """The candidates of a query: a chunk from either pool (vector or full text) with its cosine,
-BM25 score and term share, and the two pools merged into one candidate per chunk."""
+BM25 score and term share, the full-text pool read with its term shares, and the two pools merged
+into one candidate per chunk."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from memory import scopes
+from memory.embedders import Embedder, cosine_floor_of, is_multilingual, query_scale_of
+from memory.query_embedding import QueryVectors
+from memory.speakers import named_speakers, spoken_by
+from memory.terms import is_cjk_query, query_terms, text_share
+
+if TYPE_CHECKING:
+    from memory.store import ChunkStore
 
 
 @dataclass(frozen=True)
@@ -66,3 +82,133 @@ def _with(c: Candidate, *, vector_rank: int | None = None, text_rank: int | None
         vector_rank if vector_rank is not None else c.vector_rank,
         text_rank if text_rank is not None else c.text_rank, c.bm25, c.named_speaker,
     )  # fmt: skip
+
+
+TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float], frozenset[str]]
+
+
+def text_side(
+    store: ChunkStore,
+    table: Any,
+    query: str,
+    agent: str,
+    n: int,
+    include_memory_md: bool,
+    with_share: bool,
+    scope: scopes.Scope,
+) -> TextSide:
+    """The full-text pool: its rows, their vectors, the share of the query's terms each holds, and
+    the query's words that name a speaker of the chat (``named_speakers``: a turn by every person
+    the query names is in this pool, since the turn's own text holds the name)."""
+    rows, vectors = store.text_pool(table, query, agent, n, include_memory_md, scope)
+    terms = query_terms(query) if with_share else ((), ())
+    names = named_speakers(terms, (r["text"] for r in rows)) if with_share else frozenset()
+    shares = [text_share(terms, r["content"], r["text"], names) if with_share else 0.0 for r in rows]
+    return rows, vectors, shares, names
+
+
+def merge_candidates(
+    query: str,
+    vector: np.ndarray[Any, Any] | None,
+    vec_rows: list[dict[str, Any]],
+    text_side: TextSide,
+    n: int,
+    with_share: bool,
+    scale: float = 1.0,
+    floor: float = 0.0,
+) -> list[Candidate]:
+    """The two pools' rows as candidates, each with its cosine, BM25 score and term share.
+    ``scale``: the embedder's ``query_scale_of(query)`` (a routed chunk vector holds several models'
+    parts, so a query's dot product is its models' cosine divided by it). ``floor``: the embedder's ``cosine_floor``
+    (E5's cosines sit in [0.7, 1]: mapped from there to [0, 1], below it 0)."""
+    text_rows, text_vectors, text_shares, names = text_side
+    terms = query_terms(query) if with_share else ((), ())
+    in_text = {r["chunk_id"] for r in text_rows}
+    full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
+
+    def cand(row: dict[str, Any], cosine: float, share: float | None, bm25: float = 0.0) -> Candidate:
+        """``share`` None: computed here when needed."""
+        needed = share is None and with_share and not full_pool and row["chunk_id"] not in in_text
+        return Candidate(
+            chunk_id=row["chunk_id"],
+            path=row["path"],
+            start_line=int(row["start_line"]),
+            end_line=int(row["end_line"]),
+            heading=row["heading"],
+            text=row["text"],  # the chunk's own lines: its context is indexed, not shown
+            cosine=min(1.0, max(0.0, (cosine * scale - floor) / (1.0 - floor))),
+            share=text_share(terms, row["content"], row["text"], names) if needed else share or 0.0,
+            bm25=bm25,
+            named_speaker=spoken_by(names, row["text"]),
+        )
+
+    text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
+    return merge_pools(
+        # a chunk the full-text index does not match holds none of the query's terms; one in the
+        # text pool gets its share there
+        [(cand(r, 1.0 - r["_distance"], None), -float(r["_distance"])) for r in vec_rows],
+        [
+            (cand(r, float(c), share, float(r["_score"])), float(r["_score"]))
+            for r, c, share in zip(text_rows, text_cos, text_shares, strict=True)
+        ],
+    )
+
+
+def _import_lancedb() -> None:
+    import lancedb  # noqa: F401  (loaded for ChunkStore, which imports it where it connects)
+
+
+async def read_candidates(
+    reads: ThreadPoolExecutor,
+    store: ChunkStore,
+    table: Any,
+    query: str,
+    agent: str,
+    n: int,
+    include_memory_md: bool,
+    with_share: bool,
+    scope: scopes.Scope,
+    *,
+    embedder: Embedder | None,
+    configured: Embedder | None,
+    vectors: QueryVectors,
+) -> tuple[list[Candidate], bool]:
+    """Both pools of ``query`` read on the ``reads`` threads and merged (``n`` of each), and
+    whether the query's cosines may rank and abstain: false without a query vector, or when the
+    query is CJK and the embedder English-only (its cosines then say nothing: unrelated Japanese
+    scores 0.5-0.7). ``embedder`` makes the query's vector (None: the text side alone); when it is
+    not the ``configured`` one and fails (closed as the new index replaced the old), the text side
+    answers alone."""
+    loop = asyncio.get_running_loop()
+    # the full-text query (and the term shares of what it found) runs while the query is
+    # embedded; then one job takes the vector pool and merges it with the text side (one
+    # hand-over between threads fewer than a job each: under load each costs a wake-up)
+    text_job = reads.submit(text_side, store, table, query, agent, n, include_memory_md, with_share, scope)
+    vector = None
+    scale = query_scale_of(embedder, query) if embedder is not None else 1.0
+    floor = cosine_floor_of(embedder, query) if embedder is not None else 0.0
+    try:
+        if embedder is not None:
+            vector = await vectors.get(embedder, query)
+    except RuntimeError:
+        if embedder is configured:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(text_job)
+            raise
+        vector = None  # the previous embedder closed as the new index replaced the old: text side
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.wrap_future(text_job)
+        raise
+    knows = vector is not None and embedder is not None
+    knows = knows and (not is_cjk_query(query) or is_multilingual(embedder.identity))  # type: ignore[union-attr]
+
+    def vector_side_and_merge() -> list[Candidate]:
+        # (the text job was queued first, so it runs or has run: waiting here cannot deadlock
+        # the two read threads)
+        vec_rows = []
+        if vector is not None:
+            vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md, scope)
+        return merge_candidates(query, vector, vec_rows, text_job.result(), n, with_share, scale, floor)
+
+    return await loop.run_in_executor(reads, vector_side_and_merge), knows

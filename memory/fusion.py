@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date
 
+from config.settings import SearchSettings
 from memory.candidates import Candidate
 from memory.mmr import MMR_DEPTH, diversify
 from memory.records import SearchHit
@@ -50,6 +51,25 @@ class FusionParams:
     speaker_weight: float = 0.0  # a turn spoken by a person the query names ranks (1 + this) times higher
     min_topic_cosine: float = 0.0  # off_topic's cosine bar (0: off)
     min_topic_score: float = 0.2  # off_topic's bar on the best ranked score (0: off; score fusion only)
+
+    @classmethod
+    def of(cls, s: SearchSettings, *, use_vector: bool) -> FusionParams:
+        """The parameters ``memory.search`` sets; ``use_vector`` as the query's side decides."""
+        return cls(
+            s.vector_weight,
+            s.text_weight,
+            s.min_score,
+            s.min_text_score,
+            s.recency_half_life_days,
+            method=s.fusion,
+            text_saturation=s.text_saturation,
+            use_vector=use_vector,
+            neighbour_weight=s.neighbour_weight,
+            mmr=s.mmr,
+            speaker_weight=s.speaker_weight,
+            min_topic_cosine=s.min_topic_cosine,
+            min_topic_score=s.min_topic_score,
+        )
 
 
 def passes(c: Candidate, p: FusionParams) -> bool:
