@@ -87,23 +87,30 @@ def _with(c: Candidate, *, vector_rank: int | None = None, text_rank: int | None
 TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float], frozenset[str]]
 
 
-def text_side(
-    store: ChunkStore,
-    table: Any,
-    query: str,
-    agent: str,
-    n: int,
-    include_memory_md: bool,
-    with_share: bool,
-    scope: scopes.Scope,
-) -> TextSide:
+@dataclass(frozen=True)
+class PoolQuery:
+    """What one search reads of the ``table`` it was given (``ChunkStore.serving``): ``n`` rows of
+    each pool for ``query`` among the chunks of ``agent`` in ``scope`` (MEMORY.md's only with
+    ``include_memory_md``); ``with_share`` false leaves the term shares at 0 (they cost stemming)."""
+
+    store: ChunkStore
+    table: Any
+    query: str
+    agent: str
+    n: int
+    include_memory_md: bool
+    with_share: bool
+    scope: scopes.Scope
+
+
+def text_side(q: PoolQuery) -> TextSide:
     """The full-text pool: its rows, their vectors, the share of the query's terms each holds, and
     the query's words that name a speaker of the chat (``named_speakers``: a turn by every person
     the query names is in this pool, since the turn's own text holds the name)."""
-    rows, vectors = store.text_pool(table, query, agent, n, include_memory_md, scope)
-    terms = query_terms(query) if with_share else ((), ())
-    names = named_speakers(terms, (r["text"] for r in rows)) if with_share else frozenset()
-    shares = [text_share(terms, r["content"], r["text"], names) if with_share else 0.0 for r in rows]
+    rows, vectors = q.store.text_pool(q.table, q.query, q.agent, q.n, q.include_memory_md, q.scope)
+    terms = query_terms(q.query) if q.with_share else ((), ())
+    names = named_speakers(terms, (r["text"] for r in rows)) if q.with_share else frozenset()
+    shares = [text_share(terms, r["content"], r["text"], names) if q.with_share else 0.0 for r in rows]
     return rows, vectors, shares, names
 
 
@@ -154,36 +161,26 @@ def merge_candidates(
     )
 
 
-def _import_lancedb() -> None:
-    import lancedb  # noqa: F401  (loaded for ChunkStore, which imports it where it connects)
-
-
 async def read_candidates(
     reads: ThreadPoolExecutor,
-    store: ChunkStore,
-    table: Any,
-    query: str,
-    agent: str,
-    n: int,
-    include_memory_md: bool,
-    with_share: bool,
-    scope: scopes.Scope,
+    q: PoolQuery,
     *,
     embedder: Embedder | None,
     configured: Embedder | None,
     vectors: QueryVectors,
 ) -> tuple[list[Candidate], bool]:
-    """Both pools of ``query`` read on the ``reads`` threads and merged (``n`` of each), and
-    whether the query's cosines may rank and abstain: false without a query vector, or when the
-    query is CJK and the embedder English-only (its cosines then say nothing: unrelated Japanese
-    scores 0.5-0.7). ``embedder`` makes the query's vector (None: the text side alone); when it is
-    not the ``configured`` one and fails (closed as the new index replaced the old), the text side
+    """Both pools of ``q`` read on the ``reads`` threads and merged, and whether the query's
+    cosines may rank and abstain: false without a query vector, or when the query is CJK and the
+    embedder English-only (its cosines then say nothing: unrelated Japanese scores 0.5-0.7).
+    ``embedder`` makes the query's vector (None: the text side alone); when it is not the
+    ``configured`` one and fails (closed as the new index replaced the old), the text side
     answers alone."""
     loop = asyncio.get_running_loop()
     # the full-text query (and the term shares of what it found) runs while the query is
     # embedded; then one job takes the vector pool and merges it with the text side (one
     # hand-over between threads fewer than a job each: under load each costs a wake-up)
-    text_job = reads.submit(text_side, store, table, query, agent, n, include_memory_md, with_share, scope)
+    text_job = reads.submit(text_side, q)
+    query = q.query
     vector = None
     scale = query_scale_of(embedder, query) if embedder is not None else 1.0
     floor = cosine_floor_of(embedder, query) if embedder is not None else 0.0
@@ -208,7 +205,7 @@ async def read_candidates(
         # the two read threads)
         vec_rows = []
         if vector is not None:
-            vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md, scope)
-        return merge_candidates(query, vector, vec_rows, text_job.result(), n, with_share, scale, floor)
+            vec_rows = q.store.vector_pool(q.table, vector, q.agent, q.n, q.include_memory_md, q.scope)
+        return merge_candidates(query, vector, vec_rows, text_job.result(), q.n, q.with_share, scale, floor)
 
     return await loop.run_in_executor(reads, vector_side_and_merge), knows

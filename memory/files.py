@@ -49,24 +49,17 @@ class MemoryFiles:
         except FileNotFoundError as exc:
             raise MemoryFileNotFound(f"memory file {path!r} does not exist") from exc
 
-    async def get(
-        self,
-        agent: str,
-        path: str,
-        start_line: int | None = None,
-        end_line: int | None = None,
-        *,
-        include_memory_md: bool = True,
-        scope: scopes.Scope = scopes.EVERY,
+    async def lines(
+        self, agent: str, path: str, start: int | None, end: int | None, include_memory_md: bool, scope: scopes.Scope
     ) -> str:
-        """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file.
-        With ``include_memory_md=False`` (the caller may not show it) MEMORY.md is NotFound, and
-        so is a file outside ``scope``."""
+        """The ``memory_get`` tool: lines ``start``..``end`` (1-based, inclusive) of a file. With
+        ``include_memory_md`` false (the caller may not show it) MEMORY.md is NotFound, and so is
+        a file outside ``scope``."""
         scopes.check(scope)
         if not include_memory_md and path == sources.MEMORY_MD:
             raise MemoryFileNotFound("MEMORY.md is not available here")
         text = await asyncio.to_thread(self.read_file, agent, path, scope)
-        return sources.line_slice(text, start_line, end_line)
+        return sources.line_slice(text, start, end)
 
     async def append_daily(self, agent: str, text: str, *, today: date, scope: scopes.Scope = None) -> AppendResult:
         """The ``memory_append`` tool: add the lines of ``text`` to the daily log of ``today`` (in the

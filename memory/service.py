@@ -15,7 +15,7 @@ from config.clock import Clock, iso
 from config.errors import BadRequest, NeotaskError
 from config.settings import MemorySettings
 from memory import scopes, sources
-from memory.candidates import Candidate, read_candidates
+from memory.candidates import Candidate, PoolQuery, read_candidates
 from memory.dates import spell_dates
 from memory.embedders import Embedder
 from memory.embedders.choice import build_embedder
@@ -431,16 +431,11 @@ class MemoryService:
         table, active = store.serving()  # read together: a swap may run meanwhile
         if table is None:
             return [], False
+        n = self.settings.search.candidates
+        pools = PoolQuery(store, table, query, agent, n, include_memory_md, with_share, scope)
         return await read_candidates(
             self._reads,
-            store,
-            table,
-            query,
-            agent,
-            self.settings.search.candidates,
-            include_memory_md,
-            with_share,
-            scope,
+            pools,
             embedder=self._query_embedder(active),
             configured=self._embedder,
             vectors=self._query_vectors,
@@ -469,10 +464,10 @@ class MemoryService:
         include_memory_md: bool = True,
         scope: scopes.Scope = scopes.EVERY,
     ) -> str:
-        """The ``memory_get`` tool (``MemoryFiles.get``)."""
-        return await self._files.get(
-            agent, path, start_line, end_line, include_memory_md=include_memory_md, scope=scope
-        )
+        """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file.
+        With ``include_memory_md=False`` (the caller may not show it) MEMORY.md is NotFound, and
+        so is a file outside ``scope``."""
+        return await self._files.lines(agent, path, start_line, end_line, include_memory_md, scope)
 
     async def append_daily(self, agent: str, text: str, *, today: date, scope: scopes.Scope = None) -> AppendResult:
         """The ``memory_append`` tool (``MemoryFiles.append_daily``); then the file is indexed."""

@@ -17,17 +17,12 @@ from collections.abc import Mapping
 
 from config.errors import ConfigError
 from config.settings import EmbeddingSettings
-from memory.embedders import (
-    PACKAGED_MODEL,
-    E5Embedder,
-    Embedder,
-    EmbedderIdentity,
-    OpenAIEmbedder,
-    SentenceTransformerEmbedder,
-    UniversalSentenceEncoderEmbedder,
-    has_avx2,
-)
+from memory.embedders.e5 import E5Embedder, has_avx2
+from memory.embedders.minilm import SentenceTransformerEmbedder
+from memory.embedders.openai_api import OpenAIEmbedder
+from memory.embedders.protocol import PACKAGED_MODEL, Embedder, EmbedderIdentity
 from memory.embedders.routed import RoutedEmbedder
+from memory.embedders.use import UniversalSentenceEncoderEmbedder
 
 log = logging.getLogger("neotask.memory")
 

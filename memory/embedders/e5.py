@@ -3,19 +3,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import platform
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from config.errors import ConfigError, MemoryNotReady
 from memory import native_libraries
-from memory.loading import ModelLoader
+from memory.loading import ModelThread
 
 if TYPE_CHECKING:
     pass
@@ -65,8 +63,7 @@ class E5Embedder:
         self._threads = threads
         self._batch_size = batch_size
         self._model: Any = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
-        self._loader = ModelLoader(self._load, name="memory-model-load e5")
+        self._thread = ModelThread(self._load, name="memory-model-load e5")
         self.provider = "e5"  # the setting named in errors (the routed choices name themselves)
 
     @property
@@ -83,7 +80,7 @@ class E5Embedder:
         return int(self._model.count("passage: " + _c_strings([text])[0]))  # the tokenizer is thread-safe
 
     def load_sync(self) -> None:
-        self._loader.load_sync()
+        self._thread.loader.load_sync()
 
     def _load(self) -> None:
         if not has_avx2():
@@ -110,7 +107,7 @@ class E5Embedder:
         self._model = model
 
     async def start(self) -> None:
-        await self._loader.load()
+        await self._thread.loader.load()
 
     def encode_sync(self, texts: Sequence[str], *, query: bool = False) -> Vectors:
         """Blocking encode on the calling thread (use :meth:`embed` from async code)."""
@@ -121,7 +118,7 @@ class E5Embedder:
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """Passage vectors (what the index stores)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
+        return await self._thread.run(self.encode_sync, texts)
 
     def query_head(self, text: str) -> str:
         """The part of a query E5 embeds: its first ``E5_QUERY_TOKENS`` tokens (cut at a space when
@@ -147,12 +144,12 @@ class E5Embedder:
     async def embed_query(self, text: str) -> Vectors:
         """One question's vector (of its first ``E5_QUERY_TOKENS`` tokens: :meth:`query_head`)."""
         run = functools.partial(self._encode_query, text)
-        vectors: Vectors = await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        vectors: Vectors = await self._thread.run(run)
         vector: Vectors = vectors[0]
         return vector
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._executor.shutdown, wait=not self._loader.loading, cancel_futures=True)
+        await self._thread.close()
 
 
 def _c_strings(texts: Sequence[str]) -> list[str]:

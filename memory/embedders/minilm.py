@@ -3,12 +3,10 @@ sentence-transformers imported only when the model loads); a query embedded on a
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +14,7 @@ import numpy as np
 
 from config.errors import ConfigError, MemoryNotReady
 from memory import native_libraries
-from memory.loading import ModelLoader
+from memory.loading import ModelThread
 
 if TYPE_CHECKING:
     pass
@@ -56,8 +54,7 @@ class SentenceTransformerEmbedder:
         self._count_lock = threading.Lock()
         self._dims = 0
         self._max_seq = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
-        self._loader = ModelLoader(self._load, name="memory-model-load sentence-transformers")
+        self._thread = ModelThread(self._load, name="memory-model-load sentence-transformers")
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -79,7 +76,7 @@ class SentenceTransformerEmbedder:
             raise MemoryNotReady("the embedding model is not loaded yet")
 
     def load_sync(self) -> None:
-        self._loader.load_sync()
+        self._thread.loader.load_sync()
 
     def _load(self) -> None:
         native_libraries.preload("torch")  # its 434 MB library loads without stopping the loop
@@ -115,7 +112,7 @@ class SentenceTransformerEmbedder:
         self._query_path = _traced_query_path(model)
 
     async def start(self) -> None:
-        await self._loader.load()
+        await self._thread.loader.load()
 
     def count_tokens(self, text: str) -> int:
         self._require()
@@ -153,14 +150,11 @@ class SentenceTransformerEmbedder:
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         if len(texts) == 1:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_one_sync, texts[0])
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
+            return await self._thread.run(self.encode_one_sync, texts[0])
+        return await self._thread.run(self.encode_sync, texts)
 
     async def close(self) -> None:
-        # Not waiting for a load in progress (nor for an encode waiting for it); otherwise waiting
-        # for the worker must not hold the event loop.
-        wait = not self._loader.loading
-        await asyncio.to_thread(self._executor.shutdown, wait=wait, cancel_futures=True)
+        await self._thread.close()
 
 
 # How far the traced query path may be from the eager modules on the probe texts (unit vectors;

@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from config.errors import ConfigError, MemoryNotReady
 from memory.chunking import estimate_tokens
-from memory.loading import ModelLoader
+from memory.loading import ModelThread
 
 if TYPE_CHECKING:
     pass
@@ -33,8 +31,7 @@ class UniversalSentenceEncoderEmbedder:
         self._threads = threads
         self._batch_size = batch_size
         self._model: Any = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
-        self._loader = ModelLoader(self._load, name="memory-model-load universal-sentence-encoder")
+        self._thread = ModelThread(self._load, name="memory-model-load universal-sentence-encoder")
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -50,7 +47,7 @@ class UniversalSentenceEncoderEmbedder:
         return estimate_tokens(text)
 
     def load_sync(self) -> None:
-        self._loader.load_sync()
+        self._thread.loader.load_sync()
 
     def _load(self) -> None:
         try:
@@ -65,7 +62,7 @@ class UniversalSentenceEncoderEmbedder:
         self._model = model
 
     async def start(self) -> None:
-        await self._loader.load()
+        await self._thread.loader.load()
 
     def encode_sync(self, texts: Sequence[str]) -> Vectors:
         """Blocking encode on the calling thread (use :meth:`embed` from async code)."""
@@ -79,7 +76,7 @@ class UniversalSentenceEncoderEmbedder:
         return normalise(np.concatenate(parts, axis=0))
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.encode_sync, texts)
+        return await self._thread.run(self.encode_sync, texts)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._executor.shutdown, wait=not self._loader.loading, cancel_futures=True)
+        await self._thread.close()
