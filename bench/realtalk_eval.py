@@ -26,8 +26,8 @@ from bench.retrieval.conversations import Question
 from bench.retrieval.realtalk import Chat, unanswerable, write_all
 from config.settings import MemorySettings
 from memory import MemoryService
+from memory.candidates import Candidate
 from memory.embedders import Embedder
-from memory.fusion import Candidate
 from memory.store import POINTER
 
 KS = (5, 10, 25)

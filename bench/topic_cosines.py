@@ -3,7 +3,7 @@
 ``python -m bench.topic_cosines --realtalk DIR [--quick]`` (``DIR``: the ``data/`` folder of a
 REALTALK clone, see ``bench/retrieval/realtalk.py``)
 
-The off-topic rule (``memory.fusion.off_topic``) refuses a question that holds a word no candidate
+The off-topic rule (``memory.topic.off_topic``) refuses a question that holds a word no candidate
 holds, unless a candidate's cosine shows a close paraphrase. On the seeded sets' paraphrase
 questions the fused cosine cannot show it (docs/memory-tuning.md, seventh round). multilingual-e5-small
 was trained to match a question to the passage that answers it, so its cosine might: this bench

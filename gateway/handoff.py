@@ -13,7 +13,8 @@ The hop costs a few dozen microseconds of each worker's CPU.
 The socket: one per worker, in Linux's abstract namespace (no file to clean up, no path length
 limit), named by the home and the supervisor's pid; a connection from another user is refused
 (``SO_PEERCRED``). Frames are a 4-byte length and an orjson object; a connection carries any
-number of posts at once (each has an id).
+number of posts at once (each has an id). What crosses is ``gateway.handoff_frames``; this worker's
+socket, which runs what the others hand it, ``gateway.handoff_server``.
 
 What is handed: a post of the message routes, answered whole or streamed (``stream: true``: the
 owner sends each text delta as a frame of its own as it comes, which the worker that took the post
@@ -33,36 +34,25 @@ is told so (503, no ``stored``; the same ``client_message_id`` sent again is sto
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import logging
-import operator
-import os
 import socket
-import struct
-from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from config.errors import NeotaskError, StorageUnavailable, error_classes
+from config.errors import StorageUnavailable
 from conversations.posts import DeltaFn, Post
-from sessions.keys import SessionKey
-from sessions.records import NewMessage, TaskKey
+from gateway.handoff_frames import Frames, Sender, encode_post, rebuild_error
+from gateway.handoff_server import Count, Handle, HandoffServer
 
 log = logging.getLogger(__name__)
 
 DOWN_S = 1.0  # an owner that could not be reached is not asked again for this long
 CONNECT_S = 1.0  # a connection to an owner taking longer: the owner is not reached
-CLOSE_S = 30.0  # at close, the posts under way are waited for this long at most
-MAX_FRAME = 1 << 28
-READ_SIZE = 1 << 18  # read at once from a connection: every frame that came meanwhile
-_LENGTH = struct.Struct("!I")
-_PEERCRED = struct.Struct("3i")
 
-Handle = Callable[[Post, DeltaFn | None], Awaitable[Mapping[str, Any]]]
 # what became of a post for a key another worker owns (``neotask_handoffs_total{result}``):
 ANSWERED = "answered"  # the owner stored it and answered
 REFUSED = "refused"  # the owner refused it (its error passed on as it was)
@@ -71,7 +61,6 @@ UNREACHABLE = "unreachable"  # the owner could not be reached (or was not asked,
 UNSENDABLE = "unsendable"  # a frame could not carry it (what orjson refuses): stored here
 LOST = "lost"  # the owner went away with it under way: may be stored (503 without ``stored``)
 RESULTS = (ANSWERED, REFUSED, DECLINED, UNREACHABLE, UNSENDABLE, LOST)
-Count = Callable[[str], None]
 
 
 def owner_of(key: str, workers: int) -> int:
@@ -95,100 +84,6 @@ def socket_name(home: Path, supervisor: int, index: int) -> str:
     return f"\0neotask-handoff-{tag}-{supervisor}-{index}"
 
 
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
-# a post crosses as lists of its parts' fields in their declared order (both sides run the same
-# code): a third cheaper to write and to read than objects naming each field
-_KEY, _MESSAGE, _TASK = _names(SessionKey), _names(NewMessage), _names(TaskKey)
-_key_values, _message_values = operator.attrgetter(*_KEY), operator.attrgetter(*_MESSAGE)
-_task_values = operator.attrgetter(*_TASK)
-_HOOK_PARTS, _TOOL_CALLS = _KEY.index("hook_parts"), _MESSAGE.index("tool_calls")
-
-
-def encode_post(post: Post) -> list[Any]:
-    task = post.task_key
-    return [_key_values(post.key), _message_values(post.message), post.reply,
-            _task_values(task) if task is not None else None, post.id_scope]  # fmt: skip
-
-
-def decode_post(data: list[Any]) -> Post:
-    key, message, reply, task, id_scope = data
-    key[_HOOK_PARTS] = tuple(key[_HOOK_PARTS])
-    message[_TOOL_CALLS] = tuple(message[_TOOL_CALLS])
-    task_key = TaskKey(*task) if task is not None else None
-    return Post(SessionKey(*key), NewMessage(*message), bool(reply), task_key, None, id_scope)
-
-
-def _frame(data: dict[str, Any]) -> bytes:
-    body = orjson.dumps(data)
-    return _LENGTH.pack(len(body)) + body
-
-
-class _Sender:
-    """The frames for one connection, gathered until the loop's next turn: one write (one system
-    call) for every frame that turn made, instead of one each."""
-
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
-        self._frames: list[bytes] = []
-
-    def send(self, data: dict[str, Any]) -> None:
-        frame = _frame(data)  # an answer orjson refuses raises here, before anything is queued
-        if not self._frames:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._frames.append(frame)
-
-    def _flush(self) -> None:
-        frames, self._frames = self._frames, []
-        if frames and not self.writer.is_closing():
-            self.writer.write(b"".join(frames))
-
-
-class _Frames:
-    """The frames coming on one connection: ``next`` reads what has come (one read for any
-    number of frames) and gives every whole frame in it; a frame cut by the read waits for the
-    rest."""
-
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        self.reader = reader
-        self._buffer = b""
-
-    async def next(self) -> list[dict[str, Any]]:
-        frames: list[dict[str, Any]] = []
-        while not frames:
-            chunk = await self.reader.read(READ_SIZE)
-            if not chunk:
-                raise asyncio.IncompleteReadError(self._buffer, None)
-            buffer = self._buffer + chunk if self._buffer else chunk
-            at, end = 0, len(buffer)
-            while end - at >= _LENGTH.size:
-                (length,) = _LENGTH.unpack_from(buffer, at)
-                if length > MAX_FRAME:
-                    raise ConnectionError(f"a hand-off frame of {length} bytes")
-                if end - at - _LENGTH.size < length:
-                    break
-                data = orjson.loads(buffer[at + _LENGTH.size : at + _LENGTH.size + length])
-                if not isinstance(data, dict):
-                    raise ConnectionError("a hand-off frame that is not an object")
-                frames.append(data)
-                at += _LENGTH.size + length
-            self._buffer = buffer[at:] if at < end else b""
-        return frames
-
-
-def rebuild_error(error: dict[str, Any]) -> NeotaskError:
-    """The owner's refusal as the error it raised (its class by code: status, retry headers)."""
-    cls = error_classes(http_only=False).get(str(error.get("code")), NeotaskError)
-    exc = cls.__new__(cls)
-    Exception.__init__(exc, error.get("message", ""))
-    exc.message = str(error.get("message", ""))
-    extra = error.get("extra")
-    exc.extra = dict(extra) if isinstance(extra, dict) else {}
-    return exc
-
-
 def owner_lost(index: int, exc: BaseException) -> StorageUnavailable:
     typed = StorageUnavailable(
         f"the worker that stores this key's messages (worker {index}) stopped while storing this one ({exc}):"
@@ -199,103 +94,6 @@ def owner_lost(index: int, exc: BaseException) -> StorageUnavailable:
     return typed
 
 
-class HandoffServer:
-    """This worker's socket: runs the posts other workers hand it (``handle``) and answers."""
-
-    def __init__(self, name: str, handle: Handle, count: Count | None = None) -> None:
-        self.name = name
-        self._count = count
-        self._handle = handle
-        self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._serving: set[asyncio.Task[None]] = set()  # the connections being read
-        self._closing = False
-        self.handled = 0  # posts run for other workers (tests, and what /metrics may show)
-
-    async def start(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # made here: uvloop refuses an
-        try:  # abstract name given as a path (EINVAL)
-            sock.bind(self.name)
-            sock.setblocking(False)
-            self._server = await asyncio.start_unix_server(self._serve, sock=sock)
-        except BaseException:
-            sock.close()
-            raise
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not _same_user(writer):
-            writer.close()
-            return
-        self._writers.add(writer)
-        serving = asyncio.current_task()
-        if serving is not None:
-            self._serving.add(serving)
-        sender = _Sender(writer)
-        frames = _Frames(reader)
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                for request in await frames.next():
-                    if self._closing:
-                        sender.send({"id": request.get("id"), "declined": True})
-                        continue
-                    task = loop.create_task(self._answer(sender, request))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-        except (asyncio.IncompleteReadError, OSError, orjson.JSONDecodeError):
-            pass  # the other worker went away (or closed: it connects again when it needs to)
-        finally:
-            self._writers.discard(writer)
-            if serving is not None:
-                self._serving.discard(serving)
-            if not self._closing:
-                writer.close()
-
-    async def _answer(self, sender: _Sender, request: dict[str, Any]) -> None:
-        ident = request.get("id")
-        on_delta: DeltaFn | None = None
-        if request.get("stream"):
-
-            async def on_delta(text: str) -> None:
-                sender.send({"id": ident, "delta": text})
-
-        try:
-            post = decode_post(request["post"])
-            answer: dict[str, Any] = {"id": ident, "body": await self._handle(post, on_delta)}
-            self.handled += 1
-            if self._count is not None:
-                self._count("served")
-        except NeotaskError as exc:
-            answer = {"id": ident, "error": {"code": exc.code, "message": exc.message, "extra": exc.extra}}
-        except Exception as exc:
-            log.exception("a post handed over by another worker failed")
-            answer = {"id": ident, "error": {"code": NeotaskError.code, "message": f"the gateway failed: {exc}"}}
-        try:
-            sender.send(answer)
-        except (TypeError, orjson.JSONEncodeError) as exc:  # an answer orjson refuses (huge ints, ...)
-            error = {"code": NeotaskError.code, "message": f"the answer could not be passed on: {exc}"}
-            sender.send({"id": ident, "error": error})
-
-    async def close(self) -> None:
-        """Decline what comes from now on (the other workers store it themselves), wait for the
-        posts under way, then close."""
-        if self._closing:
-            return
-        self._closing = True
-        if self._server is not None:
-            self._server.close()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=CLOSE_S)
-        for writer in list(self._writers):
-            with contextlib.suppress(Exception):
-                await writer.drain()
-            writer.close()
-        self._writers.clear()
-        if self._serving:  # each connection's reader sees its end (a loop ending first cancels them: a traceback)
-            await asyncio.wait(list(self._serving), timeout=CLOSE_S)
-
-
 _Sink = asyncio.Future[dict[str, Any]] | asyncio.Queue[dict[str, Any] | BaseException]
 
 
@@ -304,7 +102,7 @@ class _Owner:
     index: int
     name: str
     writer: asyncio.StreamWriter | None = None
-    sender: _Sender | None = None
+    sender: Sender | None = None
     # the posts under way, by id: the connection they were sent on and where their frames go (a
     # future for the answer; a queue for a streamed post's deltas, then its answer or the failure)
     pending: dict[int, tuple[asyncio.StreamWriter, _Sink]] = dataclasses.field(default_factory=dict)
@@ -442,14 +240,14 @@ class Handoff:
                 log.debug("worker %d not reached for a hand-off (%s)", owner.index, exc)
                 owner.down_until = loop.time() + DOWN_S
                 return None
-            owner.writer, owner.sender = writer, _Sender(writer)
+            owner.writer, owner.sender = writer, Sender(writer)
             owner.reading = loop.create_task(self._read(owner, reader, writer), name=f"handoff-{owner.index}")
             return writer
 
     async def _read(self, owner: _Owner, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         problem: BaseException = ConnectionResetError("the connection closed")
         try:
-            frames = _Frames(reader)
+            frames = Frames(reader)
             pending = owner.pending
             while True:
                 for answer in await frames.next():
@@ -487,15 +285,3 @@ class _Lost(Exception):
 
 def _no_count(result: str) -> None:
     pass
-
-
-def _same_user(writer: asyncio.StreamWriter) -> bool:
-    """Whether the connecting process runs as this one's user (``SO_PEERCRED``)."""
-    sock = writer.get_extra_info("socket")
-    if sock is None:
-        return False
-    try:
-        _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    except OSError:
-        return False
-    return bool(uid == os.getuid())

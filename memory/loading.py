@@ -10,8 +10,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @functools.cache
@@ -86,3 +89,21 @@ class ModelLoader:
         self._thread = threading.Thread(target=run, name=self._name, daemon=True)
         self._thread.start()
         await finished
+
+
+class ModelThread:
+    """A local model's own inference thread (``memory-embed``: inference never runs on the event
+    loop, and one model's calls run one at a time) and its ``ModelLoader``."""
+
+    def __init__(self, load: Callable[[], None], *, name: str) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-embed")
+        self.loader = ModelLoader(load, name=name)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the model's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def close(self) -> None:
+        """Stop the thread: not waiting for a load in progress (nor for an encode waiting for it);
+        otherwise waiting for it off the event loop."""
+        await asyncio.to_thread(self.executor.shutdown, wait=not self.loader.loading, cancel_futures=True)

@@ -42,7 +42,7 @@ def _scores(vectors: np.ndarray[Any, Any], query: np.ndarray[Any, Any]) -> np.nd
     """``vectors @ query`` on one BLAS thread: numpy's OpenBLAS would use both cores, and on a
     machine whose other core is busy the second thread waits for it (at 20,000 x 384: 1.4 ms on
     one thread, 3-10 ms on two under load). Only the columns where the query is not 0 are read:
-    a routed query (``memory.routed``) fills one model's part of the vector, so an English query
+    a routed query (``memory.embedders.routed``) fills one model's part of the vector, so an English query
     of the default reads 384 of 896 columns."""
     nonzero = np.flatnonzero(query)
     if len(nonzero) and nonzero[-1] + 1 - nonzero[0] <= len(query) * 3 // 4:

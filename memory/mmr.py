@@ -4,7 +4,7 @@ A pure function of the fused, ranked results: the first :data:`MMR_DEPTH` are re
 each pick maximising ``lambda x relevance - (1 - lambda) x its largest similarity to a result
 already picked``; the rest keep the fused order after them. Relevance is the fused score divided by
 the best one (so both terms are in [0, 1] whatever the query's scores are); similarity is the
-Jaccard index of the two chunks' own words (``memory.fusion.words_of``, the query-term rule:
+Jaccard index of the two chunks' own words (``memory.terms.words_of``, the query-term rule:
 Snowball stems without stop words, CJK words; the indexed context is left out, or every transcript
 turn would look like the turn before it). ``lambda`` 1 is the fused order; lower values push a chunk that repeats one
 already shown down the list.

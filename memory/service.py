@@ -5,53 +5,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from config.clock import Clock, iso
-from config.errors import BadRequest, MemoryFileNotFound, NeotaskError, UnknownAgent
+from config.errors import BadRequest, NeotaskError
 from config.settings import MemorySettings
 from memory import scopes, sources
+from memory.candidates import Candidate, PoolQuery, read_candidates
 from memory.dates import spell_dates
-from memory.embedder_choice import build_embedder, embedder_of
-from memory.embedders import (
-    Embedder,
-    EmbedderIdentity,
-    cosine_floor_of,
-    is_multilingual,
-    query_scale_of,
-    query_vector,
-)
-from memory.fusion import (
-    Candidate,
-    FusionParams,
-    fuse,
-    is_cjk_query,
-    merge_pools,
-    named_speakers,
-    query_terms,
-    spoken_by,
-    text_share,
-)
+from memory.embedders import Embedder
+from memory.embedders.choice import build_embedder
+from memory.files import MemoryFiles
+from memory.fusion import FusionParams, fuse
 from memory.indexer import Indexer, Progress
 from memory.loading import ModelLoader
 from memory.progress import PassProgress
+from memory.query_embedding import PreviousEmbedder, QueryVectors, needs_previous, query_embedder
 from memory.records import AppendResult, IndexReport, MemoryFile, SearchHit
-from memory.routed import RoutedEmbedder
-from memory.store import ChunkStore, IndexIdentity
+from memory.store import ChunkStore
+from memory.table import IndexIdentity
 from memory.watcher import sweep, watch
 
 log = logging.getLogger("neotask.memory")
 T = TypeVar("T")
-# query vectors kept by (embedder identity, query): an agent asks its memory the same question again
-# (each turn's recall, a retried tool call), and a query's embedding is most of a search's CPU
-QUERY_VECTORS_KEPT = 256
 
 
 class MemoryService:
@@ -60,7 +40,7 @@ class MemoryService:
     ``workspaces`` maps agent id → workspace folder (``MEMORY.md``, ``memory/**/*.md``).
     ``uri`` is the LanceDB folder (``memory.uri``). ``embedder`` defaults to the one
     ``settings.embedding`` describes, built with ``env`` (the caller's environment: the API key
-    and the offline flag, see :func:`memory.embedder_choice.build_embedder`; None: an empty one); an
+    and the offline flag, see :func:`memory.embedders.choice.build_embedder`; None: an empty one); an
     embedder passed in is not closed by :meth:`close`.
 
     ``background`` false (a short-lived CLI command): no indexing, watching or sweeping; the index
@@ -82,6 +62,7 @@ class MemoryService:
         self._background = background
         self._env = dict(env or {})
         self._workspaces = {agent: Path(p) for agent, p in workspaces.items()}
+        self._files = MemoryFiles(settings, self._workspaces, self._notify)
         self._uri = Path(uri)
         self._clock = clock
         self._own_embedder = embedder is None
@@ -95,13 +76,12 @@ class MemoryService:
         # Searches read on their own threads: the full-text and the vector query of one search run
         # side by side, and neither waits behind an indexing write (LanceDB reads are snapshot reads).
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-read")
-        self._query_vectors: OrderedDict[tuple[EmbedderIdentity, str], np.ndarray[Any, Any]] = OrderedDict()
+        self._query_vectors = QueryVectors()
         self._store: ChunkStore | None = None
         self._indexer: Indexer | None = None
         self._run_lock = asyncio.Lock()
         self._embedder_lock = asyncio.Lock()
         self._index_lock = asyncio.Lock()
-        self._append_locks: dict[str, asyncio.Lock] = {}
         self._queued: set[str] = set()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -112,14 +92,8 @@ class MemoryService:
         self._last_run: dict[str, Any] | None = None
         self._progress: PassProgress | None = None  # the indexing pass in flight
         self._last_error: str | None = None
-        # While the index is rebuilt for another embedder, the old index keeps answering, its query
-        # vectors made by the embedder it was built with (``_previous``, loaded for the rebuild and
-        # closed once the new index replaces the old); ``_previous_note`` says why the old index
-        # answers by its text side alone when that embedder cannot be loaded.
-        self._previous: Embedder | None = None
-        self._previous_for: EmbedderIdentity | None = None
-        self._previous_note: str | None = None
-        self._previous_lock = asyncio.Lock()
+        # the embedder the active index was built with, while it is rebuilt for another (it answers meanwhile)
+        self._previous = PreviousEmbedder(settings, self._env)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -172,7 +146,7 @@ class MemoryService:
         await asyncio.get_running_loop().run_in_executor(None, lambda: self._reads.shutdown(wait=True))
         if self._own_embedder and self._embedder is not None:
             await self._embedder.close()
-        await self._release_previous()
+        await self._previous.release()
 
     @property
     def ready(self) -> bool:
@@ -305,7 +279,7 @@ class MemoryService:
                 if previous is not None:
                     await previous
                 if not self._needs_previous():  # the new index replaced the old: its model goes
-                    await self._release_previous()
+                    await self._previous.release()
         self._last_run = {**report.as_dict(), "finished_at": iso(self._clock())}
         self._last_error = report.errors[-1] if report.errors else None
         return report
@@ -353,7 +327,6 @@ class MemoryService:
         first; [] when nothing clears the thresholds."""
         agent, query, k = self.check_search(agent, query, k)
         scopes.check(scope)
-        s = self.settings.search
         if self._store is None and self._index_exists():
             await self._ensure_index()
         if not self._background and self._store is not None and self._store.active_identity is not None:
@@ -361,21 +334,7 @@ class MemoryService:
             if self._needs_previous():  # an index the daemon is rebuilding for this embedder
                 await self._ensure_previous()
         pool, use_vector = await self._candidates(agent, query, include_memory_md, True, scope)
-        params = FusionParams(
-            s.vector_weight,
-            s.text_weight,
-            s.min_score,
-            s.min_text_score,
-            s.recency_half_life_days,
-            method=s.fusion,
-            text_saturation=s.text_saturation,
-            use_vector=use_vector,
-            neighbour_weight=s.neighbour_weight,
-            mmr=s.mmr,
-            speaker_weight=s.speaker_weight,
-            min_topic_cosine=s.min_topic_cosine,
-            min_topic_score=s.min_topic_score,
-        )
+        params = FusionParams.of(self.settings.search, use_vector=use_vector)
         return fuse(pool, params, today=self._clock().date(), k=k, query=spell_dates(query))
 
     def check_search(self, agent: str, query: str, k: int | None = None) -> tuple[str, str, int]:
@@ -391,71 +350,25 @@ class MemoryService:
             raise BadRequest("q must be a non-empty search query")
         return agent, query, k
 
+    def _configured(self) -> Embedder | None:
+        """The configured embedder once loaded (None before)."""
+        return self._embedder if self._embedder_ready else None
+
     def _query_embedder(self, active: IndexIdentity | None) -> Embedder | None:
-        """What embeds a query for the index of identity ``active``: the configured embedder when
-        it made that index; while an index of another routed choice is active (being rebuilt for
-        this one), the embedder of that choice over the same loaded models
-        (:meth:`RoutedEmbedder.view_for`); else the embedder that index was built with, when it
-        is loaded (``_previous``: the old index keeps its vector side until the new one replaces
-        it); else None (the text side then answers alone)."""
-        if active is None:
-            return None
-        embedder = self._embedder if self._embedder_ready else None
-        if embedder is not None:
-            if active.embedder == embedder.identity:
-                return embedder
-            if isinstance(embedder, RoutedEmbedder) and (view := embedder.view_for(active.embedder)) is not None:
-                return view
-        previous = self._previous
-        return previous if previous is not None and previous.identity == active.embedder else None
+        """What embeds a query for the index of identity ``active`` (``query_embedder``)."""
+        return query_embedder(active.embedder if active else None, self._configured(), self._previous)
 
     def _needs_previous(self) -> bool:
-        """Whether the active index was built by an embedder other than the configured one (and
-        the configured one's models cannot embed its queries)."""
-        store, embedder = self._store, self._embedder if self._embedder_ready else None
-        if store is None or embedder is None or store.active_identity is None:
-            return False
-        active = store.active_identity
-        if active.embedder == embedder.identity:
-            return False
-        return not (isinstance(embedder, RoutedEmbedder) and embedder.view_for(active.embedder) is not None)
+        """Whether the active index needs the embedder it was built with (``needs_previous``)."""
+        store = self._store
+        active = store.active_identity if store is not None else None
+        return needs_previous(active.embedder if active else None, self._configured())
 
     async def _ensure_previous(self) -> None:
-        """Load the embedder the active index was built with (once per index; see ``_previous``)."""
+        """Load the embedder the active index was built with (once per index: ``PreviousEmbedder``)."""
         store = self._store
-        if store is None or store.active_identity is None:
-            return
-        wanted = store.active_identity.embedder
-        async with self._previous_lock:
-            if self._previous_for == wanted:
-                return  # loaded, or tried and failed
-            await self._release_previous()
-            self._previous_for = wanted
-            embedder: Embedder | None = None
-            try:
-                embedder = embedder_of(wanted, self.settings.embedding, self._env)
-                await embedder.start()
-                if embedder.identity != wanted:
-                    raise ValueError(
-                        f"it now makes {embedder.identity.model} ({embedder.identity.dimensions} dimensions)"
-                    )
-            except Exception as exc:  # any failure leaves the text side answering, as before
-                if embedder is not None:
-                    with contextlib.suppress(Exception):
-                        await embedder.close()
-                self._previous_note = (
-                    f"the index's embedder ({wanted.provider} {wanted.model}) cannot be loaded ({exc}): it is "
-                    "searched by its text side until the rebuild for the configured embedder replaces it"
-                )
-                log.warning("memory: %s", self._previous_note)
-                return
-            self._previous = embedder
-            log.info("memory: the index of %s answers with its own query vectors until it is replaced", wanted.provider)
-
-    async def _release_previous(self) -> None:
-        previous, self._previous, self._previous_for, self._previous_note = self._previous, None, None, None
-        if previous is not None:
-            await previous.close()
+        if store is not None and store.active_identity is not None:
+            await self._previous.ensure(store.active_identity.embedder)
 
     def serving(self) -> dict[str, Any] | None:
         """What answers a search now (JSON-ready; None before an index exists): the active index's
@@ -473,7 +386,7 @@ class MemoryService:
         vectors = self._query_embedder(active) is not None
         note = None
         if not vectors:
-            note = self._previous_note or "the embedding model is not loaded yet"
+            note = self._previous.note or "the embedding model is not loaded yet"
         return {
             "provider": active.provider,
             "model": active.model,
@@ -519,78 +432,27 @@ class MemoryService:
         if table is None:
             return [], False
         n = self.settings.search.candidates
-        loop = asyncio.get_running_loop()
-        # the full-text query (and the term shares of what it found) runs while the query is
-        # embedded; then one job takes the vector pool and merges it with the text side (one
-        # hand-over between threads fewer than a job each: under load each costs a wake-up)
-        text_job = self._reads.submit(_text_side, store, table, query, agent, n, include_memory_md, with_share, scope)
-        vector = None
-        embedder = self._query_embedder(active)
-        scale = query_scale_of(embedder, query) if embedder is not None else 1.0
-        floor = cosine_floor_of(embedder, query) if embedder is not None else 0.0
-        try:
-            if embedder is not None:
-                vector = await self._query_vector(embedder, query)
-        except RuntimeError:
-            if embedder is self._embedder:
-                with contextlib.suppress(Exception):
-                    await asyncio.wrap_future(text_job)
-                raise
-            vector = None  # the previous embedder closed as the new index replaced the old: text side
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(text_job)
-            raise
-        knows = vector is not None and embedder is not None
-        knows = knows and (not is_cjk_query(query) or is_multilingual(embedder.identity))  # type: ignore[union-attr]
+        pools = PoolQuery(store, table, query, agent, n, include_memory_md, with_share, scope)
+        return await read_candidates(
+            self._reads,
+            pools,
+            embedder=self._query_embedder(active),
+            configured=self._embedder,
+            vectors=self._query_vectors,
+        )
 
-        def vector_side_and_merge() -> list[Candidate]:
-            # (the text job was queued first, so it runs or has run: waiting here cannot deadlock
-            # the two read threads)
-            vec_rows = []
-            if vector is not None:
-                vec_rows = store.vector_pool(table, vector, agent, n, include_memory_md, scope)
-            return _merge(query, vector, vec_rows, text_job.result(), n, with_share, scale, floor)
-
-        return await loop.run_in_executor(self._reads, vector_side_and_merge), knows
-
-    async def _query_vector(self, embedder: Embedder, query: str) -> np.ndarray[Any, Any]:
-        """``query``'s vector from ``embedder``, the last ``QUERY_VECTORS_KEPT`` kept (an
-        identity names the model that makes the vector, so one identity's vector of a text is
-        always the same; read-only: every search shares it)."""
-        key = (embedder.identity, query)
-        if (found := self._query_vectors.get(key)) is not None:
-            self._query_vectors.move_to_end(key)
-            return found
-        vector = await query_vector(embedder, query)
-        vector.setflags(write=False)
-        self._query_vectors[key] = vector
-        while len(self._query_vectors) > QUERY_VECTORS_KEPT:
-            self._query_vectors.popitem(last=False)
-        return vector
-
-    # --- files -------------------------------------------------------------------------------
+    # --- files (memory/files.py) ---------------------------------------------------------------
 
     def _agent(self, agent: str) -> str:
-        if agent not in self._workspaces:
-            raise UnknownAgent(f"agent {agent!r} is not configured")
-        return agent
+        return self._files.agent(agent)
 
     def list_files(self, agent: str) -> list[MemoryFile]:
         """The agent's memory files (path relative to the workspace, size, mtime), by path."""
-        return sources.list_files(self._workspaces[self._agent(agent)], self.settings.extra_paths)
+        return self._files.list_files(agent)
 
     def read_file(self, agent: str, path: str, scope: scopes.Scope = scopes.EVERY) -> str:
-        """A memory file's text; BadRequest outside the memory sources, NotFound if missing or
-        not in ``scope``."""
-        workspace = self._workspaces[self._agent(agent)]
-        f = sources.resolve(workspace, path, self.settings.extra_paths)
-        if not scopes.contains(scope, f.rel):
-            raise MemoryFileNotFound(f"memory file {path!r} is not available here")
-        try:
-            return sources.read_text_inside(f.abs, sources.allowed_roots(workspace, self.settings.extra_paths))
-        except FileNotFoundError as exc:
-            raise MemoryFileNotFound(f"memory file {path!r} does not exist") from exc
+        """A memory file's text (``MemoryFiles.read_file``)."""
+        return self._files.read_file(agent, path, scope)
 
     async def get(
         self,
@@ -605,99 +467,11 @@ class MemoryService:
         """The ``memory_get`` tool: lines ``start_line``..``end_line`` (1-based, inclusive) of a file.
         With ``include_memory_md=False`` (the caller may not show it) MEMORY.md is NotFound, and
         so is a file outside ``scope``."""
-        scopes.check(scope)
-        if not include_memory_md and path == sources.MEMORY_MD:
-            raise MemoryFileNotFound("MEMORY.md is not available here")
-        text = await asyncio.to_thread(self.read_file, agent, path, scope)
-        return sources.line_slice(text, start_line, end_line)
+        return await self._files.lines(agent, path, start_line, end_line, include_memory_md, scope)
 
     async def append_daily(self, agent: str, text: str, *, today: date, scope: scopes.Scope = None) -> AppendResult:
-        """The ``memory_append`` tool: add the lines of ``text`` to the daily log of ``today`` (in the
-        agent's zone, chosen by the caller) in ``scope`` (``memory/<today>.md`` for the shared
-        scope, ``memory/scopes/<scope>/<today>.md`` for a named one), skipping lines already
-        there; then index it."""
-        workspace = self._workspaces[self._agent(agent)]
-        if scope == scopes.EVERY:
-            raise BadRequest("a daily log is written in one scope: the shared one (None) or a named one")
-        scopes.check(scope)
-        if not text.strip():
-            raise BadRequest("text must hold at least one non-blank line")
-        lock = self._append_locks.setdefault(agent, asyncio.Lock())
-        async with lock:
-            result = await asyncio.to_thread(sources.append_daily, workspace, text, today, scope)
-        if result.appended:
-            self._notify({agent})
-        return result
-
-
-TextSide = tuple[list[dict[str, Any]], np.ndarray[Any, Any], list[float], frozenset[str]]
-
-
-def _text_side(
-    store: ChunkStore,
-    table: Any,
-    query: str,
-    agent: str,
-    n: int,
-    include_memory_md: bool,
-    with_share: bool,
-    scope: scopes.Scope,
-) -> TextSide:
-    """The full-text pool: its rows, their vectors, the share of the query's terms each holds, and
-    the query's words that name a speaker of the chat (``named_speakers``: a turn by every person
-    the query names is in this pool, since the turn's own text holds the name)."""
-    rows, vectors = store.text_pool(table, query, agent, n, include_memory_md, scope)
-    terms = query_terms(query) if with_share else ((), ())
-    names = named_speakers(terms, (r["text"] for r in rows)) if with_share else frozenset()
-    shares = [text_share(terms, r["content"], r["text"], names) if with_share else 0.0 for r in rows]
-    return rows, vectors, shares, names
-
-
-def _merge(
-    query: str,
-    vector: np.ndarray[Any, Any] | None,
-    vec_rows: list[dict[str, Any]],
-    text_side: TextSide,
-    n: int,
-    with_share: bool,
-    scale: float = 1.0,
-    floor: float = 0.0,
-) -> list[Candidate]:
-    """The two pools' rows as candidates, each with its cosine, BM25 score and term share.
-    ``scale``: the embedder's ``query_scale_of(query)`` (a routed chunk vector holds several models'
-    parts, so a query's dot product is its models' cosine divided by it). ``floor``: the embedder's ``cosine_floor``
-    (E5's cosines sit in [0.7, 1]: mapped from there to [0, 1], below it 0)."""
-    text_rows, text_vectors, text_shares, names = text_side
-    terms = query_terms(query) if with_share else ((), ())
-    in_text = {r["chunk_id"] for r in text_rows}
-    full_pool = len(text_rows) >= n  # the text pool may have cut off matching chunks
-
-    def cand(row: dict[str, Any], cosine: float, share: float | None, bm25: float = 0.0) -> Candidate:
-        """``share`` None: computed here when needed."""
-        needed = share is None and with_share and not full_pool and row["chunk_id"] not in in_text
-        return Candidate(
-            chunk_id=row["chunk_id"],
-            path=row["path"],
-            start_line=int(row["start_line"]),
-            end_line=int(row["end_line"]),
-            heading=row["heading"],
-            text=row["text"],  # the chunk's own lines: its context is indexed, not shown
-            cosine=min(1.0, max(0.0, (cosine * scale - floor) / (1.0 - floor))),
-            share=text_share(terms, row["content"], row["text"], names) if needed else share or 0.0,
-            bm25=bm25,
-            named_speaker=spoken_by(names, row["text"]),
-        )
-
-    text_cos = text_vectors @ vector if vector is not None and len(text_rows) else np.zeros(len(text_rows))
-    return merge_pools(
-        # a chunk the full-text index does not match holds none of the query's terms; one in the
-        # text pool gets its share there
-        [(cand(r, 1.0 - r["_distance"], None), -float(r["_distance"])) for r in vec_rows],
-        [
-            (cand(r, float(c), share, float(r["_score"])), float(r["_score"]))
-            for r, c, share in zip(text_rows, text_cos, text_shares, strict=True)
-        ],
-    )
+        """The ``memory_append`` tool (``MemoryFiles.append_daily``); then the file is indexed."""
+        return await self._files.append_daily(agent, text, today=today, scope=scope)
 
 
 def _import_lancedb() -> None:

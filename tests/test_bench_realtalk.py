@@ -57,7 +57,8 @@ def test_abstention_sweep_counts_refusals_on_the_kept_pools() -> None:
     from bench.memory_eval import _realtalk_abstention
     from bench.realtalk_eval import Asked, RealtalkRun
     from bench.retrieval.conversations import Question
-    from memory.fusion import Candidate, FusionParams
+    from memory.candidates import Candidate
+    from memory.fusion import FusionParams
 
     def pool(cosine: float, line: int = 3) -> list[Candidate]:
         return [Candidate(f"c{line}", "memory/chat/session-01.md", line, line, "", "text", cosine, 0.0, 1, None)]

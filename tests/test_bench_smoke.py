@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from bench import sessions_engine
-from memory.embedder_choice import e5_runs_here
+from memory.embedders.choice import e5_runs_here
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ from config.errors import SessionPaused, StorageUnavailable
 from conversations.metrics import Metrics
 from conversations.posts import DeltaFn, Post
 from gateway import handoff as H
-from gateway.handoff import Handoff, decode_post, encode_post, owner_of
+from gateway.handoff import Handoff, owner_of
+from gateway.handoff_frames import Frames, decode_post, encode_post, frame_of
 from gateway.http import retry_headers
 from sessions.keys import parse_key
 from sessions.records import NewMessage, TaskKey
@@ -101,10 +102,10 @@ def test_a_post_crosses_as_it_was_built() -> None:
 
 async def test_frames_cut_anywhere_by_the_reads_come_whole() -> None:
     frames = [{"id": n, "body": "é" * n} for n in range(40)]
-    wire = b"".join(H._frame(f) for f in frames)
+    wire = b"".join(frame_of(f) for f in frames)
     reader = asyncio.StreamReader()
     got: list[dict[str, Any]] = []
-    reading = H._Frames(reader)
+    reading = Frames(reader)
 
     async def feed() -> None:
         for at in range(0, len(wire), 7):  # 7 bytes at a time: lengths and bodies cut everywhere

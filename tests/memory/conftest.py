@@ -20,7 +20,7 @@ from memory import (
     build_embedder,
 )
 from memory.embedders import E5Embedder
-from memory.routed import RoutedEmbedder
+from memory.embedders.routed import RoutedEmbedder
 from tests.conftest import FakeClock
 from tests.support.openai_server import OpenAIServer
 

@@ -13,7 +13,8 @@ import pytest
 import memory.store as store_module
 from memory.chunking import Chunk
 from memory.embedders import EmbedderIdentity
-from memory.store import ChunkStore, IndexIdentity, rows_table
+from memory.store import ChunkStore
+from memory.table import IndexIdentity, rows_table
 
 DIMS, ROWS = 32, 1200
 

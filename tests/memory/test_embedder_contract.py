@@ -20,7 +20,7 @@ import pytest
 
 from config.errors import Unavailable
 from memory import Embedder, SentenceTransformerEmbedder, UniversalSentenceEncoderEmbedder
-from memory.embedder_choice import e5_runs_here
+from memory.embedders.choice import e5_runs_here
 from tests.memory.conftest import openai_embedder
 from tests.support.openai_server import OpenAIServer
 

@@ -7,27 +7,11 @@ from datetime import date
 
 import pytest
 
-from memory.fusion import (
-    Candidate,
-    FusionParams,
-    daily_log_date,
-    decay,
-    fuse,
-    fused_score,
-    is_cjk_query,
-    merge_pools,
-    named_speakers,
-    off_topic,
-    passes,
-    query_terms,
-    rrf_score,
-    spells_name,
-    spoken_by,
-    text_share,
-    text_strength,
-    turn_speaker,
-    unheld_topic_words,
-)
+from memory.candidates import Candidate, merge_pools
+from memory.fusion import FusionParams, daily_log_date, decay, fuse, fused_score, passes, rrf_score, text_strength
+from memory.speakers import named_speakers, spoken_by, turn_speaker
+from memory.terms import is_cjk_query, query_terms, text_share
+from memory.topic import off_topic, spells_name, unheld_topic_words
 
 P = FusionParams(vector_weight=0.6, text_weight=0.4, min_score=0.4, min_text_score=0.6)
 TODAY = date(2026, 11, 30)
@@ -295,8 +279,8 @@ def test_mmr_pushes_repeats_of_a_shown_result_down() -> None:
 def test_mmr_similarity_is_of_the_chunks_own_words() -> None:
     """Japanese chunks are compared on their CJK words; stop words and the indexed context do not
     make two chunks alike."""
-    from memory.fusion import words_of
     from memory.mmr import diversify, jaccard
+    from memory.terms import words_of
 
     assert jaccard(words_of("The dentist is on Tuesday"), words_of("Is it the dentist on Tuesday?")) == 1.0
     assert jaccard(words_of("the and of it"), words_of("the and of it")) == 0.0

@@ -13,7 +13,8 @@ import pytest
 from memory.chunking import Chunk
 from memory.embedders import EmbedderIdentity
 from memory.mirror import Mirror
-from memory.store import ChunkStore, IndexIdentity, rows_table
+from memory.store import ChunkStore
+from memory.table import IndexIdentity, rows_table
 
 DIMS = 24
 WORDS = ["garden", "budget", "pottery", "violin", "harbour", "lantern", "orchard", "meadow"]

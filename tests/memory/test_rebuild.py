@@ -17,9 +17,9 @@ import pytest
 
 from config.clock import system_clock
 from memory import Embedder, MemoryService, UniversalSentenceEncoderEmbedder
-from memory.embedder_choice import e5_runs_here
 from memory.embedders import Vectors
-from memory.routed import RoutedEmbedder
+from memory.embedders.choice import e5_runs_here
+from memory.embedders.routed import RoutedEmbedder
 from tests.memory.conftest import eventually, memory_settings, openai_embedder, routed_embedder, write
 from tests.support.openai_server import OpenAIServer
 
@@ -147,7 +147,7 @@ async def test_the_old_index_answers_with_its_own_vectors_until_the_new_one_is_c
         await eventually(lambda: [p.stem for p in db.glob("chunks_*")] == [status["table"]])
         hits = await service.search("main", "Who looks after my teeth?")
         assert hits and "Alice Wong" in hits[0].snippet and hits[0].vector_score > 0.3
-        assert not service.partial and service._previous is None  # the old model is released
+        assert not service.partial and not service._previous.loaded  # the old model is released
     finally:
         held.release.set()
         await service.close()

@@ -20,9 +20,9 @@ from memory import (
     UniversalSentenceEncoderEmbedder,
     build_embedder,
 )
-from memory.embedder_choice import e5_runs_here
 from memory.embedders import EmbedderIdentity, is_multilingual
-from memory.routed import RoutedEmbedder
+from memory.embedders.choice import e5_runs_here
+from memory.embedders.routed import RoutedEmbedder
 from tests.memory.conftest import eventually, memory_settings, routed_embedder, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
@@ -67,7 +67,7 @@ def test_auto_is_the_default_provider_and_takes_no_model(
     if e5_runs_here():
         models = "multilingual-e5-small-q4+universal-sentence-encoder-multilingual-3"
         assert default_embedder.identity == EmbedderIdentity("e5+use", models, 384 + 512)
-    monkeypatch.setattr("memory.embedder_choice.e5_runs_here", lambda: False)
+    monkeypatch.setattr("memory.embedders.choice.e5_runs_here", lambda: False)
     fallback = build_embedder(EmbeddingSettings())
     fallback.load_sync()  # type: ignore[attr-defined]
     try:

@@ -1,5 +1,5 @@
-"""Which embedder ``memory.embedding`` describes: one of ``memory/embedders.py``'s or the routed
-pair of ``memory/routed.py`` (which builds on those, so the choice lives above both).
+"""Which embedder ``memory.embedding`` describes: one of the families in ``memory/embedders/`` or the routed
+pair of ``memory/embedders/routed.py`` (which builds on those, so the choice lives above both).
 
 Every packaged choice routes Japanese and Chinese queries to the Universal Sentence Encoder; they
 differ in what answers English ones. ``auto`` (the default) is ``e5+use`` where
@@ -17,17 +17,12 @@ from collections.abc import Mapping
 
 from config.errors import ConfigError
 from config.settings import EmbeddingSettings
-from memory.embedders import (
-    PACKAGED_MODEL,
-    E5Embedder,
-    Embedder,
-    EmbedderIdentity,
-    OpenAIEmbedder,
-    SentenceTransformerEmbedder,
-    UniversalSentenceEncoderEmbedder,
-    has_avx2,
-)
-from memory.routed import RoutedEmbedder
+from memory.embedders.e5 import E5Embedder, has_avx2
+from memory.embedders.minilm import SentenceTransformerEmbedder
+from memory.embedders.openai_api import OpenAIEmbedder
+from memory.embedders.protocol import PACKAGED_MODEL, Embedder, EmbedderIdentity
+from memory.embedders.routed import RoutedEmbedder
+from memory.embedders.use import UniversalSentenceEncoderEmbedder
 
 log = logging.getLogger("neotask.memory")
 

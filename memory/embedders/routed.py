@@ -7,7 +7,7 @@ which E5's do not). :class:`RoutedEmbedder` stores every chunk as ``[m_1, ..., m
 sqrt(n + 1)``, each model's unit vector side by side (a unit vector), and asks with the English
 part or USE's part only:
 
-- a Japanese or Chinese query (:func:`memory.fusion.is_cjk_query`) as ``[0, ..., 0, use(q)]``: its
+- a Japanese or Chinese query (:func:`memory.terms.is_cjk_query`) as ``[0, ..., 0, use(q)]``: its
   dot product with a chunk is USE's cosine divided by ``sqrt(n + 1)``;
 - an English query as ``[a_1 m_1(q), ..., a_n m_n(q), 0]``, where the ``a_i`` weigh each model's
   cosine mapped from its own floor (E5's cosines sit in [0.7, 1]) so that, once the service has
@@ -37,7 +37,7 @@ from memory.embedders import (
     cosine_floor_of,
     query_vector,
 )
-from memory.fusion import is_cjk_query
+from memory.terms import is_cjk_query
 
 ROUTED_PROVIDER = "auto"
 
