@@ -26,6 +26,7 @@ MARKED = re.compile(r"pytestmark\s*=.*\brealtime\b|pytest\.mark\.realtime\b")
 # Modules that start processes or read the clock but whose outcome cannot depend on the date, and why.
 EXEMPT = {
     "test_loop_guard.py": "measures CPU run-queue time of spinning processes; no dates",
+    "test_architecture.py": "reads the package code's imports; its clock rule names system_clock in a sample module",
     "test_openai_server.py": "the model server test double alone; no dates",
     "test_realtime_marker.py": "this file",
     "test_wheel.py": "builds and installs the wheel; the gateway it runs is the code the realtime tests shift",

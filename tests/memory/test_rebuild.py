@@ -166,7 +166,9 @@ async def test_an_old_index_whose_embedder_cannot_load_answers_by_its_text_and_s
     service = MemoryService(memory_settings(**SETTINGS), {"main": ws}, db, clock=system_clock, embedder=held)  # type: ignore[arg-type]
     await service.start()
     try:
+        # the note comes when the old embedder fails to load; the rebuild it waits for starts after
         await eventually(lambda: (service.status()["serving"] or {}).get("note", "").startswith("the index's"))
+        await eventually(lambda: service.status()["serving"]["replacing"] is not None)
         serving = service.status()["serving"]
         assert serving["provider"] == "openai" and not serving["vectors"]
         assert serving["replacing"]["provider"] == "universal-sentence-encoder"
