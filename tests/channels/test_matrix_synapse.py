@@ -341,7 +341,7 @@ async def test_more_messages_than_a_sync_holds_are_paged_back_none_missed(
             await alice.say(room, f"m{i}")
         connector.timeline_limit = 2  # type: ignore[attr-defined]
         await connector.start(intake.post)
-        await _answers(alice, room, bot, 5)
+        await _answers(alice, room, bot, 5, timeout=60)  # five turns one after another: a loaded suite took over 30 s
         await intake.idle()
         answers = [m["content"]["body"] for m in await alice.messages(room, bot.user_id)]
         assert answers == [f"echo: m{i}" for i in range(5)]
