@@ -73,9 +73,10 @@ async def _reload(
 
 async def matrix_round(
     proc: asyncio.subprocess.Process, config: Path, data: dict[str, Any], url: str, rooms: list[tuple[Any, str]],
-    messages: int, tag: str,
-) -> tuple[float, float]:  # fmt: skip
-    """Messages per second from the reload that starts the account, and from its first sync answered."""
+    messages: int, tag: str, homeserver_pid: int,
+) -> tuple[float, float, float, float]:  # fmt: skip
+    """Messages per second from the reload that starts the account, and from its first sync
+    answered; the homeserver's and the daemon's CPU seconds meanwhile."""
     await _reload(proc, config, data, url, enabled=False)
     per_room = [list(range(i, messages, len(rooms))) for i in range(len(rooms))]
 
@@ -84,6 +85,7 @@ async def matrix_round(
             await user.say(room, f"message {n} of {tag}: the quick brown fox")
 
     await asyncio.gather(*(send(user, room, nums) for (user, room), nums in zip(rooms, per_room, strict=True)))
+    cpu = cpu_seconds(homeserver_pid), cpu_seconds(proc.pid)
     started = time.perf_counter()
     await _reload(proc, config, data, url, enabled=True)
     connected: float | None = None
@@ -93,7 +95,8 @@ async def matrix_round(
                 connected = time.perf_counter()
             await asyncio.sleep(0.01)
     done = time.perf_counter()
-    return messages / (done - started), messages / (done - (connected or started))
+    homeserver_cpu, daemon_cpu = cpu_seconds(homeserver_pid) - cpu[0], cpu_seconds(proc.pid) - cpu[1]
+    return messages / (done - started), messages / (done - (connected or started)), homeserver_cpu, daemon_cpu
 
 
 class StandIn:
@@ -232,21 +235,26 @@ async def run_synapse(messages: int, chats: int, rounds: int, homeserver: Any = 
                 mx_rates: list[float] = []
                 drain_rates: list[float] = []
                 http_rates: list[float] = []
-                await matrix_round(proc, config, data, url, rooms, chats, "warm-mx")  # connector and keys warm
+                pid = homeserver.proc.pid
+                await matrix_round(proc, config, data, url, rooms, chats, "warm-mx", pid)  # connector and keys warm
                 await http_round(url, chats, chats, "warm-http", channel="matrix")
                 for r in range(rounds):
-                    mx, drain = await matrix_round(proc, config, data, url, rooms, messages, f"mx{r}")
+                    mx, drain, synapse_cpu, daemon_cpu = await matrix_round(proc, config, data, url, rooms, messages,
+                                                                            f"mx{r}", pid)  # fmt: skip
                     web = await http_round(url, messages, chats, f"http{r}", channel="matrix")
                     mx_rates.append(mx)
                     drain_rates.append(drain)
                     http_rates.append(web)
                     rows.append((str(r + 1), f"{mx:,.0f}", f"{drain:,.0f}", f"{web:,.0f}", f"{mx / web:.2f}x",
-                                 f"{drain / web:.2f}x"))  # fmt: skip
+                                 f"{drain / web:.2f}x", f"{synapse_cpu / (messages / mx):.0%}",
+                                 f"{daemon_cpu / (messages / mx):.0%}"))  # fmt: skip
                 pooled_mx, pooled_drain, pooled_http = pooled(mx_rates), pooled(drain_rates), pooled(http_rates)
                 rows.append(("pooled", f"{pooled_mx:,.0f}", f"{pooled_drain:,.0f}", f"{pooled_http:,.0f}",
-                             f"{pooled_mx / pooled_http:.2f}x", f"{pooled_drain / pooled_http:.2f}x"))  # fmt: skip
+                             f"{pooled_mx / pooled_http:.2f}x", f"{pooled_drain / pooled_http:.2f}x", "",
+                             ""))  # fmt: skip
                 print_table(("round", "matrix msgs/s (from start)", "(from first sync)", "/v1/messages msgs/s",
-                             "ratio", "ratio from first sync"), rows)  # fmt: skip
+                             "ratio", "ratio from first sync", "Synapse CPU (of a core)", "daemon CPU"),
+                            rows)  # fmt: skip
             finally:
                 proc.terminate()
                 await proc.wait()
