@@ -115,10 +115,13 @@ def check(report: Report, home: Path, expected: int, channel: str, rate: float, 
 
 def arguments(
     prog: str, doc: str, argv: Sequence[str] | None, *, messages: int, chats: int, rounds: int,
-    quick: tuple[int, int, int],
+    quick: tuple[int, int, int], flags: Mapping[str, str] | None = None,
 ) -> argparse.Namespace:  # fmt: skip
-    """``--messages``, ``--chats``, ``--rounds`` (``--quick``: the sizes ``quick``)."""
+    """``--messages``, ``--chats``, ``--rounds`` (``--quick``: the sizes ``quick``), and the
+    benchmark's own on/off ``flags`` (name: help)."""
     p = parser(prog, doc)
+    for flag, help_text in (flags or {}).items():
+        p.add_argument(flag, action="store_true", help=help_text)
     p.add_argument("--messages", type=int, default=messages)
     p.add_argument("--chats", type=int, default=chats)
     p.add_argument("--rounds", type=int, default=rounds)

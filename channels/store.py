@@ -8,7 +8,9 @@ part accepted; ``parts_sent`` counts them as they go) or ``failed`` (refused for
 written before the message is stored, so whatever a crash interrupts is found again at start.
 
 ``stored_messages``: the platform messages stored in a session, by chat and platform id, so an
-edit or a deletion is stored only where its message was (channels/revisions.py).
+edit or a deletion is stored only where its message was (channels/revisions.py). Records made
+while one is being written are written together, in one transaction (one fsync for a batch of
+messages a connector took at once, not one each).
 
 What connectors keep about their platform: the updates they could not read (the raw JSON and why,
 the last ``UNREADABLE_KEPT`` per account), each account's first bot (Telegram keys the updates
@@ -121,6 +123,8 @@ class ChannelStore:
         self.path = path
         self._db: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+        self._records: list[tuple[str, str, str, str, str, str | None, int, str]] = []  # stored_messages to write
+        self._records_written: asyncio.Future[None] | None = None  # the write the records above will be in
 
     @classmethod
     def for_home(cls, home: Path) -> ChannelStore:
@@ -140,9 +144,12 @@ class ChannelStore:
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         async with self._lock:
-            if self._db is None:
-                self._db = await _to_thread_whole(self._open)
-            return await _to_thread_whole(work, self._db)
+            return await self._locked(work)
+
+    async def _locked(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        if self._db is None:
+            self._db = await _to_thread_whole(self._open)
+        return await _to_thread_whole(work, self._db)
 
     async def close(self) -> None:
         async with self._lock:
@@ -271,17 +278,35 @@ class ChannelStore:
     ) -> None:
         """Remember a stored message, or its edit: the new digest; the thread it was first stored in
         is kept, and ``replied`` once true stays true."""
+        self._records.append((channel, account, chat_id, message_id, stored.digest, stored.thread_id,
+                              int(stored.replied), now))  # fmt: skip
+        if self._records_written is None:
+            self._records_written = asyncio.ensure_future(self._write_records())
+            self._records_written.add_done_callback(lambda done: done.cancelled() or done.exception())  # seen
+        await asyncio.shield(self._records_written)
 
-        def work(db: sqlite3.Connection) -> None:
-            db.execute(
-                "INSERT INTO stored_messages (channel, account, chat_id, message_id, digest, thread_id, replied,"
-                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (channel, account, chat_id, message_id)"
-                " DO UPDATE SET digest = excluded.digest, replied = MAX(replied, excluded.replied),"
-                " updated_at = excluded.updated_at",
-                (channel, account, chat_id, message_id, stored.digest, stored.thread_id, int(stored.replied), now),
-            )
+    async def _write_records(self) -> None:
+        """The records made until the store's lock is free, in one transaction (records made
+        meanwhile go in the next)."""
+        async with self._lock:
+            rows, self._records, self._records_written = self._records, [], None
 
-        await self._run(work)
+            def work(db: sqlite3.Connection) -> None:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.executemany(
+                        "INSERT INTO stored_messages (channel, account, chat_id, message_id, digest, thread_id,"
+                        " replied, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (channel, account,"
+                        " chat_id, message_id) DO UPDATE SET digest = excluded.digest,"
+                        " replied = MAX(replied, excluded.replied), updated_at = excluded.updated_at",
+                        rows,
+                    )
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+
+            await self._locked(work)
 
     async def forget_message(self, channel: str, account: str, chat_id: str, message_id: str) -> None:
         def work(db: sqlite3.Connection) -> None:

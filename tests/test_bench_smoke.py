@@ -152,6 +152,19 @@ async def test_discord_ingest_bench_runs_quick(capsys: pytest.CaptureFixture[str
     assert status in (0, 1)  # 1 only says the speed target was missed on this machine
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_matrix_ingest_bench_runs_quick_on_the_stand_in(capsys: pytest.CaptureFixture[str]) -> None:
+    """The default mode: the local Matrix stand-in (tests/support/matrix_server.py) as the homeserver."""
+    from bench import matrix_ingest
+
+    status = await asyncio.to_thread(matrix_ingest.main, ["--quick"])
+    out = capsys.readouterr().out
+    assert "local stand-in homeserver" in out, out
+    assert "PASS  stored messages missing: 0" in out  # every synced message and every post was stored
+    assert status in (0, 1)  # 1 only says the speed target was missed on this machine
+
+
 def test_disk_budget_bench_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
     from bench import disk_budget
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from channels.pairing import CODE_ALPHABET, CODE_LENGTH
 from channels.protocol import Inbound, Target
-from channels.store import ChannelStore
+from channels.store import ChannelStore, StoredMessage
 from config.errors import PairingCodeNotFound
 
 NOW = "2026-12-01T10:00:00+00:00"
@@ -95,3 +96,23 @@ async def test_a_cancelled_write_keeps_the_connection_until_its_thread_is_done(t
     writing.cancel()
     await store.close()  # waits for the lock, which the cancelled caller holds until its thread ends
     assert finished.is_set() and writing.cancelled()
+
+
+async def test_records_made_at_once_are_written_in_one_transaction(tmp_path: Path) -> None:
+    """A connector that took a batch of messages records them with one commit (one fsync), not
+    one each; each record is as if written alone, in order (an edit after its message)."""
+    store = ChannelStore.for_home(tmp_path)
+    await store.record_message("matrix", "main", "!r", "$0", StoredMessage("d0", None, False), NOW)
+    commits: list[str] = []
+    assert store._db is not None
+    store._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    records = [("$1", StoredMessage("first", "$t", True)), ("$1", StoredMessage("edited", None, False)),
+               *((f"${i}", StoredMessage(f"d{i}", None, i % 2 == 0)) for i in range(2, 40))]  # fmt: skip
+    await asyncio.gather(*(store.record_message("matrix", "main", "!r", m, s, NOW) for m, s in records))
+    assert commits == ["COMMIT"]
+    assert await store.stored_message("matrix", "main", "!r", "$1") == StoredMessage("edited", "$t", True)
+    for i in range(2, 40):
+        assert await store.stored_message("matrix", "main", "!r", f"${i}") == StoredMessage(f"d{i}", None, i % 2 == 0)
+    await store.record_message("matrix", "main", "!r", "$40", StoredMessage("d40", None, False), NOW)  # a next batch
+    assert commits == ["COMMIT", "COMMIT"]
+    await store.close()
