@@ -41,7 +41,7 @@ from conversations.queueing import Batch, Caller, Room, TurnQueue
 from conversations.tools import ToolBox
 from conversations.turn_core import ConversationCore
 from sessions.compactor import Compactor
-from sessions.delegate import Delegate
+from sessions.delegate import Delegate, PartField
 from sessions.deliveries import AlreadyDelivered
 from sessions.events import inheritance_published
 from sessions.inheritance import find_inheritance
@@ -67,6 +67,17 @@ class Conversations:
     """The engine: posting (this class) composed with its parts over one ``ConversationCore``
     (``idempotency``, ``compaction``, ``turns``)."""
 
+    # the shared state's fields, read-only here
+    store: PartField[ConversationStore] = PartField("core")
+    settings: PartField[Settings] = PartField("core")
+    providers: PartField[Mapping[str, ModelChain]] = PartField("core")
+    hub: PartField[EventHub] = PartField("core")
+    metrics: PartField[Metrics] = PartField("core")
+    clock: PartField[Clock] = PartField("core")
+    tools: PartField[ToolBox] = PartField("core")
+    hooks: PartField[ConversationHooks] = PartField("core")
+    one_off: PartField[set[str]] = PartField("core")
+    compactors: PartField[dict[str, Compactor]] = PartField("core")
     # what the gateway, the channels and the housekeeping call on the parts (``sessions.delegate``)
     # the shared state's helpers
     agent = Delegate("core", ConversationCore.agent)
@@ -119,48 +130,6 @@ class Conversations:
         # stored meanwhile (and answered without waiting), so the threshold is checked again after it
         self._compacting: dict[str, bool] = {}
         self._rechecks: set[asyncio.Task[None]] = set()  # those checks, made after the compaction
-
-    # the shared state's fields, read where the rest of the program reads them
-
-    @property
-    def store(self) -> ConversationStore:
-        return self.core.store
-
-    @property
-    def settings(self) -> Settings:
-        return self.core.settings
-
-    @property
-    def providers(self) -> Mapping[str, ModelChain]:
-        return self.core.providers
-
-    @property
-    def hub(self) -> EventHub:
-        return self.core.hub
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.core.metrics
-
-    @property
-    def clock(self) -> Clock:
-        return self.core.clock
-
-    @property
-    def tools(self) -> ToolBox:
-        return self.core.tools
-
-    @property
-    def hooks(self) -> ConversationHooks:
-        return self.core.hooks
-
-    @property
-    def one_off(self) -> set[str]:
-        return self.core.one_off
-
-    @property
-    def compactors(self) -> dict[str, Compactor]:
-        return self.core.compactors
 
     def _closing_error(self, caller: Caller) -> BaseException:
         return ShuttingDown(

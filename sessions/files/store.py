@@ -17,7 +17,7 @@ from config.clock import Clock, iso
 from config.settings import Settings
 from home.damage import ledger_error, storage_damage
 from home.layout import Home
-from sessions.delegate import Delegate
+from sessions.delegate import Delegate, PartField
 from sessions.files import leftovers
 from sessions.files.backup import FilesBackup
 from sessions.files.ledger import Ledger, run_metadata
@@ -54,6 +54,14 @@ class SessionStore:
     """The run-folder backend of every capability of ``sessions.protocol``: its parts (``reads``,
     ``records``, ``appends``, ``lifecycle``, ``maintenance``) over one ``StoreState``."""
 
+    # the state's resources, read-only here (the backend's own tools, the backups and the tests read them)
+    home: PartField[Home] = PartField("state")
+    settings: PartField[Settings] = PartField("state")
+    clock: PartField[Clock] = PartField("state")
+    ledger: PartField[Ledger] = PartField("state")
+    writer: PartField[AppendWriter] = PartField("state")
+    registry: PartField[SessionRegistry] = PartField("state")
+    recovered: PartField[list[RecoveredRun]] = PartField("state")
     # each method of the port is its part's (``sessions.delegate``)
     # the lookups, the events
     entry = Delegate("state", StoreState.entry)
@@ -140,37 +148,6 @@ class SessionStore:
         self.appends = Appends(state, self.records)
         self.lifecycle = Lifecycle(state, self.appends)
         self.maintenance = FilesMaintenance(state, self.lifecycle)
-
-    # the state's resources (the backend's own tools, the backups and the tests read them)
-
-    @property
-    def home(self) -> Home:
-        return self.state.home
-
-    @property
-    def settings(self) -> Settings:
-        return self.state.settings
-
-    @property
-    def clock(self) -> Clock:
-        return self.state.clock
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.state.ledger
-
-    @property
-    def writer(self) -> AppendWriter:
-        return self.state.writer
-
-    @property
-    def registry(self) -> SessionRegistry:
-        return self.state.registry
-
-    @property
-    def recovered(self) -> list[RecoveredRun]:
-        """What recovery found at open."""
-        return self.state.recovered
 
     # -- opening and closing --------------------------------------------------------------------
 
