@@ -16,10 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from config.clock import iso
-from config.errors import NeotaskError, RunActive, StorageUnavailable
+from config.errors import NeotaskError, StorageUnavailable
 from home import layout
 from home.atomic import fsync_dir, write_atomic, write_json_atomic
-from sessions.bookkeeping import end_entry, idle_entry, relabel_entry, require_active, run_stats, start_entry
+from sessions.bookkeeping import (
+    end_entry,
+    end_to_delete,
+    idle_entry,
+    refuse_second_run,
+    relabel_entry,
+    require_active,
+    run_stats,
+    start_entry,
+    to_complete,
+    to_pause,
+)
 from sessions.faults import storage_error
 from sessions.files import leftovers
 from sessions.files.registry import SessionEntry
@@ -27,7 +38,6 @@ from sessions.files.run_folder import FolderRun, folder_of, folder_run
 from sessions.files.store_appends import Appends
 from sessions.files.store_state import StoreState
 from sessions.records import RunState, RunStatus, TaskKey, copy_counters
-from sessions.store_hooks import run_hook
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +111,7 @@ class Lifecycle:
         be appended: until that message is durable the folder carries a marker, and start-up
         removes a marked folder that holds no message (a crash or a storage error came between)."""
         entry = self.state.entry(key)
-        if entry is not None and entry.run_id is not None:
-            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+        refuse_second_run(entry, key)
         now = iso(self.state.clock())
         run_id = str(uuidlib.uuid4())
         run = FolderRun(
@@ -178,11 +187,9 @@ class Lifecycle:
             log.error("could not delete the tasks.db row of discarded run %s (%s): recovery will", run.run_id, exc)
 
     async def pause(self, key: str) -> RunState:
-        run = require_active(self.state, key)
-        if run.status == "paused":
+        run, pausing = await to_pause(self.state, key, self.state.hooks)
+        if not pausing:
             return run
-        for name, hook in list(self.state.hooks.stop_hooks.items()):
-            await run_hook("stop", name, hook, run)
         await self._move(run, "paused")
         now = iso(self.state.clock())
         await self.state.ledger.update_run(run.run_id, status="paused", updated_at=now, **run_stats(run))
@@ -213,11 +220,7 @@ class Lifecycle:
         summary it is given (``final_summary.txt``), statistics, the move to completed/; the entry
         stays, idle, with ``run_id: null``. ``summarize=False`` (a purge, a one-off run nothing
         inherits) runs no hook and writes no final summary."""
-        run = require_active(self.state, key)
-        run.closing = True
-        status: RunStatus = "failed" if error is not None else "completed"
-        for name, hook in list(self.state.hooks.completion_hooks.items()) if summarize else ():
-            await run_hook("completion", name, hook, run)
+        run, status = await to_complete(self.state, key, self.state.hooks, error=error, summarize=summarize)
         if final_summary is not None and summarize:
             text, path = final_summary, folder_of(run) / layout.FINAL_SUMMARY
             await self.state.writer.call(lambda: _write_text(path, text))
@@ -246,10 +249,7 @@ class Lifecycle:
 
     async def delete(self, key: str) -> str | None:
         """Complete the active run (if any) and remove the entry; runs stay in tasks.db."""
-        self.state.require_entry(key)
-        completed = None
-        if self.state.active_run(key) is not None:
-            completed = (await self.complete(key, reason="delete")).run_id
+        completed = await end_to_delete(self.state, key, self.complete)
         self.state.registry.remove(key)  # the key's lock stays: callers may be queued on it
         await self.state.registry.flush()
         await self.state.ledger.set_key_metadata(key, {"inherit": False})  # a new session on the key starts clean

@@ -11,19 +11,23 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from config.clock import Clock, iso
-from config.errors import RunActive, SessionNotFound
+from config.errors import SessionNotFound
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import (
     add_usage_counts,
     count_append,
     end_entry,
+    end_to_delete,
     idle_entry,
     note_message,
     plan_record,
+    refuse_second_run,
     relabel_entry,
     require_active,
     run_stats,
     start_entry,
+    to_complete,
+    to_pause,
 )
 from sessions.compaction import COMPACTIONS
 from sessions.context_order import context_line, in_context
@@ -52,7 +56,7 @@ from sessions.records import (
     restore_counters,
 )
 from sessions.rewrites import Compaction, ContextChange, compacted, to_undo, tokens_of, uncompacted
-from sessions.store_hooks import StoreHooks, run_hook
+from sessions.store_hooks import StoreHooks
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +157,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         opening: bool = False,
     ) -> RunState:
         entry = self._entries.get(key)
-        if entry is not None and entry.run_id is not None:
-            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+        refuse_second_run(entry, key)
         now = iso(self.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
@@ -193,11 +196,9 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         self._emit("lifecycle", run, action="discard")
 
     async def pause(self, key: str) -> RunState:
-        run = require_active(self, key)
-        if run.status == "paused":
+        run, pausing = await to_pause(self, key, self.hooks)
+        if not pausing:
             return run
-        for name, hook in list(self.hooks.stop_hooks.items()):
-            await run_hook("stop", name, hook, run)
         self._set_status(run, "paused", **run_stats(run))
         self._emit("lifecycle", run, action="pause")
         return run
@@ -219,11 +220,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         summarize: bool = True,
         final_summary: str | None = None,
     ) -> RunState:
-        run = require_active(self, key)
-        run.closing = True
-        status: RunStatus = "failed" if error is not None else "completed"
-        for name, hook in list(self.hooks.completion_hooks.items()) if summarize else ():
-            await run_hook("completion", name, hook, run)
+        run, status = await to_complete(self, key, self.hooks, error=error, summarize=summarize)
         if final_summary is not None and summarize:
             self.data.runs[run.run_id].final_summary = final_summary
         self.keep_deliveries(run)
@@ -242,10 +239,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         return run
 
     async def delete(self, key: str) -> str | None:
-        self.require_entry(key)
-        completed = None
-        if self.active_run(key) is not None:
-            completed = (await self.complete(key, reason="delete")).run_id
+        completed = await end_to_delete(self, key, self.complete)
         self._entries.pop(key, None)
         self._save_entries()
         for stored in self.data.runs.values():  # a new session on the key starts clean
