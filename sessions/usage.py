@@ -102,29 +102,33 @@ def spent(conn: sqlite3.Connection, day: str, agent_id: str, session_key: str) -
     return int(row[0]), int(row[1])
 
 
-def rows(
-    conn: sqlite3.Connection,
-    *,
-    agent_id: str | None = None,
-    session_key: str | None = None,
-    since: date | None = None,
-    until: date | None = None,
-    by: UsageBy = "key",
-) -> list[DailyUsage]:
-    """Usage per day and ``by`` (``key``: per agent and key; ``agent``: the keys of an agent summed;
-    ``day``: everything of a day summed), oldest day first; ``since`` and ``until`` inclusive."""
+@dataclass(frozen=True)
+class UsageQuery:
+    """What ``UsageRecords.daily_usage`` is asked: per day and ``by`` (``key``: per agent and key;
+    ``agent``: the keys of an agent summed; ``day``: everything of a day summed), of one agent or
+    key or all, ``since`` and ``until`` inclusive."""
+
+    agent_id: str | None = None
+    session_key: str | None = None
+    since: date | None = None
+    until: date | None = None
+    by: UsageBy = "key"
+
+
+def rows(conn: sqlite3.Connection, query: UsageQuery) -> list[DailyUsage]:
+    """The query's rows of ``usage_daily``, oldest day first."""
     clauses, values = [], []
-    for column, value in (("agent_id", agent_id), ("session_key", session_key)):
+    for column, value in (("agent_id", query.agent_id), ("session_key", query.session_key)):
         if value is not None:
             clauses.append(f"{column} = ?")
             values.append(value)
-    if since is not None:
+    if query.since is not None:
         clauses.append("day >= ?")
-        values.append(since.isoformat())
-    if until is not None:
+        values.append(query.since.isoformat())
+    if query.until is not None:
         clauses.append("day <= ?")
-        values.append(until.isoformat())
-    group = {"key": ["day", "agent_id", "session_key"], "agent": ["day", "agent_id"], "day": ["day"]}[by]
+        values.append(query.until.isoformat())
+    group = {"key": ["day", "agent_id", "session_key"], "agent": ["day", "agent_id"], "day": ["day"]}[query.by]
     sums = ", ".join(f"SUM({k}) AS {k}" for k in USAGE_COLUMNS)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     columns = ", ".join(group)
@@ -136,17 +140,11 @@ def rows(
     return out
 
 
-def tally(
-    counts: Iterable[tuple[DailyKey, Mapping[str, int]]],
-    *,
-    agent_id: str | None = None,
-    session_key: str | None = None,
-    since: date | None = None,
-    until: date | None = None,
-    by: UsageBy = "key",
-) -> list[DailyUsage]:
+def tally(counts: Iterable[tuple[DailyKey, Mapping[str, int]]], query: UsageQuery) -> list[DailyUsage]:
     """:func:`rows` over counts kept in memory (each ``DailyKey``'s ``USAGE_COLUMNS``)."""
-    low, high = since.isoformat() if since else "", until.isoformat() if until else "9999-12-31"
+    agent_id, session_key, by = query.agent_id, query.session_key, query.by
+    low = query.since.isoformat() if query.since else ""
+    high = query.until.isoformat() if query.until else "9999-12-31"
     groups: dict[tuple[str, str | None, str | None], dict[str, int]] = {}
     for where, sums in counts:
         if (agent_id is not None and where.agent_id != agent_id) or (

@@ -69,13 +69,10 @@ class Reads:
         until: date | None = None,
         by: UsageBy = "key",
     ) -> list[DailyUsage]:
-        """Token usage per UTC day (``sessions/usage.py``): per agent and key, per agent or per day."""
-        return await self.state.ledger.execute(
-            lambda c: usage_days.rows(c, agent_id=agent_id, session_key=session_key, since=since, until=until, by=by)
-        )
+        query = usage_days.UsageQuery(agent_id, session_key, since, until, by)
+        return await self.state.ledger.execute(lambda c: usage_days.rows(c, query))
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
-        """Input plus output tokens of a UTC day: the agent's, and the key's."""
         return await self.state.ledger.execute(lambda c: usage_days.spent(c, day, agent_id, session_key))
 
     async def known_keys(self) -> list[KnownKey]:
@@ -181,15 +178,11 @@ class Records:
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
         """The record of ``client_message_id`` on ``key`` made at or after ``since``."""
 
-        def _find(conn: sqlite3.Connection) -> IdempotencyRecord | None:
-            row = conn.execute(
-                "SELECT run_id, message_seq, response FROM idempotency"
-                " WHERE session_key = ? AND client_message_id = ? AND created_at >= ?",
-                (key, client_message_id, since),
-            ).fetchone()
-            return IdempotencyRecord(row[0], row[1], row[2]) if row else None
-
-        return await self._records(_find)
+        sql = (
+            "SELECT run_id, message_seq, response FROM idempotency"
+            " WHERE session_key = ? AND client_message_id = ? AND created_at >= ?"
+        )
+        return await self._one(sql, (key, client_message_id, since), IdempotencyRecord)
 
     async def remember_delivery(self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None) -> None:
         """A new delivery of ``client_message_id`` stored as ``seq`` (no reply yet): it replaces
@@ -274,13 +267,8 @@ class Records:
     # -- webhook deliveries ---------------------------------------------------------------------
 
     async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
-        def _find(conn: sqlite3.Connection) -> HookDelivery | None:
-            row = conn.execute(
-                "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = ?", (delivery_id,)
-            ).fetchone()
-            return HookDelivery(row[0], row[1]) if row else None
-
-        return await self._records(_find)
+        sql = "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = ?"
+        return await self._one(sql, (delivery_id,), HookDelivery)
 
     async def record_hook_delivery(
         self, delivery_id: str, hook: str, *, session_key: str | None, message_seq: int | None
@@ -296,15 +284,11 @@ class Records:
     # -- the OpenAI-compatible routes' records --------------------------------------------------
 
     async def compat_conversation(self, key: str) -> CompatConversation | None:
-        def _get(conn: sqlite3.Connection) -> CompatConversation | None:
-            row = conn.execute(
-                "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
-                " FROM openai_conversations WHERE session_key = ?",
-                (key,),
-            ).fetchone()
-            return CompatConversation(*row) if row else None
-
-        return await self._records(_get)
+        sql = (
+            "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
+            " FROM openai_conversations WHERE session_key = ?"
+        )
+        return await self._one(sql, (key,), CompatConversation)
 
     async def save_compat_conversation(self, key: str, record: CompatConversation) -> None:
         row = (
@@ -319,28 +303,22 @@ class Records:
         await self._records(lambda c: c.execute(sql, row))
 
     async def compat_response(self, response_id: str) -> ResponseRef | None:
-        def _get(conn: sqlite3.Connection) -> ResponseRef | None:
-            row = conn.execute(
-                "SELECT response_id, session_key, run_id, seq FROM openai_responses WHERE response_id = ?",
-                (response_id,),
-            ).fetchone()
-            return ResponseRef(*row) if row else None
-
-        return await self._records(_get)
+        sql = "SELECT response_id, session_key, run_id, seq FROM openai_responses WHERE response_id = ?"
+        return await self._one(sql, (response_id,), ResponseRef)
 
     async def latest_compat_response(self, key: str) -> str | None:
-        def _get(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(
-                "SELECT response_id FROM openai_responses WHERE session_key = ? ORDER BY rowid DESC LIMIT 1", (key,)
-            ).fetchone()
-            return str(row[0]) if row else None
-
-        return await self._records(_get)
+        sql = "SELECT response_id FROM openai_responses WHERE session_key = ? ORDER BY rowid DESC LIMIT 1"
+        return await self._one(sql, (key,), str)
 
     async def save_compat_response(self, ref: ResponseRef) -> None:
         row = (ref.response_id, ref.session_key, ref.run_id, ref.seq, iso(self.state.clock()))
         sql = "INSERT INTO openai_responses (response_id, session_key, run_id, seq, created_at) VALUES (?, ?, ?, ?, ?)"
         await self._records(lambda c: c.execute(sql, row))
+
+    async def _one(self, sql: str, args: tuple[object, ...], make: Callable[..., T]) -> T | None:
+        """The one row ``sql`` finds, made into a record (its columns in order), or None."""
+        row = await self._records(lambda c: c.execute(sql, args).fetchone())
+        return None if row is None else make(*row)
 
     async def _records(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """A statement on the records beside the runs; a tasks.db failure is the typed

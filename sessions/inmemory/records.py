@@ -130,9 +130,8 @@ class MemoryRecords:
         until: date | None = None,
         by: UsageBy = "key",
     ) -> list[DailyUsage]:
-        return usage_days.tally(
-            self.data.usage_daily.items(), agent_id=agent_id, session_key=session_key, since=since, until=until, by=by
-        )
+        query = usage_days.UsageQuery(agent_id, session_key, since, until, by)
+        return usage_days.tally(self.data.usage_daily.items(), query)
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
         return usage_days.tokens_of(self.data.usage_daily.items(), day, agent_id, session_key)
