@@ -4,7 +4,7 @@ usage per UTC day."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date
 
 from config.clock import Clock, iso
@@ -16,11 +16,13 @@ from sessions.usage import DailyUsage, UsageBy
 
 
 class MemoryRecords:
-    data: MemoryData
-    clock: Clock
+    """A part of ``MemoryStore``: the records beside its runs, over its ``MemoryData``; a delivery
+    is looked for in the active run ``active_run`` names."""
 
-    def active_run(self, key: str) -> RunState | None:
-        raise NotImplementedError  # the store's
+    def __init__(self, data: MemoryData, clock: Clock, active_run: Callable[[str], RunState | None]) -> None:
+        self.data = data
+        self.clock = clock
+        self.active_run = active_run
 
     # -- deliveries and idempotency records -------------------------------------------------------
 
@@ -39,12 +41,12 @@ class MemoryRecords:
         return deliveries.find(run.run_id, client_message_id, since)
 
     async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
-        return self._stored_before(key, client_message_id, since)
+        return self.stored_before(key, client_message_id, since)
 
     def checks_deliveries(self, key: str) -> bool:
         return True  # everything is in memory: the append checks
 
-    def _stored_before(self, key: str, client_message_id: str, since: str) -> PriorDelivery | None:
+    def stored_before(self, key: str, client_message_id: str, since: str) -> PriorDelivery | None:
         """The idempotency record of ``client_message_id`` on ``key``, else its message in the
         active run, stored at or after ``since``."""
         found = self.data.idempotency.get((key, client_message_id))

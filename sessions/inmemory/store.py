@@ -31,6 +31,7 @@ from sessions.bookkeeping import (
 )
 from sessions.compaction import COMPACTIONS
 from sessions.context_order import context_line, in_context
+from sessions.delegate import Delegate
 from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered
 from sessions.entries import SessionEntry
 from sessions.events import EventType, StoreEvent
@@ -61,9 +62,52 @@ from sessions.store_hooks import StoreHooks
 log = logging.getLogger(__name__)
 
 
-class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
+class MemoryStore:
+    """Every capability but ``Backup`` over a ``MemoryData``: keys, runs, lifecycle and appends
+    here, with its parts ``reads``, ``records``, ``history`` and ``maintenance``."""
+
+    # reads by run id
+    get_run = Delegate("reads", MemoryReads.get_run)
+    require_run = Delegate("reads", MemoryReads.require_run)
+    list_runs = Delegate("reads", MemoryReads.list_runs)
+    known_keys = Delegate("reads", MemoryReads.known_keys)
+    previous_runs = Delegate("reads", MemoryReads.previous_runs)
+    read_messages = Delegate("reads", MemoryReads.read_messages)
+    read_records = Delegate("reads", MemoryReads.read_records)
+    read_final_summary = Delegate("reads", MemoryReads.read_final_summary)
+    read_context = Delegate("reads", MemoryReads.read_context)
+    # the records beside the runs, usage
+    find_delivery = Delegate("records", MemoryRecords.find_delivery)
+    recall_delivery = Delegate("records", MemoryRecords.recall_delivery)
+    checks_deliveries = Delegate("records", MemoryRecords.checks_deliveries)
+    find_idempotency = Delegate("records", MemoryRecords.find_idempotency)
+    remember_delivery = Delegate("records", MemoryRecords.remember_delivery)
+    remember_reply = Delegate("records", MemoryRecords.remember_reply)
+    hook_delivery = Delegate("records", MemoryRecords.hook_delivery)
+    record_hook_delivery = Delegate("records", MemoryRecords.record_hook_delivery)
+    compat_conversation = Delegate("records", MemoryRecords.compat_conversation)
+    save_compat_conversation = Delegate("records", MemoryRecords.save_compat_conversation)
+    compat_response = Delegate("records", MemoryRecords.compat_response)
+    latest_compat_response = Delegate("records", MemoryRecords.latest_compat_response)
+    save_compat_response = Delegate("records", MemoryRecords.save_compat_response)
+    daily_usage = Delegate("records", MemoryRecords.daily_usage)
+    tokens_spent = Delegate("records", MemoryRecords.tokens_spent)
+    # HistorySource, Maintenance
+    open_history = Delegate("history", MemoryHistory.open_history)
+    rebuild_history = Delegate("history", MemoryHistory.rebuild_history)
+    catch_up_history = Delegate("history", MemoryHistory.catch_up_history)
+    check_history = Delegate("history", MemoryHistory.check_history)
+    check = Delegate("maintenance", MemoryMaintenance.check)
+    cleanup = Delegate("maintenance", MemoryMaintenance.cleanup)
+    export_runs = Delegate("maintenance", MemoryMaintenance.export_runs)
+    purge = Delegate("maintenance", MemoryMaintenance.purge)
+
     def __init__(self, data: MemoryData, *, clock: Clock, hooks: StoreHooks) -> None:
         self.data, self.clock, self.hooks = data, clock, hooks
+        self.reads = MemoryReads(data, clock)
+        self.records = MemoryRecords(data, clock, self.active_run)
+        self.history = MemoryHistory(data)
+        self.maintenance = MemoryMaintenance(self)
         self._entries = {key: SessionEntry.from_dict(dict(raw)) for key, raw in data.entries.items()}
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -223,7 +267,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         run, status = await to_complete(self, key, self.hooks, error=error, summarize=summarize)
         if final_summary is not None and summarize:
             self.data.runs[run.run_id].final_summary = final_summary
-        self.keep_deliveries(run)
+        self.records.keep_deliveries(run)
         now = iso(self.clock())
         cast(dict[str, Any], self._row(run)).update(
             status=status, completed_at=now, updated_at=now, error_message=error,
@@ -268,7 +312,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         check_writable(run, message)
         if message.once and message.client_message_id is not None:
             since = iso(self.clock() - DELIVERY_WINDOW)
-            prior = self._stored_before(run.key, message.client_message_id, since)
+            prior = self.records.stored_before(run.key, message.client_message_id, since)
             if prior is not None:
                 raise AlreadyDelivered(prior)
         stamp = iso(self.clock())
@@ -327,7 +371,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         row = cast(dict[str, Any], self._row(run))
         for k, v in clean.items():
             row[k] = int(row.get(k) or 0) + v
-        self.count_usage(run, clean)
+        self.records.count_usage(run, clean)
 
     def calibrate_context(
         self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
