@@ -10,7 +10,7 @@ in ``tasks``, without a day)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Literal, TypedDict
@@ -113,6 +113,33 @@ class UsageQuery:
     since: date | None = None
     until: date | None = None
     by: UsageBy = "key"
+
+
+class UsageBook:
+    """``UsageRecords`` over the two lookups a backend makes its own way: the rows of a
+    ``UsageQuery``, and the tokens an agent and a key spent on a day."""
+
+    def __init__(
+        self,
+        rows: Callable[[UsageQuery], Awaitable[list[DailyUsage]]],
+        spent: Callable[[str, str, str], Awaitable[tuple[int, int]]],
+    ) -> None:
+        self._rows = rows
+        self._spent = spent
+
+    async def daily_usage(
+        self,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
+        by: UsageBy = "key",
+    ) -> list[DailyUsage]:
+        return await self._rows(UsageQuery(agent_id, session_key, since, until, by))
+
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
+        return await self._spent(day, agent_id, session_key)
 
 
 def rows(conn: sqlite3.Connection, query: UsageQuery) -> list[DailyUsage]:

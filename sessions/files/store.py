@@ -42,6 +42,7 @@ from sessions.records import (
     restore_counters,
 )
 from sessions.store_hooks import DurableListener, Listener, RunHook, StoreHooks
+from sessions.usage import UsageBook
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,8 @@ class SessionStore:
     read_records = Delegate("reads", Reads.read_records)
     read_final_summary = Delegate("reads", Reads.read_final_summary)
     read_context = Delegate("reads", Reads.read_context)
-    daily_usage = Delegate("reads", Reads.daily_usage)
-    tokens_spent = Delegate("reads", Reads.tokens_spent)
+    daily_usage = Delegate("usage", UsageBook.daily_usage)
+    tokens_spent = Delegate("usage", UsageBook.tokens_spent)
     # the records beside the runs
     find_idempotency = Delegate("records", Records.find_idempotency)
     remember_delivery = Delegate("records", Records.remember_delivery)
@@ -144,6 +145,7 @@ class SessionStore:
     ) -> None:
         state = self.state = StoreState(home, settings, clock, ledger, writer, registry, hooks)
         self.reads = Reads(state)
+        self.usage = UsageBook(self.reads.usage_rows, self.reads.tokens_spent)
         self.records = Records(state)
         self.appends = Appends(state, self.records)
         self.lifecycle = Lifecycle(state, self.appends)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import date
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -34,7 +33,7 @@ from sessions.records import (
     RunState,
     TaskKey,
 )
-from sessions.usage import DailyUsage, UsageBy
+from sessions.usage import DailyUsage, UsageQuery
 
 T = TypeVar("T")
 
@@ -60,16 +59,7 @@ class Reads:
         rows = await self.state.ledger.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
         return cast(list[RunRow], rows)
 
-    async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
-        query = usage_days.UsageQuery(agent_id, session_key, since, until, by)
+    async def usage_rows(self, query: UsageQuery) -> list[DailyUsage]:
         return await self.state.ledger.execute(lambda c: usage_days.rows(c, query))
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:

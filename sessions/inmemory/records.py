@@ -5,14 +5,13 @@ usage per UTC day."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import date
 
 from config.clock import Clock, iso
 from sessions import usage as usage_days
 from sessions.deliveries import Delivery, PriorDelivery, RunDeliveries, prior_of
 from sessions.inmemory.data import Idempotency, MemoryData
 from sessions.records import CompatConversation, HookDelivery, IdempotencyRecord, ResponseRef, RunState
-from sessions.usage import DailyUsage, UsageBy
+from sessions.usage import DailyUsage, UsageQuery
 
 
 class MemoryRecords:
@@ -123,16 +122,7 @@ class MemoryRecords:
             sums[k] = sums.get(k, 0) + int(v)
         sums["calls"] = sums.get("calls", 0) + 1
 
-    async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
-        query = usage_days.UsageQuery(agent_id, session_key, since, until, by)
+    async def usage_rows(self, query: UsageQuery) -> list[DailyUsage]:
         return usage_days.tally(self.data.usage_daily.items(), query)
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:

@@ -58,6 +58,7 @@ from sessions.records import (
 )
 from sessions.rewrites import Compaction, ContextChange, compacted, to_undo, tokens_of, uncompacted
 from sessions.store_hooks import StoreHooks
+from sessions.usage import UsageBook
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,8 @@ class MemoryStore:
     compat_response = Delegate("records", MemoryRecords.compat_response)
     latest_compat_response = Delegate("records", MemoryRecords.latest_compat_response)
     save_compat_response = Delegate("records", MemoryRecords.save_compat_response)
-    daily_usage = Delegate("records", MemoryRecords.daily_usage)
-    tokens_spent = Delegate("records", MemoryRecords.tokens_spent)
+    daily_usage = Delegate("usage", UsageBook.daily_usage)
+    tokens_spent = Delegate("usage", UsageBook.tokens_spent)
     # HistorySource, Maintenance
     open_history = Delegate("history", MemoryHistory.open_history)
     rebuild_history = Delegate("history", MemoryHistory.rebuild_history)
@@ -106,6 +107,7 @@ class MemoryStore:
         self.data, self.clock, self.hooks = data, clock, hooks
         self.reads = MemoryReads(data, clock)
         self.records = MemoryRecords(data, clock, self.active_run)
+        self.usage = UsageBook(self.records.usage_rows, self.records.tokens_spent)
         self.history = MemoryHistory(data)
         self.maintenance = MemoryMaintenance(self)
         self._entries = {key: SessionEntry.from_dict(dict(raw)) for key, raw in data.entries.items()}
