@@ -23,6 +23,7 @@ from sessions.bookkeeping import (
     end_entry,
     end_to_delete,
     idle_entry,
+    inherit_next,
     refuse_second_run,
     relabel_entry,
     require_active,
@@ -78,12 +79,10 @@ class Lifecycle:
         """Whether the key's next run inherits from its last (``/new`` and a diverged OpenAI-compatible
         conversation say no, a reset and a run start say yes again); False when nothing changed
         (no entry, or the flag was already so)."""
-        entry = self.state.entry(key)
-        if entry is None or entry.inherit_next == inherit:
-            return False
-        entry.inherit_next = inherit
-        self.state.registry.touch(key)
-        return True
+        changed = inherit_next(self.state.entry(key), inherit)
+        if changed:
+            self.state.registry.touch(key)
+        return changed
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         """Written at once: a restart must not reset the key again for the same boundary."""

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from config.clock import Clock, iso
-from config.errors import SessionNotFound
 from config.settings import Settings
 from home.layout import Home
+from sessions.bookkeeping import found_entry
 from sessions.deliveries import RecordedId
 from sessions.events import EventType, StoreEvent
 from sessions.files.ledger import Ledger
@@ -57,10 +57,7 @@ class StoreState:
         return self.registry.entries.get(key)
 
     def require_entry(self, key: str) -> SessionEntry:
-        entry = self.entry(key)
-        if entry is None:
-            raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
-        return entry
+        return found_entry(self.entry(key), key)
 
     def entries(self) -> Iterable[SessionEntry]:
         return self.registry.entries.values()

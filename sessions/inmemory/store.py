@@ -11,14 +11,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from config.clock import Clock, iso
-from config.errors import SessionNotFound
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import (
     add_usage_counts,
     count_append,
     end_entry,
     end_to_delete,
+    found_entry,
     idle_entry,
+    inherit_next,
     note_message,
     plan_record,
     refuse_second_run,
@@ -133,10 +134,7 @@ class MemoryStore:
         return self._entries.get(key)
 
     def require_entry(self, key: str) -> SessionEntry:
-        entry = self._entries.get(key)
-        if entry is None:
-            raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
-        return entry
+        return found_entry(self._entries.get(key), key)
 
     def entries(self) -> Iterable[SessionEntry]:
         return self._entries.values()
@@ -177,11 +175,7 @@ class MemoryStore:
         return entry
 
     async def set_inherit_next(self, key: str, inherit: bool) -> bool:
-        entry = self._entries.get(key)
-        if entry is None or entry.inherit_next == inherit:
-            return False
-        entry.inherit_next = inherit
-        return True
+        return inherit_next(self._entries.get(key), inherit)
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         entry = self._entries.get(key)
