@@ -43,23 +43,17 @@ class Budgets:
         renew = seconds_to_next_day(now)
         hours, minutes = int(renew // 3600), int(renew % 3600 // 60)
         when = f"it renews at 00:00 UTC (in {hours} h {minutes:02d} min)"
-        if limits.tokens_per_day is not None and agent_total >= limits.tokens_per_day:
-            raise TokenBudgetExhausted(
-                f"agent {agent_id!r} has used its daily token budget ({agent_total} of"
-                f" agents.{agent_id}.limits.tokens_per_day {limits.tokens_per_day} on {day}, UTC); the message"
-                f" was not stored: send it again once {when}, or raise the limit",
-                retry_after_s=renew,
-                agent=agent_id,
-                used=agent_total,
-                limit=limits.tokens_per_day,
-            )
-        if limits.tokens_per_key_per_day is not None and key_total >= limits.tokens_per_key_per_day:
-            raise TokenBudgetExhausted(
-                f"session {key!r} has used its daily token budget ({key_total} of"
-                f" agents.{agent_id}.limits.tokens_per_key_per_day {limits.tokens_per_key_per_day} on {day}, UTC);"
-                f" the message was not stored: send it again once {when}, or raise the limit",
-                retry_after_s=renew,
-                agent=agent_id,
-                used=key_total,
-                limit=limits.tokens_per_key_per_day,
-            )
+        for whose, used, setting, limit in (
+            (f"agent {agent_id!r}", agent_total, "tokens_per_day", limits.tokens_per_day),
+            (f"session {key!r}", key_total, "tokens_per_key_per_day", limits.tokens_per_key_per_day),
+        ):
+            if limit is not None and used >= limit:
+                raise TokenBudgetExhausted(
+                    f"{whose} has used its daily token budget ({used} of agents.{agent_id}.limits.{setting}"
+                    f" {limit} on {day}, UTC); the message was not stored: send it again once {when}, or raise"
+                    " the limit",
+                    retry_after_s=renew,
+                    agent=agent_id,
+                    used=used,
+                    limit=limit,
+                )

@@ -220,24 +220,27 @@ class Commands:
 
     async def _pause(self, call: CommandCall) -> Outcome:
         async with self.conv.exclusive(call.key):
-            run = self.store.active_run(call.key)
-            if run is None:
-                return await self.answer_locked(call, "Nothing to pause: this session has no active run.")
-            if run.status == "paused":
-                return await self.answer_locked(call, "Already paused. Send /resume to continue.")
+            refusal = self._refusal(call.key, "pause", "paused", "Already paused. Send /resume to continue.")
+            if refusal is not None:
+                return await self.answer_locked(call, refusal)
             outcome = await self.answer_locked(call, "Paused. Messages are refused until /resume.")
             await self.store.pause(call.key)
             return outcome
 
     async def _resume(self, call: CommandCall) -> Outcome:
         async with self.conv.exclusive(call.key):
-            run = self.store.active_run(call.key)
-            if run is None:
-                return await self.answer_locked(call, "Nothing to resume: this session has no active run.")
-            if run.status == "running":
-                return await self.answer_locked(call, "Not paused.")
+            refusal = self._refusal(call.key, "resume", "running", "Not paused.")
+            if refusal is not None:
+                return await self.answer_locked(call, refusal)
             await self.store.resume(call.key)
             return await self.answer_locked(call, "Resumed.")
+
+    def _refusal(self, key: str, verb: str, status: str, already: str) -> str | None:
+        """Why ``verb`` cannot be done to the key's run (none, or it is ``status`` already)."""
+        run = self.store.active_run(key)
+        if run is None:
+            return f"Nothing to {verb}: this session has no active run."
+        return already if run.status == status else None
 
     async def _stop(self, call: CommandCall) -> Outcome:
         stopped = self.conv.stop_turn(call.key)

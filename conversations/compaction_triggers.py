@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from config.clock import iso
 from conversations.completions import ProviderError
-from conversations.idempotency import Idempotency
 from conversations.posts import Outcome, to_openai
+from conversations.turn_core import ConversationCore
 from sessions.compaction import compaction_due
 from sessions.compactor import CompactionResult, SummaryResult, Trigger
 from sessions.events import flush_published
@@ -25,16 +25,20 @@ FLUSH_PROMPT = (
 )
 
 
-class CompactionTriggers(Idempotency):
+class CompactionTriggers:
     """When to compact (the threshold, /compact, a provider's overflow), the memory flush before
     a real cut or a reset, and the final summary of a completing run."""
 
-    def _due(self, run: RunState) -> bool:
-        return compaction_due(run.context_tokens, self.context_overhead(run.agent_id), self.threshold(run.agent_id))
+    def __init__(self, core: ConversationCore) -> None:
+        self.core = core
+
+    def due(self, run: RunState) -> bool:
+        core = self.core
+        return compaction_due(run.context_tokens, core.context_overhead(run.agent_id), core.threshold(run.agent_id))
 
     async def compact_if_due(self, run: RunState, outcome: Outcome) -> CompactionResult | None:
         """Automatic compaction when the context reaches the threshold (caller holds the turn lock)."""
-        if not self.settings.compaction.enabled or run.hold_compaction or not self._due(run):
+        if not self.core.settings.compaction.enabled or run.hold_compaction or not self.due(run):
             return None
         return await self.compact(run, outcome, trigger="auto")
 
@@ -47,27 +51,27 @@ class CompactionTriggers(Idempotency):
         instructions: str | None = None,
         on_summary: Callable[[SummaryResult], None] | None = None,
     ) -> CompactionResult | None:
-        compactor = self.compactors[run.agent_id or "main"]
+        compactor = self.core.compactors[run.agent_id or "main"]
         if trigger in ("auto", "manual") and await compactor.would_compact(run):  # flush only before a real cut
             await self.memory_flush(run)
         result = await compactor.compact(
             run,
             trigger=trigger,
-            threshold=self.threshold(run.agent_id),
+            threshold=self.core.threshold(run.agent_id),
             instructions=instructions,
             on_summary=on_summary,
         )
         if result is not None:
-            self.metrics.compactions.labels(trigger).inc()
+            self.core.metrics.compactions.labels(trigger).inc()
             if outcome is not None:
                 outcome.events.append(result.event())
         return result
 
-    async def _compact_for_overflow(self, run: RunState, outcome: Outcome) -> bool:
+    async def compact_for_overflow(self, run: RunState, outcome: Outcome) -> bool:
         """The provider said the prompt is too long: compact, harder if the usual cut frees
         nothing; False when nothing can be freed (the caller gives up instead of looping)."""
-        compactor = self.compactors[run.agent_id or "main"]
-        threshold = self.threshold(run.agent_id)
+        compactor = self.core.compactors[run.agent_id or "main"]
+        threshold = self.core.threshold(run.agent_id)
         result = await compactor.compact(run, trigger="overflow", threshold=threshold)
         if result is None:
             result = await compactor.compact(
@@ -75,7 +79,7 @@ class CompactionTriggers(Idempotency):
             )
         if result is None:
             return False
-        self.metrics.compactions.labels("overflow").inc()
+        self.core.metrics.compactions.labels("overflow").inc()
         outcome.events.append(result.event())
         return True
 
@@ -83,40 +87,41 @@ class CompactionTriggers(Idempotency):
         """One silent turn that may save durable facts with memory_append before the context is
         compacted or the run reset; at most once per compaction count, never blocking. None for a
         one-off run: nothing inherits it, and its caller is nobody the memory should serve."""
-        if run.key in self.one_off:
+        if run.key in self.core.one_off:
             return
-        provider = self.provider(run.agent_id)
-        flush = self.settings.compaction.memory_flush
+        provider = self.core.provider(run.agent_id)
+        flush = self.core.settings.compaction.memory_flush
         names = {"memory_append", "memory_search"}
-        if provider is None or not flush.enabled or not self.tools.has("memory_append"):
+        if provider is None or not flush.enabled or not self.core.tools.has("memory_append"):
             return
         if run.flushed_at_count == run.compaction_count:
             return
         run.flushed_at_count = run.compaction_count
-        agent = self.agent(run.agent_id)
+        agent = self.core.agent(run.agent_id)
 
         async def flush_turn() -> None:
-            context = await self.store.read_context(run)
+            context = await self.core.store.read_context(run)
             messages = [
                 {"role": "system", "content": agent.system_prompt},
                 *map(to_openai, context),
                 {"role": "user", "content": FLUSH_PROMPT},
             ]
             completion = await provider.complete(
-                messages, tools=self.tools.schemas(names), model=self.model_name(run.key, run.agent_id)
+                messages, tools=self.core.tools.schemas(names), model=self.core.model_name(run.key, run.agent_id)
             )
-            await self._account(run, completion, 0)
+            await self.core.account(run, completion, 0)
             for call in completion.tool_calls:
                 if call.name in names:
-                    await self.tools.execute(run, call, extra={"memory_flush": True})
+                    await self.core.tools.execute(run, call, extra={"memory_flush": True})
 
         try:
             await asyncio.wait_for(flush_turn(), timeout=flush.timeout_s)
-            self.store.emit(flush_published(run, iso(self.store.clock())))
+            self.core.store.emit(flush_published(run, iso(self.core.store.clock())))
         except (ProviderError, TimeoutError) as exc:
             log.warning("memory flush for run %s failed (%s); continuing", run.run_id, exc)
 
     async def final_summary(self, run: RunState, reason: str) -> str | None:
         """The text of final_summary.txt, which ``conversations/run_end.py`` hands to the store."""
-        result = await self.compactors[run.agent_id or "main"].final_summary(run, self.threshold(run.agent_id))
+        compactor = self.core.compactors[run.agent_id or "main"]
+        result = await compactor.final_summary(run, self.core.threshold(run.agent_id))
         return f"{result.text}\n\n(summarizer: {result.summarizer})\n"

@@ -19,12 +19,16 @@ log = logging.getLogger(__name__)
 IDEMPOTENCY_WINDOW = DELIVERY_WINDOW
 
 
-class Idempotency(ConversationCore):
+class Idempotency:
     """A delivery with a client_message_id is stored and answered once: a repeat within
     ``IDEMPOTENCY_WINDOW`` gets the first one's answer (its ``idempotency`` record, or the
     transcript, which is the durable truth, when there is none). The message is its own delivery
     record; a store whose append checks the id itself (``checks_deliveries``) is not asked first:
     the repeat comes back from the append as ``AlreadyDelivered``."""
+
+    def __init__(self, core: ConversationCore) -> None:
+        self.core = core
+        self._inflight: dict[tuple[str, str], asyncio.Future[ReplyBody]] = {}
 
     async def once(self, post: Post, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
         """Run ``work`` for a delivery with a client_message_id; a second delivery of the same id
@@ -51,19 +55,19 @@ class Idempotency(ConversationCore):
         (``recall_delivery``): its idempotency record, else the message found in the active run's
         transcript (the durable truth) with its reply if one was stored. When the records cannot
         be read, the transcript alone."""
-        since = iso(self.clock() - IDEMPOTENCY_WINDOW)
+        since = iso(self.core.clock() - IDEMPOTENCY_WINDOW)
         try:
-            prior = await self.store.recall_delivery(key, cmid, since=since)
+            prior = await self.core.store.recall_delivery(key, cmid, since=since)
         except StorageUnavailable as exc:
             log.warning("idempotency lookup on %r failed (%s): checking the transcript instead", key, exc)
-            found = await self.store.find_delivery(key, cmid, since=since)
+            found = await self.core.store.find_delivery(key, cmid, since=since)
             prior = None if found is None else prior_of(found)
         return None if prior is None else previous_of(prior)
 
     async def find_in_run(self, key: str, cmid: str) -> dict[str, Any] | None:
         """A delivery of ``cmid`` in the key's active run, from its transcript alone and at any
         age (ids scoped to the run: ``Post.id_scope``), with its reply if one was stored."""
-        found = await self.store.find_delivery(key, cmid, since="")
+        found = await self.core.store.find_delivery(key, cmid, since="")
         if found is None:
             return None
         return {"run_id": found.run_id, "message_seq": found.seq, "response": None, "reply": found.reply}
@@ -80,10 +84,10 @@ class Idempotency(ConversationCore):
             return  # the stored message alone answers a repeat the same way (see worth_recording)
         try:
             if outcome is None:  # a new delivery (none within the window): its window starts now
-                await self.store.remember_delivery(key, cmid, run_id=run_id, seq=seq)
+                await self.core.store.remember_delivery(key, cmid, run_id=run_id, seq=seq)
             else:
                 body = json.dumps(outcome.body(), ensure_ascii=False)
-                await self.store.remember_reply(
+                await self.core.store.remember_reply(
                     key, cmid, run_id=outcome.run_id, seq=outcome.message_seq, response=body
                 )
         except StorageUnavailable as exc:

@@ -1,6 +1,7 @@
-"""The conversation engine's state and configuration (``ConversationCore``), under the layers
-``conversations/idempotency.py`` → ``conversations/compaction_triggers.py`` → ``conversations/model_turn.py`` →
-``conversations/turns.py`` (posting and per-key order), each a subclass of the one before."""
+"""The conversation engine's shared state and configuration (``ConversationCore``): one object the
+parts hold (``conversations/idempotency.py``, ``conversations/compaction_triggers.py``,
+``conversations/model_turn.py``), which ``conversations/turns.py`` (``Conversations``: posting and
+per-key order) builds and composes them over."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from dataclasses import dataclass, field
 
 from config.clock import Clock
-from config.errors import NoActiveRun, ShuttingDown
+from config.errors import NoActiveRun
 from config.settings import AgentSettings, QueueMode, Settings
 from conversations.completions import Completion
 from conversations.events import EventHub
 from conversations.fallbacks import ModelChain
 from conversations.hooks import ConversationHooks
 from conversations.metrics import Metrics
-from conversations.posts import Post, ReplyBody
-from conversations.queueing import QUEUE_MODES, Batch, Caller, TurnQueue
+from conversations.posts import Post
+from conversations.queueing import QUEUE_MODES
 from conversations.summarizer import ModelSummarizer
 from conversations.tools import ToolBox
 from sessions.compactor import Compactor
@@ -31,43 +32,37 @@ from sessions.tokens import estimate_text
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class ConversationCore:
-    """The state of the conversation engine and what every layer reads: the agent's settings,
-    provider and model, the per-key turn locks, the context overhead, usage accounting."""
+    """The state of the conversation engine that its parts share (idempotency, compaction
+    triggers, model turns, and the posting ``Conversations`` composes them in), and what every
+    part reads: the agent's settings, provider and model, the per-key turn locks, the context
+    overhead, usage accounting."""
 
-    def __init__(
-        self,
-        store: ConversationStore,
-        settings: Settings,
-        *,
-        providers: Mapping[str, ModelChain],
-        hub: EventHub,
-        metrics: Metrics,
-        clock: Clock,
-        tools: ToolBox | None = None,
-        hooks: ConversationHooks | None = None,
-    ) -> None:
-        self.store = store
-        self.settings = settings
-        self.providers = providers
-        self.hub = hub
-        self.metrics = metrics
-        self.clock = clock
-        self.hooks = hooks or ConversationHooks()
-        self.tools = tools if tools is not None else ToolBox(store)
-        self._turn_locks: dict[str, asyncio.Lock] = {}
-        self._running: dict[str, asyncio.Task[Any]] = {}
-        # runs a posted message's automatic compaction is under way for: whether a message was
-        # stored meanwhile (and answered without waiting), so the threshold is checked again after it
-        self._compacting: dict[str, bool] = {}
-        self._rechecks: set[asyncio.Task[None]] = set()  # those checks, made after the compaction
-        self.queue = TurnQueue(self._batch_turn, self.turn_lock, self._closing_error)
-        self.closing = False
-        self._inflight: dict[tuple[str, str], asyncio.Future[ReplyBody]] = {}
-        # keys of one-off runs nothing can inherit (a stateless OpenAI-compatible call): no memory
-        # flush saves their facts, and they end without a final summary
-        self.one_off: set[str] = set()
-        self.compactors = {agent_id: self._compactor(agent_id) for agent_id in settings.agents}
+    store: ConversationStore
+    settings: Settings
+    providers: Mapping[str, ModelChain]
+    hub: EventHub
+    metrics: Metrics
+    clock: Clock
+    tools: ToolBox
+    hooks: ConversationHooks
+    # keys of one-off runs nothing can inherit (a stateless OpenAI-compatible call): no memory
+    # flush saves their facts, and they end without a final summary
+    one_off: set[str] = field(default_factory=set)
+    turn_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    compactors: dict[str, Compactor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.compactors = {}
+        self.refresh_compactors()
+
+    def refresh_compactors(self) -> None:
+        """A compactor per agent of the settings in force (at start; after a reload: new agents,
+        the summarizer of a changed model), replaced in place."""
+        fresh = {agent_id: self._compactor(agent_id) for agent_id in self.settings.agents}
+        self.compactors.clear()
+        self.compactors.update(fresh)
 
     def _compactor(self, agent_id: str) -> Compactor:
         agent = self.settings.agents[agent_id]
@@ -108,10 +103,10 @@ class ConversationCore:
     def turn_lock(self, key: str) -> asyncio.Lock:
         """The key's turn lock: the store's when other processes share it (``TurnLocks``), so
         turns on a key run one at a time across every process; else one of this process."""
-        lock = self._turn_locks.get(key)
+        lock = self.turn_locks.get(key)
         if lock is None:
             shared = self.store.turn_lock(key) if isinstance(self.store, TurnLocks) else None
-            lock = self._turn_locks[key] = shared or asyncio.Lock()
+            lock = self.turn_locks[key] = shared or asyncio.Lock()
         return lock
 
     @contextlib.asynccontextmanager
@@ -127,7 +122,7 @@ class ConversationCore:
         tools = self.tools.schema_tokens() if self.provider(agent_id) else 0
         return estimate_text(agent.system_prompt) + tools
 
-    async def _account(
+    async def account(
         self, run: RunState, completion: Completion, overhead: int, sent_tokens: int | None = None
     ) -> None:
         """Record usage; with ``sent_tokens`` (the context count when the prompt was read), also
@@ -140,17 +135,6 @@ class ConversationCore:
         if completion.usage.input_tokens and sent_tokens is not None:
             appended = run.context_tokens - sent_tokens
             self.store.calibrate_context(run, completion.usage.input_tokens, overhead, appended_since=appended)
-
-    async def _batch_turn(self, batch: Batch) -> None:
-        """Run one model turn for ``batch``: the posting layer's (``conversations/turns.py``)."""
-        raise NotImplementedError
-
-    def _closing_error(self, caller: Caller) -> BaseException:
-        return ShuttingDown(
-            f"the gateway is shutting down: the turn was stopped; the message is stored (seq {caller.seq})",
-            message_seq=caller.seq,
-            stored=True,
-        )
 
     async def command_exchange(
         self, run: RunState, asked: str, answer: str, *, client_message_id: str | None = None

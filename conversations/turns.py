@@ -1,6 +1,8 @@
-"""Conversations: posting messages to keys in per-key order (the top layer of the engine; below
-it ``conversations/model_turn.py``, ``conversations/compaction_triggers.py``, ``conversations/idempotency.py`` and
-``conversations/turn_core.py``; what is posted and answered is ``conversations/posts.py``, re-exported here).
+"""Conversations: posting messages to keys in per-key order, composed with the engine's parts over
+one ``ConversationCore`` (``conversations/turn_core.py``): ``Idempotency``
+(``conversations/idempotency.py``), ``CompactionTriggers`` (``conversations/compaction_triggers.py``)
+and ``ModelTurns`` (``conversations/model_turn.py``); what is posted and answered is
+``conversations/posts.py``, re-exported here.
 
 Two locks per key keep the rules of SPEC section 8: the *lifecycle* lock (short: start a run and
 append) and the *turn* lock (held for a model turn). A message that arrives during a turn is
@@ -16,22 +18,34 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from config.clock import iso
+from config.clock import Clock, iso
 from config.errors import ProviderFailure, ShuttingDown
+from config.settings import Settings
 from conversations import log_context
 from conversations.compaction_triggers import FLUSH_PROMPT as FLUSH_PROMPT
+from conversations.compaction_triggers import CompactionTriggers
 from conversations.completions import ProviderError
+from conversations.events import EventHub
+from conversations.fallbacks import ModelChain
+from conversations.hooks import ConversationHooks
 from conversations.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
-from conversations.idempotency import previous_of
+from conversations.idempotency import Idempotency, previous_of
 from conversations.log_context import EVERY_ONE
+from conversations.metrics import Metrics
 from conversations.model_turn import ModelTurns, provider_failure, stored_failure
 from conversations.posts import DeltaFn, Outcome, Post, TurnOptions, outcome_from, speaker_name
-from conversations.queueing import Batch, Room
+from conversations.queueing import Batch, Caller, Room, TurnQueue
+from conversations.tools import ToolBox
+from conversations.turn_core import ConversationCore
+from sessions.compactor import Compactor
+from sessions.delegate import Delegate, PartField
 from sessions.deliveries import AlreadyDelivered
 from sessions.events import inheritance_published
 from sessions.inheritance import find_inheritance
+from sessions.protocol import ConversationStore
 from sessions.records import NewMessage, RunState, TaskKey
 
 log = logging.getLogger(__name__)
@@ -49,7 +63,81 @@ __all__ = [
 ]
 
 
-class Conversations(ModelTurns):
+class Conversations:
+    """The engine: posting (this class) composed with its parts over one ``ConversationCore``
+    (``idempotency``, ``compaction``, ``turns``)."""
+
+    # the shared state's fields, read-only here
+    store: PartField[ConversationStore] = PartField("core")
+    settings: PartField[Settings] = PartField("core")
+    providers: PartField[Mapping[str, ModelChain]] = PartField("core")
+    hub: PartField[EventHub] = PartField("core")
+    metrics: PartField[Metrics] = PartField("core")
+    clock: PartField[Clock] = PartField("core")
+    tools: PartField[ToolBox] = PartField("core")
+    hooks: PartField[ConversationHooks] = PartField("core")
+    one_off: PartField[set[str]] = PartField("core")
+    compactors: PartField[dict[str, Compactor]] = PartField("core")
+    # what the gateway, the channels and the housekeeping call on the parts (``sessions.delegate``)
+    # the shared state's helpers
+    agent = Delegate("core", ConversationCore.agent)
+    provider = Delegate("core", ConversationCore.provider)
+    model_name = Delegate("core", ConversationCore.model_name)
+    threshold = Delegate("core", ConversationCore.threshold)
+    queue_mode = Delegate("core", ConversationCore.queue_mode)
+    needs_turn = Delegate("core", ConversationCore.needs_turn)
+    turn_lock = Delegate("core", ConversationCore.turn_lock)
+    exclusive = Delegate("core", ConversationCore.exclusive)
+    context_overhead = Delegate("core", ConversationCore.context_overhead)
+    command_exchange = Delegate("core", ConversationCore.command_exchange)
+    ensure_active = Delegate("core", ConversationCore.ensure_active)
+    refresh_compactors = Delegate("core", ConversationCore.refresh_compactors)
+    # idempotent redelivery
+    once = Delegate("idempotency", Idempotency.once)
+    find_previous = Delegate("idempotency", Idempotency.find_previous)
+    find_in_run = Delegate("idempotency", Idempotency.find_in_run)
+    remember = Delegate("idempotency", Idempotency.remember)
+    remember_delivery = Delegate("idempotency", Idempotency.remember_delivery)
+    # compaction, the memory flush, the final summary
+    compact = Delegate("compaction", CompactionTriggers.compact)
+    compact_if_due = Delegate("compaction", CompactionTriggers.compact_if_due)
+    memory_flush = Delegate("compaction", CompactionTriggers.memory_flush)
+    final_summary = Delegate("compaction", CompactionTriggers.final_summary)
+
+    def __init__(
+        self,
+        store: ConversationStore,
+        settings: Settings,
+        *,
+        providers: Mapping[str, ModelChain],
+        hub: EventHub,
+        metrics: Metrics,
+        clock: Clock,
+        tools: ToolBox | None = None,
+        hooks: ConversationHooks | None = None,
+    ) -> None:
+        tools = tools if tools is not None else ToolBox(store)
+        core = self.core = ConversationCore(
+            store, settings, providers, hub, metrics, clock, tools, hooks or ConversationHooks()
+        )
+        self.idempotency = Idempotency(core)
+        self.compaction = CompactionTriggers(core)
+        self.turns = ModelTurns(core, self.compaction)
+        self.queue = TurnQueue(self._batch_turn, core.turn_lock, self._closing_error)
+        self.closing = False
+        self._running: dict[str, asyncio.Task[Any]] = {}
+        # runs a posted message's automatic compaction is under way for: whether a message was
+        # stored meanwhile (and answered without waiting), so the threshold is checked again after it
+        self._compacting: dict[str, bool] = {}
+        self._rechecks: set[asyncio.Task[None]] = set()  # those checks, made after the compaction
+
+    def _closing_error(self, caller: Caller) -> BaseException:
+        return ShuttingDown(
+            f"the gateway is shutting down: the turn was stopped; the message is stored (seq {caller.seq})",
+            message_seq=caller.seq,
+            stored=True,
+        )
+
     async def post(
         self, post: Post, *, on_delta: DeltaFn | None = None, on_stored: Callable[[Outcome], None] | None = None
     ) -> Outcome:
@@ -58,7 +146,7 @@ class Conversations(ModelTurns):
         not called when nothing new is stored (an idempotent repeat)."""
         if post.message.client_message_id is None:
             return await self._post(post, on_delta, on_stored)
-        return await self.once(post, lambda: self._post_once(post, on_delta, on_stored))
+        return await self.idempotency.once(post, lambda: self._post_once(post, on_delta, on_stored))
 
     async def _post_once(
         self, post: Post, on_delta: DeltaFn | None, on_stored: Callable[[Outcome], None] | None
@@ -66,18 +154,18 @@ class Conversations(ModelTurns):
         assert post.message.client_message_id is not None
         key, cmid = post.key.raw, post.message.client_message_id
         if post.id_scope == "run":
-            previous = await self.find_in_run(key, cmid)
-        elif self.store.checks_deliveries(key):
+            previous = await self.idempotency.find_in_run(key, cmid)
+        elif self.core.store.checks_deliveries(key):
             previous = None  # the append checks the id in the statement that stores it
         else:
-            previous = await self.find_previous(key, cmid)
+            previous = await self.idempotency.find_previous(key, cmid)
         if previous is None:
             try:
                 outcome = await self._post(post, on_delta, on_stored)
             except AlreadyDelivered as repeat:  # stored before: nothing was stored now
                 previous = previous_of(repeat.prior)
                 if repeat.prior.response is None:  # a check in memory knows where, not the recorded answer
-                    previous = await self.find_previous(key, cmid) or previous
+                    previous = await self.idempotency.find_previous(key, cmid) or previous
         if previous is None:
             pass
         elif previous["response"] is not None:
@@ -85,14 +173,14 @@ class Conversations(ModelTurns):
         elif previous.get("reply") is not None:  # answered, but the answer's record was lost
             outcome = Outcome(key, previous["run_id"], previous["message_seq"], reply=previous["reply"])
         else:  # stored before, but its turn failed: run the turn again, store nothing new
-            run = self.store.run_state(previous["run_id"]) if previous["run_id"] else None
-            if run is None or run.status != "running" or not self.needs_turn(post):
+            run = self.core.store.run_state(previous["run_id"]) if previous["run_id"] else None
+            if run is None or run.status != "running" or not self.core.needs_turn(post):
                 outcome = Outcome(key, previous["run_id"], previous["message_seq"])
             else:
                 outcome = Outcome(key, run.run_id, previous["message_seq"])
                 await self._queued_turn(post, run, outcome, on_delta)
         if post.id_scope == "key":
-            await self.remember(key, cmid, outcome)
+            await self.idempotency.remember(key, cmid, outcome)
         return outcome
 
     async def _post(
@@ -100,10 +188,10 @@ class Conversations(ModelTurns):
     ) -> Outcome:
         key = post.key.raw
         log_context.bind_turn(key, post.key.agent_id)  # the log lines of this message name them
-        turn = self.needs_turn(post)
+        turn = self.core.needs_turn(post)
         if self.closing:
             raise ShuttingDown("the gateway is shutting down; nothing was stored, send later")
-        room = self.queue.reserve(key, self.agent(post.key.agent_id).max_queued_turns) if turn else None
+        room = self.queue.reserve(key, self.core.agent(post.key.agent_id).max_queued_turns) if turn else None
         try:
             return await self._store_and_answer(post, on_delta, on_stored, room)
         finally:
@@ -120,33 +208,33 @@ class Conversations(ModelTurns):
         key = post.key.raw
         turn = room is not None
         outcome = Outcome(key, None, None)
-        for check in self.hooks.before_post:  # e.g. a reset that fell due while nobody wrote
+        for check in self.core.hooks.before_post:  # e.g. a reset that fell due while nobody wrote
             outcome.events.extend(await check(post))
-        async with self.store.lock_for(key):
-            run = self.store.active_run(key)
+        async with self.core.store.lock_for(key):
+            run = self.core.store.active_run(key)
             new_run = run is None
-            had_entry = self.store.entry(key) is not None
+            had_entry = self.core.store.entry(key) is not None
             if run is not None:
-                self.store.check_writable(run, NewMessage(role=post.message.role, content=""))
+                self.core.store.check_writable(run, NewMessage(role=post.message.role, content=""))
             else:
                 run = await self._start_run(post, outcome)
             started = time.perf_counter()
             try:
-                for hook in self.hooks.before_append:  # e.g. auto-recall before the first user message
+                for hook in self.core.hooks.before_append:  # e.g. auto-recall before the first user message
                     outcome.events.extend(await hook(run, post, new_run))
                 message = self._new_message(post)
-                record, durable = self.store.queue_append(run, message)
+                record, durable = self.core.store.queue_append(run, message)
                 if new_run:  # the run exists only for this message: a failure leaves nothing behind
-                    await self.store.finish_append(run, message, record, durable)
+                    await self.core.store.finish_append(run, message, record, durable)
             except Exception:
                 if new_run:
-                    await self.store.discard_run(run, remove_entry=not had_entry)
+                    await self.core.store.discard_run(run, remove_entry=not had_entry)
                 raise
         if not new_run:
             # Durable outside the lock: the seq and the file order are fixed already, and the key's
             # next messages join this group commit instead of each waiting for the previous sync.
-            await self.store.finish_append(run, message, record, durable)
-        self.metrics.message_stored(post.message.role, time.perf_counter() - started)
+            await self.core.store.finish_append(run, message, record, durable)
+        self.core.metrics.message_stored(post.message.role, time.perf_counter() - started)
         outcome.run_id, outcome.message_seq = run.run_id, record["seq"]
         log_context.RUN_ID.set(run.run_id)
         # the message is its own delivery record (it carries its client_message_id): no record now
@@ -154,7 +242,7 @@ class Conversations(ModelTurns):
             on_stored(outcome)
         if turn:
             await self._queued_turn(post, run, outcome, on_delta, room)
-        elif self.settings.compaction.enabled and not run.hold_compaction and self._due(run):
+        elif self.core.settings.compaction.enabled and not run.hold_compaction and self.compaction.due(run):
             await self._compact_after_post(run, outcome)
         return outcome
 
@@ -204,10 +292,10 @@ class Conversations(ModelTurns):
     async def _compact_pass(self, run: RunState, outcome: Outcome) -> bool:
         """One automatic compaction check of ``run`` under its key's turn lock; False when the run
         ended meanwhile."""
-        async with self.turn_lock(run.key):
-            if self.store.run_state(run.run_id) is None:
+        async with self.core.turn_lock(run.key):
+            if self.core.store.run_state(run.run_id) is None:
                 return False
-            await self.compact_if_due(run, outcome)
+            await self.compaction.compact_if_due(run, outcome)
             return True
 
     async def _start_run(self, post: Post, outcome: Outcome) -> RunState:
@@ -215,17 +303,17 @@ class Conversations(ModelTurns):
         task_key = post.task_key or TaskKey(
             task_type=key.family, task_identifier=key.raw, repository=None, user=post.message.sender_id
         )
-        entry = self.store.entry(key.raw)
-        inherit = self.settings.inheritance.enabled and (entry is None or entry.inherit_next)
+        entry = self.core.store.entry(key.raw)
+        inherit = self.core.settings.inheritance.enabled and (entry is None or entry.inherit_next)
         found = None
         if inherit:
             found = await find_inheritance(
-                self.store,
+                self.core.store,
                 key=key.raw,
                 task_key=task_key if key.family == "hook" else None,
-                settings=self.settings.inheritance,
+                settings=self.core.settings.inheritance,
             )
-        run = await self.store.start_run(
+        run = await self.core.store.start_run(
             key.raw,
             agent_id=key.agent_id,
             chat_type=key.chat_type,
@@ -236,19 +324,19 @@ class Conversations(ModelTurns):
         )
         try:
             if found is not None:
-                await self.store.append(
+                await self.core.store.append(
                     run, NewMessage(role="system", content=found.message, kind="inheritance", user_activity=False)
                 )
         except Exception:  # the run exists only for the message being posted: it leaves nothing behind
-            await self.store.discard_run(run, remove_entry=entry is None)
+            await self.core.store.discard_run(run, remove_entry=entry is None)
             raise
         if found is not None:
             event = found.event()
             event["from_run_id"] = found.run_id
             outcome.events.append(event)  # run_id: the earlier run, as SPEC section 6 has it for replies
             # published: run_id the new run, from_run_id the earlier
-            self.store.emit(inheritance_published(run, iso(self.store.clock()), event))
-        await self.store.set_inherit_next(key.raw, True)
+            self.core.store.emit(inheritance_published(run, iso(self.core.store.clock()), event))
+        await self.core.store.set_inherit_next(key.raw, True)
         log_context.RUN_ID.set(run.run_id)  # this line and the message's next ones name the new run
         log.info("%s: new run %s (%s)", key.raw, run.run_id,
                  f"inherits run {found.run_id}" if found else "inherits nothing", extra=EVERY_ONE)  # fmt: skip
@@ -269,7 +357,7 @@ class Conversations(ModelTurns):
         """Wait for a turn that answers ``outcome``, as the key's queue mode says (conversations/queueing.py).
         The message is stored already: any failure answers ``stored: true`` with its seq."""
         try:
-            mode = self.queue_mode(post.key.raw, post.key.agent_id)
+            mode = self.core.queue_mode(post.key.raw, post.key.agent_id)
             await self.queue.submit(run, outcome, on_delta, mode, post.options, room)
         except Exception as exc:
             raise stored_failure(exc, post.key.raw, outcome.message_seq) from exc
@@ -278,7 +366,7 @@ class Conversations(ModelTurns):
         """Run one model turn for ``batch`` (the queue holds the key's turn lock) and answer its callers."""
         run = batch.run
         key = run.key
-        if self.store.run_state(run.run_id) is None:  # reset while the calls waited
+        if self.core.store.run_state(run.run_id) is None:  # reset while the calls waited
             batch.skip({"type": "turn_skipped", "reason": "the run ended before its turn"})
             return
         if run.status != "running":  # paused while the calls waited: no model turn until /resume
@@ -288,7 +376,7 @@ class Conversations(ModelTurns):
         batch.scope = self.queue.scope_for(batch)
         result = Outcome(key, run.run_id, last)
         deltas = batch.on_delta if batch.streams else None  # an OpenAI-route call not streamed: one plain answer
-        turn = asyncio.create_task(self._turn(run, result, deltas, scope=batch.scope, options=batch.options))
+        turn = asyncio.create_task(self.turns.run_turn(run, result, deltas, scope=batch.scope, options=batch.options))
         self._running[key] = turn
         try:
             await turn

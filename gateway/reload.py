@@ -207,10 +207,7 @@ class Reloads:
         services.providers.update(fresh)
         object.__setattr__(config, "settings", settings)  # frozen dataclass: the one shared instance
         swapped = swap([services], parts)
-        conv = services.conversations
-        compactor = getattr(conv, "_compactor", None)
-        if callable(compactor):  # new agents, and the summarizer of a changed model
-            conv.compactors = {agent_id: compactor(agent_id) for agent_id in settings.agents}
+        services.conversations.refresh_compactors()  # new agents, and the summarizer of a changed model
         self.auth.set(settings.gateway.tokens)
         self.since = self.clock()
         self.count += 1

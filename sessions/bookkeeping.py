@@ -1,17 +1,19 @@
 """The bookkeeping every backend does the same way: the run's statistics columns, the
 counters an append moves, and what the key's entry says as a run starts, is discarded, ends or
-takes a message. The backends call these and persist the result their own way (sessions.json,
-``MemoryData``, the ``entries`` table), as they call ``sessions.store_hooks.run_hook``."""
+takes a message, and the checks and hooks a lifecycle change starts with. The backends call
+these and persist the result their own way (sessions.json, ``MemoryData``, the ``entries``
+table)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
-from config.errors import NoActiveRun, SessionNotFound
+from config.errors import NoActiveRun, RunActive, SessionNotFound
 from sessions.entries import SessionEntry
-from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState
+from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState, RunStatus
+from sessions.store_hooks import StoreHooks, run_hook
 
 
 class _Lookups(Protocol):
@@ -41,6 +43,45 @@ def inherit_next(entry: SessionEntry | None, inherit: bool) -> bool:
         return False
     entry.inherit_next = inherit
     return True
+
+
+def refuse_second_run(entry: SessionEntry | None, key: str) -> None:
+    """``RunActive`` when the key's entry names an active run (a key has at most one)."""
+    if entry is not None and entry.run_id is not None:
+        raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+
+
+async def to_pause(store: _Lookups, key: str, hooks: StoreHooks) -> tuple[RunState, bool]:
+    """The key's active run, and whether it is to be paused (False: it is paused already); its
+    stop hooks have run when it is."""
+    run = require_active(store, key)
+    if run.status == "paused":
+        return run, False
+    for name, hook in list(hooks.stop_hooks.items()):
+        await run_hook("stop", name, hook, run)
+    return run, True
+
+
+async def to_complete(
+    store: _Lookups, key: str, hooks: StoreHooks, *, error: str | None, summarize: bool
+) -> tuple[RunState, RunStatus]:
+    """The key's active run, marked closing, and the status it ends in (``failed`` with an
+    ``error``); its completion hooks have run unless ``summarize`` is False (a purge, a one-off
+    run nothing inherits)."""
+    run = require_active(store, key)
+    run.closing = True
+    for name, hook in list(hooks.completion_hooks.items()) if summarize else ():
+        await run_hook("completion", name, hook, run)
+    return run, "failed" if error is not None else "completed"
+
+
+async def end_to_delete(store: _Lookups, key: str, complete: Callable[..., Awaitable[RunState]]) -> str | None:
+    """Before a key's entry is deleted: its active run completed (``reason="delete"``), if any;
+    that run's id. ``SessionNotFound`` without an entry."""
+    store.require_entry(key)
+    if store.active_run(key) is None:
+        return None
+    return (await complete(key, reason="delete")).run_id
 
 
 def run_stats(run: RunState) -> dict[str, int]:

@@ -10,7 +10,7 @@ in ``tasks``, without a day)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Literal, TypedDict
@@ -102,29 +102,60 @@ def spent(conn: sqlite3.Connection, day: str, agent_id: str, session_key: str) -
     return int(row[0]), int(row[1])
 
 
-def rows(
-    conn: sqlite3.Connection,
-    *,
-    agent_id: str | None = None,
-    session_key: str | None = None,
-    since: date | None = None,
-    until: date | None = None,
-    by: UsageBy = "key",
-) -> list[DailyUsage]:
-    """Usage per day and ``by`` (``key``: per agent and key; ``agent``: the keys of an agent summed;
-    ``day``: everything of a day summed), oldest day first; ``since`` and ``until`` inclusive."""
+@dataclass(frozen=True)
+class UsageQuery:
+    """What ``UsageRecords.daily_usage`` is asked: per day and ``by`` (``key``: per agent and key;
+    ``agent``: the keys of an agent summed; ``day``: everything of a day summed), of one agent or
+    key or all, ``since`` and ``until`` inclusive."""
+
+    agent_id: str | None = None
+    session_key: str | None = None
+    since: date | None = None
+    until: date | None = None
+    by: UsageBy = "key"
+
+
+class UsageBook:
+    """``UsageRecords`` over the two lookups a backend makes its own way: the rows of a
+    ``UsageQuery``, and the tokens an agent and a key spent on a day."""
+
+    def __init__(
+        self,
+        rows: Callable[[UsageQuery], Awaitable[list[DailyUsage]]],
+        spent: Callable[[str, str, str], Awaitable[tuple[int, int]]],
+    ) -> None:
+        self._rows = rows
+        self._spent = spent
+
+    async def daily_usage(
+        self,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
+        by: UsageBy = "key",
+    ) -> list[DailyUsage]:
+        return await self._rows(UsageQuery(agent_id, session_key, since, until, by))
+
+    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
+        return await self._spent(day, agent_id, session_key)
+
+
+def rows(conn: sqlite3.Connection, query: UsageQuery) -> list[DailyUsage]:
+    """The query's rows of ``usage_daily``, oldest day first."""
     clauses, values = [], []
-    for column, value in (("agent_id", agent_id), ("session_key", session_key)):
+    for column, value in (("agent_id", query.agent_id), ("session_key", query.session_key)):
         if value is not None:
             clauses.append(f"{column} = ?")
             values.append(value)
-    if since is not None:
+    if query.since is not None:
         clauses.append("day >= ?")
-        values.append(since.isoformat())
-    if until is not None:
+        values.append(query.since.isoformat())
+    if query.until is not None:
         clauses.append("day <= ?")
-        values.append(until.isoformat())
-    group = {"key": ["day", "agent_id", "session_key"], "agent": ["day", "agent_id"], "day": ["day"]}[by]
+        values.append(query.until.isoformat())
+    group = {"key": ["day", "agent_id", "session_key"], "agent": ["day", "agent_id"], "day": ["day"]}[query.by]
     sums = ", ".join(f"SUM({k}) AS {k}" for k in USAGE_COLUMNS)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     columns = ", ".join(group)
@@ -136,17 +167,11 @@ def rows(
     return out
 
 
-def tally(
-    counts: Iterable[tuple[DailyKey, Mapping[str, int]]],
-    *,
-    agent_id: str | None = None,
-    session_key: str | None = None,
-    since: date | None = None,
-    until: date | None = None,
-    by: UsageBy = "key",
-) -> list[DailyUsage]:
+def tally(counts: Iterable[tuple[DailyKey, Mapping[str, int]]], query: UsageQuery) -> list[DailyUsage]:
     """:func:`rows` over counts kept in memory (each ``DailyKey``'s ``USAGE_COLUMNS``)."""
-    low, high = since.isoformat() if since else "", until.isoformat() if until else "9999-12-31"
+    agent_id, session_key, by = query.agent_id, query.session_key, query.by
+    low = query.since.isoformat() if query.since else ""
+    high = query.until.isoformat() if query.until else "9999-12-31"
     groups: dict[tuple[str, str | None, str | None], dict[str, int]] = {}
     for where, sums in counts:
         if (agent_id is not None and where.agent_id != agent_id) or (

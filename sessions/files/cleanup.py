@@ -28,13 +28,13 @@ from sessions.cleanup_plan import (
 )
 from sessions.files import archive as archives
 from sessions.files.archive import Step
-from sessions.files.store_lifecycle import LifecycleStore
+from sessions.files.store_state import StoreState
 
 log = logging.getLogger(__name__)
 CompleteFn = Callable[[str], Awaitable[None]]
 
 
-async def gather(store: LifecycleStore) -> tuple[list[RunFacts], list[ArchiveFacts]]:
+async def gather(store: StoreState) -> tuple[list[RunFacts], list[ArchiveFacts]]:
     rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute("SELECT * FROM tasks")])
     runs, archives = [], []
     for row in rows:
@@ -49,7 +49,7 @@ async def gather(store: LifecycleStore) -> tuple[list[RunFacts], list[ArchiveFac
 
 
 async def run_cleanup(
-    store: LifecycleStore,
+    store: StoreState,
     settings: CleanupSettings,
     *,
     now: datetime,
@@ -99,7 +99,7 @@ def _no_step(name: str) -> None:
     return None
 
 
-async def _unfinished(store: LifecycleStore) -> list[dict[str, Any]]:
+async def _unfinished(store: StoreState) -> list[dict[str, Any]]:
     """Archives a crash left half done: recorded but the folder still there, or a folder moved
     aside and not yet removed."""
     rows = await store.ledger.execute(
@@ -120,7 +120,7 @@ async def _unfinished(store: LifecycleStore) -> list[dict[str, Any]]:
     return await asyncio.to_thread(scan)
 
 
-async def _finish(store: LifecycleStore, run_id: str) -> None:
+async def _finish(store: StoreState, run_id: str) -> None:
     archive = store.home.archive_file(run_id)
     folder = store.home.run_dir(run_id, "completed")
 
@@ -133,7 +133,7 @@ async def _finish(store: LifecycleStore, run_id: str) -> None:
     await asyncio.to_thread(finish)
 
 
-async def _apply(store: LifecycleStore, action: CleanupAction, complete: CompleteFn, step: Step) -> None:
+async def _apply(store: StoreState, action: CleanupAction, complete: CompleteFn, step: Step) -> None:
     if action.kind == "complete":
         if action.session_key and store.active_run(action.session_key) is not None:
             await complete(action.session_key)

@@ -15,7 +15,7 @@ from sessions.files.doctor_checks import DAMAGED, ONLINE_MIN_AGE_S, Finding, Run
 from sessions.files.doctor_files import file_findings, fix_files, scan_archives, scan_folders, scan_tmp
 from sessions.files.doctor_fixes import _mark, _plan, entry_fix, folder_fix, remove_tmp
 from sessions.files.run_folder import folder_of
-from sessions.files.store_lifecycle import LifecycleStore
+from sessions.files.store_state import StoreState
 
 
 def recorded_damage(rows: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
@@ -27,7 +27,7 @@ def recorded_damage(rows: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
     )
 
 
-async def check_store(store: LifecycleStore, *, fix: bool, min_age_s: float = ONLINE_MIN_AGE_S) -> list[Finding]:
+async def check_store(store: StoreState, *, fix: bool, min_age_s: float = ONLINE_MIN_AGE_S) -> list[Finding]:
     """Check (and repair) while the daemon runs. The runs the store holds are active whatever the
     files say (their rows are left alone: a lifecycle change may be half way), entries are judged
     against them, and files changed within ``min_age_s`` may belong to a write in progress."""

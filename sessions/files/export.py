@@ -16,7 +16,7 @@ from sessions.exports import RunExport
 from sessions.files import archive
 from sessions.files.history_sources import RunSource, iter_run_messages, sources_from_rows
 from sessions.files.jsonl import read_records
-from sessions.files.store_lifecycle import LifecycleStore
+from sessions.files.store_state import StoreState
 
 __all__ = ["FolderReader", "one_run", "runs_of_key"]
 
@@ -55,7 +55,7 @@ def _sources(rows: list[dict[str, Any]], home: Home) -> list[RunExport]:
     return [RunExport(row, FolderReader(by_id[row["uuid"]])) for row in rows if row["uuid"] in by_id]
 
 
-async def runs_of_key(store: LifecycleStore, key: str) -> list[RunExport]:
+async def runs_of_key(store: StoreState, key: str) -> list[RunExport]:
     """Every readable run of ``key``, oldest first (NotFound when the key has no run)."""
     sql = "SELECT * FROM tasks WHERE session_key = ? ORDER BY created_at, rowid"
     rows = await store.ledger.execute(lambda c: [dict(r) for r in c.execute(sql, (key,))])
@@ -64,7 +64,7 @@ async def runs_of_key(store: LifecycleStore, key: str) -> list[RunExport]:
     return await asyncio.to_thread(_sources, rows, store.home)
 
 
-async def one_run(store: LifecycleStore, run_id: str) -> RunExport:
+async def one_run(store: StoreState, run_id: str) -> RunExport:
     row = await store.ledger.get_run(run_id)
     if row is None:
         raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sqlite3
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from config.errors import SessionNotFound
 from home import layout
 from home.atomic import fsync_dir
 from sessions.files.history import HistoryIndex
-from sessions.files.store_lifecycle import LifecycleStore
+from sessions.files.store_state import StoreState
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,16 @@ def _remove_run_files(home: layout.Home, run_id: str) -> None:
         fsync_dir(archive.parent)
 
 
-async def purge_key(store: LifecycleStore, key: str, *, history: HistoryIndex | None) -> Tombstone:
-    """Erase ``key`` (NotFound when neither an entry nor a run of it exists)."""
+async def purge_key(
+    store: StoreState, key: str, *, end_run: Callable[[str], Awaitable[object]], history: HistoryIndex | None
+) -> Tombstone:
+    """Erase ``key`` (NotFound when neither an entry nor a run of it exists); ``end_run`` completes
+    its active run first (without hooks or a final summary)."""
     rows = await store.ledger.execute(lambda c: _key_rows(c, key))
     if store.entry(key) is None and not rows:
         raise SessionNotFound(f"no session or run with key {key!r}")
     if store.active_run(key) is not None:
-        await store.complete(key, reason="purge", summarize=False)
+        await end_run(key)
         rows = await store.ledger.execute(lambda c: _key_rows(c, key))
     writer = store.writer
     for row in rows:
@@ -120,7 +124,7 @@ async def purge_key(store: LifecycleStore, key: str, *, history: HistoryIndex | 
     return tombstone
 
 
-async def tombstones(store: LifecycleStore, key: str | None = None) -> list[dict[str, Any]]:
+async def tombstones(store: StoreState, key: str | None = None) -> list[dict[str, Any]]:
     def _read(conn: sqlite3.Connection) -> list[dict[str, Any]]:
         sql = "SELECT session_key, deleted_at, runs, messages FROM tombstones"
         params: tuple[Any, ...] = ()

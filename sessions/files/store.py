@@ -17,14 +17,18 @@ from config.clock import Clock, iso
 from config.settings import Settings
 from home.damage import ledger_error, storage_damage
 from home.layout import Home
-from sessions.deliveries import RecordedId
+from sessions.delegate import Delegate, PartField
 from sessions.files import leftovers
 from sessions.files.backup import FilesBackup
 from sessions.files.ledger import Ledger, run_metadata
 from sessions.files.recovery import RecoveredRun, recover_all
 from sessions.files.registry import SessionEntry, SessionRegistry
 from sessions.files.run_folder import FolderRun
-from sessions.files.store_maintenance import MaintenanceStore
+from sessions.files.store_appends import Appends
+from sessions.files.store_lifecycle import Lifecycle
+from sessions.files.store_maintenance import FilesMaintenance
+from sessions.files.store_records import Reads, Records
+from sessions.files.store_state import StoreState
 from sessions.files.writer import AppendWriter
 from sessions.protocol import StoreProtocol
 from sessions.records import (
@@ -33,10 +37,12 @@ from sessions.records import (
     USAGE_KEYS,
     RunState,
     TaskKey,
+    copy_counters,
     counter_values,
     restore_counters,
 )
 from sessions.store_hooks import DurableListener, Listener, RunHook, StoreHooks
+from sessions.usage import UsageBook
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +51,87 @@ __all__ = ["DurableListener", "Listener", "RunHook", "SessionStore", "StoreHooks
 NO_HOOKS = StoreHooks()
 
 
-class SessionStore(MaintenanceStore):
+class SessionStore:
+    """The run-folder backend of every capability of ``sessions.protocol``: its parts (``reads``,
+    ``records``, ``appends``, ``lifecycle``, ``maintenance``) over one ``StoreState``."""
+
+    # the state's resources, read-only here (the backend's own tools, the backups and the tests read them)
+    home: PartField[Home] = PartField("state")
+    settings: PartField[Settings] = PartField("state")
+    clock: PartField[Clock] = PartField("state")
+    ledger: PartField[Ledger] = PartField("state")
+    writer: PartField[AppendWriter] = PartField("state")
+    registry: PartField[SessionRegistry] = PartField("state")
+    recovered: PartField[list[RecoveredRun]] = PartField("state")
+    # each method of the port is its part's (``sessions.delegate``)
+    # the lookups, the events
+    entry = Delegate("state", StoreState.entry)
+    require_entry = Delegate("state", StoreState.require_entry)
+    entries = Delegate("state", StoreState.entries)
+    active_run = Delegate("state", StoreState.active_run)
+    run_state = Delegate("state", StoreState.run_state)
+    active_runs = Delegate("state", StoreState.active_runs)
+    lock_for = Delegate("state", StoreState.lock_for)
+    emit = Delegate("state", StoreState.emit)
+    # the entry, the lifecycle
+    update_entry = Delegate("lifecycle", Lifecycle.update_entry)
+    set_inherit_next = Delegate("lifecycle", Lifecycle.set_inherit_next)
+    set_reset_boundary = Delegate("lifecycle", Lifecycle.set_reset_boundary)
+    start_run = Delegate("lifecycle", Lifecycle.start_run)
+    discard_run = Delegate("lifecycle", Lifecycle.discard_run)
+    pause = Delegate("lifecycle", Lifecycle.pause)
+    resume = Delegate("lifecycle", Lifecycle.resume)
+    complete = Delegate("lifecycle", Lifecycle.complete)
+    delete = Delegate("lifecycle", Lifecycle.delete)
+    # appends, and the deliveries an append checks
+    check_writable = Delegate("appends", Appends.check_writable)
+    append = Delegate("appends", Appends.append)
+    queue_append = Delegate("appends", Appends.queue_append)
+    finish_append = Delegate("appends", Appends.finish_append)
+    record_tool = Delegate("appends", Appends.record_tool)
+    record_plan = Delegate("appends", Appends.record_plan)
+    add_usage = Delegate("appends", Appends.add_usage)
+    calibrate_context = Delegate("appends", Appends.calibrate_context)
+    rewrite_context = Delegate("appends", Appends.rewrite_context)
+    writable = Delegate("appends", Appends.writable)
+    recently_writable = Delegate("appends", Appends.recently_writable)
+    checks_deliveries = Delegate("appends", Appends.checks_deliveries)
+    recall_delivery = Delegate("appends", Appends.recall_delivery)
+    find_delivery = Delegate("appends", Appends.find_delivery)
+    # reads by run id, usage
+    get_run = Delegate("reads", Reads.get_run)
+    require_run = Delegate("reads", Reads.require_run)
+    list_runs = Delegate("reads", Reads.list_runs)
+    known_keys = Delegate("reads", Reads.known_keys)
+    previous_runs = Delegate("reads", Reads.previous_runs)
+    locate_run = Delegate("reads", Reads.locate_run)
+    read_messages = Delegate("reads", Reads.read_messages)
+    read_records = Delegate("reads", Reads.read_records)
+    read_final_summary = Delegate("reads", Reads.read_final_summary)
+    read_context = Delegate("reads", Reads.read_context)
+    daily_usage = Delegate("usage", UsageBook.daily_usage)
+    tokens_spent = Delegate("usage", UsageBook.tokens_spent)
+    # the records beside the runs
+    find_idempotency = Delegate("records", Records.find_idempotency)
+    remember_delivery = Delegate("records", Records.remember_delivery)
+    remember_reply = Delegate("records", Records.remember_reply)
+    hook_delivery = Delegate("records", Records.hook_delivery)
+    record_hook_delivery = Delegate("records", Records.record_hook_delivery)
+    compat_conversation = Delegate("records", Records.compat_conversation)
+    save_compat_conversation = Delegate("records", Records.save_compat_conversation)
+    compat_response = Delegate("records", Records.compat_response)
+    latest_compat_response = Delegate("records", Records.latest_compat_response)
+    save_compat_response = Delegate("records", Records.save_compat_response)
+    # HistorySource, Maintenance
+    open_history = Delegate("maintenance", FilesMaintenance.open_history)
+    rebuild_history = Delegate("maintenance", FilesMaintenance.rebuild_history)
+    catch_up_history = Delegate("maintenance", FilesMaintenance.catch_up_history)
+    check_history = Delegate("maintenance", FilesMaintenance.check_history)
+    check = Delegate("maintenance", FilesMaintenance.check)
+    cleanup = Delegate("maintenance", FilesMaintenance.cleanup)
+    export_runs = Delegate("maintenance", FilesMaintenance.export_runs)
+    purge = Delegate("maintenance", FilesMaintenance.purge)
+
     def __init__(
         self,
         home: Home,
@@ -57,23 +143,13 @@ class SessionStore(MaintenanceStore):
         registry: SessionRegistry,
         hooks: StoreHooks = NO_HOOKS,
     ) -> None:
-        self.home = home
-        self.settings = settings
-        self.clock = clock
-        self.ledger = ledger
-        self.writer = writer
-        self.registry = registry
-        self.completion_hooks = hooks.completion_hooks
-        self.stop_hooks = hooks.stop_hooks
-        self.listeners = hooks.listeners
-        self.durable_listeners = hooks.durable_listeners  # (run, record) once durable
-        self._runs: dict[str, RunState] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._files: dict[str, tuple[Path, Path, Path]] = {}  # run id -> (dir, messages, current)
-        self._recorded_ids: dict[str, dict[str, RecordedId]] = {}  # key -> its tasks.db idempotency ids
-        self._reply_batch = None
-        self.recovered: list[RecoveredRun] = []
-        self._probed: tuple[float, str | None] = (float("-inf"), None)  # (monotonic time, problem)
+        state = self.state = StoreState(home, settings, clock, ledger, writer, registry, hooks)
+        self.reads = Reads(state)
+        self.usage = UsageBook(self.reads.usage_rows, self.reads.tokens_spent)
+        self.records = Records(state)
+        self.appends = Appends(state, self.records)
+        self.lifecycle = Lifecycle(state, self.appends)
+        self.maintenance = FilesMaintenance(state, self.lifecycle)
 
     # -- opening and closing --------------------------------------------------------------------
 
@@ -136,16 +212,16 @@ class SessionStore(MaintenanceStore):
         checkpoints = {e.run_id: e.counters for e in self.registry.entries.values() if e.run_id}
         recovered = await asyncio.to_thread(recover_all, self.home.contexts, active_rows, checkpoints)
         recovered = await self._drop_half_created(recovered, active_rows)
-        self.recovered = recovered
+        self.state.recovered = recovered
         for rec in recovered:
             row = active_rows.get(rec.run_id) or await self.ledger.get_run(rec.run_id)
             run = self._state_from_recovery(rec, row)
             if row is None:
                 log.warning("run %s had a folder but no tasks.db row: inserting it", rec.run_id)
-                await self.ledger.insert_run(self._ledger_row(run))
+                await self.ledger.insert_run(self.state.ledger_row(run))
             elif row["status"] != run.status:
                 await self.ledger.update_run(run.run_id, status=run.status, updated_at=iso(self.clock()))
-            self._runs[run.run_id] = run
+            self.state.runs[run.run_id] = run
         found = {rec.run_id for rec in recovered}
         for row in active_rows.values():
             if row["uuid"] not in found:
@@ -170,7 +246,7 @@ class SessionStore(MaintenanceStore):
     async def _fail_damaged(self, run_id: str, damage: str) -> None:
         """A run whose files recovery found damaged (bad lines cut, messages lost) is failed with the
         reason, so the key goes on in a new run and the rest of the home starts normally."""
-        run = self._runs.get(run_id)
+        run = self.state.runs.get(run_id)
         if run is None or self.active_run(run.key) is not run:
             log.error("run %s is damaged (%s) but is not its key's active run: left for the doctor", run_id, damage)
             return
@@ -178,7 +254,7 @@ class SessionStore(MaintenanceStore):
             await self.complete(run.key, error=f"damaged at start-up: {damage}", reason="damaged")
         except OSError as exc:  # not even movable: leave the folder to the doctor, free the key
             log.error("run %s of %r is damaged (%s) and cannot be failed (%s)", run_id, run.key, damage, exc)
-            self._runs.pop(run_id, None)
+            self.state.runs.pop(run_id, None)
             self._reconcile_entries()
             return
         log.error("run %s of %r marked failed: %s", run_id, run.key, damage)
@@ -281,11 +357,11 @@ class SessionStore(MaintenanceStore):
     def _reconcile_entries(self) -> None:
         """Make entries agree with the recovered runs (the files are the truth); only entries
         that change are marked for rewriting."""
-        recovered = {rec.run_id: rec for rec in self.recovered}
-        for run in self._runs.values():
+        recovered = {rec.run_id: rec for rec in self.state.recovered}
+        for run in self.state.runs.values():
             entry = self.registry.entries.get(run.key)
             if entry is None:
-                entry = self._new_entry(run.key, run.agent_id, run.chat_type, run.channel)
+                entry = self.state.new_entry(run.key, run.agent_id, run.chat_type, run.channel)
                 self.registry.entries[run.key] = entry
             before = _reconciled_fields(entry)
             if entry.run_id != run.run_id:  # started after the last rewrite: /new's flag was spent on it
@@ -294,11 +370,11 @@ class SessionStore(MaintenanceStore):
             rec = recovered.get(run.run_id)
             if rec and rec.last_message_at and (entry.last_interaction_at or "") < rec.last_message_at:
                 entry.last_interaction_at = rec.last_message_at
-            self.sync_counters(entry, run)
+            copy_counters(run, entry)
             if _reconciled_fields(entry) != before:
                 self.registry.touch(run.key)
         for entry in self.registry.entries.values():
-            if entry.run_id is not None and entry.run_id not in self._runs:
+            if entry.run_id is not None and entry.run_id not in self.state.runs:
                 entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
                 self.registry.touch(entry.key)
 

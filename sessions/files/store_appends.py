@@ -34,21 +34,29 @@ from sessions.files import context_rewrite, leftovers
 from sessions.files.jsonl import iter_records
 from sessions.files.recovery import context_line, in_context
 from sessions.files.run_folder import folder_of
-from sessions.files.store_records import RecordStore
+from sessions.files.store_records import Records
+from sessions.files.store_state import StoreState
 from sessions.records import (
     ContextRewrite,
     MessageRecord,
     NewMessage,
     PlanRecord,
     RunState,
+    copy_counters,
 )
 from sessions.rewrites import ContextChange
 
 log = logging.getLogger(__name__)
 
 
-class AppendStore(RecordStore):
-    # -- appends --------------------------------------------------------------------------------
+class Appends:
+    """Messages, tool and plan records, usage and the context's counters of the active runs, and
+    the check of a delivery marked ``once`` (over ``records``' idempotency records)."""
+
+    def __init__(self, state: StoreState, records: Records) -> None:
+        self.state = state
+        self.records = records
+        self._probed: tuple[float, str | None] = (float("-inf"), None)  # (monotonic time, problem)
 
     def check_writable(self, run: RunState, message: NewMessage) -> None:
         check_writable(run, message)
@@ -69,13 +77,14 @@ class AppendStore(RecordStore):
         future that resolves once it is durable. A caller that holds the key's lock can release
         it before awaiting, so the next message on the key joins the same group commit; it must
         then await ``finish_append``."""
-        self.check_writable(run, message)
+        check_writable(run, message)
+        state = self.state
         once = message.once and message.client_message_id is not None
         if once:
             prior = self._stored_before(run, str(message.client_message_id))
             if prior is not None:
                 raise AlreadyDelivered(prior)
-        stamp = iso(self.clock())
+        stamp = iso(state.clock())
         record = message_record(run.next_seq, message, stamp)
         run.next_seq += 1
         if once:  # known from now on: a repeat queued before this one is durable is refused too
@@ -85,7 +94,7 @@ class AppendStore(RecordStore):
         _, messages, current = self._run_files(run)
         line = dump(context_line(record)) if in_context(record) else b""
         undo = _Undo(record["seq"], len(data), len(line), record["tokens"] if line else 0, run.last_context_seq)
-        durable = self.writer.append(
+        durable = state.writer.append(
             messages,
             data,
             durable=True,
@@ -94,11 +103,11 @@ class AppendStore(RecordStore):
             on_done=lambda error: self._settle_append(run, undo, error, record if once else None),
         )
         count_append(run, record, len(data), len(line) if line else None)
-        entry = self.entry(run.key)
+        entry = state.registry.entries.get(run.key)
         if entry is not None:
             note_message(entry, message, stamp)
-            self.sync_counters(entry, run)
-            self.registry.touch(run.key)
+            copy_counters(run, entry)
+            state.registry.touch(run.key)
         return record, durable
 
     async def finish_append(
@@ -116,28 +125,28 @@ class AppendStore(RecordStore):
         if run.opening:
             run.opening = False
             marker = folder_of(run) / leftovers.OPENING
-            self.writer.call(lambda: marker.unlink(missing_ok=True)).add_done_callback(_log_failure)
-        for durable_listener in self.durable_listeners:
+            self.state.writer.call(lambda: marker.unlink(missing_ok=True)).add_done_callback(_log_failure)
+        for durable_listener in self.state.hooks.durable_listeners:
             durable_listener(run, record)
-        self._emit("message", run, at=record["timestamp"], **event_fields(record))
+        self.state.emit_run("message", run, at=record["timestamp"], **event_fields(record))
         return record
 
     def _run_files(self, run: RunState) -> tuple[Path, Path, Path]:
         """The run's folder and its two message stores, joined once per folder (not per append)."""
-        files = self._files.get(run.run_id)
+        files = self.state.files.get(run.run_id)
         folder = folder_of(run)
         if files is None or files[0] is not folder:
-            files = self._files[run.run_id] = (folder, folder / layout.MESSAGES, folder / layout.CURRENT)
+            files = self.state.files[run.run_id] = (folder, folder / layout.MESSAGES, folder / layout.CURRENT)
         return files
 
-    async def _record_deliveries(self, run: RunState) -> None:
+    async def record_deliveries(self, run: RunState) -> None:
         """Before a run leaves the active set, make sure every client_message_id it stored has
         its idempotency record (one may be missing after a crash or a tasks.db error): a
         redelivery after the run ended is then still recognised."""
         deliveries = _deliveries(run)
         if not deliveries.scanned and run.messages_bytes:
             path = folder_of(run) / layout.MESSAGES
-            deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
+            deliveries.merge(await self.state.writer.call(lambda: scan_deliveries(path)))
         rows = [(run.key, cmid, stamp, run.run_id, seq) for cmid, (seq, stamp) in deliveries.by_id.items()]
         if not rows:
             return
@@ -152,12 +161,12 @@ class AppendStore(RecordStore):
             " AND idempotency.created_at < excluded.created_at"
         )
         try:
-            await self.ledger.execute(lambda c: c.executemany(sql, rows))
+            await self.state.ledger.execute(lambda c: c.executemany(sql, rows))
         except sqlite3.Error as exc:
             log.warning("idempotency records of run %s not written at completion (%s)", run.run_id, exc)
-            self.forget_recorded(run.key)
+            self.state.forget_recorded(run.key)
             return
-        known = self._recorded_ids.get(run.key)
+        known = self.state.recorded_ids.get(run.key)
         if known is not None:
             for _key, cmid, stamp, run_id, seq in rows:
                 before = known.get(cmid)
@@ -169,15 +178,16 @@ class AppendStore(RecordStore):
     def checks_deliveries(self, key: str) -> bool:
         """True once the key's recorded ids and its active run's transcript are in memory (the
         first ``recall_delivery`` of a key reads them): the append then checks without a lookup."""
-        run = self.active_run(key)
-        return run is not None and key in self._recorded_ids and run.deliveries is not None and run.deliveries.scanned
+        run = self.state.active_run(key)
+        known = key in self.state.recorded_ids
+        return run is not None and known and run.deliveries is not None and run.deliveries.scanned
 
     def _stored_before(self, run: RunState, cmid: str) -> PriorDelivery | None:
         """``cmid`` stored on the run's key within the window, from what is in memory: the run's
         deliveries (every durable append of this process, and the file's earlier lines once read)
         and the key's recorded ids once read (``checks_deliveries`` says when both are)."""
-        since = iso(self.clock() - DELIVERY_WINDOW)
-        known = self._recorded_ids.get(run.key)
+        since = iso(self.state.clock() - DELIVERY_WINDOW)
+        known = self.state.recorded_ids.get(run.key)
         found = known.get(cmid) if known is not None else None
         if found is not None and found.created_at >= since:
             return PriorDelivery(found.run_id, found.seq)
@@ -188,10 +198,10 @@ class AppendStore(RecordStore):
         """Its record in tasks.db (read in full only when the key's recorded ids name it), else
         the message in the active run's transcript; reads what the check of an append needs
         into memory the first time a key (and its run) is asked."""
-        known = await self._recorded(key)
+        known = await self.records.recorded(key)
         found = known.get(client_message_id)
         if found is not None and found.created_at >= since:
-            record = await self.find_idempotency(key, client_message_id, since=since)
+            record = await self.records.find_idempotency(key, client_message_id, since=since)
             if record is not None:
                 return PriorDelivery(record.run_id, record.message_seq, record.response)
         delivered = await self.find_delivery(key, client_message_id, since=since)
@@ -200,13 +210,13 @@ class AppendStore(RecordStore):
     async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
         """The message of the key's active run that carried ``client_message_id`` (stored at or
         after ``since``), read from messages.jsonl itself the first time a run is asked."""
-        run = self.active_run(key)
+        run = self.state.active_run(key)
         if run is None:
             return None
         deliveries = _deliveries(run)
         if not deliveries.scanned:
             path = folder_of(run) / layout.MESSAGES
-            deliveries.merge(await self.writer.call(lambda: scan_deliveries(path)))
+            deliveries.merge(await self.state.writer.call(lambda: scan_deliveries(path)))
         return deliveries.find(run.run_id, client_message_id, since)
 
     def _settle_append(
@@ -229,18 +239,18 @@ class AppendStore(RecordStore):
         if run.appends_pending == 0 and run.failed_seq is not None:
             run.next_seq, run.last_context_seq = run.failed_seq, run.failed_context_seq
             run.failed_seq = None
-            self.writer.reopen(folder_of(run) / layout.MESSAGES)
-            entry = self.entry(run.key)
+            self.state.writer.reopen(folder_of(run) / layout.MESSAGES)
+            entry = self.state.entry(run.key)
             if entry is not None and entry.run_id == run.run_id:
-                self.sync_counters(entry, run)
-                self.registry.touch(run.key)
+                copy_counters(run, entry)
+                self.state.registry.touch(run.key)
 
     async def writable(self) -> str | None:
         """None when the store can write now; else why not (for ``/readyz``). Probed on the
         writer thread: no thread is started per call (starting one waits for the GIL, which a
         loading model can hold for seconds), and the probe sees the disk as the appends do."""
-        contexts = self.home.contexts
-        problem = await self.writer.call(lambda: probe_writable(contexts))
+        contexts = self.state.home.contexts
+        problem = await self.state.writer.call(lambda: probe_writable(contexts))
         self._probed = (time.monotonic(), problem)
         return problem
 
@@ -248,7 +258,7 @@ class AppendStore(RecordStore):
         """True when a probe within ``max_age_s`` found the store writable and no append has
         failed since the last that succeeded (``/readyz`` then answers without a new probe)."""
         at, problem = self._probed
-        return problem is None and self.writer.last_error is None and time.monotonic() - at < max_age_s
+        return problem is None and self.state.writer.last_error is None and time.monotonic() - at < max_age_s
 
     async def record_tool(
         self,
@@ -261,27 +271,27 @@ class AppendStore(RecordStore):
         duration_ms: float | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        stamp = iso(self.clock())
+        stamp = iso(self.state.clock())
         record = tool_record(run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, stamp)
         run.next_tool_seq += 1
-        await self.writer.append(folder_of(run) / layout.TOOLS, encode(record), durable=True)
+        await self.state.writer.append(folder_of(run) / layout.TOOLS, encode(record), durable=True)
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        record = plan_record(run, plan_type, plan_content, iso(self.clock()))
-        await self.writer.append(folder_of(run) / layout.PLANNING, encode(record), durable=True)
+        record = plan_record(run, plan_type, plan_content, iso(self.state.clock()))
+        await self.state.writer.append(folder_of(run) / layout.PLANNING, encode(record), durable=True)
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
         """Cumulative usage per run (tasks.db) and per key (sessions.json)."""
-        entry = self.entry(run.key)
+        entry = self.state.entry(run.key)
         clean = add_usage_counts(run, entry, usage)
         if entry is not None:
-            self.registry.touch(run.key)
+            self.state.registry.touch(run.key)
         try:
-            now = self.clock()
+            now = self.state.clock()
             daily = usage_days.DailyKey(usage_days.usage_day(now), run.agent_id or "main", run.key)
-            await self.ledger.add_usage(run.run_id, clean, iso(now), daily)
+            await self.state.ledger.add_usage(run.run_id, clean, iso(now), daily)
         except sqlite3.Error as exc:  # the turn goes on: its message and reply are stored already
             log.warning("usage of run %s not added to tasks.db (%s); sessions.json keeps it", run.run_id, exc)
 
@@ -291,10 +301,7 @@ class AppendStore(RecordStore):
         """Replace the estimate with the provider's count of the context just sent, plus the
         ``appended_since`` tokens of what was appended after that context was read."""
         run.context_tokens = max(0, prompt_tokens - overhead_tokens) + max(0, appended_since)
-        entry = self.entry(run.key)
-        if entry is not None:
-            self.sync_counters(entry, run)
-            self.registry.touch(run.key)
+        self.state.checkpoint(run)
 
     async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
         """Carry out a compaction's (or an uncompact's) rewrite of current.jsonl on the writer
@@ -306,10 +313,10 @@ class AppendStore(RecordStore):
         tokens_at_call, bytes_at_call = run.context_tokens, run.context_bytes
 
         def _do() -> ContextRewrite | None:
-            self.writer.close_handle(current)
+            self.state.writer.close_handle(current)
             return context_rewrite.commit(folder, change)
 
-        future = self.writer.call(_do)
+        future = self.state.writer.call(_do)
         try:
             done = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -321,7 +328,7 @@ class AppendStore(RecordStore):
         if done is None:
             return None
         self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
-        await self.ledger.update_run(run.run_id, compaction_count=run.compaction_count)
+        await self.state.ledger.update_run(run.run_id, compaction_count=run.compaction_count)
         return done
 
     def _count_rewrite(self, run: RunState, done: ContextRewrite, tokens_at_call: int, bytes_at_call: int) -> None:
@@ -330,10 +337,7 @@ class AppendStore(RecordStore):
         run.context_lines += done.line_delta
         run.compaction_count = done.compaction_count
         run.next_summary_id = done.summary_id + 1
-        entry = self.entry(run.key)
-        if entry is not None:
-            self.sync_counters(entry, run)
-            self.registry.touch(run.key)
+        self.state.checkpoint(run)
 
     def _count_late_rewrite(
         self, run: RunState, future: asyncio.Future[ContextRewrite | None], tokens_at_call: int, bytes_at_call: int
@@ -345,7 +349,7 @@ class AppendStore(RecordStore):
         if done is None:
             return
         self._count_rewrite(run, done, tokens_at_call, bytes_at_call)
-        task = asyncio.ensure_future(self.ledger.update_run(run.run_id, compaction_count=run.compaction_count))
+        task = asyncio.ensure_future(self.state.ledger.update_run(run.run_id, compaction_count=run.compaction_count))
         _LATE_UPDATES.add(task)
         task.add_done_callback(_ledger_updated)
 

@@ -1,6 +1,7 @@
-"""The run lifecycle: start (and undo a start), pause, resume, complete (hooks, the final
-summary, statistics, the move to completed/) and delete; each keeps the run folder, its tasks.db
-row and the key's sessions.json entry in step."""
+"""The session store's part for the run lifecycle: start (and undo a start), pause, resume,
+complete (hooks, the final summary, statistics, the move to completed/) and delete, each keeping
+the run folder, its tasks.db row and the key's sessions.json entry in step; and the entry's
+settings outside a run's lifecycle."""
 
 from __future__ import annotations
 
@@ -10,25 +11,88 @@ import os
 import shutil
 import sqlite3
 import uuid as uuidlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from config.clock import iso
-from config.errors import NeotaskError, RunActive, StorageUnavailable
+from config.errors import NeotaskError, StorageUnavailable
 from home import layout
 from home.atomic import fsync_dir, write_atomic, write_json_atomic
-from sessions.bookkeeping import end_entry, idle_entry, require_active, run_stats, start_entry
+from sessions.bookkeeping import (
+    end_entry,
+    end_to_delete,
+    idle_entry,
+    inherit_next,
+    refuse_second_run,
+    relabel_entry,
+    require_active,
+    run_stats,
+    start_entry,
+    to_complete,
+    to_pause,
+)
 from sessions.faults import storage_error
 from sessions.files import leftovers
+from sessions.files.registry import SessionEntry
 from sessions.files.run_folder import FolderRun, folder_of, folder_run
-from sessions.files.store_appends import AppendStore
-from sessions.records import RunState, RunStatus, TaskKey
-from sessions.store_hooks import run_hook
+from sessions.files.store_appends import Appends
+from sessions.files.store_state import StoreState
+from sessions.records import RunState, RunStatus, TaskKey, copy_counters
 
 log = logging.getLogger(__name__)
 
 
-class LifecycleStore(AppendStore):
+class Lifecycle:
+    """What changes a key's run or entry; a run that ends has its deliveries recorded by
+    ``appends`` first."""
+
+    def __init__(self, state: StoreState, appends: Appends) -> None:
+        self.state = state
+        self.appends = appends
+
+    # -- the entry outside a run's lifecycle ------------------------------------------------------
+
+    async def update_entry(
+        self,
+        key: str,
+        *,
+        pinned: bool | None = None,
+        label: str | None = None,
+        clear_label: bool = False,
+        settings: Mapping[str, object] | None = None,
+    ) -> SessionEntry:
+        state = self.state
+        entry = state.require_entry(key)
+        if pinned is not None and pinned != entry.pinned:
+            entry.pinned = pinned
+            await state.ledger.set_pinned(key, pinned)
+        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
+        if label is not None or clear_label or settings is not None:  # durable beyond sessions.json
+            await state.ledger.set_key_metadata(key, {"label": entry.label, "settings": entry.settings})
+        entry.updated_at = iso(state.clock())
+        state.registry.touch(key)
+        await state.registry.flush()
+        return entry
+
+    async def set_inherit_next(self, key: str, inherit: bool) -> bool:
+        """Whether the key's next run inherits from its last (``/new`` and a diverged OpenAI-compatible
+        conversation say no, a reset and a run start say yes again); False when nothing changed
+        (no entry, or the flag was already so)."""
+        changed = inherit_next(self.state.entry(key), inherit)
+        if changed:
+            self.state.registry.touch(key)
+        return changed
+
+    async def set_reset_boundary(self, key: str, boundary: str) -> None:
+        """Written at once: a restart must not reset the key again for the same boundary."""
+        entry = self.state.entry(key)
+        if entry is None:
+            return
+        entry.last_reset_boundary = boundary
+        self.state.registry.touch(key)
+        await self.state.registry.flush()
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start_run(
@@ -45,10 +109,9 @@ class LifecycleStore(AppendStore):
         """A new active run for ``key``. With ``opening`` the run exists for the message about to
         be appended: until that message is durable the folder carries a marker, and start-up
         removes a marked folder that holds no message (a crash or a storage error came between)."""
-        entry = self.entry(key)
-        if entry is not None and entry.run_id is not None:
-            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
-        now = iso(self.clock())
+        entry = self.state.entry(key)
+        refuse_second_run(entry, key)
+        now = iso(self.state.clock())
         run_id = str(uuidlib.uuid4())
         run = FolderRun(
             run_id=run_id,
@@ -57,91 +120,90 @@ class LifecycleStore(AppendStore):
             chat_type=chat_type,
             channel=channel,
             status="running",
-            dir=self.home.run_dir(run_id, "running"),
+            dir=self.state.home.run_dir(run_id, "running"),
             started_at=now,
             task_key=task_key,
             parent_uuid=parent_uuid,
         )
-        metadata = self._metadata(run)
+        metadata = self.state.metadata(run)
         created = False
         try:
-            await self.writer.call(lambda: _create_run_folder(folder_of(run), metadata, opening=opening))
+            await self.state.writer.call(lambda: _create_run_folder(folder_of(run), metadata, opening=opening))
             created = True
-            await self.ledger.insert_run(self._ledger_row(run))
+            await self.state.ledger.insert_run(self.state.ledger_row(run))
         except (OSError, sqlite3.Error) as exc:
             # a run that cannot be created leaves nothing behind: no folder, no row, no entry
             if created:
                 await self._remove_run_files(run)
             else:
                 try:
-                    await self.writer.call(lambda: _remove_folder(folder_of(run)))
+                    await self.state.writer.call(lambda: _remove_folder(folder_of(run)))
                 except OSError as cleanup:  # a folder with no message: start-up recovery removes it
                     log.error("could not remove the half-created folder of run %s (%s)", run.run_id, cleanup)
             raise _start_error(exc) from exc
         run.opening = opening
-        self._runs[run_id] = run
+        self.state.runs[run_id] = run
         if entry is None:
-            entry = self._new_entry(key, agent_id, chat_type, channel)
-            self.registry.entries[key] = entry
+            entry = self.state.new_entry(key, agent_id, chat_type, channel)
+            self.state.registry.entries[key] = entry
         start_entry(entry, run_id, now)
-        self.sync_counters(entry, run)  # every checkpoint field: none may describe the previous run
+        copy_counters(run, entry)  # every checkpoint field: none may describe the previous run
         # Coalesced like appends, not rewritten at once: the run folder and its tasks.db row are the
         # durable truth, and recovery rebuilds the entry from them (a rewrite per new run made
         # creating a session O(keys)).
-        self.registry.touch(key)
-        self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        self.state.registry.touch(key)
+        self.state.emit_run("lifecycle", run, action="start", parent_uuid=parent_uuid)
         return run
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
         """Undo ``start_run`` for a run whose first posted message could not be stored: its folder
         and tasks.db row go, and the key's entry is removed (``remove_entry``: this run created it)
         or set idle. What cannot be removed now (a read-only disk) start-up recovery removes."""
-        self._runs.pop(run.run_id, None)
-        entry = self.entry(run.key)
+        self.state.runs.pop(run.run_id, None)
+        entry = self.state.entry(run.key)
         if entry is not None and entry.run_id == run.run_id:
             if remove_entry:
-                self.registry.remove(run.key)
+                self.state.registry.remove(run.key)
             else:
                 idle_entry(entry)
-                self.registry.touch(run.key)
+                self.state.registry.touch(run.key)
         await self._remove_run_files(run)
-        await self._flush_registry()
-        self._emit("lifecycle", run, action="discard")
+        await self.state.flush_registry()
+        self.state.emit_run("lifecycle", run, action="discard")
 
     async def _remove_run_files(self, run: RunState) -> None:
         def _do() -> None:
-            self.writer.close_handles_under(folder_of(run))
+            self.state.writer.close_handles_under(folder_of(run))
             _remove_folder(folder_of(run))
 
         try:
-            await self.writer.call(_do)
+            await self.state.writer.call(_do)
         except OSError as exc:
             log.error("could not remove the folder of discarded run %s (%s): start-up recovery will", run.run_id, exc)
         try:
-            await self.ledger.execute(lambda c: c.execute("DELETE FROM tasks WHERE uuid = ?", (run.run_id,)))
+            await self.state.ledger.execute(lambda c: c.execute("DELETE FROM tasks WHERE uuid = ?", (run.run_id,)))
         except sqlite3.Error as exc:
             log.error("could not delete the tasks.db row of discarded run %s (%s): recovery will", run.run_id, exc)
 
     async def pause(self, key: str) -> RunState:
-        run = require_active(self, key)
-        if run.status == "paused":
+        run, pausing = await to_pause(self.state, key, self.state.hooks)
+        if not pausing:
             return run
-        for name, hook in list(self.stop_hooks.items()):
-            await run_hook("stop", name, hook, run)
         await self._move(run, "paused")
-        await self.ledger.update_run(run.run_id, status="paused", updated_at=iso(self.clock()), **run_stats(run))
+        now = iso(self.state.clock())
+        await self.state.ledger.update_run(run.run_id, status="paused", updated_at=now, **run_stats(run))
         await self._entry_status(run, "paused")
-        self._emit("lifecycle", run, action="pause")
+        self.state.emit_run("lifecycle", run, action="pause")
         return run
 
     async def resume(self, key: str) -> RunState:
-        run = require_active(self, key)
+        run = require_active(self.state, key)
         if run.status == "running":
             return run
         await self._move(run, "running")
-        await self.ledger.update_run(run.run_id, status="running", updated_at=iso(self.clock()))
+        await self.state.ledger.update_run(run.run_id, status="running", updated_at=iso(self.state.clock()))
         await self._entry_status(run, "running")
-        self._emit("lifecycle", run, action="resume")
+        self.state.emit_run("lifecycle", run, action="resume")
         return run
 
     async def complete(
@@ -157,18 +219,14 @@ class LifecycleStore(AppendStore):
         summary it is given (``final_summary.txt``), statistics, the move to completed/; the entry
         stays, idle, with ``run_id: null``. ``summarize=False`` (a purge, a one-off run nothing
         inherits) runs no hook and writes no final summary."""
-        run = require_active(self, key)
-        run.closing = True
-        status: RunStatus = "failed" if error is not None else "completed"
-        for name, hook in list(self.completion_hooks.items()) if summarize else ():
-            await run_hook("completion", name, hook, run)
+        run, status = await to_complete(self.state, key, self.state.hooks, error=error, summarize=summarize)
         if final_summary is not None and summarize:
             text, path = final_summary, folder_of(run) / layout.FINAL_SUMMARY
-            await self.writer.call(lambda: _write_text(path, text))
-        await self._record_deliveries(run)
+            await self.state.writer.call(lambda: _write_text(path, text))
+        await self.appends.record_deliveries(run)
         await self._move(run, "completed")
-        now = iso(self.clock())
-        await self.ledger.update_run(
+        now = iso(self.state.clock())
+        await self.state.ledger.update_run(
             run.run_id,
             status=status,
             completed_at=now,
@@ -177,49 +235,46 @@ class LifecycleStore(AppendStore):
             compaction_count=run.compaction_count,
             **run_stats(run),
         )
-        del self._runs[run.run_id]
-        self._files.pop(run.run_id, None)
-        entry = self.entry(key)
+        del self.state.runs[run.run_id]
+        self.state.files.pop(run.run_id, None)
+        entry = self.state.entry(key)
         if entry is not None:
             end_entry(entry, run.run_id, now)
-            self.registry.touch(key)
-            await self.registry.flush()
+            self.state.registry.touch(key)
+            await self.state.registry.flush()
         run.status = status
-        self._emit("lifecycle", run, action=status, reason=reason, error=error)
+        self.state.emit_run("lifecycle", run, action=status, reason=reason, error=error)
         return run
 
     async def delete(self, key: str) -> str | None:
         """Complete the active run (if any) and remove the entry; runs stay in tasks.db."""
-        self.require_entry(key)
-        completed = None
-        if self.active_run(key) is not None:
-            completed = (await self.complete(key, reason="delete")).run_id
-        self.registry.remove(key)  # the key's lock stays: callers may be queued on it
-        await self.registry.flush()
-        await self.ledger.set_key_metadata(key, {"inherit": False})  # a new session on the key starts clean
+        completed = await end_to_delete(self.state, key, self.complete)
+        self.state.registry.remove(key)  # the key's lock stays: callers may be queued on it
+        await self.state.registry.flush()
+        await self.state.ledger.set_key_metadata(key, {"inherit": False})  # a new session on the key starts clean
         return completed
 
     async def _move(self, run: RunState, status: RunStatus) -> None:
-        old, new = folder_of(run), self.home.run_dir(run.run_id, status)
+        old, new = folder_of(run), self.state.home.run_dir(run.run_id, status)
         folder_run(run).dir = new
         run.status = status
 
         def _do() -> None:
-            self.writer.close_handles_under(old)
+            self.state.writer.close_handles_under(old)
             new.parent.mkdir(parents=True, exist_ok=True)
             os.rename(old, new)
             fsync_dir(new.parent)
             fsync_dir(old.parent)
 
-        await self.writer.call(_do)
+        await self.state.writer.call(_do)
 
     async def _entry_status(self, run: RunState, status: str) -> None:
-        entry = self.entry(run.key)
+        entry = self.state.entry(run.key)
         if entry is not None:
             entry.status = status
-            entry.updated_at = iso(self.clock())
-            self.registry.touch(run.key)
-            await self.registry.flush()
+            entry.updated_at = iso(self.state.clock())
+            self.state.registry.touch(run.key)
+            await self.state.registry.flush()
 
 
 def _create_run_folder(folder: Path, metadata: dict[str, Any], *, opening: bool) -> None:

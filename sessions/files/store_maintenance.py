@@ -1,12 +1,14 @@
-"""The run-folder store's extended capabilities (``sessions.protocol``): ``HistorySource`` (the
-history index kept in contexts/history.db, fed from the run folders and archives) and
-``Maintenance`` (the doctor, cleanup). They carry out what ``sessions.files.history``,
-``sessions.files.doctor`` and ``sessions.files.cleanup`` do, so nothing outside the backend needs
-the store's ledger or home."""
+"""The session store's part for its extended capabilities (``sessions.protocol``):
+``HistorySource`` (the history index kept in contexts/history.db, fed from the run folders and
+archives) and ``Maintenance`` (the doctor, cleanup, export, purge). They carry out what
+``sessions.files.history``, ``sessions.files.doctor_store``, ``sessions.files.cleanup``,
+``sessions.files.export`` and ``sessions.files.purge`` do over the store's state, so nothing
+outside the backend needs the store's ledger or home."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import datetime
 
 from config.settings import CleanupSettings
@@ -19,7 +21,8 @@ from sessions.files.history_doctor import check_index
 from sessions.files.history_marks import runs_on_disk
 from sessions.files.purge import purge_key
 from sessions.files.run_folder import folder_of
-from sessions.files.store_lifecycle import LifecycleStore
+from sessions.files.store_lifecycle import Lifecycle
+from sessions.files.store_state import StoreState
 from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
 from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
@@ -29,33 +32,39 @@ _ENDED_UNARCHIVED = (
 )
 
 
-class MaintenanceStore(LifecycleStore):
+class FilesMaintenance:
+    """Over the store's state; a purge completes the key's active run through ``lifecycle``."""
+
+    def __init__(self, state: StoreState, lifecycle: Lifecycle) -> None:
+        self.state = state
+        self.lifecycle = lifecycle
+
     # -- HistorySource ----------------------------------------------------------------------------
 
     def open_history(self, *, max_batch: int | None = None) -> HistoryIndex:
         """The history index of this home (not opened yet: ``await index.open()``)."""
-        return HistoryIndex(history_path(self.home.contexts), max_batch=max_batch or MAX_BATCH)
+        return HistoryIndex(history_path(self.state.home.contexts), max_batch=max_batch or MAX_BATCH)
 
     async def rebuild_history(self, index: HistoryIndexProtocol) -> int:
-        return await rebuild_all(own_index(index, HistoryIndex), self.ledger, self.home)
+        return await rebuild_all(own_index(index, HistoryIndex), self.state.ledger, self.state.home)
 
     async def catch_up_history(self, index: HistoryIndexProtocol) -> None:
         index = own_index(index, HistoryIndex)
-        runs = [(r.run_id, r.key, r.agent_id, folder_of(r), r.next_seq - 1) for r in self.active_runs()]
+        runs = [(r.run_id, r.key, r.agent_id, folder_of(r), r.next_seq - 1) for r in self.state.active_runs()]
         active = {run[0] for run in runs}
-        rows = await self.ledger.execute(lambda c: [tuple(r) for r in c.execute(_ENDED_UNARCHIVED)])
+        rows = await self.state.ledger.execute(lambda c: [tuple(r) for r in c.execute(_ENDED_UNARCHIVED)])
         ended = [row for row in rows if row[0] not in active]
         runs += await asyncio.to_thread(runs_on_disk, index.marks.locate, ended)  # a crash after a run ended
         await catch_up(index, runs)
 
     async def check_history(self, index: HistoryIndexProtocol, *, fix: bool) -> list[StoredRecord]:
-        findings = await check_index(own_index(index, HistoryIndex), self.ledger, self.home, fix=fix)
+        findings = await check_index(own_index(index, HistoryIndex), self.state.ledger, self.state.home, fix=fix)
         return [f.as_dict() for f in findings]
 
     # -- Maintenance ------------------------------------------------------------------------------
 
     async def check(self, *, fix: bool) -> list[StoredRecord]:
-        return [f.as_dict() for f in await check_store(self, fix=fix)]
+        return [f.as_dict() for f in await check_store(self.state, fix=fix)]
 
     async def cleanup(
         self,
@@ -66,14 +75,15 @@ class MaintenanceStore(LifecycleStore):
         complete: CompleteRun,
         step: ArchiveStep | None = None,
     ) -> list[StoredRecord]:
-        return await run_cleanup(self, settings, now=now, dry_run=dry_run, complete=complete, step=step)
+        return await run_cleanup(self.state, settings, now=now, dry_run=dry_run, complete=complete, step=step)
 
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         if run_id is not None:
-            return [await one_run(self, run_id)]
+            return [await one_run(self.state, run_id)]
         assert key is not None, "export_runs needs a key or a run id"
-        return await runs_of_key(self, key)
+        return await runs_of_key(self.state, key)
 
     async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
         index = None if history is None else own_index(history, HistoryIndex)
-        return (await purge_key(self, key, history=index)).as_dict()
+        end_run = functools.partial(self.lifecycle.complete, reason="purge", summarize=False)
+        return (await purge_key(self.state, key, end_run=end_run, history=index)).as_dict()

@@ -1,13 +1,13 @@
-"""The store's reads (tasks.db rows, run folders, the JSONL stores) and the small records tasks.db
-keeps beside the runs: idempotency records, webhook delivery ids, and the OpenAI-compatible
-routes' conversations and response ids. Every SQL statement the gateway needs is here."""
+"""Two parts of the session store: its reads by run id (``Reads``: tasks.db rows, run folders,
+the JSONL stores, archives) and the small records tasks.db keeps beside the runs (``Records``:
+idempotency records, webhook delivery ids, the OpenAI-compatible routes' conversations and
+response ids, token usage per day)."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import date
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -21,7 +21,7 @@ from sessions.files import archive
 from sessions.files.jsonl import iter_records, read_records
 from sessions.files.ledger import run_metadata
 from sessions.files.run_folder import folder_of
-from sessions.files.store_base import StoreBase
+from sessions.files.store_state import StoreState
 from sessions.protocol import RecordKind
 from sessions.records import (
     CompatConversation,
@@ -33,16 +33,19 @@ from sessions.records import (
     RunState,
     TaskKey,
 )
-from sessions.usage import DailyUsage, UsageBy
+from sessions.usage import DailyUsage, UsageQuery
 
 T = TypeVar("T")
 
 
-class RecordStore(StoreBase):
-    # -- runs in tasks.db -----------------------------------------------------------------------
+class Reads:
+    """Rows of tasks.db, and a run's files wherever they are (its folder, or its archive)."""
+
+    def __init__(self, state: StoreState) -> None:
+        self.state = state
 
     async def get_run(self, run_id: str) -> RunRow | None:
-        return cast(RunRow | None, await self.ledger.get_run(run_id))
+        return cast(RunRow | None, await self.state.ledger.get_run(run_id))
 
     async def list_runs(
         self,
@@ -53,36 +56,24 @@ class RecordStore(StoreBase):
         before: tuple[str, str] | None = None,
     ) -> list[RunRow]:
         """Newest first by (created_at, uuid); ``before`` is the cursor of the last row seen."""
-        rows = await self.ledger.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
+        rows = await self.state.ledger.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
         return cast(list[RunRow], rows)
 
-    async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
-        """Token usage per UTC day (``sessions/usage.py``): per agent and key, per agent or per day."""
-        return await self.ledger.execute(
-            lambda c: usage_days.rows(c, agent_id=agent_id, session_key=session_key, since=since, until=until, by=by)
-        )
+    async def usage_rows(self, query: UsageQuery) -> list[DailyUsage]:
+        return await self.state.ledger.execute(lambda c: usage_days.rows(c, query))
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
-        """Input plus output tokens of a UTC day: the agent's, and the key's."""
-        return await self.ledger.execute(lambda c: usage_days.spent(c, day, agent_id, session_key))
+        return await self.state.ledger.execute(lambda c: usage_days.spent(c, day, agent_id, session_key))
 
     async def known_keys(self) -> list[KnownKey]:
         """Every key some run was on, with its agent and chat type (entries may be gone)."""
-        return await self.ledger.execute(_known_keys)
+        return await self.state.ledger.execute(_known_keys)
 
     async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
-        rows = await self.ledger.previous_runs(
+        rows = await self.state.ledger.previous_runs(
             session_key=key,
             task_key=task_key.as_dict() if task_key is not None else None,
-            since=self.expiry_cutoff(within_days),
+            since=self.state.expiry_cutoff(within_days),
         )
         return [cast(RunRow, r) for r in rows if run_metadata(r.get("metadata")).get("inherit") is not False]
 
@@ -97,10 +88,10 @@ class RecordStore(StoreBase):
     async def locate_run(self, run_id: str) -> tuple[RunRow, Path | None]:
         """The ledger row and the folder (None when archived or missing)."""
         row = await self.require_run(run_id)
-        active = self._runs.get(run_id)
+        active = self.state.runs.get(run_id)
         if active is not None:
             return row, folder_of(active)
-        folder = self.home.run_dir(run_id, row["status"])
+        folder = self.state.home.run_dir(run_id, row["status"])
         return row, folder if await asyncio.to_thread(folder.is_dir) else None
 
     async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[dict[str, Any]]:
@@ -135,7 +126,7 @@ class RecordStore(StoreBase):
             path = folder / layout.FINAL_SUMMARY
             return await asyncio.to_thread(_read_text, path)
         if row.get("archived_at"):
-            tarball = self.home.archive_file(run_id)
+            tarball = self.state.home.archive_file(run_id)
             return await asyncio.to_thread(archive.read_member, tarball, run_id, layout.FINAL_SUMMARY)
         return None
 
@@ -143,7 +134,7 @@ class RecordStore(StoreBase):
         if not row.get("archived_at"):
             raise RunNotFound(f"run {row['uuid']} has no readable folder")
         run_id = row["uuid"]
-        return await asyncio.to_thread(archive.read_records, self.home.archive_file(run_id), run_id, name)
+        return await asyncio.to_thread(archive.read_records, self.state.home.archive_file(run_id), run_id, name)
 
     async def read_context(self, run: RunState) -> list[ContextLine]:
         """current.jsonl as the model will see it, in its order (``sessions.context_order``: a
@@ -161,22 +152,27 @@ class RecordStore(StoreBase):
 
         if run.appends_pending == 0:
             return await asyncio.to_thread(_read)
-        return await self.writer.call(_read)
+        return await self.state.writer.call(_read)
+
+class Records:
+    """The records tasks.db keeps beside the runs (a tasks.db failure here is the typed
+    ``StorageUnavailable``)."""
+
+    def __init__(self, state: StoreState) -> None:
+        self.state = state
+        # the reply records asked for in this pass of the loop, and the future of their commit
+        self._reply_batch: tuple[list[tuple[Any, ...]], asyncio.Future[None]] | None = None
 
     # -- idempotency records --------------------------------------------------------------------
 
     async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
         """The record of ``client_message_id`` on ``key`` made at or after ``since``."""
 
-        def _find(conn: sqlite3.Connection) -> IdempotencyRecord | None:
-            row = conn.execute(
-                "SELECT run_id, message_seq, response FROM idempotency"
-                " WHERE session_key = ? AND client_message_id = ? AND created_at >= ?",
-                (key, client_message_id, since),
-            ).fetchone()
-            return IdempotencyRecord(row[0], row[1], row[2]) if row else None
-
-        return await self._records(_find)
+        sql = (
+            "SELECT run_id, message_seq, response FROM idempotency"
+            " WHERE session_key = ? AND client_message_id = ? AND created_at >= ?"
+        )
+        return await self._one(sql, (key, client_message_id, since), IdempotencyRecord)
 
     async def remember_delivery(self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None) -> None:
         """A new delivery of ``client_message_id`` stored as ``seq`` (no reply yet): it replaces
@@ -195,7 +191,7 @@ class RecordStore(StoreBase):
             loop = asyncio.get_running_loop()
             batch = self._reply_batch = ([], loop.create_future())
             loop.call_soon(self._write_replies)
-        batch[0].append((key, client_message_id, iso(self.clock()), run_id, seq, response))
+        batch[0].append((key, client_message_id, iso(self.state.clock()), run_id, seq, response))
         await asyncio.shield(batch[1])
 
     def _write_replies(self) -> None:
@@ -227,7 +223,7 @@ class RecordStore(StoreBase):
     async def _save_idempotency(
         self, key: str, cmid: str, run_id: str | None, seq: int | None, response: str | None, update: str
     ) -> str:
-        stamp = iso(self.clock())
+        stamp = iso(self.state.clock())
         row = (key, cmid, stamp, run_id, seq, response)
         sql = (
             "INSERT INTO idempotency (session_key, client_message_id, created_at, run_id, message_seq, response)"
@@ -237,51 +233,38 @@ class RecordStore(StoreBase):
         await self._records(lambda c: c.execute(sql, row))
         return stamp
 
-    async def _recorded(self, key: str) -> dict[str, RecordedId]:
+    async def recorded(self, key: str) -> dict[str, RecordedId]:
         """The client_message_ids tasks.db records for ``key`` (read once per key and process,
         then kept as this process writes them), by id."""
-        known = self._recorded_ids.get(key)
+        known = self.state.recorded_ids.get(key)
         if known is not None:
             return known
         sql = "SELECT client_message_id, created_at, run_id, message_seq FROM idempotency WHERE session_key = ?"
         rows = await self._records(lambda c: c.execute(sql, (key,)).fetchall())
-        known = self._recorded_ids.get(key)  # read meanwhile by another caller: that one is current
+        known = self.state.recorded_ids.get(key)  # read meanwhile by another caller: that one is current
         if known is None:
-            known = self._recorded_ids[key] = {row[0]: RecordedId(row[1], row[2], row[3]) for row in rows}
+            known = self.state.recorded_ids[key] = {row[0]: RecordedId(row[1], row[2], row[3]) for row in rows}
         return known
 
     def _note_recorded(self, key: str, cmid: str, found: RecordedId, *, replace: bool) -> None:
         """A record just written for ``cmid`` (``replace``: a new delivery's, its window starts now)."""
-        known = self._recorded_ids.get(key)
+        known = self.state.recorded_ids.get(key)
         if known is None:
             return
         before = known.get(cmid)
         known[cmid] = found if replace or before is None else before._replace(run_id=found.run_id, seq=found.seq)
 
-    def forget_recorded(self, key: str | None = None) -> None:
-        """Read tasks.db's records again on the next check (of ``key``, or of every key): after
-        a purge, or a change of tasks.db made around this process."""
-        if key is None:
-            self._recorded_ids.clear()
-        else:
-            self._recorded_ids.pop(key, None)
-
     # -- webhook deliveries ---------------------------------------------------------------------
 
     async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
-        def _find(conn: sqlite3.Connection) -> HookDelivery | None:
-            row = conn.execute(
-                "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = ?", (delivery_id,)
-            ).fetchone()
-            return HookDelivery(row[0], row[1]) if row else None
-
-        return await self._records(_find)
+        sql = "SELECT session_key, message_seq FROM hook_deliveries WHERE delivery_id = ?"
+        return await self._one(sql, (delivery_id,), HookDelivery)
 
     async def record_hook_delivery(
         self, delivery_id: str, hook: str, *, session_key: str | None, message_seq: int | None
     ) -> None:
         """Remember a delivery id (the first record of an id wins)."""
-        row = (delivery_id, hook, iso(self.clock()), session_key, message_seq)
+        row = (delivery_id, hook, iso(self.state.clock()), session_key, message_seq)
         sql = (
             "INSERT INTO hook_deliveries (delivery_id, hook, created_at, session_key, message_seq)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT (delivery_id) DO NOTHING"
@@ -291,20 +274,16 @@ class RecordStore(StoreBase):
     # -- the OpenAI-compatible routes' records --------------------------------------------------
 
     async def compat_conversation(self, key: str) -> CompatConversation | None:
-        def _get(conn: sqlite3.Connection) -> CompatConversation | None:
-            row = conn.execute(
-                "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
-                " FROM openai_conversations WHERE session_key = ?",
-                (key,),
-            ).fetchone()
-            return CompatConversation(*row) if row else None
-
-        return await self._records(_get)
+        sql = (
+            "SELECT epoch, base_count, request_count, request_digest, answered_count, answered_digest, answer"
+            " FROM openai_conversations WHERE session_key = ?"
+        )
+        return await self._one(sql, (key,), CompatConversation)
 
     async def save_compat_conversation(self, key: str, record: CompatConversation) -> None:
         row = (
             key, record.epoch, record.base_count, record.request_count, record.request_digest,
-            record.answered_count, record.answered_digest, record.answer, iso(self.clock()),
+            record.answered_count, record.answered_digest, record.answer, iso(self.state.clock()),
         )  # fmt: skip
         sql = (
             "INSERT OR REPLACE INTO openai_conversations (session_key, epoch, base_count, request_count,"
@@ -314,34 +293,28 @@ class RecordStore(StoreBase):
         await self._records(lambda c: c.execute(sql, row))
 
     async def compat_response(self, response_id: str) -> ResponseRef | None:
-        def _get(conn: sqlite3.Connection) -> ResponseRef | None:
-            row = conn.execute(
-                "SELECT response_id, session_key, run_id, seq FROM openai_responses WHERE response_id = ?",
-                (response_id,),
-            ).fetchone()
-            return ResponseRef(*row) if row else None
-
-        return await self._records(_get)
+        sql = "SELECT response_id, session_key, run_id, seq FROM openai_responses WHERE response_id = ?"
+        return await self._one(sql, (response_id,), ResponseRef)
 
     async def latest_compat_response(self, key: str) -> str | None:
-        def _get(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(
-                "SELECT response_id FROM openai_responses WHERE session_key = ? ORDER BY rowid DESC LIMIT 1", (key,)
-            ).fetchone()
-            return str(row[0]) if row else None
-
-        return await self._records(_get)
+        sql = "SELECT response_id FROM openai_responses WHERE session_key = ? ORDER BY rowid DESC LIMIT 1"
+        return await self._one(sql, (key,), str)
 
     async def save_compat_response(self, ref: ResponseRef) -> None:
-        row = (ref.response_id, ref.session_key, ref.run_id, ref.seq, iso(self.clock()))
+        row = (ref.response_id, ref.session_key, ref.run_id, ref.seq, iso(self.state.clock()))
         sql = "INSERT INTO openai_responses (response_id, session_key, run_id, seq, created_at) VALUES (?, ?, ?, ?, ?)"
         await self._records(lambda c: c.execute(sql, row))
+
+    async def _one(self, sql: str, args: tuple[object, ...], make: Callable[..., T]) -> T | None:
+        """The one row ``sql`` finds, made into a record (its columns in order), or None."""
+        row = await self._records(lambda c: c.execute(sql, args).fetchone())
+        return None if row is None else make(*row)
 
     async def _records(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """A statement on the records beside the runs; a tasks.db failure is the typed
         ``StorageUnavailable`` (callers outside the backend know no SQLite)."""
         try:
-            return await self.ledger.execute(work)
+            return await self.state.ledger.execute(work)
         except sqlite3.Error as exc:
             refused = StorageUnavailable(f"tasks.db cannot read or write the record ({exc}); try again shortly")
             del refused.extra["stored"]  # a record beside a message already stored: not known here

@@ -141,9 +141,10 @@ class MemoryHistoryIndex:
 
 
 class MemoryHistory:
-    """``HistorySource`` of the in-memory store."""
+    """A part of ``MemoryStore``: its ``HistorySource``, over its ``MemoryData``."""
 
-    data: MemoryData
+    def __init__(self, data: MemoryData) -> None:
+        self.data = data
 
     def open_history(self, *, max_batch: int | None = None) -> MemoryHistoryIndex:
         return MemoryHistoryIndex(self.data, max_batch=max_batch or MAX_BATCH)

@@ -61,11 +61,16 @@ class MemoryRunReader:
 
 
 class MemoryMaintenance:
-    async def check(self: _Store, *, fix: bool) -> list[StoredRecord]:
+    """A part of ``MemoryStore``: the doctor, cleanup, export and purge, given the store."""
+
+    def __init__(self, store: _Store) -> None:
+        self.store = store
+
+    async def check(self, *, fix: bool) -> list[StoredRecord]:
         """The data's consistency (nothing on this backend tears: what a bug would leave)."""
         findings: list[StoredRecord] = []
         active: dict[str, list[str]] = {}
-        for run_id, stored in self.data.runs.items():
+        for run_id, stored in self.store.data.runs.items():
             key = str(stored.row.get("session_key") or "")
             seqs = [int(r.get("seq") or 0) for r in stored.messages]
             if seqs != list(range(1, len(seqs) + 1)):
@@ -77,17 +82,17 @@ class MemoryMaintenance:
             if len(runs) > 1:
                 detail = f"key {key} has {len(runs)} active runs"
                 findings.append(finding("active_runs", "error", detail, None, key=key))
-        for entry in list(self._entries.values()):
-            if entry.run_id is not None and self.active_run(entry.key) is None:
+        for entry in list(self.store._entries.values()):
+            if entry.run_id is not None and self.store.active_run(entry.key) is None:
                 detail = f"the entry of {entry.key} names run {entry.run_id}, which is not active"
                 if fix:
                     entry.last_run_id, entry.run_id, entry.status = entry.run_id, None, "idle"
-                    self._save_entries()
+                    self.store._save_entries()
                 findings.append(finding("entries", "warning", detail, "set the entry idle", key=entry.key, fixed=fix))
         return findings
 
     async def cleanup(
-        self: _Store,
+        self,
         settings: CleanupSettings,
         *,
         now: datetime,
@@ -96,9 +101,9 @@ class MemoryMaintenance:
         step: ArchiveStep | None = None,
     ) -> list[StoredRecord]:
         runs, archived = [], []
-        for run_id, stored in self.data.runs.items():
+        for run_id, stored in self.store.data.runs.items():
             row, key = stored.row, str(stored.row.get("session_key") or "")
-            entry = self.entry(key)
+            entry = self.store.entry(key)
             if row.get("archived_at"):
                 archived.append(ArchiveFacts(run_id, parse_iso(str(row["archived_at"])), key, is_pinned(row, entry)))
             else:
@@ -109,55 +114,55 @@ class MemoryMaintenance:
         report: list[StoredRecord] = []
         for action in actions:
             if action.kind == "complete":
-                if action.session_key and self.active_run(action.session_key) is not None:
+                if action.session_key and self.store.active_run(action.session_key) is not None:
                     await complete(action.session_key)
             elif action.kind == "archive":
-                self.data.runs[action.run_id].row["archived_at"] = iso(self.clock())
+                self.store.data.runs[action.run_id].row["archived_at"] = iso(self.store.clock())
                 if step is not None:
                     step("recorded")
             else:
-                self.data.runs.pop(action.run_id, None)
-                if self.data.history is not None:
-                    for place in [p for p in self.data.history if p[0] == action.run_id]:
-                        del self.data.history[place]
+                self.store.data.runs.pop(action.run_id, None)
+                if self.store.data.history is not None:
+                    for place in [p for p in self.store.data.history if p[0] == action.run_id]:
+                        del self.store.data.history[place]
             report.append({**describe(action), "done": True})
-        _forget_expired(self.data, now)
+        _forget_expired(self.store.data, now)
         return report
 
-    async def export_runs(self: _Store, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
+    async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         """Every run of ``key`` oldest first (archived ones too), or the run ``run_id``."""
         if run_id is not None:
-            stored = self.data.runs.get(run_id)
+            stored = self.store.data.runs.get(run_id)
             if stored is None:
                 raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")
             chosen = [stored]
         else:
-            chosen = [s for s in self.data.runs.values() if s.row.get("session_key") == key]
+            chosen = [s for s in self.store.data.runs.values() if s.row.get("session_key") == key]
             chosen.sort(key=lambda s: str(s.row["created_at"]))  # stable: creation order within a time
             if not chosen:
                 raise SessionNotFound(f"no session or run with key {key!r}")
         return [RunExport({c: s.row.get(c) for c in RUN_COLUMNS}, MemoryRunReader(s)) for s in chosen]
 
-    async def purge(self: _Store, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
+    async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
         """Erase ``key`` for good (``SessionNotFound`` when neither an entry nor a run of it
         exists); the tombstone ``{session_key, deleted_at, runs, messages}``."""
-        mine = [run_id for run_id, s in self.data.runs.items() if s.row.get("session_key") == key]
-        if self.entry(key) is None and not mine:
+        mine = [run_id for run_id, s in self.store.data.runs.items() if s.row.get("session_key") == key]
+        if self.store.entry(key) is None and not mine:
             raise SessionNotFound(f"no session or run with key {key!r}")
-        if self.active_run(key) is not None:
-            await self.complete(key, reason="purge", summarize=False)
-        messages = sum(len(self.data.runs.pop(run_id).messages) for run_id in mine)
-        _forget_key(self.data, key)
+        if self.store.active_run(key) is not None:
+            await self.store.complete(key, reason="purge", summarize=False)
+        messages = sum(len(self.store.data.runs.pop(run_id).messages) for run_id in mine)
+        _forget_key(self.store.data, key)
         if history is not None:
             await history.delete_key(key)
-        elif self.data.history is not None:
-            for place in [p for p, row in self.data.history.items() if row[2] == key]:
-                del self.data.history[place]
-        self._entries.pop(key, None)
-        self._save_entries()
-        tombstone: StoredRecord = {"session_key": key, "deleted_at": iso(self.clock()), "runs": len(mine),
+        elif self.store.data.history is not None:
+            for place in [p for p, row in self.store.data.history.items() if row[2] == key]:
+                del self.store.data.history[place]
+        self.store._entries.pop(key, None)
+        self.store._save_entries()
+        tombstone: StoredRecord = {"session_key": key, "deleted_at": iso(self.store.clock()), "runs": len(mine),
                                    "messages": messages}  # fmt: skip
-        self.data.tombstones.append(dict(tombstone))
+        self.store.data.tombstones.append(dict(tombstone))
         log.info("purged session %s: %d run(s), %d message(s)", key, len(mine), messages)
         return tombstone
 

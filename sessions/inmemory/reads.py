@@ -16,10 +16,11 @@ from sessions.records import FINISHED_STATUSES, KnownKey, RunRow, RunState, Stor
 
 
 class MemoryReads:
-    data: MemoryData
-    clock: Clock
+    """A part of ``MemoryStore``: its reads by run id, over its ``MemoryData``."""
 
-    # -- reads by run id --------------------------------------------------------------------------
+    def __init__(self, data: MemoryData, clock: Clock) -> None:
+        self.data = data
+        self.clock = clock
 
     async def get_run(self, run_id: str) -> RunRow | None:
         stored = self.data.runs.get(run_id)

@@ -4,23 +4,24 @@ usage per UTC day."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import date
+from collections.abc import Callable, Mapping
 
 from config.clock import Clock, iso
 from sessions import usage as usage_days
 from sessions.deliveries import Delivery, PriorDelivery, RunDeliveries, prior_of
 from sessions.inmemory.data import Idempotency, MemoryData
 from sessions.records import CompatConversation, HookDelivery, IdempotencyRecord, ResponseRef, RunState
-from sessions.usage import DailyUsage, UsageBy
+from sessions.usage import DailyUsage, UsageQuery
 
 
 class MemoryRecords:
-    data: MemoryData
-    clock: Clock
+    """A part of ``MemoryStore``: the records beside its runs, over its ``MemoryData``; a delivery
+    is looked for in the active run ``active_run`` names."""
 
-    def active_run(self, key: str) -> RunState | None:
-        raise NotImplementedError  # the store's
+    def __init__(self, data: MemoryData, clock: Clock, active_run: Callable[[str], RunState | None]) -> None:
+        self.data = data
+        self.clock = clock
+        self.active_run = active_run
 
     # -- deliveries and idempotency records -------------------------------------------------------
 
@@ -39,12 +40,12 @@ class MemoryRecords:
         return deliveries.find(run.run_id, client_message_id, since)
 
     async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
-        return self._stored_before(key, client_message_id, since)
+        return self.stored_before(key, client_message_id, since)
 
     def checks_deliveries(self, key: str) -> bool:
         return True  # everything is in memory: the append checks
 
-    def _stored_before(self, key: str, client_message_id: str, since: str) -> PriorDelivery | None:
+    def stored_before(self, key: str, client_message_id: str, since: str) -> PriorDelivery | None:
         """The idempotency record of ``client_message_id`` on ``key``, else its message in the
         active run, stored at or after ``since``."""
         found = self.data.idempotency.get((key, client_message_id))
@@ -121,18 +122,8 @@ class MemoryRecords:
             sums[k] = sums.get(k, 0) + int(v)
         sums["calls"] = sums.get("calls", 0) + 1
 
-    async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
-        return usage_days.tally(
-            self.data.usage_daily.items(), agent_id=agent_id, session_key=session_key, since=since, until=until, by=by
-        )
+    async def usage_rows(self, query: UsageQuery) -> list[DailyUsage]:
+        return usage_days.tally(self.data.usage_daily.items(), query)
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
         return usage_days.tokens_of(self.data.usage_daily.items(), day, agent_id, session_key)

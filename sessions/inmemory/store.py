@@ -11,22 +11,28 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from config.clock import Clock, iso
-from config.errors import RunActive, SessionNotFound
 from sessions.appends import check_writable, event_fields, message_record, tool_record
 from sessions.bookkeeping import (
     add_usage_counts,
     count_append,
     end_entry,
+    end_to_delete,
+    found_entry,
     idle_entry,
+    inherit_next,
     note_message,
     plan_record,
+    refuse_second_run,
     relabel_entry,
     require_active,
     run_stats,
     start_entry,
+    to_complete,
+    to_pause,
 )
 from sessions.compaction import COMPACTIONS
 from sessions.context_order import context_line, in_context
+from sessions.delegate import Delegate
 from sessions.deliveries import DELIVERY_WINDOW, AlreadyDelivered
 from sessions.entries import SessionEntry
 from sessions.events import EventType, StoreEvent
@@ -52,14 +58,59 @@ from sessions.records import (
     restore_counters,
 )
 from sessions.rewrites import Compaction, ContextChange, compacted, to_undo, tokens_of, uncompacted
-from sessions.store_hooks import StoreHooks, run_hook
+from sessions.store_hooks import StoreHooks
+from sessions.usage import UsageBook
 
 log = logging.getLogger(__name__)
 
 
-class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
+class MemoryStore:
+    """Every capability but ``Backup`` over a ``MemoryData``: keys, runs, lifecycle and appends
+    here, with its parts ``reads``, ``records``, ``history`` and ``maintenance``."""
+
+    # reads by run id
+    get_run = Delegate("reads", MemoryReads.get_run)
+    require_run = Delegate("reads", MemoryReads.require_run)
+    list_runs = Delegate("reads", MemoryReads.list_runs)
+    known_keys = Delegate("reads", MemoryReads.known_keys)
+    previous_runs = Delegate("reads", MemoryReads.previous_runs)
+    read_messages = Delegate("reads", MemoryReads.read_messages)
+    read_records = Delegate("reads", MemoryReads.read_records)
+    read_final_summary = Delegate("reads", MemoryReads.read_final_summary)
+    read_context = Delegate("reads", MemoryReads.read_context)
+    # the records beside the runs, usage
+    find_delivery = Delegate("records", MemoryRecords.find_delivery)
+    recall_delivery = Delegate("records", MemoryRecords.recall_delivery)
+    checks_deliveries = Delegate("records", MemoryRecords.checks_deliveries)
+    find_idempotency = Delegate("records", MemoryRecords.find_idempotency)
+    remember_delivery = Delegate("records", MemoryRecords.remember_delivery)
+    remember_reply = Delegate("records", MemoryRecords.remember_reply)
+    hook_delivery = Delegate("records", MemoryRecords.hook_delivery)
+    record_hook_delivery = Delegate("records", MemoryRecords.record_hook_delivery)
+    compat_conversation = Delegate("records", MemoryRecords.compat_conversation)
+    save_compat_conversation = Delegate("records", MemoryRecords.save_compat_conversation)
+    compat_response = Delegate("records", MemoryRecords.compat_response)
+    latest_compat_response = Delegate("records", MemoryRecords.latest_compat_response)
+    save_compat_response = Delegate("records", MemoryRecords.save_compat_response)
+    daily_usage = Delegate("usage", UsageBook.daily_usage)
+    tokens_spent = Delegate("usage", UsageBook.tokens_spent)
+    # HistorySource, Maintenance
+    open_history = Delegate("history", MemoryHistory.open_history)
+    rebuild_history = Delegate("history", MemoryHistory.rebuild_history)
+    catch_up_history = Delegate("history", MemoryHistory.catch_up_history)
+    check_history = Delegate("history", MemoryHistory.check_history)
+    check = Delegate("maintenance", MemoryMaintenance.check)
+    cleanup = Delegate("maintenance", MemoryMaintenance.cleanup)
+    export_runs = Delegate("maintenance", MemoryMaintenance.export_runs)
+    purge = Delegate("maintenance", MemoryMaintenance.purge)
+
     def __init__(self, data: MemoryData, *, clock: Clock, hooks: StoreHooks) -> None:
         self.data, self.clock, self.hooks = data, clock, hooks
+        self.reads = MemoryReads(data, clock)
+        self.records = MemoryRecords(data, clock, self.active_run)
+        self.usage = UsageBook(self.records.usage_rows, self.records.tokens_spent)
+        self.history = MemoryHistory(data)
+        self.maintenance = MemoryMaintenance(self)
         self._entries = {key: SessionEntry.from_dict(dict(raw)) for key, raw in data.entries.items()}
         self._runs: dict[str, RunState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -83,10 +134,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         return self._entries.get(key)
 
     def require_entry(self, key: str) -> SessionEntry:
-        entry = self._entries.get(key)
-        if entry is None:
-            raise SessionNotFound(f"no session with key {key!r}; post a message to create it")
-        return entry
+        return found_entry(self._entries.get(key), key)
 
     def entries(self) -> Iterable[SessionEntry]:
         return self._entries.values()
@@ -127,11 +175,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         return entry
 
     async def set_inherit_next(self, key: str, inherit: bool) -> bool:
-        entry = self._entries.get(key)
-        if entry is None or entry.inherit_next == inherit:
-            return False
-        entry.inherit_next = inherit
-        return True
+        return inherit_next(self._entries.get(key), inherit)
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         entry = self._entries.get(key)
@@ -153,8 +197,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         opening: bool = False,
     ) -> RunState:
         entry = self._entries.get(key)
-        if entry is not None and entry.run_id is not None:
-            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+        refuse_second_run(entry, key)
         now = iso(self.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
@@ -193,11 +236,9 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         self._emit("lifecycle", run, action="discard")
 
     async def pause(self, key: str) -> RunState:
-        run = require_active(self, key)
-        if run.status == "paused":
+        run, pausing = await to_pause(self, key, self.hooks)
+        if not pausing:
             return run
-        for name, hook in list(self.hooks.stop_hooks.items()):
-            await run_hook("stop", name, hook, run)
         self._set_status(run, "paused", **run_stats(run))
         self._emit("lifecycle", run, action="pause")
         return run
@@ -219,14 +260,10 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         summarize: bool = True,
         final_summary: str | None = None,
     ) -> RunState:
-        run = require_active(self, key)
-        run.closing = True
-        status: RunStatus = "failed" if error is not None else "completed"
-        for name, hook in list(self.hooks.completion_hooks.items()) if summarize else ():
-            await run_hook("completion", name, hook, run)
+        run, status = await to_complete(self, key, self.hooks, error=error, summarize=summarize)
         if final_summary is not None and summarize:
             self.data.runs[run.run_id].final_summary = final_summary
-        self.keep_deliveries(run)
+        self.records.keep_deliveries(run)
         now = iso(self.clock())
         cast(dict[str, Any], self._row(run)).update(
             status=status, completed_at=now, updated_at=now, error_message=error,
@@ -242,10 +279,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         return run
 
     async def delete(self, key: str) -> str | None:
-        self.require_entry(key)
-        completed = None
-        if self.active_run(key) is not None:
-            completed = (await self.complete(key, reason="delete")).run_id
+        completed = await end_to_delete(self, key, self.complete)
         self._entries.pop(key, None)
         self._save_entries()
         for stored in self.data.runs.values():  # a new session on the key starts clean
@@ -274,7 +308,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         check_writable(run, message)
         if message.once and message.client_message_id is not None:
             since = iso(self.clock() - DELIVERY_WINDOW)
-            prior = self._stored_before(run.key, message.client_message_id, since)
+            prior = self.records.stored_before(run.key, message.client_message_id, since)
             if prior is not None:
                 raise AlreadyDelivered(prior)
         stamp = iso(self.clock())
@@ -333,7 +367,7 @@ class MemoryStore(MemoryReads, MemoryRecords, MemoryHistory, MemoryMaintenance):
         row = cast(dict[str, Any], self._row(run))
         for k, v in clean.items():
             row[k] = int(row.get(k) or 0) + v
-        self.count_usage(run, clean)
+        self.records.count_usage(run, clean)
 
     def calibrate_context(
         self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0

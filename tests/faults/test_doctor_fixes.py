@@ -157,12 +157,12 @@ async def test_online_a_stray_folder_of_a_held_run_is_moved_aside(tmp_path: Path
     await duplicate_folder(tmp_path, runs)
     store = await open_store(tmp_path, FakeClock())
     try:
-        found = [f for f in await check_store(store, fix=True, min_age_s=0) if f.check == "duplicate_folder"]
+        found = [f for f in await check_store(store.state, fix=True, min_age_s=0) if f.check == "duplicate_folder"]
         assert [(f.status, f.fixed) for f in found] == [("completed", True)]
         assert not (tmp_path / "contexts" / "completed" / runs[MAIN]).exists()
         assert messages_path(tmp_path, runs[MAIN]).exists()  # the held folder stays
         assert len(list((tmp_path / "contexts" / "quarantine").iterdir())) == 1
-        assert await check_store(store, fix=False, min_age_s=0) == []
+        assert await check_store(store.state, fix=False, min_age_s=0) == []
         assert store.active_run(MAIN) is not None
     finally:
         await store.close()

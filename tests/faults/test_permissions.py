@@ -114,7 +114,7 @@ async def test_the_online_doctor_fixes_wider_modes_too(tmp_path: Path, clock: Fa
     (tmp_path / "contexts" / "sessions.json").chmod(0o644)
     store = await open_store(tmp_path, clock)
     try:
-        found = [f for f in await check_store(store, fix=True, min_age_s=0) if f.check == "wide_modes"]
+        found = [f for f in await check_store(store.state, fix=True, min_age_s=0) if f.check == "wide_modes"]
     finally:
         await store.close()
     assert len(found) == 1 and found[0].fixed and "contexts/sessions.json 0644" in found[0].detail

@@ -226,17 +226,17 @@ async def test_check_store_fixes_through_the_store(tmp_path: Path, clock: FakeCl
         assert entry is not None
         entry.run_id = str(uuid.uuid4())
 
-        findings = await check_store(store, fix=False)
+        findings = await check_store(store.state, fix=False)
         assert {(f.check, f.run_id) for f in findings} == {("orphan_folder", old), ("stale_entry", entry.run_id)}
         assert young not in {f.run_id for f in findings}
 
-        fixed = await check_store(store, fix=True)
+        fixed = await check_store(store.state, fix=True)
         assert all(f.fixed for f in fixed)
         assert entry.run_id is None and entry.status == "idle"
         assert (await store.ledger.get_run(old) or {}).get("status") == "completed"
         run = store.active_run("agent:main:main")
         assert run is not None and run.run_id == active  # the held run is untouched
-        assert await check_store(store, fix=False) == []
+        assert await check_store(store.state, fix=False) == []
     finally:
         await store.close()
 
