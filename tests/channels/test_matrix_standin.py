@@ -14,18 +14,20 @@ from channels.matrix_format import content
 from channels.protocol import Inbound, Target
 from channels.store import ChannelStore
 from config.channels import MatrixAccount
-from config.clock import system_clock
+from tests.conftest import FakeClock
 from tests.support.matrix_server import Event, MatrixServer
 
 BOT, TOKEN = "@bot:localhost", "syt_standin"
 
 
-async def test_the_connector_joins_pages_back_stores_every_message_once_and_sends(tmp_path: Path) -> None:
+async def test_the_connector_joins_pages_back_stores_every_message_once_and_sends(
+    tmp_path: Path, clock: FakeClock
+) -> None:
     async with MatrixServer(BOT, TOKEN) as server:
         server.record = True
         account = MatrixAccount(homeserver=server.url, user_id=BOT, dm_policy="open", encryption=False,
                                 sync_timeout_s=1)  # fmt: skip
-        connector = MatrixConnector("main", account, TOKEN, ChannelStore(tmp_path / "c.db"), clock=system_clock)
+        connector = MatrixConnector("main", account, TOKEN, ChannelStore(tmp_path / "c.db"), clock=clock)
         posted: list[Inbound] = []
 
         async def post(message: Inbound) -> None:
