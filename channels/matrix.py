@@ -22,10 +22,11 @@ End-to-end encrypted rooms: with ``encryption`` on (the default when matrix-nio'
 installed) the account's olm machine (channels/matrix_crypto.py) takes each sync's keys and
 decrypts its encrypted events, which then go on as clear ones; the replies to an encrypted room
 are encrypted. An event that does not decrypt is logged once per room and megolm session and,
-under ``undecryptable: notice``, answered once with a notice saying so; it waits (in memory) for
-its key to come in a later sync, and is read then. With encryption off (or unavailable) the
-first encrypted event of a room is answered once with a notice that the bot cannot read it; the
-log says it, and the account's status lists the room (``encrypted_rooms``).
+under ``undecryptable: notice``, answered once with a notice saying so; it waits for its key to
+come in a later sync, also across a restart (channels/matrix_waiting.py), and is read then.
+With encryption off (or unavailable) the first encrypted event of a room is answered once with a
+notice that the bot cannot read it; the log says it, and the account's status lists the room
+(``encrypted_rooms``).
 
 Sends: ``m.text`` with ``formatted_body`` (HTML) and the Markdown as ``body``, in the thread of
 the message answered; the transaction id is derived from the room, the event answered and the
@@ -64,6 +65,7 @@ from channels.matrix_crypto import Crypto, Undecryptable
 from channels.matrix_crypto import available as crypto_available
 from channels.matrix_events import CHANNEL, DIRECT, GROUP, Bot, Encrypted, Skip, inbound, invite_of
 from channels.matrix_format import MATRIX_LIMIT, content, split
+from channels.matrix_waiting import WaitingEvents
 from channels.protocol import Inbound, PostFn, Rejected, RetryLater, Target
 from channels.revisions import Ignored
 from channels.store import ChannelStore
@@ -81,7 +83,6 @@ ENCRYPTED_NOTICE = ("This room is end-to-end encrypted, and this bot cannot read
 UNDECRYPTABLE_NOTICE = ("I could not decrypt a message in this room: no key for it reached this bot's device. "
                         "Send it again; if this keeps happening, check that your client shares room keys with "
                         "unverified devices.")  # fmt: skip
-KEY_WAIT_S, KEY_WAITING = 3600.0, 200  # an undecryptable event waits this long for its key, this many at most
 NIO_FAILURES = (LocalProtocolError, SendRetryError)  # nio's own refusals before a send (a room or keys not ready)
 SYNC_FILTER: dict[str, Any] = {
     "presence": {"types": []},
@@ -126,7 +127,7 @@ class MatrixConnector(AccountParts[MatrixAccount]):
         self.crypto: Crypto | None = None  # end-to-end encryption: opened at start, once whoami gave the device
         self.crypto_folder = store.path.parent / "matrix" / name  # the account's crypto store, under the home
         self._told_undecryptable: set[str] = set()
-        self._waiting_keys: dict[str, tuple[str, str, dict[str, Any], float]] = {}  # event id: room, kind, event, since
+        self.waiting = WaitingEvents(store, name, clock)  # encrypted events that came before their key
 
     async def start(self, post: PostFn) -> None:
         self._task = asyncio.create_task(supervise(lambda: self._run(post), self.status), name=f"matrix {self.account}")
@@ -217,6 +218,8 @@ class MatrixConnector(AccountParts[MatrixAccount]):
 
     async def _sync_loop(self, post: PostFn) -> None:
         token = await self.store.state(CHANNEL, self.account, NEXT_BATCH)
+        if self.crypto is not None:
+            await self.waiting.load()
         backoff = 1.0
         failing = False
         while True:
@@ -319,7 +322,7 @@ class MatrixConnector(AccountParts[MatrixAccount]):
             if isinstance(clear, Undecryptable):
                 await self._undecryptable(clear)
                 if clear.sender != self.settings.user_id and clear.event_id:
-                    self._wait_for_key(room_id, kind, event)
+                    await self.waiting.add(room_id, kind, event)
                 return True
             event = clear
         parsed = inbound(event, room_id, kind, self.account, self.settings, self.bot)
@@ -389,25 +392,16 @@ class MatrixConnector(AccountParts[MatrixAccount]):
         if await self.notify(Target(room_id), ENCRYPTED_NOTICE):
             await self.store.keep_state(CHANNEL, self.account, name, iso(self.clock()), iso(self.clock()))
 
-    def _wait_for_key(self, room_id: str, kind: str, event: dict[str, Any]) -> None:
-        """Kept (in memory, for ``KEY_WAIT_S``, at most ``KEY_WAITING`` events) for its key to come
-        in a later sync: then it is read as if it had just arrived."""
-        now = self.clock().timestamp()
-        waiting = self._waiting_keys
-        for event_id in [e for e, (_, _, _, since) in waiting.items() if now - since > KEY_WAIT_S]:
-            del waiting[event_id]
-        while len(waiting) >= KEY_WAITING:
-            del waiting[next(iter(waiting))]
-        waiting[str(event["event_id"])] = (room_id, kind, event, now)
-
     async def _keys_came(self, post: PostFn) -> None:
         """The waiting events whose room key this sync brought, read now (in the order they came)."""
         assert self.crypto is not None
-        for event_id, (room_id, kind, event, _) in list(self._waiting_keys.items()):
+        taken = []
+        for event_id, (room_id, kind, event, _) in self.waiting.items():
             if self.crypto.has_key(room_id, event):
                 log.info("matrix account %s: the key of event %s came later; read now", self.account, event_id)
                 if await self._take(room_id, kind, event, post):
-                    self._waiting_keys.pop(event_id, None)
+                    taken.append(event_id)
+        await self.waiting.remove(taken)
 
     async def _undecryptable(self, event: Undecryptable) -> None:
         """Logged once per room and megolm session; under ``undecryptable: notice`` the room is

@@ -475,9 +475,14 @@ async def test_an_encrypted_room_is_read_and_answered_encrypted_also_after_a_res
         assert await _server_types(alice, room, bot.user_id) == ["m.room.encrypted"] * 4
         assert sum("could not be decrypted" in r.getMessage() for r in caplog.records) == 1
 
-        # a room key that comes a sync after its message: the room is told, then the message is read
+        # a room key that comes a sync after its message: the room is told, then the message is read,
+        # also when the gateway restarted in between
         send_key = await olm.withheld(room, "my key comes later")
         assert (await olm.answers(bot, 5))[4] == UNDECRYPTABLE_NOTICE
+        await client.close()
+        client = await aiohttp_client(make_app(home, clock, account, base_url=model.base_url,
+                                               env={"MX_MAIN": bot.token}))  # fmt: skip
+        await connected_in(client, "main")
         await send_key()
         assert (await olm.answers(bot, 6))[5] == "echo: my key comes later"
 
