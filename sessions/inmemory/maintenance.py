@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Protocol
 
-from config.clock import Clock, iso, parse_iso
+from config.clock import Clock, iso
 from config.errors import RunNotFound, SessionNotFound
 from config.settings import CleanupSettings
-from sessions.cleanup_plan import ArchiveFacts, describe, is_pinned, plan_cleanup, records_cutoffs, run_facts
+from sessions.cleanup_plan import carry_out, describe, facts_in_place, plan_cleanup, records_cutoffs
 from sessions.entries import SessionEntry
 from sessions.exports import RunExport
 from sessions.findings import finding
@@ -100,32 +100,24 @@ class MemoryMaintenance:
         complete: CompleteRun,
         step: ArchiveStep | None = None,
     ) -> list[StoredRecord]:
-        runs, archived = [], []
-        for run_id, stored in self.store.data.runs.items():
-            row, key = stored.row, str(stored.row.get("session_key") or "")
-            entry = self.store.entry(key)
-            if row.get("archived_at"):
-                archived.append(ArchiveFacts(run_id, parse_iso(str(row["archived_at"])), key, is_pinned(row, entry)))
-            else:
-                runs.append(run_facts(run_id, row, entry))
-        actions = plan_cleanup(runs, archived, settings, now)
+        data = self.store.data
+        rows = ((run_id, stored.row) for run_id, stored in data.runs.items())
+        actions = plan_cleanup(*facts_in_place(rows, self.store.entry), settings, now)
         if dry_run:
             return [{**describe(a), "done": False} for a in actions]
-        report: list[StoredRecord] = []
-        for action in actions:
-            if action.kind == "complete":
-                if action.session_key and self.store.active_run(action.session_key) is not None:
-                    await complete(action.session_key)
-            elif action.kind == "archive":
-                self.store.data.runs[action.run_id].row["archived_at"] = iso(self.store.clock())
-                if step is not None:
-                    step("recorded")
-            else:
-                self.store.data.runs.pop(action.run_id, None)
-                if self.store.data.history is not None:
-                    for place in [p for p in self.store.data.history if p[0] == action.run_id]:
-                        del self.store.data.history[place]
-            report.append({**describe(action), "done": True})
+
+        async def archive(run_id: str) -> None:
+            data.runs[run_id].row["archived_at"] = iso(self.store.clock())
+
+        async def delete(run_id: str) -> None:
+            data.runs.pop(run_id, None)
+            if data.history is not None:
+                for place in [p for p in data.history if p[0] == run_id]:
+                    del data.history[place]
+
+        report = await carry_out(
+            actions, active=self.store.active_run, complete=complete, archive=archive, delete=delete, step=step
+        )
         _forget_expired(self.store.data, now)
         return report
 

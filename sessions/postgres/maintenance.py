@@ -8,10 +8,10 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from config.clock import iso, parse_iso
+from config.clock import iso
 from config.errors import SessionNotFound
 from config.settings import CleanupSettings
-from sessions.cleanup_plan import ArchiveFacts, describe, is_pinned, plan_cleanup, records_cutoffs, run_facts
+from sessions.cleanup_plan import carry_out, describe, facts_in_place, plan_cleanup, records_cutoffs
 from sessions.findings import finding as _finding
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
@@ -86,33 +86,24 @@ class PgMaintenance:
         idempotency and webhook delivery records are forgotten."""
         with unavailable("nothing was stored"):
             rows = await self.state.pool.fetch(_FACTS)
-        runs, archived = [], []
-        for row in rows:
-            key = row["session_key"] or ""
-            entry = self.state.entry(key)
-            if row["archived_at"]:
-                archived.append(ArchiveFacts(row["run_id"], parse_iso(row["archived_at"]), key, is_pinned(row, entry)))
-            else:
-                runs.append(run_facts(row["run_id"], row, entry))
-        actions = plan_cleanup(runs, archived, settings, now)
+        actions = plan_cleanup(*facts_in_place(((r["run_id"], r) for r in rows), self.state.entry), settings, now)
         if dry_run:
             return [{**describe(a), "done": False} for a in actions]
-        report: list[StoredRecord] = []
-        for action in actions:
-            if action.kind == "complete":
-                if action.session_key and self.state.active_run(action.session_key) is not None:
-                    await complete(action.session_key)
-            elif action.kind == "archive":
-                with unavailable("nothing was stored"):
-                    await self.state.pool.execute(
-                        "UPDATE runs SET archived_at = $2 WHERE run_id = $1", action.run_id, iso(self.state.clock())
-                    )
-                if step is not None:
-                    step("recorded")
-            else:
-                with unavailable("nothing was stored"):
-                    await self.state.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
-            report.append({**describe(action), "done": True})
+        pool = self.state.pool
+
+        async def archive(run_id: str) -> None:
+            with unavailable("nothing was stored"):
+                await pool.execute(
+                    "UPDATE runs SET archived_at = $2 WHERE run_id = $1", run_id, iso(self.state.clock())
+                )
+
+        async def delete(run_id: str) -> None:
+            with unavailable("nothing was stored"):
+                await pool.execute("DELETE FROM runs WHERE run_id = $1", run_id)
+
+        report = await carry_out(
+            actions, active=self.state.active_run, complete=complete, archive=archive, delete=delete, step=step
+        )
         keys_before, hooks_before = records_cutoffs(now)
         with unavailable("nothing was stored"):
             keys = await self.state.pool.execute("DELETE FROM idempotency WHERE created_at < $1", keys_before)
