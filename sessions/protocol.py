@@ -45,7 +45,7 @@ Contract of the base capability, in short (the suite checks each point):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -57,6 +57,7 @@ from sessions.entries import SessionEntry
 from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
 from sessions.records import (
+    NEWEST_RUNS,
     CompatConversation,
     ContextRewrite,
     HookDelivery,
@@ -66,6 +67,7 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     ResponseRef,
+    RunQuery,
     RunRow,
     RunState,
     StoredRecord,
@@ -187,14 +189,7 @@ class RunStore(Protocol):
         """The run's row; ``RunNotFound`` when there is none."""
         ...
 
-    async def list_runs(
-        self,
-        *,
-        session_key: str | None = None,
-        statuses: Sequence[str] = (),
-        limit: int = 50,
-        before: tuple[str, str] | None = None,
-    ) -> list[RunRow]: ...
+    async def list_runs(self, query: RunQuery = NEWEST_RUNS) -> list[RunRow]: ...
     async def known_keys(self) -> list[KnownKey]: ...
     async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
         """The completed or failed runs of ``key`` (or of ``task_key``) that ended within

@@ -9,7 +9,7 @@ appends and writes the entries."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime
 
 import asyncpg
@@ -40,6 +40,7 @@ from sessions.postgres.state import PgState, load_view
 from sessions.postgres.usage import PgUsage
 from sessions.protocol import ArchiveStep, CompleteRun, RecordKind, StoreProtocol
 from sessions.records import (
+    NEWEST_RUNS,
     CompatConversation,
     ContextRewrite,
     HookDelivery,
@@ -49,6 +50,7 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     ResponseRef,
+    RunQuery,
     RunRow,
     RunState,
     StoredRecord,
@@ -281,11 +283,8 @@ class PgStore:
     async def require_run(self, run_id: str) -> RunRow:
         return await self.reads.require_run(run_id)
 
-    async def list_runs(
-        self, *, session_key: str | None = None, statuses: Sequence[str] = (), limit: int = 50,
-        before: tuple[str, str] | None = None,
-    ) -> list[RunRow]:  # fmt: skip
-        return await self.reads.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
+    async def list_runs(self, query: RunQuery = NEWEST_RUNS) -> list[RunRow]:
+        return await self.reads.list_runs(query)
 
     async def known_keys(self) -> list[KnownKey]:
         return await self.reads.known_keys()

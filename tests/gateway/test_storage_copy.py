@@ -26,7 +26,7 @@ from sessions.files.archive import write_archive
 from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
-from sessions.records import CompatConversation, NewMessage, ResponseRef, TaskKey
+from sessions.records import CompatConversation, NewMessage, ResponseRef, RunQuery, TaskKey
 from sessions.rewrites import Compaction
 from tests.gateway.daemons import child_env, run_cli
 from tests.sessions.helpers import settings_with
@@ -89,7 +89,7 @@ async def _seed(root: Path) -> None:
 async def _view(store: StoreProtocol) -> dict[str, Any]:
     """What a store shows of every run, entry and record, through the Protocol's reads."""
     runs = {}
-    for row in await store.list_runs(limit=100):
+    for row in await store.list_runs(RunQuery(limit=100)):
         run_id = row["uuid"]
         state = store.run_state(run_id)
         runs[run_id] = {

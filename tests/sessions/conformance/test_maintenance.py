@@ -14,7 +14,7 @@ from config.errors import RunNotFound, SessionNotFound
 from config.settings import CleanupSettings
 from sessions.exports import RunExport
 from sessions.protocol import ConversationStore, Maintenance
-from sessions.records import NewMessage
+from sessions.records import NewMessage, RunQuery
 from tests.conftest import FakeClock
 from tests.sessions.conformance.support import KEY, start, user
 
@@ -129,10 +129,10 @@ async def test_a_purge_erases_a_key_for_good(store: ConversationStore, clock: Fa
 
     assert (tombstone["session_key"], tombstone["runs"], tombstone["messages"]) == (KEY, 2, 3)
     assert store.entry(KEY) is None and store.active_run(KEY) is None
-    assert await store.list_runs(session_key=KEY) == []
+    assert await store.list_runs(RunQuery(session_key=KEY)) == []
     for run_id in (first.run_id, second.run_id):
         assert await store.get_run(run_id) is None
         assert await readable(store, run_id) == []
-    assert [r["uuid"] for r in await store.list_runs(session_key=BOB)] == [other.run_id]
+    assert [r["uuid"] for r in await store.list_runs(RunQuery(session_key=BOB))] == [other.run_id]
     with pytest.raises(SessionNotFound):
         await maintenance(store).purge(KEY, history=None)
