@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from datetime import date, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from config.clock import Clock
@@ -74,7 +74,7 @@ from sessions.records import (
     TaskKey,
 )
 from sessions.rewrites import ContextChange
-from sessions.usage import DailyUsage, UsageBy
+from sessions.usage import ALL_USAGE, DailyUsage, UsageQuery
 
 if TYPE_CHECKING:
     from sessions.backup import BackupPoint, StagedHome
@@ -253,17 +253,9 @@ class UsageRecords(Protocol):
     """Token usage per UTC day, agent and key, counted by ``add_usage`` (``GET /v1/usage``, the
     daily budgets ``agents.<id>.limits``)."""
 
-    async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
-        """Per day and ``by`` (``key``, ``agent``: the keys summed, ``day``: all summed), oldest
-        day first; ``since`` and ``until`` inclusive."""
+    async def daily_usage(self, query: UsageQuery = ALL_USAGE) -> list[DailyUsage]:
+        """Per day and ``query.by`` (``key``, ``agent``: the keys summed, ``day``: all summed),
+        oldest day first; ``since`` and ``until`` inclusive."""
         ...
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:

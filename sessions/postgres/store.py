@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
-from datetime import date, datetime
+from datetime import datetime
 
 import asyncpg
 
@@ -58,7 +58,7 @@ from sessions.records import (
 )  # fmt: skip
 from sessions.rewrites import ContextChange
 from sessions.store_hooks import StoreHooks
-from sessions.usage import DailyUsage, UsageBy
+from sessions.usage import ALL_USAGE, DailyUsage, UsageQuery
 
 POOL_SIZE = 10
 
@@ -350,13 +350,8 @@ class PgStore:
 
     # -- UsageRecords: ``sessions.postgres.usage`` ---------------------------------------------------
 
-    async def daily_usage(
-        self, *, agent_id: str | None = None, session_key: str | None = None, since: date | None = None,
-        until: date | None = None, by: UsageBy = "key",
-    ) -> list[DailyUsage]:  # fmt: skip
-        return await self.usage.daily_usage(
-            agent_id=agent_id, session_key=session_key, since=since, until=until, by=by
-        )
+    async def daily_usage(self, query: UsageQuery = ALL_USAGE) -> list[DailyUsage]:
+        return await self.usage.daily_usage(query)
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
         return await self.usage.tokens_spent(day, agent_id, session_key)
