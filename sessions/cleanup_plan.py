@@ -53,6 +53,19 @@ class ArchiveFacts:
 
 
 @dataclass(frozen=True)
+class CleanupRequest:
+    """One cleanup as a store is asked for it: by ``settings`` at ``now``, only planned with
+    ``dry_run``; a stale active run is completed through ``complete`` (given its key); ``step`` is
+    called at each step of archiving a run (a test hook)."""
+
+    settings: CleanupSettings
+    now: datetime
+    dry_run: bool
+    complete: Callable[[str], Awaitable[None]]
+    step: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
 class CleanupAction:
     kind: CleanupKind
     run_id: str
@@ -95,25 +108,24 @@ def facts_in_place(
 
 async def carry_out(
     actions: Iterable[CleanupAction],
+    request: CleanupRequest,
     *,
     active: Callable[[str], object | None],
-    complete: Callable[[str], Awaitable[None]],
     archive: Callable[[str], Awaitable[None]],
     delete: Callable[[str], Awaitable[None]],
-    step: Callable[[str], None] | None,
 ) -> list[dict[str, Any]]:
-    """Carry ``actions`` out in order, on a backend that archives in place: ``complete`` a key
-    whose run is still ``active``, ``archive`` a run (then ``step("recorded")``), ``delete`` an
-    expired archive; the report of the actions done."""
+    """Carry ``actions`` out in order, on a backend that archives in place: complete (through the
+    request's ``complete``) a key whose run is still ``active``, ``archive`` a run (then the
+    request's ``step("recorded")``), ``delete`` an expired archive; the report of the actions done."""
     report: list[dict[str, Any]] = []
     for action in actions:
         if action.kind == "complete":
             if action.session_key and active(action.session_key) is not None:
-                await complete(action.session_key)
+                await request.complete(action.session_key)
         elif action.kind == "archive":
             await archive(action.run_id)
-            if step is not None:
-                step("recorded")
+            if request.step is not None:
+                request.step("recorded")
         else:
             await delete(action.run_id)
         report.append({**describe(action), "done": True})

@@ -46,11 +46,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from datetime import datetime
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from config.clock import Clock
-from config.settings import CleanupSettings
+from sessions.cleanup_plan import CleanupRequest
 from sessions.context_lines import ContextLine
 from sessions.deliveries import Delivery, PriorDelivery
 from sessions.entries import SessionEntry
@@ -288,15 +287,7 @@ class Doctor(Protocol):
 class Maintenance(Doctor, Protocol):
     """The doctor (``check``), cleanup, export and purge of a backend's storage."""
 
-    async def cleanup(
-        self,
-        settings: CleanupSettings,
-        *,
-        now: datetime,
-        dry_run: bool,
-        complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
         """Complete stale runs (through ``complete``), archive old ended ones, delete expired
         archives, forget expired delivery records; the actions, done or planned (``dry_run``)."""
         ...

@@ -13,14 +13,12 @@ from typing import Any, Protocol
 
 from config.clock import Clock, iso
 from config.errors import RunNotFound, SessionNotFound
-from config.settings import CleanupSettings
-from sessions.cleanup_plan import carry_out, describe, facts_in_place, plan_cleanup, records_cutoffs
+from sessions.cleanup_plan import CleanupRequest, carry_out, describe, facts_in_place, plan_cleanup, records_cutoffs
 from sessions.entries import SessionEntry
 from sessions.exports import RunExport
 from sessions.findings import finding
 from sessions.history_index import HistoryIndexProtocol
 from sessions.inmemory.data import MemoryData, StoredRun
-from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import ACTIVE_STATUSES, RUN_COLUMNS, RunState, StoredRecord
 
 log = logging.getLogger(__name__)
@@ -91,19 +89,11 @@ class MemoryMaintenance:
                 findings.append(finding("entries", "warning", detail, "set the entry idle", key=entry.key, fixed=fix))
         return findings
 
-    async def cleanup(
-        self,
-        settings: CleanupSettings,
-        *,
-        now: datetime,
-        dry_run: bool,
-        complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
         data = self.store.data
         rows = ((run_id, stored.row) for run_id, stored in data.runs.items())
-        actions = plan_cleanup(*facts_in_place(rows, self.store.entry), settings, now)
-        if dry_run:
+        actions = plan_cleanup(*facts_in_place(rows, self.store.entry), request.settings, request.now)
+        if request.dry_run:
             return [{**describe(a), "done": False} for a in actions]
 
         async def archive(run_id: str) -> None:
@@ -115,10 +105,8 @@ class MemoryMaintenance:
                 for place in [p for p in data.history if p[0] == run_id]:
                     del data.history[place]
 
-        report = await carry_out(
-            actions, active=self.store.active_run, complete=complete, archive=archive, delete=delete, step=step
-        )
-        _forget_expired(self.store.data, now)
+        report = await carry_out(actions, request, active=self.store.active_run, archive=archive, delete=delete)
+        _forget_expired(self.store.data, request.now)
         return report
 
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:

@@ -5,18 +5,15 @@ content), cleanup and the doctor's database checks (export is ``sessions.postgre
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from typing import Any
 
 from config.clock import iso
 from config.errors import SessionNotFound
-from config.settings import CleanupSettings
-from sessions.cleanup_plan import carry_out, describe, facts_in_place, plan_cleanup, records_cutoffs
+from sessions.cleanup_plan import CleanupRequest, carry_out, describe, facts_in_place, plan_cleanup, records_cutoffs
 from sessions.findings import finding as _finding
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
 from sessions.postgres.state import PgState
-from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
 
 log = logging.getLogger(__name__)
@@ -76,18 +73,16 @@ class PgMaintenance:
 
     # -- cleanup (the plan of sessions.cleanup_plan; an archive is the run's rows marked archived) --
 
-    async def cleanup(
-        self, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:  # fmt: skip
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
         """The files backend's decisions (``plan_cleanup``) on the database: ``archive`` marks a
         run's row archived (its rows stay, readable; no tar.gz on this backend), ``delete_archive``
         deletes the run's rows (its messages, records and index rows with them); expired
         idempotency and webhook delivery records are forgotten."""
         with unavailable("nothing was stored"):
             rows = await self.state.pool.fetch(_FACTS)
-        actions = plan_cleanup(*facts_in_place(((r["run_id"], r) for r in rows), self.state.entry), settings, now)
-        if dry_run:
+        facts = facts_in_place(((r["run_id"], r) for r in rows), self.state.entry)
+        actions = plan_cleanup(*facts, request.settings, request.now)
+        if request.dry_run:
             return [{**describe(a), "done": False} for a in actions]
         pool = self.state.pool
 
@@ -101,10 +96,8 @@ class PgMaintenance:
             with unavailable("nothing was stored"):
                 await pool.execute("DELETE FROM runs WHERE run_id = $1", run_id)
 
-        report = await carry_out(
-            actions, active=self.state.active_run, complete=complete, archive=archive, delete=delete, step=step
-        )
-        keys_before, hooks_before = records_cutoffs(now)
+        report = await carry_out(actions, request, active=self.state.active_run, archive=archive, delete=delete)
+        keys_before, hooks_before = records_cutoffs(request.now)
         with unavailable("nothing was stored"):
             keys = await self.state.pool.execute("DELETE FROM idempotency WHERE created_at < $1", keys_before)
             hooks = await self.state.pool.execute("DELETE FROM hook_deliveries WHERE created_at < $1", hooks_before)

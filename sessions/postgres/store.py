@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
 
 import asyncpg
 
 from config.clock import Clock
 from config.errors import ConfigError
-from config.settings import CleanupSettings, PostgresSettings, Settings
+from config.settings import PostgresSettings, Settings
 from sessions.appends import check_writable
+from sessions.cleanup_plan import CleanupRequest
 from sessions.context_lines import ContextLine
 from sessions.deliveries import Delivery, PriorDelivery
 from sessions.entries import SessionEntry
@@ -38,7 +38,7 @@ from sessions.postgres.schema import migrate
 from sessions.postgres.shared import PgSharing
 from sessions.postgres.state import PgState, load_view
 from sessions.postgres.usage import PgUsage
-from sessions.protocol import ArchiveStep, CompleteRun, RecordKind, StoreProtocol
+from sessions.protocol import RecordKind, StoreProtocol
 from sessions.records import (
     NEWEST_RUNS,
     CompatConversation,
@@ -376,11 +376,8 @@ class PgStore:
     async def check(self, *, fix: bool) -> list[StoredRecord]:
         return await self.maintenance.check(fix=fix)
 
-    async def cleanup(
-        self, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:  # fmt: skip
-        return await self.maintenance.cleanup(settings, now=now, dry_run=dry_run, complete=complete, step=step)
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
+        return await self.maintenance.cleanup(request)
 
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         return await self.export.export_runs(key=key, run_id=run_id)
