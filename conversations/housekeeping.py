@@ -24,6 +24,7 @@ from conversations.hooks import SchedulingHooks
 from conversations.log_context import EVERY_ONE
 from conversations.run_end import RunEnd, end_active_run, end_run
 from conversations.turns import Conversations, Post
+from sessions.cleanup_plan import CleanupRequest
 from sessions.entries import SessionEntry
 from sessions.events import ResetEvent, TurnEvent
 from sessions.keys import cron_key, parse_key
@@ -191,13 +192,8 @@ class Scheduling:
             async with self.conv.exclusive(key):
                 await end_run(self.conv, key, RunEnd("cleanup"))
 
-        report = await self.storage.cleanup(
-            self.settings.cleanup,
-            now=self.clock(),
-            dry_run=dry_run,
-            complete=complete,
-            step=self.hooks.archive_step,
-        )
+        request = CleanupRequest(self.settings.cleanup, self.clock(), dry_run, complete, self.hooks.archive_step)
+        report = await self.storage.cleanup(request)
         gone = [a["run_id"] for a in report if a["action"] == "delete_archive" and a["done"]]
         if gone and self.hooks.forget_runs is not None:  # the history index follows deletes
             await self.hooks.forget_runs(gone)

@@ -20,7 +20,7 @@ from config.errors import BadRequest, NeotaskError, NotFound
 from config.settings import Settings
 from conversations.memory_scope import scope_of_raw
 from conversations.relevance import tool_result
-from conversations.tools import Tool, ToolError
+from conversations.tools import Tool, ToolError, params
 from conversations.transcript_memory import is_transcript, run_citation, transcript_path
 from conversations.turns import Conversations, Post
 from memory import MemoryService, SearchHit, scopes
@@ -150,38 +150,28 @@ class MemoryBridge:
             Tool(
                 name="memory_search",
                 description="Search long-term memory (MEMORY.md and memory/*.md notes). Returns cited snippets.",
-                parameters={
-                    "type": "object",
-                    "properties": {
-                        "query": {"type": "string", "description": "What to look for, in natural language."},
-                        "k": {"type": "integer", "minimum": 1, "maximum": 20, "description": "How many results."},
-                    },
-                    "required": ["query"],
-                },
+                parameters=params(
+                    ("query",),
+                    query={"type": "string", "description": "What to look for, in natural language."},
+                    k={"type": "integer", "minimum": 1, "maximum": 20, "description": "How many results."},
+                ),
                 run=self._search,
             ),
             Tool(
                 name="memory_get",
                 description="Read lines of a memory file (a path from a memory_search citation).",
-                parameters={
-                    "type": "object",
-                    "properties": {
-                        "path": {"type": "string"},
-                        "start_line": {"type": "integer", "minimum": 1},
-                        "end_line": {"type": "integer", "minimum": 1},
-                    },
-                    "required": ["path"],
-                },
+                parameters=params(
+                    ("path",),
+                    path={"type": "string"},
+                    start_line={"type": "integer", "minimum": 1},
+                    end_line={"type": "integer", "minimum": 1},
+                ),
                 run=self._get,
             ),
             Tool(
                 name="memory_append",
                 description="Save a durable fact to today's memory log (memory/YYYY-MM-DD.md). One fact per call.",
-                parameters={
-                    "type": "object",
-                    "properties": {"text": {"type": "string", "description": "The fact, one line."}},
-                    "required": ["text"],
-                },
+                parameters=params(("text",), text={"type": "string", "description": "The fact, one line."}),
                 run=self._append,
             ),
         ]

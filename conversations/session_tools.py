@@ -21,7 +21,7 @@ from conversations.tools import Tool, ToolError
 from conversations.turns import Conversations, Outcome, Post
 from sessions.history_index import HistoryIndexProtocol, HistoryQuery
 from sessions.keys import parse_key
-from sessions.records import NewMessage, RunState
+from sessions.records import NewMessage, RunQuery, RunState
 
 MAX_CONTENT = 2000  # characters of one message handed back to the model
 
@@ -170,7 +170,7 @@ class SessionTools:
             entry = self.store.entry(key)
             run_id = (entry.run_id or entry.last_run_id) if entry else None
             if run_id is None:
-                rows = await self.store.list_runs(session_key=key, limit=1)
+                rows = await self.store.list_runs(RunQuery(session_key=key, limit=1))
                 run_id = rows[0]["uuid"] if rows else None
             if run_id is None:
                 raise ToolError(f"session {key!r} has no run")

@@ -18,6 +18,11 @@ from sessions.tokens import estimate_text
 ToolFn = Callable[[RunState, dict[str, Any]], Awaitable[str]]
 
 
+def params(required: tuple[str, ...], **properties: dict[str, Any]) -> dict[str, Any]:
+    """A tool's ``parameters``: a JSON-schema object of ``properties``, ``required`` of them needed."""
+    return {"type": "object", "properties": properties, "required": list(required)}
+
+
 class ToolError(Exception):
     """A tool refused its arguments; the message goes back to the model."""
 
@@ -45,18 +50,15 @@ class ToolBox:
             Tool(
                 name="update_plan",
                 description="Record the current plan for this task (kept in the session's planning history).",
-                parameters={
-                    "type": "object",
-                    "properties": {
-                        "plan": {"type": "string", "description": "The plan, as text or a checklist."},
-                        "plan_type": {
-                            "type": "string",
-                            "enum": ["initial", "update", "final"],
-                            "description": "initial for the first plan, update for revisions, final when done.",
-                        },
+                parameters=params(
+                    ("plan",),
+                    plan={"type": "string", "description": "The plan, as text or a checklist."},
+                    plan_type={
+                        "type": "string",
+                        "enum": ["initial", "update", "final"],
+                        "description": "initial for the first plan, update for revisions, final when done.",
                     },
-                    "required": ["plan"],
-                },
+                ),
                 run=self._update_plan,
             )
         )

@@ -5,12 +5,14 @@ chat type through ``retention_by_type``; 0 = at the next cleanup) are archived. 
 ``last_interaction_at`` is that old are completed first, then archived in the same plan. Archives
 ``archive_retention_days`` old are deleted (null = kept forever). The runs of a pinned key are
 never touched. The caller carries the plan out in order (and runs ``VACUUM`` only when it did
-something); a dry run just shows it.
+something); a dry run just shows it. The backends that archive in place (in memory, PostgreSQL: an
+archived run's row carries ``archived_at``) gather their facts and carry the plan out through
+``facts_in_place`` and ``carry_out``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -51,6 +53,19 @@ class ArchiveFacts:
 
 
 @dataclass(frozen=True)
+class CleanupRequest:
+    """One cleanup as a store is asked for it: by ``settings`` at ``now``, only planned with
+    ``dry_run``; a stale active run is completed through ``complete`` (given its key); ``step`` is
+    called at each step of archiving a run (a test hook)."""
+
+    settings: CleanupSettings
+    now: datetime
+    dry_run: bool
+    complete: Callable[[str], Awaitable[None]]
+    step: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
 class CleanupAction:
     kind: CleanupKind
     run_id: str
@@ -73,6 +88,48 @@ def run_facts(run_id: str, row: Mapping[str, Any], entry: SessionEntry | None) -
         last_interaction_at=_when(last or row.get("updated_at") or row.get("created_at")),
         pinned=is_pinned(row, entry),
     )  # fmt: skip
+
+
+def facts_in_place(
+    rows: Iterable[tuple[str, Mapping[str, Any]]], entry_of: Callable[[str], SessionEntry | None]
+) -> tuple[list[RunFacts], list[ArchiveFacts]]:
+    """The facts of runs and archives from ``(run_id, ledger row)`` pairs of a backend that archives
+    in place (an archived run's row carries ``archived_at``), with their keys' entries."""
+    runs, archived = [], []
+    for run_id, row in rows:
+        key = str(row.get("session_key") or "")
+        entry = entry_of(key)
+        if row.get("archived_at"):
+            archived.append(ArchiveFacts(run_id, parse_iso(str(row["archived_at"])), key, is_pinned(row, entry)))
+        else:
+            runs.append(run_facts(run_id, row, entry))
+    return runs, archived
+
+
+async def carry_out(
+    actions: Iterable[CleanupAction],
+    request: CleanupRequest,
+    *,
+    active: Callable[[str], object | None],
+    archive: Callable[[str], Awaitable[None]],
+    delete: Callable[[str], Awaitable[None]],
+) -> list[dict[str, Any]]:
+    """Carry ``actions`` out in order, on a backend that archives in place: complete (through the
+    request's ``complete``) a key whose run is still ``active``, ``archive`` a run (then the
+    request's ``step("recorded")``), ``delete`` an expired archive; the report of the actions done."""
+    report: list[dict[str, Any]] = []
+    for action in actions:
+        if action.kind == "complete":
+            if action.session_key and active(action.session_key) is not None:
+                await request.complete(action.session_key)
+        elif action.kind == "archive":
+            await archive(action.run_id)
+            if request.step is not None:
+                request.step("recorded")
+        else:
+            await delete(action.run_id)
+        report.append({**describe(action), "done": True})
+    return report
 
 
 def describe(action: CleanupAction) -> dict[str, Any]:

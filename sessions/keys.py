@@ -46,6 +46,8 @@ _SHAPES = (
     "agent:<agentId>:<channel>:group:<groupId>[:topic:<threadId>], "
     "agent:<agentId>:<channel>:channel:<channelId>[:thread:<threadId>]"
 )
+# The word before a thread id, by the kind of a channel's place (a group's topic, a channel's thread).
+_THREAD_WORD = {"group": "topic", "channel": "thread"}
 
 
 @dataclass(frozen=True)
@@ -273,31 +275,22 @@ def _parse(raw: str, agents: Collection[str] | None) -> SessionKey:
             key = SessionKey(
                 raw=raw, family="agent", chat_type="direct", agent_id=agent_id, channel=channel, peer_id=ident
             )
-        elif kind == "group" and (n == 3 or (n == 5 and tail[3] == "topic")):
+        elif kind in _THREAD_WORD and (n == 3 or (n == 5 and tail[3] == _THREAD_WORD[kind])):
             thread = unescape_segment(tail[4]) if n == 5 else None
+            group_id, channel_id = (ident, None) if kind == "group" else (None, ident)
             key = SessionKey(
                 raw=raw,
                 family="agent",
-                chat_type="group",
+                chat_type="group" if kind == "group" else "channel",
                 agent_id=agent_id,
                 channel=channel,
-                group_id=ident,
-                thread_id=thread,
-            )
-        elif kind == "channel" and (n == 3 or (n == 5 and tail[3] == "thread")):
-            thread = unescape_segment(tail[4]) if n == 5 else None
-            key = SessionKey(
-                raw=raw,
-                family="agent",
-                chat_type="channel",
-                agent_id=agent_id,
-                channel=channel,
-                channel_id=ident,
+                group_id=group_id,
+                channel_id=channel_id,
                 thread_id=thread,
             )
     if key is None:
-        if n == 5 and (tail[1], tail[3]) in (("group", "thread"), ("channel", "topic")):
-            right = "topic" if tail[1] == "group" else "thread"
+        if n == 5 and tail[1] in _THREAD_WORD and tail[3] in _THREAD_WORD.values():
+            right = _THREAD_WORD[tail[1]]
             raise _bad_shape(raw, "agent", f"a {tail[1]}'s thread written :{right}:<threadId>, not :{tail[3]}:")
         raise _bad_shape(raw, "agent", _SHAPES)
     _check_agent(raw, agent_id, agents)

@@ -45,18 +45,18 @@ Contract of the base capability, in short (the suite checks each point):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import date, datetime
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from config.clock import Clock
-from config.settings import CleanupSettings
+from sessions.cleanup_plan import CleanupRequest
 from sessions.context_lines import ContextLine
 from sessions.deliveries import Delivery, PriorDelivery
 from sessions.entries import SessionEntry
 from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
 from sessions.records import (
+    NEWEST_RUNS,
     CompatConversation,
     ContextRewrite,
     HookDelivery,
@@ -66,13 +66,14 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     ResponseRef,
+    RunQuery,
     RunRow,
     RunState,
     StoredRecord,
     TaskKey,
 )
 from sessions.rewrites import ContextChange
-from sessions.usage import DailyUsage, UsageBy
+from sessions.usage import ALL_USAGE, DailyUsage, UsageQuery
 
 if TYPE_CHECKING:
     from sessions.backup import BackupPoint, StagedHome
@@ -187,14 +188,7 @@ class RunStore(Protocol):
         """The run's row; ``RunNotFound`` when there is none."""
         ...
 
-    async def list_runs(
-        self,
-        *,
-        session_key: str | None = None,
-        statuses: Sequence[str] = (),
-        limit: int = 50,
-        before: tuple[str, str] | None = None,
-    ) -> list[RunRow]: ...
+    async def list_runs(self, query: RunQuery = NEWEST_RUNS) -> list[RunRow]: ...
     async def known_keys(self) -> list[KnownKey]: ...
     async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
         """The completed or failed runs of ``key`` (or of ``task_key``) that ended within
@@ -258,17 +252,9 @@ class UsageRecords(Protocol):
     """Token usage per UTC day, agent and key, counted by ``add_usage`` (``GET /v1/usage``, the
     daily budgets ``agents.<id>.limits``)."""
 
-    async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
-        """Per day and ``by`` (``key``, ``agent``: the keys summed, ``day``: all summed), oldest
-        day first; ``since`` and ``until`` inclusive."""
+    async def daily_usage(self, query: UsageQuery = ALL_USAGE) -> list[DailyUsage]:
+        """Per day and ``query.by`` (``key``, ``agent``: the keys summed, ``day``: all summed),
+        oldest day first; ``since`` and ``until`` inclusive."""
         ...
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
@@ -301,15 +287,7 @@ class Doctor(Protocol):
 class Maintenance(Doctor, Protocol):
     """The doctor (``check``), cleanup, export and purge of a backend's storage."""
 
-    async def cleanup(
-        self,
-        settings: CleanupSettings,
-        *,
-        now: datetime,
-        dry_run: bool,
-        complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
         """Complete stale runs (through ``complete``), archive old ended ones, delete expired
         archives, forget expired delivery records; the actions, done or planned (``dry_run``)."""
         ...

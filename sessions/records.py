@@ -194,6 +194,21 @@ class KnownKey:
 
 
 @dataclass(frozen=True, slots=True)
+class RunQuery:
+    """Which runs ``list_runs`` gives, newest first by (created_at, uuid): those of ``session_key``,
+    with one of ``statuses`` (RunStatus values), before the cursor ``before`` (the (created_at,
+    uuid) of the last row seen), ``limit`` of them at the most; empty filters take all."""
+
+    session_key: str | None = None
+    statuses: tuple[str, ...] = ()
+    limit: int = 50
+    before: tuple[str, str] | None = None
+
+
+NEWEST_RUNS = RunQuery()  # the newest runs of all keys
+
+
+@dataclass(frozen=True, slots=True)
 class CompatConversation:
     """What a key's OpenAI-compatible client held after its last call (``openai_conversations``)."""
 

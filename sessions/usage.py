@@ -115,6 +115,9 @@ class UsageQuery:
     by: UsageBy = "key"
 
 
+ALL_USAGE = UsageQuery()  # every agent's and key's usage, per key
+
+
 class UsageBook:
     """``UsageRecords`` over the two lookups a backend makes its own way: the rows of a
     ``UsageQuery``, and the tokens an agent and a key spent on a day."""
@@ -127,16 +130,8 @@ class UsageBook:
         self._rows = rows
         self._spent = spent
 
-    async def daily_usage(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_key: str | None = None,
-        since: date | None = None,
-        until: date | None = None,
-        by: UsageBy = "key",
-    ) -> list[DailyUsage]:
-        return await self._rows(UsageQuery(agent_id, session_key, since, until, by))
+    async def daily_usage(self, query: UsageQuery = ALL_USAGE) -> list[DailyUsage]:
+        return await self._rows(query)
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
         return await self._spent(day, agent_id, session_key)

@@ -33,7 +33,7 @@ from sessions.exports import RunExport
 from sessions.history_index import HistoryIndexProtocol, HistoryQuery, time_bound
 from sessions.history_text import match_expression
 from sessions.keys import parse_key
-from sessions.records import ROLES
+from sessions.records import ROLES, RunQuery
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -258,7 +258,7 @@ async def purge(request: web.Request, key: str) -> web.Response:
     async with request.app[K.COMPAT].erasing(key):
         conv.stop_turn(key)  # a turn that started while an OpenAI call held the key
         async with conv.exclusive(key):
-            runs = await store.list_runs(session_key=key, limit=1_000_000)
+            runs = await store.list_runs(RunQuery(session_key=key, limit=1_000_000))
             tombstone = await store.purge(key, history=history_of(request.app))
             await request.app[K.SERVICES].forget_transcripts(runs)
             request.app[K.HUB].forget(key)

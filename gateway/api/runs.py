@@ -28,7 +28,7 @@ from gateway.contract import (
 )
 from gateway.http import json_response, parse_body
 from sessions.protocol import RecordKind
-from sessions.records import RUN_STATUSES, RunRow, RunState
+from sessions.records import RUN_STATUSES, RunQuery, RunRow, RunState
 
 routes = web.RouteTableDef()
 B = TypeVar("B", bound=BaseModel)
@@ -110,9 +110,7 @@ async def list_runs(request: web.Request) -> web.Response:
             before = (str(at), str(uuid))
         except (ValueError, TypeError):
             raise BadRequest("'cursor' is not one this API returned", field="cursor") from None
-    rows = await store.list_runs(
-        session_key=RUN_KEY.raw(request) or None, statuses=statuses, limit=limit + 1, before=before
-    )
+    rows = await store.list_runs(RunQuery(RUN_KEY.raw(request) or None, tuple(statuses), limit + 1, before))
     page = rows[:limit]
     next_cursor = None
     if len(rows) > limit:

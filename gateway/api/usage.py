@@ -13,7 +13,7 @@ from config.errors import BadRequest
 from gateway import keys as K
 from gateway.contract import NULLABLE_STR, STR, Answer, ChoiceParam, Param, operation
 from gateway.http import json_response
-from sessions.usage import USAGE_COLUMNS, UsageBy
+from sessions.usage import USAGE_COLUMNS, UsageBy, UsageQuery
 
 routes = web.RouteTableDef()
 
@@ -97,9 +97,7 @@ async def usage(request: web.Request) -> web.Response:
     if since is not None and until is not None and since > until:
         raise BadRequest(f"'from' ({since}) is after 'to' ({until}): swap them", field="from")
     by: UsageBy = BY.read(request) or "key"  # type: ignore[assignment]
-    rows = await request.app[K.STORE].daily_usage(
-        agent_id=agent, session_key=KEY.raw(request) or None, since=since, until=until, by=by
-    )
+    rows = await request.app[K.STORE].daily_usage(UsageQuery(agent, KEY.raw(request) or None, since, until, by))
     counted = [cast(Mapping[str, int], r) for r in rows]
     totals = {name: sum(int(r[name]) for r in counted) for name in ("total_tokens", *USAGE_COLUMNS)}
     limits = {agent_id: a.limits.model_dump() for agent_id, a in settings.agents.items()}

@@ -15,10 +15,10 @@ from datetime import datetime
 from typing import Any
 
 from config.clock import iso, parse_iso
-from config.settings import CleanupSettings
 from sessions.cleanup_plan import (
     ArchiveFacts,
     CleanupAction,
+    CleanupRequest,
     RunFacts,
     describe,
     is_pinned,
@@ -48,20 +48,12 @@ async def gather(store: StoreState) -> tuple[list[RunFacts], list[ArchiveFacts]]
     return runs, archives
 
 
-async def run_cleanup(
-    store: StoreState,
-    settings: CleanupSettings,
-    *,
-    now: datetime,
-    dry_run: bool,
-    complete: CompleteFn,
-    step: Step | None = None,
-) -> list[dict[str, Any]]:
-    """``step`` is called at each step of archiving (``archive.STEPS``): a test hook."""
+async def run_cleanup(store: StoreState, request: CleanupRequest) -> list[dict[str, Any]]:
+    """The request's ``step`` is called at each step of archiving (``archive.STEPS``): a test hook."""
     unfinished = await _unfinished(store)
     runs, archive_facts = await gather(store)
-    actions = plan_cleanup(runs, archive_facts, settings, now)
-    if dry_run:
+    actions = plan_cleanup(runs, archive_facts, request.settings, request.now)
+    if request.dry_run:
         return [*unfinished, *({**describe(a), "done": False} for a in actions)]
     report = []
     for item in unfinished:
@@ -73,12 +65,12 @@ async def run_cleanup(
             report.append({**item, "error": str(exc)})
     for action in actions:
         try:
-            await _apply(store, action, complete, step or _no_step)
+            await _apply(store, action, request.complete, request.step or _no_step)
             report.append({**describe(action), "done": True})
         except OSError as exc:
             log.error("cleanup %s of run %s failed: %s", action.kind, action.run_id, exc)
             report.append({**describe(action), "done": False, "error": str(exc)})
-    trimmed = await store.ledger.execute(lambda c: _trim_deliveries(c, now))
+    trimmed = await store.ledger.execute(lambda c: _trim_deliveries(c, request.now))
     if trimmed:
         log.info("cleanup: forgot %d idempotency and webhook delivery record(s) past their window", trimmed)
     if actions or trimmed or unfinished:

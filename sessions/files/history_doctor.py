@@ -52,18 +52,16 @@ async def check_index(history: HistoryIndex, ledger: Ledger, home: Home, *, fix:
             await history.delete_runs(stale)
         detail = f"the history index holds {len(stale)} run(s) no longer in tasks.db"
         findings.append(Finding(STALE, "warning", detail, "delete their index rows", path=PATH, fixed=fix))
-    if lacking:
-        if fix:
-            await history.rebuild(lacking, replace=False)
-        detail = f"{len(lacking)} run(s) have messages the history index lacks"
-        remedy = "index them from their folders and archives"
-        findings.append(Finding(INCOMPLETE, "warning", detail, remedy, path=PATH, fixed=fix))
-    if holed:
-        if fix:
-            await history.rebuild(holed, replace=False)
-        detail = f"{missing} message(s) of {len(holed)} run(s) are missing from the history index"
-        remedy = "index them again from their folders and archives"
-        findings.append(Finding(HOLES, "warning", detail, remedy, path=PATH, fixed=fix))
+    incomplete = f"{len(lacking)} run(s) have messages the history index lacks"
+    holes = f"{missing} message(s) of {len(holed)} run(s) are missing from the history index"
+    for code, runs, detail, remedy in (
+        (INCOMPLETE, lacking, incomplete, "index them from their folders and archives"),
+        (HOLES, holed, holes, "index them again from their folders and archives"),
+    ):
+        if runs:
+            if fix:
+                await history.rebuild(runs, replace=False)
+            findings.append(Finding(code, "warning", detail, remedy, path=PATH, fixed=fix))
     return findings
 
 

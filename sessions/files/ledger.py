@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from home.damage import FIX_LEDGER, DamagedState, ledger_error, storage_damage
 from sessions import usage as usage_days
-from sessions.records import RUN_COLUMNS
+from sessions.records import RUN_COLUMNS, RunQuery
 
 T = TypeVar("T")
 
@@ -306,29 +306,22 @@ class Ledger:
 
         return await self._run(_get)
 
-    async def list_runs(
-        self,
-        *,
-        session_key: str | None = None,
-        statuses: Sequence[str] = (),
-        limit: int = 50,
-        before: tuple[str, str] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Newest first by (created_at, uuid); ``before`` is the cursor of the last row seen."""
+    async def list_runs(self, query: RunQuery) -> list[dict[str, Any]]:
+        """The runs ``query`` names, newest first by (created_at, uuid)."""
         clauses: list[str] = []
         values: list[Any] = []
-        if session_key is not None:
+        if query.session_key is not None:
             clauses.append("session_key = ?")
-            values.append(session_key)
-        if statuses:
-            clauses.append(f"status IN ({', '.join('?' for _ in statuses)})")
-            values.extend(statuses)
-        if before is not None:
+            values.append(query.session_key)
+        if query.statuses:
+            clauses.append(f"status IN ({', '.join('?' for _ in query.statuses)})")
+            values.extend(query.statuses)
+        if query.before is not None:
             clauses.append("(created_at, uuid) < (?, ?)")
-            values.extend(before)
+            values.extend(query.before)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT * FROM tasks {where} ORDER BY created_at DESC, uuid DESC LIMIT ?"
-        values.append(limit)
+        values.append(query.limit)
         return await self._run(lambda c: [dict(r) for r in c.execute(sql, values)])
 
     async def previous_runs(

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from datetime import datetime
 
-from config.settings import CleanupSettings
+from sessions.cleanup_plan import CleanupRequest
 from sessions.exports import RunExport
 from sessions.files.cleanup import run_cleanup
 from sessions.files.doctor_store import check_store
@@ -24,7 +23,6 @@ from sessions.files.run_folder import folder_of
 from sessions.files.store_lifecycle import Lifecycle
 from sessions.files.store_state import StoreState
 from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
-from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
 
 _ENDED_UNARCHIVED = (
@@ -66,16 +64,8 @@ class FilesMaintenance:
     async def check(self, *, fix: bool) -> list[StoredRecord]:
         return [f.as_dict() for f in await check_store(self.state, fix=fix)]
 
-    async def cleanup(
-        self,
-        settings: CleanupSettings,
-        *,
-        now: datetime,
-        dry_run: bool,
-        complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:
-        return await run_cleanup(self.state, settings, now=now, dry_run=dry_run, complete=complete, step=step)
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
+        return await run_cleanup(self.state, request)
 
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         if run_id is not None:

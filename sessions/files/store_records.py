@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -24,11 +24,13 @@ from sessions.files.run_folder import folder_of
 from sessions.files.store_state import StoreState
 from sessions.protocol import RecordKind
 from sessions.records import (
+    NEWEST_RUNS,
     CompatConversation,
     HookDelivery,
     IdempotencyRecord,
     KnownKey,
     ResponseRef,
+    RunQuery,
     RunRow,
     RunState,
     TaskKey,
@@ -47,17 +49,8 @@ class Reads:
     async def get_run(self, run_id: str) -> RunRow | None:
         return cast(RunRow | None, await self.state.ledger.get_run(run_id))
 
-    async def list_runs(
-        self,
-        *,
-        session_key: str | None = None,
-        statuses: Sequence[str] = (),  # RunStatus values
-        limit: int = 50,
-        before: tuple[str, str] | None = None,
-    ) -> list[RunRow]:
-        """Newest first by (created_at, uuid); ``before`` is the cursor of the last row seen."""
-        rows = await self.state.ledger.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
-        return cast(list[RunRow], rows)
+    async def list_runs(self, query: RunQuery = NEWEST_RUNS) -> list[RunRow]:
+        return cast(list[RunRow], await self.state.ledger.list_runs(query))
 
     async def usage_rows(self, query: UsageQuery) -> list[DailyUsage]:
         return await self.state.ledger.execute(lambda c: usage_days.rows(c, query))

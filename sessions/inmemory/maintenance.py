@@ -11,16 +11,14 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Protocol
 
-from config.clock import Clock, iso, parse_iso
+from config.clock import Clock, iso
 from config.errors import RunNotFound, SessionNotFound
-from config.settings import CleanupSettings
-from sessions.cleanup_plan import ArchiveFacts, describe, is_pinned, plan_cleanup, records_cutoffs, run_facts
+from sessions.cleanup_plan import CleanupRequest, carry_out, describe, facts_in_place, plan_cleanup, records_cutoffs
 from sessions.entries import SessionEntry
 from sessions.exports import RunExport
 from sessions.findings import finding
 from sessions.history_index import HistoryIndexProtocol
 from sessions.inmemory.data import MemoryData, StoredRun
-from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import ACTIVE_STATUSES, RUN_COLUMNS, RunState, StoredRecord
 
 log = logging.getLogger(__name__)
@@ -91,42 +89,24 @@ class MemoryMaintenance:
                 findings.append(finding("entries", "warning", detail, "set the entry idle", key=entry.key, fixed=fix))
         return findings
 
-    async def cleanup(
-        self,
-        settings: CleanupSettings,
-        *,
-        now: datetime,
-        dry_run: bool,
-        complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:
-        runs, archived = [], []
-        for run_id, stored in self.store.data.runs.items():
-            row, key = stored.row, str(stored.row.get("session_key") or "")
-            entry = self.store.entry(key)
-            if row.get("archived_at"):
-                archived.append(ArchiveFacts(run_id, parse_iso(str(row["archived_at"])), key, is_pinned(row, entry)))
-            else:
-                runs.append(run_facts(run_id, row, entry))
-        actions = plan_cleanup(runs, archived, settings, now)
-        if dry_run:
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
+        data = self.store.data
+        rows = ((run_id, stored.row) for run_id, stored in data.runs.items())
+        actions = plan_cleanup(*facts_in_place(rows, self.store.entry), request.settings, request.now)
+        if request.dry_run:
             return [{**describe(a), "done": False} for a in actions]
-        report: list[StoredRecord] = []
-        for action in actions:
-            if action.kind == "complete":
-                if action.session_key and self.store.active_run(action.session_key) is not None:
-                    await complete(action.session_key)
-            elif action.kind == "archive":
-                self.store.data.runs[action.run_id].row["archived_at"] = iso(self.store.clock())
-                if step is not None:
-                    step("recorded")
-            else:
-                self.store.data.runs.pop(action.run_id, None)
-                if self.store.data.history is not None:
-                    for place in [p for p in self.store.data.history if p[0] == action.run_id]:
-                        del self.store.data.history[place]
-            report.append({**describe(action), "done": True})
-        _forget_expired(self.store.data, now)
+
+        async def archive(run_id: str) -> None:
+            data.runs[run_id].row["archived_at"] = iso(self.store.clock())
+
+        async def delete(run_id: str) -> None:
+            data.runs.pop(run_id, None)
+            if data.history is not None:
+                for place in [p for p in data.history if p[0] == run_id]:
+                    del data.history[place]
+
+        report = await carry_out(actions, request, active=self.store.active_run, archive=archive, delete=delete)
+        _forget_expired(self.store.data, request.now)
         return report
 
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:

@@ -3,7 +3,6 @@ context as the model sees it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import cast
 
@@ -12,7 +11,7 @@ from config.errors import RunNotFound
 from sessions.context_lines import ContextLine, read_back
 from sessions.inmemory.data import MemoryData, StoredRun
 from sessions.protocol import RecordKind
-from sessions.records import FINISHED_STATUSES, KnownKey, RunRow, RunState, StoredRecord, TaskKey
+from sessions.records import FINISHED_STATUSES, NEWEST_RUNS, KnownKey, RunQuery, RunRow, RunState, StoredRecord, TaskKey
 
 
 class MemoryReads:
@@ -32,23 +31,17 @@ class MemoryReads:
             raise RunNotFound(f"no run {run_id!r}; list runs with GET /v1/runs")
         return row
 
-    async def list_runs(
-        self,
-        *,
-        session_key: str | None = None,
-        statuses: Sequence[str] = (),
-        limit: int = 50,
-        before: tuple[str, str] | None = None,
-    ) -> list[RunRow]:
+    async def list_runs(self, query: RunQuery = NEWEST_RUNS) -> list[RunRow]:
+        key, statuses, before = query.session_key, query.statuses, query.before
         rows = [
             cast(RunRow, dict(s.row))
             for s in self.data.runs.values()
-            if (session_key is None or s.row.get("session_key") == session_key)
+            if (key is None or s.row.get("session_key") == key)
             and (not statuses or s.row["status"] in statuses)
             and (before is None or (s.row["created_at"], s.row["uuid"]) < before)
         ]
         rows.sort(key=lambda r: (r["created_at"], r["uuid"]), reverse=True)
-        return rows[:limit]
+        return rows[: query.limit]
 
     async def known_keys(self) -> list[KnownKey]:
         keys: dict[str, tuple[str | None, str | None]] = {}

@@ -5,18 +5,15 @@ content), cleanup and the doctor's database checks (export is ``sessions.postgre
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from typing import Any
 
-from config.clock import iso, parse_iso
+from config.clock import iso
 from config.errors import SessionNotFound
-from config.settings import CleanupSettings
-from sessions.cleanup_plan import ArchiveFacts, describe, is_pinned, plan_cleanup, records_cutoffs, run_facts
+from sessions.cleanup_plan import CleanupRequest, carry_out, describe, facts_in_place, plan_cleanup, records_cutoffs
 from sessions.findings import finding as _finding
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
 from sessions.postgres.state import PgState
-from sessions.protocol import ArchiveStep, CompleteRun
 from sessions.records import StoredRecord
 
 log = logging.getLogger(__name__)
@@ -76,44 +73,31 @@ class PgMaintenance:
 
     # -- cleanup (the plan of sessions.cleanup_plan; an archive is the run's rows marked archived) --
 
-    async def cleanup(
-        self, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:  # fmt: skip
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
         """The files backend's decisions (``plan_cleanup``) on the database: ``archive`` marks a
         run's row archived (its rows stay, readable; no tar.gz on this backend), ``delete_archive``
         deletes the run's rows (its messages, records and index rows with them); expired
         idempotency and webhook delivery records are forgotten."""
         with unavailable("nothing was stored"):
             rows = await self.state.pool.fetch(_FACTS)
-        runs, archived = [], []
-        for row in rows:
-            key = row["session_key"] or ""
-            entry = self.state.entry(key)
-            if row["archived_at"]:
-                archived.append(ArchiveFacts(row["run_id"], parse_iso(row["archived_at"]), key, is_pinned(row, entry)))
-            else:
-                runs.append(run_facts(row["run_id"], row, entry))
-        actions = plan_cleanup(runs, archived, settings, now)
-        if dry_run:
+        facts = facts_in_place(((r["run_id"], r) for r in rows), self.state.entry)
+        actions = plan_cleanup(*facts, request.settings, request.now)
+        if request.dry_run:
             return [{**describe(a), "done": False} for a in actions]
-        report: list[StoredRecord] = []
-        for action in actions:
-            if action.kind == "complete":
-                if action.session_key and self.state.active_run(action.session_key) is not None:
-                    await complete(action.session_key)
-            elif action.kind == "archive":
-                with unavailable("nothing was stored"):
-                    await self.state.pool.execute(
-                        "UPDATE runs SET archived_at = $2 WHERE run_id = $1", action.run_id, iso(self.state.clock())
-                    )
-                if step is not None:
-                    step("recorded")
-            else:
-                with unavailable("nothing was stored"):
-                    await self.state.pool.execute("DELETE FROM runs WHERE run_id = $1", action.run_id)
-            report.append({**describe(action), "done": True})
-        keys_before, hooks_before = records_cutoffs(now)
+        pool = self.state.pool
+
+        async def archive(run_id: str) -> None:
+            with unavailable("nothing was stored"):
+                await pool.execute(
+                    "UPDATE runs SET archived_at = $2 WHERE run_id = $1", run_id, iso(self.state.clock())
+                )
+
+        async def delete(run_id: str) -> None:
+            with unavailable("nothing was stored"):
+                await pool.execute("DELETE FROM runs WHERE run_id = $1", run_id)
+
+        report = await carry_out(actions, request, active=self.state.active_run, archive=archive, delete=delete)
+        keys_before, hooks_before = records_cutoffs(request.now)
         with unavailable("nothing was stored"):
             keys = await self.state.pool.execute("DELETE FROM idempotency WHERE created_at < $1", keys_before)
             hooks = await self.state.pool.execute("DELETE FROM hook_deliveries WHERE created_at < $1", hooks_before)

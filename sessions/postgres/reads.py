@@ -4,7 +4,6 @@ were on, the runs a new one inherits from, a run's messages and records, its fin
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, cast
 
@@ -13,7 +12,7 @@ from config.errors import RunNotFound
 from sessions.postgres.faults import unavailable
 from sessions.postgres.state import PgState
 from sessions.protocol import RecordKind
-from sessions.records import KnownKey, RunRow, StoredRecord, TaskKey
+from sessions.records import NEWEST_RUNS, KnownKey, RunQuery, RunRow, StoredRecord, TaskKey
 
 RUN_COLUMNS = (
     "run_id AS uuid",
@@ -64,24 +63,21 @@ class PgReads:
             row = await self.state.pool.fetchrow(f"{SELECT_RUN} WHERE run_id = $1", run_id)
         return cast(RunRow, dict(row)) if row is not None else None
 
-    async def list_runs(
-        self, *, session_key: str | None = None, statuses: Sequence[str] = (), limit: int = 50,
-        before: tuple[str, str] | None = None,
-    ) -> list[RunRow]:  # fmt: skip
-        """Newest first by (created_at, uuid); ``before`` is the cursor of the last row seen."""
+    async def list_runs(self, query: RunQuery = NEWEST_RUNS) -> list[RunRow]:
+        """The runs ``query`` names, newest first by (created_at, run_id)."""
         clauses: list[str] = []
         values: list[Any] = []
-        if session_key is not None:
-            values.append(session_key)
+        if query.session_key is not None:
+            values.append(query.session_key)
             clauses.append(f"session_key = ${len(values)}")
-        if statuses:
-            values.append(list(statuses))
+        if query.statuses:
+            values.append(list(query.statuses))
             clauses.append(f"status = ANY(${len(values)}::text[])")
-        if before is not None:
-            values.extend(before)
+        if query.before is not None:
+            values.extend(query.before)
             clauses.append(f"(created_at, run_id) < (${len(values) - 1}, ${len(values)})")
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        values.append(limit)
+        values.append(query.limit)
         sql = f"{SELECT_RUN} {where} ORDER BY created_at DESC, run_id DESC LIMIT ${len(values)}"
         with unavailable("nothing was read"):
             rows = await self.state.pool.fetch(sql, *values)

@@ -9,15 +9,15 @@ appends and writes the entries."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import date, datetime
+from collections.abc import Callable, Iterable, Mapping
 
 import asyncpg
 
 from config.clock import Clock
 from config.errors import ConfigError
-from config.settings import CleanupSettings, PostgresSettings, Settings
+from config.settings import PostgresSettings, Settings
 from sessions.appends import check_writable
+from sessions.cleanup_plan import CleanupRequest
 from sessions.context_lines import ContextLine
 from sessions.deliveries import Delivery, PriorDelivery
 from sessions.entries import SessionEntry
@@ -38,8 +38,9 @@ from sessions.postgres.schema import migrate
 from sessions.postgres.shared import PgSharing
 from sessions.postgres.state import PgState, load_view
 from sessions.postgres.usage import PgUsage
-from sessions.protocol import ArchiveStep, CompleteRun, RecordKind, StoreProtocol
+from sessions.protocol import RecordKind, StoreProtocol
 from sessions.records import (
+    NEWEST_RUNS,
     CompatConversation,
     ContextRewrite,
     HookDelivery,
@@ -49,6 +50,7 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     ResponseRef,
+    RunQuery,
     RunRow,
     RunState,
     StoredRecord,
@@ -56,7 +58,7 @@ from sessions.records import (
 )  # fmt: skip
 from sessions.rewrites import ContextChange
 from sessions.store_hooks import StoreHooks
-from sessions.usage import DailyUsage, UsageBy
+from sessions.usage import ALL_USAGE, DailyUsage, UsageQuery
 
 POOL_SIZE = 10
 
@@ -281,11 +283,8 @@ class PgStore:
     async def require_run(self, run_id: str) -> RunRow:
         return await self.reads.require_run(run_id)
 
-    async def list_runs(
-        self, *, session_key: str | None = None, statuses: Sequence[str] = (), limit: int = 50,
-        before: tuple[str, str] | None = None,
-    ) -> list[RunRow]:  # fmt: skip
-        return await self.reads.list_runs(session_key=session_key, statuses=statuses, limit=limit, before=before)
+    async def list_runs(self, query: RunQuery = NEWEST_RUNS) -> list[RunRow]:
+        return await self.reads.list_runs(query)
 
     async def known_keys(self) -> list[KnownKey]:
         return await self.reads.known_keys()
@@ -351,13 +350,8 @@ class PgStore:
 
     # -- UsageRecords: ``sessions.postgres.usage`` ---------------------------------------------------
 
-    async def daily_usage(
-        self, *, agent_id: str | None = None, session_key: str | None = None, since: date | None = None,
-        until: date | None = None, by: UsageBy = "key",
-    ) -> list[DailyUsage]:  # fmt: skip
-        return await self.usage.daily_usage(
-            agent_id=agent_id, session_key=session_key, since=since, until=until, by=by
-        )
+    async def daily_usage(self, query: UsageQuery = ALL_USAGE) -> list[DailyUsage]:
+        return await self.usage.daily_usage(query)
 
     async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
         return await self.usage.tokens_spent(day, agent_id, session_key)
@@ -382,11 +376,8 @@ class PgStore:
     async def check(self, *, fix: bool) -> list[StoredRecord]:
         return await self.maintenance.check(fix=fix)
 
-    async def cleanup(
-        self, settings: CleanupSettings, *, now: datetime, dry_run: bool, complete: CompleteRun,
-        step: ArchiveStep | None = None,
-    ) -> list[StoredRecord]:  # fmt: skip
-        return await self.maintenance.cleanup(settings, now=now, dry_run=dry_run, complete=complete, step=step)
+    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
+        return await self.maintenance.cleanup(request)
 
     async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
         return await self.export.export_runs(key=key, run_id=run_id)

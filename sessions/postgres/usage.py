@@ -4,14 +4,12 @@ run's totals, read by ``GET /v1/usage`` and the daily budgets."""
 
 from __future__ import annotations
 
-from datetime import date
-
 import asyncpg
 
 from sessions.postgres.faults import unavailable
 from sessions.postgres.state import PgState
 from sessions.records import USAGE_KEYS
-from sessions.usage import USAGE_COLUMNS, DailyKey, DailyUsage, UsageBy, daily_row
+from sessions.usage import ALL_USAGE, USAGE_COLUMNS, DailyKey, DailyUsage, UsageQuery, daily_row
 
 MIGRATION = """
 CREATE TABLE usage_daily (
@@ -47,22 +45,20 @@ class PgUsage:
     def __init__(self, state: PgState) -> None:
         self.state = state
 
-    async def daily_usage(
-        self, *, agent_id: str | None = None, session_key: str | None = None, since: date | None = None,
-        until: date | None = None, by: UsageBy = "key",
-    ) -> list[DailyUsage]:  # fmt: skip
+    async def daily_usage(self, query: UsageQuery = ALL_USAGE) -> list[DailyUsage]:
+        since, until = query.since, query.until
         clauses: list[str] = []
         values: list[str] = []
         for column, value in (
-            ("agent_id =", agent_id),
-            ("session_key =", session_key),
+            ("agent_id =", query.agent_id),
+            ("session_key =", query.session_key),
             ("day >=", since.isoformat() if since else None),
             ("day <=", until.isoformat() if until else None),
         ):
             if value is not None:
                 values.append(value)
                 clauses.append(f"{column} ${len(values)}")
-        group = {"key": ["day", "agent_id", "session_key"], "agent": ["day", "agent_id"], "day": ["day"]}[by]
+        group = {"key": ["day", "agent_id", "session_key"], "agent": ["day", "agent_id"], "day": ["day"]}[query.by]
         columns = ", ".join(group)
         sums = ", ".join(f"SUM({k})::bigint AS {k}" for k in USAGE_COLUMNS)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""

@@ -33,7 +33,7 @@ from config.clock import parse_iso
 from conversations.turns import Post
 from gateway.services import Parts, Services, open_services
 from sessions.keys import parse_key
-from sessions.records import NewMessage
+from sessions.records import NewMessage, RunQuery
 from tests.clock_shift import CALENDAR, Moment
 from tests.conftest import FakeClock
 from tests.gateway.helpers import gateway_config
@@ -121,7 +121,7 @@ class Day:
         self.clock.set(until)
 
     async def runs(self, key: str) -> list[dict[str, Any]]:
-        rows = await self.services.store.list_runs(session_key=key)
+        rows = await self.services.store.list_runs(RunQuery(session_key=key))
         return sorted((dict(r) for r in rows), key=lambda r: r["created_at"])
 
 

@@ -26,8 +26,9 @@ from sessions.files.archive import write_archive
 from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
-from sessions.records import CompatConversation, NewMessage, ResponseRef, TaskKey
+from sessions.records import CompatConversation, NewMessage, ResponseRef, RunQuery, TaskKey
 from sessions.rewrites import Compaction
+from sessions.usage import UsageQuery
 from tests.gateway.daemons import child_env, run_cli
 from tests.sessions.helpers import settings_with
 from tests.support.postgres import DATABASE, PgServer, empty_database
@@ -89,7 +90,7 @@ async def _seed(root: Path) -> None:
 async def _view(store: StoreProtocol) -> dict[str, Any]:
     """What a store shows of every run, entry and record, through the Protocol's reads."""
     runs = {}
-    for row in await store.list_runs(limit=100):
+    for row in await store.list_runs(RunQuery(limit=100)):
         run_id = row["uuid"]
         state = store.run_state(run_id)
         runs[run_id] = {
@@ -102,7 +103,7 @@ async def _view(store: StoreProtocol) -> dict[str, Any]:
             "context": await store.read_context(state) if state is not None else None,
         }
     entries = {e.key: (e.status, e.run_id, e.last_run_id, e.message_count, e.compaction_count) for e in store.entries()}
-    usage = await store.daily_usage(by="key")
+    usage = await store.daily_usage(UsageQuery(by="key"))
     records = (
         await store.find_idempotency(KEYS[1], "cm-1", since="2000-01-01T00:00:00Z"),
         await store.hook_delivery("d-1"),

@@ -10,7 +10,7 @@ import pytest
 
 from home.damage import DamagedState
 from sessions.files.ledger import MIGRATIONS, Ledger, migrate
-from sessions.usage import usage_day
+from sessions.usage import UsageQuery, usage_day
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start
 
@@ -74,14 +74,15 @@ async def test_usage_is_added_per_utc_day_agent_and_key(tmp_path: Path, clock: F
             (second_day, "agent:main:main", 100, 1),
         ]
         assert rows[1]["cache_read_tokens"] == 3 and rows[1]["agent"] == "main"
-        days = await store.daily_usage(by="day")
+        days = await store.daily_usage(UsageQuery(by="day"))
         assert [(r["day"], r["agent"], r["key"], r["total_tokens"]) for r in days] == [
             (first_day, None, None, 39),
             (second_day, None, None, 100),
         ]
         since = date.fromisoformat(second_day)
-        assert [r["total_tokens"] for r in await store.daily_usage(by="agent", since=since)] == [100]
-        assert await store.daily_usage(session_key="agent:main:dm:bob", until=since - timedelta(days=2)) == []
+        assert [r["total_tokens"] for r in await store.daily_usage(UsageQuery(by="agent", since=since))] == [100]
+        before = UsageQuery(session_key="agent:main:dm:bob", until=since - timedelta(days=2))
+        assert await store.daily_usage(before) == []
         assert await store.tokens_spent(first_day, "main", "agent:main:main") == (39, 17)
         assert await store.tokens_spent(second_day, "main", "agent:main:dm:bob") == (100, 0)
         assert await store.tokens_spent(second_day, "helper", "agent:main:main") == (0, 0)

@@ -9,7 +9,7 @@ import pytest
 from config.errors import Conflict, NotFound, SessionPaused
 from sessions.events import StoreEvent
 from sessions.protocol import StoreProtocol
-from sessions.records import RunState
+from sessions.records import RunQuery, RunState
 from sessions.store_hooks import StoreHooks
 from tests.sessions.conformance.support import KEY, Harness, command, start, user
 
@@ -24,7 +24,7 @@ async def test_a_started_run_is_the_keys_active_run(store: StoreProtocol) -> Non
     assert (entry.run_id, entry.status, entry.chat_type, entry.inherit_next) == (run.run_id, "running", "direct", True)
     row = await store.get_run(run.run_id)
     assert row is not None and (row["status"], row["session_key"], row["task_type"]) == ("running", KEY, "agent")
-    assert [r["uuid"] for r in await store.list_runs(session_key=KEY)] == [run.run_id]
+    assert [r["uuid"] for r in await store.list_runs(RunQuery(session_key=KEY))] == [run.run_id]
     assert [(k.key, k.agent_id, k.chat_type) for k in await store.known_keys()] == [(KEY, "main", "direct")]
 
 
@@ -74,8 +74,8 @@ async def test_complete_with_an_error_fails_the_run(store: StoreProtocol) -> Non
     assert done.status == "failed"
     row = await store.get_run(run.run_id)
     assert row is not None and (row["status"], row["error_message"]) == ("failed", "broken")
-    assert [r["uuid"] for r in await store.list_runs(statuses=["failed"])] == [run.run_id]
-    assert await store.list_runs(statuses=["completed"]) == []
+    assert [r["uuid"] for r in await store.list_runs(RunQuery(statuses=("failed",)))] == [run.run_id]
+    assert await store.list_runs(RunQuery(statuses=("completed",))) == []
 
 
 async def test_complete_runs_the_hooks_and_keeps_the_final_summary_it_is_given(harness: Harness) -> None:
@@ -104,7 +104,7 @@ async def test_delete_removes_the_entry_and_keeps_the_runs(store: StoreProtocol)
     assert store.entry(KEY) is None and store.active_run(KEY) is None
     with pytest.raises(NotFound):
         store.require_entry(KEY)
-    assert [r["uuid"] for r in await store.list_runs(session_key=KEY)] == [run.run_id]
+    assert [r["uuid"] for r in await store.list_runs(RunQuery(session_key=KEY))] == [run.run_id]
     with pytest.raises(NotFound):
         await store.delete(KEY)
 

@@ -12,9 +12,10 @@ import pytest
 
 from config.errors import RunNotFound, SessionNotFound
 from config.settings import CleanupSettings
+from sessions.cleanup_plan import CleanupRequest
 from sessions.exports import RunExport
 from sessions.protocol import ConversationStore, Maintenance
-from sessions.records import NewMessage
+from sessions.records import NewMessage, RunQuery
 from tests.conftest import FakeClock
 from tests.sessions.conformance.support import KEY, start, user
 
@@ -79,15 +80,15 @@ async def test_cleanup_plans_then_archives_a_run_past_its_retention(store: Conve
     await store.append(recent, user("just now"))
     settings = CleanupSettings(retention_days=30)
 
-    planned = await maintenance(store).cleanup(settings, now=clock(), dry_run=True, complete=_complete_no_hooks)
+    planned = await maintenance(store).cleanup(CleanupRequest(settings, clock(), True, _complete_no_hooks))
     assert [(a["action"], a["run_id"], a["done"]) for a in planned] == [("archive", old.run_id, False)]
     assert (await store.require_run(old.run_id))["archived_at"] is None
 
-    done = await maintenance(store).cleanup(settings, now=clock(), dry_run=False, complete=_complete_no_hooks)
+    done = await maintenance(store).cleanup(CleanupRequest(settings, clock(), False, _complete_no_hooks))
     assert [(a["action"], a["run_id"], a["done"]) for a in done] == [("archive", old.run_id, True)]
     assert (await store.require_run(old.run_id))["archived_at"] is not None
     assert [m["content"] for m in await store.read_messages(old.run_id, after_seq=0, limit=10)] == ["long ago"]
-    assert await maintenance(store).cleanup(settings, now=clock(), dry_run=True, complete=_complete_no_hooks) == []
+    assert await maintenance(store).cleanup(CleanupRequest(settings, clock(), True, _complete_no_hooks)) == []
 
 
 async def test_an_expired_archive_is_deleted(store: ConversationStore, clock: FakeClock) -> None:
@@ -96,14 +97,14 @@ async def test_an_expired_archive_is_deleted(store: ConversationStore, clock: Fa
     await store.complete(KEY)
     clock.advance(days=2)
     settings = CleanupSettings(retention_days=1, archive_retention_days=5)
-    await maintenance(store).cleanup(settings, now=clock(), dry_run=False, complete=_complete_no_hooks)
+    await maintenance(store).cleanup(CleanupRequest(settings, clock(), False, _complete_no_hooks))
     clock.advance(days=6)
 
-    done = await maintenance(store).cleanup(settings, now=clock(), dry_run=False, complete=_complete_no_hooks)
+    done = await maintenance(store).cleanup(CleanupRequest(settings, clock(), False, _complete_no_hooks))
 
     assert [(a["action"], a["run_id"]) for a in done] == [("delete_archive", run.run_id)]
     assert await readable(store, run.run_id) == []  # its messages are gone (the files backend keeps its row)
-    assert await maintenance(store).cleanup(settings, now=clock(), dry_run=True, complete=_complete_no_hooks) == []
+    assert await maintenance(store).cleanup(CleanupRequest(settings, clock(), True, _complete_no_hooks)) == []
 
 
 async def readable(store: ConversationStore, run_id: str) -> list[Any]:
@@ -129,10 +130,10 @@ async def test_a_purge_erases_a_key_for_good(store: ConversationStore, clock: Fa
 
     assert (tombstone["session_key"], tombstone["runs"], tombstone["messages"]) == (KEY, 2, 3)
     assert store.entry(KEY) is None and store.active_run(KEY) is None
-    assert await store.list_runs(session_key=KEY) == []
+    assert await store.list_runs(RunQuery(session_key=KEY)) == []
     for run_id in (first.run_id, second.run_id):
         assert await store.get_run(run_id) is None
         assert await readable(store, run_id) == []
-    assert [r["uuid"] for r in await store.list_runs(session_key=BOB)] == [other.run_id]
+    assert [r["uuid"] for r in await store.list_runs(RunQuery(session_key=BOB))] == [other.run_id]
     with pytest.raises(SessionNotFound):
         await maintenance(store).purge(KEY, history=None)

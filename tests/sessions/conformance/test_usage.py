@@ -10,6 +10,7 @@ from typing import cast
 import pytest
 
 from sessions.protocol import UsageRecords
+from sessions.usage import UsageQuery
 from tests.conftest import FakeClock
 from tests.sessions.conformance.support import KEY, Harness, start
 
@@ -41,16 +42,16 @@ async def test_usage_is_counted_per_day_agent_and_key_and_survives_a_reopen(
     ]
     assert rows[1]["input_tokens"] == 40 and rows[1]["output_tokens"] == 11 and rows[1]["cache_read_tokens"] == 4
     assert rows[2]["cache_write_tokens"] == 3
-    by_day = await usage.daily_usage(by="day")
+    by_day = await usage.daily_usage(UsageQuery(by="day"))
     assert [(r["day"], r["agent"], r["key"], r["total_tokens"], r["calls"]) for r in by_day] == [
         (first_day.isoformat(), None, None, 57, 3),
         (second_day.isoformat(), None, None, 100, 1),
     ]
-    by_agent = await usage.daily_usage(by="agent", since=second_day)
+    by_agent = await usage.daily_usage(UsageQuery(by="agent", since=second_day))
     assert [(r["agent"], r["key"], r["total_tokens"]) for r in by_agent] == [("main", None, 100)]
-    assert [r["total_tokens"] for r in await usage.daily_usage(session_key=BOB, until=first_day)] == [6]
-    assert await usage.daily_usage(agent_id="helper") == []
-    assert await usage.daily_usage(since=date(2000, 1, 1), until=first_day - timedelta(days=1)) == []
+    assert [r["total_tokens"] for r in await usage.daily_usage(UsageQuery(session_key=BOB, until=first_day))] == [6]
+    assert await usage.daily_usage(UsageQuery(agent_id="helper")) == []
+    assert await usage.daily_usage(UsageQuery(since=date(2000, 1, 1), until=first_day - timedelta(days=1))) == []
 
     assert await usage.tokens_spent(first_day.isoformat(), "main", KEY) == (57, 51)
     assert await usage.tokens_spent(second_day.isoformat(), "main", KEY) == (100, 0)

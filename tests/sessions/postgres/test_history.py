@@ -18,7 +18,7 @@ from sessions.history_index import HistoryHit, HistoryQuery
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
-from sessions.records import MessageRecord, NewMessage, RunState, TaskKey
+from sessions.records import MessageRecord, NewMessage, RunQuery, RunState, TaskKey
 from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store as open_files_store
@@ -257,7 +257,7 @@ async def test_purge_leaves_no_trace_but_a_tombstone(pg: tuple[PgStore, PgHistor
     reopened = await PgStore.open(settings_with(), dsn=dsn, clock=store.clock, pool_size=2)  # another process
     try:
         assert reopened.entry(A) is None
-        assert await reopened.list_runs(session_key=A) == []
+        assert await reopened.list_runs(RunQuery(session_key=A)) == []
     finally:
         await reopened.close()
 

@@ -13,6 +13,7 @@ import pytest
 from config.clock import iso
 from config.errors import SessionNotFound
 from config.settings import CleanupSettings
+from sessions.cleanup_plan import CleanupRequest
 from sessions.records import NewMessage, TaskKey
 from tests.conftest import FakeClock
 from tests.sessions.postgres.conftest import Opener
@@ -37,14 +38,14 @@ async def test_cleanup_follows_the_plan(open_store: Opener, clock: FakeClock, pg
         completed.append(key)
         await store.complete(key)
 
-    planned = await store.cleanup(SETTINGS, now=clock(), dry_run=True, complete=complete)
+    planned = await store.cleanup(CleanupRequest(SETTINGS, clock(), True, complete))
     assert [(a["action"], a["session_key"], a["done"]) for a in planned] == [
         ("complete", OLD, False),
         ("archive", OLD, False),
     ]
     assert completed == [] and store.active_run(OLD) is not None
 
-    done = await store.cleanup(SETTINGS, now=clock(), dry_run=False, complete=complete)
+    done = await store.cleanup(CleanupRequest(SETTINGS, clock(), False, complete))
     assert [(a["action"], a["done"]) for a in done] == [("complete", True), ("archive", True)]
     assert completed == [OLD]
     row = await store.require_run(runs[OLD].run_id)
@@ -52,11 +53,11 @@ async def test_cleanup_follows_the_plan(open_store: Opener, clock: FakeClock, pg
     assert [m["content"] for m in await store.read_messages(runs[OLD].run_id, after_seq=0, limit=10)] == [
         f"hello from {OLD}"
     ]  # an archived run stays readable
-    assert await store.cleanup(SETTINGS, now=clock(), dry_run=False, complete=complete) == []
+    assert await store.cleanup(CleanupRequest(SETTINGS, clock(), False, complete)) == []
 
     clock.advance(days=61)
     await store.append(runs[FRESH], NewMessage("user", "and still"))
-    gone = await store.cleanup(SETTINGS, now=clock(), dry_run=False, complete=complete)
+    gone = await store.cleanup(CleanupRequest(SETTINGS, clock(), False, complete))
     assert [(a["action"], a["run_id"]) for a in gone] == [("delete_archive", runs[OLD].run_id)]
     assert await store.get_run(runs[OLD].run_id) is None
     assert store.active_run(PINNED) is not None  # pinned: never touched
@@ -76,7 +77,7 @@ async def test_cleanup_forgets_expired_delivery_records(open_store: Opener, cloc
         async def complete(key: str) -> None:
             raise AssertionError(key)
 
-        assert await store.cleanup(SETTINGS, now=clock(), dry_run=False, complete=complete) == []
+        assert await store.cleanup(CleanupRequest(SETTINGS, clock(), False, complete)) == []
         assert [r[0] for r in await conn.fetch("SELECT client_message_id FROM idempotency")] == ["new"]
     finally:
         await conn.close()
