@@ -117,10 +117,7 @@ def chat_conversation(messages: list[dict[str, Any]]) -> tuple[str | None, list[
         elif role in ("system", "developer"):
             instructions.append(content)
         elif role == "tool":
-            where = f"messages[{i}]"
-            call_id = message.get("tool_call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise BadRequest(f"{where} (role tool) needs 'tool_call_id'", field=f"{where}.tool_call_id")
+            call_id = _call_id(message, "tool_call_id", f"messages[{i}]", " (role tool)")
             conversation.append(ChatMessage("tool", content, tool_call_id=call_id))
         else:
             raise BadRequest(
@@ -128,6 +125,14 @@ def chat_conversation(messages: list[dict[str, Any]]) -> tuple[str | None, list[
                 field=f"messages[{i}].role",
             )
     return _checked(instructions, conversation, "messages")
+
+
+def _call_id(item: dict[str, Any], key: str, where: str, kind: str = "") -> str:
+    """The id of the call a tool result (a chat `tool` message or a Responses item) answers."""
+    call_id = item.get(key)
+    if not isinstance(call_id, str) or not call_id:
+        raise BadRequest(f"{where}{kind} needs {key!r}", field=f"{where}.{key}")
+    return call_id
 
 
 def _checked(
@@ -174,10 +179,9 @@ def responses_conversation(body: ResponsesBody) -> tuple[str | None, list[ChatMe
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             conversation.append(ChatMessage("assistant", "", tool_calls=(call,)))
         elif kind == "function_call_output":
-            call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(call_id, str) or not call_id:
-                raise BadRequest(f"{where} needs 'call_id'", field=f"{where}.call_id")
-            conversation.append(ChatMessage("tool", text_of(output, f"{where}.output"), tool_call_id=call_id))
+            call_id = _call_id(item, "call_id", where)
+            output = text_of(item.get("output"), f"{where}.output")
+            conversation.append(ChatMessage("tool", output, tool_call_id=call_id))
         else:
             raise BadRequest(
                 f"{where}.type {kind!r} is not supported (message, function_call, function_call_output)",
