@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web, web_protocol
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from config.errors import (
     BadRequest,
@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    """A route's body model: an unknown field is a 400, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
 
 REQUEST_ID = web.RequestKey("request_id", str)
 _ID_PREFIX = uuid.uuid4().hex[:12]  # unique per process; a counter makes each request's id cheap

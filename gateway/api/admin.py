@@ -7,21 +7,19 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
 
 from config.clock import iso
 from gateway import keys as K
 from gateway import operations, validation
 from gateway.contract import operation
-from gateway.http import json_response, parse_body
+from gateway.http import Strict, json_response, parse_body
 from gateway.keys import HISTORY
 from gateway.reload import RELOADS
 
 routes = web.RouteTableDef()
 
 
-class DoctorBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DoctorBody(Strict):
     fix: bool = False
 
 

@@ -7,14 +7,14 @@ import asyncio
 from pathlib import Path
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from backups import retention
 from backups.errors import BackupInvalid, BackupRunning, BackupTargetError
 from config.errors import PayloadTooLarge
 from gateway import keys as K
 from gateway.contract import NULLABLE_STR, STR, Answer, operation
-from gateway.http import json_response, parse_body
+from gateway.http import Strict, json_response, parse_body
 
 routes = web.RouteTableDef()
 
@@ -61,8 +61,7 @@ BACKUPS = Answer(
 )
 
 
-class BackupBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BackupBody(Strict):
     output: str | None = Field(
         None,
         min_length=1,

@@ -8,7 +8,7 @@ through the running connector), ``POST /v1/channels/revoke`` (a pairing forgotte
 from __future__ import annotations
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from channels.pairing import STATES
 from config.errors import (
@@ -22,7 +22,7 @@ from config.errors import (
 )
 from gateway import keys as K
 from gateway.contract import NULLABLE_STR, STR, Answer, ChoiceParam, operation
-from gateway.http import json_response, parse_body, read_body
+from gateway.http import Strict, json_response, parse_body, read_body
 
 routes = web.RouteTableDef()
 PAIRING_STATE = ChoiceParam("state", "only the pairings in this state", choices=STATES, blank=False)
@@ -49,8 +49,7 @@ REVOKED = Answer("Revoked", {"type": "object", "properties": {**_PAIRING_FIELDS,
                              "required": [*_REQUIRED, "revoked"]})  # fmt: skip
 
 
-class CodeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CodeBody(Strict):
     code: str = Field(min_length=1, max_length=64)
 
 

@@ -6,13 +6,12 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
 
 from config.errors import BadRequest, EmbeddingError, MemoryFileNotFound, MemoryNotReady
 from conversations.relevance import present
 from gateway import keys as K
 from gateway.contract import AGENT, NULLABLE_STR, STR, Answer, IntParam, Param, operation
-from gateway.http import json_response, parse_body
+from gateway.http import Strict, json_response, parse_body
 from gateway.keys import MEMORY
 from sessions.events import MemoryProgress
 
@@ -71,8 +70,7 @@ MEMORY_SEARCH = Answer(
 )
 
 
-class ReindexBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ReindexBody(Strict):
     agent: str | None = None
     force: bool = False
 

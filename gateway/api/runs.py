@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar, get_args
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from config.errors import BadRequest, FinalSummaryNotFound, RunNotActive
 from gateway import keys as K
@@ -26,7 +26,7 @@ from gateway.contract import (
     page,
     typed,
 )
-from gateway.http import json_response, parse_body
+from gateway.http import Strict, json_response, parse_body
 from sessions.protocol import RecordKind
 from sessions.records import RUN_STATUSES, RunQuery, RunRow, RunState
 
@@ -67,16 +67,14 @@ FINAL_SUMMARY = Answer(
 )
 
 
-class ToolBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ToolBody(Strict):
     tool_name: str = Field(min_length=1, max_length=200)
     arguments: Any = None
     result: Any = None
     error: str | None = None
 
 
-class PlanBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PlanBody(Strict):
     plan_type: str = Field(min_length=1, max_length=64)
     plan_content: str = Field(min_length=1)
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
 
 from config.clock import iso
 from config.errors import JobNotFound, JobRunning, PayloadTooLarge
 from gateway import keys as K
 from gateway import operations
 from gateway.contract import NULLABLE_STR, STR, Answer, operation
-from gateway.http import json_response, parse_body, read_body
+from gateway.http import Strict, json_response, parse_body, read_body
 from gateway.keys import SCHEDULER, SCHEDULING
 
 routes = web.RouteTableDef()
@@ -90,8 +89,7 @@ JOB_RUN = Answer(
 )
 
 
-class CleanupBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CleanupBody(Strict):
     dry_run: bool = False
 
 

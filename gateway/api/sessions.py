@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from config.chat_commands import parse_command
 from config.errors import BadRequest, InvalidBody, InvalidKey, NoActiveRun, SessionNotFound
@@ -28,7 +28,7 @@ from gateway.api.fastbody import (
 )
 from gateway.contract import AGENT, CURSOR, LIMIT, NULLABLE_STR, OBJ, STR, TURN_ERRORS, Answer, ChoiceParam, Param, page
 from gateway.contract import operation as op
-from gateway.http import json_response, parse_body, read_json, read_object, validate
+from gateway.http import Strict, json_response, parse_body, read_json, read_object, validate
 from gateway.operations import describe_session, matching_sessions
 from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer, final_only
 from gateway.views import SESSION
@@ -37,10 +37,6 @@ from sessions.records import CHAT_TYPES, ENTRY_STATUSES, NewMessage, Role, TaskK
 from sessions.thresholds import compaction_threshold
 
 routes = web.RouteTableDef()
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
 
 def _int_as_text(value: object) -> object:
