@@ -46,10 +46,10 @@ with warnings.catch_warnings():  # discord.py's voice player imports audioop (de
     from discord.http import HTTPClient, Route
 
 from channels.account import AccountParts
-from channels.discord_events import CHANNEL, Seen, Skip, inbound
+from channels.discord_events import CHANNEL, Seen, inbound
 from channels.discord_format import DISCORD_LIMIT, split
 from channels.handover import hand_over
-from channels.protocol import PostFn, Rejected, RetryLater, Target
+from channels.protocol import PostFn, Rejected, RetryLater, Skip, Target
 from channels.revisions import Ignored
 from channels.store import ChannelStore
 from channels.supervisor import MAX_BACKOFF_S, supervise

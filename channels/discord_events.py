@@ -24,16 +24,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from channels.protocol import ChatType, Inbound, Revision, Target
+from channels.protocol import ChatType, Inbound, Revision, Skip, Target
 from config.channels import DiscordAccount
 from config.chat_commands import parse_command
 
 CHANNEL = "discord"
-
-
-@dataclass(frozen=True)
-class Skip:
-    reason: str
 
 
 @dataclass(frozen=True)

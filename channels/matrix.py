@@ -63,10 +63,10 @@ from channels.account import AccountParts
 from channels.handover import hand_over
 from channels.matrix_crypto import Crypto, Undecryptable
 from channels.matrix_crypto import available as crypto_available
-from channels.matrix_events import CHANNEL, DIRECT, GROUP, Bot, Encrypted, Skip, inbound, invite_of
+from channels.matrix_events import CHANNEL, DIRECT, GROUP, Bot, Encrypted, inbound, invite_of
 from channels.matrix_format import MATRIX_LIMIT, content, split
 from channels.matrix_waiting import WaitingEvents
-from channels.protocol import Inbound, PostFn, Rejected, RetryLater, Target
+from channels.protocol import Inbound, PostFn, Rejected, RetryLater, Skip, Target
 from channels.revisions import Ignored
 from channels.store import ChannelStore
 from channels.supervisor import MAX_BACKOFF_S, supervise

@@ -26,17 +26,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from channels.protocol import ChatType, Inbound, Revision, Target
+from channels.protocol import ChatType, Inbound, Revision, Skip, Target
 from config.channels import MatrixAccount
 
 CHANNEL = "matrix"
 DIRECT, GROUP = "direct", "group"
 _FILES = ("m.file", "m.image", "m.audio", "m.video")
-
-
-@dataclass(frozen=True)
-class Skip:
-    reason: str
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,13 @@ class Inbound:
         return cls(**{**data, "target": Target(**data["target"])})
 
 
+@dataclass(frozen=True)
+class Skip:
+    """A platform update that becomes no message, and why (logged at debug level)."""
+
+    reason: str
+
+
 PostFn = Callable[[Inbound], Awaitable[None]]
 
 

@@ -43,9 +43,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.account import AccountParts
 from channels.handover import hand_over
-from channels.protocol import Inbound, PostFn, Rejected, RetryLater, Target
+from channels.protocol import Inbound, PostFn, Rejected, RetryLater, Skip, Target
 from channels.revisions import Ignored
-from channels.slack_events import CHANNEL, Skip, inbound, slash_inbound
+from channels.slack_events import CHANNEL, inbound, slash_inbound
 from channels.slack_format import SLACK_LIMIT, split
 from channels.store import ChannelStore
 from channels.supervisor import MAX_BACKOFF_S, supervise

@@ -20,18 +20,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from channels.protocol import ChatType, Inbound, Revision, Target
+from channels.protocol import ChatType, Inbound, Revision, Skip, Target
 from config.channels import SlackAccount
 
 CHANNEL = "slack"
-
-
-@dataclass(frozen=True)
-class Skip:
-    reason: str
 
 
 def _text(event: dict[str, Any]) -> str:

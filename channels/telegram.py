@@ -49,7 +49,7 @@ from pydantic import ValidationError
 
 from channels.account import AccountParts
 from channels.handover import hand_over
-from channels.protocol import PostFn, Rejected, RetryLater, Target
+from channels.protocol import PostFn, Rejected, RetryLater, Skip, Target
 from channels.revisions import Ignored
 from channels.store import ChannelStore
 from channels.supervisor import supervise
@@ -57,7 +57,6 @@ from channels.telegram_format import TELEGRAM_LIMIT, split, to_plain
 from channels.telegram_updates import (
     CHANNEL,
     BotIdentity,
-    Skip,
     Unreadable,
     delivery_id,
     inbound,

@@ -26,7 +26,7 @@ from aiogram import Bot
 from aiogram.types import Message, MessageEntity, Update
 from pydantic import ValidationError
 
-from channels.protocol import ChatType, Inbound, Target
+from channels.protocol import ChatType, Inbound, Skip, Target
 from config.channels import TelegramAccount
 
 CHANNEL = "telegram"
@@ -56,13 +56,6 @@ class Unreadable:
     update_id: int
     reason: str
     raw: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Skip:
-    """An update that becomes no message, and why (logged at debug level)."""
-
-    reason: str
 
 
 def delivery_id(update_id: int, bot: BotIdentity) -> str:
