@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from channels.protocol import ChatType, Inbound, Revision, Skip, Target
+from channels.protocol import ChatType, Inbound, Revision, Skip, Target, heard
 from config.channels import DiscordAccount
 from config.chat_commands import parse_command
 
@@ -89,12 +89,11 @@ def inbound(seen: Seen, account_name: str, account: DiscordAccount, bot_id: str)
             text = addressed  # "<@bot> /status" is /status
         mentioned = bot_id in seen.mentions or re.search(rf"<@!?{bot_id}>", text) is not None
         reply = seen.revision != "delete" and (command or mentioned or not account.require_mention)
-        if not reply and not account.store_unmentioned and seen.revision is None:
-            return Skip("a channel message that does not mention the bot")
-    return Inbound(
-        channel=CHANNEL,
-        account=account_name,
-        agent=account.agent,
+    return heard(
+        CHANNEL,
+        account_name,
+        account,
+        "a channel message that does not mention the bot",
         chat_type=chat_type,
         chat_id=chat_id,
         sender_id=seen.author_id,

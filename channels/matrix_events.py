@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from channels.protocol import ChatType, Inbound, Revision, Skip, Target
+from channels.protocol import ChatType, Inbound, Revision, Skip, Target, heard
 from config.channels import MatrixAccount
 
 CHANNEL = "matrix"
@@ -114,12 +114,11 @@ def inbound(event: dict[str, Any], room_id: str, kind: str, account_name: str, a
     reply = revision != "delete"
     if reply and chat_type == "channel" and account.require_mention and not text.startswith("/"):
         reply = mentions(content, bot)
-    if not reply and revision is None and not account.store_unmentioned:
-        return Skip("a group message that does not mention the bot")
-    return Inbound(
-        channel=CHANNEL,
-        account=account_name,
-        agent=account.agent,
+    return heard(
+        CHANNEL,
+        account_name,
+        account,
+        "a group message that does not mention the bot",
         chat_type=chat_type,
         chat_id=room_id,
         sender_id=sender,

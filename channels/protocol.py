@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
+from config.channels import ChatAccount
 from config.redaction import SECRETS
 
 ChatType = Literal["direct", "group", "channel"]
@@ -82,6 +83,16 @@ class Skip:
     """A platform update that becomes no message, and why (logged at debug level)."""
 
     reason: str
+
+
+def heard(channel: str, account_name: str, account: ChatAccount, why: str, **message: Any) -> Inbound | Skip:
+    """A platform's message for the account's agent; ``Skip(why)`` for a new message outside a
+    direct chat that does not ask for an answer where the account does not store those
+    (``store_unmentioned``). Edits and deletions always go on (channels/revisions.py decides)."""
+    inbound = Inbound(channel=channel, account=account_name, agent=account.agent, **message)
+    if inbound.reply or inbound.chat_type == "direct" or inbound.revision is not None or account.store_unmentioned:
+        return inbound
+    return Skip(why)
 
 
 PostFn = Callable[[Inbound], Awaitable[None]]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.protocol import ChatType, Inbound, Revision, Skip, Target
+from channels.protocol import ChatType, Inbound, Revision, Skip, Target, heard
 from config.channels import SlackAccount
 
 CHANNEL = "slack"
@@ -65,17 +65,16 @@ def inbound(payload: dict[str, Any], account_name: str, account: SlackAccount, b
     reply = revision != "delete"
     if reply and chat_type == "channel" and account.require_mention:
         reply = f"<@{bot_user}>" in text
-    if not reply and chat_type == "channel" and not account.store_unmentioned and revision is None:
-        return Skip("a channel message that does not mention the bot")
     ts = str(event.get("ts"))
     in_thread = str(event["thread_ts"]) if event.get("thread_ts") and event.get("thread_ts") != ts else None
     thread = None
     if chat_type == "channel":
         thread = in_thread or (ts if reply and account.reply_in_thread else None)
-    return Inbound(
-        channel=CHANNEL,
-        account=account_name,
-        agent=account.agent,
+    return heard(
+        CHANNEL,
+        account_name,
+        account,
+        "a channel message that does not mention the bot",
         chat_type=chat_type,
         chat_id=str(event.get("channel")),
         sender_id=str(event["user"]),
@@ -99,10 +98,11 @@ def slash_inbound(payload: dict[str, Any], account_name: str, account: SlackAcco
         return Skip("a slash command without command, user or channel")
     chat_type: ChatType = "direct" if str(channel).startswith("D") else "channel"
     text = f"{command} {str(payload.get('text') or '').strip()}".strip()
-    return Inbound(
-        channel=CHANNEL,
-        account=account_name,
-        agent=account.agent,
+    return heard(
+        CHANNEL,
+        account_name,
+        account,
+        "a slash command is always for the bot",
         chat_type=chat_type,
         chat_id=str(channel),
         sender_id=str(user),

@@ -26,7 +26,7 @@ from aiogram import Bot
 from aiogram.types import Message, MessageEntity, Update
 from pydantic import ValidationError
 
-from channels.protocol import ChatType, Inbound, Skip, Target
+from channels.protocol import ChatType, Inbound, Skip, Target, heard
 from config.channels import TelegramAccount
 
 CHANNEL = "telegram"
@@ -218,12 +218,11 @@ def inbound(update: Update, account_name: str, account: TelegramAccount, bot: Bo
         reply = ours
     elif chat_type == "group" and account.require_mention:
         reply = mentions(message, bot)
-    if not reply and chat_type == "group" and not account.store_unmentioned and not edited:
-        return Skip("a group message that does not mention the bot")
-    return Inbound(
-        channel=CHANNEL,
-        account=account_name,
-        agent=account.agent,
+    return heard(
+        CHANNEL,
+        account_name,
+        account,
+        "a group message that does not mention the bot",
         chat_type=chat_type,
         chat_id=str(chat.id),
         sender_id=str(sender),
