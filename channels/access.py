@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
@@ -92,22 +93,20 @@ def command_refusal(
     return None
 
 
+@dataclass(eq=False)
 class DirectAccess:
     """One account's direct-chat gate."""
 
-    def __init__(
-        self, channel: str, account: str, settings: AccessSettings, store: ChannelStore, *, clock: Clock,
-        notify: NotifyFn, noun: str = "bot",
-    ) -> None:  # fmt: skip
-        self.channel = channel
-        self.account = account
-        self.settings = settings
-        self.store = store
-        self.clock = clock
-        self.notify = notify
-        self.noun = noun
-        self._approved: set[str] = set()
-        self._welcoming = asyncio.Lock()
+    channel: str
+    account: str
+    settings: AccessSettings
+    store: ChannelStore
+    _: KW_ONLY
+    clock: Clock
+    notify: NotifyFn
+    noun: str = "bot"
+    _approved: set[str] = field(default_factory=set, init=False)
+    _welcoming: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def load(self) -> None:
         """Read the approved senders and tell those approved while the account was not running
