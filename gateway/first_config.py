@@ -189,33 +189,35 @@ def tree(answers: Answers) -> list[Node]:
          "how sessions are kept and reset"),
     ]  # fmt: skip
     accounts: list[Node] = []
-    pairing = "an unknown sender gets a code; let them in: neotask channels approve CODE"
     if answers.telegram_token_env:
-        accounts.append(("telegram", [("accounts", [("main", [
+        accounts.append(_one_account("telegram", [
             ("token_env", answers.telegram_token_env, "the variable holding the bot token (never the token)"),
-            ("dm_policy", "pairing", pairing),
-        ], "one bot, posting to agent main")], "docs/channels-telegram.md")], "Telegram bots"))  # fmt: skip
+        ], "one bot", "Telegram bots"))  # fmt: skip
     if answers.slack_bot_token_env:
-        accounts.append(("slack", [("accounts", [("main", [
+        accounts.append(_one_account("slack", [
             ("bot_token_env", answers.slack_bot_token_env, "the variable holding the bot token (xoxb-...)"),
             ("app_token_env", answers.slack_app_token_env, "the variable holding the app token (xapp-...)"),
-            ("dm_policy", "pairing", pairing),
-        ], "one app in Socket Mode, posting to agent main")], "docs/channels-slack.md")], "Slack apps"))  # fmt: skip
+        ], "one app in Socket Mode", "Slack apps"))  # fmt: skip
     if answers.discord_token_env:
-        accounts.append(("discord", [("accounts", [("main", [
+        accounts.append(_one_account("discord", [
             ("token_env", answers.discord_token_env, "the variable holding the bot token (never the token)"),
-            ("dm_policy", "pairing", pairing),
-        ], "one bot, posting to agent main")], "docs/channels-discord.md")], "Discord bots"))  # fmt: skip
+        ], "one bot", "Discord bots"))  # fmt: skip
     if answers.matrix_homeserver:
-        accounts.append(("matrix", [("accounts", [("main", [
+        accounts.append(_one_account("matrix", [
             ("homeserver", answers.matrix_homeserver, "the homeserver's client-server API"),
             ("user_id", answers.matrix_user_id, "the bot user's full id"),
             ("access_token_env", answers.matrix_token_env, "the variable holding its access token (syt_...)"),
-            ("dm_policy", "pairing", pairing),
-        ], "one bot user, posting to agent main")], "docs/channels-matrix.md")], "Matrix bot users"))  # fmt: skip
+        ], "one bot user", "Matrix bot users"))  # fmt: skip
     if accounts:
         nodes.append(("channels", accounts, "chat connectors"))
     return nodes
+
+
+def _one_account(platform: str, keys: list[Node], what: str, title: str) -> Node:
+    """A platform's block with its one account ``main``, posting to agent main, let in by pairing."""
+    pairing = "an unknown sender gets a code; let them in: neotask channels approve CODE"
+    main: Node = ("main", [*keys, ("dm_policy", "pairing", pairing)], f"{what}, posting to agent main")
+    return (platform, [("accounts", [main], f"docs/channels-{platform}.md")], title)
 
 
 def data(nodes: list[Node]) -> dict[str, Any]:
