@@ -93,7 +93,6 @@ def inbound(seen: Seen, account_name: str, account: DiscordAccount, bot_id: str)
         CHANNEL,
         account_name,
         account,
-        "a channel message that does not mention the bot",
         chat_type=chat_type,
         chat_id=chat_id,
         sender_id=seen.author_id,

@@ -118,7 +118,6 @@ def inbound(event: dict[str, Any], room_id: str, kind: str, account_name: str, a
         CHANNEL,
         account_name,
         account,
-        "a group message that does not mention the bot",
         chat_type=chat_type,
         chat_id=room_id,
         sender_id=sender,

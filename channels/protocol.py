@@ -85,14 +85,14 @@ class Skip:
     reason: str
 
 
-def heard(channel: str, account_name: str, account: ChatAccount, why: str, **message: Any) -> Inbound | Skip:
-    """A platform's message for the account's agent; ``Skip(why)`` for a new message outside a
+def heard(channel: str, account_name: str, account: ChatAccount, **message: Any) -> Inbound | Skip:
+    """A platform's message for the account's agent; a ``Skip`` for a new message outside a
     direct chat that does not ask for an answer where the account does not store those
     (``store_unmentioned``). Edits and deletions always go on (channels/revisions.py decides)."""
     inbound = Inbound(channel=channel, account=account_name, agent=account.agent, **message)
     if inbound.reply or inbound.chat_type == "direct" or inbound.revision is not None or account.store_unmentioned:
         return inbound
-    return Skip(why)
+    return Skip(f"a {inbound.chat_type} message that does not mention the bot")
 
 
 PostFn = Callable[[Inbound], Awaitable[None]]

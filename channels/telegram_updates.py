@@ -222,7 +222,6 @@ def inbound(update: Update, account_name: str, account: TelegramAccount, bot: Bo
         CHANNEL,
         account_name,
         account,
-        "a group message that does not mention the bot",
         chat_type=chat_type,
         chat_id=str(chat.id),
         sender_id=str(sender),
