@@ -30,41 +30,29 @@ def folder_for(status: str) -> RunFolder:
     return "completed"
 
 
+class _Below:
+    """A path of the home: ``name`` under the path ``parent`` names (``root`` or another ``_Below``)."""
+
+    def __init__(self, parent: str, name: str) -> None:
+        self.parent, self.name = parent, name
+
+    def __get__(self, home: Home, owner: type[Home] | None = None) -> Path:
+        parent: Path = getattr(home, self.parent)
+        return parent / self.name
+
+
 @dataclass(frozen=True)
 class Home:
     root: Path
 
-    @property
-    def contexts(self) -> Path:
-        return self.root / "contexts"
-
-    @property
-    def sessions_json(self) -> Path:
-        return self.contexts / "sessions.json"
-
-    @property
-    def tasks_db(self) -> Path:
-        return self.contexts / "tasks.db"
-
-    @property
-    def archive(self) -> Path:
-        return self.contexts / "archive"
-
-    @property
-    def lock_file(self) -> Path:
-        return self.root / "gateway.lock"
-
-    @property
-    def gateway_json(self) -> Path:
-        return self.root / "gateway.json"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def workspaces(self) -> Path:
-        return self.root / "workspaces"
+    contexts = _Below("root", "contexts")
+    sessions_json = _Below("contexts", "sessions.json")
+    tasks_db = _Below("contexts", "tasks.db")
+    archive = _Below("contexts", "archive")
+    lock_file = _Below("root", "gateway.lock")
+    gateway_json = _Below("root", "gateway.json")
+    logs = _Below("root", "logs")
+    workspaces = _Below("root", "workspaces")
 
     def folder(self, name: RunFolder) -> Path:
         return self.contexts / name
