@@ -68,6 +68,7 @@ from sessions.records import (
     ResponseRef,
     RunQuery,
     RunRow,
+    RunStart,
     RunState,
     StoredRecord,
     TaskKey,
@@ -119,17 +120,7 @@ class RunStore(Protocol):
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def start_run(
-        self,
-        key: str,
-        *,
-        agent_id: str | None,
-        chat_type: str,
-        channel: str | None,
-        task_key: TaskKey,
-        parent_uuid: str | None = None,
-        opening: bool = False,
-    ) -> RunState: ...
+    async def start_run(self, start: RunStart) -> RunState: ...
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None: ...
     async def pause(self, key: str) -> RunState: ...
     async def resume(self, key: str) -> RunState: ...

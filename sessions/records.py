@@ -279,6 +279,21 @@ class TaskKey:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """What ``start_run`` starts: a run for the session ``key`` of ``agent_id`` on ``channel``, under
+    ``task_key``, inheriting from ``parent_uuid``. With ``opening`` the run exists for the message
+    about to be appended (the store undoes it when that message cannot be stored)."""
+
+    key: str
+    agent_id: str | None
+    chat_type: str
+    channel: str | None
+    task_key: TaskKey
+    parent_uuid: str | None = None
+    opening: bool = False
+
+
 @dataclass
 class RunState:
     """An active (running or paused) run held in memory; the files are the truth."""

@@ -38,7 +38,7 @@ from sessions.files.registry import SessionEntry
 from sessions.files.run_folder import FolderRun, folder_of, folder_run
 from sessions.files.store_appends import Appends
 from sessions.files.store_state import StoreState
-from sessions.records import RunState, RunStatus, TaskKey, copy_counters
+from sessions.records import RunStart, RunState, RunStatus, copy_counters
 
 log = logging.getLogger(__name__)
 
@@ -95,20 +95,11 @@ class Lifecycle:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    async def start_run(
-        self,
-        key: str,
-        *,
-        agent_id: str | None,
-        chat_type: str,
-        channel: str | None,
-        task_key: TaskKey,
-        parent_uuid: str | None = None,
-        opening: bool = False,
-    ) -> RunState:
-        """A new active run for ``key``. With ``opening`` the run exists for the message about to
+    async def start_run(self, start: RunStart) -> RunState:
+        """A new active run for ``start.key``. With ``opening`` the run exists for the message about to
         be appended: until that message is durable the folder carries a marker, and start-up
         removes a marked folder that holds no message (a crash or a storage error came between)."""
+        key = start.key
         entry = self.state.entry(key)
         refuse_second_run(entry, key)
         now = iso(self.state.clock())
@@ -116,19 +107,19 @@ class Lifecycle:
         run = FolderRun(
             run_id=run_id,
             key=key,
-            agent_id=agent_id,
-            chat_type=chat_type,
-            channel=channel,
+            agent_id=start.agent_id,
+            chat_type=start.chat_type,
+            channel=start.channel,
             status="running",
             dir=self.state.home.run_dir(run_id, "running"),
             started_at=now,
-            task_key=task_key,
-            parent_uuid=parent_uuid,
+            task_key=start.task_key,
+            parent_uuid=start.parent_uuid,
         )
         metadata = self.state.metadata(run)
         created = False
         try:
-            await self.state.writer.call(lambda: _create_run_folder(folder_of(run), metadata, opening=opening))
+            await self.state.writer.call(lambda: _create_run_folder(folder_of(run), metadata, opening=start.opening))
             created = True
             await self.state.ledger.insert_run(self.state.ledger_row(run))
         except (OSError, sqlite3.Error) as exc:
@@ -141,10 +132,10 @@ class Lifecycle:
                 except OSError as cleanup:  # a folder with no message: start-up recovery removes it
                     log.error("could not remove the half-created folder of run %s (%s)", run.run_id, cleanup)
             raise _start_error(exc) from exc
-        run.opening = opening
+        run.opening = start.opening
         self.state.runs[run_id] = run
         if entry is None:
-            entry = self.state.new_entry(key, agent_id, chat_type, channel)
+            entry = self.state.new_entry(key, start.agent_id, start.chat_type, start.channel)
             self.state.registry.entries[key] = entry
         start_entry(entry, run_id, now)
         copy_counters(run, entry)  # every checkpoint field: none may describe the previous run
@@ -152,7 +143,7 @@ class Lifecycle:
         # durable truth, and recovery rebuilds the entry from them (a rewrite per new run made
         # creating a session O(keys)).
         self.state.registry.touch(key)
-        self.state.emit_run("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        self.state.emit_run("lifecycle", run, action="start", parent_uuid=start.parent_uuid)
         return run
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:

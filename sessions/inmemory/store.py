@@ -50,6 +50,7 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     RunRow,
+    RunStart,
     RunState,
     RunStatus,
     StoredRecord,
@@ -185,42 +186,35 @@ class MemoryStore:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def start_run(
-        self,
-        key: str,
-        *,
-        agent_id: str | None,
-        chat_type: str,
-        channel: str | None,
-        task_key: TaskKey,
-        parent_uuid: str | None = None,
-        opening: bool = False,
-    ) -> RunState:
+    async def start_run(self, start: RunStart) -> RunState:
+        key = start.key
         entry = self._entries.get(key)
         refuse_second_run(entry, key)
         now = iso(self.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
-            run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
-            started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+            run_id=run_id, key=key, agent_id=start.agent_id, chat_type=start.chat_type, channel=start.channel,
+            status="running", started_at=now, task_key=start.task_key, parent_uuid=start.parent_uuid,
         )  # fmt: skip
         pinned = entry is not None and entry.pinned
         row = cast(RunRow, {
-            "uuid": run_id, "status": "running", **task_key.as_dict(), "created_at": now, "updated_at": now,
+            "uuid": run_id, "status": "running", **start.task_key.as_dict(), "created_at": now, "updated_at": now,
             "completed_at": None, "metadata": None, "total_messages": 0, "total_summaries": 0, "total_tool_calls": 0,
             "final_token_count": None, "final_message_count": None, "error_message": None, "session_key": key,
-            "agent_id": agent_id, "channel": channel, "chat_type": chat_type, "parent_uuid": parent_uuid,
+            "agent_id": start.agent_id, "channel": start.channel, "chat_type": start.chat_type,
+            "parent_uuid": start.parent_uuid,
             **dict.fromkeys(USAGE_KEYS, 0), "compaction_count": 0, "pinned": int(pinned), "archived_at": None,
         })  # fmt: skip
-        self.data.runs[run_id] = StoredRun(row, {"session_key": key, **task_key.as_dict()})
+        self.data.runs[run_id] = StoredRun(row, {"session_key": key, **start.task_key.as_dict()})
         self._runs[run_id] = run
         if entry is None:
             entry = self._entries[key] = SessionEntry(
-                key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, created_at=now, updated_at=now
+                key=key, agent_id=start.agent_id, chat_type=start.chat_type, channel=start.channel, created_at=now,
+                updated_at=now,
             )
         start_entry(entry, run_id, now)
         self._checkpoint(run)
-        self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        self._emit("lifecycle", run, action="start", parent_uuid=start.parent_uuid)
         return run
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:

@@ -29,7 +29,7 @@ from sessions.entries import SessionEntry
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
 from sessions.postgres.state import PgState, encode_entry
-from sessions.records import RunState, RunStatus, TaskKey, copy_counters
+from sessions.records import RunStart, RunState, RunStatus, copy_counters
 from sessions.store_hooks import run_hook
 
 log = logging.getLogger(__name__)
@@ -46,23 +46,21 @@ class PgLifecycle:
         self.queue = queue
         self._undiscarded: dict[str, str] = {}  # key -> a run discard_run could not delete (the database was away)
 
-    async def start_run(
-        self, key: str, *, agent_id: str | None, chat_type: str, channel: str | None, task_key: TaskKey,
-        parent_uuid: str | None = None, opening: bool = False,
-    ) -> RunState:  # fmt: skip
+    async def start_run(self, start: RunStart) -> RunState:
+        key, task_key = start.key, start.task_key
         entry = self.state.entry(key)
         if entry is not None and entry.run_id is not None:
             raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
         now = iso(self.state.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
-            run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
-            started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+            run_id=run_id, key=key, agent_id=start.agent_id, chat_type=start.chat_type, channel=start.channel,
+            status="running", started_at=now, task_key=start.task_key, parent_uuid=start.parent_uuid,
         )  # fmt: skip
         metadata: dict[str, Any] = {
             "format_version": METADATA_FORMAT_VERSION, "uuid": run_id, "created_at": now, **task_key.as_dict(),
-            "session_key": key, "agent_id": agent_id, "chat_type": chat_type, "channel": channel,
-            "parent_uuid": parent_uuid,
+            "session_key": key, "agent_id": start.agent_id, "chat_type": start.chat_type, "channel": start.channel,
+            "parent_uuid": start.parent_uuid,
         }  # fmt: skip
         if entry is not None and (entry.label is not None or entry.settings):
             metadata |= {"label": entry.label, "settings": entry.settings}
@@ -78,20 +76,20 @@ class PgLifecycle:
                     " created_at, updated_at, metadata, agent_id, channel, chat_type, parent_uuid, pinned, opening)"
                     " VALUES ($1, $2, 'running', $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14)",
                     run_id, key, task_key.task_type, task_key.task_identifier, task_key.repository, task_key.user,
-                    now, json.dumps(metadata, ensure_ascii=False), agent_id, channel, chat_type, parent_uuid,
-                    int(bool(entry and entry.pinned)), opening,
+                    now, json.dumps(metadata, ensure_ascii=False), start.agent_id, start.channel, start.chat_type,
+                    start.parent_uuid, int(bool(entry and entry.pinned)), start.opening,
                 )  # fmt: skip
         except asyncpg.UniqueViolationError:
             raise RunActive(f"session {key!r} already has an active run (started by another gateway process)") from None
-        run.opening = opening
+        run.opening = start.opening
         self.state.runs[run_id] = run
         if entry is None:
-            entry = self.state.new_entry(key, agent_id, chat_type, channel)
+            entry = self.state.new_entry(key, start.agent_id, start.chat_type, start.channel)
             self.state.entries[key] = entry
         start_entry(entry, run_id, now)
         copy_counters(run, entry)
         self.state.touch(key)  # the run's row is the truth; recovery rebuilds the entry from it
-        self.state.emit_run("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        self.state.emit_run("lifecycle", run, action="start", parent_uuid=start.parent_uuid)
         return run
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:

@@ -52,6 +52,7 @@ from sessions.records import (
     ResponseRef,
     RunQuery,
     RunRow,
+    RunStart,
     RunState,
     StoredRecord,
     TaskKey,
@@ -198,14 +199,8 @@ class PgStore:
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         await self.lifecycle.set_reset_boundary(key, boundary)
 
-    async def start_run(
-        self, key: str, *, agent_id: str | None, chat_type: str, channel: str | None, task_key: TaskKey,
-        parent_uuid: str | None = None, opening: bool = False,
-    ) -> RunState:  # fmt: skip
-        return await self.lifecycle.start_run(
-            key, agent_id=agent_id, chat_type=chat_type, channel=channel, task_key=task_key,
-            parent_uuid=parent_uuid, opening=opening,
-        )  # fmt: skip
+    async def start_run(self, start: RunStart) -> RunState:
+        return await self.lifecycle.start_run(start)
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
         await self.lifecycle.discard_run(run, remove_entry=remove_entry)

@@ -26,7 +26,7 @@ from sessions.files.archive import write_archive
 from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
-from sessions.records import CompatConversation, NewMessage, ResponseRef, RunQuery, TaskKey
+from sessions.records import CompatConversation, NewMessage, ResponseRef, RunQuery, RunStart, TaskKey
 from sessions.rewrites import Compaction
 from sessions.usage import UsageQuery
 from tests.gateway.daemons import child_env, run_cli
@@ -44,7 +44,7 @@ async def _seed(root: Path) -> None:
     try:
         for key in KEYS:
             run = await store.start_run(
-                key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+                RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key))
             )
             for text in ("明日の会議は十時から" * 20, f"hello {key} " + "lorem " * 80, "and more"):
                 await store.append(run, NewMessage("user", text))
@@ -62,7 +62,7 @@ async def _seed(root: Path) -> None:
         await store.add_usage(run, {"input_tokens": 120, "output_tokens": 30, "cache_read_tokens": 7})
         await store.add_usage(run, {"input_tokens": 80, "output_tokens": 20})
         gone = await store.start_run(
-            PURGED, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", PURGED)
+            RunStart(PURGED, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", PURGED))
         )
         await store.append(gone, NewMessage("user", "forget me"))
         await store.add_usage(gone, {"input_tokens": 5, "output_tokens": 1})
@@ -243,7 +243,7 @@ async def test_usage_and_a_purge_made_on_postgres_reach_a_files_home(postgres_se
         for key in (PURGED, KEYS[1]):
             for text in ("first run", "second run"):
                 run = await store.start_run(
-                    key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+                    RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key))
                 )
                 await store.append(run, NewMessage("user", text))
                 await store.add_usage(run, {"input_tokens": 10, "output_tokens": 2})
