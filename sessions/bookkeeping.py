@@ -12,7 +12,16 @@ from typing import Protocol
 
 from config.errors import NoActiveRun, RunActive, SessionNotFound
 from sessions.entries import SessionEntry
-from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState, RunStatus
+from sessions.records import (
+    USAGE_KEYS,
+    ContextRewrite,
+    EntryChange,
+    MessageRecord,
+    NewMessage,
+    PlanRecord,
+    RunState,
+    RunStatus,
+)
 from sessions.store_hooks import StoreHooks, run_hook
 
 
@@ -169,14 +178,12 @@ def end_entry(entry: SessionEntry, run_id: str, now: str) -> None:
     entry.updated_at = now
 
 
-def relabel_entry(
-    entry: SessionEntry, *, label: str | None, clear_label: bool, settings: Mapping[str, object] | None
-) -> None:
+def relabel_entry(entry: SessionEntry, change: EntryChange) -> None:
     """``update_entry``'s label and settings: a setting given as None is removed."""
-    if label is not None or clear_label:
-        entry.label = label
-    if settings is not None:
-        merged = {**entry.settings, **settings}
+    if change.label is not None or change.clear_label:
+        entry.label = change.label
+    if change.settings is not None:
+        merged = {**entry.settings, **change.settings}
         entry.settings = {k: v for k, v in merged.items() if v is not None}
 
 

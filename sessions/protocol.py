@@ -59,6 +59,7 @@ from sessions.records import (
     NEWEST_RUNS,
     CompatConversation,
     ContextRewrite,
+    EntryChange,
     HookDelivery,
     IdempotencyRecord,
     KnownKey,
@@ -106,15 +107,7 @@ class RunStore(Protocol):
 
     # -- the entry outside a run's lifecycle ------------------------------------------------------
 
-    async def update_entry(
-        self,
-        key: str,
-        *,
-        pinned: bool | None = None,
-        label: str | None = None,
-        clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry: ...
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry: ...
     async def set_inherit_next(self, key: str, inherit: bool) -> bool: ...
     async def set_reset_boundary(self, key: str, boundary: str) -> None: ...
 

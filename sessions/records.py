@@ -4,6 +4,7 @@ derived counters every layer of the store keeps the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, NotRequired, Protocol, get_args
@@ -277,6 +278,23 @@ class TaskKey:
             "repository": self.repository,
             "user": self.user,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class EntryChange:
+    """What ``update_entry`` changes on a key's entry: ``pinned`` when not None, the label when
+    ``label`` is given or ``clear_label`` says so, the settings merged with ``settings`` (a setting
+    given as None is removed)."""
+
+    pinned: bool | None = None
+    label: str | None = None
+    clear_label: bool = False
+    settings: Mapping[str, object] | None = None
+
+    @property
+    def relabels(self) -> bool:
+        """Whether the label or the settings change (what the files part writes to tasks.db)."""
+        return self.label is not None or self.clear_label or self.settings is not None
 
 
 @dataclass(frozen=True, slots=True)

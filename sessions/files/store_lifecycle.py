@@ -11,7 +11,6 @@ import os
 import shutil
 import sqlite3
 import uuid as uuidlib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from sessions.files.registry import SessionEntry
 from sessions.files.run_folder import FolderRun, folder_of, folder_run
 from sessions.files.store_appends import Appends
 from sessions.files.store_state import StoreState
-from sessions.records import RunStart, RunState, RunStatus, copy_counters
+from sessions.records import EntryChange, RunStart, RunState, RunStatus, copy_counters
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +52,15 @@ class Lifecycle:
 
     # -- the entry outside a run's lifecycle ------------------------------------------------------
 
-    async def update_entry(
-        self,
-        key: str,
-        *,
-        pinned: bool | None = None,
-        label: str | None = None,
-        clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
         state = self.state
         entry = state.require_entry(key)
+        pinned = change.pinned
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             await state.ledger.set_pinned(key, pinned)
-        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
-        if label is not None or clear_label or settings is not None:  # durable beyond sessions.json
+        relabel_entry(entry, change)
+        if change.relabels:  # durable beyond sessions.json
             await state.ledger.set_key_metadata(key, {"label": entry.label, "settings": entry.settings})
         entry.updated_at = iso(state.clock())
         state.registry.touch(key)

@@ -46,6 +46,7 @@ from sessions.records import (
     ACTIVE_STATUSES,
     USAGE_KEYS,
     ContextRewrite,
+    EntryChange,
     MessageRecord,
     NewMessage,
     PlanRecord,
@@ -155,22 +156,15 @@ class MemoryStore:
 
     # -- the entry outside a run's lifecycle ------------------------------------------------------
 
-    async def update_entry(
-        self,
-        key: str,
-        *,
-        pinned: bool | None = None,
-        label: str | None = None,
-        clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
         entry = self.require_entry(key)
+        pinned = change.pinned
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             for stored in self.data.runs.values():
                 if stored.row.get("session_key") == key:
                     stored.row["pinned"] = int(pinned)
-        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
+        relabel_entry(entry, change)
         entry.updated_at = iso(self.clock())
         self._save_entries()
         return entry

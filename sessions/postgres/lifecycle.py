@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import uuid as uuidlib
-from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -29,7 +28,7 @@ from sessions.entries import SessionEntry
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
 from sessions.postgres.state import PgState, encode_entry
-from sessions.records import RunStart, RunState, RunStatus, copy_counters
+from sessions.records import EntryChange, RunStart, RunState, RunStatus, copy_counters
 from sessions.store_hooks import run_hook
 
 log = logging.getLogger(__name__)
@@ -220,16 +219,14 @@ class PgLifecycle:
         await self.state.flush_entries(key)
         return completed
 
-    async def update_entry(
-        self, key: str, *, pinned: bool | None = None, label: str | None = None, clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:  # fmt: skip
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
         entry = self.state.require_entry(key)
+        pinned = change.pinned
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             with unavailable("the change was not stored"):
                 await self.state.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
-        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
+        relabel_entry(entry, change)
         entry.updated_at = iso(self.state.clock())
         await self.state.flush_entries(key)
         return entry

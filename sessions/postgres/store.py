@@ -43,6 +43,7 @@ from sessions.records import (
     NEWEST_RUNS,
     CompatConversation,
     ContextRewrite,
+    EntryChange,
     HookDelivery,
     IdempotencyRecord,
     KnownKey,
@@ -185,13 +186,8 @@ class PgStore:
 
     # -- the entry, the lifecycle: ``sessions.postgres.lifecycle`` ----------------------------------
 
-    async def update_entry(
-        self, key: str, *, pinned: bool | None = None, label: str | None = None, clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:  # fmt: skip
-        return await self.lifecycle.update_entry(
-            key, pinned=pinned, label=label, clear_label=clear_label, settings=settings
-        )
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
+        return await self.lifecycle.update_entry(key, change)
 
     async def set_inherit_next(self, key: str, inherit: bool) -> bool:
         return await self.lifecycle.set_inherit_next(key, inherit)

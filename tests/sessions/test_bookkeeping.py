@@ -26,7 +26,7 @@ from sessions.bookkeeping import (
     start_entry,
 )
 from sessions.entries import SessionEntry
-from sessions.records import ContextRewrite, NewMessage, Role, RunState, TaskKey
+from sessions.records import ContextRewrite, EntryChange, NewMessage, Role, RunState, TaskKey
 
 KEY = "agent:main:main"
 
@@ -132,11 +132,11 @@ def test_require_active_names_what_is_missing() -> None:
 def test_relabel_sets_or_clears_the_label_and_merges_settings_dropping_nones() -> None:
     entry = _entry()
     entry.label, entry.settings = "old", {"model": "a", "queue_mode": "steer"}
-    relabel_entry(entry, label=None, clear_label=False, settings={"queue_mode": None, "verbose": True})
+    relabel_entry(entry, EntryChange(settings={"queue_mode": None, "verbose": True}))
     assert (entry.label, entry.settings) == ("old", {"model": "a", "verbose": True})
-    relabel_entry(entry, label="new", clear_label=False, settings=None)
+    relabel_entry(entry, EntryChange(label="new"))
     assert entry.label == "new"
-    relabel_entry(entry, label=None, clear_label=True, settings=None)
+    relabel_entry(entry, EntryChange(clear_label=True))
     assert entry.label is None and entry.settings == {"model": "a", "verbose": True}
 
 

@@ -14,7 +14,7 @@ from config.errors import Conflict, NotFound, SessionPaused, StorageUnavailable
 from home import layout
 from sessions.files.jsonl import read_records
 from sessions.files.ledger import MIGRATIONS
-from sessions.records import NewMessage
+from sessions.records import EntryChange, NewMessage
 from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start
@@ -279,7 +279,7 @@ async def test_sessions_json_is_not_rewritten_per_message(tmp_path: Path, clock:
 async def test_entries_stay_small(tmp_path: Path, clock: FakeClock) -> None:
     store = await open_store(tmp_path, clock)
     run = await start(store)
-    await store.update_entry(run.key, pinned=True, label="a label", settings={"model": "gpt-4o"})
+    await store.update_entry(run.key, EntryChange(pinned=True, label="a label", settings={"model": "gpt-4o"}))
     await store.close()
     entry = json.loads((tmp_path / "contexts/sessions.json").read_text(encoding="utf-8"))["sessions"][run.key]
     assert len(json.dumps(entry)) < 2048

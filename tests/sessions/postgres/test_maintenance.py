@@ -14,7 +14,7 @@ from config.clock import iso
 from config.errors import SessionNotFound
 from config.settings import CleanupSettings
 from sessions.cleanup_plan import CleanupRequest
-from sessions.records import NewMessage, RunStart, TaskKey
+from sessions.records import EntryChange, NewMessage, RunStart, TaskKey
 from tests.conftest import FakeClock
 from tests.sessions.postgres.conftest import Opener
 
@@ -29,7 +29,7 @@ async def test_cleanup_follows_the_plan(open_store: Opener, clock: FakeClock, pg
         runs[key] = await store.start_run(RunStart(key, agent_id="main", chat_type="direct", channel=None,
                                                    task_key=TaskKey("agent", key)))  # fmt: skip
         await store.append(runs[key], NewMessage("user", f"hello from {key}"))
-    await store.update_entry(PINNED, pinned=True)
+    await store.update_entry(PINNED, EntryChange(pinned=True))
     clock.advance(days=31)
     await store.append(runs[FRESH], NewMessage("user", "still here"))
     completed: list[str] = []
