@@ -19,6 +19,7 @@ from sessions.records import (
     MessageRecord,
     NewMessage,
     PlanRecord,
+    RunFinish,
     RunState,
     RunStatus,
 )
@@ -72,16 +73,16 @@ async def to_pause(store: _Lookups, key: str, hooks: StoreHooks) -> tuple[RunSta
 
 
 async def to_complete(
-    store: _Lookups, key: str, hooks: StoreHooks, *, error: str | None, summarize: bool
+    store: _Lookups, key: str, hooks: StoreHooks, end: RunFinish
 ) -> tuple[RunState, RunStatus]:
     """The key's active run, marked closing, and the status it ends in (``failed`` with an
     ``error``); its completion hooks have run unless ``summarize`` is False (a purge, a one-off
     run nothing inherits)."""
     run = require_active(store, key)
     run.closing = True
-    for name, hook in list(hooks.completion_hooks.items()) if summarize else ():
+    for name, hook in list(hooks.completion_hooks.items()) if end.summarize else ():
         await run_hook("completion", name, hook, run)
-    return run, "failed" if error is not None else "completed"
+    return run, "failed" if end.error is not None else "completed"
 
 
 async def end_to_delete(store: _Lookups, key: str, complete: Callable[..., Awaitable[RunState]]) -> str | None:
@@ -90,7 +91,7 @@ async def end_to_delete(store: _Lookups, key: str, complete: Callable[..., Await
     store.require_entry(key)
     if store.active_run(key) is None:
         return None
-    return (await complete(key, reason="delete")).run_id
+    return (await complete(key, RunFinish(reason="delete"))).run_id
 
 
 def run_stats(run: RunState) -> dict[str, int]:

@@ -57,6 +57,7 @@ from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
 from sessions.records import (
     NEWEST_RUNS,
+    PLAIN_FINISH,
     CompatConversation,
     ContextRewrite,
     EntryChange,
@@ -67,6 +68,7 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     ResponseRef,
+    RunFinish,
     RunQuery,
     RunRow,
     RunStart,
@@ -117,15 +119,7 @@ class RunStore(Protocol):
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None: ...
     async def pause(self, key: str) -> RunState: ...
     async def resume(self, key: str) -> RunState: ...
-    async def complete(
-        self,
-        key: str,
-        *,
-        error: str | None = None,
-        reason: str = "complete",
-        summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState: ...
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState: ...
     async def delete(self, key: str) -> str | None: ...
 
     # -- appends ----------------------------------------------------------------------------------

@@ -298,6 +298,22 @@ class EntryChange:
 
 
 @dataclass(frozen=True, slots=True)
+class RunFinish:
+    """How ``complete`` ends a key's run: failed with ``error`` (else completed), ``reason`` in the
+    lifecycle event, the ``final_summary`` it is given kept; ``summarize=False`` (a purge, a
+    one-off run nothing inherits) runs no completion hook and keeps no final summary."""
+
+    error: str | None = None
+    reason: str = "complete"
+    summarize: bool = True
+    final_summary: str | None = None
+
+
+PLAIN_FINISH = RunFinish()  # completed, summarized, for no particular reason
+PURGE_FINISH = RunFinish(reason="purge", summarize=False)  # a purged key's run: no hook, no final summary
+
+
+@dataclass(frozen=True, slots=True)
 class RunStart:
     """What ``start_run`` starts: a run for the session ``key`` of ``agent_id`` on ``channel``, under
     ``task_key``, inheriting from ``parent_uuid``. With ``opening`` the run exists for the message

@@ -37,7 +37,7 @@ from sessions.files.registry import SessionEntry
 from sessions.files.run_folder import FolderRun, folder_of, folder_run
 from sessions.files.store_appends import Appends
 from sessions.files.store_state import StoreState
-from sessions.records import EntryChange, RunStart, RunState, RunStatus, copy_counters
+from sessions.records import PLAIN_FINISH, EntryChange, RunFinish, RunStart, RunState, RunStatus, copy_counters
 
 log = logging.getLogger(__name__)
 
@@ -189,22 +189,14 @@ class Lifecycle:
         self.state.emit_run("lifecycle", run, action="resume")
         return run
 
-    async def complete(
-        self,
-        key: str,
-        *,
-        error: str | None = None,
-        reason: str = "complete",
-        summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState:
-        """Complete (or, with ``error``, fail) the key's active run: completion hooks, the final
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
+        """Complete (or, with ``end.error``, fail) the key's active run: completion hooks, the final
         summary it is given (``final_summary.txt``), statistics, the move to completed/; the entry
         stays, idle, with ``run_id: null``. ``summarize=False`` (a purge, a one-off run nothing
         inherits) runs no hook and writes no final summary."""
-        run, status = await to_complete(self.state, key, self.state.hooks, error=error, summarize=summarize)
-        if final_summary is not None and summarize:
-            text, path = final_summary, folder_of(run) / layout.FINAL_SUMMARY
+        run, status = await to_complete(self.state, key, self.state.hooks, end)
+        if end.final_summary is not None and end.summarize:
+            text, path = end.final_summary, folder_of(run) / layout.FINAL_SUMMARY
             await self.state.writer.call(lambda: _write_text(path, text))
         await self.appends.record_deliveries(run)
         await self._move(run, "completed")
@@ -214,7 +206,7 @@ class Lifecycle:
             status=status,
             completed_at=now,
             updated_at=now,
-            error_message=error,
+            error_message=end.error,
             compaction_count=run.compaction_count,
             **run_stats(run),
         )
@@ -226,7 +218,7 @@ class Lifecycle:
             self.state.registry.touch(key)
             await self.state.registry.flush()
         run.status = status
-        self.state.emit_run("lifecycle", run, action=status, reason=reason, error=error)
+        self.state.emit_run("lifecycle", run, action=status, reason=end.reason, error=end.error)
         return run
 
     async def delete(self, key: str) -> str | None:

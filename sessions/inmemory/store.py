@@ -44,12 +44,14 @@ from sessions.inmemory.records import MemoryRecords
 from sessions.protocol import ConversationStore
 from sessions.records import (
     ACTIVE_STATUSES,
+    PLAIN_FINISH,
     USAGE_KEYS,
     ContextRewrite,
     EntryChange,
     MessageRecord,
     NewMessage,
     PlanRecord,
+    RunFinish,
     RunRow,
     RunStart,
     RunState,
@@ -239,22 +241,14 @@ class MemoryStore:
         self._emit("lifecycle", run, action="resume")
         return run
 
-    async def complete(
-        self,
-        key: str,
-        *,
-        error: str | None = None,
-        reason: str = "complete",
-        summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState:
-        run, status = await to_complete(self, key, self.hooks, error=error, summarize=summarize)
-        if final_summary is not None and summarize:
-            self.data.runs[run.run_id].final_summary = final_summary
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
+        run, status = await to_complete(self, key, self.hooks, end)
+        if end.final_summary is not None and end.summarize:
+            self.data.runs[run.run_id].final_summary = end.final_summary
         self.records.keep_deliveries(run)
         now = iso(self.clock())
         cast(dict[str, Any], self._row(run)).update(
-            status=status, completed_at=now, updated_at=now, error_message=error,
+            status=status, completed_at=now, updated_at=now, error_message=end.error,
             compaction_count=run.compaction_count, **run_stats(run),
         )  # fmt: skip
         del self._runs[run.run_id]
@@ -263,7 +257,7 @@ class MemoryStore:
             end_entry(entry, run.run_id, now)
         self._save_entries()
         run.status = status
-        self._emit("lifecycle", run, action=status, reason=reason, error=error)
+        self._emit("lifecycle", run, action=status, reason=end.reason, error=end.error)
         return run
 
     async def delete(self, key: str) -> str | None:

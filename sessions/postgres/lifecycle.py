@@ -28,7 +28,7 @@ from sessions.entries import SessionEntry
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
 from sessions.postgres.state import PgState, encode_entry
-from sessions.records import EntryChange, RunStart, RunState, RunStatus, copy_counters
+from sessions.records import PLAIN_FINISH, EntryChange, RunFinish, RunStart, RunState, RunStatus, copy_counters
 from sessions.store_hooks import run_hook
 
 log = logging.getLogger(__name__)
@@ -147,26 +147,22 @@ class PgLifecycle:
         if entry is not None and after is not None:
             entry.status, entry.updated_at = after.status, after.updated_at
 
-    async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState:  # fmt: skip
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
         """Complete (or fail) the key's run, keeping the final summary it is given (the engine's
         ``conversations/run_end.py`` writes it; the store summarizes nothing)."""
         run = require_active(self.state, key)
         run.closing = True
         try:
-            return await self._complete(run, key, error, reason, final_summary if summarize else None, summarize)
+            return await self._complete(run, key, end)
         except BaseException:
             if run.run_id in self.state.runs:
                 run.closing = False  # not completed: the run goes on
             raise
 
-    async def _complete(
-        self, run: RunState, key: str, error: str | None, reason: str, text: str | None, summarize: bool
-    ) -> RunState:
-        status: RunStatus = "failed" if error is not None else "completed"
-        for name, hook in self.state.hooks.completion_hooks.items() if summarize else ():
+    async def _complete(self, run: RunState, key: str, end: RunFinish) -> RunState:
+        status: RunStatus = "failed" if end.error is not None else "completed"
+        text = end.final_summary if end.summarize else None
+        for name, hook in self.state.hooks.completion_hooks.items() if end.summarize else ():
             await run_hook("completion", name, hook, run)
         await self.queue.settled(run)
         now = iso(self.state.clock())
@@ -182,7 +178,7 @@ class PgLifecycle:
                 await conn.execute(
                     f"UPDATE runs SET status = $2, completed_at = $3, updated_at = $3, error_message = $4,"
                     f" compaction_count = $5, final_summary = $6, opening = $7, {sets} WHERE run_id = $1",
-                    run.run_id, status, now, error, run.compaction_count, text, False, *stats.values(),
+                    run.run_id, status, now, end.error, run.compaction_count, text, False, *stats.values(),
                 )  # fmt: skip
                 # every client_message_id the run stored keeps its idempotency record after the run (a
                 # record of the same delivery stays; an expired one of an earlier delivery is replaced)
@@ -204,7 +200,7 @@ class PgLifecycle:
             self.state.entries[key] = after
             self.state.dirty.discard(key)
         run.status = status
-        self.state.emit_run("lifecycle", run, action=status, reason=reason, error=error)
+        self.state.emit_run("lifecycle", run, action=status, reason=end.reason, error=end.error)
         return run
 
     async def delete(self, key: str) -> str | None:
@@ -212,7 +208,7 @@ class PgLifecycle:
         self.state.require_entry(key)
         completed = None
         if self.state.active_run(key) is not None:
-            completed = (await self.complete(key, reason="delete")).run_id
+            completed = (await self.complete(key, RunFinish(reason="delete"))).run_id
         self.state.entries.pop(key, None)
         with unavailable("the deletion was not stored"):  # a new session on the key inherits nothing of these runs
             await self.state.pool.execute("UPDATE runs SET inherit = false WHERE session_key = $1", key)

@@ -41,6 +41,7 @@ from sessions.postgres.usage import PgUsage
 from sessions.protocol import RecordKind, StoreProtocol
 from sessions.records import (
     NEWEST_RUNS,
+    PLAIN_FINISH,
     CompatConversation,
     ContextRewrite,
     EntryChange,
@@ -51,6 +52,7 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     ResponseRef,
+    RunFinish,
     RunQuery,
     RunRow,
     RunStart,
@@ -207,13 +209,8 @@ class PgStore:
     async def resume(self, key: str) -> RunState:
         return await self.lifecycle.resume(key)
 
-    async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState:  # fmt: skip
-        return await self.lifecycle.complete(
-            key, error=error, reason=reason, summarize=summarize, final_summary=final_summary
-        )
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
+        return await self.lifecycle.complete(key, end)
 
     async def delete(self, key: str) -> str | None:
         return await self.lifecycle.delete(key)

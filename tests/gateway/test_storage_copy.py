@@ -26,7 +26,7 @@ from sessions.files.archive import write_archive
 from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
-from sessions.records import CompatConversation, NewMessage, ResponseRef, RunQuery, RunStart, TaskKey
+from sessions.records import CompatConversation, NewMessage, ResponseRef, RunFinish, RunQuery, RunStart, TaskKey
 from sessions.rewrites import Compaction
 from sessions.usage import UsageQuery
 from tests.gateway.daemons import child_env, run_cli
@@ -74,7 +74,7 @@ async def _seed(root: Path) -> None:
                   "created_at": "2026-12-01T00:00:00Z", "start_seq": 1, "end_seq": 2, "covers_from": 1,
                   "trigger": "manual", "compaction_count": 1, "archive": archive_name(1)}  # fmt: skip
         assert await store.rewrite_context(compacted, Compaction(1, 1, head, 2, record)) is not None
-        await store.complete(KEYS[0], summarize=False)
+        await store.complete(KEYS[0], RunFinish(summarize=False))
         done = store.require_entry(KEYS[0]).last_run_id
     finally:
         await store.close()
@@ -247,7 +247,7 @@ async def test_usage_and_a_purge_made_on_postgres_reach_a_files_home(postgres_se
                 )
                 await store.append(run, NewMessage("user", text))
                 await store.add_usage(run, {"input_tokens": 10, "output_tokens": 2})
-                await store.complete(key, summarize=False)
+                await store.complete(key, RunFinish(summarize=False))
         assert (await store.purge(PURGED, history=None))["runs"] == 2
         usage = await store.daily_usage()
     finally:

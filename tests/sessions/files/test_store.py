@@ -14,7 +14,7 @@ from config.errors import Conflict, NotFound, SessionPaused, StorageUnavailable
 from home import layout
 from sessions.files.jsonl import read_records
 from sessions.files.ledger import MIGRATIONS
-from sessions.records import EntryChange, NewMessage
+from sessions.records import EntryChange, NewMessage, RunFinish
 from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start
@@ -149,7 +149,7 @@ async def test_lifecycle_moves_folders_and_records_statistics(tmp_path: Path, cl
 async def test_fail_records_the_error(tmp_path: Path, clock: FakeClock) -> None:
     store = await open_store(tmp_path, clock)
     run = await start(store)
-    await store.complete(run.key, error="provider exploded")
+    await store.complete(run.key, RunFinish(error="provider exploded"))
     row = await store.ledger.get_run(run.run_id)
     await store.close()
     assert row is not None and row["status"] == "failed" and row["error_message"] == "provider exploded"
