@@ -55,6 +55,14 @@ def inherit_next(entry: SessionEntry | None, inherit: bool) -> bool:
     return True
 
 
+def mark_reset_boundary(entry: SessionEntry | None, boundary: str) -> bool:
+    """``set_reset_boundary`` on the key's entry: False when it has none (nothing to save)."""
+    if entry is None:
+        return False
+    entry.last_reset_boundary = boundary
+    return True
+
+
 def refuse_second_run(entry: SessionEntry | None, key: str) -> None:
     """``RunActive`` when the key's entry names an active run (a key has at most one)."""
     if entry is not None and entry.run_id is not None:

@@ -23,6 +23,7 @@ from sessions.bookkeeping import (
     end_to_delete,
     idle_entry,
     inherit_next,
+    mark_reset_boundary,
     refuse_second_run,
     relabel_entry,
     require_active,
@@ -78,12 +79,9 @@ class Lifecycle:
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         """Written at once: a restart must not reset the key again for the same boundary."""
-        entry = self.state.entry(key)
-        if entry is None:
-            return
-        entry.last_reset_boundary = boundary
-        self.state.registry.touch(key)
-        await self.state.registry.flush()
+        if mark_reset_boundary(self.state.entry(key), boundary):
+            self.state.registry.touch(key)
+            await self.state.registry.flush()
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from sessions.bookkeeping import (
     found_entry,
     idle_entry,
     inherit_next,
+    mark_reset_boundary,
     note_message,
     plan_record,
     refuse_second_run,
@@ -175,9 +176,7 @@ class MemoryStore:
         return inherit_next(self._entries.get(key), inherit)
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            entry.last_reset_boundary = boundary
+        if mark_reset_boundary(self._entries.get(key), boundary):
             self._save_entries()
 
     # -- lifecycle --------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from sessions.bookkeeping import (
     end_entry,
     idle_entry,
     inherit_next,
+    mark_reset_boundary,
+    refuse_second_run,
     relabel_entry,
     require_active,
     run_stats,
@@ -48,8 +50,7 @@ class PgLifecycle:
     async def start_run(self, start: RunStart) -> RunState:
         key, task_key = start.key, start.task_key
         entry = self.state.entry(key)
-        if entry is not None and entry.run_id is not None:
-            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+        refuse_second_run(entry, key)
         now = iso(self.state.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
@@ -234,8 +235,5 @@ class PgLifecycle:
         return changed
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
-        entry = self.state.entry(key)
-        if entry is None:
-            return
-        entry.last_reset_boundary = boundary
-        await self.state.flush_entries(key)
+        if mark_reset_boundary(self.state.entry(key), boundary):
+            await self.state.flush_entries(key)

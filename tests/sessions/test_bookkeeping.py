@@ -18,6 +18,7 @@ from sessions.bookkeeping import (
     found_entry,
     idle_entry,
     inherit_next,
+    mark_reset_boundary,
     note_message,
     plan_record,
     relabel_entry,
@@ -208,3 +209,10 @@ async def test_a_rewrite_whose_caller_was_cancelled_is_counted_once_done(fails: 
         assert _rewritten(run) == (100, 1000, 10, 0, 1) and counted == []
     else:
         assert _rewritten(run) == (20, 200, 2, 1, 2) and counted == [1]
+
+
+def test_mark_reset_boundary_sets_it_on_an_entry_only() -> None:
+    entry = _entry()
+    assert mark_reset_boundary(entry, "2026-01-02T04:00:00Z") is True
+    assert entry.last_reset_boundary == "2026-01-02T04:00:00Z"
+    assert mark_reset_boundary(None, "2026-01-02T04:00:00Z") is False  # no entry: nothing to save
