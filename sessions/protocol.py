@@ -75,6 +75,7 @@ from sessions.records import (
     RunState,
     StoredRecord,
     TaskKey,
+    ToolUse,
 )
 from sessions.rewrites import ContextChange
 from sessions.usage import ALL_USAGE, DailyUsage, UsageQuery
@@ -130,17 +131,7 @@ class RunStore(Protocol):
     async def finish_append(
         self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
     ) -> MessageRecord: ...
-    async def record_tool(
-        self,
-        run: RunState,
-        *,
-        tool_name: str,
-        arguments: object,
-        result: object = None,
-        error: str | None = None,
-        duration_ms: float | None = None,
-        extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord: ...
+    async def record_tool(self, run: RunState, use: ToolUse) -> StoredRecord: ...
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord: ...
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None: ...
     def calibrate_context(

@@ -314,6 +314,19 @@ PURGE_FINISH = RunFinish(reason="purge", summarize=False)  # a purged key's run:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolUse:
+    """One tool call as ``record_tool`` keeps it: the tool, its arguments, its result or ``error``,
+    how long it took, and ``extra`` fields merged into the record (e.g. ``tool_call_id``)."""
+
+    tool_name: str
+    arguments: Any
+    result: Any = None
+    error: str | None = None
+    duration_ms: float | None = None
+    extra: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunStart:
     """What ``start_run`` starts: a run for the session ``key`` of ``agent_id`` on ``channel``, under
     ``task_key``, inheriting from ``parent_uuid``. With ``opening`` the run exists for the message

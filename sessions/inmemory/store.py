@@ -59,6 +59,7 @@ from sessions.records import (
     RunStatus,
     StoredRecord,
     TaskKey,
+    ToolUse,
     copy_counters,
     restore_counters,
 )
@@ -321,20 +322,8 @@ class MemoryStore:
         self._emit("message", run, at=record["timestamp"], **event_fields(record))
         return record
 
-    async def record_tool(
-        self,
-        run: RunState,
-        *,
-        tool_name: str,
-        arguments: object,
-        result: object = None,
-        error: str | None = None,
-        duration_ms: float | None = None,
-        extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord:
-        stamp = iso(self.clock())
-        record = tool_record(run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, stamp)
-        run.next_tool_seq += 1
+    async def record_tool(self, run: RunState, use: ToolUse) -> StoredRecord:
+        record = tool_record(run, use, iso(self.clock()))
         self.data.runs[run.run_id].tools.append(record)
         return record
 

@@ -59,6 +59,7 @@ from sessions.records import (
     RunState,
     StoredRecord,
     TaskKey,
+    ToolUse,
 )  # fmt: skip
 from sessions.rewrites import ContextChange
 from sessions.store_hooks import StoreHooks
@@ -231,14 +232,8 @@ class PgStore:
     ) -> MessageRecord:
         return await self.sharing.finish_append(run, message, record, durable)
 
-    async def record_tool(
-        self, run: RunState, *, tool_name: str, arguments: object, result: object = None, error: str | None = None,
-        duration_ms: float | None = None, extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord:  # fmt: skip
-        return await self.appends.record_tool(
-            run, tool_name=tool_name, arguments=arguments, result=result, error=error, duration_ms=duration_ms,
-            extra=extra,
-        )  # fmt: skip
+    async def record_tool(self, run: RunState, use: ToolUse) -> StoredRecord:
+        return await self.appends.record_tool(run, use)
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
         return await self.appends.record_plan(run, plan_type=plan_type, plan_content=plan_content)

@@ -26,7 +26,16 @@ from sessions.files.archive import write_archive
 from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
-from sessions.records import CompatConversation, NewMessage, ResponseRef, RunFinish, RunQuery, RunStart, TaskKey
+from sessions.records import (
+    CompatConversation,
+    NewMessage,
+    ResponseRef,
+    RunFinish,
+    RunQuery,
+    RunStart,
+    TaskKey,
+    ToolUse,
+)
 from sessions.rewrites import Compaction
 from sessions.usage import UsageQuery
 from tests.gateway.daemons import child_env, run_cli
@@ -53,7 +62,9 @@ async def _seed(root: Path) -> None:
         assert live.run_id is not None
         run = store.run_state(live.run_id)
         assert run is not None
-        await store.record_tool(run, tool_name="search", arguments={"q": "会議"}, result=["a"], duration_ms=3.0)
+        await store.record_tool(
+            run, ToolUse(tool_name="search", arguments={"q": "会議"}, result=["a"], duration_ms=3.0)
+        )
         await store.record_plan(run, plan_type="steps", plan_content="1. read\n2. write")
         await store.remember_reply(KEYS[1], "cm-1", run_id=run.run_id, seq=1, response='{"ok":true}')
         await store.record_hook_delivery("d-1", "github", session_key=KEYS[1], message_seq=2)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sessions.compactor import Compactor, extractive
-from sessions.records import EntryChange
+from sessions.records import EntryChange, ToolUse
 from tests.sessions.conformance.support import KEY, Harness, command, counters_agree, start, user
 from tests.sessions.helpers import settings_with
 
@@ -14,7 +14,7 @@ async def test_an_active_run_goes_on_after_a_restart(harness: Harness) -> None:
     for i in range(5):
         await store.append(run, user(f"message {i}"))
     await store.append(run, command("/status"))
-    await store.record_tool(run, tool_name="t", arguments={})
+    await store.record_tool(run, ToolUse(tool_name="t", arguments={}))
     counters = run.counters
     store = await harness.reopen()
     back = store.active_run(KEY)
