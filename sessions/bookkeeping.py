@@ -15,7 +15,6 @@ from sessions.entries import SessionEntry
 from sessions.records import (
     USAGE_KEYS,
     ContextRewrite,
-    EntryChange,
     MessageRecord,
     NewMessage,
     PlanRecord,
@@ -185,15 +184,6 @@ def end_entry(entry: SessionEntry, run_id: str, now: str) -> None:
     entry.last_run_id = run_id
     idle_entry(entry)
     entry.updated_at = now
-
-
-def relabel_entry(entry: SessionEntry, change: EntryChange) -> None:
-    """``update_entry``'s label and settings: a setting given as None is removed."""
-    if change.label is not None or change.clear_label:
-        entry.label = change.label
-    if change.settings is not None:
-        merged = {**entry.settings, **change.settings}
-        entry.settings = {k: v for k, v in merged.items() if v is not None}
 
 
 def add_usage_counts(run: RunState, entry: SessionEntry | None, usage: Mapping[str, int]) -> dict[str, int]:

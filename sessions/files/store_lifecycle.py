@@ -25,7 +25,6 @@ from sessions.bookkeeping import (
     inherit_next,
     mark_reset_boundary,
     refuse_second_run,
-    relabel_entry,
     require_active,
     run_stats,
     start_entry,
@@ -60,7 +59,7 @@ class Lifecycle:
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             await state.ledger.set_pinned(key, pinned)
-        relabel_entry(entry, change)
+        entry.relabel(change)
         if change.relabels:  # durable beyond sessions.json
             await state.ledger.set_key_metadata(key, {"label": entry.label, "settings": entry.settings})
         entry.updated_at = iso(state.clock())

@@ -24,7 +24,6 @@ from sessions.bookkeeping import (
     note_message,
     plan_record,
     refuse_second_run,
-    relabel_entry,
     require_active,
     run_stats,
     start_entry,
@@ -168,7 +167,7 @@ class MemoryStore:
             for stored in self.data.runs.values():
                 if stored.row.get("session_key") == key:
                     stored.row["pinned"] = int(pinned)
-        relabel_entry(entry, change)
+        entry.relabel(change)
         entry.updated_at = iso(self.clock())
         self._save_entries()
         return entry

@@ -21,7 +21,6 @@ from sessions.bookkeeping import (
     inherit_next,
     mark_reset_boundary,
     refuse_second_run,
-    relabel_entry,
     require_active,
     run_stats,
     start_entry,
@@ -223,7 +222,7 @@ class PgLifecycle:
             entry.pinned = pinned
             with unavailable("the change was not stored"):
                 await self.state.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
-        relabel_entry(entry, change)
+        entry.relabel(change)
         entry.updated_at = iso(self.state.clock())
         await self.state.flush_entries(key)
         return entry

@@ -21,7 +21,6 @@ from sessions.bookkeeping import (
     mark_reset_boundary,
     note_message,
     plan_record,
-    relabel_entry,
     require_active,
     run_stats,
     start_entry,
@@ -133,11 +132,11 @@ def test_require_active_names_what_is_missing() -> None:
 def test_relabel_sets_or_clears_the_label_and_merges_settings_dropping_nones() -> None:
     entry = _entry()
     entry.label, entry.settings = "old", {"model": "a", "queue_mode": "steer"}
-    relabel_entry(entry, EntryChange(settings={"queue_mode": None, "verbose": True}))
+    entry.relabel(EntryChange(settings={"queue_mode": None, "verbose": True}))
     assert (entry.label, entry.settings) == ("old", {"model": "a", "verbose": True})
-    relabel_entry(entry, EntryChange(label="new"))
+    entry.relabel(EntryChange(label="new"))
     assert entry.label == "new"
-    relabel_entry(entry, EntryChange(clear_label=True))
+    entry.relabel(EntryChange(clear_label=True))
     assert entry.label is None and entry.settings == {"model": "a", "verbose": True}
 
 
