@@ -21,14 +21,16 @@ from config.loader import build_settings, deep_merge, load_defaults
 from sessions.compaction import compaction_due, plan_compaction
 from sessions.compactor import Compactor, extractive
 from sessions.files.store import SessionStore
-from sessions.records import NewMessage, RunState, TaskKey
+from sessions.records import NewMessage, RunStart, RunState, TaskKey
 from sessions.thresholds import compaction_threshold
 
 BIG, SMALL, CHECKS = 10_000, 10, 200_000
 
 
 async def fill(store: SessionStore, key: str, count: int) -> RunState:
-    run = await store.start_run(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key))
+    run = await store.start_run(
+        RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key))
+    )
     for start in range(0, count, 500):
         await asyncio.gather(
             *(

@@ -142,7 +142,7 @@ def _store_echo_app(home: Path) -> web.Application:
     hooks, history index, metrics or conversation layer."""
     from config.clock import system_clock
     from sessions.files.store import SessionStore
-    from sessions.records import NewMessage, TaskKey
+    from sessions.records import NewMessage, RunStart, TaskKey
 
     state: dict[str, SessionStore] = {}
 
@@ -152,8 +152,8 @@ def _store_echo_app(home: Path) -> web.Application:
         store = state["store"]
         run = store.active_run(key)
         if run is None:
-            run = await store.start_run(key, agent_id="main", chat_type="direct", channel=None,
-                                        task_key=TaskKey(task_type="agent", task_identifier=key))  # fmt: skip
+            run = await store.start_run(RunStart(key, agent_id="main", chat_type="direct", channel=None,
+                                                 task_key=TaskKey(task_type="agent", task_identifier=key)))  # fmt: skip
         record = await store.append(run, NewMessage(role="user", content=body["content"]))
         return web.json_response({"session_key": key, "run_id": run.run_id, "message_seq": record["seq"]})
 

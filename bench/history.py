@@ -31,7 +31,7 @@ from sessions.files.history_search import search
 from sessions.files.store import SessionStore
 from sessions.history_index import HistoryQuery
 from sessions.history_text import index_text
-from sessions.records import NewMessage, RunState, TaskKey
+from sessions.records import NewMessage, RunStart, RunState, TaskKey
 from sessions.store_hooks import StoreHooks
 
 INGEST_LIMIT = 0.9
@@ -75,8 +75,8 @@ async def bench_ingest(report: Report, *, rounds: int, per_round: int, keys: int
             store = await SessionStore.open(Path(home), settings, clock=system_clock, hooks=hooks)
             stores[name] = store
             runs[name] = [
-                await store.start_run(f"agent:main:dm:p{i}", agent_id="main", chat_type="direct", channel=None,
-                                      task_key=TaskKey("agent", f"agent:main:dm:p{i}"))
+                await store.start_run(RunStart(f"agent:main:dm:p{i}", agent_id="main", chat_type="direct", channel=None,
+                                      task_key=TaskKey("agent", f"agent:main:dm:p{i}")))
                 for i in range(keys)
             ]  # fmt: skip
         await history.open()

@@ -28,7 +28,7 @@ from config.settings import Settings
 from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import RunStore
-from sessions.records import NewMessage, TaskKey
+from sessions.records import NewMessage, RunStart, TaskKey
 from tests.support.postgres import PgServer, empty_database, find_binaries, start_server, stop_server
 
 PG_TARGET = 0.7  # postgres messages/s at least this share of the files backend's
@@ -71,7 +71,9 @@ async def _drive(store: RunStore, writers: int, messages: int, backend: str, ser
         key = f"agent:main:bench-{i}"
         runs.append(
             await store.start_run(
-                key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key, user="b")
+                RunStart(
+                    key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key, user="b")
+                )
             )
         )
     latencies: list[float] = []

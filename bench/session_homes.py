@@ -27,7 +27,7 @@ from home.layout import Home
 from sessions.files.ledger import Ledger
 from sessions.files.registry import SessionRegistry
 from sessions.files.store import SessionStore
-from sessions.records import RUN_COLUMNS, NewMessage, RunState, TaskKey
+from sessions.records import RUN_COLUMNS, NewMessage, RunStart, RunState, TaskKey
 
 CHANNEL = "telegram"
 TEMPLATE_KEY = f"agent:main:{CHANNEL}:dm:template"
@@ -55,7 +55,7 @@ def conversation(turns: int) -> list[NewMessage]:
 
 async def start_chat_run(store: SessionStore, key: str) -> RunState:
     return await store.start_run(
-        key, agent_id="main", chat_type="direct", channel=CHANNEL, task_key=TaskKey("agent", key)
+        RunStart(key, agent_id="main", chat_type="direct", channel=CHANNEL, task_key=TaskKey("agent", key))
     )
 
 

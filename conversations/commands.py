@@ -14,7 +14,7 @@ from conversations.hooks import CommandHooks, NextReset
 from conversations.run_end import RunEnd, end_active_run
 from conversations.turns import Conversations, DeltaFn, Outcome, Post, outcome_from
 from sessions.compactor import SummaryResult
-from sessions.records import RunState
+from sessions.records import EntryChange, RunState
 from sessions.thresholds import compaction_threshold
 
 HELP = {c.name: c.help_line for c in CHAT_COMMANDS}
@@ -210,12 +210,12 @@ class Commands:
         if entry is None:
             return await self.answer(call, "No session yet: send a message first, then set its model.")
         if call.args.lower() in ("default", "reset"):
-            await self.store.update_entry(call.key, settings={"model": None})
+            await self.store.update_entry(call.key, EntryChange(settings={"model": None}))
             return await self.answer(call, f"Model reset to the default: {self.conv.agent(agent_id).model.name}")
         problem = model_name_problem(call.args)
         if problem is not None:
             return await self.answer(call, problem)
-        await self.store.update_entry(call.key, settings={"model": call.args})
+        await self.store.update_entry(call.key, EntryChange(settings={"model": call.args}))
         return await self.answer(call, f"Model set to {call.args} for this session.")
 
     async def _pause(self, call: CommandCall) -> Outcome:

@@ -32,7 +32,7 @@ from config.clock import Clock
 from config.settings import ModelSettings
 from conversations.completions import Completion, DeltaCallback, ProviderError
 from sessions.protocol import RunStore
-from sessions.records import RunState
+from sessions.records import RunState, ToolUse
 
 if TYPE_CHECKING:
     from conversations.provider import ChatProvider
@@ -260,16 +260,18 @@ async def record_attempts(store: RunStore, run: RunState, attempts: list[Attempt
     for a in attempts:
         await store.record_tool(
             run,
-            tool_name="model",
-            arguments={"model": a.model, "base_url": a.base_url, "fallback": a.fallback, "attempt": a.attempt},
-            result={"output_tokens": a.output_tokens} if a.ok else None,
-            error=a.error,
-            duration_ms=a.duration_ms,
-            extra={
-                "kind": "model_attempt",
-                "status": a.status,
-                "error_kind": a.error_kind,
-                "retry_after_s": a.retry_after_s,
-                "waited_ms": round(a.waited_ms, 3),
-            },
+            ToolUse(
+                tool_name="model",
+                arguments={"model": a.model, "base_url": a.base_url, "fallback": a.fallback, "attempt": a.attempt},
+                result={"output_tokens": a.output_tokens} if a.ok else None,
+                error=a.error,
+                duration_ms=a.duration_ms,
+                extra={
+                    "kind": "model_attempt",
+                    "status": a.status,
+                    "error_kind": a.error_kind,
+                    "retry_after_s": a.retry_after_s,
+                    "waited_ms": round(a.waited_ms, 3),
+                },
+            ),
         )

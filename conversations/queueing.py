@@ -213,19 +213,14 @@ class TurnQueue:
             answered = await asyncio.shield(current.join(outcome, on_delta).answered)
             if answered:
                 return
-        caller = self._enqueue(run, outcome, on_delta, mode, options)
+        caller = self._batch_for(run, mode, options).join(outcome, on_delta)
         if room is not None and room.held:  # counted among the waiting now: the place is given back
             room.release()
         await asyncio.shield(caller.answered)
 
-    def _enqueue(
-        self,
-        run: RunState,
-        outcome: Outcome,
-        on_delta: DeltaFn | None,
-        mode: QueueMode,
-        options: TurnOptions | None = None,
-    ) -> Caller:
+    def _batch_for(self, run: RunState, mode: QueueMode, options: TurnOptions | None) -> Batch:
+        """The batch a new call joins (the key's open one in the same run, else a new one with its
+        task started), the call counted among the key's waiting calls."""
         key = run.key
         batch = self._open.get(key) if mode != "followup" else None
         if batch is None or batch.run.run_id != run.run_id:
@@ -237,7 +232,7 @@ class TurnQueue:
             self._tasks.add(batch.task)
             batch.task.add_done_callback(self._tasks.discard)
         self._waiting[key] = self._waiting.get(key, 0) + 1
-        return batch.join(outcome, on_delta)
+        return batch
 
     async def _run(self, batch: Batch) -> None:
         key = batch.run.key

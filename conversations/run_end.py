@@ -17,7 +17,7 @@ from datetime import datetime
 from config.clock import iso
 from conversations.turns import Conversations
 from sessions.events import ResetEvent, reset_published
-from sessions.records import RunState
+from sessions.records import RunFinish, RunState
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,9 @@ async def _end(conv: Conversations, key: str, run: RunState, how: RunEnd) -> tup
             text = await conv.final_summary(run, how.store_reason or how.reason)
         except Exception:  # the run must still end; the summary is best effort
             log.exception("final summary of run %s failed", run.run_id)
-    ended = await store.complete(
-        key, error=how.error, reason=how.store_reason or how.reason, summarize=how.summarize, final_summary=text
-    )
+    reason = how.store_reason or how.reason
+    finish = RunFinish(error=how.error, reason=reason, summarize=how.summarize, final_summary=text)
+    ended = await store.complete(key, finish)
     if how.boundary is not None:
         await store.set_reset_boundary(key, iso(how.boundary))
     event = reset_event(ended, how)

@@ -12,7 +12,7 @@ from typing import Any
 from config.errors import NeotaskError
 from conversations.completions import ToolCall
 from sessions.protocol import ConversationStore
-from sessions.records import RunState
+from sessions.records import RunState, ToolUse
 from sessions.tokens import estimate_text
 
 ToolFn = Callable[[RunState, dict[str, Any]], Awaitable[str]]
@@ -103,12 +103,14 @@ class ToolBox:
         duration_ms = (time.perf_counter() - started) * 1000
         await self.store.record_tool(
             run,
-            tool_name=call.name,
-            arguments=arguments,
-            result=result,
-            error=error,
-            duration_ms=duration_ms,
-            extra={"tool_call_id": call.id, **(extra or {})},
+            ToolUse(
+                tool_name=call.name,
+                arguments=arguments,
+                result=result,
+                error=error,
+                duration_ms=duration_ms,
+                extra={"tool_call_id": call.id, **(extra or {})},
+            ),
         )
         return f"error: {error}" if error is not None else result or ""
 

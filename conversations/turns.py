@@ -46,7 +46,7 @@ from sessions.deliveries import AlreadyDelivered
 from sessions.events import inheritance_published
 from sessions.inheritance import find_inheritance
 from sessions.protocol import ConversationStore
-from sessions.records import NewMessage, RunState, TaskKey
+from sessions.records import NewMessage, RunStart, RunState, TaskKey
 
 log = logging.getLogger(__name__)
 __all__ = [
@@ -314,13 +314,15 @@ class Conversations:
                 settings=self.core.settings.inheritance,
             )
         run = await self.core.store.start_run(
-            key.raw,
-            agent_id=key.agent_id,
-            chat_type=key.chat_type,
-            channel=key.channel,
-            task_key=task_key,
-            parent_uuid=found.run_id if found else None,
-            opening=True,
+            RunStart(
+                key.raw,
+                agent_id=key.agent_id,
+                chat_type=key.chat_type,
+                channel=key.channel,
+                task_key=task_key,
+                parent_uuid=found.run_id if found else None,
+                opening=True,
+            ),
         )
         try:
             if found is not None:

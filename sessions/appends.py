@@ -3,11 +3,10 @@ its token estimate), the tool call record, the fields of its event, and whether 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from config.errors import RunClosing, SessionPaused
-from sessions.records import MessageRecord, NewMessage, RunState
+from sessions.records import MessageRecord, NewMessage, RunState, ToolUse
 from sessions.tokens import estimate_message
 
 
@@ -59,25 +58,18 @@ def event_fields(record: MessageRecord) -> dict[str, Any]:
 
 
 
-def tool_record(
-    seq: int,
-    tool_name: str,
-    arguments: Any,
-    result: Any,
-    error: str | None,
-    duration_ms: float | None,
-    extra: Mapping[str, Any] | None,
-    timestamp: str,
-) -> dict[str, Any]:
+def tool_record(run: RunState, use: ToolUse, timestamp: str) -> dict[str, Any]:
+    """The record of a tool call, numbered with the run's next tool seq (which moves on)."""
     record: dict[str, Any] = {
-        "seq": seq,
-        "tool_name": tool_name,
-        "arguments": arguments,
-        "result": result,
-        "error": error,
+        "seq": run.next_tool_seq,
+        "tool_name": use.tool_name,
+        "arguments": use.arguments,
+        "result": use.result,
+        "error": use.error,
         "timestamp": timestamp,
     }
-    if duration_ms is not None:
-        record["duration_ms"] = round(duration_ms, 3)
-    record.update(extra or {})
+    run.next_tool_seq += 1
+    if use.duration_ms is not None:
+        record["duration_ms"] = round(use.duration_ms, 3)
+    record.update(use.extra or {})
     return record

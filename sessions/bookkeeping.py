@@ -12,7 +12,16 @@ from typing import Protocol
 
 from config.errors import NoActiveRun, RunActive, SessionNotFound
 from sessions.entries import SessionEntry
-from sessions.records import USAGE_KEYS, ContextRewrite, MessageRecord, NewMessage, PlanRecord, RunState, RunStatus
+from sessions.records import (
+    USAGE_KEYS,
+    ContextRewrite,
+    MessageRecord,
+    NewMessage,
+    PlanRecord,
+    RunFinish,
+    RunState,
+    RunStatus,
+)
 from sessions.store_hooks import StoreHooks, run_hook
 
 
@@ -45,6 +54,14 @@ def inherit_next(entry: SessionEntry | None, inherit: bool) -> bool:
     return True
 
 
+def mark_reset_boundary(entry: SessionEntry | None, boundary: str) -> bool:
+    """``set_reset_boundary`` on the key's entry: False when it has none (nothing to save)."""
+    if entry is None:
+        return False
+    entry.last_reset_boundary = boundary
+    return True
+
+
 def refuse_second_run(entry: SessionEntry | None, key: str) -> None:
     """``RunActive`` when the key's entry names an active run (a key has at most one)."""
     if entry is not None and entry.run_id is not None:
@@ -63,16 +80,16 @@ async def to_pause(store: _Lookups, key: str, hooks: StoreHooks) -> tuple[RunSta
 
 
 async def to_complete(
-    store: _Lookups, key: str, hooks: StoreHooks, *, error: str | None, summarize: bool
+    store: _Lookups, key: str, hooks: StoreHooks, end: RunFinish
 ) -> tuple[RunState, RunStatus]:
     """The key's active run, marked closing, and the status it ends in (``failed`` with an
     ``error``); its completion hooks have run unless ``summarize`` is False (a purge, a one-off
     run nothing inherits)."""
     run = require_active(store, key)
     run.closing = True
-    for name, hook in list(hooks.completion_hooks.items()) if summarize else ():
+    for name, hook in list(hooks.completion_hooks.items()) if end.summarize else ():
         await run_hook("completion", name, hook, run)
-    return run, "failed" if error is not None else "completed"
+    return run, "failed" if end.error is not None else "completed"
 
 
 async def end_to_delete(store: _Lookups, key: str, complete: Callable[..., Awaitable[RunState]]) -> str | None:
@@ -81,7 +98,7 @@ async def end_to_delete(store: _Lookups, key: str, complete: Callable[..., Await
     store.require_entry(key)
     if store.active_run(key) is None:
         return None
-    return (await complete(key, reason="delete")).run_id
+    return (await complete(key, RunFinish(reason="delete"))).run_id
 
 
 def run_stats(run: RunState) -> dict[str, int]:
@@ -167,17 +184,6 @@ def end_entry(entry: SessionEntry, run_id: str, now: str) -> None:
     entry.last_run_id = run_id
     idle_entry(entry)
     entry.updated_at = now
-
-
-def relabel_entry(
-    entry: SessionEntry, *, label: str | None, clear_label: bool, settings: Mapping[str, object] | None
-) -> None:
-    """``update_entry``'s label and settings: a setting given as None is removed."""
-    if label is not None or clear_label:
-        entry.label = label
-    if settings is not None:
-        merged = {**entry.settings, **settings}
-        entry.settings = {k: v for k, v in merged.items() if v is not None}
 
 
 def add_usage_counts(run: RunState, entry: SessionEntry | None, usage: Mapping[str, int]) -> dict[str, int]:

@@ -18,7 +18,7 @@ from sessions.compaction import archive_name, is_summary, plan_compaction, summa
 from sessions.context_lines import ContextLine
 from sessions.events import CompactionEvent, compaction_published, uncompact_published
 from sessions.protocol import RunStore
-from sessions.records import RunState
+from sessions.records import RunState, ToolUse
 from sessions.rewrites import Compaction, Uncompaction
 from sessions.summarize import extractive_summary
 
@@ -196,22 +196,24 @@ class Compactor:
         result = await self.summarizer(request)
         await self.store.record_tool(
             run,
-            tool_name="summarizer",
-            arguments={
-                "purpose": request.purpose,
-                "messages": len(request.lines),
-                "instructions": request.instructions,
-            },
-            result={"summarizer": result.summarizer, "chars": len(result.text)},
-            error=result.error,
-            duration_ms=(time.perf_counter() - started) * 1000,
-            extra={
-                "kind": "final_summary" if request.purpose == "final" else "compaction",
-                "model": result.model,
-                "input_tokens": result.input_tokens,
-                "output_tokens": result.output_tokens,
-                "calls": result.calls,
-            },
+            ToolUse(
+                tool_name="summarizer",
+                arguments={
+                    "purpose": request.purpose,
+                    "messages": len(request.lines),
+                    "instructions": request.instructions,
+                },
+                result={"summarizer": result.summarizer, "chars": len(result.text)},
+                error=result.error,
+                duration_ms=(time.perf_counter() - started) * 1000,
+                extra={
+                    "kind": "final_summary" if request.purpose == "final" else "compaction",
+                    "model": result.model,
+                    "input_tokens": result.input_tokens,
+                    "output_tokens": result.output_tokens,
+                    "calls": result.calls,
+                },
+            ),
         )
         return result
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from sessions.records import Counters, counter_values
+from sessions.records import Counters, EntryChange, counter_values
 
 
 @dataclass(slots=True)
@@ -54,6 +54,14 @@ class SessionEntry:
     def counters(self) -> Counters:
         """The checkpoint of the active run's counters (the fields ``Counters`` names)."""
         return Counters._make(counter_values(self))
+
+    def relabel(self, change: EntryChange) -> None:
+        """``update_entry``'s label and settings: a setting given as None is removed."""
+        if change.label is not None or change.clear_label:
+            self.label = change.label
+        if change.settings is not None:
+            merged = {**self.settings, **change.settings}
+            self.settings = {k: v for k, v in merged.items() if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -57,8 +57,10 @@ from sessions.events import StoreEvent
 from sessions.history_index import HistoryIndexProtocol
 from sessions.records import (
     NEWEST_RUNS,
+    PLAIN_FINISH,
     CompatConversation,
     ContextRewrite,
+    EntryChange,
     HookDelivery,
     IdempotencyRecord,
     KnownKey,
@@ -66,11 +68,14 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     ResponseRef,
+    RunFinish,
     RunQuery,
     RunRow,
+    RunStart,
     RunState,
     StoredRecord,
     TaskKey,
+    ToolUse,
 )
 from sessions.rewrites import ContextChange
 from sessions.usage import ALL_USAGE, DailyUsage, UsageQuery
@@ -105,43 +110,17 @@ class RunStore(Protocol):
 
     # -- the entry outside a run's lifecycle ------------------------------------------------------
 
-    async def update_entry(
-        self,
-        key: str,
-        *,
-        pinned: bool | None = None,
-        label: str | None = None,
-        clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry: ...
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry: ...
     async def set_inherit_next(self, key: str, inherit: bool) -> bool: ...
     async def set_reset_boundary(self, key: str, boundary: str) -> None: ...
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def start_run(
-        self,
-        key: str,
-        *,
-        agent_id: str | None,
-        chat_type: str,
-        channel: str | None,
-        task_key: TaskKey,
-        parent_uuid: str | None = None,
-        opening: bool = False,
-    ) -> RunState: ...
+    async def start_run(self, start: RunStart) -> RunState: ...
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None: ...
     async def pause(self, key: str) -> RunState: ...
     async def resume(self, key: str) -> RunState: ...
-    async def complete(
-        self,
-        key: str,
-        *,
-        error: str | None = None,
-        reason: str = "complete",
-        summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState: ...
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState: ...
     async def delete(self, key: str) -> str | None: ...
 
     # -- appends ----------------------------------------------------------------------------------
@@ -152,17 +131,7 @@ class RunStore(Protocol):
     async def finish_append(
         self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
     ) -> MessageRecord: ...
-    async def record_tool(
-        self,
-        run: RunState,
-        *,
-        tool_name: str,
-        arguments: object,
-        result: object = None,
-        error: str | None = None,
-        duration_ms: float | None = None,
-        extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord: ...
+    async def record_tool(self, run: RunState, use: ToolUse) -> StoredRecord: ...
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord: ...
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None: ...
     def calibrate_context(

@@ -4,6 +4,7 @@ derived counters every layer of the store keeps the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, NotRequired, Protocol, get_args
@@ -277,6 +278,67 @@ class TaskKey:
             "repository": self.repository,
             "user": self.user,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class EntryChange:
+    """What ``update_entry`` changes on a key's entry: ``pinned`` when not None, the label when
+    ``label`` is given or ``clear_label`` says so, the settings merged with ``settings`` (a setting
+    given as None is removed)."""
+
+    pinned: bool | None = None
+    label: str | None = None
+    clear_label: bool = False
+    settings: Mapping[str, object] | None = None
+
+    @property
+    def relabels(self) -> bool:
+        """Whether the label or the settings change (what the files part writes to tasks.db)."""
+        return self.label is not None or self.clear_label or self.settings is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinish:
+    """How ``complete`` ends a key's run: failed with ``error`` (else completed), ``reason`` in the
+    lifecycle event, the ``final_summary`` it is given kept; ``summarize=False`` (a purge, a
+    one-off run nothing inherits) runs no completion hook and keeps no final summary."""
+
+    error: str | None = None
+    reason: str = "complete"
+    summarize: bool = True
+    final_summary: str | None = None
+
+
+PLAIN_FINISH = RunFinish()  # completed, summarized, for no particular reason
+PURGE_FINISH = RunFinish(reason="purge", summarize=False)  # a purged key's run: no hook, no final summary
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """One tool call as ``record_tool`` keeps it: the tool, its arguments, its result or ``error``,
+    how long it took, and ``extra`` fields merged into the record (e.g. ``tool_call_id``)."""
+
+    tool_name: str
+    arguments: Any
+    result: Any = None
+    error: str | None = None
+    duration_ms: float | None = None
+    extra: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """What ``start_run`` starts: a run for the session ``key`` of ``agent_id`` on ``channel``, under
+    ``task_key``, inheriting from ``parent_uuid``. With ``opening`` the run exists for the message
+    about to be appended (the store undoes it when that message cannot be stored)."""
+
+    key: str
+    agent_id: str | None
+    chat_type: str
+    channel: str | None
+    task_key: TaskKey
+    parent_uuid: str | None = None
+    opening: bool = False
 
 
 @dataclass

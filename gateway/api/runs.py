@@ -28,7 +28,7 @@ from gateway.contract import (
 )
 from gateway.http import Strict, json_response, parse_body
 from sessions.protocol import RecordKind
-from sessions.records import RUN_STATUSES, RunQuery, RunRow, RunState
+from sessions.records import RUN_STATUSES, RunQuery, RunRow, RunState, ToolUse
 
 routes = web.RouteTableDef()
 B = TypeVar("B", bound=BaseModel)
@@ -190,7 +190,7 @@ async def _on_active_run(request: web.Request, model: type[B]) -> tuple[RunState
 async def record_tool(request: web.Request) -> web.Response:
     run, body = await _on_active_run(request, ToolBody)
     record = await request.app[K.STORE].record_tool(
-        run, tool_name=body.tool_name, arguments=body.arguments, result=body.result, error=body.error
+        run, ToolUse(tool_name=body.tool_name, arguments=body.arguments, result=body.result, error=body.error)
     )
     return json_response(record, status=201)
 

@@ -33,7 +33,7 @@ from gateway.operations import describe_session, matching_sessions
 from gateway.streaming import MESSAGE_ANSWER, STREAM_EVENT, answer, final_only
 from gateway.views import SESSION
 from sessions.keys import Ingress, SessionKey, parse_key, route
-from sessions.records import CHAT_TYPES, ENTRY_STATUSES, NewMessage, Role, TaskKey
+from sessions.records import CHAT_TYPES, ENTRY_STATUSES, EntryChange, NewMessage, Role, TaskKey
 from sessions.thresholds import compaction_threshold
 
 routes = web.RouteTableDef()
@@ -329,10 +329,10 @@ async def patch_session(request: web.Request) -> web.Response:
             )
     store = request.app[K.STORE]
     store.require_entry(key.raw)
-    await store.update_entry(
-        key.raw, pinned=body.pinned, label=body.label, clear_label="label" in data and body.label is None,
-        settings=body.settings,
-    )  # fmt: skip
+    change = EntryChange(
+        pinned=body.pinned, label=body.label, clear_label="label" in data and body.label is None, settings=body.settings
+    )
+    await store.update_entry(key.raw, change)
     return json_response(describe(request, key.raw))
 
 

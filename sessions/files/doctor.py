@@ -63,6 +63,7 @@ from sessions.files.doctor_store import check_store, recorded_damage
 from sessions.files.ledger import Ledger
 from sessions.files.registry import SessionRegistry
 from sessions.files.store import SessionStore
+from sessions.records import RunFinish
 
 __all__ = [
     "ACTIVE", "DAMAGED", "FOLDER_FIXES", "LOST", "ONLINE_MIN_AGE_S", "RESTART", "SET_ASIDE", "Finding", "FixKind",
@@ -216,7 +217,8 @@ async def _recover(root: Path, settings: Settings | None, now: str, damaged: Map
             run = next((r for r in store.active_runs() if r.run_id == run_id), None)
             if run is not None and store.active_run(run.key) is run:
                 try:
-                    await store.complete(run.key, error=f"{DAMAGED} (doctor): {finding.detail}", reason="damaged")
+                    finish = RunFinish(error=f"{DAMAGED} (doctor): {finding.detail}", reason="damaged")
+                    await store.complete(run.key, finish)
                 except (NeotaskError, OSError) as exc:
                     log.error("doctor: run %s could not be failed: %s", run_id, exc)
                     continue

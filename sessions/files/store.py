@@ -35,6 +35,7 @@ from sessions.records import (
     ACTIVE_STATUSES,
     FINISHED_STATUSES,
     USAGE_KEYS,
+    RunFinish,
     RunState,
     TaskKey,
     copy_counters,
@@ -251,7 +252,7 @@ class SessionStore:
             log.error("run %s is damaged (%s) but is not its key's active run: left for the doctor", run_id, damage)
             return
         try:
-            await self.complete(run.key, error=f"damaged at start-up: {damage}", reason="damaged")
+            await self.complete(run.key, RunFinish(error=f"damaged at start-up: {damage}", reason="damaged"))
         except OSError as exc:  # not even movable: leave the folder to the doctor, free the key
             log.error("run %s of %r is damaged (%s) and cannot be failed (%s)", run_id, run.key, damage, exc)
             self.state.runs.pop(run_id, None)

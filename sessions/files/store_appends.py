@@ -42,6 +42,7 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     RunState,
+    ToolUse,
     copy_counters,
 )
 from sessions.rewrites import ContextChange
@@ -260,20 +261,8 @@ class Appends:
         at, problem = self._probed
         return problem is None and self.state.writer.last_error is None and time.monotonic() - at < max_age_s
 
-    async def record_tool(
-        self,
-        run: RunState,
-        *,
-        tool_name: str,
-        arguments: Any,
-        result: Any = None,
-        error: str | None = None,
-        duration_ms: float | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        stamp = iso(self.state.clock())
-        record = tool_record(run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, stamp)
-        run.next_tool_seq += 1
+    async def record_tool(self, run: RunState, use: ToolUse) -> dict[str, Any]:
+        record = tool_record(run, use, iso(self.state.clock()))
         await self.state.writer.append(folder_of(run) / layout.TOOLS, encode(record), durable=True)
         return record
 

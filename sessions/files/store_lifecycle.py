@@ -11,7 +11,6 @@ import os
 import shutil
 import sqlite3
 import uuid as uuidlib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ from sessions.bookkeeping import (
     end_to_delete,
     idle_entry,
     inherit_next,
+    mark_reset_boundary,
     refuse_second_run,
-    relabel_entry,
     require_active,
     run_stats,
     start_entry,
@@ -38,7 +37,7 @@ from sessions.files.registry import SessionEntry
 from sessions.files.run_folder import FolderRun, folder_of, folder_run
 from sessions.files.store_appends import Appends
 from sessions.files.store_state import StoreState
-from sessions.records import RunState, RunStatus, TaskKey, copy_counters
+from sessions.records import PLAIN_FINISH, EntryChange, RunFinish, RunStart, RunState, RunStatus, copy_counters
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +52,15 @@ class Lifecycle:
 
     # -- the entry outside a run's lifecycle ------------------------------------------------------
 
-    async def update_entry(
-        self,
-        key: str,
-        *,
-        pinned: bool | None = None,
-        label: str | None = None,
-        clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
         state = self.state
         entry = state.require_entry(key)
+        pinned = change.pinned
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             await state.ledger.set_pinned(key, pinned)
-        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
-        if label is not None or clear_label or settings is not None:  # durable beyond sessions.json
+        entry.relabel(change)
+        if change.relabels:  # durable beyond sessions.json
             await state.ledger.set_key_metadata(key, {"label": entry.label, "settings": entry.settings})
         entry.updated_at = iso(state.clock())
         state.registry.touch(key)
@@ -86,29 +78,17 @@ class Lifecycle:
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         """Written at once: a restart must not reset the key again for the same boundary."""
-        entry = self.state.entry(key)
-        if entry is None:
-            return
-        entry.last_reset_boundary = boundary
-        self.state.registry.touch(key)
-        await self.state.registry.flush()
+        if mark_reset_boundary(self.state.entry(key), boundary):
+            self.state.registry.touch(key)
+            await self.state.registry.flush()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    async def start_run(
-        self,
-        key: str,
-        *,
-        agent_id: str | None,
-        chat_type: str,
-        channel: str | None,
-        task_key: TaskKey,
-        parent_uuid: str | None = None,
-        opening: bool = False,
-    ) -> RunState:
-        """A new active run for ``key``. With ``opening`` the run exists for the message about to
+    async def start_run(self, start: RunStart) -> RunState:
+        """A new active run for ``start.key``. With ``opening`` the run exists for the message about to
         be appended: until that message is durable the folder carries a marker, and start-up
         removes a marked folder that holds no message (a crash or a storage error came between)."""
+        key = start.key
         entry = self.state.entry(key)
         refuse_second_run(entry, key)
         now = iso(self.state.clock())
@@ -116,19 +96,19 @@ class Lifecycle:
         run = FolderRun(
             run_id=run_id,
             key=key,
-            agent_id=agent_id,
-            chat_type=chat_type,
-            channel=channel,
+            agent_id=start.agent_id,
+            chat_type=start.chat_type,
+            channel=start.channel,
             status="running",
             dir=self.state.home.run_dir(run_id, "running"),
             started_at=now,
-            task_key=task_key,
-            parent_uuid=parent_uuid,
+            task_key=start.task_key,
+            parent_uuid=start.parent_uuid,
         )
         metadata = self.state.metadata(run)
         created = False
         try:
-            await self.state.writer.call(lambda: _create_run_folder(folder_of(run), metadata, opening=opening))
+            await self.state.writer.call(lambda: _create_run_folder(folder_of(run), metadata, opening=start.opening))
             created = True
             await self.state.ledger.insert_run(self.state.ledger_row(run))
         except (OSError, sqlite3.Error) as exc:
@@ -141,10 +121,10 @@ class Lifecycle:
                 except OSError as cleanup:  # a folder with no message: start-up recovery removes it
                     log.error("could not remove the half-created folder of run %s (%s)", run.run_id, cleanup)
             raise _start_error(exc) from exc
-        run.opening = opening
+        run.opening = start.opening
         self.state.runs[run_id] = run
         if entry is None:
-            entry = self.state.new_entry(key, agent_id, chat_type, channel)
+            entry = self.state.new_entry(key, start.agent_id, start.chat_type, start.channel)
             self.state.registry.entries[key] = entry
         start_entry(entry, run_id, now)
         copy_counters(run, entry)  # every checkpoint field: none may describe the previous run
@@ -152,7 +132,7 @@ class Lifecycle:
         # durable truth, and recovery rebuilds the entry from them (a rewrite per new run made
         # creating a session O(keys)).
         self.state.registry.touch(key)
-        self.state.emit_run("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        self.state.emit_run("lifecycle", run, action="start", parent_uuid=start.parent_uuid)
         return run
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
@@ -206,22 +186,14 @@ class Lifecycle:
         self.state.emit_run("lifecycle", run, action="resume")
         return run
 
-    async def complete(
-        self,
-        key: str,
-        *,
-        error: str | None = None,
-        reason: str = "complete",
-        summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState:
-        """Complete (or, with ``error``, fail) the key's active run: completion hooks, the final
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
+        """Complete (or, with ``end.error``, fail) the key's active run: completion hooks, the final
         summary it is given (``final_summary.txt``), statistics, the move to completed/; the entry
         stays, idle, with ``run_id: null``. ``summarize=False`` (a purge, a one-off run nothing
         inherits) runs no hook and writes no final summary."""
-        run, status = await to_complete(self.state, key, self.state.hooks, error=error, summarize=summarize)
-        if final_summary is not None and summarize:
-            text, path = final_summary, folder_of(run) / layout.FINAL_SUMMARY
+        run, status = await to_complete(self.state, key, self.state.hooks, end)
+        if end.final_summary is not None and end.summarize:
+            text, path = end.final_summary, folder_of(run) / layout.FINAL_SUMMARY
             await self.state.writer.call(lambda: _write_text(path, text))
         await self.appends.record_deliveries(run)
         await self._move(run, "completed")
@@ -231,7 +203,7 @@ class Lifecycle:
             status=status,
             completed_at=now,
             updated_at=now,
-            error_message=error,
+            error_message=end.error,
             compaction_count=run.compaction_count,
             **run_stats(run),
         )
@@ -243,7 +215,7 @@ class Lifecycle:
             self.state.registry.touch(key)
             await self.state.registry.flush()
         run.status = status
-        self.state.emit_run("lifecycle", run, action=status, reason=reason, error=error)
+        self.state.emit_run("lifecycle", run, action=status, reason=end.reason, error=end.error)
         return run
 
     async def delete(self, key: str) -> str | None:

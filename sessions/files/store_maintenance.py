@@ -23,7 +23,7 @@ from sessions.files.run_folder import folder_of
 from sessions.files.store_lifecycle import Lifecycle
 from sessions.files.store_state import StoreState
 from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
-from sessions.records import StoredRecord
+from sessions.records import PURGE_FINISH, StoredRecord
 
 _ENDED_UNARCHIVED = (
     "SELECT uuid, session_key, agent_id FROM tasks WHERE archived_at IS NULL AND session_key IS NOT NULL"
@@ -75,5 +75,5 @@ class FilesMaintenance:
 
     async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
         index = None if history is None else own_index(history, HistoryIndex)
-        end_run = functools.partial(self.lifecycle.complete, reason="purge", summarize=False)
+        end_run = functools.partial(self.lifecycle.complete, end=PURGE_FINISH)
         return (await purge_key(self.state, key, end_run=end_run, history=index)).as_dict()

@@ -19,7 +19,7 @@ from sessions.exports import RunExport
 from sessions.findings import finding
 from sessions.history_index import HistoryIndexProtocol
 from sessions.inmemory.data import MemoryData, StoredRun
-from sessions.records import ACTIVE_STATUSES, RUN_COLUMNS, RunState, StoredRecord
+from sessions.records import ACTIVE_STATUSES, PLAIN_FINISH, PURGE_FINISH, RUN_COLUMNS, RunFinish, RunState, StoredRecord
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,7 @@ class _Store(Protocol):
     def entry(self, key: str) -> SessionEntry | None: ...
     def active_run(self, key: str) -> RunState | None: ...
     def _save_entries(self) -> None: ...
-    async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState: ...  # fmt: skip
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState: ...
 
 
 class MemoryRunReader:
@@ -130,7 +127,7 @@ class MemoryMaintenance:
         if self.store.entry(key) is None and not mine:
             raise SessionNotFound(f"no session or run with key {key!r}")
         if self.store.active_run(key) is not None:
-            await self.store.complete(key, reason="purge", summarize=False)
+            await self.store.complete(key, PURGE_FINISH)
         messages = sum(len(self.store.data.runs.pop(run_id).messages) for run_id in mine)
         _forget_key(self.store.data, key)
         if history is not None:

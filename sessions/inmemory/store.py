@@ -20,10 +20,10 @@ from sessions.bookkeeping import (
     found_entry,
     idle_entry,
     inherit_next,
+    mark_reset_boundary,
     note_message,
     plan_record,
     refuse_second_run,
-    relabel_entry,
     require_active,
     run_stats,
     start_entry,
@@ -44,16 +44,21 @@ from sessions.inmemory.records import MemoryRecords
 from sessions.protocol import ConversationStore
 from sessions.records import (
     ACTIVE_STATUSES,
+    PLAIN_FINISH,
     USAGE_KEYS,
     ContextRewrite,
+    EntryChange,
     MessageRecord,
     NewMessage,
     PlanRecord,
+    RunFinish,
     RunRow,
+    RunStart,
     RunState,
     RunStatus,
     StoredRecord,
     TaskKey,
+    ToolUse,
     copy_counters,
     restore_counters,
 )
@@ -154,22 +159,15 @@ class MemoryStore:
 
     # -- the entry outside a run's lifecycle ------------------------------------------------------
 
-    async def update_entry(
-        self,
-        key: str,
-        *,
-        pinned: bool | None = None,
-        label: str | None = None,
-        clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
         entry = self.require_entry(key)
+        pinned = change.pinned
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             for stored in self.data.runs.values():
                 if stored.row.get("session_key") == key:
                     stored.row["pinned"] = int(pinned)
-        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
+        entry.relabel(change)
         entry.updated_at = iso(self.clock())
         self._save_entries()
         return entry
@@ -178,49 +176,40 @@ class MemoryStore:
         return inherit_next(self._entries.get(key), inherit)
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            entry.last_reset_boundary = boundary
+        if mark_reset_boundary(self._entries.get(key), boundary):
             self._save_entries()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def start_run(
-        self,
-        key: str,
-        *,
-        agent_id: str | None,
-        chat_type: str,
-        channel: str | None,
-        task_key: TaskKey,
-        parent_uuid: str | None = None,
-        opening: bool = False,
-    ) -> RunState:
+    async def start_run(self, start: RunStart) -> RunState:
+        key = start.key
         entry = self._entries.get(key)
         refuse_second_run(entry, key)
         now = iso(self.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
-            run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
-            started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+            run_id=run_id, key=key, agent_id=start.agent_id, chat_type=start.chat_type, channel=start.channel,
+            status="running", started_at=now, task_key=start.task_key, parent_uuid=start.parent_uuid,
         )  # fmt: skip
         pinned = entry is not None and entry.pinned
         row = cast(RunRow, {
-            "uuid": run_id, "status": "running", **task_key.as_dict(), "created_at": now, "updated_at": now,
+            "uuid": run_id, "status": "running", **start.task_key.as_dict(), "created_at": now, "updated_at": now,
             "completed_at": None, "metadata": None, "total_messages": 0, "total_summaries": 0, "total_tool_calls": 0,
             "final_token_count": None, "final_message_count": None, "error_message": None, "session_key": key,
-            "agent_id": agent_id, "channel": channel, "chat_type": chat_type, "parent_uuid": parent_uuid,
+            "agent_id": start.agent_id, "channel": start.channel, "chat_type": start.chat_type,
+            "parent_uuid": start.parent_uuid,
             **dict.fromkeys(USAGE_KEYS, 0), "compaction_count": 0, "pinned": int(pinned), "archived_at": None,
         })  # fmt: skip
-        self.data.runs[run_id] = StoredRun(row, {"session_key": key, **task_key.as_dict()})
+        self.data.runs[run_id] = StoredRun(row, {"session_key": key, **start.task_key.as_dict()})
         self._runs[run_id] = run
         if entry is None:
             entry = self._entries[key] = SessionEntry(
-                key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, created_at=now, updated_at=now
+                key=key, agent_id=start.agent_id, chat_type=start.chat_type, channel=start.channel, created_at=now,
+                updated_at=now,
             )
         start_entry(entry, run_id, now)
         self._checkpoint(run)
-        self._emit("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        self._emit("lifecycle", run, action="start", parent_uuid=start.parent_uuid)
         return run
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
@@ -251,22 +240,14 @@ class MemoryStore:
         self._emit("lifecycle", run, action="resume")
         return run
 
-    async def complete(
-        self,
-        key: str,
-        *,
-        error: str | None = None,
-        reason: str = "complete",
-        summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState:
-        run, status = await to_complete(self, key, self.hooks, error=error, summarize=summarize)
-        if final_summary is not None and summarize:
-            self.data.runs[run.run_id].final_summary = final_summary
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
+        run, status = await to_complete(self, key, self.hooks, end)
+        if end.final_summary is not None and end.summarize:
+            self.data.runs[run.run_id].final_summary = end.final_summary
         self.records.keep_deliveries(run)
         now = iso(self.clock())
         cast(dict[str, Any], self._row(run)).update(
-            status=status, completed_at=now, updated_at=now, error_message=error,
+            status=status, completed_at=now, updated_at=now, error_message=end.error,
             compaction_count=run.compaction_count, **run_stats(run),
         )  # fmt: skip
         del self._runs[run.run_id]
@@ -275,7 +256,7 @@ class MemoryStore:
             end_entry(entry, run.run_id, now)
         self._save_entries()
         run.status = status
-        self._emit("lifecycle", run, action=status, reason=reason, error=error)
+        self._emit("lifecycle", run, action=status, reason=end.reason, error=end.error)
         return run
 
     async def delete(self, key: str) -> str | None:
@@ -340,20 +321,8 @@ class MemoryStore:
         self._emit("message", run, at=record["timestamp"], **event_fields(record))
         return record
 
-    async def record_tool(
-        self,
-        run: RunState,
-        *,
-        tool_name: str,
-        arguments: object,
-        result: object = None,
-        error: str | None = None,
-        duration_ms: float | None = None,
-        extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord:
-        stamp = iso(self.clock())
-        record = tool_record(run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, stamp)
-        run.next_tool_seq += 1
+    async def record_tool(self, run: RunState, use: ToolUse) -> StoredRecord:
+        record = tool_record(run, use, iso(self.clock()))
         self.data.runs[run.run_id].tools.append(record)
         return record
 

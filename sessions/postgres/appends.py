@@ -33,6 +33,7 @@ from sessions.records import (
     PlanRecord,
     RunState,
     StoredRecord,
+    ToolUse,
     copy_counters,
 )
 from sessions.rewrites import ContextChange
@@ -102,14 +103,8 @@ class PgAppends:
 
     # -- tool and plan records, usage -----------------------------------------------------------
 
-    async def record_tool(
-        self, run: RunState, *, tool_name: str, arguments: object, result: object = None, error: str | None = None,
-        duration_ms: float | None = None, extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord:  # fmt: skip
-        record = tool_record(
-            run.next_tool_seq, tool_name, arguments, result, error, duration_ms, extra, iso(self.state.clock())
-        )
-        run.next_tool_seq += 1
+    async def record_tool(self, run: RunState, use: ToolUse) -> StoredRecord:
+        record = tool_record(run, use, iso(self.state.clock()))
         sql = (
             "WITH r AS (UPDATE runs SET next_tool_seq = greatest(next_tool_seq, $2::bigint + 1) WHERE run_id = $1"
             " RETURNING run_id) INSERT INTO tool_calls (run_id, seq, record) SELECT run_id, $2, $3::json FROM r"

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import uuid as uuidlib
-from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -20,7 +19,8 @@ from sessions.bookkeeping import (
     end_entry,
     idle_entry,
     inherit_next,
-    relabel_entry,
+    mark_reset_boundary,
+    refuse_second_run,
     require_active,
     run_stats,
     start_entry,
@@ -29,7 +29,7 @@ from sessions.entries import SessionEntry
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
 from sessions.postgres.state import PgState, encode_entry
-from sessions.records import RunState, RunStatus, TaskKey, copy_counters
+from sessions.records import PLAIN_FINISH, EntryChange, RunFinish, RunStart, RunState, RunStatus, copy_counters
 from sessions.store_hooks import run_hook
 
 log = logging.getLogger(__name__)
@@ -46,23 +46,20 @@ class PgLifecycle:
         self.queue = queue
         self._undiscarded: dict[str, str] = {}  # key -> a run discard_run could not delete (the database was away)
 
-    async def start_run(
-        self, key: str, *, agent_id: str | None, chat_type: str, channel: str | None, task_key: TaskKey,
-        parent_uuid: str | None = None, opening: bool = False,
-    ) -> RunState:  # fmt: skip
+    async def start_run(self, start: RunStart) -> RunState:
+        key, task_key = start.key, start.task_key
         entry = self.state.entry(key)
-        if entry is not None and entry.run_id is not None:
-            raise RunActive(f"session {key!r} already has an active run {entry.run_id}")
+        refuse_second_run(entry, key)
         now = iso(self.state.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
-            run_id=run_id, key=key, agent_id=agent_id, chat_type=chat_type, channel=channel, status="running",
-            started_at=now, task_key=task_key, parent_uuid=parent_uuid,
+            run_id=run_id, key=key, agent_id=start.agent_id, chat_type=start.chat_type, channel=start.channel,
+            status="running", started_at=now, task_key=start.task_key, parent_uuid=start.parent_uuid,
         )  # fmt: skip
         metadata: dict[str, Any] = {
             "format_version": METADATA_FORMAT_VERSION, "uuid": run_id, "created_at": now, **task_key.as_dict(),
-            "session_key": key, "agent_id": agent_id, "chat_type": chat_type, "channel": channel,
-            "parent_uuid": parent_uuid,
+            "session_key": key, "agent_id": start.agent_id, "chat_type": start.chat_type, "channel": start.channel,
+            "parent_uuid": start.parent_uuid,
         }  # fmt: skip
         if entry is not None and (entry.label is not None or entry.settings):
             metadata |= {"label": entry.label, "settings": entry.settings}
@@ -78,20 +75,20 @@ class PgLifecycle:
                     " created_at, updated_at, metadata, agent_id, channel, chat_type, parent_uuid, pinned, opening)"
                     " VALUES ($1, $2, 'running', $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14)",
                     run_id, key, task_key.task_type, task_key.task_identifier, task_key.repository, task_key.user,
-                    now, json.dumps(metadata, ensure_ascii=False), agent_id, channel, chat_type, parent_uuid,
-                    int(bool(entry and entry.pinned)), opening,
+                    now, json.dumps(metadata, ensure_ascii=False), start.agent_id, start.channel, start.chat_type,
+                    start.parent_uuid, int(bool(entry and entry.pinned)), start.opening,
                 )  # fmt: skip
         except asyncpg.UniqueViolationError:
             raise RunActive(f"session {key!r} already has an active run (started by another gateway process)") from None
-        run.opening = opening
+        run.opening = start.opening
         self.state.runs[run_id] = run
         if entry is None:
-            entry = self.state.new_entry(key, agent_id, chat_type, channel)
+            entry = self.state.new_entry(key, start.agent_id, start.chat_type, start.channel)
             self.state.entries[key] = entry
         start_entry(entry, run_id, now)
         copy_counters(run, entry)
         self.state.touch(key)  # the run's row is the truth; recovery rebuilds the entry from it
-        self.state.emit_run("lifecycle", run, action="start", parent_uuid=parent_uuid)
+        self.state.emit_run("lifecycle", run, action="start", parent_uuid=start.parent_uuid)
         return run
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
@@ -150,26 +147,22 @@ class PgLifecycle:
         if entry is not None and after is not None:
             entry.status, entry.updated_at = after.status, after.updated_at
 
-    async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState:  # fmt: skip
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
         """Complete (or fail) the key's run, keeping the final summary it is given (the engine's
         ``conversations/run_end.py`` writes it; the store summarizes nothing)."""
         run = require_active(self.state, key)
         run.closing = True
         try:
-            return await self._complete(run, key, error, reason, final_summary if summarize else None, summarize)
+            return await self._complete(run, key, end)
         except BaseException:
             if run.run_id in self.state.runs:
                 run.closing = False  # not completed: the run goes on
             raise
 
-    async def _complete(
-        self, run: RunState, key: str, error: str | None, reason: str, text: str | None, summarize: bool
-    ) -> RunState:
-        status: RunStatus = "failed" if error is not None else "completed"
-        for name, hook in self.state.hooks.completion_hooks.items() if summarize else ():
+    async def _complete(self, run: RunState, key: str, end: RunFinish) -> RunState:
+        status: RunStatus = "failed" if end.error is not None else "completed"
+        text = end.final_summary if end.summarize else None
+        for name, hook in self.state.hooks.completion_hooks.items() if end.summarize else ():
             await run_hook("completion", name, hook, run)
         await self.queue.settled(run)
         now = iso(self.state.clock())
@@ -185,7 +178,7 @@ class PgLifecycle:
                 await conn.execute(
                     f"UPDATE runs SET status = $2, completed_at = $3, updated_at = $3, error_message = $4,"
                     f" compaction_count = $5, final_summary = $6, opening = $7, {sets} WHERE run_id = $1",
-                    run.run_id, status, now, error, run.compaction_count, text, False, *stats.values(),
+                    run.run_id, status, now, end.error, run.compaction_count, text, False, *stats.values(),
                 )  # fmt: skip
                 # every client_message_id the run stored keeps its idempotency record after the run (a
                 # record of the same delivery stays; an expired one of an earlier delivery is replaced)
@@ -207,7 +200,7 @@ class PgLifecycle:
             self.state.entries[key] = after
             self.state.dirty.discard(key)
         run.status = status
-        self.state.emit_run("lifecycle", run, action=status, reason=reason, error=error)
+        self.state.emit_run("lifecycle", run, action=status, reason=end.reason, error=end.error)
         return run
 
     async def delete(self, key: str) -> str | None:
@@ -215,23 +208,21 @@ class PgLifecycle:
         self.state.require_entry(key)
         completed = None
         if self.state.active_run(key) is not None:
-            completed = (await self.complete(key, reason="delete")).run_id
+            completed = (await self.complete(key, RunFinish(reason="delete"))).run_id
         self.state.entries.pop(key, None)
         with unavailable("the deletion was not stored"):  # a new session on the key inherits nothing of these runs
             await self.state.pool.execute("UPDATE runs SET inherit = false WHERE session_key = $1", key)
         await self.state.flush_entries(key)
         return completed
 
-    async def update_entry(
-        self, key: str, *, pinned: bool | None = None, label: str | None = None, clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:  # fmt: skip
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
         entry = self.state.require_entry(key)
+        pinned = change.pinned
         if pinned is not None and pinned != entry.pinned:
             entry.pinned = pinned
             with unavailable("the change was not stored"):
                 await self.state.pool.execute("UPDATE runs SET pinned = $2 WHERE session_key = $1", key, int(pinned))
-        relabel_entry(entry, label=label, clear_label=clear_label, settings=settings)
+        entry.relabel(change)
         entry.updated_at = iso(self.state.clock())
         await self.state.flush_entries(key)
         return entry
@@ -243,8 +234,5 @@ class PgLifecycle:
         return changed
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
-        entry = self.state.entry(key)
-        if entry is None:
-            return
-        entry.last_reset_boundary = boundary
-        await self.state.flush_entries(key)
+        if mark_reset_boundary(self.state.entry(key), boundary):
+            await self.state.flush_entries(key)

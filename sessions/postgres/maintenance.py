@@ -14,7 +14,7 @@ from sessions.findings import finding as _finding
 from sessions.postgres.faults import unavailable
 from sessions.postgres.lifecycle import PgLifecycle
 from sessions.postgres.state import PgState
-from sessions.records import StoredRecord
+from sessions.records import PURGE_FINISH, StoredRecord
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class PgMaintenance:
         if self.state.entry(key) is None and not rows:
             raise SessionNotFound(f"no session or run with key {key!r}")
         if self.state.active_run(key) is not None:
-            await self.lifecycle.complete(key, reason="purge", summarize=False)
+            await self.lifecycle.complete(key, PURGE_FINISH)
         stamp = iso(self.state.clock())
         with unavailable("nothing was stored"):
             async with self.state.pool.acquire() as conn, conn.transaction():

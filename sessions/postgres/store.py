@@ -41,8 +41,10 @@ from sessions.postgres.usage import PgUsage
 from sessions.protocol import RecordKind, StoreProtocol
 from sessions.records import (
     NEWEST_RUNS,
+    PLAIN_FINISH,
     CompatConversation,
     ContextRewrite,
+    EntryChange,
     HookDelivery,
     IdempotencyRecord,
     KnownKey,
@@ -50,11 +52,14 @@ from sessions.records import (
     NewMessage,
     PlanRecord,
     ResponseRef,
+    RunFinish,
     RunQuery,
     RunRow,
+    RunStart,
     RunState,
     StoredRecord,
     TaskKey,
+    ToolUse,
 )  # fmt: skip
 from sessions.rewrites import ContextChange
 from sessions.store_hooks import StoreHooks
@@ -184,13 +189,8 @@ class PgStore:
 
     # -- the entry, the lifecycle: ``sessions.postgres.lifecycle`` ----------------------------------
 
-    async def update_entry(
-        self, key: str, *, pinned: bool | None = None, label: str | None = None, clear_label: bool = False,
-        settings: Mapping[str, object] | None = None,
-    ) -> SessionEntry:  # fmt: skip
-        return await self.lifecycle.update_entry(
-            key, pinned=pinned, label=label, clear_label=clear_label, settings=settings
-        )
+    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
+        return await self.lifecycle.update_entry(key, change)
 
     async def set_inherit_next(self, key: str, inherit: bool) -> bool:
         return await self.lifecycle.set_inherit_next(key, inherit)
@@ -198,14 +198,8 @@ class PgStore:
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         await self.lifecycle.set_reset_boundary(key, boundary)
 
-    async def start_run(
-        self, key: str, *, agent_id: str | None, chat_type: str, channel: str | None, task_key: TaskKey,
-        parent_uuid: str | None = None, opening: bool = False,
-    ) -> RunState:  # fmt: skip
-        return await self.lifecycle.start_run(
-            key, agent_id=agent_id, chat_type=chat_type, channel=channel, task_key=task_key,
-            parent_uuid=parent_uuid, opening=opening,
-        )  # fmt: skip
+    async def start_run(self, start: RunStart) -> RunState:
+        return await self.lifecycle.start_run(start)
 
     async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
         await self.lifecycle.discard_run(run, remove_entry=remove_entry)
@@ -216,13 +210,8 @@ class PgStore:
     async def resume(self, key: str) -> RunState:
         return await self.lifecycle.resume(key)
 
-    async def complete(
-        self, key: str, *, error: str | None = None, reason: str = "complete", summarize: bool = True,
-        final_summary: str | None = None,
-    ) -> RunState:  # fmt: skip
-        return await self.lifecycle.complete(
-            key, error=error, reason=reason, summarize=summarize, final_summary=final_summary
-        )
+    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
+        return await self.lifecycle.complete(key, end)
 
     async def delete(self, key: str) -> str | None:
         return await self.lifecycle.delete(key)
@@ -243,14 +232,8 @@ class PgStore:
     ) -> MessageRecord:
         return await self.sharing.finish_append(run, message, record, durable)
 
-    async def record_tool(
-        self, run: RunState, *, tool_name: str, arguments: object, result: object = None, error: str | None = None,
-        duration_ms: float | None = None, extra: Mapping[str, object] | None = None,
-    ) -> StoredRecord:  # fmt: skip
-        return await self.appends.record_tool(
-            run, tool_name=tool_name, arguments=arguments, result=result, error=error, duration_ms=duration_ms,
-            extra=extra,
-        )  # fmt: skip
+    async def record_tool(self, run: RunState, use: ToolUse) -> StoredRecord:
+        return await self.appends.record_tool(run, use)
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
         return await self.appends.record_plan(run, plan_type=plan_type, plan_content=plan_content)

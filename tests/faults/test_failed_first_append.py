@@ -22,7 +22,7 @@ from gateway import keys as K
 from home import layout
 from sessions.files.doctor import check_home
 from sessions.files.leftovers import OPENING
-from sessions.records import NewMessage
+from sessions.records import NewMessage, RunStart
 from tests.conftest import FakeClock
 from tests.faults.conftest import fill
 from tests.faults.test_idempotency_crash import LedgerLock
@@ -134,8 +134,8 @@ async def test_start_up_removes_what_an_interrupted_start_left(tmp_path: Path, c
         await store.append(kept, NewMessage(role="user", content="acknowledged"))
         empty_but_legit = await start(store, "agent:main:dm:engine")  # started without the marker
         interrupted = await store.start_run(
-            "agent:main:dm:crashed", agent_id="main", chat_type="direct", channel=None,
-            task_key=kept.task_key, opening=True,
+            RunStart("agent:main:dm:crashed", agent_id="main", chat_type="direct", channel=None,
+                     task_key=kept.task_key, opening=True),
         )  # fmt: skip
         no_metadata = tmp_path / "contexts" / "running" / "0f0f0f0f-0000-4000-8000-000000000000"
         no_metadata.mkdir()

@@ -15,7 +15,7 @@ import pytest
 
 from config.clock import system_clock
 from home.lock import HomeLock
-from sessions.records import NewMessage, TaskKey
+from sessions.records import NewMessage, RunStart, TaskKey
 from tests.conftest import FakeClock
 from tests.gateway.daemons import daemon
 from tests.gateway.helpers import Cli
@@ -52,7 +52,13 @@ async def _seed(home: Path, clock: FakeClock) -> dict[str, str]:
             await store.append(main_run, NewMessage(role="user", content=text))
         clock.advance(minutes=1)
         cron_run = await store.start_run(
-            "cron:nightly", agent_id="main", chat_type="cron", channel=None, task_key=TaskKey("cron", "cron:nightly")
+            RunStart(
+                "cron:nightly",
+                agent_id="main",
+                chat_type="cron",
+                channel=None,
+                task_key=TaskKey("cron", "cron:nightly"),
+            )
         )
         await store.append(cron_run, NewMessage(role="user", content="tick"))
     finally:

@@ -13,7 +13,7 @@ import yaml
 
 from config.clock import system_clock
 from sessions.postgres.store import PgStore
-from sessions.records import NewMessage, TaskKey
+from sessions.records import NewMessage, RunStart, TaskKey
 from tests.gateway.daemons import child_env, run_cli
 from tests.sessions.helpers import settings_with
 from tests.support.postgres import DATABASE, PgServer, empty_database
@@ -29,7 +29,7 @@ async def test_search_doctor_and_purge_offline(postgres_server: PgServer, tmp_pa
     store = await PgStore.open(settings_with(), dsn=dsn, clock=system_clock, pool_size=2)
     try:
         run = await store.start_run(
-            KEY, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", KEY)
+            RunStart(KEY, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", KEY))
         )
         for text in ("明日の会議は十時から", "budget", "more"):
             await store.append(run, NewMessage("user", text))

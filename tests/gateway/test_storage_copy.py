@@ -26,7 +26,16 @@ from sessions.files.archive import write_archive
 from sessions.files.store import SessionStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
-from sessions.records import CompatConversation, NewMessage, ResponseRef, RunQuery, TaskKey
+from sessions.records import (
+    CompatConversation,
+    NewMessage,
+    ResponseRef,
+    RunFinish,
+    RunQuery,
+    RunStart,
+    TaskKey,
+    ToolUse,
+)
 from sessions.rewrites import Compaction
 from sessions.usage import UsageQuery
 from tests.gateway.daemons import child_env, run_cli
@@ -44,7 +53,7 @@ async def _seed(root: Path) -> None:
     try:
         for key in KEYS:
             run = await store.start_run(
-                key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+                RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key))
             )
             for text in ("明日の会議は十時から" * 20, f"hello {key} " + "lorem " * 80, "and more"):
                 await store.append(run, NewMessage("user", text))
@@ -53,7 +62,9 @@ async def _seed(root: Path) -> None:
         assert live.run_id is not None
         run = store.run_state(live.run_id)
         assert run is not None
-        await store.record_tool(run, tool_name="search", arguments={"q": "会議"}, result=["a"], duration_ms=3.0)
+        await store.record_tool(
+            run, ToolUse(tool_name="search", arguments={"q": "会議"}, result=["a"], duration_ms=3.0)
+        )
         await store.record_plan(run, plan_type="steps", plan_content="1. read\n2. write")
         await store.remember_reply(KEYS[1], "cm-1", run_id=run.run_id, seq=1, response='{"ok":true}')
         await store.record_hook_delivery("d-1", "github", session_key=KEYS[1], message_seq=2)
@@ -62,7 +73,7 @@ async def _seed(root: Path) -> None:
         await store.add_usage(run, {"input_tokens": 120, "output_tokens": 30, "cache_read_tokens": 7})
         await store.add_usage(run, {"input_tokens": 80, "output_tokens": 20})
         gone = await store.start_run(
-            PURGED, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", PURGED)
+            RunStart(PURGED, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", PURGED))
         )
         await store.append(gone, NewMessage("user", "forget me"))
         await store.add_usage(gone, {"input_tokens": 5, "output_tokens": 1})
@@ -74,7 +85,7 @@ async def _seed(root: Path) -> None:
                   "created_at": "2026-12-01T00:00:00Z", "start_seq": 1, "end_seq": 2, "covers_from": 1,
                   "trigger": "manual", "compaction_count": 1, "archive": archive_name(1)}  # fmt: skip
         assert await store.rewrite_context(compacted, Compaction(1, 1, head, 2, record)) is not None
-        await store.complete(KEYS[0], summarize=False)
+        await store.complete(KEYS[0], RunFinish(summarize=False))
         done = store.require_entry(KEYS[0]).last_run_id
     finally:
         await store.close()
@@ -243,11 +254,11 @@ async def test_usage_and_a_purge_made_on_postgres_reach_a_files_home(postgres_se
         for key in (PURGED, KEYS[1]):
             for text in ("first run", "second run"):
                 run = await store.start_run(
-                    key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+                    RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key))
                 )
                 await store.append(run, NewMessage("user", text))
                 await store.add_usage(run, {"input_tokens": 10, "output_tokens": 2})
-                await store.complete(key, summarize=False)
+                await store.complete(key, RunFinish(summarize=False))
         assert (await store.purge(PURGED, history=None))["runs"] == 2
         usage = await store.daily_usage()
     finally:

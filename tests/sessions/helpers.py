@@ -9,7 +9,7 @@ from config.clock import Clock
 from config.loader import build_settings, deep_merge, load_defaults
 from config.settings import Settings
 from sessions.files.store import SessionStore
-from sessions.records import RunState, TaskKey
+from sessions.records import RunStart, RunState, TaskKey
 from sessions.store_hooks import StoreHooks
 
 
@@ -25,9 +25,11 @@ async def open_store(
 
 async def start(store: SessionStore, key: str = "agent:main:main", *, user: str | None = "u1") -> RunState:
     return await store.start_run(
-        key,
-        agent_id="main",
-        chat_type="direct",
-        channel=None,
-        task_key=TaskKey(task_type="agent", task_identifier=key, user=user),
+        RunStart(
+            key,
+            agent_id="main",
+            chat_type="direct",
+            channel=None,
+            task_key=TaskKey(task_type="agent", task_identifier=key, user=user),
+        ),
     )

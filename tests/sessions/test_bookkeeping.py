@@ -18,15 +18,15 @@ from sessions.bookkeeping import (
     found_entry,
     idle_entry,
     inherit_next,
+    mark_reset_boundary,
     note_message,
     plan_record,
-    relabel_entry,
     require_active,
     run_stats,
     start_entry,
 )
 from sessions.entries import SessionEntry
-from sessions.records import ContextRewrite, NewMessage, Role, RunState, TaskKey
+from sessions.records import ContextRewrite, EntryChange, NewMessage, Role, RunState, TaskKey
 
 KEY = "agent:main:main"
 
@@ -132,11 +132,11 @@ def test_require_active_names_what_is_missing() -> None:
 def test_relabel_sets_or_clears_the_label_and_merges_settings_dropping_nones() -> None:
     entry = _entry()
     entry.label, entry.settings = "old", {"model": "a", "queue_mode": "steer"}
-    relabel_entry(entry, label=None, clear_label=False, settings={"queue_mode": None, "verbose": True})
+    entry.relabel(EntryChange(settings={"queue_mode": None, "verbose": True}))
     assert (entry.label, entry.settings) == ("old", {"model": "a", "verbose": True})
-    relabel_entry(entry, label="new", clear_label=False, settings=None)
+    entry.relabel(EntryChange(label="new"))
     assert entry.label == "new"
-    relabel_entry(entry, label=None, clear_label=True, settings=None)
+    entry.relabel(EntryChange(clear_label=True))
     assert entry.label is None and entry.settings == {"model": "a", "verbose": True}
 
 
@@ -208,3 +208,10 @@ async def test_a_rewrite_whose_caller_was_cancelled_is_counted_once_done(fails: 
         assert _rewritten(run) == (100, 1000, 10, 0, 1) and counted == []
     else:
         assert _rewritten(run) == (20, 200, 2, 1, 2) and counted == [1]
+
+
+def test_mark_reset_boundary_sets_it_on_an_entry_only() -> None:
+    entry = _entry()
+    assert mark_reset_boundary(entry, "2026-01-02T04:00:00Z") is True
+    assert entry.last_reset_boundary == "2026-01-02T04:00:00Z"
+    assert mark_reset_boundary(None, "2026-01-02T04:00:00Z") is False  # no entry: nothing to save

@@ -12,7 +12,7 @@ from sessions.files.store import SessionStore
 from sessions.inmemory import MemoryData, MemoryStore
 from sessions.postgres.store import PgStore
 from sessions.protocol import ConversationStore
-from sessions.records import NewMessage, RunState, TaskKey
+from sessions.records import NewMessage, RunStart, RunState, TaskKey
 from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
@@ -109,11 +109,13 @@ class Harness:
 
 async def start(store: ConversationStore, key: str = KEY, *, chat_type: str = "direct") -> RunState:
     return await store.start_run(
-        key,
-        agent_id="main",
-        chat_type=chat_type,
-        channel=None,
-        task_key=TaskKey(task_type="agent", task_identifier=key, user="u1"),
+        RunStart(
+            key,
+            agent_id="main",
+            chat_type=chat_type,
+            channel=None,
+            task_key=TaskKey(task_type="agent", task_identifier=key, user="u1"),
+        ),
     )
 
 

@@ -11,7 +11,7 @@ from sessions.compaction import summary_line
 from sessions.compactor import Compactor, extractive
 from sessions.context_lines import ContextLine
 from sessions.protocol import StoreProtocol
-from sessions.records import NewMessage
+from sessions.records import NewMessage, ToolUse
 from sessions.rewrites import Compaction, Uncompaction
 from tests.sessions.conformance.support import KEY, command, counters_agree, start, user
 from tests.sessions.helpers import settings_with
@@ -84,8 +84,10 @@ async def test_a_completing_run_takes_no_append(store: StoreProtocol) -> None:
 
 async def test_tool_and_plan_records_are_numbered_from_one(store: StoreProtocol) -> None:
     run = await start(store)
-    first = await store.record_tool(run, tool_name="search", arguments={"q": "x"}, result="found")
-    second = await store.record_tool(run, tool_name="search", arguments={}, error="failed", duration_ms=1.23456)
+    first = await store.record_tool(run, ToolUse(tool_name="search", arguments={"q": "x"}, result="found"))
+    second = await store.record_tool(
+        run, ToolUse(tool_name="search", arguments={}, error="failed", duration_ms=1.23456)
+    )
     assert (first["seq"], second["seq"], second["error"], second["duration_ms"]) == (1, 2, "failed", 1.235)
     plan = await store.record_plan(run, plan_type="todo", plan_content="1. this")
     assert plan["id"] == 1 and (await store.record_plan(run, plan_type="todo", plan_content="2."))["id"] == 2

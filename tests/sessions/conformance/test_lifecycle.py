@@ -9,7 +9,7 @@ import pytest
 from config.errors import Conflict, NotFound, SessionPaused
 from sessions.events import StoreEvent
 from sessions.protocol import StoreProtocol
-from sessions.records import RunQuery, RunState
+from sessions.records import RunFinish, RunQuery, RunState
 from sessions.store_hooks import StoreHooks
 from tests.sessions.conformance.support import KEY, Harness, command, start, user
 
@@ -70,7 +70,7 @@ async def test_complete_leaves_the_entry_idle_and_the_row_completed(store: Store
 
 async def test_complete_with_an_error_fails_the_run(store: StoreProtocol) -> None:
     run = await start(store)
-    done = await store.complete(KEY, error="broken", reason="test")
+    done = await store.complete(KEY, RunFinish(error="broken", reason="test"))
     assert done.status == "failed"
     row = await store.get_run(run.run_id)
     assert row is not None and (row["status"], row["error_message"]) == ("failed", "broken")
@@ -86,12 +86,12 @@ async def test_complete_runs_the_hooks_and_keeps_the_final_summary_it_is_given(h
 
     store = await harness.open(StoreHooks(completion_hooks={"test": hook}))
     run = await start(store)
-    await store.complete(KEY, reason="reset", final_summary="what happened")
+    await store.complete(KEY, RunFinish(reason="reset", final_summary="what happened"))
     assert seen == [("hook", run.run_id)]
     assert await store.read_final_summary(run.run_id) == "what happened"
     seen.clear()
     other = await start(store)
-    await store.complete(KEY, reason="purge", summarize=False, final_summary="not kept")
+    await store.complete(KEY, RunFinish(reason="purge", summarize=False, final_summary="not kept"))
     assert seen == [] and await store.read_final_summary(other.run_id) is None
     third = await start(store)
     await store.complete(KEY)  # given none, the store writes none

@@ -15,7 +15,7 @@ from config.settings import CleanupSettings
 from sessions.cleanup_plan import CleanupRequest
 from sessions.exports import RunExport
 from sessions.protocol import ConversationStore, Maintenance
-from sessions.records import NewMessage, RunQuery
+from sessions.records import NewMessage, RunFinish, RunQuery
 from tests.conftest import FakeClock
 from tests.sessions.conformance.support import KEY, start, user
 
@@ -51,7 +51,7 @@ async def test_an_export_gives_each_run_row_and_records_in_order(store: Conversa
     first = await start(store)
     await store.append(first, user("one"))
     await store.append(first, NewMessage(role="assistant", content="two"))
-    await store.complete(KEY, final_summary="the first run")
+    await store.complete(KEY, RunFinish(final_summary="the first run"))
     clock.advance(seconds=1)
     second = await start(store)
     await store.append(second, user("three"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sessions.compactor import Compactor, extractive
+from sessions.records import EntryChange, ToolUse
 from tests.sessions.conformance.support import KEY, Harness, command, counters_agree, start, user
 from tests.sessions.helpers import settings_with
 
@@ -13,7 +14,7 @@ async def test_an_active_run_goes_on_after_a_restart(harness: Harness) -> None:
     for i in range(5):
         await store.append(run, user(f"message {i}"))
     await store.append(run, command("/status"))
-    await store.record_tool(run, tool_name="t", arguments={})
+    await store.record_tool(run, ToolUse(tool_name="t", arguments={}))
     counters = run.counters
     store = await harness.reopen()
     back = store.active_run(KEY)
@@ -54,7 +55,7 @@ async def test_completed_runs_and_entry_settings_survive(harness: Harness) -> No
     run = await start(store)
     await store.append(run, user("hello"))
     await store.add_usage(run, {"input_tokens": 7})
-    await store.update_entry(KEY, pinned=True, label="work", settings={"model": "m"})
+    await store.update_entry(KEY, EntryChange(pinned=True, label="work", settings={"model": "m"}))
     await store.complete(KEY)
     store = await harness.reopen()
     assert store.active_run(KEY) is None and list(store.active_runs()) == []

@@ -14,7 +14,7 @@ import sessions.files.context_rewrite as rewrite_module
 from config.clock import system_clock
 from sessions.compactor import Compactor, extractive
 from sessions.files.store import SessionStore
-from sessions.records import NewMessage, TaskKey
+from sessions.records import NewMessage, RunStart, TaskKey
 from tests.sessions.helpers import settings_with
 
 
@@ -49,7 +49,7 @@ def inject(point: str) -> None:
 async def main(home: Path, point: str) -> None:
     store = await SessionStore.open(home, settings_with(), clock=system_clock)
     run = await store.start_run(
-        "agent:main:main", agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", "k")
+        RunStart("agent:main:main", agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", "k"))
     )
     for i in range(30):
         await store.append(run, NewMessage(role="user", content=f"message {i} " + "padding words " * 20))

@@ -14,7 +14,7 @@ from config.errors import Conflict, NotFound, SessionPaused, StorageUnavailable
 from home import layout
 from sessions.files.jsonl import read_records
 from sessions.files.ledger import MIGRATIONS
-from sessions.records import NewMessage
+from sessions.records import EntryChange, NewMessage, RunFinish, ToolUse
 from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store, start
@@ -113,7 +113,9 @@ async def test_lifecycle_moves_folders_and_records_statistics(tmp_path: Path, cl
     store = await open_store(tmp_path, clock, hooks=hooks)
     run = await start(store)
     await store.append(run, NewMessage(role="user", content="hi"))
-    await store.record_tool(run, tool_name="update_plan", arguments={"plan": "a"}, result="ok", duration_ms=1.5)
+    await store.record_tool(
+        run, ToolUse(tool_name="update_plan", arguments={"plan": "a"}, result="ok", duration_ms=1.5)
+    )
     await store.record_plan(run, plan_type="initial", plan_content="do it")
 
     await store.pause(run.key)
@@ -149,7 +151,7 @@ async def test_lifecycle_moves_folders_and_records_statistics(tmp_path: Path, cl
 async def test_fail_records_the_error(tmp_path: Path, clock: FakeClock) -> None:
     store = await open_store(tmp_path, clock)
     run = await start(store)
-    await store.complete(run.key, error="provider exploded")
+    await store.complete(run.key, RunFinish(error="provider exploded"))
     row = await store.ledger.get_run(run.run_id)
     await store.close()
     assert row is not None and row["status"] == "failed" and row["error_message"] == "provider exploded"
@@ -172,7 +174,7 @@ async def test_runs_come_back_with_their_counters(tmp_path: Path, clock: FakeClo
     paused = await start(store, "agent:main:dm:bob")
     for i in range(7):
         await store.append(run, NewMessage(role="user", content="x" * 8 * (i + 1)))
-    await store.record_tool(run, tool_name="t", arguments={})
+    await store.record_tool(run, ToolUse(tool_name="t", arguments={}))
     await store.add_usage(run, {"input_tokens": 10, "output_tokens": 5, "cache_read_tokens": 2})
     await store.pause(paused.key)
     await store.close()
@@ -279,7 +281,7 @@ async def test_sessions_json_is_not_rewritten_per_message(tmp_path: Path, clock:
 async def test_entries_stay_small(tmp_path: Path, clock: FakeClock) -> None:
     store = await open_store(tmp_path, clock)
     run = await start(store)
-    await store.update_entry(run.key, pinned=True, label="a label", settings={"model": "gpt-4o"})
+    await store.update_entry(run.key, EntryChange(pinned=True, label="a label", settings={"model": "gpt-4o"}))
     await store.close()
     entry = json.loads((tmp_path / "contexts/sessions.json").read_text(encoding="utf-8"))["sessions"][run.key]
     assert len(json.dumps(entry)) < 2048

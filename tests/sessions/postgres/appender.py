@@ -8,7 +8,7 @@ import sys
 
 from config.clock import system_clock
 from sessions.postgres.store import PgStore
-from sessions.records import NewMessage, TaskKey
+from sessions.records import NewMessage, RunStart, TaskKey
 from tests.sessions.helpers import settings_with
 
 
@@ -18,7 +18,7 @@ async def main(dsn: str, writers: int) -> None:
     for i in range(writers):
         key = f"agent:main:dm:peer{i}"
         run = store.active_run(key) or await store.start_run(
-            key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+            RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key))
         )
         runs.append(run)
     print("ready", flush=True)

@@ -14,7 +14,7 @@ from config.errors import StorageUnavailable
 from gateway.http import retry_headers
 from sessions.postgres.faults import database_error
 from sessions.postgres.store import PgStore
-from sessions.records import NewMessage, TaskKey
+from sessions.records import NewMessage, RunStart, TaskKey
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
 from tests.support.postgres import DATABASE, PgServer, empty_database
@@ -36,7 +36,9 @@ async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
     await empty_database(dsn)
     store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2)
     try:
-        run = await store.start_run(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY))
+        run = await store.start_run(
+            RunStart(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY))
+        )
         acked = [(await store.append(run, NewMessage(role="user", content=f"m{i}")))["seq"] for i in range(3)]
         counters = run.counters
         await asyncio.to_thread(postgres_server.stop, "fast")
@@ -51,7 +53,9 @@ async def test_a_lost_database_answers_503_and_the_store_recovers_by_itself(
         assert store.require_entry(KEY).counters == counters
         other = "agent:main:other"
         with pytest.raises(StorageUnavailable):
-            await store.start_run(other, agent_id="main", chat_type="direct", channel=None, task_key=_task(other))
+            await store.start_run(
+                RunStart(other, agent_id="main", chat_type="direct", channel=None, task_key=_task(other))
+            )
         assert store.entry(other) is None  # no half-made session
         assert await store.writable() is not None and not store.recently_writable(60)
         async with asyncio.timeout(10):  # the pool tries to restore its floor of one connection
@@ -85,12 +89,14 @@ async def test_a_first_message_lost_with_the_database_leaves_the_key_usable_once
     store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2)
     try:
         run = await store.start_run(
-            KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY), opening=True
+            RunStart(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY), opening=True)
         )
         await asyncio.to_thread(postgres_server.stop, "fast")
         await store.discard_run(run, remove_entry=True)  # its DELETE fails: the row stays
         await asyncio.to_thread(postgres_server.start)
-        again = await store.start_run(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY))
+        again = await store.start_run(
+            RunStart(KEY, agent_id="main", chat_type="direct", channel=None, task_key=_task(KEY))
+        )
         assert (await store.append(again, NewMessage(role="user", content="first")))["seq"] == 1
         rows = await store.pool.fetch("SELECT run_id FROM runs WHERE session_key = $1", KEY)
         assert [r[0] for r in rows] == [again.run_id]

@@ -18,7 +18,7 @@ from sessions.history_index import HistoryHit, HistoryQuery
 from sessions.postgres.history import PgHistoryIndex
 from sessions.postgres.store import PgStore
 from sessions.protocol import StoreProtocol
-from sessions.records import MessageRecord, NewMessage, RunQuery, RunState, TaskKey
+from sessions.records import MessageRecord, NewMessage, RunQuery, RunStart, RunState, TaskKey
 from sessions.store_hooks import StoreHooks
 from tests.conftest import FakeClock
 from tests.sessions.helpers import open_store as open_files_store
@@ -107,7 +107,7 @@ async def _fill(store: StoreProtocol) -> list[RunState]:
     for key, agent, message in MESSAGES:
         if key not in runs:
             runs[key] = await store.start_run(
-                key, agent_id=agent, chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+                RunStart(key, agent_id=agent, chat_type="direct", channel=None, task_key=TaskKey("agent", key))
             )
         await store.append(runs[key], message)
     return list(runs.values())
@@ -172,7 +172,9 @@ async def test_the_same_answers_as_the_files_index(
 
 async def test_ranking_and_pages(pg: tuple[PgStore, PgHistoryIndex, str]) -> None:
     store, index, _ = pg
-    run = await store.start_run(A, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", A))
+    run = await store.start_run(
+        RunStart(A, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", A))
+    )
     await store.append(run, NewMessage("user", "budget " * 5 + "review"))
     for n in range(4):
         await store.append(
@@ -226,7 +228,9 @@ async def test_purge_leaves_no_trace_but_a_tombstone(pg: tuple[PgStore, PgHistor
     runs = await _fill(store)
     await index.flush()
     await store.complete(A)
-    second = await store.start_run(A, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", A))
+    second = await store.start_run(
+        RunStart(A, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", A))
+    )
     await store.append(second, NewMessage("user", "another 会議 tomorrow", client_message_id="m1"))
     await store.add_usage(second, {"input_tokens": 12, "output_tokens": 3})  # usage_daily names the key
     await index.flush()

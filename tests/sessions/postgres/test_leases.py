@@ -18,7 +18,7 @@ import pytest
 from config.errors import StorageUnavailable
 from sessions.postgres.keylocks import LOCK_CONNECTIONS, KeyLeases
 from sessions.postgres.store import PgStore
-from sessions.records import NewMessage, TaskKey
+from sessions.records import NewMessage, RunStart, TaskKey
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
 from tests.support.postgres import DATABASE, PgServer, empty_database
@@ -54,7 +54,7 @@ async def post(store: PgStore, key: str, text: str) -> int:
     """What a post does: under the key's lock, the active run (or a new one), one message."""
     async with store.lock_for(key):
         run = store.active_run(key) or await store.start_run(
-            key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key)
+            RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key))
         )
         record = await store.append(run, NewMessage(role="user", content=text))
     return int(record["seq"])

@@ -14,7 +14,7 @@ from config.clock import iso
 from config.errors import SessionNotFound
 from config.settings import CleanupSettings
 from sessions.cleanup_plan import CleanupRequest
-from sessions.records import NewMessage, TaskKey
+from sessions.records import EntryChange, NewMessage, RunStart, TaskKey
 from tests.conftest import FakeClock
 from tests.sessions.postgres.conftest import Opener
 
@@ -26,10 +26,10 @@ async def test_cleanup_follows_the_plan(open_store: Opener, clock: FakeClock, pg
     store = await open_store()
     runs = {}
     for key in (OLD, PINNED, FRESH):
-        runs[key] = await store.start_run(key, agent_id="main", chat_type="direct", channel=None,
-                                          task_key=TaskKey("agent", key))  # fmt: skip
+        runs[key] = await store.start_run(RunStart(key, agent_id="main", chat_type="direct", channel=None,
+                                                   task_key=TaskKey("agent", key)))  # fmt: skip
         await store.append(runs[key], NewMessage("user", f"hello from {key}"))
-    await store.update_entry(PINNED, pinned=True)
+    await store.update_entry(PINNED, EntryChange(pinned=True))
     clock.advance(days=31)
     await store.append(runs[FRESH], NewMessage("user", "still here"))
     completed: list[str] = []
@@ -85,7 +85,9 @@ async def test_cleanup_forgets_expired_delivery_records(open_store: Opener, cloc
 
 async def test_doctor_clean_then_findings(open_store: Opener, pg_dsn: str) -> None:
     store = await open_store()
-    run = await store.start_run(OLD, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", OLD))
+    run = await store.start_run(
+        RunStart(OLD, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", OLD))
+    )
     for text in ("one", "two", "three"):
         await store.append(run, NewMessage("user", text))
     assert await store.check(fix=False) == []

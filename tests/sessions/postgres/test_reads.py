@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from config.errors import RunNotFound
-from sessions.records import TaskKey
+from sessions.records import RunStart, TaskKey
 from tests.conftest import FakeClock
 from tests.sessions.postgres.conftest import Opener
 
@@ -18,7 +18,7 @@ async def test_previous_runs_by_key_and_task_key_within_the_window(open_store: O
     task = TaskKey("agent", "shared-task", user="u1")
 
     async def run_on(key: str, task_key: TaskKey) -> str:
-        run = await store.start_run(key, agent_id="main", chat_type="direct", channel=None, task_key=task_key)
+        run = await store.start_run(RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=task_key))
         await store.complete(key)
         return run.run_id
 
@@ -27,7 +27,7 @@ async def test_previous_runs_by_key_and_task_key_within_the_window(open_store: O
     recent = await run_on(KEY, TaskKey("agent", KEY))
     clock.advance(hours=1)
     same_task = await run_on(OTHER, task)
-    running = await store.start_run(KEY, agent_id="main", chat_type="direct", channel=None, task_key=task)
+    running = await store.start_run(RunStart(KEY, agent_id="main", chat_type="direct", channel=None, task_key=task))
 
     assert [r["uuid"] for r in await store.previous_runs(key=KEY, task_key=None, within_days=30)] == [recent, old]
     assert [r["uuid"] for r in await store.previous_runs(key=KEY, task_key=None, within_days=5)] == [recent]

@@ -11,7 +11,7 @@ import pytest
 from config.errors import Conflict, RunActive, StorageUnavailable
 from home.damage import DamagedState
 from sessions.postgres.schema import SCHEMA_VERSION
-from sessions.records import NewMessage, TaskKey
+from sessions.records import NewMessage, RunStart, TaskKey
 from tests.sessions.postgres.conftest import Opener
 
 KEY = "agent:main:main"
@@ -19,7 +19,7 @@ KEY = "agent:main:main"
 
 async def _start(store, key: str = KEY):  # type: ignore[no-untyped-def]
     return await store.start_run(
-        key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key, user="u1")
+        RunStart(key, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", key, user="u1"))
     )
 
 

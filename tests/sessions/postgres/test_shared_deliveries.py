@@ -11,7 +11,7 @@ import pytest
 
 from sessions.deliveries import AlreadyDelivered
 from sessions.postgres.store import PgStore
-from sessions.records import MessageRecord, NewMessage, TaskKey
+from sessions.records import MessageRecord, NewMessage, RunStart, TaskKey
 from tests.conftest import FakeClock
 from tests.sessions.helpers import settings_with
 from tests.support.postgres import DATABASE, PgServer, empty_database
@@ -40,7 +40,7 @@ async def post_once(store: PgStore, text: str, cmid: str) -> MessageRecord:
     """What a post does: under the key's lock, the active run (or a new one), its message marked once."""
     async with store.lock_for(KEY):
         run = store.active_run(KEY) or await store.start_run(
-            KEY, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", KEY)
+            RunStart(KEY, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", KEY))
         )
         message = NewMessage(role="user", content=text, client_message_id=cmid, once=True)
         return await store.append(run, message)
@@ -78,7 +78,7 @@ async def test_a_repeat_found_by_the_statement_gives_its_seq_to_what_was_queued_
     store = await PgStore.open(settings_with(), dsn=dsn, clock=clock, pool_size=2)
     try:
         run = await store.start_run(
-            KEY, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", KEY)
+            RunStart(KEY, agent_id="main", chat_type="direct", channel=None, task_key=TaskKey("agent", KEY))
         )
         first = await store.append(run, NewMessage(role="user", content="first", client_message_id="c-1", once=True))
         again = NewMessage(role="user", content="again", client_message_id="c-1", once=True)
