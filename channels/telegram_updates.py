@@ -119,6 +119,18 @@ def _size(n: int | None) -> str:
     return f"{n} bytes"  # pragma: no cover
 
 
+# the media a label names by their kind and length (a message holds one kind of media at most)
+_TIMED = (("voice", "voice message"), ("video", "video"), ("video_note", "video message"))
+
+
+def _timed(message: Message) -> str | None:
+    for field, noun in _TIMED:
+        media = getattr(message, field)
+        if media is not None:
+            return f"[{noun}, {media.duration} s]"
+    return None
+
+
 def describe(message: Message) -> str | None:
     """The message as text: its text, or what arrived (with the caption); None for service messages."""
     if message.text is not None:
@@ -130,16 +142,12 @@ def describe(message: Message) -> str | None:
     elif message.document is not None:
         d = message.document
         label = f"[file {d.file_name or 'unnamed'} ({d.mime_type or 'unknown type'}, {_size(d.file_size)})]"
-    elif message.voice is not None:
-        label = f"[voice message, {message.voice.duration} s]"
+    elif (timed := _timed(message)) is not None:
+        label = timed
     elif message.audio is not None:
         a = message.audio
         title = " - ".join(x for x in (a.performer, a.title) if x) or a.file_name or "untitled"
         label = f"[audio {title}, {a.duration} s]"
-    elif message.video is not None:
-        label = f"[video, {message.video.duration} s]"
-    elif message.video_note is not None:
-        label = f"[video message, {message.video_note.duration} s]"
     elif message.animation is not None:
         label = "[animation]"
     elif message.sticker is not None:
