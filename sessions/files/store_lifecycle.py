@@ -18,19 +18,7 @@ from config.clock import iso
 from config.errors import NeotaskError, StorageUnavailable
 from home import layout
 from home.atomic import fsync_dir, write_atomic, write_json_atomic
-from sessions.bookkeeping import (
-    end_entry,
-    end_to_delete,
-    idle_entry,
-    inherit_next,
-    mark_reset_boundary,
-    refuse_second_run,
-    require_active,
-    run_stats,
-    start_entry,
-    to_complete,
-    to_pause,
-)
+from sessions import bookkeeping
 from sessions.faults import storage_error
 from sessions.files import leftovers
 from sessions.files.registry import SessionEntry
@@ -71,14 +59,14 @@ class Lifecycle:
         """Whether the key's next run inherits from its last (``/new`` and a diverged OpenAI-compatible
         conversation say no, a reset and a run start say yes again); False when nothing changed
         (no entry, or the flag was already so)."""
-        changed = inherit_next(self.state.entry(key), inherit)
+        changed = bookkeeping.inherit_next(self.state.entry(key), inherit)
         if changed:
             self.state.registry.touch(key)
         return changed
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
         """Written at once: a restart must not reset the key again for the same boundary."""
-        if mark_reset_boundary(self.state.entry(key), boundary):
+        if bookkeeping.mark_reset_boundary(self.state.entry(key), boundary):
             self.state.registry.touch(key)
             await self.state.registry.flush()
 
@@ -90,7 +78,7 @@ class Lifecycle:
         removes a marked folder that holds no message (a crash or a storage error came between)."""
         key = start.key
         entry = self.state.entry(key)
-        refuse_second_run(entry, key)
+        bookkeeping.refuse_second_run(entry, key)
         now = iso(self.state.clock())
         run_id = str(uuidlib.uuid4())
         run = FolderRun(
@@ -126,7 +114,7 @@ class Lifecycle:
         if entry is None:
             entry = self.state.new_entry(key, start.agent_id, start.chat_type, start.channel)
             self.state.registry.entries[key] = entry
-        start_entry(entry, run_id, now)
+        bookkeeping.start_entry(entry, run_id, now)
         copy_counters(run, entry)  # every checkpoint field: none may describe the previous run
         # Coalesced like appends, not rewritten at once: the run folder and its tasks.db row are the
         # durable truth, and recovery rebuilds the entry from them (a rewrite per new run made
@@ -145,7 +133,7 @@ class Lifecycle:
             if remove_entry:
                 self.state.registry.remove(run.key)
             else:
-                idle_entry(entry)
+                bookkeeping.idle_entry(entry)
                 self.state.registry.touch(run.key)
         await self._remove_run_files(run)
         await self.state.flush_registry()
@@ -166,18 +154,18 @@ class Lifecycle:
             log.error("could not delete the tasks.db row of discarded run %s (%s): recovery will", run.run_id, exc)
 
     async def pause(self, key: str) -> RunState:
-        run, pausing = await to_pause(self.state, key, self.state.hooks)
+        run, pausing = await bookkeeping.to_pause(self.state, key, self.state.hooks)
         if not pausing:
             return run
         await self._move(run, "paused")
         now = iso(self.state.clock())
-        await self.state.ledger.update_run(run.run_id, status="paused", updated_at=now, **run_stats(run))
+        await self.state.ledger.update_run(run.run_id, status="paused", updated_at=now, **bookkeeping.run_stats(run))
         await self._entry_status(run, "paused")
         self.state.emit_run("lifecycle", run, action="pause")
         return run
 
     async def resume(self, key: str) -> RunState:
-        run = require_active(self.state, key)
+        run = bookkeeping.require_active(self.state, key)
         if run.status == "running":
             return run
         await self._move(run, "running")
@@ -191,7 +179,7 @@ class Lifecycle:
         summary it is given (``final_summary.txt``), statistics, the move to completed/; the entry
         stays, idle, with ``run_id: null``. ``summarize=False`` (a purge, a one-off run nothing
         inherits) runs no hook and writes no final summary."""
-        run, status = await to_complete(self.state, key, self.state.hooks, end)
+        run, status = await bookkeeping.to_complete(self.state, key, self.state.hooks, end)
         if end.final_summary is not None and end.summarize:
             text, path = end.final_summary, folder_of(run) / layout.FINAL_SUMMARY
             await self.state.writer.call(lambda: _write_text(path, text))
@@ -205,13 +193,13 @@ class Lifecycle:
             updated_at=now,
             error_message=end.error,
             compaction_count=run.compaction_count,
-            **run_stats(run),
+            **bookkeeping.run_stats(run),
         )
         del self.state.runs[run.run_id]
         self.state.files.pop(run.run_id, None)
         entry = self.state.entry(key)
         if entry is not None:
-            end_entry(entry, run.run_id, now)
+            bookkeeping.end_entry(entry, run.run_id, now)
             self.state.registry.touch(key)
             await self.state.registry.flush()
         run.status = status
@@ -220,7 +208,7 @@ class Lifecycle:
 
     async def delete(self, key: str) -> str | None:
         """Complete the active run (if any) and remove the entry; runs stay in tasks.db."""
-        completed = await end_to_delete(self.state, key, self.complete)
+        completed = await bookkeeping.end_to_delete(self.state, key, self.complete)
         self.state.registry.remove(key)  # the key's lock stays: callers may be queued on it
         await self.state.registry.flush()
         await self.state.ledger.set_key_metadata(key, {"inherit": False})  # a new session on the key starts clean

@@ -11,25 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from config.clock import Clock, iso
+from sessions import bookkeeping
 from sessions.appends import check_writable, event_fields, message_record, tool_record
-from sessions.bookkeeping import (
-    add_usage_counts,
-    count_append,
-    end_entry,
-    end_to_delete,
-    found_entry,
-    idle_entry,
-    inherit_next,
-    mark_reset_boundary,
-    note_message,
-    plan_record,
-    refuse_second_run,
-    require_active,
-    run_stats,
-    start_entry,
-    to_complete,
-    to_pause,
-)
 from sessions.compaction import COMPACTIONS
 from sessions.context_order import context_line, in_context
 from sessions.delegate import Delegate
@@ -139,7 +122,7 @@ class MemoryStore:
         return self._entries.get(key)
 
     def require_entry(self, key: str) -> SessionEntry:
-        return found_entry(self._entries.get(key), key)
+        return bookkeeping.found_entry(self._entries.get(key), key)
 
     def entries(self) -> Iterable[SessionEntry]:
         return self._entries.values()
@@ -173,10 +156,10 @@ class MemoryStore:
         return entry
 
     async def set_inherit_next(self, key: str, inherit: bool) -> bool:
-        return inherit_next(self._entries.get(key), inherit)
+        return bookkeeping.inherit_next(self._entries.get(key), inherit)
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
-        if mark_reset_boundary(self._entries.get(key), boundary):
+        if bookkeeping.mark_reset_boundary(self._entries.get(key), boundary):
             self._save_entries()
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -184,7 +167,7 @@ class MemoryStore:
     async def start_run(self, start: RunStart) -> RunState:
         key = start.key
         entry = self._entries.get(key)
-        refuse_second_run(entry, key)
+        bookkeeping.refuse_second_run(entry, key)
         now = iso(self.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
@@ -207,7 +190,7 @@ class MemoryStore:
                 key=key, agent_id=start.agent_id, chat_type=start.chat_type, channel=start.channel, created_at=now,
                 updated_at=now,
             )
-        start_entry(entry, run_id, now)
+        bookkeeping.start_entry(entry, run_id, now)
         self._checkpoint(run)
         self._emit("lifecycle", run, action="start", parent_uuid=start.parent_uuid)
         return run
@@ -220,20 +203,20 @@ class MemoryStore:
             if remove_entry:
                 del self._entries[run.key]
             else:
-                idle_entry(entry)
+                bookkeeping.idle_entry(entry)
         self._save_entries()
         self._emit("lifecycle", run, action="discard")
 
     async def pause(self, key: str) -> RunState:
-        run, pausing = await to_pause(self, key, self.hooks)
+        run, pausing = await bookkeeping.to_pause(self, key, self.hooks)
         if not pausing:
             return run
-        self._set_status(run, "paused", **run_stats(run))
+        self._set_status(run, "paused", **bookkeeping.run_stats(run))
         self._emit("lifecycle", run, action="pause")
         return run
 
     async def resume(self, key: str) -> RunState:
-        run = require_active(self, key)
+        run = bookkeeping.require_active(self, key)
         if run.status == "running":
             return run
         self._set_status(run, "running")
@@ -241,26 +224,26 @@ class MemoryStore:
         return run
 
     async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
-        run, status = await to_complete(self, key, self.hooks, end)
+        run, status = await bookkeeping.to_complete(self, key, self.hooks, end)
         if end.final_summary is not None and end.summarize:
             self.data.runs[run.run_id].final_summary = end.final_summary
         self.records.keep_deliveries(run)
         now = iso(self.clock())
         cast(dict[str, Any], self._row(run)).update(
             status=status, completed_at=now, updated_at=now, error_message=end.error,
-            compaction_count=run.compaction_count, **run_stats(run),
+            compaction_count=run.compaction_count, **bookkeeping.run_stats(run),
         )  # fmt: skip
         del self._runs[run.run_id]
         entry = self._entries.get(key)
         if entry is not None:
-            end_entry(entry, run.run_id, now)
+            bookkeeping.end_entry(entry, run.run_id, now)
         self._save_entries()
         run.status = status
         self._emit("lifecycle", run, action=status, reason=end.reason, error=end.error)
         return run
 
     async def delete(self, key: str) -> str | None:
-        completed = await end_to_delete(self, key, self.complete)
+        completed = await bookkeeping.end_to_delete(self, key, self.complete)
         self._entries.pop(key, None)
         self._save_entries()
         for stored in self.data.runs.values():  # a new session on the key starts clean
@@ -300,10 +283,10 @@ class MemoryStore:
         line = context_line(record) if in_context(record) else None
         if line is not None:
             stored.context.append(line)
-        count_append(run, record, line_size(dict(record)), None if line is None else line_size(line))
+        bookkeeping.count_append(run, record, line_size(dict(record)), None if line is None else line_size(line))
         entry = self._entries.get(run.key)
         if entry is not None:
-            note_message(entry, message, stamp)
+            bookkeeping.note_message(entry, message, stamp)
         self._checkpoint(run)
         # Durable at once, settled on the loop's next turn, as a writer thread would settle it.
         loop = asyncio.get_running_loop()
@@ -327,12 +310,12 @@ class MemoryStore:
         return record
 
     async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        record = plan_record(run, plan_type, plan_content, iso(self.clock()))
+        record = bookkeeping.plan_record(run, plan_type, plan_content, iso(self.clock()))
         self.data.runs[run.run_id].planning.append(dict(record))
         return record
 
     async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
-        clean = add_usage_counts(run, self._entries.get(run.key), usage)
+        clean = bookkeeping.add_usage_counts(run, self._entries.get(run.key), usage)
         row = cast(dict[str, Any], self._row(run))
         for k, v in clean.items():
             row[k] = int(row.get(k) or 0) + v

@@ -15,16 +15,7 @@ import asyncpg
 
 from config.clock import iso
 from config.errors import RunActive
-from sessions.bookkeeping import (
-    end_entry,
-    idle_entry,
-    inherit_next,
-    mark_reset_boundary,
-    refuse_second_run,
-    require_active,
-    run_stats,
-    start_entry,
-)
+from sessions import bookkeeping
 from sessions.entries import SessionEntry
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.faults import unavailable
@@ -49,7 +40,7 @@ class PgLifecycle:
     async def start_run(self, start: RunStart) -> RunState:
         key, task_key = start.key, start.task_key
         entry = self.state.entry(key)
-        refuse_second_run(entry, key)
+        bookkeeping.refuse_second_run(entry, key)
         now = iso(self.state.clock())
         run_id = str(uuidlib.uuid4())
         run = RunState(
@@ -85,7 +76,7 @@ class PgLifecycle:
         if entry is None:
             entry = self.state.new_entry(key, start.agent_id, start.chat_type, start.channel)
             self.state.entries[key] = entry
-        start_entry(entry, run_id, now)
+        bookkeeping.start_entry(entry, run_id, now)
         copy_counters(run, entry)
         self.state.touch(key)  # the run's row is the truth; recovery rebuilds the entry from it
         self.state.emit_run("lifecycle", run, action="start", parent_uuid=start.parent_uuid)
@@ -100,7 +91,7 @@ class PgLifecycle:
             if remove_entry:
                 del self.state.entries[run.key]
             else:
-                idle_entry(entry)
+                bookkeeping.idle_entry(entry)
         try:
             with unavailable("the discarded run was not stored"):
                 await self.state.pool.execute("DELETE FROM runs WHERE run_id = $1", run.run_id)
@@ -111,7 +102,7 @@ class PgLifecycle:
         self.state.emit_run("lifecycle", run, action="discard")
 
     async def pause(self, key: str) -> RunState:
-        run = require_active(self.state, key)
+        run = bookkeeping.require_active(self.state, key)
         if run.status == "paused":
             return run
         for name, hook in self.state.hooks.stop_hooks.items():
@@ -121,7 +112,7 @@ class PgLifecycle:
         return run
 
     async def resume(self, key: str) -> RunState:
-        run = require_active(self.state, key)
+        run = bookkeeping.require_active(self.state, key)
         if run.status == "running":
             return run
         await self._set_status(run, "running", stats=False)
@@ -133,7 +124,7 @@ class PgLifecycle:
         now = iso(self.state.clock())
         entry = self.state.entry(run.key)
         after = dataclasses.replace(entry, status=status, updated_at=now) if entry is not None else None
-        extra = run_stats(run) if stats else {}
+        extra = bookkeeping.run_stats(run) if stats else {}
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(extra, start=4))
         with unavailable("the change was not stored"):
             async with self.state.pool.acquire() as conn, conn.transaction():
@@ -150,7 +141,7 @@ class PgLifecycle:
     async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
         """Complete (or fail) the key's run, keeping the final summary it is given (the engine's
         ``conversations/run_end.py`` writes it; the store summarizes nothing)."""
-        run = require_active(self.state, key)
+        run = bookkeeping.require_active(self.state, key)
         run.closing = True
         try:
             return await self._complete(run, key, end)
@@ -170,8 +161,8 @@ class PgLifecycle:
         after = None
         if entry is not None:
             after = dataclasses.replace(entry)
-            end_entry(after, run.run_id, now)
-        stats = run_stats(run)
+            bookkeeping.end_entry(after, run.run_id, now)
+        stats = bookkeeping.run_stats(run)
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(stats, start=8))
         with unavailable("the run's completion was not stored"):
             async with self.state.pool.acquire() as conn, conn.transaction():
@@ -228,11 +219,11 @@ class PgLifecycle:
         return entry
 
     async def set_inherit_next(self, key: str, inherit: bool) -> bool:
-        changed = inherit_next(self.state.entry(key), inherit)
+        changed = bookkeeping.inherit_next(self.state.entry(key), inherit)
         if changed:
             self.state.touch(key)
         return changed
 
     async def set_reset_boundary(self, key: str, boundary: str) -> None:
-        if mark_reset_boundary(self.state.entry(key), boundary):
+        if bookkeeping.mark_reset_boundary(self.state.entry(key), boundary):
             await self.state.flush_entries(key)

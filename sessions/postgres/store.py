@@ -8,8 +8,7 @@ appends and writes the entries."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import asyncpg
 
@@ -17,12 +16,8 @@ from config.clock import Clock
 from config.errors import ConfigError
 from config.settings import PostgresSettings, Settings
 from sessions.appends import check_writable
-from sessions.cleanup_plan import CleanupRequest
-from sessions.context_lines import ContextLine
-from sessions.deliveries import Delivery, PriorDelivery
+from sessions.delegate import Delegate
 from sessions.entries import SessionEntry
-from sessions.events import StoreEvent
-from sessions.exports import RunExport
 from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
 from sessions.postgres.appends import PgAppends
 from sessions.postgres.backup import PgBackup, online_backup
@@ -38,32 +33,9 @@ from sessions.postgres.schema import migrate
 from sessions.postgres.shared import PgSharing
 from sessions.postgres.state import PgState, load_view
 from sessions.postgres.usage import PgUsage
-from sessions.protocol import RecordKind, StoreProtocol
-from sessions.records import (
-    NEWEST_RUNS,
-    PLAIN_FINISH,
-    CompatConversation,
-    ContextRewrite,
-    EntryChange,
-    HookDelivery,
-    IdempotencyRecord,
-    KnownKey,
-    MessageRecord,
-    NewMessage,
-    PlanRecord,
-    ResponseRef,
-    RunFinish,
-    RunQuery,
-    RunRow,
-    RunStart,
-    RunState,
-    StoredRecord,
-    TaskKey,
-    ToolUse,
-)  # fmt: skip
-from sessions.rewrites import ContextChange
+from sessions.protocol import StoreProtocol
+from sessions.records import RunState, StoredRecord
 from sessions.store_hooks import StoreHooks
-from sessions.usage import ALL_USAGE, DailyUsage, UsageQuery
 
 POOL_SIZE = 10
 
@@ -153,17 +125,16 @@ class PgStore:
 
     # -- lookups (in memory), locks, events: the state, ``sessions.postgres.shared`` ---------------
 
-    def entry(self, key: str) -> SessionEntry | None:
-        return self.state.entries.get(key)
-
-    def require_entry(self, key: str) -> SessionEntry:
-        return self.state.require_entry(key)
+    entry = Delegate("state", PgState.entry)
+    require_entry = Delegate("state", PgState.require_entry)
+    active_run = Delegate("state", PgState.active_run)
+    emit = Delegate("state", PgState.emit)
+    lock_for = Delegate("sharing", PgSharing.lock_for)
+    turn_lock = Delegate("sharing", PgSharing.turn_lock)
+    follow_events = Delegate("sharing", PgSharing.follow_events)
 
     def entries(self) -> Iterable[SessionEntry]:
         return self.state.entries.values()
-
-    def active_run(self, key: str) -> RunState | None:
-        return self.state.active_run(key)
 
     def run_state(self, run_id: str) -> RunState | None:
         return self.state.runs.get(run_id)
@@ -171,173 +142,68 @@ class PgStore:
     def active_runs(self) -> Iterable[RunState]:
         return self.state.runs.values()
 
-    def emit(self, event: StoreEvent) -> None:
-        self.state.emit(event)
-
-    def lock_for(self, key: str) -> asyncio.Lock:
-        return self.sharing.lock_for(key)
-
-    def turn_lock(self, key: str) -> asyncio.Lock | None:
-        return self.sharing.turn_lock(key)
-
-    def follow_events(self, deliver: Callable[[StoreEvent], object]) -> None:
-        self.sharing.follow_events(deliver)
-
     @property
     def shared(self) -> bool:
         return self.sharing.shared
 
     # -- the entry, the lifecycle: ``sessions.postgres.lifecycle`` ----------------------------------
 
-    async def update_entry(self, key: str, change: EntryChange) -> SessionEntry:
-        return await self.lifecycle.update_entry(key, change)
-
-    async def set_inherit_next(self, key: str, inherit: bool) -> bool:
-        return await self.lifecycle.set_inherit_next(key, inherit)
-
-    async def set_reset_boundary(self, key: str, boundary: str) -> None:
-        await self.lifecycle.set_reset_boundary(key, boundary)
-
-    async def start_run(self, start: RunStart) -> RunState:
-        return await self.lifecycle.start_run(start)
-
-    async def discard_run(self, run: RunState, *, remove_entry: bool) -> None:
-        await self.lifecycle.discard_run(run, remove_entry=remove_entry)
-
-    async def pause(self, key: str) -> RunState:
-        return await self.lifecycle.pause(key)
-
-    async def resume(self, key: str) -> RunState:
-        return await self.lifecycle.resume(key)
-
-    async def complete(self, key: str, end: RunFinish = PLAIN_FINISH) -> RunState:
-        return await self.lifecycle.complete(key, end)
-
-    async def delete(self, key: str) -> str | None:
-        return await self.lifecycle.delete(key)
+    update_entry = Delegate("lifecycle", PgLifecycle.update_entry)
+    set_inherit_next = Delegate("lifecycle", PgLifecycle.set_inherit_next)
+    set_reset_boundary = Delegate("lifecycle", PgLifecycle.set_reset_boundary)
+    start_run = Delegate("lifecycle", PgLifecycle.start_run)
+    discard_run = Delegate("lifecycle", PgLifecycle.discard_run)
+    pause = Delegate("lifecycle", PgLifecycle.pause)
+    resume = Delegate("lifecycle", PgLifecycle.resume)
+    complete = Delegate("lifecycle", PgLifecycle.complete)
+    delete = Delegate("lifecycle", PgLifecycle.delete)
 
     # -- appends: ``sessions.postgres.appends`` (under the key's lease when shared) ---------------
 
-    def check_writable(self, run: RunState, message: NewMessage) -> None:
-        check_writable(run, message)
-
-    async def append(self, run: RunState, message: NewMessage) -> MessageRecord:
-        return await self.sharing.append(run, message)
-
-    def queue_append(self, run: RunState, message: NewMessage) -> tuple[MessageRecord, asyncio.Future[None]]:
-        return self.appends.queue_append(run, message)
-
-    async def finish_append(
-        self, run: RunState, message: NewMessage, record: MessageRecord, durable: asyncio.Future[None]
-    ) -> MessageRecord:
-        return await self.sharing.finish_append(run, message, record, durable)
-
-    async def record_tool(self, run: RunState, use: ToolUse) -> StoredRecord:
-        return await self.appends.record_tool(run, use)
-
-    async def record_plan(self, run: RunState, *, plan_type: str, plan_content: str) -> PlanRecord:
-        return await self.appends.record_plan(run, plan_type=plan_type, plan_content=plan_content)
-
-    async def add_usage(self, run: RunState, usage: Mapping[str, int]) -> None:
-        await self.appends.add_usage(run, usage)
-
-    def calibrate_context(
-        self, run: RunState, prompt_tokens: int, overhead_tokens: int, *, appended_since: int = 0
-    ) -> None:
-        self.appends.calibrate_context(run, prompt_tokens, overhead_tokens, appended_since=appended_since)
-
-    async def rewrite_context(self, run: RunState, change: ContextChange) -> ContextRewrite | None:
-        return await self.sharing.rewrite_context(run, change)
-
-    async def read_context(self, run: RunState) -> list[ContextLine]:
-        return await self.appends.read_context(run)
-
-    async def writable(self) -> str | None:
-        return await self.appends.writable()
-
-    def recently_writable(self, max_age_s: float) -> bool:
-        return self.appends.recently_writable(max_age_s)
+    check_writable = staticmethod(check_writable)
+    append = Delegate("sharing", PgSharing.append)
+    queue_append = Delegate("appends", PgAppends.queue_append)
+    finish_append = Delegate("sharing", PgSharing.finish_append)
+    record_tool = Delegate("appends", PgAppends.record_tool)
+    record_plan = Delegate("appends", PgAppends.record_plan)
+    add_usage = Delegate("appends", PgAppends.add_usage)
+    calibrate_context = Delegate("appends", PgAppends.calibrate_context)
+    rewrite_context = Delegate("sharing", PgSharing.rewrite_context)
+    read_context = Delegate("appends", PgAppends.read_context)
+    writable = Delegate("appends", PgAppends.writable)
+    recently_writable = Delegate("appends", PgAppends.recently_writable)
 
     # -- reads by run id: ``sessions.postgres.reads`` -----------------------------------------------
 
-    async def get_run(self, run_id: str) -> RunRow | None:
-        return await self.reads.get_run(run_id)
-
-    async def require_run(self, run_id: str) -> RunRow:
-        return await self.reads.require_run(run_id)
-
-    async def list_runs(self, query: RunQuery = NEWEST_RUNS) -> list[RunRow]:
-        return await self.reads.list_runs(query)
-
-    async def known_keys(self) -> list[KnownKey]:
-        return await self.reads.known_keys()
-
-    async def previous_runs(self, *, key: str, task_key: TaskKey | None, within_days: float) -> list[RunRow]:
-        return await self.reads.previous_runs(key=key, task_key=task_key, within_days=within_days)
-
-    async def read_messages(self, run_id: str, *, after_seq: int, limit: int) -> list[StoredRecord]:
-        return await self.reads.read_messages(run_id, after_seq=after_seq, limit=limit)
-
-    async def read_records(self, run_id: str, kind: RecordKind) -> list[StoredRecord]:
-        return await self.reads.read_records(run_id, kind)
-
-    async def read_final_summary(self, run_id: str) -> str | None:
-        return await self.reads.read_final_summary(run_id)
+    get_run = Delegate("reads", PgReads.get_run)
+    require_run = Delegate("reads", PgReads.require_run)
+    list_runs = Delegate("reads", PgReads.list_runs)
+    known_keys = Delegate("reads", PgReads.known_keys)
+    previous_runs = Delegate("reads", PgReads.previous_runs)
+    read_messages = Delegate("reads", PgReads.read_messages)
+    read_records = Delegate("reads", PgReads.read_records)
+    read_final_summary = Delegate("reads", PgReads.read_final_summary)
 
     # -- DeliveryRecords, CompatRecords: ``sessions.postgres.records`` -------------------------------
 
-    async def find_delivery(self, key: str, client_message_id: str, *, since: str) -> Delivery | None:
-        return await self.appends.find_delivery(key, client_message_id, since=since)
-
-    async def recall_delivery(self, key: str, client_message_id: str, *, since: str) -> PriorDelivery | None:
-        return await self.records.recall_delivery(key, client_message_id, since=since)
-
-    def checks_deliveries(self, key: str) -> bool:
-        return self.records.checks_deliveries(key)
-
-    async def find_idempotency(self, key: str, client_message_id: str, *, since: str) -> IdempotencyRecord | None:
-        return await self.records.find_idempotency(key, client_message_id, since=since)
-
-    async def remember_delivery(
-        self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None
-    ) -> None:
-        await self.records.remember_delivery(key, client_message_id, run_id=run_id, seq=seq)
-
-    async def remember_reply(
-        self, key: str, client_message_id: str, *, run_id: str | None, seq: int | None, response: str
-    ) -> None:
-        await self.records.remember_reply(key, client_message_id, run_id=run_id, seq=seq, response=response)
-
-    async def hook_delivery(self, delivery_id: str) -> HookDelivery | None:
-        return await self.records.hook_delivery(delivery_id)
-
-    async def record_hook_delivery(
-        self, delivery_id: str, hook: str, *, session_key: str | None, message_seq: int | None
-    ) -> None:
-        await self.records.record_hook_delivery(delivery_id, hook, session_key=session_key, message_seq=message_seq)
-
-    async def compat_conversation(self, key: str) -> CompatConversation | None:
-        return await self.records.compat_conversation(key)
-
-    async def save_compat_conversation(self, key: str, record: CompatConversation) -> None:
-        await self.records.save_compat_conversation(key, record)
-
-    async def compat_response(self, response_id: str) -> ResponseRef | None:
-        return await self.records.compat_response(response_id)
-
-    async def latest_compat_response(self, key: str) -> str | None:
-        return await self.records.latest_compat_response(key)
-
-    async def save_compat_response(self, ref: ResponseRef) -> None:
-        await self.records.save_compat_response(ref)
+    find_delivery = Delegate("appends", PgAppends.find_delivery)
+    recall_delivery = Delegate("records", PgRecords.recall_delivery)
+    checks_deliveries = Delegate("records", PgRecords.checks_deliveries)
+    find_idempotency = Delegate("records", PgRecords.find_idempotency)
+    remember_delivery = Delegate("records", PgRecords.remember_delivery)
+    remember_reply = Delegate("records", PgRecords.remember_reply)
+    hook_delivery = Delegate("records", PgRecords.hook_delivery)
+    record_hook_delivery = Delegate("records", PgRecords.record_hook_delivery)
+    compat_conversation = Delegate("records", PgRecords.compat_conversation)
+    save_compat_conversation = Delegate("records", PgRecords.save_compat_conversation)
+    compat_response = Delegate("records", PgRecords.compat_response)
+    latest_compat_response = Delegate("records", PgRecords.latest_compat_response)
+    save_compat_response = Delegate("records", PgRecords.save_compat_response)
 
     # -- UsageRecords: ``sessions.postgres.usage`` ---------------------------------------------------
 
-    async def daily_usage(self, query: UsageQuery = ALL_USAGE) -> list[DailyUsage]:
-        return await self.usage.daily_usage(query)
-
-    async def tokens_spent(self, day: str, agent_id: str, session_key: str) -> tuple[int, int]:
-        return await self.usage.tokens_spent(day, agent_id, session_key)
+    daily_usage = Delegate("usage", PgUsage.daily_usage)
+    tokens_spent = Delegate("usage", PgUsage.tokens_spent)
 
     # -- HistorySource (on the ``history`` table: ``sessions.postgres.history``) -------------------
 
@@ -356,17 +222,10 @@ class PgStore:
 
     # -- Maintenance: ``sessions.postgres.maintenance``, ``sessions.postgres.export`` ----------------
 
-    async def check(self, *, fix: bool) -> list[StoredRecord]:
-        return await self.maintenance.check(fix=fix)
-
-    async def cleanup(self, request: CleanupRequest) -> list[StoredRecord]:
-        return await self.maintenance.cleanup(request)
-
-    async def export_runs(self, *, key: str | None = None, run_id: str | None = None) -> list[RunExport]:
-        return await self.export.export_runs(key=key, run_id=run_id)
-
-    async def purge(self, key: str, *, history: HistoryIndexProtocol | None) -> StoredRecord:
-        return await self.maintenance.purge(key, history=history)
+    check = Delegate("maintenance", PgMaintenance.check)
+    cleanup = Delegate("maintenance", PgMaintenance.cleanup)
+    export_runs = Delegate("export", PgExport.export_runs)
+    purge = Delegate("maintenance", PgMaintenance.purge)
 
 
 def connection_options(settings: PostgresSettings, environ: Mapping[str, str]) -> tuple[str, str | None]:
