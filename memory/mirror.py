@@ -69,6 +69,13 @@ class Snapshot:
     def __len__(self) -> int:
         return int(self.vectors.shape[0])
 
+    @functools.cached_property
+    def _readable(self) -> pa.Table:
+        """``rows`` without ``agent``, each column one chunk: taking rows from a column of many
+        chunks concatenates them all first (100 of 20,000 rows in 21 chunks: 2.4 ms, in one: 0.2
+        ms). Made by the first read of a snapshot (two readers racing both make it: same result)."""
+        return self.rows.drop_columns(["agent"]).combine_chunks()
+
     @property
     def nbytes(self) -> int:
         """Bytes held: vectors, norms, text columns and the row filters (not the id dict)."""
@@ -120,7 +127,7 @@ class Snapshot:
             return []
         top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
         top = top[np.lexsort((top, -sims[top]))]  # nearest first, then table order
-        rows: list[dict[str, Any]] = self.rows.take(pa.array(top)).drop_columns(["agent"]).to_pylist()
+        rows: list[dict[str, Any]] = self._readable.take(pa.array(top)).to_pylist()
         for row, s in zip(rows, sims[top].tolist(), strict=True):
             row["_distance"] = 1.0 - s
         return rows
@@ -137,7 +144,7 @@ class Snapshot:
         """The rows (``COLUMNS`` without ``agent``) of the ids; None where an id is not held."""
         found = [self.index.get(c) for c in chunk_ids]
         have = [r for r in found if r is not None]
-        taken = self.rows.take(pa.array(have, pa.int64())).drop_columns(["agent"]).to_pylist() if have else []
+        taken = self._readable.take(pa.array(have, pa.int64())).to_pylist() if have else []
         fetched = iter(taken)
         return [next(fetched) if r is not None else None for r in found]
 
