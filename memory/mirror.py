@@ -191,12 +191,14 @@ class Mirror:
 
     @classmethod
     def load(cls, table: Any, dims: int) -> Mirror:
-        """A mirror of every row ``table`` (a LanceDB table) holds now."""
+        """A mirror of every row ``table`` (a LanceDB table) holds now, its reads' combined copy
+        made (by the loader, not the first search: 4-10 ms at 20,000 rows)."""
         mirror = cls(dims)
         count = int(table.count_rows())
         if count:
             data = table.search().select([*COLUMNS, "vector"]).limit(count).to_arrow()
             mirror.add(data)
+            mirror.snapshot._readable  # noqa: B018 (made now)
         return mirror
 
     def _publish(self, n: int, rows: pa.Table, index: dict[str, int]) -> Snapshot:

@@ -97,7 +97,8 @@ def test_the_mirror_gives_the_exact_pools_through_writes_and_a_reopen(tmp_path: 
     check(store, ChunkStore(uri, mirror=False), rng)
 
     reopened = ChunkStore(uri)  # loads its mirror from the table
-    assert reopened.mirror(reopened.active) is not None
+    loaded = reopened.mirror(reopened.active)
+    assert loaded is not None and "_readable" in vars(loaded.snapshot)  # its reads' copy made by the load
     check(reopened, ChunkStore(uri, mirror=False), rng)
 
 
