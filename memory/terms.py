@@ -15,6 +15,8 @@ import snowballstemmer  # imported with the module: its import takes a second, n
 _WORD = re.compile(r"[0-9a-z]+")
 _CJK_CONTENT = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9f々〆ヵヶー]+")
 _HIRAGANA = re.compile(r"[\u3040-\u309f]+")
+# every byte but the ``_WORD`` characters to a space: ASCII text splits into its words
+_SPACE_BUT_WORD = bytes(c if chr(c) in "0123456789abcdefghijklmnopqrstuvwxyz" else 32 for c in range(256))
 
 
 # English stop words: NLTK's English list (nltk.corpus.stopwords, the short forms such as "don"
@@ -97,6 +99,14 @@ def words_of(text: str) -> frozenset[str]:
     return frozenset(latin) | frozenset(cjk)
 
 
+def distinct_words(text: str) -> set[str]:
+    """The distinct ``_WORD`` runs of ``text``: ASCII text by a byte translation and a split (a
+    search's term shares read 100 chunks; this takes 0.6 of the regular expression's time)."""
+    if text.isascii():
+        return set(text.encode("ascii").translate(_SPACE_BUT_WORD).decode("ascii").split())
+    return set(_WORD.findall(text))
+
+
 def words_held(words: Sequence[str], text: str) -> int:
     """How many of the stemmed ``words`` the normalised ``text`` holds."""
     # cheap substring test first; stem only the document words that could match
@@ -104,7 +114,7 @@ def words_held(words: Sequence[str], text: str) -> int:
     if not maybe:
         return 0
     prefixes = tuple(w[:3] for w in maybe)
-    have = {stem(t) for t in set(_WORD.findall(text)) if t.startswith(prefixes)}
+    have = {stem(t) for t in distinct_words(text) if t.startswith(prefixes)}
     return sum(1 for w in maybe if w in have)
 
 

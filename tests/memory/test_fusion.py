@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import date
 
@@ -10,7 +11,7 @@ import pytest
 from memory.candidates import Candidate, merge_pools
 from memory.fusion import FusionParams, daily_log_date, decay, fuse, fused_score, passes, rrf_score, text_strength
 from memory.speakers import named_speakers, spoken_by, turn_speaker
-from memory.terms import is_cjk_query, query_terms, text_share
+from memory.terms import distinct_words, is_cjk_query, query_terms, text_share
 from memory.topic import off_topic, spells_name, unheld_topic_words
 
 P = FusionParams(vector_weight=0.6, text_weight=0.4, min_score=0.4, min_text_score=0.6)
@@ -415,3 +416,12 @@ def test_another_spelling_of_a_speakers_name_is_no_topic_word() -> None:
     assert unheld_topic_words("Does Grace like grapes?", jack) == ["like", "grape"]
     assert unheld_topic_words("Does Grace like Grapes?", jack) == ["like"]  # capitalised, as a name is written
     assert unheld_topic_words("How long is muhammad's drive to work?", chat) == ["muhammad"]  # lower case: a word
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["my dentist is dr. wong; call 555-0102 at 9:30!", "Upper Case\tand\nnew-lines_under score's", "", "  ...  ",
+     "café au lait, naïve ﬁle", "東京の歯医者 at 3pm", "a\x0bb\x1cc d\x7fe"],
+)  # fmt: skip
+def test_distinct_words_are_the_word_pattern_runs(text: str) -> None:
+    assert distinct_words(text) == set(re.findall(r"[0-9a-z]+", text))

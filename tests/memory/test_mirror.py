@@ -97,7 +97,8 @@ def test_the_mirror_gives_the_exact_pools_through_writes_and_a_reopen(tmp_path: 
     check(store, ChunkStore(uri, mirror=False), rng)
 
     reopened = ChunkStore(uri)  # loads its mirror from the table
-    assert reopened.mirror(reopened.active) is not None
+    loaded = reopened.mirror(reopened.active)
+    assert loaded is not None and loaded.snapshot.rows.column("text").num_chunks == 1  # (however LanceDB batched it)
     check(reopened, ChunkStore(uri, mirror=False), rng)
 
 
@@ -144,3 +145,23 @@ def test_a_query_with_one_models_part_scores_what_the_whole_vectors_score() -> N
         assert np.allclose(_scores(vectors, query), vectors @ query, atol=1e-4)
     whole = rng.normal(size=896).astype(np.float32)
     assert np.allclose(_scores(vectors, whole), vectors @ whole, atol=1e-4)
+
+
+def test_rows_read_from_a_snapshot_of_many_adds_are_the_rows_added() -> None:
+    """Every add appends a chunk to the snapshot's columns; reads take rows chunk by chunk and give
+    the rows as added, in the order asked."""
+    rng = np.random.default_rng(3)
+    mirror = Mirror(DIMS)
+    added = []
+    for f in range(6):
+        table = rows_table("main", "f", chunks(f"memory/{f}.md", 4, rng), unit(rng, 4), DIMS)
+        mirror.add(table)
+        added += table.select(["chunk_id", "path", "start_line", "end_line", "heading", "text", "content"]).to_pylist()
+    snap = mirror.snapshot
+    assert snap.rows.column("chunk_id").num_chunks > 1
+    ids = [r["chunk_id"] for r in added]
+    assert snap.rows_of([ids[17], "absent", ids[2]]) == [added[17], None, added[2]]
+    nearest = snap.nearest(snap.vectors[9], "main", 3, True)
+    assert nearest[0]["chunk_id"] == ids[9]
+    assert {k: v for k, v in nearest[0].items() if k != "_distance"} == added[9]
+    assert snap.rows_of(ids[::-1]) == added[::-1]
