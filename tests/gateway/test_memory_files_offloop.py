@@ -28,9 +28,11 @@ def gateway_app(gateway_app: web.Application, tmp_path: Path) -> web.Application
 
 @pytest.fixture
 async def client(client: Client) -> Client:
-    for _ in range(600):  # the first index pass loads the embedding model; closing during that load blocks
-        if (await client.get("/readyz")).status == 200:
-            break
+    # the first index pass loads the embedding model; closing during that load blocks. Up to 120 s:
+    # under a loaded make test the load took over the 30 s this waited before (an error at teardown)
+    deadline = time.monotonic() + 120
+    while (await client.get("/readyz")).status != 200:
+        assert time.monotonic() < deadline, "the memory index was not ready within 120 s"
         await asyncio.sleep(0.05)
     return client
 
