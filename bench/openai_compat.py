@@ -6,9 +6,10 @@ model server (``tests/support/openai_server.py``) or to ``POST /v1/chat/completi
 whose agent answers through that same server. The gateway stores what is new (the user message,
 then the reply: two durable appends under ``storage.fsync: batch``) and runs the turn.
 
-Reported per round and concurrency (1 and 16 clients): p50 and p99 of each side and the
-difference (the overhead Neotask adds). Rounds alternate direct and gateway so drift on a noisy
-machine hits both; the spread over rounds is printed. The client sends ``messages`` through
+Reported per round and concurrency (1 and 16 clients): p50 and p99 of each side, the differences
+in p50, p95 and p99 (the overhead Neotask adds) and the gateway's CPU per call (its process CPU
+clock, in nanoseconds). Rounds alternate direct and gateway so drift on a noisy machine
+hits both; the spread over rounds is printed. The client sends ``messages`` through
 ``extra_body`` on both sides: the SDK's typed transform of a message list costs ~15 ms of client
 CPU per call here, which at 16 clients would measure the load generator rather than the servers
 (the gateway's own provider does the same, see ``conversations/provider.py``). Target: p50 overhead < 5 ms plus the
@@ -20,7 +21,9 @@ embedding model is a memory cost, not the front door's; docs/memory-tuning.md me
 
 ``python -m bench.openai_compat [--quick] [--rounds N] [--requests N] [--baseline DIR]``: with
 ``--baseline`` a second gateway runs from another checkout (``git worktree add /tmp/base main``) in
-the same run, alternated round by round with this tree's, for a before/after under the same load.
+the same run, alternated round by round with this tree's, for a before/after under the same load:
+the ratios of CPU per call and of added p50 and p95, round by round, are printed with their median
+and range (a round measures both gateways under the same load; the CPU ratio is the steadier one).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ TURNS = 8
 SERVER_MAX_S = 900.0
 TARGET_OVERHEAD_S = 0.005
 APPENDS_PER_CALL = 2
+CPUCLOCK_SCHED = 2  # Linux: a process's CPU clock id is (~pid << 3) | CPUCLOCK_SCHED
 
 
 # -- servers (child processes) ------------------------------------------------------------------
@@ -114,8 +118,13 @@ class Server(ServerProcess):
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux ``/proc``): what it cost, whatever the
-    machine's load did to the wall clock."""
+    """CPU time of a process so far, all its threads (those ended too): what it cost, whatever the
+    machine's load did to the wall clock. Read from the process's CPU clock (Linux: the clock id
+    ``clock_getcpuclockid(pid)`` would give), in nanoseconds: a round's few seconds of CPU are
+    measured to well under 1%, where the 10 ms clock ticks of ``/proc/<pid>/stat`` (the fallback)
+    blur a before/after of a few percent."""
+    with contextlib.suppress(OSError):
+        return time.clock_gettime((~pid << 3) | CPUCLOCK_SCHED)
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -135,6 +144,10 @@ class Phase:
     @property
     def p50(self) -> float:
         return percentile(self.latencies, 50)
+
+    @property
+    def p95(self) -> float:
+        return percentile(self.latencies, 95)
 
     @property
     def p99(self) -> float:
@@ -249,20 +262,43 @@ class Side:
     cpu: float = 0.0
     calls: int = 0
     added_p50: list[float] = field(default_factory=list)
+    added_p95: list[float] = field(default_factory=list)
     added_p99: list[float] = field(default_factory=list)
+    cpu_per_call: list[float] = field(default_factory=list)  # per round
 
     def measured(self, front: Phase, direct: Phase, cpu: float) -> None:
         self.cpu += cpu
         self.calls += len(front.latencies)
         self.added_p50.append(front.p50 - direct.p50)
+        self.added_p95.append(front.p95 - direct.p95)
         self.added_p99.append(front.p99 - direct.p99)
+        self.cpu_per_call.append(cpu / max(len(front.latencies), 1))
+
+    def reset(self) -> None:
+        self.cpu, self.calls = 0.0, 0
+        self.added_p50, self.added_p95, self.added_p99, self.cpu_per_call = [], [], [], []
 
     def summary(self) -> str:
-        p50, p99 = self.added_p50, self.added_p99
-        return (f"  {self.name}: added p50 over rounds: median {fmt_seconds(statistics.median(p50))}, min "
-                f"{fmt_seconds(min(p50))}, max {fmt_seconds(max(p50))}; added p99: median "
-                f"{fmt_seconds(statistics.median(p99))}, min {fmt_seconds(min(p99))}, max {fmt_seconds(max(p99))}; "
-                f"gateway CPU per call {fmt_seconds(self.cpu / max(self.calls, 1))}")  # fmt: skip
+        spread = ", ".join(f"added {name}: median {fmt_seconds(statistics.median(values))}, min "
+                           f"{fmt_seconds(min(values))}, max {fmt_seconds(max(values))}"
+                           for name, values in (("p50", self.added_p50), ("p95", self.added_p95),
+                                                ("p99", self.added_p99)))  # fmt: skip
+        return f"  {self.name}: over rounds {spread}; gateway CPU per call {fmt_seconds(self.cpu / max(self.calls, 1))}"
+
+    def against(self, before: Side) -> str:
+        """This side over ``before``, round by round (each round measures both under the same
+        load): the median and range of the ratios of CPU per call and of added p50 and p95."""
+
+        def ratios(mine: list[float], theirs: list[float]) -> str:
+            each = [a / b for a, b in zip(mine, theirs, strict=True) if b > 0]
+            if not each:
+                return "n/a"
+            return f"{statistics.median(each):.3f} ({min(each):.3f}-{max(each):.3f})"
+
+        cpu = ratios(self.cpu_per_call, before.cpu_per_call)
+        p50, p95 = ratios(self.added_p50, before.added_p50), ratios(self.added_p95, before.added_p95)
+        return (f"  {self.name} / {before.name}, median (range) of the per-round ratios: CPU per call {cpu},"
+                f" added p50 {p50}, added p95 {p95}")  # fmt: skip
 
 
 async def run(rounds: int, requests: dict[int, int], home: Path, baseline: Path | None = None) -> int:
@@ -293,7 +329,7 @@ async def run(rounds: int, requests: dict[int, int], home: Path, baseline: Path 
             cpu_model, calls = 0.0, 0
             sdk_cpu, sdk_calls, client_cpu, client_calls = 0.0, 0, 0.0, 0
             for side in sides:
-                side.cpu, side.calls, side.added_p50, side.added_p99 = 0.0, 0, [], []
+                side.reset()
             for r in range(rounds):
                 direct = await phase(model_url, "direct", clients, count)
                 client_cpu, client_calls = client_cpu + direct.cpu, client_calls + len(direct.latencies)
@@ -307,15 +343,18 @@ async def run(rounds: int, requests: dict[int, int], home: Path, baseline: Path 
                         cpu_model += cpu_seconds(model.proc.pid) - before[1]
                         calls += len(front.latencies)
                     rows.append([f"round {r + 1}", side.name, fmt_seconds(direct.p50),
-                                 fmt_seconds(front.p50), fmt_seconds(side.added_p50[-1]), fmt_seconds(direct.p99),
+                                 fmt_seconds(front.p50), fmt_seconds(side.added_p50[-1]),
+                                 fmt_seconds(side.added_p95[-1]), fmt_seconds(direct.p99),
                                  fmt_seconds(front.p99), fmt_seconds(side.added_p99[-1]),
-                                 direct.errors + front.errors])  # fmt: skip
-            print_table(["", "gateway", "direct p50", "gateway p50", "added p50", "direct p99", "gateway p99",
-                         "added p99", "errors"], rows)  # fmt: skip
+                                 fmt_seconds(side.cpu_per_call[-1]), direct.errors + front.errors])  # fmt: skip
+            print_table(["", "gateway", "direct p50", "gateway p50", "added p50", "added p95", "direct p99",
+                         "gateway p99", "added p99", "CPU/call", "errors"], rows)  # fmt: skip
             for side in sides:
                 print(side.summary())
+            if len(sides) > 1:
+                print(sides[0].against(sides[1]))
             print(f"  model server CPU per call through this tree's gateway: {fmt_seconds(cpu_model / max(calls, 1))}"
-                  " (CPU figures: averages of 10 ms clock ticks)")  # fmt: skip
+                  " (CPU figures: the processes' CPU clocks, ns)")  # fmt: skip
             per_sdk, per_client = sdk_cpu / max(sdk_calls, 1), client_cpu / max(client_calls, 1)
             per_server = cpu_model / max(calls, 1)
             floor = added_floor(clients, per_sdk, n_cores)

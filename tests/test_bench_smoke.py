@@ -58,6 +58,44 @@ async def test_openai_compat_bench_runs_quick() -> None:
     assert status in (0, 1)
 
 
+def test_openai_compat_cpu_seconds_counts_every_thread_to_the_nanosecond() -> None:
+    import os
+    import threading
+    import time
+
+    from bench.openai_compat import cpu_seconds
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    before, process_before = cpu_seconds(os.getpid()), time.process_time()
+    worker = threading.Thread(target=spin, args=(0.05,))
+    worker.start()
+    spin(0.005)  # less than one 10 ms clock tick: the ticks of /proc/<pid>/stat would not see it
+    worker.join()
+    spent, process_spent = cpu_seconds(os.getpid()) - before, time.process_time() - process_before
+    assert spent >= 0.055
+    assert spent == pytest.approx(process_spent, abs=0.01)
+
+
+def test_openai_compat_sides_compared_round_by_round() -> None:
+    from typing import Any
+
+    from bench.openai_compat import Side
+
+    server: Any = None  # the comparison reads only the figures
+    mine, before = Side("neotask", server, ""), Side("baseline", server, "")
+    mine.cpu_per_call, before.cpu_per_call = [3.3e-3, 4.4e-3, 3.9e-3], [3.0e-3, 4.0e-3, 4.0e-3]
+    mine.added_p50, before.added_p50 = [4e-3, 4e-3, 4e-3], [4e-3, 5e-3, 2e-3]
+    mine.added_p95, before.added_p95 = [1e-3, 1e-3, 1e-3], [0.0, 0.0, 0.0]  # no ratio where before is 0
+    line = mine.against(before)
+    assert "CPU per call 1.100 (0.975-1.100)" in line
+    assert "added p50 1.000 (0.800-2.000)" in line
+    assert "added p95 n/a" in line
+
+
 # -- bench.gateway_ingest (issue 14) ------------------------------------------------------------
 
 
