@@ -34,7 +34,14 @@ from sessions.postgres.faults import unavailable
 
 log = logging.getLogger(__name__)
 
-BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
+BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit), times the workers
+
+
+def batch_wait(workers: int) -> float:
+    """How long a batch of ``workers`` gateway processes' index gathers rows: the fleet sends as
+    many inserts a second as one process would, each of as many rows (an insert per process per
+    ``BATCH_WAIT_S`` was N times the statements, each of 1/N of the rows)."""
+    return BATCH_WAIT_S * max(1, workers)
 RETRY_S = 1.0  # a failed batch (the database away) is tried again after this
 FLUSH_WAIT_S = 5.0  # the doctor waits this long for the rows in flight
 MAX_PENDING = 100_000  # rows kept while the database is away; beyond, catch-up at the next start
@@ -121,9 +128,10 @@ class PgHistoryIndex:
     """The interface of ``sessions.files.history.HistoryIndex`` that the daemon, the session tools
     and the history routes use, on the ``history`` table."""
 
-    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH, wait_s: float = BATCH_WAIT_S) -> None:
         self.pool = pool
         self.max_batch = max_batch
+        self.wait_s = wait_s
         self.stats = HistoryStats()
         self._pending: list[Row] = []
         self._wake = asyncio.Event()
@@ -168,11 +176,13 @@ class PgHistoryIndex:
         await self._idle.wait()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await asyncio.sleep(BATCH_WAIT_S)
+            await asyncio.sleep(self.wait_s)
             while self._pending:
+                started = loop.time()
                 batch = self._pending[: self.max_batch]
                 try:
                     await self.insert(batch)
@@ -181,6 +191,9 @@ class PgHistoryIndex:
                     await asyncio.sleep(RETRY_S)
                     continue
                 del self._pending[: len(batch)]
+                if 0 < len(self._pending) < self.max_batch:  # rows came meanwhile: more gather, one
+                    # insert per ``wait_s`` at most (back to back, a busy gateway sent one per round trip)
+                    await asyncio.sleep(max(0.0, started + self.wait_s - loop.time()))
             self._idle.set()
 
     async def insert(self, rows: list[Row]) -> int:
