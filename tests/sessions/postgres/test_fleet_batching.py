@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from sessions.postgres.batching import MAX_IN_FLIGHT, in_flight_per_process
-from sessions.postgres.history import BATCH_WAIT_S, PgHistoryIndex, batch_wait
+from sessions.postgres.history import BATCH_WAIT_S, BUSY_WAIT_S, Pacing, PgHistoryIndex, pacing
 from sessions.postgres.store import PgStore
 from sessions.records import MessageRecord, NewMessage, RunStart, RunState, TaskKey
 from sessions.store_hooks import StoreHooks
@@ -22,20 +22,19 @@ from tests.sessions.helpers import settings_with
 from tests.support.postgres import DATABASE, PgServer, empty_database
 
 
-@pytest.mark.parametrize(
-    ("workers", "in_flight", "wait"),
-    [(1, MAX_IN_FLIGHT, BATCH_WAIT_S), (2, 1, 2 * BATCH_WAIT_S), (3, 1, 3 * BATCH_WAIT_S), (8, 1, 8 * BATCH_WAIT_S)],
-)
-def test_each_process_takes_its_share_of_the_fleets_batching(workers: int, in_flight: int, wait: float) -> None:
+@pytest.mark.parametrize(("workers", "in_flight"), [(1, MAX_IN_FLIGHT), (2, 1), (3, 1), (8, 1)])
+def test_each_process_takes_its_share_of_the_fleets_batching(workers: int, in_flight: int) -> None:
     assert in_flight_per_process(workers) == in_flight
-    assert batch_wait(workers) == pytest.approx(wait)
+    pace = pacing(workers)
+    assert pace.quiet_s == pytest.approx(BATCH_WAIT_S * workers)
+    assert pace.busy_s == pytest.approx(BUSY_WAIT_S * workers)
 
 
 class CountedIndex(PgHistoryIndex):
     """The index, counting its insert statements."""
 
-    def __init__(self, pool: asyncpg.Pool, *, wait_s: float) -> None:
-        super().__init__(pool, wait_s=wait_s)
+    def __init__(self, pool: asyncpg.Pool, *, pace: Pacing) -> None:
+        super().__init__(pool, pace=pace)
         self.inserts = 0
 
     async def insert(self, rows: list[Any]) -> int:
@@ -71,11 +70,11 @@ async def _start(store: PgStore, key: str) -> RunState:
 
 
 async def test_a_busy_index_sends_one_insert_per_wait(fleet_store: tuple[PgStore, Fed]) -> None:
-    """Messages stored without a pause for 0.8 s: one insert per ``wait_s`` (and the first), not
+    """Messages stored without a pause for 0.8 s: one insert per ``busy_s`` (and the first), not
     one per round trip as when each insert followed the last at once."""
     store, fed = fleet_store
     wait_s = 0.2
-    index = fed.index = CountedIndex(store.state.pool, wait_s=wait_s)
+    index = fed.index = CountedIndex(store.state.pool, pace=Pacing(0.05, wait_s))
     await index.open()
     try:
         run = await _start(store, "agent:main:busy")
@@ -96,7 +95,7 @@ async def test_a_busy_index_sends_one_insert_per_wait(fleet_store: tuple[PgStore
 async def test_the_index_of_a_fleets_worker_waits_its_share(fleet_store: tuple[PgStore, Fed]) -> None:
     store, _ = fleet_store
     index = store.open_history()
-    assert index.wait_s == pytest.approx(batch_wait(2))
+    assert index.pace == pacing(2)
 
 
 async def test_one_statement_under_way_stores_every_run(fleet_store: tuple[PgStore, Fed]) -> None:
