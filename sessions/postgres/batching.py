@@ -2,7 +2,8 @@
 
 Each run has a queue of appends (and of calls that must come after them: a context rewrite, a read
 of the context). One flusher task sends the queued appends of EVERY run in one statement, at most
-``MAX_IN_FLIGHT`` statements under way (a run in one of them at a time, so its order holds):
+``in_flight_per_process`` statements under way (a run in one of them at a time, so its order
+holds; ``MAX_IN_FLIGHT`` in one process, shared out over the workers of a fleet):
 while a round trip is under way the next messages gather, so a busy gateway sends dozens of
 messages per COMMIT instead of one (the files backend's writer thread does the same with its
 fdatasync). The statement claims each run's seqs on its row (the
