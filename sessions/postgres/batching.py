@@ -2,7 +2,8 @@
 
 Each run has a queue of appends (and of calls that must come after them: a context rewrite, a read
 of the context). One flusher task sends the queued appends of EVERY run in one statement, at most
-``MAX_IN_FLIGHT`` statements under way (a run in one of them at a time, so its order holds):
+``in_flight_per_process`` statements under way (a run in one of them at a time, so its order
+holds; ``MAX_IN_FLIGHT`` in one process, shared out over the workers of a fleet):
 while a round trip is under way the next messages gather, so a busy gateway sends dozens of
 messages per COMMIT instead of one (the files backend's writer thread does the same with its
 fdatasync). The statement claims each run's seqs on its row (the
@@ -38,8 +39,16 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_BATCH = 1024  # messages in one statement
-MAX_IN_FLIGHT = 2  # statements under way at once (on disjoint runs): the database works on one
-# while the loop encodes the next
+MAX_IN_FLIGHT = 2  # statements under way at once (on disjoint runs) in the whole fleet: the database
+# works on one while the loop encodes the next
+
+
+def in_flight_per_process(workers: int) -> int:
+    """The statements under way at once in each of ``workers`` gateway processes: the fleet's
+    ``MAX_IN_FLIGHT`` shared out, at least one each. Each process's messages gather while its
+    statements are under way, so N processes with two each sent N times the statements of one,
+    each of 1/N of its messages: more commits, and more CPU per message on both sides."""
+    return max(1, MAX_IN_FLIGHT // max(1, workers))
 
 _APPEND = f"""
 WITH b AS (
@@ -121,6 +130,7 @@ class AppendQueue:
 
     def __init__(self, state: PgState) -> None:
         self.state = state
+        self.max_in_flight = in_flight_per_process(state.settings.gateway.workers)
         self.queues: dict[str, RunQueue] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -184,7 +194,7 @@ class AppendQueue:
         try:
             while True:
                 self._wake.clear()
-                room = len(self._sending) < MAX_IN_FLIGHT
+                room = len(self._sending) < self.max_in_flight
                 batch = self._take() if room else []
                 replies = self._take_replies() if room and self._replies else []
                 if batch or replies:

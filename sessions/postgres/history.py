@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -34,7 +35,27 @@ from sessions.postgres.faults import unavailable
 
 log = logging.getLogger(__name__)
 
-BATCH_WAIT_S = 0.05  # the index lags ingest by this much at most (plus the commit)
+BATCH_WAIT_S = 0.05  # after a quiet moment the index lags ingest by this much (plus the commit), times the workers
+BUSY_WAIT_S = 0.1  # while rows keep coming, one insert this often at most, times the workers
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """How long the index gathers rows: ``quiet_s`` before the first insert after a quiet moment
+    (what a search right after a post sees), ``busy_s`` from one insert's start to the next while
+    rows keep coming (back to back, a busy gateway sent one per round trip, each of few rows: the
+    GIN index and the statement cost more per row)."""
+
+    quiet_s: float = BATCH_WAIT_S
+    busy_s: float = BUSY_WAIT_S
+
+
+def pacing(workers: int) -> Pacing:
+    """The pacing of each of ``workers`` gateway processes' index: the fleet sends as many inserts
+    a second as one process would, each of as many rows (N processes paced as one sent N times the
+    statements, each of 1/N of the rows)."""
+    n = max(1, workers)
+    return Pacing(BATCH_WAIT_S * n, BUSY_WAIT_S * n)
 RETRY_S = 1.0  # a failed batch (the database away) is tried again after this
 FLUSH_WAIT_S = 5.0  # the doctor waits this long for the rows in flight
 MAX_PENDING = 100_000  # rows kept while the database is away; beyond, catch-up at the next start
@@ -121,9 +142,10 @@ class PgHistoryIndex:
     """The interface of ``sessions.files.history.HistoryIndex`` that the daemon, the session tools
     and the history routes use, on the ``history`` table."""
 
-    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH, pace: Pacing = Pacing()) -> None:
         self.pool = pool
         self.max_batch = max_batch
+        self.pace = pace
         self.stats = HistoryStats()
         self._pending: list[Row] = []
         self._wake = asyncio.Event()
@@ -168,11 +190,13 @@ class PgHistoryIndex:
         await self._idle.wait()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await asyncio.sleep(BATCH_WAIT_S)
+            await asyncio.sleep(self.pace.quiet_s)
             while self._pending:
+                started = loop.time()
                 batch = self._pending[: self.max_batch]
                 try:
                     await self.insert(batch)
@@ -181,6 +205,8 @@ class PgHistoryIndex:
                     await asyncio.sleep(RETRY_S)
                     continue
                 del self._pending[: len(batch)]
+                if 0 < len(self._pending) < self.max_batch:  # rows came meanwhile: more gather
+                    await asyncio.sleep(max(0.0, started + self.pace.busy_s - loop.time()))
             self._idle.set()
 
     async def insert(self, rows: list[Row]) -> int:

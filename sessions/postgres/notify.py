@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import asyncpg
+import orjson
 
 from sessions.appends import event_fields
 from sessions.codec import decode
@@ -46,19 +47,29 @@ CUT_TEXT = 500  # characters kept of a long text field of an oversized event tha
 Deliver = Callable[[StoreEvent], object]
 
 
+def _dumps(value: Mapping[str, Any]) -> str:
+    """Compact JSON, characters kept (orjson: every message's event is encoded once per process
+    sharing the database, and read by each of the others); what orjson refuses (an integer beyond
+    64 bits) through ``json``."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def encode(origin: str, event: Mapping[str, Any]) -> str:
     """The payload of ``event``: whole when it fits, else a reference or a cut copy."""
-    text = json.dumps({"o": origin, "e": event}, ensure_ascii=False, separators=(",", ":"))
+    text = _dumps({"o": origin, "e": event})
     if len(text.encode()) <= MAX_PAYLOAD:
         return text
     if event.get("type") == "message" and event.get("run_id") and isinstance(event.get("seq"), int):
         slim = {k: v for k, v in event.items() if k != "content"}
-        text = json.dumps({"o": origin, "e": slim, "ref": True}, ensure_ascii=False, separators=(",", ":"))
+        text = _dumps({"o": origin, "e": slim, "ref": True})
         if len(text.encode()) <= MAX_PAYLOAD:
             return text
     cut = {k: (v[:CUT_TEXT] if isinstance(v, str) and len(v) > CUT_TEXT else v) for k, v in event.items()}
     cut["truncated"] = True
-    text = json.dumps({"o": origin, "e": cut}, ensure_ascii=False, separators=(",", ":"))
+    text = _dumps({"o": origin, "e": cut})
     if len(text.encode()) <= MAX_PAYLOAD:
         return text
     keep = ("type", "key", "run_id", "at", "seq")
@@ -195,8 +206,8 @@ class EventRelay:
         if payload.startswith(self._echo):  # this process's own event: skipped before it is parsed
             return
         try:
-            data = json.loads(payload)
-        except ValueError:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError:
             return
         for item in data if isinstance(data, list) else [data]:
             if isinstance(item, dict) and item.get("o") != self.origin and isinstance(item.get("e"), dict):

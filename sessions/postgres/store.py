@@ -24,7 +24,7 @@ from sessions.postgres.backup import PgBackup, online_backup
 from sessions.postgres.batching import AppendQueue
 from sessions.postgres.export import PgExport
 from sessions.postgres.faults import quiet_pool_log, refused_at_open
-from sessions.postgres.history import PgHistoryIndex
+from sessions.postgres.history import PgHistoryIndex, pacing
 from sessions.postgres.lifecycle import PgLifecycle
 from sessions.postgres.maintenance import PgMaintenance
 from sessions.postgres.reads import PgReads
@@ -209,7 +209,8 @@ class PgStore:
 
     def open_history(self, *, max_batch: int | None = None) -> PgHistoryIndex:
         """The history index in this database (not started yet: ``await index.open()``)."""
-        return PgHistoryIndex(self.state.pool, max_batch=max_batch or MAX_BATCH)
+        pace = pacing(self.state.settings.gateway.workers)
+        return PgHistoryIndex(self.state.pool, max_batch=max_batch or MAX_BATCH, pace=pace)
 
     async def rebuild_history(self, index: HistoryIndexProtocol) -> int:
         return await own_index(index, PgHistoryIndex).rebuild()

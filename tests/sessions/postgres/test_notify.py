@@ -47,6 +47,12 @@ async def counted(sender: EventRelay, statements: int) -> None:
 def test_an_event_that_fits_goes_whole() -> None:
     event = {"type": "message", "key": "agent:main:main", "run_id": "r1", "seq": 3, "content": "会議"}
     assert json.loads(encode("p1", event)) == {"o": "p1", "e": event}
+    assert "会議" in encode("p1", event)  # characters kept, not escaped: they count once against the size
+
+
+def test_an_integer_beyond_64_bits_is_encoded_too() -> None:
+    event = {"type": "tool", "key": "agent:main:main", "run_id": "r1", "result": 2**70}
+    assert json.loads(encode("p1", event)) == {"o": "p1", "e": event}
 
 
 def test_a_large_message_goes_as_a_reference_without_its_content() -> None:
