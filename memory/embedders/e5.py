@@ -63,6 +63,7 @@ class E5Embedder:
         self._threads = threads
         self._batch_size = batch_size
         self._model: Any = None
+        self._query: Any = None  # the int8 query graph (memory.embedders.e5_onnx), when it loads
         self._thread = ModelThread(self._load, name="memory-model-load e5")
         self.provider = "e5"  # the setting named in errors (the routed choices name themselves)
 
@@ -104,6 +105,9 @@ class E5Embedder:
         model = TorchE5()
         model.encode(["probe"], "passage: ")
         model.encode_one("probe", "query: ")  # traces the query path now, not on the first search
+        from memory.embedders import e5_onnx
+
+        self._query = e5_onnx.load(model, self._threads)  # None: torch's traced encoder answers
         self._model = model
 
     async def start(self) -> None:
@@ -139,7 +143,8 @@ class E5Embedder:
 
     def _encode_query(self, text: str) -> Vectors:
         self.load_sync()
-        return self._model.encode_one(_c_strings([self.query_head(text)])[0], "query: ")  # type: ignore[no-any-return]
+        engine = self._query or self._model
+        return engine.encode_one(_c_strings([self.query_head(text)])[0], "query: ")  # type: ignore[no-any-return]
 
     async def embed_query(self, text: str) -> Vectors:
         """One question's vector (of its first ``E5_QUERY_TOKENS`` tokens: :meth:`query_head`)."""

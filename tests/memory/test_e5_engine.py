@@ -95,3 +95,39 @@ def test_a_lone_query_through_the_traced_encoder_is_encodes_vector(engines: dict
         assert one.shape == (1, 384) and one.dtype == np.float32
         assert float(one[0] @ engine.encode([text], "query: ")[0]) > 0.9999, text[:30]
     assert engine._lone is not None, "the trace failed, so the eager path answered"
+
+
+def test_a_lone_query_through_the_int8_graph_is_near_torchs(engines: dict[str, Any]) -> None:
+    """The query path on onnxruntime (memory/embedders/e5_onnx.py: the encoder in int8, a third of
+    torch's CPU for a query) loads on this machine and gives torch's vector to a cosine of 0.99; a
+    text longer than one window goes through torch's encode."""
+    from memory.embedders import e5_onnx
+    from memory.embedders.e5_engine import bfloat16_runs_fast
+
+    engine = engines["bfloat16" if bfloat16_runs_fast() else "int8"]
+    query = e5_onnx.load(engine)
+    assert query is not None, "the int8 query graph did not load"
+    for text in TEXTS:
+        one = query.encode_one(text, "query: ")
+        assert one.shape == (1, 384) and one.dtype == np.float32
+        cosine = float(one[0] @ engine.encode([text], "query: ")[0])
+        assert cosine > (0.99999 if text.startswith("word") else e5_onnx.MIN_COSINE), text[:30]
+
+
+def test_the_int8_graph_is_exported_once_and_a_broken_one_leaves_torch(
+    engines: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph is exported into the user's cache on first use and read from there after; a graph
+    onnxruntime cannot load gives None (the embedder keeps torch's traced query path)."""
+    from memory.embedders import e5_onnx
+    from memory.embedders.e5_engine import model_file
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    engine = engines["float32"]
+    path = e5_onnx.graph_path(model_file())
+    assert path.parent == tmp_path / "neotask" and not path.exists()
+    assert e5_onnx.load(engine) is not None and path.exists()
+    written = path.stat().st_mtime_ns
+    assert e5_onnx.load(engine) is not None and path.stat().st_mtime_ns == written  # not exported again
+    path.write_bytes(b"not a graph")
+    assert e5_onnx.load(engine) is None
