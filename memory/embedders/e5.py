@@ -63,7 +63,7 @@ class E5Embedder:
         self._threads = threads
         self._batch_size = batch_size
         self._model: Any = None
-        self._query: Any = None  # the int8 query graph (memory.embedders.e5_onnx), when it loads
+        self._query: Any = None  # the int8 query model (memory.embedders.e5_ct2), when it loads
         self._thread = ModelThread(self._load, name="memory-model-load e5")
         self.provider = "e5"  # the setting named in errors (the routed choices name themselves)
 
@@ -105,9 +105,9 @@ class E5Embedder:
         model = TorchE5()
         model.encode(["probe"], "passage: ")
         model.encode_one("probe", "query: ")  # traces the query path now, not on the first search
-        from memory.embedders import e5_onnx
+        from memory.embedders import e5_ct2
 
-        self._query = e5_onnx.load(model, self._threads)  # None: torch's traced encoder answers
+        self._query = e5_ct2.load(model, self._threads)  # None: torch's traced encoder answers
         self._model = model
 
     async def start(self) -> None:
