@@ -99,15 +99,15 @@ class E5Embedder:
         native_libraries.preload("torch")  # its 434 MB library loads without stopping the loop
         import torch
 
+        from memory.embedders import e5_ct2
         from memory.embedders.e5_engine import TorchE5
 
         torch.set_num_threads(self._threads)
+        query_model = e5_ct2.open_model(self._threads)  # before torch's model (its docstring: memory)
         model = TorchE5()
         model.encode(["probe"], "passage: ")
         model.encode_one("probe", "query: ")  # traces the query path now, not on the first search
-        from memory.embedders import e5_ct2
-
-        self._query = e5_ct2.load(model, self._threads)  # None: torch's traced encoder answers
+        self._query = e5_ct2.load(model, query_model)  # None: torch's traced encoder answers
         self._model = model
 
     async def start(self) -> None:

@@ -98,13 +98,8 @@ class _Unused(torch.nn.Module):
 class Ct2Query:
     """One query's vector through the int8 model; thread-compatible (the embedder's thread calls it)."""
 
-    def __init__(self, torch_model: TorchE5, path: Path, threads: int) -> None:
-        import ctranslate2
-
-        self._encoder = ctranslate2.Encoder(
-            str(path), device="cpu", compute_type="int8", intra_threads=threads, inter_threads=1
-        )
-        self._model = torch_model
+    def __init__(self, torch_model: TorchE5, encoder: Any) -> None:
+        self._encoder, self._model = encoder, torch_model
 
     def encode_one(self, text: str, prefix: str) -> npt.NDArray[np.float32]:
         """The unit vector of ``prefix + text``; a text longer than one window goes to torch."""
@@ -119,20 +114,36 @@ class Ct2Query:
         return out
 
 
-def load(torch_model: TorchE5, threads: int = 1) -> Ct2Query | None:
-    """The int8 query path of ``torch_model``'s file (converted on first use), or None (see the module
-    docstring: the caller then keeps torch's query path)."""
+def open_model(threads: int = 1) -> Any:
+    """CTranslate2's encoder of the bundled model file (converted on first use), or None. Open it
+    before torch's model is built: opened after it, glibc kept about 130 MB more of the heap (its
+    mmap threshold, raised by torch's large frees, put CTranslate2's load into the heap)."""
     try:
+        import ctranslate2
+
         path = model_dir(model_file())
         if not (path / "model.bin").exists():
             convert(model_file(), path)
-        query = Ct2Query(torch_model, path, threads)
-        for probe in _PROBES:
-            cosine = float(query.encode_one(probe, "query: ")[0] @ torch_model.encode([probe], "query: ")[0])
-            if cosine < MIN_COSINE:
-                log.warning("E5's int8 query model is off (cosine %.4f on a probe); torch answers queries", cosine)
-                return None
+        return ctranslate2.Encoder(str(path), device="cpu", compute_type="int8", intra_threads=threads, inter_threads=1)
     except Exception as exc:  # a missing package, a failed conversion or load: the torch path works
         log.info("E5's int8 query model not used (%s: %s); torch answers queries", type(exc).__name__, exc)
         return None
+
+
+def load(torch_model: TorchE5, encoder: Any) -> Ct2Query | None:
+    """The int8 query path over ``encoder`` (:func:`open_model`'s), or None when there is none or its
+    vectors of the probe texts are not torch's (see the module docstring: the caller then keeps
+    torch's query path)."""
+    if encoder is None:
+        return None
+    query = Ct2Query(torch_model, encoder)
+    for probe in _PROBES:
+        try:
+            cosine = float(query.encode_one(probe, "query: ")[0] @ torch_model.encode([probe], "query: ")[0])
+        except Exception as exc:  # a model that loaded but cannot run
+            log.info("E5's int8 query model not used (%s: %s); torch answers queries", type(exc).__name__, exc)
+            return None
+        if cosine < MIN_COSINE:
+            log.warning("E5's int8 query model is off (cosine %.4f on a probe); torch answers queries", cosine)
+            return None
     return query

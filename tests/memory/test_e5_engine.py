@@ -105,7 +105,7 @@ def test_a_lone_query_through_the_int8_model_is_near_torchs(engines: dict[str, A
     from memory.embedders.e5_engine import bfloat16_runs_fast
 
     engine = engines["bfloat16" if bfloat16_runs_fast() else "int8"]
-    query = e5_ct2.load(engine)
+    query = e5_ct2.load(engine, e5_ct2.open_model())
     assert query is not None, "the int8 query model did not load"
     for text in TEXTS:
         one = query.encode_one(text, "query: ")
@@ -126,9 +126,10 @@ def test_the_int8_model_is_converted_once_and_a_broken_one_leaves_torch(
     engine = engines["float32"]
     path = e5_ct2.model_dir(model_file())
     assert path.parent == tmp_path / "neotask" and not path.exists()
-    assert e5_ct2.load(engine) is not None and (path / "model.bin").exists()
+    assert e5_ct2.load(engine, e5_ct2.open_model()) is not None and (path / "model.bin").exists()
     written = (path / "model.bin").stat().st_mtime_ns
-    assert e5_ct2.load(engine) is not None and (path / "model.bin").stat().st_mtime_ns == written  # not again
+    assert e5_ct2.load(engine, e5_ct2.open_model()) is not None
+    assert (path / "model.bin").stat().st_mtime_ns == written  # not converted again
     assert [p.name for p in (tmp_path / "neotask").iterdir()] == [path.name]  # no temporary left
     (path / "model.bin").write_bytes(b"not a model")
-    assert e5_ct2.load(engine) is None
+    assert e5_ct2.open_model() is None and e5_ct2.load(engine, None) is None
