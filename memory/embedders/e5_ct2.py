@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -84,8 +83,12 @@ def convert(model: Path, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         spec.save(tmp)
-        shutil.rmtree(out, ignore_errors=True)  # a partial one left by a killed conversion
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)  # whole or not at all: a killed conversion leaves only its temporary
+        except OSError:
+            if not (out / "model.bin").exists():
+                raise
+            return  # another process converted it meanwhile: theirs is kept (and may be in use)
         os.mkdir(tmp)  # (for the context manager's cleanup)
 
 

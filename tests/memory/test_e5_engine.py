@@ -117,8 +117,9 @@ def test_a_lone_query_through_the_int8_model_is_near_torchs(engines: dict[str, A
 def test_the_int8_model_is_converted_once_and_a_broken_one_leaves_torch(
     engines: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The model is converted into the user's cache on first use and read from there after; a model
-    CTranslate2 cannot load gives None (the embedder keeps torch's traced query path)."""
+    """The model is converted into the user's cache on first use and read from there after (a second
+    conversion finishing later leaves the first in place); a model CTranslate2 cannot load gives None
+    (the embedder keeps torch's traced query path)."""
     from memory.embedders import e5_ct2
     from memory.embedders.e5_engine import model_file
 
@@ -131,5 +132,8 @@ def test_the_int8_model_is_converted_once_and_a_broken_one_leaves_torch(
     assert e5_ct2.load(engine, e5_ct2.open_model()) is not None
     assert (path / "model.bin").stat().st_mtime_ns == written  # not converted again
     assert [p.name for p in (tmp_path / "neotask").iterdir()] == [path.name]  # no temporary left
+    e5_ct2.convert(model_file(), path)  # another process's conversion, finishing second, keeps the first
+    assert (path / "model.bin").stat().st_mtime_ns == written
+    assert [p.name for p in (tmp_path / "neotask").iterdir()] == [path.name]
     (path / "model.bin").write_bytes(b"not a model")
     assert e5_ct2.open_model() is None and e5_ct2.load(engine, None) is None
