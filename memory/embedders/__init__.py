@@ -14,7 +14,8 @@ torch and sentence-transformers are imported only when a local model is loaded, 
 runs on the embedder's own single thread (``memory-embed``), never on the event loop.
 
 The modules: ``protocol`` (the interface, the identity, a query's vector, scale and floor),
-one per family (``minilm``, ``use``, ``e5`` with its torch engine ``e5_engine``, ``openai_api``),
+one per family (``minilm``, ``use``, ``e5`` with its torch engine ``e5_engine`` and its int8 query
+model on CTranslate2 ``e5_ct2``, ``openai_api``),
 ``routed`` (several models in one vector, the query routed by its script) and ``choice``
 (``build_embedder``: which embedder ``memory.embedding`` describes, above all of them).
 """

@@ -63,6 +63,7 @@ class E5Embedder:
         self._threads = threads
         self._batch_size = batch_size
         self._model: Any = None
+        self._query: Any = None  # the int8 query model (memory.embedders.e5_ct2), when it loads
         self._thread = ModelThread(self._load, name="memory-model-load e5")
         self.provider = "e5"  # the setting named in errors (the routed choices name themselves)
 
@@ -98,12 +99,15 @@ class E5Embedder:
         native_libraries.preload("torch")  # its 434 MB library loads without stopping the loop
         import torch
 
+        from memory.embedders import e5_ct2
         from memory.embedders.e5_engine import TorchE5
 
         torch.set_num_threads(self._threads)
+        query_model = e5_ct2.open_model(self._threads)  # before torch's model (its docstring: memory)
         model = TorchE5()
         model.encode(["probe"], "passage: ")
         model.encode_one("probe", "query: ")  # traces the query path now, not on the first search
+        self._query = e5_ct2.load(model, query_model)  # None: torch's traced encoder answers
         self._model = model
 
     async def start(self) -> None:
@@ -139,7 +143,8 @@ class E5Embedder:
 
     def _encode_query(self, text: str) -> Vectors:
         self.load_sync()
-        return self._model.encode_one(_c_strings([self.query_head(text)])[0], "query: ")  # type: ignore[no-any-return]
+        engine = self._query or self._model
+        return engine.encode_one(_c_strings([self.query_head(text)])[0], "query: ")  # type: ignore[no-any-return]
 
     async def embed_query(self, text: str) -> Vectors:
         """One question's vector (of its first ``E5_QUERY_TOKENS`` tokens: :meth:`query_head`)."""

@@ -220,12 +220,17 @@ class TorchE5:
         out: npt.NDArray[np.float32] = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)[None, :]
         return out
 
-    def _embeds(self, content: list[int]) -> torch.Tensor:
-        """The input embeddings of one window of content tokens (with its start and end tokens)."""
+    def input_embeddings(self, content: list[int]) -> npt.NDArray[np.float32]:
+        """The word vectors (float32, ``1 x tokens x hidden``) of one window of content tokens, its
+        start and end tokens added: what the encoder reads (``inputs_embeds``)."""
         ids = np.array([self.tokenizer.bos, *content, self.tokenizer.eos], np.int64)
         used, index = np.unique(ids, return_inverse=True)
         table = dequantize(self._words[used], len(used), self._sizes["hidden"])
-        return torch.from_numpy(table[index])[None].to(self._dtype)
+        return table[index][None]
+
+    def _embeds(self, content: list[int]) -> torch.Tensor:
+        """The input embeddings of one window of content tokens, in the encoder's dtype."""
+        return torch.from_numpy(self.input_embeddings(content)).to(self._dtype)
 
     def _traced(self) -> Any:
         """The encoder traced for one unpadded input (traced on first use), or None."""
@@ -307,6 +312,11 @@ def bfloat16_runs_fast() -> bool:
     torch emulates them, slower than float32."""
     probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
     return bool(probe and probe())
+
+
+def encoder_of_file(path: Path) -> Any:
+    """The float32 encoder of the model file at ``path`` (for an export of it)."""
+    return _encoder(read_model_file(path), "float32")
 
 
 def _encoder(model: ModelFile, kernels: str) -> Any:

@@ -95,3 +95,45 @@ def test_a_lone_query_through_the_traced_encoder_is_encodes_vector(engines: dict
         assert one.shape == (1, 384) and one.dtype == np.float32
         assert float(one[0] @ engine.encode([text], "query: ")[0]) > 0.9999, text[:30]
     assert engine._lone is not None, "the trace failed, so the eager path answered"
+
+
+def test_a_lone_query_through_the_int8_model_is_near_torchs(engines: dict[str, Any]) -> None:
+    """The query path on CTranslate2 (memory/embedders/e5_ct2.py: the encoder in int8, a quarter of
+    torch's CPU for a query) loads on this machine and gives torch's vector to a cosine of 0.995; a
+    text longer than one window goes through torch's encode."""
+    from memory.embedders import e5_ct2
+    from memory.embedders.e5_engine import bfloat16_runs_fast
+
+    engine = engines["bfloat16" if bfloat16_runs_fast() else "int8"]
+    query = e5_ct2.load(engine, e5_ct2.open_model())
+    assert query is not None, "the int8 query model did not load"
+    for text in TEXTS:
+        one = query.encode_one(text, "query: ")
+        assert one.shape == (1, 384) and one.dtype == np.float32
+        cosine = float(one[0] @ engine.encode([text], "query: ")[0])
+        assert cosine > (0.99999 if text.startswith("word") else e5_ct2.MIN_COSINE), text[:30]
+
+
+def test_the_int8_model_is_converted_once_and_a_broken_one_leaves_torch(
+    engines: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model is converted into the user's cache on first use and read from there after (a second
+    conversion finishing later leaves the first in place); a model CTranslate2 cannot load gives None
+    (the embedder keeps torch's traced query path)."""
+    from memory.embedders import e5_ct2
+    from memory.embedders.e5_engine import model_file
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    engine = engines["float32"]
+    path = e5_ct2.model_dir(model_file())
+    assert path.parent == tmp_path / "neotask" and not path.exists()
+    assert e5_ct2.load(engine, e5_ct2.open_model()) is not None and (path / "model.bin").exists()
+    written = (path / "model.bin").stat().st_mtime_ns
+    assert e5_ct2.load(engine, e5_ct2.open_model()) is not None
+    assert (path / "model.bin").stat().st_mtime_ns == written  # not converted again
+    assert [p.name for p in (tmp_path / "neotask").iterdir()] == [path.name]  # no temporary left
+    e5_ct2.convert(model_file(), path)  # another process's conversion, finishing second, keeps the first
+    assert (path / "model.bin").stat().st_mtime_ns == written
+    assert [p.name for p in (tmp_path / "neotask").iterdir()] == [path.name]
+    (path / "model.bin").write_bytes(b"not a model")
+    assert e5_ct2.open_model() is None and e5_ct2.load(engine, None) is None
