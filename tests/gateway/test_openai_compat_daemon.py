@@ -91,12 +91,14 @@ async def make_gateway(tmp_path: Path, server: OpenAIServer) -> AsyncIterator[An
 
 
 def contexts_digest(home: Path) -> dict[str, str]:
-    """Every run file (not the coalesced sessions.json, the WAL or the logs) with a hash of its bytes."""
+    """Every run file (not the coalesced sessions.json or its temporary copy, the WAL or the logs) with a
+    hash of its bytes."""
     out = {}
     for folder, _, files in os.walk(home / "contexts"):
         for name in files:
             path = Path(folder) / name
-            if name.endswith(("-wal", "-shm")) or name == "sessions.json" or name.startswith("tasks.db"):
+            coalesced = name in ("sessions.json", ".sessions.json.tmp")  # written later, and its atomic copy
+            if name.endswith(("-wal", "-shm")) or coalesced or name.startswith("tasks.db"):
                 continue
             out[str(path.relative_to(home))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out

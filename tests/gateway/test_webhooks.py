@@ -22,6 +22,7 @@ from config.errors import BadRequest, ConfigError, InvalidKey
 from config.settings import HookMapping
 from gateway.keys import WEBHOOKS
 from tests.conftest import FakeClock
+from tests.gateway.conftest import settled
 from tests.gateway.helpers import make_app, tree_digest
 from tests.support.openai_server import Hang, OpenAIServer, server_error
 
@@ -388,12 +389,14 @@ async def test_a_repeated_delivery_id_is_a_duplicate(
     assert first.status == 202
     accepted = await first.json()
     await idle(client)
+    await settled(client)  # the run's .opening marker is removed on the writer's thread after the append
     before = tree_digest(tmp_path)
     resp = await client.post("/hooks/github", **signed(docs_payload(), delivery="abc"))
     assert resp.status == 200
     assert await resp.json() == {"status": "duplicate", "delivery_id": "abc",
                                  "session_key": accepted["session_key"], "message_seq": 1}  # fmt: skip
     await idle(client)
+    await settled(client)
     assert tree_digest(tmp_path) == before
     assert len(messages(tmp_path, accepted["run_id"])) == 1
     assert rec.hits == 0  # store-only: nothing to deliver

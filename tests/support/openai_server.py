@@ -271,9 +271,11 @@ class OpenAIServer:
         return [r for r in self.requests if r.path == "/v1/chat/completions"]
 
     async def wait_for_requests(
-        self, count: int, *, path: str = "/v1/chat/completions", timeout: float = 5.0
+        self, count: int, *, path: str = "/v1/chat/completions", timeout: float = 30.0
     ) -> list[RecordedRequest]:
-        """Wait until ``count`` requests to ``path`` were received (for turns run in the background)."""
+        """Wait until ``count`` requests to ``path`` were received (for turns run in the background).
+        30 s: a wait, not a timing claim (5 s ran out once in a loaded make test, while the other
+        worker converted an embedding model)."""
 
         def matching() -> list[RecordedRequest]:
             return [r for r in self.requests if r.path == path]
