@@ -480,18 +480,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.big:
         sizes.append(50_000)
     settings = MemorySettings().search
-    shipped = FusionParams(
-        settings.vector_weight,
-        settings.text_weight,
-        settings.min_score,
-        settings.min_text_score,
-        method=settings.fusion,
-        text_saturation=settings.text_saturation,
-        neighbour_weight=settings.neighbour_weight,
-        speaker_weight=settings.speaker_weight,
-        min_topic_cosine=settings.min_topic_cosine,
-        min_topic_score=settings.min_topic_score,
-    )
+    # what memory.search sets, but for recency decay and MMR: the sets' dates are generated, and MMR
+    # is measured apart (its rows add search.mmr to this)
+    shipped = replace(FusionParams.of(settings, use_vector=True), recency_half_life_days=None, mmr=None)
     payload: dict[str, Any] = {}
     ok = True
     if args.embed_cost:

@@ -217,6 +217,16 @@ async def index_and_edit(root: Path, size: int, embedder: Local) -> dict[str, An
     }
 
 
+async def first_asked(service: MemoryService, q: str, wall: list[float], cpu: list[float]) -> None:
+    """One search of ``q`` as the first time it is asked (the service's kept query vectors cleared,
+    so it is embedded), its wall and process CPU time appended to ``wall`` and ``cpu``."""
+    service._query_vectors.clear()
+    c0, t0 = time.process_time(), time.perf_counter()
+    await service.search("main", q)
+    wall.append(time.perf_counter() - t0)
+    cpu.append(time.process_time() - c0)
+
+
 async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local, ann: bool = True) -> dict[str, Any]:
     ws = root / "ws20k"
     (ws / "memory").mkdir(parents=True)
@@ -262,16 +272,8 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local, 
     repeated: list[float] = []  # the same query again: its vector kept (``QUERY_VECTORS_KEPT``)
     for q in qs:
         with query_path_before(embedder):
-            service._query_vectors.clear()  # every query embedded, as the first time it is asked
-            c0, t0 = time.process_time(), time.perf_counter()
-            await service.search("main", q)
-            before.append(time.perf_counter() - t0)
-            before_cpu.append(time.process_time() - c0)
-        service._query_vectors.clear()
-        c0, t0 = time.process_time(), time.perf_counter()
-        await service.search("main", q)
-        ours.append(time.perf_counter() - t0)
-        ours_cpu.append(time.process_time() - c0)
+            await first_asked(service, q, before, before_cpu)
+        await first_asked(service, q, ours, ours_cpu)
         t0 = time.perf_counter()
         await service.search("main", q)
         repeated.append(time.perf_counter() - t0)
@@ -287,11 +289,7 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local, 
     short: list[float] = []
     short_cpu: list[float] = []
     for q in shorts:
-        service._query_vectors.clear()
-        c0, t0 = time.process_time(), time.perf_counter()
-        await service.search("main", q)
-        short.append(time.perf_counter() - t0)
-        short_cpu.append(time.process_time() - c0)
+        await first_asked(service, q, short, short_cpu)
     # a daemon restarted on this index loads its mirror from the table (its columns in the chunks
     # LanceDB returns them in, not the one the bench's single write made): the queries again
     store._mirrors.pop(table.name, None)
@@ -299,11 +297,7 @@ async def search_at_scale(root: Path, rows: int, queries: int, embedder: Local, 
     restarted: list[float] = []
     restarted_cpu: list[float] = []
     for q in qs:
-        service._query_vectors.clear()
-        c0, t0 = time.process_time(), time.perf_counter()
-        await service.search("main", q)
-        restarted.append(time.perf_counter() - t0)
-        restarted_cpu.append(time.process_time() - c0)
+        await first_asked(service, q, restarted, restarted_cpu)
     parts = await breakdown(service, store, table, embedder, qs)
     short_parts = await breakdown(service, store, table, embedder, shorts)
     mirror = store.mirror(table)
