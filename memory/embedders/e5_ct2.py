@@ -33,7 +33,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from memory.embedders.e5_engine import _BLOCK, TorchE5, dequantize, encoder_of_file, model_file, read_model_file
+from memory.embedders.e5_engine import (
+    _BLOCK,
+    TorchE5,
+    dequantize,
+    encoder_of_file,
+    model_file,
+    read_model_file,
+    unit_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +120,7 @@ class Ct2Query:
             return model.encode([text], prefix)
         tokens = [model.tokenizer.bos, *ids, model.tokenizer.eos]
         hidden: Any = np.asarray(self._encoder.forward_batch([tokens]).last_hidden_state)
-        mean = hidden[0, : len(tokens)].astype(np.float64).mean(0)
-        out: npt.NDArray[np.float32] = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)[None, :]
-        return out
+        return unit_row(hidden[0, : len(tokens)].astype(np.float64).mean(0))
 
 
 def open_model(threads: int = 1) -> Any:

@@ -216,21 +216,14 @@ class TorchE5:
             return self.encode([text], prefix)
         with torch.inference_mode():
             hidden = lone(self._embeds(ids)).float()[0]
-        mean = hidden.mean(0).double().numpy()
-        out: npt.NDArray[np.float32] = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)[None, :]
-        return out
+        return unit_row(hidden.mean(0).double().numpy())
 
-    def input_embeddings(self, content: list[int]) -> npt.NDArray[np.float32]:
-        """The word vectors (float32, ``1 x tokens x hidden``) of one window of content tokens, its
-        start and end tokens added: what the encoder reads (``inputs_embeds``)."""
+    def _embeds(self, content: list[int]) -> torch.Tensor:
+        """The input embeddings of one window of content tokens (with its start and end tokens)."""
         ids = np.array([self.tokenizer.bos, *content, self.tokenizer.eos], np.int64)
         used, index = np.unique(ids, return_inverse=True)
         table = dequantize(self._words[used], len(used), self._sizes["hidden"])
-        return table[index][None]
-
-    def _embeds(self, content: list[int]) -> torch.Tensor:
-        """The input embeddings of one window of content tokens, in the encoder's dtype."""
-        return torch.from_numpy(self.input_embeddings(content)).to(self._dtype)
+        return torch.from_numpy(table[index])[None].to(self._dtype)
 
     def _traced(self) -> Any:
         """The encoder traced for one unpadded input (traced on first use), or None."""
@@ -312,6 +305,12 @@ def bfloat16_runs_fast() -> bool:
     torch emulates them, slower than float32."""
     probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
     return bool(probe and probe())
+
+
+def unit_row(mean: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
+    """A query's mean-pooled vector as a unit row (``1 x hidden``, float32)."""
+    out: npt.NDArray[np.float32] = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)[None, :]
+    return out
 
 
 def encoder_of_file(path: Path) -> Any:
