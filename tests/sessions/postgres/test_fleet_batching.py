@@ -1,6 +1,6 @@
 """N gateway processes on one database batch as one process does: the fleet's append statements
 under way are shared out (``in_flight_per_process``) and each process's history index gathers its
-rows N times as long (``batch_wait``), one insert per wait at most however busy the gateway, so
+rows N times as long (``pacing``), one insert per wait at most however busy the gateway, so
 the fleet sends about the statements one process would, each with as many messages."""
 
 from __future__ import annotations
