@@ -48,7 +48,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bench.common import ServerProcess
+from bench.common import ServerProcess, ratio
 from bench.load import Phase, cpu_seconds, key_prefix, prime, python_load, wrk_command, wrk_load, wrk_path, wrk_version
 from config.settings import Settings
 from gateway import eventloop
@@ -292,7 +292,7 @@ class CaseResult:
 
     @property
     def p99(self) -> float:
-        return mean([g.p99 for g in self.gateways]) / mean([e.p99 for e in self.echoes])
+        return ratio(mean([g.p99 for g in self.gateways]), mean([e.p99 for e in self.echoes]))
 
 
 def cpu_per_request(phase: Phase) -> float:
@@ -322,16 +322,19 @@ def report(case: Case, echoes: list[Phase], gateways: list[Phase], floors: Seque
     for p in (*echoes, *gateways, *(p for f in floors for p in f)):
         for error, count in p.errors.most_common(3):
             print(f"  {p.name} error x{count}: {error}")
-    per_round = [(g.rate / e.rate if e.rate else 0.0, g.p99 / e.p99) for e, g in zip(echoes, gateways, strict=True)]
+    per_round = [(g.rate / e.rate if e.rate else 0.0, ratio(g.p99, e.p99)) for e, g in zip(echoes, gateways, strict=True)]
     print("  per round: throughput " + ", ".join(f"{t:.2f}" for t, _ in per_round)
           + "; p99 " + ", ".join(f"{p:.1f}x" for _, p in per_round))  # fmt: skip
     result = CaseResult(case, echoes, gateways, True)
-    cpu = mean([cpu_per_request(g) for g in gateways]) / mean([cpu_per_request(e) for e in echoes])
+    # A stalled echo round on a loaded machine can answer a handful of requests inside one 10 ms CPU
+    # tick (cpu_s 0.0): the ratio is then unknown (inf), never a crash.
+    echo_cpu = mean([cpu_per_request(e) for e in echoes])
+    cpu = ratio(mean([cpu_per_request(g) for g in gateways]), echo_cpu)
     print(f"  server CPU per request, gateway / echo: {cpu:.2f}x (information: less sensitive to other load)")
     for f in floors:
-        f_cpu = mean([cpu_per_request(p) for p in f]) / mean([cpu_per_request(e) for e in echoes])
+        f_cpu = ratio(mean([cpu_per_request(p) for p in f]), echo_cpu)
         print(f"  floor {f[0].name}: {rate(f) / rate(echoes):.2f} of the echo's req/s, p99"
-              f" {mean([p.p99 for p in f]) / mean([e.p99 for e in echoes]):.1f}x, CPU per request {f_cpu:.2f}x"
+              f" {ratio(mean([p.p99 for p in f]), mean([e.p99 for e in echoes])):.1f}x, CPU per request {f_cpu:.2f}x"
               " (information)")  # fmt: skip
     print(f"  pooled: echo {rate(echoes):,.0f} req/s p99 {ms(mean([e.p99 for e in echoes]))};"
           f" gateway {rate(gateways):,.0f} msg/s p99 {ms(mean([g.p99 for g in gateways]))}")  # fmt: skip

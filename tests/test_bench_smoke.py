@@ -109,6 +109,19 @@ def test_wrk_keys_are_one_per_connection_while_there_are_enough() -> None:
     assert all(len(keys) in (15, 16) for keys in spread)
 
 
+def test_gateway_ingest_report_survives_an_echo_round_inside_one_cpu_tick(capsys: pytest.CaptureFixture[str]) -> None:
+    """A loaded CI machine once stalled the echo to 7 requests in 0.66 s, measured as 0.0 CPU seconds."""
+    from bench.gateway_ingest import Case, report
+    from bench.load import Phase
+
+    echo = Phase("echo", ok=7, failed=0, elapsed=0.66, p50=0.65, p99=0.66, mean=0.65, cpu_s=0.0)
+    gateway = Phase("gateway", ok=877, failed=0, elapsed=0.5, p50=0.035, p99=0.061, mean=0.036, cpu_s=0.16)
+    floor = Phase("durable echo", ok=1519, failed=0, elapsed=0.5, p50=0.021, p99=0.035, mean=0.022, cpu_s=0.14)
+    result = report(Case(64, 64, 0.5, 3.0), [echo], [gateway], [[floor]])
+    out = capsys.readouterr().out
+    assert "gateway / echo: infx" in out and result.throughput > 1
+
+
 def test_wrk_result_line_is_parsed_into_a_phase() -> None:
     from bench.load import parse_wrk
 
