@@ -322,7 +322,7 @@ def report(case: Case, echoes: list[Phase], gateways: list[Phase], floors: Seque
     for p in (*echoes, *gateways, *(p for f in floors for p in f)):
         for error, count in p.errors.most_common(3):
             print(f"  {p.name} error x{count}: {error}")
-    per_round = [(g.rate / e.rate if e.rate else 0.0, ratio(g.p99, e.p99)) for e, g in zip(echoes, gateways, strict=True)]
+    per_round = [(ratio(g.rate, e.rate), ratio(g.p99, e.p99)) for e, g in zip(echoes, gateways, strict=True)]
     print("  per round: throughput " + ", ".join(f"{t:.2f}" for t, _ in per_round)
           + "; p99 " + ", ".join(f"{p:.1f}x" for _, p in per_round))  # fmt: skip
     result = CaseResult(case, echoes, gateways, True)
