@@ -147,9 +147,14 @@ class Snapshot:
         if (mask := self.allowed(agent, include_memory_md, scope)) is not None and len(scores):
             scores[~mask] = 0.0
         hits = np.flatnonzero(scores > 0)
-        if limit < len(hits):
-            hits = hits[np.argpartition(-scores[hits], limit - 1)[:limit]]
-        hits = hits[np.lexsort((hits, -scores[hits]))] if limit > 0 else hits[:0]
+        if limit <= 0:
+            hits = hits[:0]
+        elif limit < len(hits):  # the best ``limit``; of those tied at the cut, the first in table order
+            held = scores[hits]
+            cut = -np.partition(-held, limit - 1)[limit - 1]
+            above = hits[held > cut]
+            hits = np.concatenate([above, hits[held == cut][: limit - len(above)]])
+        hits = hits[np.lexsort((hits, -scores[hits]))]
         rows = _take(self.rows, hits) if len(hits) else []
         for row, s in zip(rows, scores[hits].tolist(), strict=True):
             row["_score"] = s

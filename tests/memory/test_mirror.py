@@ -195,3 +195,16 @@ def test_rows_read_from_a_snapshot_of_many_adds_are_the_rows_added() -> None:
     assert nearest[0]["chunk_id"] == ids[9]
     assert {k: v for k, v in nearest[0].items() if k != "_distance"} == added[9]
     assert _take(snap.rows, np.arange(len(ids))[::-1]) == added[::-1]
+
+
+def test_the_full_text_cut_keeps_the_best_and_of_those_tied_the_first_rows() -> None:
+    rng = np.random.default_rng(9)
+    mirror = Mirror(DIMS)
+    texts = ["violin lantern", "violin", "violin", "violin", "garden", "violin", "violin lantern"]
+    found = [Chunk("memory/a.md", i + 1, i + 1, "H", t, f"h{i}") for i, t in enumerate(texts)]
+    mirror.add(rows_table("main", "f", found, unit(rng, len(found)), DIMS))
+    rows, vectors = mirror.snapshot.matches("violin lantern", "main", 4, True)
+    assert [r["start_line"] for r in rows] == [1, 7, 2, 3]  # two tied, then four tied: table order
+    assert np.allclose(vectors, mirror.snapshot.vectors[[0, 6, 1, 2]])
+    assert [r["start_line"] for r in mirror.snapshot.matches("violin", "main", 2, True)[0]] == [2, 3]
+    assert mirror.snapshot.matches("violin", "main", 0, True)[0] == []
