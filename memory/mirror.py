@@ -3,15 +3,16 @@
 
 At 20,000 chunks a LanceDB vector query costs 10-25 ms even through the IVF-HNSW-SQ index (reading
 the re-ranked candidates' vectors and the results' text columns is most of it), and LanceDB's
-full-text query 9-14 ms; an exact scan of a float32 matrix in memory takes 1-3 ms, and scoring a
-query's postings here well under one. The daemon is the only writer of the table (``ChunkStore.write``), so the copy
-is kept in step with every delete and add, and it is loaded from the table when the store opens.
+full-text query 9-14 ms; an exact scan of a float32 matrix in memory takes 1-3 ms, and the BM25
+index here answers in 0.3-3.5 ms. The daemon is the only writer of the table
+(``ChunkStore.write``), so the copy is kept in step with every delete and add, and it is loaded
+from the table when the store opens.
 
 Readers never lock: every write publishes a new immutable :class:`Snapshot` (one reference
 assignment). Adds fill spare rows of the vector buffer past the published count, which no snapshot
 reads; a delete copies the remaining rows into a new buffer. Cost: the vectors (4 bytes a dimension:
 15.4 MB per 10,000 chunks of 384 dimensions), the text columns (about their size in UTF-8) and the
-postings (12 bytes per distinct term of a chunk, and the vocabulary's dict).
+postings (8 bytes per distinct term of a chunk, and the vocabulary's dict).
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ class Snapshot:
     vectors: np.ndarray[Any, Any]  # (n, dims) float32, a view of the mirror's buffer
     inv_norms: np.ndarray[Any, Any]  # (n,) 1 / |vector| (0 for a zero vector)
     rows: pa.Table  # COLUMNS
-    index: dict[str, int] = field(repr=False)  # chunk_id -> row
     agents: frozenset[str] = frozenset()
     agent_codes: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int32), repr=False)
     agent_ids: dict[str, int] = field(default_factory=dict, repr=False)
@@ -78,7 +78,7 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: vectors, norms, text columns and postings (not the id and term dicts)."""
+        """Bytes held: vectors, norms, text columns and postings (not the term dict)."""
         return int(self.vectors.nbytes + self.inv_norms.nbytes + self.rows.nbytes + self.postings.nbytes)
 
     def allowed(
@@ -220,7 +220,7 @@ class Mirror:
         self._buffer = np.zeros((0, dims), np.float32)
         self._norms = np.zeros(0, np.float32)
         self._vocabulary = Vocabulary()
-        self.snapshot = self._publish(0, _empty_rows(), {}, Postings.empty())
+        self.snapshot = self._publish(0, _empty_rows(), Postings.empty())
 
     @classmethod
     def load(cls, table: Any, dims: int) -> Mirror:
@@ -232,7 +232,7 @@ class Mirror:
             mirror.add(data)
         return mirror
 
-    def _publish(self, n: int, rows: pa.Table, index: dict[str, int], postings: Postings) -> Snapshot:
+    def _publish(self, n: int, rows: pa.Table, postings: Postings) -> Snapshot:
         agents_col = rows.column("agent")
         if rows.num_rows:
             encoded = pc.dictionary_encode(agents_col).combine_chunks()
@@ -245,7 +245,6 @@ class Mirror:
             vectors=self._buffer[:n],
             inv_norms=self._norms[:n],
             rows=rows,
-            index=index,
             agents=frozenset(names),
             agent_codes=codes,
             agent_ids={a: i for i, a in enumerate(names)},
@@ -276,10 +275,8 @@ class Mirror:
             rows = pa.concat_tables([old.rows, table.select(COLUMNS).cast(old.rows.schema)])
             if n == 0 or rows.column("chunk_id").num_chunks > _COMBINE_CHUNKS:  # (a load: one chunk)
                 rows = rows.combine_chunks()
-            index = dict(old.index)
-            index.update(zip(table.column("chunk_id").to_pylist(), range(n, n + m), strict=True))
             added = Postings.of(table.column("content").to_pylist(), self._vocabulary)
-            self._publish(n + m, rows, index, old.postings.plus(added))
+            self._publish(n + m, rows, old.postings.plus(added))
 
     def delete(self, agent: str, paths: list[str]) -> None:
         """The rows of ``agent``'s files ``paths`` were deleted from the table."""
@@ -302,5 +299,4 @@ class Mirror:
             self._buffer[:n] = vectors
             self._norms[:n] = norms
             rows = old.rows.filter(pa.array(keep)).combine_chunks()
-            index = {c: i for i, c in enumerate(rows.column("chunk_id").to_pylist())}
-            self._publish(n, rows, index, old.postings.kept(keep))
+            self._publish(n, rows, old.postings.kept(keep))
