@@ -1,11 +1,13 @@
 """An in-memory BM25 index of a chunk table's ``content``, kept in the mirror's snapshots
 (:mod:`memory.mirror`): the search's full-text pool without a LanceDB query.
 
-At 20,000 chunks LanceDB's full-text query cost 9-14 ms (p95) of a search; scoring the query's
-terms' postings here costs well under a millisecond plus the query's tokenising. The tokens are
-those of the table's FTS index (``ChunkStore.ensure_fts``) as closely as Python gets them: words
-(letters and digits, joined by an apostrophe as ICU joins ``don't``), lower case, accents folded,
-Snowball's English stop words dropped, Snowball (Porter 2) English stems. Japanese and Chinese
+At 20,000 chunks LanceDB's full-text query cost 13 ms (p95, the bench's worst-case queries) of a
+search; this index answers in 3.5 ms (0.25 ms p50 on REALTALK's 9,000 chunks, whose postings are
+short; docs/memory-tuning.md, twelfth round). The tokens are those of the table's FTS index
+(``ChunkStore.ensure_fts``) as closely as Python gets them: words (letters and digits, joined by
+an apostrophe as ICU joins ``don't``), lower case, accents folded, Snowball's English stems, and
+Snowball's English stop words dropped (LanceDB's filter also drops hundreds of English content
+words: "dog", "city", "want"). Japanese and Chinese
 runs, which ICU segments by its dictionary, are cut into overlapping character pairs instead (a
 lone character is its own term), the usual choice without a dictionary: a query's word of two or
 more characters then matches every text that holds it. The scores are Okapi BM25 with LanceDB's
