@@ -1,15 +1,18 @@
-"""An in-memory copy of a chunk table's vectors and text columns, for the search's vector pool.
+"""An in-memory copy of a chunk table's vectors and text columns, with a BM25 index of its
+``content`` (:mod:`memory.bm25`), for the search's vector and full-text pools.
 
 At 20,000 chunks a LanceDB vector query costs 10-25 ms even through the IVF-HNSW-SQ index (reading
-the re-ranked candidates' vectors and the results' text columns is most of it), and the full-text
-query's reading of its results' vectors another 5-10 ms; an exact scan of a float32 matrix in
-memory takes 1-3 ms. The daemon is the only writer of the table (``ChunkStore.write``), so the copy
-is kept in step with every delete and add, and it is loaded from the table when the store opens.
+the re-ranked candidates' vectors and the results' text columns is most of it), and LanceDB's
+full-text query 9-14 ms; an exact scan of a float32 matrix in memory takes 1-3 ms, and the BM25
+index here answers in 0.3-3.5 ms. The daemon is the only writer of the table
+(``ChunkStore.write``), so the copy is kept in step with every delete and add, and it is loaded
+from the table when the store opens.
 
 Readers never lock: every write publishes a new immutable :class:`Snapshot` (one reference
 assignment). Adds fill spare rows of the vector buffer past the published count, which no snapshot
 reads; a delete copies the remaining rows into a new buffer. Cost: the vectors (4 bytes a dimension:
-15.4 MB per 10,000 chunks of 384 dimensions) plus the text columns (about their size in UTF-8).
+15.4 MB per 10,000 chunks of 384 dimensions), the text columns (about their size in UTF-8) and the
+postings (8 bytes per distinct term of a chunk, and the vocabulary's dict).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memory import scopes
+from memory.bm25 import Postings, Vocabulary
 from memory.sources import MEMORY_MD
 
 # the columns a candidate needs, in the table's names (``content`` is what was embedded and indexed)
@@ -62,19 +66,20 @@ class Snapshot:
     vectors: np.ndarray[Any, Any]  # (n, dims) float32, a view of the mirror's buffer
     inv_norms: np.ndarray[Any, Any]  # (n,) 1 / |vector| (0 for a zero vector)
     rows: pa.Table  # COLUMNS
-    index: dict[str, int] = field(repr=False)  # chunk_id -> row
     agents: frozenset[str] = frozenset()
     agent_codes: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int32), repr=False)
     agent_ids: dict[str, int] = field(default_factory=dict, repr=False)
     memory_md: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, bool), repr=False)
+    postings: Postings = field(default_factory=Postings.empty, repr=False)  # BM25 of ``content``
+    vocabulary: Vocabulary = field(default_factory=Vocabulary, repr=False)  # the mirror's, shared
 
     def __len__(self) -> int:
         return int(self.vectors.shape[0])
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: vectors, norms, text columns and the row filters (not the id dict)."""
-        return int(self.vectors.nbytes + self.inv_norms.nbytes + self.rows.nbytes)
+        """Bytes held: vectors, norms, text columns and postings (not the term dict)."""
+        return int(self.vectors.nbytes + self.inv_norms.nbytes + self.rows.nbytes + self.postings.nbytes)
 
     def allowed(
         self, agent: str, include_memory_md: bool, scope: scopes.Scope = scopes.EVERY
@@ -127,21 +132,33 @@ class Snapshot:
             row["_distance"] = 1.0 - s
         return rows
 
-    def vectors_of(self, chunk_ids: list[str]) -> tuple[np.ndarray[Any, Any], list[int]]:
-        """The vectors of the ids this snapshot holds, and the positions (in ``chunk_ids``) of
-        those it does not (rows added after it was taken)."""
-        found = [self.index.get(c) for c in chunk_ids]
-        missing = [i for i, r in enumerate(found) if r is None]
-        rows = [r if r is not None else 0 for r in found]
-        return (self.vectors[rows] if len(self) else np.zeros((len(rows), 0), np.float32)), missing
-
-    def rows_of(self, chunk_ids: list[str]) -> list[dict[str, Any] | None]:
-        """The rows (``COLUMNS`` without ``agent``) of the ids; None where an id is not held."""
-        found = [self.index.get(c) for c in chunk_ids]
-        have = [r for r in found if r is not None]
-        taken = _take(self.rows, np.asarray(have, np.int64)) if have else []
-        fetched = iter(taken)
-        return [next(fetched) if r is not None else None for r in found]
+    def matches(
+        self,
+        query: str,
+        agent: str,
+        limit: int,
+        include_memory_md: bool,
+        scope: scopes.Scope = scopes.EVERY,
+    ) -> tuple[list[dict[str, Any]], np.ndarray[Any, Any]]:
+        """The ``limit`` best BM25 matches of ``query`` (:mod:`memory.bm25`) among ``agent``'s rows
+        in ``scope``, best first (equal scores in table order), each a dict of :data:`COLUMNS`
+        (without ``agent``) and ``_score``; and their vectors."""
+        scores = self.postings.scores(query, self.vocabulary)
+        if (mask := self.allowed(agent, include_memory_md, scope)) is not None and len(scores):
+            scores[~mask] = 0.0
+        hits = np.flatnonzero(scores > 0)
+        if limit <= 0:
+            hits = hits[:0]
+        elif limit < len(hits):  # the best ``limit``; of those tied at the cut, the first in table order
+            held = scores[hits]
+            cut = -np.partition(-held, limit - 1)[limit - 1]
+            above = hits[held > cut]
+            hits = np.concatenate([above, hits[held == cut][: limit - len(above)]])
+        hits = hits[np.lexsort((hits, -scores[hits]))]
+        rows = _take(self.rows, hits) if len(hits) else []
+        for row, s in zip(rows, scores[hits].tolist(), strict=True):
+            row["_score"] = s
+        return rows, self.vectors[hits]
 
 
 def _take(rows: pa.Table, indices: np.ndarray[Any, Any]) -> list[dict[str, Any]]:
@@ -202,7 +219,8 @@ class Mirror:
         self._lock = threading.Lock()  # writers only (one in practice)
         self._buffer = np.zeros((0, dims), np.float32)
         self._norms = np.zeros(0, np.float32)
-        self.snapshot = self._publish(0, _empty_rows(), {})
+        self._vocabulary = Vocabulary()
+        self.snapshot = self._publish(0, _empty_rows(), Postings.empty())
 
     @classmethod
     def load(cls, table: Any, dims: int) -> Mirror:
@@ -214,7 +232,7 @@ class Mirror:
             mirror.add(data)
         return mirror
 
-    def _publish(self, n: int, rows: pa.Table, index: dict[str, int]) -> Snapshot:
+    def _publish(self, n: int, rows: pa.Table, postings: Postings) -> Snapshot:
         agents_col = rows.column("agent")
         if rows.num_rows:
             encoded = pc.dictionary_encode(agents_col).combine_chunks()
@@ -227,11 +245,12 @@ class Mirror:
             vectors=self._buffer[:n],
             inv_norms=self._norms[:n],
             rows=rows,
-            index=index,
             agents=frozenset(names),
             agent_codes=codes,
             agent_ids={a: i for i, a in enumerate(names)},
             memory_md=md,
+            postings=postings,
+            vocabulary=self._vocabulary,
         )
         self.snapshot = snap
         return snap
@@ -256,9 +275,8 @@ class Mirror:
             rows = pa.concat_tables([old.rows, table.select(COLUMNS).cast(old.rows.schema)])
             if n == 0 or rows.column("chunk_id").num_chunks > _COMBINE_CHUNKS:  # (a load: one chunk)
                 rows = rows.combine_chunks()
-            index = dict(old.index)
-            index.update(zip(table.column("chunk_id").to_pylist(), range(n, n + m), strict=True))
-            self._publish(n + m, rows, index)
+            added = Postings.of(table.column("content").to_pylist(), self._vocabulary)
+            self._publish(n + m, rows, old.postings.plus(added))
 
     def delete(self, agent: str, paths: list[str]) -> None:
         """The rows of ``agent``'s files ``paths`` were deleted from the table."""
@@ -281,5 +299,4 @@ class Mirror:
             self._buffer[:n] = vectors
             self._norms[:n] = norms
             rows = old.rows.filter(pa.array(keep)).combine_chunks()
-            index = {c: i for i, c in enumerate(rows.column("chunk_id").to_pylist())}
-            self._publish(n, rows, index)
+            self._publish(n, rows, old.postings.kept(keep))

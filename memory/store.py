@@ -365,51 +365,18 @@ class ChunkStore:
         scope: scopes.Scope = scopes.EVERY,
     ) -> tuple[list[dict[str, Any]], np.ndarray[Any, Any]]:
         """The ``limit`` best BM25 matches of ``agent`` in ``scope`` (``_score``), best first, and
-        their vectors."""
+        their vectors. With the mirror: its in-memory BM25 index (:mod:`memory.bm25`); without it
+        LanceDB's full-text index."""
         from lancedb.query import MatchQuery
 
+        if (mirror := self.mirror(table)) is not None:
+            return mirror.snapshot.matches(query, agent, limit, include_memory_md, scope)
         if not self.has_fts(table):
             return [], np.zeros((0, 0), np.float32)
         search = table.search(MatchQuery(query, "content"), query_type="fts")  # type: ignore[call-arg]
         if (where := self._where(table, agent, include_memory_md, scope)) is not None:
             search = search.where(where, prefilter=True)
-        if (mirror := self.mirror(table)) is not None:
-            return self._text_rows_from(mirror, table, search.limit(limit).select(["chunk_id", "_score"]).to_arrow())
         arrow = search.limit(limit).select([*TEXT_COLUMNS, "vector", "_score"]).to_arrow()
         dims = arrow.schema.field("vector").type.list_size
         vectors = arrow["vector"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, dims)
         return arrow.drop_columns(["vector"]).to_pylist(), vectors
-
-    @staticmethod
-    def _text_rows_from(
-        mirror: Mirror, table: Any, hits: pa.Table
-    ) -> tuple[list[dict[str, Any]], np.ndarray[Any, Any]]:
-        """The full-text hits' rows and vectors from the mirror; a hit on a row added after the
-        mirror's snapshot was taken is read from the table."""
-        snap = mirror.snapshot
-        ids = [str(c) for c in hits.column("chunk_id").to_pylist()]
-        scores = hits.column("_score").to_pylist()
-        rows = snap.rows_of(ids)
-        vectors, missing = snap.vectors_of(ids)
-        if missing:
-            wanted = [ids[i] for i in missing]
-            where = f"chunk_id IN ({', '.join(_q(c) for c in wanted)})"
-            arrow = table.search().where(where).select([*TEXT_COLUMNS, "vector"]).limit(len(wanted) * 2).to_arrow()
-            dims = mirror.dims
-            vecs = arrow["vector"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, dims)
-            found = arrow.drop_columns(["vector"]).to_pylist()
-            by_id = {r["chunk_id"]: (r, v) for r, v in zip(found, vecs, strict=True)}
-            vectors = vectors.copy() if vectors.shape[1] == dims else np.zeros((len(ids), dims), np.float32)
-            for i in missing:
-                row, vec = by_id.get(ids[i], (None, None))
-                rows[i] = row
-                if vec is not None:
-                    vectors[i] = vec
-        keep = [i for i, r in enumerate(rows) if r is not None]  # (a row deleted meanwhile: gone)
-        out: list[dict[str, Any]] = []
-        for i in keep:
-            row = rows[i]
-            assert row is not None
-            row["_score"] = scores[i]
-            out.append(row)
-        return out, np.asarray(vectors[keep], dtype=np.float32).reshape(len(keep), mirror.dims)

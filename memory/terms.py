@@ -24,8 +24,9 @@ _SPACE_BUT_WORD = bytes(c if chr(c) in "0123456789abcdefghijklmnopqrstuvwxyz" el
 # "remember", "did", "said"). Kept rather than a list from an installed package: scikit-learn's
 # (also the base of sentence-transformers') stops content words that memory questions are about
 # ("name", "first", "last", "call", "move", "bill", "fire", "system"), which scikit-learn's own
-# documentation warns of, and NLTK is not a dependency. LanceDB's full-text index uses its own
-# (Lucene's) list; this one only decides the term share (``text_share``).
+# documentation warns of, and NLTK is not a dependency. The full-text pool's BM25 index
+# (``memory.bm25``) drops Snowball's list, as the full-text index's tokenizer does; this one only
+# decides the term share (``text_share``).
 _STOP = frozenset(
     [
         "a", "about", "above", "after", "again", "against", "all", "am", "an", "and", "any", "are",

@@ -1,18 +1,21 @@
 """The in-memory mirror of a chunk table (``memory.mirror``): the vector pool it gives is the exact
-flat scan LanceDB gives, and the full-text pool is LanceDB's, through deletes, adds, a reopen and
-rows it has not seen (real LanceDB on both sides)."""
+flat scan LanceDB gives, and the full-text pool matches the chunks LanceDB's index matches, scored
+by BM25 over every row of the table, through deletes, adds and a reopen (real LanceDB on both
+sides)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from memory.bm25 import tokens
 from memory.chunking import Chunk
 from memory.embedders import EmbedderIdentity
-from memory.mirror import Mirror
+from memory.mirror import Mirror, _take
 from memory.store import ChunkStore
 from memory.table import IndexIdentity, rows_table
 
@@ -50,8 +53,25 @@ def same_pool(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
         assert {k: v for k, v in g.items() if k != "_distance"} == {k: v for k, v in w.items() if k != "_distance"}
 
 
+def bm25(table: Any, query: str) -> dict[str, float]:
+    """Okapi BM25 (k1 1.2, b 0.75, idf ln(1 + (N - df + 0.5) / (df + 0.5))) of every row of
+    ``table`` that holds a term of ``query``, written out term by term."""
+    rows = table.search().select(["chunk_id", "content"]).limit(table.count_rows()).to_list()
+    docs = {r["chunk_id"]: tokens(r["content"]) for r in rows}
+    mean = sum(len(d) for d in docs.values()) / len(docs)
+    out: dict[str, float] = {}
+    for term in set(tokens(query)):
+        df = sum(1 for d in docs.values() if term in d)
+        idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+        for chunk_id, d in docs.items():
+            if (tf := d.count(term)) > 0:
+                out[chunk_id] = out.get(chunk_id, 0.0) + idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(d) / mean))
+    return out
+
+
 def check(store: ChunkStore, plain: ChunkStore, rng: np.random.Generator) -> None:
-    """The mirrored store's pools equal the plain store's (flat scan, LanceDB full text)."""
+    """The mirrored store's vector pool equals the plain store's flat scan; its full-text pool
+    holds the chunks LanceDB's full-text index matches, with their vectors, scored by BM25."""
     table, other = store.active, plain.active
     for _ in range(8):
         query = unit(rng, 1)[0]
@@ -63,9 +83,15 @@ def check(store: ChunkStore, plain: ChunkStore, rng: np.random.Generator) -> Non
         rows, vectors = store.text_pool(table, words, "main", 200, True)
         want_rows, want_vectors = plain.text_pool(other, words, "main", 200, True)
         assert rows and len(rows) < 200
+        order = [r["_score"] for r in rows]
+        assert order == sorted(order, reverse=True)
         got = {r["chunk_id"]: (r, v.tolist()) for r, v in zip(rows, vectors, strict=True)}
-        assert got == {r["chunk_id"]: (r, v.tolist()) for r, v in zip(want_rows, want_vectors, strict=True)}
-        assert [r["_score"] for r in rows] == sorted((r["_score"] for r in rows), reverse=True)
+        want = {r["chunk_id"]: (r, v.tolist()) for r, v in zip(want_rows, want_vectors, strict=True)}
+        scores = {c: r.pop("_score") for c, (r, _) in got.items()}
+        assert {c: r.pop("_score") > 0 for c, (r, _) in want.items()} == {c: True for c in got}
+        assert got == want
+        reference = bm25(table, words)
+        assert scores == {c: pytest.approx(reference[c], rel=1e-5) for c in scores}
 
 
 def test_the_mirror_gives_the_exact_pools_through_writes_and_a_reopen(tmp_path: Path) -> None:
@@ -102,21 +128,25 @@ def test_the_mirror_gives_the_exact_pools_through_writes_and_a_reopen(tmp_path: 
     check(reopened, ChunkStore(uri, mirror=False), rng)
 
 
-def test_a_full_text_hit_the_mirror_has_not_seen_is_read_from_the_table(tmp_path: Path) -> None:
+def test_a_chunk_is_matched_as_soon_as_it_is_written_and_not_after_its_delete(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     store = ChunkStore(tmp_path / "memory.lance")
     identity = IndexIdentity.of(EmbedderIdentity("test", "random", DIMS), 200, 40, None)
     table = store.create_table(identity)
     store.swap(table, identity)
     store.write(table, [], [rows_table("main", "f", chunks("memory/a.md", 10, rng), unit(rng, 10), DIMS)])
-    unseen = Chunk("memory/new.md", 1, 1, "H", "a zeppelin over the quarry", "zeppelin")
+    assert store.text_pool(table, "zeppelin quarry", "main", 10, True)[0] == []
+    written = Chunk("memory/new.md", 1, 1, "H", "a zeppelin over the quarry", "zeppelin")
     vector = unit(rng, 1)
-    table.add(rows_table("main", "z", [unseen], vector, DIMS))  # behind the mirror's back
-    table.optimize()
+    store.write(table, [], [rows_table("main", "z", [written], vector, DIMS)])
     rows, vectors = store.text_pool(table, "zeppelin quarry", "main", 10, True)
     assert [r["path"] for r in rows] == ["memory/new.md"]
-    assert rows[0]["text"] == unseen.text and rows[0]["_score"] > 0
+    assert rows[0]["text"] == written.text and rows[0]["_score"] > 0
     assert np.allclose(vectors[0], vector[0])
+    assert store.text_pool(table, "zeppelin quarry", "ops", 10, True)[0] == []
+    store.write(table, [("main", "memory/new.md")], [])
+    rows, vectors = store.text_pool(table, "zeppelin quarry", "main", 10, True)
+    assert rows == [] and vectors.shape == (0, DIMS)
 
 
 def test_an_empty_mirror_and_filters_that_match_nothing() -> None:
@@ -160,8 +190,21 @@ def test_rows_read_from_a_snapshot_of_many_adds_are_the_rows_added() -> None:
     snap = mirror.snapshot
     assert snap.rows.column("chunk_id").num_chunks > 1
     ids = [r["chunk_id"] for r in added]
-    assert snap.rows_of([ids[17], "absent", ids[2]]) == [added[17], None, added[2]]
+    assert _take(snap.rows, np.array([17, 2])) == [added[17], added[2]]
     nearest = snap.nearest(snap.vectors[9], "main", 3, True)
     assert nearest[0]["chunk_id"] == ids[9]
     assert {k: v for k, v in nearest[0].items() if k != "_distance"} == added[9]
-    assert snap.rows_of(ids[::-1]) == added[::-1]
+    assert _take(snap.rows, np.arange(len(ids))[::-1]) == added[::-1]
+
+
+def test_the_full_text_cut_keeps_the_best_and_of_those_tied_the_first_rows() -> None:
+    rng = np.random.default_rng(9)
+    mirror = Mirror(DIMS)
+    texts = ["violin lantern", "violin", "violin", "violin", "garden", "violin", "violin lantern"]
+    found = [Chunk("memory/a.md", i + 1, i + 1, "H", t, f"h{i}") for i, t in enumerate(texts)]
+    mirror.add(rows_table("main", "f", found, unit(rng, len(found)), DIMS))
+    rows, vectors = mirror.snapshot.matches("violin lantern", "main", 4, True)
+    assert [r["start_line"] for r in rows] == [1, 7, 2, 3]  # two tied, then four tied: table order
+    assert np.allclose(vectors, mirror.snapshot.vectors[[0, 6, 1, 2]])
+    assert [r["start_line"] for r in mirror.snapshot.matches("violin", "main", 2, True)[0]] == [2, 3]
+    assert mirror.snapshot.matches("violin", "main", 0, True)[0] == []
