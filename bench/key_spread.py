@@ -12,7 +12,8 @@ key another worker owns is handed to it, ``gateway.key_handoff``) and ``pg xN le
 ``key_handoff: false``: the key's lease moves between the workers instead). A durable PostgreSQL
 server this script starts (fsync on), a database per daemon; rounds alternate the cases. Per case:
 messages/s, p99 (the median of the rounds' and the worst), CPU time per message of the daemon's
-processes and of the database's. The
+processes and of the database's, and the transactions committed in its database per message
+(``pg_stat_database.xact_commit``: the group commit's width, with the events and leases). The
 targets: pg xN spread at least 0.9x the messages/s of pg x1, and its p99 within 2x of pg xN affine.
 
 With ``--pause-ms`` (60; 0: none) the same daemons are measured again *paced*, each connection
@@ -50,11 +51,6 @@ from gateway.handoff import Handoff, owner_of
 from sessions.keys import parse_key
 from sessions.records import NewMessage
 from tests.support.postgres import PgServer, start_server
-
-
-def _daemons(workers: int) -> tuple[str, ...]:
-    return tuple(f"pg x{workers}{tail}" for tail in ("", " first", " leases", " baseline"))
-
 
 CONNECTIONS = 64
 KEYS = 64
@@ -135,9 +131,7 @@ def summary(load: Load) -> Summary:
     return ok / elapsed, statistics.median(p99s), gw, db, failed, max(p99s), per_message
 
 
-def report(
-    results: dict[str, Summary], workers: int, hop_s: float | None = None
-) -> list[str]:
+def report(results: dict[str, Summary], workers: int, hop_s: float | None = None) -> list[str]:
     lines = []
     for name, (rate, p99, gw, db, failed, worst, per_message) in results.items():
         lines.append(
@@ -152,7 +146,7 @@ def report(
             f" pg x1 spread's gateway CPU per message; with {workers} workers {(workers - 1) / workers:.2f} of the"
             f" spread posts are handed"
         )
-    for daemon in _daemons(workers):
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
         affine, spread = results.get(f"{daemon} affine"), results.get(f"{daemon} spread")
         if affine is None or spread is None:
             continue
@@ -170,7 +164,7 @@ def report(
             f" p99 {ours[1] / theirs[1]:.2f}x"
         )
     one_p = results.get("pg x1 spread paced")
-    for daemon in _daemons(workers):
+    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
         affine, spread = results.get(f"{daemon} affine paced"), results.get(f"{daemon} spread paced")
         if one_p is None or affine is None or spread is None:
             continue
@@ -184,8 +178,7 @@ def report(
 
 
 async def run(
-    seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int, baseline: Path | None = None,
-    first_case: bool = False,
+    seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int, baseline: Path | None = None
 ) -> None:
     if wrk_path() is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
@@ -196,8 +189,6 @@ async def run(
     daemons: list[Case] = []
     try:
         plans: list[tuple[str, int, dict[str, object]]] = [("pg x1", 1, {}), (f"pg x{workers}", workers, {})]
-        if first_case:
-            plans.append((f"pg x{workers} first", workers, {"key_owner": "first"}))
         if leases_case:
             plans.append((f"pg x{workers} leases", workers, {"key_handoff": False}))
         if baseline is not None:
@@ -245,7 +236,6 @@ def main() -> None:
     parser = arguments(__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--no-leases-case", action="store_true", help="leave out pg xN with key_handoff: false")
     parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: none")
-    parser.add_argument("--first-case", action="store_true", help="add pg xN with key_owner: first")
     parser.add_argument("--hop-only", action="store_true", help="only the hop's CPU per handed post (no database)")
     parser.add_argument("--baseline", type=Path, help="another checkout: pg xN on its code, beside this one's")
     args = parser.parse_args()
@@ -257,8 +247,7 @@ def main() -> None:
     if args.baseline is not None and not (args.baseline / "gateway" / "cli.py").is_file():
         parser.error(f"--baseline {args.baseline} is not a Neotask checkout (no gateway/cli.py)")
     baseline = args.baseline.resolve() if args.baseline is not None else None
-    leases = not args.no_leases_case
-    asyncio.run(run(args.seconds, args.rounds, args.workers, leases, args.pause_ms, baseline, args.first_case))
+    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms, baseline))
 
 
 if __name__ == "__main__":

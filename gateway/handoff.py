@@ -50,7 +50,6 @@ from gateway.handoff_server import Count, Handle, HandoffServer
 
 log = logging.getLogger(__name__)
 
-FIRST = 1  # the worker owning every key with ``gateway.key_owner: first``
 DOWN_S = 1.0  # an owner that could not be reached is not asked again for this long
 CONNECT_S = 1.0  # a connection to an owner taking longer: the owner is not reached
 
@@ -116,13 +115,11 @@ class Handoff:
     """This worker's side: ``post`` hands a post to its key's owner when that is another worker."""
 
     def __init__(
-        self, home: Path, supervisor: int, index: int, workers: int, handle: Handle, count: Count | None = None,
-        *, one_owner: bool = False,
+        self, home: Path, supervisor: int, index: int, workers: int, handle: Handle, count: Count | None = None
     ) -> None:
         """``count``: told what became of each post for another worker's key (one of ``RESULTS``)
-        and of each post run here for another worker (``served``). ``one_owner``: worker 1 owns
-        every key (``gateway.key_owner: first``)."""
-        self.index, self.workers, self.one_owner = index, workers, one_owner
+        and of each post run here for another worker (``served``)."""
+        self.index, self.workers = index, workers
         self._count = count if count is not None else _no_count
         self.server = HandoffServer(socket_name(home, supervisor, index), handle, count)
         self._owners = {i: _Owner(i, socket_name(home, supervisor, i)) for i in range(1, workers + 1) if i != index}
@@ -153,7 +150,7 @@ class Handoff:
         """The other worker that owns the post's key; None: this one answers it."""
         if post.options is not None or not self.enabled:
             return None
-        index = FIRST if self.one_owner else owner_of(post.key.raw, self.workers)
+        index = owner_of(post.key.raw, self.workers)
         return None if index == self.index else index
 
     async def post(self, post: Post, on_delta: DeltaFn | None = None) -> dict[str, Any] | None:
