@@ -1,6 +1,6 @@
 """``bench.key_spread``'s loads under wrk: the affine one posts each connection's requests to one
 key, the spread one (``wrk_post_spread.lua``, paced or not) draws every request's key at random,
-so each key's requests come over every connection."""
+so each key's requests come over every connection; the report's commits per message."""
 
 from __future__ import annotations
 
@@ -13,13 +13,10 @@ from aiohttp.test_utils import TestServer
 
 from bench.load import wrk_load
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make test installs it as root)"),
-]
 
-
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make test installs it as root)")
 async def test_the_spread_load_sends_each_keys_requests_over_every_connection() -> None:
     seen: collections.defaultdict[object, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 
