@@ -8,7 +8,8 @@
   bring.
 
 Daemons: ``pg x1`` (one process), ``pg xN`` (N workers, as configured by default: a post for a
-key another worker owns is handed to it, ``gateway.key_handoff``) and ``pg xN leases`` (N workers,
+key another worker owns is handed to it, ``gateway.key_handoff``), with ``--first-case`` ``pg xN
+first`` (``gateway.key_owner: first``: worker 1 owns every key) and ``pg xN leases`` (N workers,
 ``key_handoff: false``: the key's lease moves between the workers instead). A durable PostgreSQL
 server this script starts (fsync on), a database per daemon; rounds alternate the cases. Per case:
 messages/s, p99 (the median of the rounds' and the worst), CPU time per message of the daemon's
@@ -28,8 +29,8 @@ First, the hop alone (``hop_cost``): both sides of ``gateway.handoff`` in this p
 sockets, a store that answers at once, 64 posts under way at a time: the CPU time per handed post,
 reported against pg x1's gateway CPU per message.
 
-``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--pause-ms MS]
-[--hop-only] [--baseline DIR]``
+``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--first-case]
+[--pause-ms MS] [--hop-only] [--baseline DIR]``
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ async def measure(load: Load, server: PgServer, seconds: float, tag: str) -> Non
 Summary = tuple[float, float, float, float, int, float, float]
 
 
+def _daemons(workers: int) -> tuple[str, ...]:
+    """The multi-worker daemons a report compares with pg x1 (those it ran)."""
+    return tuple(f"pg x{workers}{tail}" for tail in ("", " first", " leases", " baseline"))
+
+
 def summary(load: Load) -> Summary:
     """Messages/s (pooled), the median of the rounds' p99s (s: a spike of the machine's other
     work in one round does not decide it), gateway and database CPU ms per message, failures, the
@@ -146,7 +152,7 @@ def report(results: dict[str, Summary], workers: int, hop_s: float | None = None
             f" pg x1 spread's gateway CPU per message; with {workers} workers {(workers - 1) / workers:.2f} of the"
             f" spread posts are handed"
         )
-    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
+    for daemon in _daemons(workers):
         affine, spread = results.get(f"{daemon} affine"), results.get(f"{daemon} spread")
         if affine is None or spread is None:
             continue
@@ -164,7 +170,7 @@ def report(results: dict[str, Summary], workers: int, hop_s: float | None = None
             f" p99 {ours[1] / theirs[1]:.2f}x"
         )
     one_p = results.get("pg x1 spread paced")
-    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
+    for daemon in _daemons(workers):
         affine, spread = results.get(f"{daemon} affine paced"), results.get(f"{daemon} spread paced")
         if one_p is None or affine is None or spread is None:
             continue
@@ -178,8 +184,9 @@ def report(results: dict[str, Summary], workers: int, hop_s: float | None = None
 
 
 async def run(
-    seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int, baseline: Path | None = None
-) -> None:
+    seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int, baseline: Path | None = None,
+    first_case: bool = False,
+) -> None:  # fmt: skip
     if wrk_path() is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     hop_s = await hop_cost()
@@ -189,6 +196,8 @@ async def run(
     daemons: list[Case] = []
     try:
         plans: list[tuple[str, int, dict[str, object]]] = [("pg x1", 1, {}), (f"pg x{workers}", workers, {})]
+        if first_case:
+            plans.append((f"pg x{workers} first", workers, {"key_owner": "first"}))
         if leases_case:
             plans.append((f"pg x{workers} leases", workers, {"key_handoff": False}))
         if baseline is not None:
@@ -236,6 +245,7 @@ def main() -> None:
     parser = arguments(__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--no-leases-case", action="store_true", help="leave out pg xN with key_handoff: false")
     parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: none")
+    parser.add_argument("--first-case", action="store_true", help="add pg xN with key_owner: first")
     parser.add_argument("--hop-only", action="store_true", help="only the hop's CPU per handed post (no database)")
     parser.add_argument("--baseline", type=Path, help="another checkout: pg xN on its code, beside this one's")
     args = parser.parse_args()
@@ -247,7 +257,8 @@ def main() -> None:
     if args.baseline is not None and not (args.baseline / "gateway" / "cli.py").is_file():
         parser.error(f"--baseline {args.baseline} is not a Neotask checkout (no gateway/cli.py)")
     baseline = args.baseline.resolve() if args.baseline is not None else None
-    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms, baseline))
+    leases = not args.no_leases_case
+    asyncio.run(run(args.seconds, args.rounds, args.workers, leases, args.pause_ms, baseline, args.first_case))
 
 
 if __name__ == "__main__":
