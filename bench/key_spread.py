@@ -8,11 +8,13 @@
   bring.
 
 Daemons: ``pg x1`` (one process), ``pg xN`` (N workers, as configured by default: a post for a
-key another worker owns is handed to it, ``gateway.key_handoff``) and ``pg xN leases`` (N workers,
+key another worker owns is handed to it, ``gateway.key_handoff``), with ``--first-case`` ``pg xN
+first`` (``gateway.key_owner: first``: worker 1 owns every key) and ``pg xN leases`` (N workers,
 ``key_handoff: false``: the key's lease moves between the workers instead). A durable PostgreSQL
 server this script starts (fsync on), a database per daemon; rounds alternate the cases. Per case:
 messages/s, p99 (the median of the rounds' and the worst), CPU time per message of the daemon's
-processes and of the database's. The
+processes and of the database's, and the transactions committed in its database per message
+(``pg_stat_database.xact_commit``: the group commit's width, with the events and leases). The
 targets: pg xN spread at least 0.9x the messages/s of pg x1, and its p99 within 2x of pg xN affine.
 
 With ``--pause-ms`` (60; 0: none) the same daemons are measured again *paced*, each connection
@@ -27,8 +29,8 @@ First, the hop alone (``hop_cost``): both sides of ``gateway.handoff`` in this p
 sockets, a store that answers at once, 64 posts under way at a time: the CPU time per handed post,
 reported against pg x1's gateway CPU per message.
 
-``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--pause-ms MS]
-[--hop-only] [--baseline DIR]``
+``python -m bench.key_spread [--seconds S] [--rounds R] [--workers N] [--no-leases-case] [--first-case]
+[--pause-ms MS] [--hop-only] [--baseline DIR]``
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load import Phase, key_prefix, prime, wrk_load, wrk_path
-from bench.workers_ingest import Case, arguments, cpu_of, gateway_case, start_all, stop_all, tree
+from bench.workers_ingest import Case, arguments, commits, cpu_of, gateway_case, start_all, stop_all, tree
 from conversations.posts import DeltaFn, Post
 from gateway.handoff import Handoff, owner_of
 from sessions.keys import parse_key
@@ -94,42 +96,53 @@ class Load:
     daemon: Case
     spread: bool
     pause_ms: int = 0
-    phases: list[tuple[Phase, float, float]] = field(default_factory=list)  # phase, gateway CPU s, db CPU s
+    # phase, gateway CPU s, db CPU s, transactions committed in the daemon's database
+    phases: list[tuple[Phase, float, float, float]] = field(default_factory=list)
 
 
 async def measure(load: Load, server: PgServer, seconds: float, tag: str) -> None:
     assert load.daemon.proc is not None
     gateway = tree(load.daemon.proc.pid)
+    datnames = [load.daemon.datname] if load.daemon.datname else []
+    committed = await commits(server, datnames)
     before = cpu_of(gateway), cpu_of(server.pids())
     phase = await wrk_load(
         load.daemon.port, load.name, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("spread"),
         seconds=seconds, tag=tag, spread=load.spread, pause_ms=load.pause_ms,
     )  # fmt: skip
     after = cpu_of(gateway), cpu_of(server.pids())
-    load.phases.append((phase, after[0] - before[0], after[1] - before[1]))
+    committed = await commits(server, datnames) - committed
+    load.phases.append((phase, after[0] - before[0], after[1] - before[1], committed))
 
 
-def summary(load: Load) -> tuple[float, float, float, float, int, float]:
+Summary = tuple[float, float, float, float, int, float, float]
+
+
+def _daemons(workers: int) -> tuple[str, ...]:
+    """The multi-worker daemons a report compares with pg x1 (those it ran)."""
+    return tuple(f"pg x{workers}{tail}" for tail in ("", " first", " leases", " baseline"))
+
+
+def summary(load: Load) -> Summary:
     """Messages/s (pooled), the median of the rounds' p99s (s: a spike of the machine's other
-    work in one round does not decide it), gateway and database CPU ms per message, failures, and
-    the worst round's p99 (s)."""
-    ok = sum(p.ok for p, _, _ in load.phases)
-    elapsed = sum(p.elapsed for p, _, _ in load.phases)
-    gw = sum(g for _, g, _ in load.phases) / ok * 1000 if ok else math.nan
-    db = sum(d for _, _, d in load.phases) / ok * 1000 if ok else math.nan
-    failed = sum(p.failed for p, _, _ in load.phases)
-    p99s = [p.p99 for p, _, _ in load.phases]
-    return ok / elapsed, statistics.median(p99s), gw, db, failed, max(p99s)
+    work in one round does not decide it), gateway and database CPU ms per message, failures, the
+    worst round's p99 (s) and the database's commits per message."""
+    ok = sum(p.ok for p, _, _, _ in load.phases)
+    elapsed = sum(p.elapsed for p, _, _, _ in load.phases)
+    gw = sum(g for _, g, _, _ in load.phases) / ok * 1000 if ok else math.nan
+    db = sum(d for _, _, d, _ in load.phases) / ok * 1000 if ok else math.nan
+    per_message = sum(c for _, _, _, c in load.phases) / ok if ok else math.nan
+    failed = sum(p.failed for p, _, _, _ in load.phases)
+    p99s = [p.p99 for p, _, _, _ in load.phases]
+    return ok / elapsed, statistics.median(p99s), gw, db, failed, max(p99s), per_message
 
 
-def report(
-    results: dict[str, tuple[float, float, float, float, int, float]], workers: int, hop_s: float | None = None
-) -> list[str]:
+def report(results: dict[str, Summary], workers: int, hop_s: float | None = None) -> list[str]:
     lines = []
-    for name, (rate, p99, gw, db, failed, worst) in results.items():
+    for name, (rate, p99, gw, db, failed, worst, per_message) in results.items():
         lines.append(
             f"  {name:26} {rate:7.0f} msg/s  p99 {p99 * 1000:7.1f} ms (worst round {worst * 1000:7.1f})  CPU/msg"
-            f" {gw:.3f} ms gateway + {db:.3f} ms database = {gw + db:.3f} ms"
+            f" {gw:.3f} ms gateway + {db:.3f} ms database = {gw + db:.3f} ms, {per_message:.3f} commits/msg"
             + (f"  ({failed} failed)" if failed else "")
         )
     one_a, one_s = results["pg x1 affine"], results["pg x1 spread"]
@@ -139,7 +152,7 @@ def report(
             f" pg x1 spread's gateway CPU per message; with {workers} workers {(workers - 1) / workers:.2f} of the"
             f" spread posts are handed"
         )
-    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
+    for daemon in _daemons(workers):
         affine, spread = results.get(f"{daemon} affine"), results.get(f"{daemon} spread")
         if affine is None or spread is None:
             continue
@@ -157,7 +170,7 @@ def report(
             f" p99 {ours[1] / theirs[1]:.2f}x"
         )
     one_p = results.get("pg x1 spread paced")
-    for daemon in (f"pg x{workers}", f"pg x{workers} leases", f"pg x{workers} baseline"):
+    for daemon in _daemons(workers):
         affine, spread = results.get(f"{daemon} affine paced"), results.get(f"{daemon} spread paced")
         if one_p is None or affine is None or spread is None:
             continue
@@ -171,8 +184,9 @@ def report(
 
 
 async def run(
-    seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int, baseline: Path | None = None
-) -> None:
+    seconds: float, rounds: int, workers: int, leases_case: bool, pause_ms: int, baseline: Path | None = None,
+    first_case: bool = False,
+) -> None:  # fmt: skip
     if wrk_path() is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     hop_s = await hop_cost()
@@ -182,16 +196,20 @@ async def run(
     daemons: list[Case] = []
     try:
         plans: list[tuple[str, int, dict[str, object]]] = [("pg x1", 1, {}), (f"pg x{workers}", workers, {})]
+        if first_case:
+            plans.append((f"pg x{workers} first", workers, {"key_owner": "first"}))
         if leases_case:
             plans.append((f"pg x{workers} leases", workers, {"key_handoff": False}))
         if baseline is not None:
             plans.append((f"pg x{workers} baseline", workers, {}))
         for i, (name, count, gateway) in enumerate(plans):
-            storage = {"backend": "postgres", "postgres": {"dsn": await server.database(f"bench_spread{i}")}}
+            datname = f"bench_spread{i}"
+            storage = {"backend": "postgres", "postgres": {"dsn": await server.database(datname)}}
             data: dict[str, object] = {"storage": storage}
             if gateway:
                 data["gateway"] = gateway
             case = gateway_case(name, tmp / name.replace(" ", "-"), data, count)
+            case.datname = datname
             if name.endswith("baseline") and baseline is not None:
                 case.repo = baseline
             daemons.append(case)
@@ -207,7 +225,7 @@ async def run(
         for r in range(1, rounds + 1):
             for load in loads if r % 2 else reversed(loads):
                 await measure(load, server, seconds, f"r{r}")
-                phase, gw, db = load.phases[-1]
+                phase, gw, db, _ = load.phases[-1]
                 print(
                     f"  round {r} {load.name:26} {phase.rate:7.0f} msg/s  p99 {phase.p99 * 1000:7.1f} ms"
                     f"  CPU gw {gw:5.2f} s db {db:5.2f} s  failed {phase.failed}"
@@ -227,6 +245,7 @@ def main() -> None:
     parser = arguments(__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--no-leases-case", action="store_true", help="leave out pg xN with key_handoff: false")
     parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help="the paced cases' pause; 0: none")
+    parser.add_argument("--first-case", action="store_true", help="add pg xN with key_owner: first")
     parser.add_argument("--hop-only", action="store_true", help="only the hop's CPU per handed post (no database)")
     parser.add_argument("--baseline", type=Path, help="another checkout: pg xN on its code, beside this one's")
     args = parser.parse_args()
@@ -238,7 +257,8 @@ def main() -> None:
     if args.baseline is not None and not (args.baseline / "gateway" / "cli.py").is_file():
         parser.error(f"--baseline {args.baseline} is not a Neotask checkout (no gateway/cli.py)")
     baseline = args.baseline.resolve() if args.baseline is not None else None
-    asyncio.run(run(args.seconds, args.rounds, args.workers, not args.no_leases_case, args.pause_ms, baseline))
+    leases = not args.no_leases_case
+    asyncio.run(run(args.seconds, args.rounds, args.workers, leases, args.pause_ms, baseline, args.first_case))
 
 
 if __name__ == "__main__":

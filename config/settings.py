@@ -43,6 +43,14 @@ class GatewaySettings(Model):
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     workers: int = Field(1, ge=1, le=64)  # processes on one port (postgres backend only)
     key_handoff: bool = True  # workers: a post goes to the worker that owns its key (gateway/handoff.py)
+    key_owner: Literal["hash", "first"] = "hash"  # which worker owns a key: a hash of it, or worker 1 for all
+
+    @property
+    def appenders(self) -> int:
+        """The workers that store posts: each of ``workers`` (a key's owner by hash), or one."""
+        if self.workers > 1 and self.key_handoff and self.key_owner == "first":
+            return 1
+        return self.workers
 
     @field_validator("tokens")
     @classmethod

@@ -224,7 +224,8 @@ def _join_fleet(app: web.Application, home: Home, config: LoadedConfig, role: Wo
         return None
     handoff = app[K.HANDOFF] = Handoff(home.root, fleet.supervisor, fleet.index, fleet.count,
                                        lambda post, on_delta: _run_handed(app, post, on_delta),
-                                       lambda result: app[K.METRICS].handoff(result))  # fmt: skip
+                                       lambda result: app[K.METRICS].handoff(result),
+                                       one_owner=config.settings.gateway.key_owner == "first")  # fmt: skip
     app.on_shutdown.append(_stop_taking_posts)  # after the turns are stopped, before the store closes
     return handoff
 

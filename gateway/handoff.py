@@ -1,7 +1,9 @@
 """Posts handed to the worker that owns their key (``neotask gateway --workers N`` on PostgreSQL,
 ``gateway.key_handoff``, on by default).
 
-Every key has an *owner* among the workers: a hash of the key, modulo N. A worker that takes a
+Every key has an *owner* among the workers: a hash of the key, modulo N (``gateway.key_owner:
+first``: worker 1, for every key; one process stores every post, its group commit as wide as one
+gateway's, at the price of that process's one core bounding the fleet). A worker that takes a
 post for a key another worker owns (the kernel spread the connections, a load balancer in front,
 or a client whose connections come and go: a key's requests land on any worker) hands the post to
 the owner over a local socket and answers with what the owner answered, so a key's posts are
@@ -50,6 +52,7 @@ from gateway.handoff_server import Count, Handle, HandoffServer
 
 log = logging.getLogger(__name__)
 
+FIRST = 1  # the worker owning every key with ``gateway.key_owner: first``
 DOWN_S = 1.0  # an owner that could not be reached is not asked again for this long
 CONNECT_S = 1.0  # a connection to an owner taking longer: the owner is not reached
 
@@ -115,11 +118,13 @@ class Handoff:
     """This worker's side: ``post`` hands a post to its key's owner when that is another worker."""
 
     def __init__(
-        self, home: Path, supervisor: int, index: int, workers: int, handle: Handle, count: Count | None = None
+        self, home: Path, supervisor: int, index: int, workers: int, handle: Handle, count: Count | None = None,
+        *, one_owner: bool = False,
     ) -> None:
         """``count``: told what became of each post for another worker's key (one of ``RESULTS``)
-        and of each post run here for another worker (``served``)."""
-        self.index, self.workers = index, workers
+        and of each post run here for another worker (``served``). ``one_owner``: worker 1 owns
+        every key (``gateway.key_owner: first``)."""
+        self.index, self.workers, self.one_owner = index, workers, one_owner
         self._count = count if count is not None else _no_count
         self.server = HandoffServer(socket_name(home, supervisor, index), handle, count)
         self._owners = {i: _Owner(i, socket_name(home, supervisor, i)) for i in range(1, workers + 1) if i != index}
@@ -150,7 +155,7 @@ class Handoff:
         """The other worker that owns the post's key; None: this one answers it."""
         if post.options is not None or not self.enabled:
             return None
-        index = owner_of(post.key.raw, self.workers)
+        index = FIRST if self.one_owner else owner_of(post.key.raw, self.workers)
         return None if index == self.index else index
 
     async def post(self, post: Post, on_delta: DeltaFn | None = None) -> dict[str, Any] | None:

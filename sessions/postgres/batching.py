@@ -130,7 +130,7 @@ class AppendQueue:
 
     def __init__(self, state: PgState) -> None:
         self.state = state
-        self.max_in_flight = in_flight_per_process(state.settings.gateway.workers)
+        self.max_in_flight = in_flight_per_process(state.settings.gateway.appenders)
         self.queues: dict[str, RunQueue] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()

@@ -209,7 +209,7 @@ class PgStore:
 
     def open_history(self, *, max_batch: int | None = None) -> PgHistoryIndex:
         """The history index in this database (not started yet: ``await index.open()``)."""
-        pace = pacing(self.state.settings.gateway.workers)
+        pace = pacing(self.state.settings.gateway.appenders)
         return PgHistoryIndex(self.state.pool, max_batch=max_batch or MAX_BATCH, pace=pace)
 
     async def rebuild_history(self, index: HistoryIndexProtocol) -> int:

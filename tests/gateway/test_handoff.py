@@ -44,13 +44,13 @@ def key_owned_by(index: int, workers: int = 2, *, start: int = 0) -> str:
 class Worker:
     """A worker's hand-off side and what its ``handle`` ran."""
 
-    def __init__(self, home: Path, index: int, workers: int = 2) -> None:
+    def __init__(self, home: Path, index: int, workers: int = 2, *, one_owner: bool = False) -> None:
         self.ran: list[Post] = []
         self.gate: asyncio.Event | None = None
         self.fail: Exception | None = None
         self.deltas: tuple[str, ...] = ()  # what a streamed post sends before its answer
         self.counts: collections.Counter[str] = collections.Counter()
-        self.side = Handoff(home, os.getpid(), index, workers, self.handle, self.count)
+        self.side = Handoff(home, os.getpid(), index, workers, self.handle, self.count, one_owner=one_owner)
 
     def count(self, result: str) -> None:
         self.counts[result] += 1
@@ -135,6 +135,24 @@ async def test_a_post_for_another_workers_key_is_answered_by_that_worker(pair: t
     assert [a["session_key"] for a in answers if a] == [p.key.raw for p in many]
     assert one.side.server.handled == 20 and two.side.handed == 20
     assert one.counts == {"answered": 1, "served": 20} and two.counts == {"answered": 20, "served": 1}
+
+
+async def test_with_one_owner_worker_1_answers_every_key(tmp_path: Path) -> None:
+    """``gateway.key_owner: first``: every post taken by another worker goes to worker 1, whatever
+    its key's hash; worker 1 answers its own posts itself."""
+    one, two, three = (Worker(tmp_path, i, 3, one_owner=True) for i in (1, 2, 3))
+    for worker in (one, two, three):
+        await worker.side.start()
+    try:
+        posts = [post_for(key_owned_by(owner, 3), f"to {owner}") for owner in (1, 2, 3)]
+        for taker in (two, three):
+            answers = await asyncio.gather(*(taker.side.post(p) for p in posts))
+            assert [a["by"] for a in answers if a] == [1, 1, 1]
+        assert [await one.side.post(p) for p in posts] == [None, None, None]
+        assert one.ran == posts * 2 and two.ran == [] and three.ran == []
+    finally:
+        for worker in (one, two, three):
+            await worker.side.close()
 
 
 async def test_the_owners_refusal_comes_back_as_the_same_error(pair: tuple[Worker, Worker]) -> None:

@@ -59,8 +59,12 @@ class TimedServer(OpenAIServer):
                 self.turns.setdefault(key, []).append((began, time.monotonic()))
 
 
-def write_config(path: Path, dsn: str, server: OpenAIServer | None = None) -> Path:
+def write_config(
+    path: Path, dsn: str, server: OpenAIServer | None = None, gateway: dict[str, Any] | None = None
+) -> Path:
     data: dict[str, Any] = {"storage": {"backend": "postgres", "postgres": {"dsn": dsn, "pool_size": 4}}}
+    if gateway:
+        data["gateway"] = gateway
     if server is not None:
         model = {"base_url": server.base_url, "name": "m", "max_retries": 0, "timeout_s": 120}
         data["agents"] = {"main": {"model": model}}
@@ -256,14 +260,15 @@ async def test_two_workers_run_turns_on_shared_keys_one_at_a_time(postgres_serve
             assert sum(1 for _, role, _ in found[key] if role == "assistant") == len(turns)
 
 
+@pytest.mark.parametrize("key_owner", ["hash", "first"])  # first: every post stored by worker 1, the one killed
 async def test_a_worker_killed_under_load_loses_no_acknowledged_message(
-    postgres_server: PgServer, tmp_path: Path
+    postgres_server: PgServer, tmp_path: Path, key_owner: str
 ) -> None:
     dsn = await postgres_server.database(DATABASE)
     await empty_database(dsn)
     keys = [f"agent:main:dm:k{k}" for k in range(6)]
     async with TimedServer(latency_s=0.05) as server:
-        config = write_config(tmp_path / "config.yaml", dsn, server)
+        config = write_config(tmp_path / "config.yaml", dsn, server, {"key_owner": key_owner})
         async with two_workers(tmp_path, config) as gw:
             victim, survivor = workers_of(gw.pid)
             acked: set[tuple[str, str]] = set()

@@ -30,6 +30,24 @@ def test_each_process_takes_its_share_of_the_fleets_batching(workers: int, in_fl
     assert pace.busy_s == pytest.approx(BUSY_WAIT_S * workers)
 
 
+@pytest.mark.parametrize(
+    ("workers", "gateway", "appenders"),
+    [
+        (1, {}, 1),
+        (2, {}, 2),  # each worker stores the keys it owns by hash
+        (2, {"key_owner": "first"}, 1),  # worker 1 stores every post: one group commit, batched as one process
+        (4, {"key_owner": "first"}, 1),
+        (2, {"key_owner": "first", "key_handoff": False}, 2),  # no hand-off: every worker stores
+    ],
+)
+def test_the_fleets_batching_is_shared_by_the_workers_that_store(
+    workers: int, gateway: dict[str, Any], appenders: int
+) -> None:
+    settings = settings_with({"gateway": {"workers": workers, **gateway}})
+    assert settings.gateway.appenders == appenders
+    assert in_flight_per_process(settings.gateway.appenders) == (MAX_IN_FLIGHT if appenders == 1 else 1)
+
+
 class CountedIndex(PgHistoryIndex):
     """The index, counting its insert statements."""
 
