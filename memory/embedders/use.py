@@ -165,6 +165,9 @@ class BFloat16USE:
         out = np.empty((len(texts), _WIDTH), dtype=np.float32)
         group: list[list[int]] = []
         tokens = first = 0
+        # OpenMP's thread count is per calling thread: set where encode runs (the model thread, not
+        # the loader's), or oneDNN's products run on every core, one of them spinning (2x the CPU)
+        self._torch.set_num_threads(self._threads)
         with self._torch.inference_mode(), self._blas(limits=self._threads, user_api="blas"):
             for i, text in enumerate(texts):
                 ids = self._tokenize(text, out_type=int, add_bos=True, add_eos=True)
