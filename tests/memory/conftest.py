@@ -99,7 +99,7 @@ async def service(
 
 @pytest.fixture(scope="session")
 def use_embedder() -> Iterator[UniversalSentenceEncoderEmbedder]:
-    """The multilingual Universal Sentence Encoder (numpy), loaded once for the session."""
+    """The multilingual Universal Sentence Encoder, loaded once for the session."""
     embedder = UniversalSentenceEncoderEmbedder()
     embedder.load_sync()
     yield embedder

