@@ -13,6 +13,7 @@ rules.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -30,20 +31,33 @@ class Words:
         self._lock = threading.Lock()
 
     def of(self, texts: Sequence[str]) -> list[str]:
-        """Each text as its tokens in order, joined by single spaces ("" when it has none)."""
+        """Each text as its tokens in order, joined by single spaces ("" when it has none).
+
+        The texts go in as one JSON array and the tokens come back as one, two SQLite steps a
+        batch: the sqlite3 module gives up the interpreter lock at every step and row, and in a
+        busy process (the event loop holding it) each time back costs a wait. Row by row (an
+        ``executemany`` in and a row per token out) a batch of 2,000 took 0.3 s of wall time for
+        22 ms of CPU under a saturated gateway."""
         out = [""] * len(texts)
         with self._lock:
             self._conn.execute("BEGIN")
             try:
-                self._conn.executemany("INSERT INTO t (rowid, body) VALUES (?, ?)", enumerate(texts))
-                tokens: dict[int, list[str]] = {}
-                for doc, term in self._conn.execute("SELECT doc, term FROM v ORDER BY doc, \"offset\""):
-                    tokens.setdefault(doc, []).append(term)
+                # NUL separates words as any other non-word character, but would end a JSON string
+                self._conn.execute(_PUT, (json.dumps([text.replace("\0", " ") for text in texts]),))
+                (pairs,) = self._conn.execute(_TOKENS).fetchone()
             finally:
                 self._conn.execute("ROLLBACK")  # the table stays empty
+        tokens: dict[int, list[str]] = {}
+        for doc, term in json.loads(pairs or "[]"):
+            tokens.setdefault(doc, []).append(term)
         for doc, terms in tokens.items():
             out[doc] = " ".join(terms)
         return out
+
+
+_PUT = "INSERT INTO t (rowid, body) SELECT key, value FROM json_each(?)"
+# one aggregate over the instances in order (no GROUP BY: its sorter need not keep that order)
+_TOKENS = "SELECT json_group_array(json_array(doc, term)) FROM (SELECT doc, term FROM v ORDER BY doc, \"offset\")"
 
 
 _WORDS: Words | None = None
