@@ -354,6 +354,7 @@ class MemorySettings(Model):
 class HistorySettings(Model):
     enabled: bool = True
     max_batch: int = Field(2000, ge=1)
+    max_backlog: int = Field(5000, ge=0)  # sessions.history_index.MAX_BACKLOG
     max_limit: int = Field(100, ge=1, le=1000)
 
 

@@ -60,6 +60,11 @@ class Metrics:
         self.handoffs_served = Counter(
             "neotask_handoffs_served_total", "Posts stored for another worker that took them", registry=self.registry
         )
+        self.history_waits = Counter(
+            "neotask_history_waits_total",
+            "Posts that waited for the history index to catch up (history.max_backlog)",
+            registry=self.registry,
+        )
         self._handoffs: dict[str, int] = {}  # by result, not yet counted
         self._stored_by_role: dict[str, Any] = {}
         self._stored: list[tuple[str, float]] = []  # (role, seconds) not yet counted

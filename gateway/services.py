@@ -166,6 +166,7 @@ class _Late:
     conversations: Conversations | None = None
     leader: LeaderWork | None = None
     budgets: Budgets | None = None
+    metrics: Metrics | None = None
 
     def on_event(self, event: StoreEvent) -> None:
         if self.conversations is None:
@@ -177,6 +178,12 @@ class _Late:
     def feed(self, run: RunState, record: MessageRecord) -> None:
         if self.history is not None and self.conversations is not None:
             self.history.feed(run.run_id, run.key, run.agent_id, record)
+
+    async def history_room(self, post: Post) -> list[Event]:  # before anything is stored
+        """A post waits while the history index is ``history.max_backlog`` messages behind."""
+        if self.history is not None and await self.history.backlog.room() and self.metrics is not None:
+            self.metrics.history_waits.inc()
+        return []
 
     async def resets_due(self, post: Post) -> list[Event]:
         return [] if self.scheduling is None else await self.scheduling.check_on_arrival(post)
@@ -224,8 +231,8 @@ async def open_services(
         log.warning("%s", warning)
     zone = host_zone(env)
     async with contextlib.AsyncExitStack() as stack:
-        late = _Late(settings, EventHub())
         metrics = Metrics()
+        late = _Late(settings, EventHub(), metrics=metrics)
         providers = await _providers(config, env, clock, stack)
         store, created = await _storage(config, env, clock, late, stack)
         disk_budget = DiskBudget(config.home, settings.storage, metrics, on_low=late.cleanup_early)
@@ -235,7 +242,7 @@ async def open_services(
         conversations = late.conversations = Conversations(
             store, settings, providers=providers, hub=late.hub, metrics=metrics, clock=clock, tools=tools,
             hooks=ConversationHooks(
-                before_post=(disk_budget.before_post, late.budget_check, late.resets_due),
+                before_post=(disk_budget.before_post, late.history_room, late.budget_check, late.resets_due),
                 before_append=(late.recall,) if parts.memory else (),
             ),
         )  # fmt: skip
@@ -288,7 +295,9 @@ async def _storage(
     stack.push_async_callback(store.close)
     created = False
     if settings.history.enabled:
-        late.history = store.open_history(max_batch=settings.history.max_batch)
+        late.history = store.open_history(
+            max_batch=settings.history.max_batch, max_backlog=settings.history.max_backlog
+        )
         created = await late.history.open()
         stack.push_async_callback(late.close_history)
     return store, created

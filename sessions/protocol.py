@@ -54,7 +54,7 @@ from sessions.context_lines import ContextLine
 from sessions.deliveries import Delivery, PriorDelivery
 from sessions.entries import SessionEntry
 from sessions.events import StoreEvent
-from sessions.history_index import HistoryIndexProtocol
+from sessions.history_index import MAX_BACKLOG, HistoryIndexProtocol
 from sessions.records import (
     NEWEST_RUNS,
     PLAIN_FINISH,
@@ -234,7 +234,7 @@ class UsageRecords(Protocol):
 class HistorySource(Protocol):
     """A backend whose messages feed the full-text history index kept beside its runs."""
 
-    def open_history(self, *, max_batch: int | None = None) -> HistoryIndexProtocol: ...
+    def open_history(self, *, max_batch: int | None = None, max_backlog: int = MAX_BACKLOG) -> HistoryIndexProtocol: ...
     async def rebuild_history(self, index: HistoryIndexProtocol) -> int: ...
     async def catch_up_history(self, index: HistoryIndexProtocol) -> None:
         """Index what a crash left unindexed (active runs, and runs ended since the last batch)."""

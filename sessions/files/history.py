@@ -39,7 +39,7 @@ from sessions.files.history_sources import iter_run_messages as iter_run_message
 from sessions.files.history_sources import sources_from_rows as sources_from_rows
 from sessions.files.jsonl import iter_records
 from sessions.files.ledger import Ledger
-from sessions.history_index import MAX_BATCH, HistoryHit, HistoryQuery, HistoryStats, row_values
+from sessions.history_index import MAX_BACKLOG, MAX_BATCH, Backlog, HistoryHit, HistoryQuery, HistoryStats, row_values
 from sessions.history_text import CJK_RUN, index_text
 from sessions.history_words import TOKENIZER
 
@@ -144,12 +144,18 @@ def _read_folder(folder: Path) -> Iterator[dict[str, Any]]:
 
 class HistoryIndex:
     def __init__(
-        self, path: Path, *, max_batch: int = MAX_BATCH, locate: Callable[[str], Path | None] | None = None
+        self,
+        path: Path,
+        *,
+        max_batch: int = MAX_BATCH,
+        locate: Callable[[str], Path | None] | None = None,
+        max_backlog: int = MAX_BACKLOG,
     ) -> None:
         self.path = path
         self.max_batch = max_batch
         self.marks = Marks(locate or locate_in(path.parent, layout.FOLDERS), _read_folder)
         self.stats = HistoryStats()
+        self.backlog = Backlog(max_backlog)  # fed on the loop, written by the thread (``_commit``)
         self.created = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -225,6 +231,7 @@ class HistoryIndex:
         if self._thread is not None:
             values = row_values(run_id, key, agent_id, record)
             self._queue.put(Fed(run_id, key, agent_id, int(record.get("seq") or 0), values))
+            self.backlog.added()
 
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Run ``fn`` on the index thread after everything queued before it is committed."""
@@ -347,6 +354,14 @@ class HistoryIndex:
     def _commit(self, conn: sqlite3.Connection, fed: list[Fed]) -> None:
         if not fed:
             return
+        try:
+            self._commit_batch(conn, fed)
+        finally:  # written, or behind and read from the run files later: no post waits for them
+            if self._loop is not None and not self._loop.is_closed():
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self.backlog.written, len(fed))
+
+    def _commit_batch(self, conn: sqlite3.Connection, fed: list[Fed]) -> None:
         try:
             added = self.marks.commit(conn, fed, _insert_many)
             self.stats.indexed += added

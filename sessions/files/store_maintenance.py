@@ -22,7 +22,7 @@ from sessions.files.purge import purge_key
 from sessions.files.run_folder import folder_of
 from sessions.files.store_lifecycle import Lifecycle
 from sessions.files.store_state import StoreState
-from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
+from sessions.history_index import MAX_BACKLOG, MAX_BATCH, HistoryIndexProtocol, own_index
 from sessions.records import PURGE_FINISH, StoredRecord
 
 _ENDED_UNARCHIVED = (
@@ -39,9 +39,10 @@ class FilesMaintenance:
 
     # -- HistorySource ----------------------------------------------------------------------------
 
-    def open_history(self, *, max_batch: int | None = None) -> HistoryIndex:
+    def open_history(self, *, max_batch: int | None = None, max_backlog: int = MAX_BACKLOG) -> HistoryIndex:
         """The history index of this home (not opened yet: ``await index.open()``)."""
-        return HistoryIndex(history_path(self.state.home.contexts), max_batch=max_batch or MAX_BATCH)
+        path = history_path(self.state.home.contexts)
+        return HistoryIndex(path, max_batch=max_batch or MAX_BATCH, max_backlog=max_backlog)
 
     async def rebuild_history(self, index: HistoryIndexProtocol) -> int:
         return await rebuild_all(own_index(index, HistoryIndex), self.state.ledger, self.state.home)

@@ -10,7 +10,9 @@ from typing import Any
 
 from sessions.findings import finding
 from sessions.history_index import (
+    MAX_BACKLOG,
     MAX_BATCH,
+    Backlog,
     HistoryHit,
     HistoryIndexProtocol,
     HistoryQuery,
@@ -47,6 +49,7 @@ class MemoryHistoryIndex:
         self.data = data
         self.max_batch = max_batch
         self.stats = HistoryStats()
+        self.backlog = Backlog(0)  # a fed message is indexed at once: nothing is ever behind
         self._tokens: dict[tuple[str, int], list[str]] = {}
 
     @property
@@ -146,8 +149,8 @@ class MemoryHistory:
     def __init__(self, data: MemoryData) -> None:
         self.data = data
 
-    def open_history(self, *, max_batch: int | None = None) -> MemoryHistoryIndex:
-        return MemoryHistoryIndex(self.data, max_batch=max_batch or MAX_BATCH)
+    def open_history(self, *, max_batch: int | None = None, max_backlog: int = MAX_BACKLOG) -> MemoryHistoryIndex:
+        return MemoryHistoryIndex(self.data, max_batch=max_batch or MAX_BATCH)  # indexes as fed: never behind
 
     def _unindexed(self, index: MemoryHistoryIndex) -> list[Row]:
         """The rows of every stored message the index lacks."""

@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 
 from sessions.findings import finding
-from sessions.history_index import MAX_BATCH, HistoryHit, HistoryQuery, HistoryStats, row_values
+from sessions.history_index import MAX_BACKLOG, MAX_BATCH, Backlog, HistoryHit, HistoryQuery, HistoryStats, row_values
 from sessions.history_text import index_text, query_terms, snippet
 from sessions.history_words import words as fts5_words
 from sessions.postgres.faults import unavailable
@@ -142,11 +142,14 @@ class PgHistoryIndex:
     """The interface of ``sessions.files.history.HistoryIndex`` that the daemon, the session tools
     and the history routes use, on the ``history`` table."""
 
-    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH, pace: Pacing = Pacing()) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH, pace: Pacing = Pacing(), max_backlog: int = MAX_BACKLOG
+    ) -> None:
         self.pool = pool
         self.max_batch = max_batch
         self.pace = pace
         self.stats = HistoryStats()
+        self.backlog = Backlog(max_backlog)  # rows in ``_pending``
         self._pending: list[Row] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -180,6 +183,7 @@ class PgHistoryIndex:
         if len(self._pending) >= MAX_PENDING:
             return  # the database has been away long: catch-up at the next start indexes these
         self._pending.append(row)
+        self.backlog.added()
         self._idle.clear()
         self._wake.set()
 
@@ -205,6 +209,7 @@ class PgHistoryIndex:
                     await asyncio.sleep(RETRY_S)
                     continue
                 del self._pending[: len(batch)]
+                self.backlog.written(len(batch))
                 if 0 < len(self._pending) < self.max_batch:  # rows came meanwhile: more gather
                     await asyncio.sleep(max(0.0, started + self.pace.busy_s - loop.time()))
             self._idle.set()

@@ -18,7 +18,7 @@ from config.settings import PostgresSettings, Settings
 from sessions.appends import check_writable
 from sessions.delegate import Delegate
 from sessions.entries import SessionEntry
-from sessions.history_index import MAX_BATCH, HistoryIndexProtocol, own_index
+from sessions.history_index import MAX_BACKLOG, MAX_BATCH, HistoryIndexProtocol, own_index
 from sessions.postgres.appends import PgAppends
 from sessions.postgres.backup import PgBackup, online_backup
 from sessions.postgres.batching import AppendQueue
@@ -207,10 +207,10 @@ class PgStore:
 
     # -- HistorySource (on the ``history`` table: ``sessions.postgres.history``) -------------------
 
-    def open_history(self, *, max_batch: int | None = None) -> PgHistoryIndex:
+    def open_history(self, *, max_batch: int | None = None, max_backlog: int = MAX_BACKLOG) -> PgHistoryIndex:
         """The history index in this database (not started yet: ``await index.open()``)."""
         pace = pacing(self.state.settings.gateway.appenders)
-        return PgHistoryIndex(self.state.pool, max_batch=max_batch or MAX_BATCH, pace=pace)
+        return PgHistoryIndex(self.state.pool, max_batch=max_batch or MAX_BATCH, pace=pace, max_backlog=max_backlog)
 
     async def rebuild_history(self, index: HistoryIndexProtocol) -> int:
         return await own_index(index, PgHistoryIndex).rebuild()

@@ -235,3 +235,21 @@ async def test_index_follows_cleanup_deleting_an_archive(aiohttp_client: Any, tm
     assert ("delete_archive", old["run_id"]) in [(a["action"], a["run_id"]) for a in second["actions"] if a["done"]]
     hits = (await (await client.get("/v1/history/search", params={"q": "albatross"})).json())["results"]
     assert [r["session_key"] for r in hits] == [GROUP]
+
+
+async def test_posts_wait_for_an_index_max_backlog_behind_and_every_one_is_found(
+    aiohttp_client: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    client = await aiohttp_client(make_app(tmp_path, clock, {"history": {"max_backlog": 2}}))
+    keys = [f"agent:main:dm:u{n}" for n in range(24)]
+    for wave in range(0, len(keys), 8):  # a wave's posts find the index the last wave's 8 behind
+        batch = enumerate(keys[wave : wave + 8], start=wave)
+        await asyncio.gather(*(post(client, key, f"backlogged lantern {n}") for n, key in batch))
+    index = client.app[HISTORY]
+    assert index.backlog.waits > 0 and index.backlog.late == 0
+    metrics = await (await client.get("/metrics")).text()
+    waits = next(line for line in metrics.splitlines() if line.startswith("neotask_history_waits_total"))
+    assert float(waits.split()[-1]) == index.backlog.waits
+    await flushed(client)
+    found = await (await client.get("/v1/history/search", params={"q": "lantern", "limit": 100})).json()
+    assert {hit["session_key"] for hit in found["results"]} == set(keys)

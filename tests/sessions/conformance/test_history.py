@@ -113,3 +113,25 @@ async def test_deleting_a_key_takes_its_rows_only(store: ConversationStore, inde
 
     assert await index.run_ids() == {run.run_id}
     assert [h.session_key for h in await index.search(HistoryQuery("apart"))] == [KEY]
+
+
+async def test_a_post_waits_while_the_index_is_max_backlog_behind_until_its_writer_catches_up(
+    store: ConversationStore,
+) -> None:
+    index = source(store).open_history(max_backlog=20)
+    await index.open()
+    try:
+        run = await start(store)
+        records = [await store.append(run, user(f"backlog words {n}")) for n in range(60)]
+        for record in records:  # fed with no await between: faster than any writer takes them
+            index.feed(run.run_id, KEY, "main", record)
+        behind = index.backlog.rows
+        waited = await index.backlog.room()
+        assert index.backlog.rows < 20
+        assert waited == (behind >= 20)  # an index that writes as it is fed is never behind
+        assert index.backlog.late == 0  # the writer brought it below the limit, not the timeout
+        await index.flush()
+        assert index.backlog.rows == 0
+        assert await index.seqs(run.run_id) == set(range(1, 61))
+    finally:
+        await index.close()
