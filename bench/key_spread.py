@@ -14,7 +14,10 @@ first`` (``gateway.key_owner: first``: worker 1 owns every key) and ``pg xN leas
 server this script starts (fsync on), a database per daemon; rounds alternate the cases. Per case:
 messages/s, p99 (the median of the rounds' and the worst), CPU time per message of the daemon's
 processes and of the database's, and the transactions committed in its database per message
-(``pg_stat_database.xact_commit``: the group commit's width, with the events and leases). The
+(``pg_stat_database.xact_commit``: the group commit's width, with the events and leases). A case's
+time runs until its history index holds every message it stored: its messages/s and CPU include
+that catch-up (a process whose index fell behind did not serve the load at the rate of its
+acknowledgements), and what the index lacked as wrk stopped is printed. The
 targets: pg xN spread at least 0.9x the messages/s of pg x1, and its p99 within 2x of pg xN affine.
 
 With ``--pause-ms`` (60; 0: none) the same daemons are measured again *paced*, each connection
@@ -36,6 +39,7 @@ reported against pg x1's gateway CPU per message.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 import statistics
@@ -46,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.load import Phase, key_prefix, prime, wrk_load, wrk_path
-from bench.workers_ingest import Case, arguments, commits, cpu_of, gateway_case, start_all, stop_all, tree
+from bench.workers_ingest import Case, arguments, caught_up, commits, cpu_of, gateway_case, start_all, stop_all, tree
 from conversations.posts import DeltaFn, Post
 from gateway.handoff import Handoff, owner_of
 from sessions.keys import parse_key
@@ -96,8 +100,10 @@ class Load:
     daemon: Case
     spread: bool
     pause_ms: int = 0
-    # phase, gateway CPU s, db CPU s, transactions committed in the daemon's database
+    # phase (its time includes the history index catching up), gateway CPU s, db CPU s,
+    # transactions committed in the daemon's database
     phases: list[tuple[Phase, float, float, float]] = field(default_factory=list)
+    behind: list[int] = field(default_factory=list)  # messages the history index lacked as wrk stopped
 
 
 async def measure(load: Load, server: PgServer, seconds: float, tag: str) -> None:
@@ -110,9 +116,12 @@ async def measure(load: Load, server: PgServer, seconds: float, tag: str) -> Non
         load.daemon.port, load.name, connections=CONNECTIONS, keys=KEYS, prefix=key_prefix("spread"),
         seconds=seconds, tag=tag, spread=load.spread, pause_ms=load.pause_ms,
     )  # fmt: skip
+    behind, drain_s = await caught_up(server, load.daemon.datname) if load.daemon.datname else (0, 0.0)
     after = cpu_of(gateway), cpu_of(server.pids())
     committed = await commits(server, datnames) - committed
+    phase = dataclasses.replace(phase, elapsed=phase.elapsed + drain_s)
     load.phases.append((phase, after[0] - before[0], after[1] - before[1], committed))
+    load.behind.append(behind)
 
 
 Summary = tuple[float, float, float, float, int, float, float]
@@ -228,7 +237,7 @@ async def run(
                 phase, gw, db, _ = load.phases[-1]
                 print(
                     f"  round {r} {load.name:26} {phase.rate:7.0f} msg/s  p99 {phase.p99 * 1000:7.1f} ms"
-                    f"  CPU gw {gw:5.2f} s db {db:5.2f} s  failed {phase.failed}"
+                    f"  CPU gw {gw:5.2f} s db {db:5.2f} s  history behind {load.behind[-1]:6d}  failed {phase.failed}"
                     + (f" {dict(phase.errors)}" if phase.errors else ""),
                     flush=True,
                 )
@@ -237,6 +246,8 @@ async def run(
             f" load {load_avg:.1f} at the start:"
         )
         print("\n".join(report({load.name: summary(load) for load in loads}, workers, hop_s)))
+        print("  history index behind as wrk stopped (most of the rounds): " + ", ".join(
+            f"{load.name} {max(load.behind)}" for load in loads))  # fmt: skip
     finally:
         await stop_all(daemons, server)
 

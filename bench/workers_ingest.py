@@ -60,6 +60,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,6 +187,7 @@ def arguments(description: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+DRAIN_TIMEOUT_S = 60.0  # a history index still behind after this is reported as it is
 STATS_SETTLE_S = 1.5  # a busy backend reports its counts to pg_stat_database at most once a second
 
 
@@ -202,6 +204,28 @@ async def commits(server: PgServer, datnames: list[str]) -> float:
     finally:
         await admin.close()
     return float(value or 0)
+
+
+async def history_behind(server: PgServer, datname: str) -> int:
+    """Messages stored in ``datname`` that its history index does not hold yet."""
+    conn = await asyncpg.connect(server.dsn(datname))
+    try:
+        return int(await conn.fetchval("SELECT (SELECT count(*) FROM messages) - (SELECT count(*) FROM history)"))
+    finally:
+        await conn.close()
+
+
+async def caught_up(server: PgServer, datname: str, timeout_s: float = DRAIN_TIMEOUT_S) -> tuple[int, float]:
+    """Wait until the history index of ``datname`` holds every stored message (``timeout_s`` at
+    most): the messages behind when asked, and the seconds it took. A phase's messages are counted
+    served once the work they caused is done: a process whose index fell behind the load did not
+    serve them at the rate its acknowledgements suggest."""
+    began = time.perf_counter()
+    behind = left = await history_behind(server, datname)
+    while left > 0 and time.perf_counter() - began < timeout_s:
+        await asyncio.sleep(0.05)
+        left = await history_behind(server, datname)
+    return behind, time.perf_counter() - began
 
 
 async def measure(case: Case, server: PgServer, seconds: float, tag: str) -> None:
