@@ -89,13 +89,16 @@ class Backlog:
     index's tokenizer sharing one interpreter lock), ingest slows to the index's pace instead of the
     index falling ever further behind, a search missing ever more acknowledged messages (measured:
     68 % of 206,350 after 40 s of 5,146 msg/s on PostgreSQL, beyond what the index keeps in memory).
-    ``limit`` 0: never wait. ``added`` and ``written`` run on the event loop."""
+    ``limit`` 0: never wait. ``added`` and ``written`` run on the event loop. While ``paused`` the
+    writer is busy with other work (a rebuild from the run files: minutes on a large home), which
+    ingest slowing down would not hasten: posts do not wait then."""
 
     limit: int = MAX_BACKLOG
     wait_s: float = MAX_WAIT_S
     rows: int = 0
     waits: int = 0  # posts that waited (/metrics)
     late: int = 0  # waits that ended at ``wait_s`` with the rows still behind
+    paused: bool = False
     _room: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     def added(self, count: int = 1) -> None:
@@ -109,7 +112,7 @@ class Backlog:
 
     async def room(self) -> bool:
         """Wait while ``limit`` or more rows are behind (``wait_s`` at most); whether it waited."""
-        if self.limit <= 0 or self.rows < self.limit:
+        if self.paused or self.limit <= 0 or self.rows < self.limit:
             return False
         self.waits += 1
         if self._room is None:

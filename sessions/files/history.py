@@ -371,16 +371,22 @@ class HistoryIndex:
                         " run files once history.db takes writes", len(fed), exc)  # fmt: skip
 
     def _catch_up(self, conn: sqlite3.Connection) -> None:
+        self.backlog.paused = True  # reading runs behind from their files: no post waits for it
         try:
             self.stats.indexed += self.marks.catch_up(conn, row_values, _insert_many, self.max_batch)
         except (sqlite3.Error, OSError) as exc:
             log.warning("history index: catching up failed (%s); retrying in %.1f s", exc, self.marks.wait_s() or 0.0)
+        finally:
+            self.backlog.paused = False
 
     def _invoke(self, conn: sqlite3.Connection, op: _Op) -> None:
+        self.backlog.paused = True  # a rebuild takes minutes on a large home: no post waits for it
         try:
             op.result = op.fn(conn)
         except Exception as exc:  # handed to the awaiting coroutine
             op.error = exc
+        finally:
+            self.backlog.paused = False
         if op.future is not None and self._loop is not None and not self._loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(_settle, op)

@@ -5,8 +5,11 @@ when the writer has stopped (an index that stopped writing never stops ingest)."
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from pathlib import Path
 
+from sessions.files.history import HistoryIndex
 from sessions.history_index import Backlog
 
 
@@ -44,3 +47,26 @@ async def test_limit_zero_never_waits() -> None:
     backlog = Backlog(0)
     backlog.added(1_000_000)
     assert await backlog.room() is False
+
+
+async def test_posts_do_not_wait_while_the_files_index_rebuilds(tmp_path: Path) -> None:
+    index = HistoryIndex(tmp_path / "history.db", max_backlog=5)
+    await index.open()
+    release = threading.Event()
+    try:
+        rebuilding = index.call(lambda conn: release.wait(30))  # the index thread busy, as in a rebuild
+        for seq in range(1, 21):
+            index.feed("run-1", "agent:main:main", "main", {"seq": seq, "role": "user", "content": f"lamp {seq}"})
+        await asyncio.sleep(0.1)
+        assert index.backlog.rows == 20 and index.backlog.paused
+        assert await asyncio.wait_for(index.backlog.room(), 1) is False  # behind, but not for ingest's sake
+        release.set()
+        await rebuilding
+        await index.flush()
+        assert index.backlog.rows == 0 and not index.backlog.paused
+        index.backlog.added(5)  # behind for ingest's sake again: a post waits (for 0.05 s, nothing writing)
+        index.backlog.wait_s = 0.05
+        assert await index.backlog.room() is True and index.backlog.late == 1
+    finally:
+        release.set()
+        await index.close()
