@@ -242,7 +242,7 @@ async def open_services(
         conversations = late.conversations = Conversations(
             store, settings, providers=providers, hub=late.hub, metrics=metrics, clock=clock, tools=tools,
             hooks=ConversationHooks(
-                before_post=(disk_budget.before_post, late.history_room, late.budget_check, late.resets_due),
+                before_post=(disk_budget.before_post, late.budget_check, late.history_room, late.resets_due),
                 before_append=(late.recall,) if parts.memory else (),
             ),
         )  # fmt: skip

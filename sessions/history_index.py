@@ -79,6 +79,7 @@ class HistoryStats:
     batches: int = 0
     deleted: int = 0
     rebuilt_runs: int = 0
+    refused: int = 0  # messages the index's database would not take (logged; not searchable)
 
 
 @dataclass(eq=False)
@@ -89,7 +90,9 @@ class Backlog:
     index's tokenizer sharing one interpreter lock), ingest slows to the index's pace instead of the
     index falling ever further behind, a search missing ever more acknowledged messages (measured:
     68 % of 206,350 after 40 s of 5,146 msg/s on PostgreSQL, beyond what the index keeps in memory).
-    ``limit`` 0: never wait. ``added`` and ``written`` run on the event loop. While ``paused`` the
+    ``limit`` 0: never wait. ``added`` and ``written`` run on the event loop. A wait that ends at
+    ``wait_s`` with nothing written meanwhile costs that one post: the next do not wait until the
+    writer writes again. While ``paused`` the
     writer is busy with other work (a rebuild from the run files: minutes on a large home), which
     ingest slowing down would not hasten: posts do not wait then."""
 
@@ -100,19 +103,21 @@ class Backlog:
     late: int = 0  # waits that ended at ``wait_s`` with the rows still behind
     paused: bool = False
     _room: asyncio.Event | None = field(default=None, init=False, repr=False)
+    _stalled: bool = field(default=False, init=False, repr=False)  # a wait ended at wait_s; nothing written since
 
     def added(self, count: int = 1) -> None:
         self.rows += count
 
     def written(self, count: int) -> None:
         self.rows = max(0, self.rows - count)
+        self._stalled = False
         if self._room is not None and self.rows < self.limit:
             self._room.set()
             self._room = None
 
     async def room(self) -> bool:
         """Wait while ``limit`` or more rows are behind (``wait_s`` at most); whether it waited."""
-        if self.paused or self.limit <= 0 or self.rows < self.limit:
+        if self.paused or self._stalled or self.limit <= 0 or self.rows < self.limit:
             return False
         self.waits += 1
         if self._room is None:
@@ -121,6 +126,7 @@ class Backlog:
             await asyncio.wait_for(self._room.wait(), self.wait_s)
             return True
         self.late += 1
+        self._stalled = True  # the writer wrote nothing in wait_s: no post waits again until it does
         return True
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 
+from config.errors import NeotaskError
 from sessions.findings import finding
 from sessions.history_index import MAX_BACKLOG, MAX_BATCH, Backlog, HistoryHit, HistoryQuery, HistoryStats, row_values
 from sessions.history_text import index_text, query_terms, snippet
@@ -203,16 +204,41 @@ class PgHistoryIndex:
                 started = loop.time()
                 batch = self._pending[: self.max_batch]
                 try:
-                    await self.insert(batch)
-                except Exception as exc:  # the database away: keep the rows, try again
+                    await self.write(batch)
+                except NeotaskError as exc:  # the database away or its disk full: keep the rows, try again
                     log.warning("history index batch of %d row(s) failed (%s): retrying", len(batch), exc)
+                    self.backlog.paused = True  # posts waiting would not bring the database back
                     await asyncio.sleep(RETRY_S)
                     continue
+                self.backlog.paused = False
                 del self._pending[: len(batch)]
                 self.backlog.written(len(batch))
                 if 0 < len(self._pending) < self.max_batch:  # rows came meanwhile: more gather
                     await asyncio.sleep(max(0.0, started + self.pace.busy_s - loop.time()))
             self._idle.set()
+
+    async def write(self, rows: list[Row]) -> int:
+        """Insert ``rows``; a batch the database refuses for one of its rows (a message whose
+        tsvector is over PostgreSQL's 1 MB) is inserted row by row, and a row refused alone is
+        logged and left out of the index: retried, it would hold every row behind it for good.
+        The database away raises (``NeotaskError``): the caller keeps the rows."""
+        try:
+            return await self.insert(rows)
+        except NeotaskError:
+            raise
+        except Exception as exc:
+            log.warning("history index batch of %d row(s) refused (%s): indexing them one by one", len(rows), exc)
+        added = 0
+        for row in rows:
+            try:
+                added += await self.insert([row])
+            except NeotaskError:
+                raise
+            except Exception as exc:
+                self.stats.refused += 1
+                log.warning("history index: message %s of run %s (%s) cannot be indexed (%s): it is not searchable",
+                            row[1], row[0], row[2], exc)  # fmt: skip
+        return added
 
     async def insert(self, rows: list[Row]) -> int:
         if not rows:
@@ -252,7 +278,7 @@ class PgHistoryIndex:
         rows = [r for r in (row_values(s[0], s[1], s[2], json.loads(s[3])) for s in stored) if r is not None]
         added = 0
         for start in range(0, len(rows), self.max_batch):
-            added += await self.insert(rows[start : start + self.max_batch])
+            added += await self.write(rows[start : start + self.max_batch])
         return added
 
     async def rebuild(self) -> int:
@@ -280,7 +306,7 @@ class PgHistoryIndex:
         if lacking:
             if fix:
                 for start in range(0, len(lacking), self.max_batch):
-                    await self.insert(lacking[start : start + self.max_batch])
+                    await self.write(lacking[start : start + self.max_batch])
             runs = len({row[0] for row in lacking})
             findings.append(finding("history_holes", "warning", f"{len(lacking)} message(s) of {runs} run(s) are"
                                     " missing from the history index", "index them", fixed=fix))  # fmt: skip

@@ -41,6 +41,11 @@ async def test_a_writer_that_stopped_holds_a_post_for_wait_s_at_most() -> None:
     assert await backlog.room() is True
     assert 0.04 <= time.perf_counter() - began < 5
     assert backlog.late == 1
+    began = time.perf_counter()
+    assert await backlog.room() is False  # nothing written since: the next posts do not wait
+    assert time.perf_counter() - began < 0.04
+    backlog.written(1)  # it writes again, still behind: posts wait again
+    assert await backlog.room() is True and backlog.late == 2
 
 
 async def test_limit_zero_never_waits() -> None:

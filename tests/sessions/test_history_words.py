@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
+from sessions import history_words
 from sessions.history_words import TOKENIZER, Words
 
 
@@ -43,3 +46,11 @@ def test_a_batch_gives_each_text_its_tokens_in_order_as_fts5_makes_them() -> Non
 
 def test_an_empty_batch_is_empty() -> None:
     assert Words().of([]) == []
+
+
+def test_a_batch_longer_than_one_part_is_cut_and_keeps_every_text_in_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = [f"part {n} words {'x' * (n % 7)}" for n in range(50)] + ["", "last one"]
+    whole = Words().of(texts)
+    monkeypatch.setattr(history_words, "PART_CHARS", 40)  # a few texts a part; one longer than a part alone
+    assert Words().of(texts) == whole == fts5_instances(texts)
+    assert len(history_words._parts(texts)) > 10
