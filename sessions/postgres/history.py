@@ -21,13 +21,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from config.errors import NeotaskError
 from sessions.findings import finding
 from sessions.history_index import MAX_BACKLOG, MAX_BATCH, Backlog, HistoryHit, HistoryQuery, HistoryStats, row_values
 from sessions.history_text import index_text, query_terms, snippet
@@ -58,6 +58,9 @@ def pacing(workers: int) -> Pacing:
     n = max(1, workers)
     return Pacing(BATCH_WAIT_S * n, BUSY_WAIT_S * n)
 RETRY_S = 1.0  # a failed batch (the database away) is tried again after this
+# what a row's own content makes the database or the tokenizer refuse, whenever it is tried: a data
+# exception (class 22), a program limit (class 54: a tsvector over 1 MB), SQLite's string cap
+REFUSED: tuple[type[Exception], ...] = (asyncpg.DataError, asyncpg.ProgramLimitExceededError, sqlite3.DataError)
 FLUSH_WAIT_S = 5.0  # the doctor waits this long for the rows in flight
 MAX_PENDING = 100_000  # rows kept while the database is away; beyond, catch-up at the next start
 
@@ -205,7 +208,7 @@ class PgHistoryIndex:
                 batch = self._pending[: self.max_batch]
                 try:
                     await self.write(batch)
-                except NeotaskError as exc:  # the database away or its disk full: keep the rows, try again
+                except Exception as exc:  # the database away, its disk full, a deadlock: keep the rows, try again
                     log.warning("history index batch of %d row(s) failed (%s): retrying", len(batch), exc)
                     self.backlog.paused = True  # posts waiting would not bring the database back
                     await asyncio.sleep(RETRY_S)
@@ -221,20 +224,17 @@ class PgHistoryIndex:
         """Insert ``rows``; a batch the database refuses for one of its rows (a message whose
         tsvector is over PostgreSQL's 1 MB) is inserted row by row, and a row refused alone is
         logged and left out of the index: retried, it would hold every row behind it for good.
-        The database away raises (``NeotaskError``): the caller keeps the rows."""
+        Any other failure (the database away, a deadlock, a timeout) raises: the caller keeps the
+        rows and tries again."""
         try:
             return await self.insert(rows)
-        except NeotaskError:
-            raise
-        except Exception as exc:
+        except REFUSED as exc:
             log.warning("history index batch of %d row(s) refused (%s): indexing them one by one", len(rows), exc)
         added = 0
         for row in rows:
             try:
                 added += await self.insert([row])
-            except NeotaskError:
-                raise
-            except Exception as exc:
+            except REFUSED as exc:
                 self.stats.refused += 1
                 log.warning("history index: message %s of run %s (%s) cannot be indexed (%s): it is not searchable",
                             row[1], row[0], row[2], exc)  # fmt: skip
