@@ -357,9 +357,7 @@ class HistoryIndex:
         try:
             self._commit_batch(conn, fed)
         finally:  # written, or behind and read from the run files later: no post waits for them
-            if self._loop is not None and not self._loop.is_closed():
-                with contextlib.suppress(RuntimeError):
-                    self._loop.call_soon_threadsafe(self.backlog.written, len(fed))
+            self._on_loop(self.backlog.written, len(fed))
 
     def _commit_batch(self, conn: sqlite3.Connection, fed: list[Fed]) -> None:
         try:
@@ -387,9 +385,14 @@ class HistoryIndex:
             op.error = exc
         finally:
             self.backlog.paused = False
-        if op.future is not None and self._loop is not None and not self._loop.is_closed():
+        if op.future is not None:
+            self._on_loop(_settle, op)
+
+    def _on_loop(self, fn: Callable[..., object], *args: object) -> None:
+        """Call ``fn(*args)`` on the event loop, unless it has closed (the daemon stopping)."""
+        if self._loop is not None and not self._loop.is_closed():
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(_settle, op)
+                self._loop.call_soon_threadsafe(fn, *args)
 
     # -- reading --------------------------------------------------------------------------------
 
